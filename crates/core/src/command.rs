@@ -1,0 +1,191 @@
+//! Client commands and their outcomes.
+//!
+//! Every key is an independent register holding `Option<Value>` (`None` = absent). A command
+//! touches exactly one key. The meaning of each read-modify-write is defined once, in
+//! [`RmwOp::apply`], and used by every protocol and by the linearizability checker's model.
+
+use bytes::Bytes;
+
+pub type Key = Bytes;
+pub type Value = Bytes;
+
+/// What a client asks a replica to do.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Command {
+    /// Return the key's current value.
+    Read { key: Key },
+    /// Blind write; `value: None` deletes the key.
+    Write { key: Key, value: Option<Value> },
+    /// Atomic read-modify-write of one key (Hermes §3.6).
+    Rmw { key: Key, op: RmwOp },
+}
+
+impl Command {
+    pub fn key(&self) -> &Key {
+        match self {
+            Command::Read { key } | Command::Write { key, .. } | Command::Rmw { key, .. } => key,
+        }
+    }
+
+    pub fn is_update(&self) -> bool {
+        !matches!(self, Command::Read { .. })
+    }
+}
+
+/// The read-modify-writes Chorus offers. Each maps to one or more Redis commands.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum RmwOp {
+    /// Replace the value with `new` iff it currently equals `expected` (`None` = absent).
+    /// Chorus `CAS key expected new`.
+    CompareAndSwap { expected: Option<Value>, new: Option<Value> },
+    /// Add `delta` to the decimal integer stored at the key (absent counts as 0). `INCRBY`.
+    IncrementBy(i64),
+    /// Set the value only if the key is absent. `SETNX`, `SET .. NX`.
+    SetIfAbsent(Value),
+    /// Set the value only if the key is present. `SET .. XX`.
+    SetIfPresent(Value),
+    /// Set (or delete, with `None`) and return the previous value. `GETSET`, `SET .. GET`.
+    Swap(Option<Value>),
+}
+
+/// The result of a command as the client sees it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Outcome {
+    /// A read, or the previous value returned by [`RmwOp::Swap`].
+    Value(Option<Value>),
+    /// A blind write took effect.
+    Written,
+    /// A compare-and-swap: whether it swapped, and the value it found.
+    Cas { swapped: bool, previous: Option<Value> },
+    /// The new value after [`RmwOp::IncrementBy`].
+    Integer(i64),
+    /// Whether a conditional set ([`RmwOp::SetIfAbsent`], [`RmwOp::SetIfPresent`]) took effect.
+    Flag(bool),
+    /// The command failed; see [`CommandError`] for whether it could have taken effect.
+    Error(CommandError),
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The stored value is not a decimal 64-bit integer. Deterministic, like a read.
+    #[error("value is not an integer or out of range")]
+    NotInteger,
+    /// The increment would overflow an i64. Deterministic, like a read.
+    #[error("increment or decrement would overflow")]
+    Overflow,
+    /// The replica is not operational (no valid view/lease) and did not execute the command.
+    #[error("replica is not serving: {0}")]
+    Unavailable(&'static str),
+}
+
+impl CommandError {
+    /// Whether the error is the command's linearizable result (the state was read and the
+    /// command decided not to write), as opposed to a refusal before execution.
+    pub fn is_deterministic_result(&self) -> bool {
+        matches!(self, CommandError::NotInteger | CommandError::Overflow)
+    }
+}
+
+/// What applying an RMW to a value does: the new value to write, if any, and the outcome.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RmwEffect {
+    /// `None`: the RMW leaves the key unchanged (it behaves as a read).
+    /// `Some(v)`: the key becomes `v` (`Some(None)` deletes it).
+    pub write: Option<Option<Value>>,
+    pub outcome: Outcome,
+}
+
+impl RmwOp {
+    /// Apply the operation to `current`. Pure and deterministic.
+    pub fn apply(&self, current: Option<&Value>) -> RmwEffect {
+        match self {
+            RmwOp::CompareAndSwap { expected, new } => {
+                let swapped = current == expected.as_ref();
+                RmwEffect {
+                    write: swapped.then(|| new.clone()),
+                    outcome: Outcome::Cas { swapped, previous: current.cloned() },
+                }
+            }
+            RmwOp::IncrementBy(delta) => match parse_integer(current) {
+                Err(error) => RmwEffect { write: None, outcome: Outcome::Error(error) },
+                Ok(old) => match old.checked_add(*delta) {
+                    None => RmwEffect { write: None, outcome: Outcome::Error(CommandError::Overflow) },
+                    Some(new) => RmwEffect {
+                        write: Some(Some(Bytes::from(new.to_string()))),
+                        outcome: Outcome::Integer(new),
+                    },
+                },
+            },
+            RmwOp::SetIfAbsent(value) => {
+                let set = current.is_none();
+                RmwEffect { write: set.then(|| Some(value.clone())), outcome: Outcome::Flag(set) }
+            }
+            RmwOp::SetIfPresent(value) => {
+                let set = current.is_some();
+                RmwEffect { write: set.then(|| Some(value.clone())), outcome: Outcome::Flag(set) }
+            }
+            RmwOp::Swap(value) => {
+                RmwEffect { write: Some(value.clone()), outcome: Outcome::Value(current.cloned()) }
+            }
+        }
+    }
+}
+
+/// Redis integer semantics: absent is 0; otherwise the value must be a canonical decimal i64.
+pub fn parse_integer(value: Option<&Value>) -> Result<i64, CommandError> {
+    let Some(value) = value else { return Ok(0) };
+    let text = std::str::from_utf8(value).map_err(|_| CommandError::NotInteger)?;
+    let number: i64 = text.parse().map_err(|_| CommandError::NotInteger)?;
+    // Reject "+1", "01", " 1": Redis only treats the canonical form as an integer.
+    if number.to_string() != text {
+        return Err(CommandError::NotInteger);
+    }
+    Ok(number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Value {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn compare_and_swap_swaps_only_on_match() {
+        let op = RmwOp::CompareAndSwap { expected: Some(b("a")), new: Some(b("b")) };
+        assert_eq!(op.apply(Some(&b("a"))).write, Some(Some(b("b"))));
+        let miss = op.apply(Some(&b("x")));
+        assert_eq!(miss.write, None);
+        assert_eq!(miss.outcome, Outcome::Cas { swapped: false, previous: Some(b("x")) });
+        let on_absent = RmwOp::CompareAndSwap { expected: None, new: Some(b("b")) };
+        assert_eq!(on_absent.apply(None).write, Some(Some(b("b"))));
+    }
+
+    #[test]
+    fn increment_follows_redis_integer_rules() {
+        assert_eq!(RmwOp::IncrementBy(5).apply(None).outcome, Outcome::Integer(5));
+        assert_eq!(RmwOp::IncrementBy(-1).apply(Some(&b("10"))).write, Some(Some(b("9"))));
+        for bad in ["x", "01", "+1", " 1", ""] {
+            let effect = RmwOp::IncrementBy(1).apply(Some(&b(bad)));
+            assert_eq!(effect.outcome, Outcome::Error(CommandError::NotInteger), "{bad:?}");
+            assert_eq!(effect.write, None);
+        }
+        let max = i64::MAX.to_string();
+        assert_eq!(
+            RmwOp::IncrementBy(1).apply(Some(&b(&max))).outcome,
+            Outcome::Error(CommandError::Overflow)
+        );
+    }
+
+    #[test]
+    fn conditional_sets_and_swap() {
+        assert_eq!(RmwOp::SetIfAbsent(b("v")).apply(None).outcome, Outcome::Flag(true));
+        assert_eq!(RmwOp::SetIfAbsent(b("v")).apply(Some(&b("o"))).write, None);
+        assert_eq!(RmwOp::SetIfPresent(b("v")).apply(None).write, None);
+        assert_eq!(RmwOp::SetIfPresent(b("v")).apply(Some(&b("o"))).write, Some(Some(b("v"))));
+        let swap = RmwOp::Swap(None).apply(Some(&b("o")));
+        assert_eq!(swap.write, Some(None));
+        assert_eq!(swap.outcome, Outcome::Value(Some(b("o"))));
+    }
+}

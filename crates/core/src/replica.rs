@@ -1,0 +1,105 @@
+//! The sans-I/O replica interface (the etcd-io/raft `step`/`Ready` shape).
+//!
+//! A protocol core owns no sockets, threads, clocks or randomness. The runtime calls one of the
+//! `on_*` methods with the current time, and the core appends what must happen to an
+//! [`Outbox`]: messages to peers and replies to clients. The same core runs unchanged in the
+//! deterministic simulator and in the TCP server.
+
+use crate::command::{Command, Outcome};
+use crate::ids::{NodeId, NodeSet, View};
+use crate::time::Time;
+
+/// Identifies one client request inside one replica, chosen by the runtime. The core hands it
+/// back with the reply; the runtime maps it to a connection (or a simulated client).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct ClientRequestId(pub u64);
+
+/// Where a message goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Destination {
+    Node(NodeId),
+    /// One message to every node of the set. Kept as one entry so the transport encodes the
+    /// message once (Hermes §4.2: Wings broadcasts).
+    Nodes(NodeSet),
+}
+
+impl Destination {
+    pub fn nodes(self) -> NodeSet {
+        match self {
+            Destination::Node(node) => NodeSet::single(node),
+            Destination::Nodes(set) => set,
+        }
+    }
+}
+
+/// Everything a core wants done after one call. The runtime drains it after every call.
+#[derive(Debug)]
+pub struct Outbox<M> {
+    pub messages: Vec<(Destination, M)>,
+    pub replies: Vec<(ClientRequestId, Outcome)>,
+}
+
+impl<M> Default for Outbox<M> {
+    fn default() -> Self {
+        Outbox { messages: Vec::new(), replies: Vec::new() }
+    }
+}
+
+impl<M> Outbox<M> {
+    pub fn send(&mut self, to: NodeId, message: M) {
+        self.messages.push((Destination::Node(to), message));
+    }
+
+    /// Send to every node in `to`; a no-op for the empty set.
+    pub fn broadcast(&mut self, to: NodeSet, message: M) {
+        if !to.is_empty() {
+            self.messages.push((Destination::Nodes(to), message));
+        }
+    }
+
+    pub fn reply(&mut self, request: ClientRequestId, outcome: Outcome) {
+        self.replies.push((request, outcome));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty() && self.replies.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.messages.clear();
+        self.replies.clear();
+    }
+}
+
+/// A replication protocol core. One instance per replica (per shard).
+pub trait Replica {
+    /// The protocol's peer message.
+    type Message: Clone + std::fmt::Debug;
+
+    fn id(&self) -> NodeId;
+
+    /// A client submitted `command`. The core eventually replies to `request` exactly once,
+    /// unless the replica crashes.
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Self::Message>,
+    );
+
+    /// A peer message arrived. Messages may be lost, duplicated, delayed and reordered.
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Self::Message,
+        out: &mut Outbox<Self::Message>,
+    );
+
+    /// Time passed. Called periodically; drives retransmissions and replays.
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>);
+
+    /// The membership service installed a new view (epoch + live set).
+    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>);
+}
