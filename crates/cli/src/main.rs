@@ -1,1 +1,40 @@
-fn main() {}
+//! `chorus`: one binary, one subcommand per job.
+
+use clap::{Parser, Subcommand};
+
+mod node;
+mod sim;
+mod up;
+
+#[derive(Parser)]
+#[command(name = "chorus", version, about = "Chorus: a replicated key-value store and replication engine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Subcommands,
+}
+
+#[derive(Subcommand)]
+enum Subcommands {
+    /// Start a local cluster of `chorus node` processes and stop them on Ctrl-C.
+    Up(up::UpArgs),
+    /// Run one replica.
+    Node(node::NodeArgs),
+    /// Run protocol cores under the deterministic simulator with faults and check linearizability.
+    Sim(sim::SimArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Subcommands::Up(args) => up::run(args),
+        Subcommands::Node(args) => node::run(args),
+        Subcommands::Sim(args) => sim::run(args),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(error) => {
+            eprintln!("chorus: {error:#}");
+            std::process::exit(2);
+        }
+    }
+}

@@ -348,6 +348,7 @@ impl WireMessage for Outcome {
                     CommandError::NotInteger => 0,
                     CommandError::Overflow => 1,
                     CommandError::Unavailable(_) => 2,
+                    CommandError::OutcomeUnknown => 3,
                 });
             }
         }
@@ -363,6 +364,7 @@ impl WireMessage for Outcome {
                 0 => CommandError::NotInteger,
                 1 => CommandError::Overflow,
                 2 => CommandError::Unavailable("remote replica is not serving"),
+                3 => CommandError::OutcomeUnknown,
                 tag => return Err(DecodeError::UnknownTag { what: "command error", tag }),
             }),
             tag => return Err(DecodeError::UnknownTag { what: "outcome", tag }),

@@ -76,6 +76,10 @@ pub enum CommandError {
     /// The replica is not operational (no valid view/lease) and did not execute the command.
     #[error("replica is not serving: {0}")]
     Unavailable(&'static str),
+    /// The replica stopped serving while the update was in flight: another replica may still
+    /// complete it. The client must treat it as possibly applied.
+    #[error("outcome unknown: the replica left the view while the update was in flight")]
+    OutcomeUnknown,
 }
 
 impl CommandError {

@@ -1,0 +1,75 @@
+//! Hermes configuration.
+
+use chorus_core::{NodeId, NodeSet, Time, View};
+
+/// The optimizations of Hermes §3.3, each a switch so their effect can be measured and tested.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Optimizations {
+    /// O1: a coordinator whose write was superseded by a higher-timestamp write while it
+    /// gathered ACKs (the key is in Trans) skips broadcasting VAL.
+    pub skip_superseded_val: bool,
+    /// O2: virtual node ids per physical node for fairness among concurrent writers. `1` turns
+    /// it off (cid = node id). Ids of different nodes never overlap: node `n` owns
+    /// `n * virtual_ids_per_node .. (n + 1) * virtual_ids_per_node`.
+    pub virtual_ids_per_node: u32,
+    /// O3: followers broadcast ACKs to every replica and validate a key once they hold ACKs
+    /// from all live replicas, so coordinators send no VAL.
+    pub broadcast_acks: bool,
+}
+
+impl Default for Optimizations {
+    fn default() -> Self {
+        Optimizations { skip_superseded_val: true, virtual_ids_per_node: 1, broadcast_acks: false }
+    }
+}
+
+/// A deliberately broken protocol variant, used only by tests to show that the simulator and
+/// the linearizability checker catch real bugs. Selecting one needs the `broken-variants`
+/// feature (the `bug` field of [`HermesConfig`] exists only with it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// Reads are served whatever the key's state (violates "reads complete only in Valid").
+    ReadInAnyState,
+    /// VAL validates the key whatever its timestamp (violates F VAL).
+    ValIgnoresTimestamp,
+    /// Gathered ACKs survive a view change (the bug once missed by Hermes' public TLA+ model).
+    KeepAcksOnViewChange,
+    /// RMWs are acknowledged and committed like writes: never refused, never aborted (§3.6).
+    RmwNeverAborts,
+    /// The coordinator completes a write once a majority has acknowledged it, as if Hermes
+    /// were majority-based (violates C ACK: every live replica must ACK).
+    CommitOnMajority,
+}
+
+#[derive(Clone, Debug)]
+pub struct HermesConfig {
+    /// This replica.
+    pub me: NodeId,
+    /// The view the replica starts in; it serves clients iff `me` is live in it.
+    pub initial_view: View,
+    /// Message-loss timeout (mlt, §3.4): a coordinator retransmits INVs of a write that has
+    /// not gathered its ACKs in this long, and a request stalled on an Invalid key for this
+    /// long triggers a write replay.
+    pub message_loss_timeout: Time,
+    pub optimizations: Optimizations,
+    /// Seeds the replica's private PRNG (used to pick O2 virtual ids). Keeps the core
+    /// deterministic: same seed, same inputs, same outputs.
+    pub seed: u64,
+    #[cfg(feature = "broken-variants")]
+    pub bug: Option<Bug>,
+}
+
+impl HermesConfig {
+    /// A replica of a cluster whose initial view is every node in `replicas`, at epoch 1.
+    pub fn new(me: NodeId, replicas: NodeSet) -> HermesConfig {
+        HermesConfig {
+            me,
+            initial_view: View { epoch: chorus_core::Epoch(1), live: replicas },
+            message_loss_timeout: Time::from_millis(50),
+            optimizations: Optimizations::default(),
+            seed: me.0 as u64,
+            #[cfg(feature = "broken-variants")]
+            bug: None,
+        }
+    }
+}

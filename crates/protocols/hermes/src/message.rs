@@ -1,0 +1,111 @@
+//! Hermes peer messages (Figure 3) and their wire encoding.
+
+use bytes::{BufMut, BytesMut};
+use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
+use chorus_core::{Epoch, Key, Timestamp, Value};
+
+/// Every message carries the sender's epoch; receivers drop messages of any other epoch
+/// (§2.4, §3.4).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Message {
+    /// Invalidation: carries the new value so any invalidated replica can replay the write.
+    /// `rmw` marks an RMW update (§3.6: RMW_flag), which followers acknowledge only if its
+    /// timestamp is at least their own.
+    Inv { epoch: Epoch, key: Key, ts: Timestamp, value: Option<Value>, rmw: bool },
+    /// Acknowledgement of the INV with timestamp `ts`.
+    Ack { epoch: Epoch, key: Key, ts: Timestamp },
+    /// Validation: the update with timestamp `ts` is committed.
+    Val { epoch: Epoch, key: Key, ts: Timestamp },
+}
+
+impl Message {
+    pub fn epoch(&self) -> Epoch {
+        match self {
+            Message::Inv { epoch, .. } | Message::Ack { epoch, .. } | Message::Val { epoch, .. } => *epoch,
+        }
+    }
+}
+
+const TAG_INV: u8 = 1;
+const TAG_ACK: u8 = 2;
+const TAG_VAL: u8 = 3;
+
+impl WireMessage for Message {
+    fn encode(&self, buf: &mut BytesMut) {
+        match self {
+            Message::Inv { epoch, key, ts, value, rmw } => {
+                buf.put_u8(TAG_INV);
+                buf.put_epoch(*epoch);
+                buf.put_bytes_prefixed(key);
+                buf.put_timestamp(*ts);
+                buf.put_optional_bytes(value.as_ref());
+                buf.put_bool(*rmw);
+            }
+            Message::Ack { epoch, key, ts } | Message::Val { epoch, key, ts } => {
+                buf.put_u8(if matches!(self, Message::Ack { .. }) { TAG_ACK } else { TAG_VAL });
+                buf.put_epoch(*epoch);
+                buf.put_bytes_prefixed(key);
+                buf.put_timestamp(*ts);
+            }
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        let tag = reader.u8()?;
+        let epoch = reader.epoch()?;
+        let key = reader.bytes()?;
+        let ts = reader.timestamp()?;
+        Ok(match tag {
+            TAG_INV => Message::Inv { epoch, key, ts, value: reader.optional_bytes()?, rmw: reader.bool()? },
+            TAG_ACK => Message::Ack { epoch, key, ts },
+            TAG_VAL => Message::Val { epoch, key, ts },
+            tag => return Err(DecodeError::UnknownTag { what: "hermes message", tag }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use chorus_core::codec::{decode_batch, encode_batch};
+    use proptest::prelude::*;
+
+    fn arb_message() -> impl Strategy<Value = Message> {
+        let key = proptest::collection::vec(any::<u8>(), 0..16).prop_map(Bytes::from);
+        let value = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from));
+        (0u8..3, any::<u64>(), key, any::<u64>(), any::<u32>(), value, any::<bool>()).prop_map(
+            |(kind, epoch, key, version, cid, value, rmw)| {
+                let (epoch, ts) = (Epoch(epoch), Timestamp::new(version, cid));
+                match kind {
+                    0 => Message::Inv { epoch, key, ts, value, rmw },
+                    1 => Message::Ack { epoch, key, ts },
+                    _ => Message::Val { epoch, key, ts },
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn messages_round_trip(messages in proptest::collection::vec(arb_message(), 0..10)) {
+            let mut buf = BytesMut::new();
+            encode_batch(messages.iter(), &mut buf);
+            prop_assert_eq!(decode_batch::<Message>(buf.freeze()).unwrap(), messages);
+        }
+
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(junk in proptest::collection::vec(any::<u8>(), 0..128)) {
+            let _ = decode_batch::<Message>(Bytes::from(junk.clone()));
+            let _ = Message::decode_exact(Bytes::from(junk));
+        }
+
+        #[test]
+        fn truncated_messages_are_errors(message in arb_message(), cut in any::<prop::sample::Index>()) {
+            let mut buf = BytesMut::new();
+            message.encode(&mut buf);
+            let cut = cut.index(buf.len());
+            prop_assert!(Message::decode_exact(buf.freeze().slice(..cut)).is_err());
+        }
+    }
+}

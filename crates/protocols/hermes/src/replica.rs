@@ -1,0 +1,557 @@
+//! The Hermes replica: §3.2 (reads, writes, replays), §3.3 (O1-O3), §3.4 (message loss,
+//! epochs, reconfiguration) and §3.6 (RMWs) as a deterministic state machine.
+
+use std::collections::BTreeSet;
+
+use chorus_core::{
+    ClientRequestId, Command, CommandError, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time, Timestamp,
+    Value, View,
+};
+use rustc_hash::FxHashMap;
+
+use crate::config::HermesConfig;
+use crate::key::{KeyEntry, KeyState, Update, UpdateClient, UpdateKind, Waiter};
+use crate::message::Message;
+
+use crate::config::Bug;
+
+/// Counters for INFO, the simulator's summary and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HermesStats {
+    pub reads_local: u64,
+    pub reads_stalled: u64,
+    pub updates_started: u64,
+    pub updates_committed: u64,
+    pub rmw_aborts: u64,
+    pub replays_started: u64,
+    pub inv_retransmits: u64,
+    pub messages_dropped_epoch: u64,
+    pub views_installed: u64,
+}
+
+pub struct Hermes {
+    config: HermesConfig,
+    view: View,
+    keys: FxHashMap<Key, KeyEntry>,
+    /// Keys with an in-flight update or stalled requests: the only ones a tick must visit.
+    /// Ordered, so ticks visit keys in the same order on every run of a seed.
+    watched: BTreeSet<Key>,
+    rng_state: u64,
+    stats: HermesStats,
+    scratch_keys: Vec<Key>,
+}
+
+impl Hermes {
+    pub fn new(config: HermesConfig) -> Hermes {
+        assert!(config.optimizations.virtual_ids_per_node >= 1, "virtual_ids_per_node must be at least 1");
+        assert!(config.message_loss_timeout > Time::ZERO, "message_loss_timeout must be positive");
+        Hermes {
+            view: config.initial_view,
+            rng_state: config.seed ^ 0x9E37_79B9_7F4A_7C15,
+            config,
+            keys: FxHashMap::default(),
+            watched: BTreeSet::new(),
+            stats: HermesStats::default(),
+            scratch_keys: Vec::new(),
+        }
+    }
+
+    pub fn view(&self) -> View {
+        self.view
+    }
+
+    pub fn stats(&self) -> HermesStats {
+        self.stats
+    }
+
+    /// A replica serves clients only while it is live in its view (it holds a lease).
+    pub fn is_operational(&self) -> bool {
+        self.view.live.contains(self.config.me)
+    }
+
+    /// The key's protocol state, timestamp and local value (for tests, INFO and tracing).
+    pub fn key_state(&self, key: &[u8]) -> Option<(KeyState, Timestamp, Option<&Value>)> {
+        self.keys.get(key).map(|entry| (entry.state, entry.ts, entry.value.as_ref()))
+    }
+
+    /// Number of keys holding a value (deleted keys keep their timestamp but do not count).
+    pub fn key_count(&self) -> usize {
+        self.keys.values().filter(|entry| entry.value.is_some()).count()
+    }
+
+    fn peers(&self) -> NodeSet {
+        self.view.live.without(self.config.me)
+    }
+
+    /// Whether a deliberately broken variant is on; always false without the feature, so
+    /// the checks compile away in the server.
+    #[inline(always)]
+    fn has_bug(&self, _bug: Bug) -> bool {
+        #[cfg(feature = "broken-variants")]
+        return self.config.bug == Some(_bug);
+        #[cfg(not(feature = "broken-variants"))]
+        false
+    }
+
+    /// O2: a fresh (virtual) coordinator id for a new update's timestamp.
+    fn next_cid(&mut self) -> u32 {
+        let per_node = self.config.optimizations.virtual_ids_per_node;
+        let base = self.config.me.0 as u32 * per_node;
+        if per_node == 1 {
+            return base;
+        }
+        // xorshift64*: tiny, deterministic, good enough to spread ids.
+        self.rng_state ^= self.rng_state >> 12;
+        self.rng_state ^= self.rng_state << 25;
+        self.rng_state ^= self.rng_state >> 27;
+        let random = self.rng_state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        base + (random % per_node as u64) as u32
+    }
+
+    fn watch(&mut self, key: &Key) {
+        let quiet = self.keys.get(key).is_none_or(KeyEntry::is_quiet);
+        if quiet {
+            self.watched.remove(key);
+        } else if !self.watched.contains(key) {
+            self.watched.insert(key.clone());
+        }
+    }
+
+    // ---------------------------------------------------------------- client requests
+
+    /// Serve stalled requests of `key` in arrival order, as far as the key's state allows.
+    fn drain(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        let read_in_any_state = self.has_bug(Bug::ReadInAnyState);
+        loop {
+            let entry = self.keys.get_mut(key).expect("drained key exists");
+            let Some(front) = entry.waiting.front() else { break };
+            let servable_read = entry.state == KeyState::Valid || read_in_any_state;
+            let can_update = entry.state == KeyState::Valid && entry.update.is_none();
+            match &front.command {
+                Command::Read { .. } if servable_read => {
+                    let waiter = entry.waiting.pop_front().expect("front exists");
+                    out.reply(waiter.request, Outcome::Value(entry.value.clone()));
+                    self.stats.reads_local += 1;
+                }
+                Command::Write { value, .. } if can_update => {
+                    let value = value.clone();
+                    let waiter = entry.waiting.pop_front().expect("front exists");
+                    let client = UpdateClient { request: waiter.request, reply: Outcome::Written, command: waiter.command };
+                    self.start_client_update(now, key, value, false, client, out);
+                }
+                Command::Rmw { op, .. } if can_update => {
+                    let effect = op.apply(entry.value.as_ref());
+                    let waiter = entry.waiting.pop_front().expect("front exists");
+                    match effect.write {
+                        // The RMW decided not to write: it is a read of a Valid key, which is
+                        // linearizable locally.
+                        None => out.reply(waiter.request, effect.outcome),
+                        Some(value) => {
+                            let client =
+                                UpdateClient { request: waiter.request, reply: effect.outcome, command: waiter.command };
+                            self.start_client_update(now, key, value, true, client, out);
+                        }
+                    }
+                }
+                _ => break,
+            }
+        }
+        let entry = self.keys.get_mut(key).expect("drained key exists");
+        if !entry.waiting.is_empty() && entry.state == KeyState::Invalid && entry.replay_at.is_none() {
+            entry.replay_at = Some(now + self.config.message_loss_timeout);
+        }
+        if entry.waiting.is_empty() {
+            entry.replay_at = None;
+        }
+    }
+
+    /// C TS + C INV (§3.2): a new timestamp (version +2 for writes, +1 for RMWs, §3.6), apply
+    /// locally, broadcast INV.
+    fn start_client_update(
+        &mut self,
+        now: Time,
+        key: &Key,
+        value: Option<Value>,
+        rmw: bool,
+        client: UpdateClient,
+        out: &mut Outbox<Message>,
+    ) {
+        let cid = self.next_cid();
+        let entry = self.keys.get_mut(key).expect("updated key exists");
+        debug_assert_eq!(entry.state, KeyState::Valid);
+        let version_step = if rmw { 1 } else { 2 };
+        let ts = Timestamp::new(entry.ts.version + version_step, cid);
+        entry.ts = ts;
+        entry.value = value.clone();
+        entry.rmw_flag = rmw;
+        entry.state = KeyState::Write;
+        self.begin_update(now, key, UpdateKind::Client, ts, value, rmw, Some(client), out);
+    }
+
+    /// Write replay (§3.2, §3.4): re-run C INV..C VAL with the key's stored timestamp and value,
+    /// so the original coordinator's write is linearized where it belongs.
+    fn start_replay(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        let entry = self.keys.get_mut(key).expect("replayed key exists");
+        debug_assert_eq!(entry.state, KeyState::Invalid);
+        debug_assert!(entry.update.is_none());
+        entry.state = KeyState::Replay;
+        entry.replay_at = None;
+        let (ts, value, rmw) = (entry.ts, entry.value.clone(), entry.rmw_flag);
+        self.stats.replays_started += 1;
+        self.begin_update(now, key, UpdateKind::Replay, ts, value, rmw, None, out);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn begin_update(
+        &mut self,
+        now: Time,
+        key: &Key,
+        kind: UpdateKind,
+        ts: Timestamp,
+        value: Option<Value>,
+        rmw: bool,
+        client: Option<UpdateClient>,
+        out: &mut Outbox<Message>,
+    ) {
+        let epoch = self.view.epoch;
+        out.broadcast(self.peers(), Message::Inv { epoch, key: key.clone(), ts, value: value.clone(), rmw });
+        let entry = self.keys.get_mut(key).expect("updated key exists");
+        entry.update = Some(Update {
+            kind,
+            ts,
+            value,
+            rmw,
+            acks: NodeSet::single(self.config.me),
+            client,
+            retransmit_at: now + self.config.message_loss_timeout,
+        });
+        self.stats.updates_started += 1;
+        self.complete_if_acknowledged(now, key, out);
+    }
+
+    /// C ACK + C VAL (§3.2): once every live replica acknowledged, the update is committed.
+    fn complete_if_acknowledged(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        let live = self.view.live;
+        let majority = live.len() / 2 + 1;
+        let commit_on_majority = self.has_bug(Bug::CommitOnMajority);
+        let entry = self.keys.get_mut(key).expect("completed key exists");
+        let Some(update) = &entry.update else { return };
+        let acknowledged = update.acks.is_superset_of(live) || (commit_on_majority && update.acks.len() >= majority);
+        if !acknowledged {
+            return;
+        }
+        let update = entry.update.take().expect("update exists");
+        debug_assert!(entry.ts >= update.ts);
+        let superseded = entry.ts > update.ts;
+        match entry.state {
+            KeyState::Write | KeyState::Replay => {
+                debug_assert!(!superseded);
+                entry.state = KeyState::Valid;
+            }
+            KeyState::Trans => entry.state = KeyState::Invalid,
+            // Trans then VAL of the superseding write: already Valid.
+            KeyState::Valid => debug_assert!(superseded),
+            KeyState::Invalid => unreachable!("an Invalid key has no update in flight"),
+        }
+        if entry.state == KeyState::Invalid && !entry.waiting.is_empty() {
+            entry.replay_at = Some(now + self.config.message_loss_timeout);
+        }
+        // O3: followers validate on the ACK set for writes; RMWs still need a VAL (see on_ack).
+        let o3_covers = self.config.optimizations.broadcast_acks && !update.rmw;
+        let o1_skips = self.config.optimizations.skip_superseded_val && superseded;
+        if !o3_covers && !o1_skips {
+            out.broadcast(live.without(self.config.me), Message::Val { epoch: self.view.epoch, key: key.clone(), ts: update.ts });
+        }
+        if let Some(client) = update.client {
+            out.reply(client.request, client.reply);
+        }
+        self.stats.updates_committed += 1;
+        self.drain(now, key, out);
+    }
+
+    // ---------------------------------------------------------------- peer messages
+
+    fn on_inv(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        key: Key,
+        ts: Timestamp,
+        value: Option<Value>,
+        rmw: bool,
+        out: &mut Outbox<Message>,
+    ) {
+        let epoch = self.view.epoch;
+        let rmw_never_aborts = self.has_bug(Bug::RmwNeverAborts);
+        let entry = self.keys.entry(key.clone()).or_insert_with(KeyEntry::new);
+
+        // F RMW-ACK (§3.6): an RMW older than what we hold is refused; we answer with our own
+        // state as an INV, which aborts the RMW at its coordinator.
+        if rmw && ts < entry.ts && !rmw_never_aborts {
+            let reply = Message::Inv { epoch, key, ts: entry.ts, value: entry.value.clone(), rmw: entry.rmw_flag };
+            out.send(from, reply);
+            return;
+        }
+        // A coordinator does not acknowledge another replica's replay of its own in-flight
+        // RMW. Otherwise the replay could commit the RMW while the coordinator, seeing a later
+        // higher-timestamp INV, aborts and retries it: the RMW would take effect twice. While
+        // the coordinator lives, only it commits its RMW; the replayer completes once the
+        // coordinator's VAL arrives (or once a view change removes the coordinator).
+        let own_pending_rmw = entry
+            .update
+            .as_ref()
+            .is_some_and(|update| update.kind == UpdateKind::Client && update.rmw && update.ts == ts);
+        if own_pending_rmw && !rmw_never_aborts {
+            return;
+        }
+        if ts > entry.ts {
+            self.apply_higher_inv(now, &key, ts, value, rmw);
+        }
+        // F ACK: acknowledged whatever the timestamp comparison said.
+        if self.config.optimizations.broadcast_acks {
+            let me = self.config.me;
+            self.note_holders(&key, ts, NodeSet::from_iter([from, me]));
+            out.broadcast(self.peers(), Message::Ack { epoch, key: key.clone(), ts });
+            self.validate_if_all_hold(now, &key, out);
+        } else {
+            out.send(from, Message::Ack { epoch, key: key.clone(), ts });
+        }
+        self.drain(now, &key, out);
+    }
+
+    /// F INV: a higher timestamp invalidates the key (Trans if we coordinate an update of it)
+    /// and, for a pending RMW, aborts it (C RMW-abort, §3.6).
+    fn apply_higher_inv(&mut self, now: Time, key: &Key, ts: Timestamp, value: Option<Value>, rmw: bool) {
+        let rmw_never_aborts = self.has_bug(Bug::RmwNeverAborts);
+        let mlt = self.config.message_loss_timeout;
+        let entry = self.keys.get_mut(key).expect("entry exists");
+        let aborts = entry.update.as_ref().is_some_and(|update| update.rmw) && !rmw_never_aborts;
+        if aborts {
+            let update = entry.update.take().expect("update exists");
+            if let Some(client) = update.client {
+                // Retried from the front once the key is Valid again: the client never sees
+                // the abort, only a later, non-conflicting execution.
+                entry.waiting.push_front(Waiter { request: client.request, command: client.command });
+                self.stats.rmw_aborts += 1;
+            }
+        }
+        entry.ts = ts;
+        entry.value = value;
+        entry.rmw_flag = rmw;
+        entry.state = if entry.update.is_some() { KeyState::Trans } else { KeyState::Invalid };
+        if !entry.waiting.is_empty() {
+            entry.replay_at = Some(now + mlt);
+        }
+    }
+
+    fn on_ack(&mut self, now: Time, from: NodeId, key: Key, ts: Timestamp, out: &mut Outbox<Message>) {
+        if !self.keys.contains_key(&key) {
+            return;
+        }
+        if self.config.optimizations.broadcast_acks {
+            self.note_holders(&key, ts, NodeSet::single(from));
+            self.validate_if_all_hold(now, &key, out);
+        }
+        let entry = self.keys.get_mut(&key).expect("entry exists");
+        if let Some(update) = &mut entry.update {
+            if update.ts == ts {
+                update.acks.insert(from);
+                self.complete_if_acknowledged(now, &key, out);
+            }
+        }
+    }
+
+    fn on_val(&mut self, now: Time, key: Key, ts: Timestamp, out: &mut Outbox<Message>) {
+        let ignore_ts = self.has_bug(Bug::ValIgnoresTimestamp);
+        let Some(entry) = self.keys.get_mut(&key) else { return };
+        if ts != entry.ts && !ignore_ts {
+            return; // F VAL: only the current timestamp validates.
+        }
+        match entry.state {
+            KeyState::Invalid | KeyState::Trans => entry.state = KeyState::Valid,
+            KeyState::Write | KeyState::Replay if ts == entry.ts => {
+                // Another replica replayed our update and committed it: it is done. (Never a
+                // client RMW: we refuse to acknowledge replays of those.)
+                entry.state = KeyState::Valid;
+                let update = entry.update.take().expect("Write/Replay has an update");
+                debug_assert!(!(update.rmw && update.kind == UpdateKind::Client) || ignore_ts);
+                if let Some(client) = update.client {
+                    out.reply(client.request, client.reply);
+                }
+                self.stats.updates_committed += 1;
+            }
+            KeyState::Valid | KeyState::Write | KeyState::Replay => {}
+        }
+        self.drain(now, &key, out);
+    }
+
+    /// O3: remember who is known to hold at least `ts` for the key.
+    fn note_holders(&mut self, key: &Key, ts: Timestamp, holders: NodeSet) {
+        let entry = self.keys.get_mut(key).expect("entry exists");
+        if ts < entry.ts {
+            return;
+        }
+        entry.acks_seen = match entry.acks_seen {
+            Some((seen, known)) if seen == ts => Some((ts, NodeSet::from_bits(known.bits() | holders.bits()))),
+            Some((seen, known)) if seen > ts => Some((seen, known)),
+            _ => Some((ts, holders)),
+        };
+    }
+
+    /// O3: a follower validates a write once every live replica is known to hold it. Only for
+    /// writes: an RMW may still abort at its coordinator, so followers wait for its VAL.
+    fn validate_if_all_hold(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        let live = self.view.live;
+        let entry = self.keys.get_mut(key).expect("entry exists");
+        let Some((seen, holders)) = entry.acks_seen else { return };
+        let invalid = matches!(entry.state, KeyState::Invalid | KeyState::Trans);
+        if invalid && seen == entry.ts && !entry.rmw_flag && holders.is_superset_of(live) {
+            entry.state = KeyState::Valid;
+            self.drain(now, key, out);
+        }
+    }
+
+    // ---------------------------------------------------------------- time and views
+
+    fn retransmit_or_replay(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        let (epoch, peers) = (self.view.epoch, self.peers());
+        let mlt = self.config.message_loss_timeout;
+        let entry = self.keys.get_mut(key).expect("watched key exists");
+        if let Some(update) = &mut entry.update {
+            if now >= update.retransmit_at {
+                // §3.4: INV or ACK suspected lost: re-send to whoever has not acknowledged.
+                let missing = NodeSet::from_bits(peers.bits() & !update.acks.bits());
+                let inv = Message::Inv { epoch, key: key.clone(), ts: update.ts, value: update.value.clone(), rmw: update.rmw };
+                out.broadcast(missing, inv);
+                update.retransmit_at = now + mlt;
+                self.stats.inv_retransmits += 1;
+            }
+            return;
+        }
+        let replay_due = entry.replay_at.is_some_and(|at| now >= at);
+        if entry.state == KeyState::Invalid && !entry.waiting.is_empty() && replay_due {
+            self.start_replay(now, key, out);
+        }
+    }
+
+    /// Leaving the view: stop serving. Stalled requests were never executed. In-flight updates
+    /// may still be completed by a replay elsewhere, so their outcome is unknown.
+    fn leave_service(&mut self) -> Vec<(ClientRequestId, Outcome)> {
+        let mut replies = Vec::new();
+        for key in std::mem::take(&mut self.watched) {
+            let entry = self.keys.get_mut(&key).expect("watched key exists");
+            for waiter in entry.waiting.drain(..) {
+                replies.push((waiter.request, Outcome::Error(CommandError::Unavailable("not in the current view"))));
+            }
+            if let Some(client) = entry.update.take().and_then(|update| update.client) {
+                replies.push((client.request, Outcome::Error(CommandError::OutcomeUnknown)));
+            }
+            entry.state = KeyState::Invalid;
+        }
+        replies
+    }
+}
+
+impl Replica for Hermes {
+    type Message = Message;
+
+    fn id(&self) -> NodeId {
+        self.config.me
+    }
+
+    fn on_client(&mut self, now: Time, request: ClientRequestId, command: Command, out: &mut Outbox<Message>) {
+        if !self.is_operational() {
+            out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
+            return;
+        }
+        let key = command.key().clone();
+        // A read of a key never written needs no entry: keep read-only misses from growing
+        // the map.
+        if matches!(command, Command::Read { .. }) && !self.keys.contains_key(&key) {
+            out.reply(request, Outcome::Value(None));
+            self.stats.reads_local += 1;
+            return;
+        }
+        let entry = self.keys.entry(key.clone()).or_insert_with(KeyEntry::new);
+        let stalls = !entry.waiting.is_empty() || entry.state != KeyState::Valid;
+        if stalls && !command.is_update() {
+            self.stats.reads_stalled += 1;
+        }
+        // Per-key FIFO: a request never overtakes one stalled before it on the same key.
+        entry.waiting.push_back(Waiter { request, command });
+        self.drain(now, &key, out);
+        self.watch(&key);
+    }
+
+    fn on_message(&mut self, now: Time, from: NodeId, message: Message, out: &mut Outbox<Message>) {
+        if message.epoch() != self.view.epoch || !self.is_operational() {
+            self.stats.messages_dropped_epoch += 1;
+            return;
+        }
+        let key = match message {
+            Message::Inv { key, ts, value, rmw, .. } => {
+                self.on_inv(now, from, key.clone(), ts, value, rmw, out);
+                key
+            }
+            Message::Ack { key, ts, .. } => {
+                self.on_ack(now, from, key.clone(), ts, out);
+                key
+            }
+            Message::Val { key, ts, .. } => {
+                self.on_val(now, key.clone(), ts, out);
+                key
+            }
+        };
+        self.watch(&key);
+    }
+
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
+        if !self.is_operational() {
+            return;
+        }
+        let mut keys = std::mem::take(&mut self.scratch_keys);
+        keys.extend(self.watched.iter().cloned());
+        for key in keys.drain(..) {
+            self.retransmit_or_replay(now, &key, out);
+            self.watch(&key);
+        }
+        self.scratch_keys = keys;
+    }
+
+    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Message>) {
+        if view.epoch <= self.view.epoch {
+            return; // Views only move forward; a late m-update is stale.
+        }
+        self.view = view;
+        self.stats.views_installed += 1;
+        if !self.is_operational() {
+            for (request, outcome) in self.leave_service() {
+                out.reply(request, outcome);
+            }
+            return;
+        }
+        let keep_acks = self.has_bug(Bug::KeepAcksOnViewChange);
+        let me = self.config.me;
+        let mut keys = std::mem::take(&mut self.scratch_keys);
+        keys.extend(self.watched.iter().cloned());
+        for key in keys.drain(..) {
+            let entry = self.keys.get_mut(&key).expect("watched key exists");
+            entry.acks_seen = None;
+            if let Some(update) = &mut entry.update {
+                // §3.4 and §3.6 (C RMW-replay): ACKs gathered in an older epoch do not count;
+                // re-collect them from the new live set, starting now.
+                if !keep_acks {
+                    update.acks = NodeSet::single(me);
+                }
+                update.retransmit_at = now;
+            } else if entry.state == KeyState::Invalid && !entry.waiting.is_empty() {
+                // Likely invalidated by a replica that just left: replay without waiting.
+                entry.replay_at = Some(now);
+            }
+            self.retransmit_or_replay(now, &key, out);
+            self.complete_if_acknowledged(now, &key, out);
+            self.watch(&key);
+        }
+        self.scratch_keys = keys;
+    }
+}
