@@ -1,0 +1,165 @@
+//! Seeds in, verdicts out: run a protocol under the simulator and check what clients saw.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use chorus_core::{NodeId, NodeSet, Time};
+use chorus_hermes::{Hermes, HermesConfig, Optimizations};
+
+use crate::checker::{check_history, CheckerConfig, Violation};
+use crate::faults::FaultCounts;
+use crate::rng::Rng;
+use crate::simulator::{simulate, SeedRun, SimConfig};
+
+/// A change applied to every replica's configuration, e.g. to select a broken variant.
+pub type HermesTweak = Arc<dyn Fn(&mut HermesConfig) + Send + Sync>;
+
+/// Which protocol core to simulate, and how.
+#[derive(Clone)]
+pub enum ProtocolSetup {
+    Hermes { tweak: Option<HermesTweak> },
+}
+
+impl ProtocolSetup {
+    pub fn hermes() -> ProtocolSetup {
+        ProtocolSetup::Hermes { tweak: None }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProtocolSetup::Hermes { .. } => "hermes",
+        }
+    }
+
+    /// Run one seed of this protocol.
+    pub fn simulate(&self, config: &SimConfig) -> (SeedRun, String) {
+        match self {
+            ProtocolSetup::Hermes { tweak } => simulate_hermes(config, tweak.as_ref()),
+        }
+    }
+}
+
+/// Each seed also draws the Hermes options (O1-O3 and the message-loss timeout), so the
+/// sweep covers every combination.
+fn simulate_hermes(config: &SimConfig, tweak: Option<&HermesTweak>) -> (SeedRun, String) {
+    let mut options_rng = Rng::new(config.seed ^ 0x4845_524D_4553);
+    let optimizations = Optimizations {
+        skip_superseded_val: options_rng.chance(0.5),
+        virtual_ids_per_node: if options_rng.chance(0.5) { 1 } else { 4 },
+        broadcast_acks: options_rng.chance(0.5),
+    };
+    let message_loss_timeout = Time::from_millis(options_rng.range(3, 30));
+    let description = format!("{optimizations:?}, mlt {message_loss_timeout:?}");
+    let mut build = |me: NodeId, replicas: NodeSet, seed: u64| {
+        let mut hermes_config = HermesConfig::new(me, replicas);
+        hermes_config.optimizations = optimizations;
+        hermes_config.message_loss_timeout = message_loss_timeout;
+        hermes_config.seed = seed;
+        if let Some(tweak) = tweak {
+            tweak(&mut hermes_config);
+        }
+        Hermes::new(hermes_config)
+    };
+    (simulate(config, &mut build), description)
+}
+
+/// The verdict on one seed.
+#[derive(Debug)]
+pub struct SeedVerdict {
+    pub seed: u64,
+    pub ops_checked: usize,
+    pub faults: FaultCounts,
+    pub violations: Vec<Violation>,
+    pub liveness_failures: Vec<String>,
+    pub inconclusive_keys: usize,
+    pub protocol_options: String,
+    pub run: SeedRun,
+}
+
+impl SeedVerdict {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty() && self.liveness_failures.is_empty()
+    }
+}
+
+pub fn check_seed(setup: &ProtocolSetup, config: &SimConfig) -> SeedVerdict {
+    let (run, protocol_options) = setup.simulate(config);
+    let report = check_history(&run.history, &CheckerConfig::default());
+    SeedVerdict {
+        seed: config.seed,
+        ops_checked: report.ops_checked,
+        faults: run.faults,
+        violations: report.violations,
+        liveness_failures: run.liveness_failures.clone(),
+        inconclusive_keys: report.inconclusive_keys.len(),
+        protocol_options,
+        run,
+    }
+}
+
+/// Totals over a sweep of seeds.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct SweepSummary {
+    pub protocol: String,
+    pub replicas: usize,
+    pub seeds: usize,
+    pub ops_checked: usize,
+    pub faults_injected: u64,
+    pub faults: FaultCounts,
+    pub violations: usize,
+    pub liveness_failures: usize,
+    pub inconclusive_keys: usize,
+    pub failing_seeds: Vec<u64>,
+}
+
+/// Run `seeds` on `threads` threads. `on_seed` sees every verdict (in completion order) and
+/// may stop the sweep early by returning `false`.
+pub fn sweep(
+    setup: &ProtocolSetup,
+    replicas: usize,
+    seeds: &[u64],
+    threads: usize,
+    on_seed: &(dyn Fn(&SeedVerdict) -> bool + Sync),
+) -> SweepSummary {
+    let next = AtomicUsize::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let summary = Mutex::new(SweepSummary {
+        protocol: setup.name().to_string(),
+        replicas,
+        ..SweepSummary::default()
+    });
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if index >= seeds.len() || stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let verdict = check_seed(setup, &SimConfig::new(seeds[index], replicas));
+                let keep_going = on_seed(&verdict);
+                summary.lock().expect("summary lock").add(&verdict);
+                if !keep_going {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let mut summary = summary.into_inner().expect("summary lock");
+    summary.failing_seeds.sort();
+    summary
+}
+
+impl SweepSummary {
+    fn add(&mut self, verdict: &SeedVerdict) {
+        self.seeds += 1;
+        self.ops_checked += verdict.ops_checked;
+        self.faults.add(&verdict.faults);
+        self.faults_injected = self.faults.total();
+        self.violations += verdict.violations.len();
+        self.liveness_failures += verdict.liveness_failures.len();
+        self.inconclusive_keys += verdict.inconclusive_keys;
+        if !verdict.passed() {
+            self.failing_seeds.push(verdict.seed);
+        }
+    }
+}
