@@ -38,6 +38,12 @@ pub struct KeyEntry {
     pub acks_seen: Option<(Timestamp, NodeSet)>,
 }
 
+impl Default for KeyEntry {
+    fn default() -> Self {
+        KeyEntry::new()
+    }
+}
+
 impl KeyEntry {
     pub fn new() -> KeyEntry {
         KeyEntry {
@@ -93,4 +99,8 @@ pub struct UpdateClient {
 pub struct Waiter {
     pub request: ClientRequestId,
     pub command: Command,
+    /// An aborted RMW waiting for its retry: its INVs went out, so a replay elsewhere may
+    /// still commit that first attempt. If this replica stops serving before the retry, the
+    /// client must hear "outcome unknown", not "never executed".
+    pub sent_before: bool,
 }

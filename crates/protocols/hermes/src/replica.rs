@@ -39,6 +39,10 @@ pub struct Hermes {
     rng_state: u64,
     stats: HermesStats,
     scratch_keys: Vec<Key>,
+    /// Set once this replica leaves a view. Its data may be stale from then on, so it never
+    /// serves again, even if a later view lists it: rejoining needs the shadow-replica
+    /// recovery of §3.4 (copying the data from live replicas), which is not built yet.
+    retired: bool,
 }
 
 impl Hermes {
@@ -53,6 +57,7 @@ impl Hermes {
             watched: BTreeSet::new(),
             stats: HermesStats::default(),
             scratch_keys: Vec::new(),
+            retired: false,
         }
     }
 
@@ -66,7 +71,7 @@ impl Hermes {
 
     /// A replica serves clients only while it is live in its view (it holds a lease).
     pub fn is_operational(&self) -> bool {
-        self.view.live.contains(self.config.me)
+        !self.retired && self.view.live.contains(self.config.me)
     }
 
     /// The key's protocol state, timestamp and local value (for tests, INFO and tracing).
@@ -136,7 +141,11 @@ impl Hermes {
                 Command::Write { value, .. } if can_update => {
                     let value = value.clone();
                     let waiter = entry.waiting.pop_front().expect("front exists");
-                    let client = UpdateClient { request: waiter.request, reply: Outcome::Written, command: waiter.command };
+                    let client = UpdateClient {
+                        request: waiter.request,
+                        reply: Outcome::Written,
+                        command: waiter.command,
+                    };
                     self.start_client_update(now, key, value, false, client, out);
                 }
                 Command::Rmw { op, .. } if can_update => {
@@ -147,8 +156,11 @@ impl Hermes {
                         // linearizable locally.
                         None => out.reply(waiter.request, effect.outcome),
                         Some(value) => {
-                            let client =
-                                UpdateClient { request: waiter.request, reply: effect.outcome, command: waiter.command };
+                            let client = UpdateClient {
+                                request: waiter.request,
+                                reply: effect.outcome,
+                                command: waiter.command,
+                            };
                             self.start_client_update(now, key, value, true, client, out);
                         }
                     }
@@ -236,7 +248,8 @@ impl Hermes {
         let commit_on_majority = self.has_bug(Bug::CommitOnMajority);
         let entry = self.keys.get_mut(key).expect("completed key exists");
         let Some(update) = &entry.update else { return };
-        let acknowledged = update.acks.is_superset_of(live) || (commit_on_majority && update.acks.len() >= majority);
+        let acknowledged =
+            update.acks.is_superset_of(live) || (commit_on_majority && update.acks.len() >= majority);
         if !acknowledged {
             return;
         }
@@ -260,7 +273,10 @@ impl Hermes {
         let o3_covers = self.config.optimizations.broadcast_acks && !update.rmw;
         let o1_skips = self.config.optimizations.skip_superseded_val && superseded;
         if !o3_covers && !o1_skips {
-            out.broadcast(live.without(self.config.me), Message::Val { epoch: self.view.epoch, key: key.clone(), ts: update.ts });
+            out.broadcast(
+                live.without(self.config.me),
+                Message::Val { epoch: self.view.epoch, key: key.clone(), ts: update.ts },
+            );
         }
         if let Some(client) = update.client {
             out.reply(client.request, client.reply);
@@ -271,6 +287,7 @@ impl Hermes {
 
     // ---------------------------------------------------------------- peer messages
 
+    #[allow(clippy::too_many_arguments)]
     fn on_inv(
         &mut self,
         now: Time,
@@ -288,7 +305,8 @@ impl Hermes {
         // F RMW-ACK (§3.6): an RMW older than what we hold is refused; we answer with our own
         // state as an INV, which aborts the RMW at its coordinator.
         if rmw && ts < entry.ts && !rmw_never_aborts {
-            let reply = Message::Inv { epoch, key, ts: entry.ts, value: entry.value.clone(), rmw: entry.rmw_flag };
+            let reply =
+                Message::Inv { epoch, key, ts: entry.ts, value: entry.value.clone(), rmw: entry.rmw_flag };
             out.send(from, reply);
             return;
         }
@@ -331,7 +349,11 @@ impl Hermes {
             if let Some(client) = update.client {
                 // Retried from the front once the key is Valid again: the client never sees
                 // the abort, only a later, non-conflicting execution.
-                entry.waiting.push_front(Waiter { request: client.request, command: client.command });
+                entry.waiting.push_front(Waiter {
+                    request: client.request,
+                    command: client.command,
+                    sent_before: true,
+                });
                 self.stats.rmw_aborts += 1;
             }
         }
@@ -345,14 +367,14 @@ impl Hermes {
     }
 
     fn on_ack(&mut self, now: Time, from: NodeId, key: Key, ts: Timestamp, out: &mut Outbox<Message>) {
-        if !self.keys.contains_key(&key) {
-            return;
-        }
         if self.config.optimizations.broadcast_acks {
+            // An overheard ACK may overtake the INV of a key we have never seen: remember it,
+            // or the INV alone could never validate the key (O3 sends no VAL).
+            self.keys.entry(key.clone()).or_default();
             self.note_holders(&key, ts, NodeSet::single(from));
             self.validate_if_all_hold(now, &key, out);
         }
-        let entry = self.keys.get_mut(&key).expect("entry exists");
+        let Some(entry) = self.keys.get_mut(&key) else { return };
         if let Some(update) = &mut entry.update {
             if update.ts == ts {
                 update.acks.insert(from);
@@ -392,7 +414,9 @@ impl Hermes {
             return;
         }
         entry.acks_seen = match entry.acks_seen {
-            Some((seen, known)) if seen == ts => Some((ts, NodeSet::from_bits(known.bits() | holders.bits()))),
+            Some((seen, known)) if seen == ts => {
+                Some((ts, NodeSet::from_bits(known.bits() | holders.bits())))
+            }
             Some((seen, known)) if seen > ts => Some((seen, known)),
             _ => Some((ts, holders)),
         };
@@ -421,7 +445,13 @@ impl Hermes {
             if now >= update.retransmit_at {
                 // §3.4: INV or ACK suspected lost: re-send to whoever has not acknowledged.
                 let missing = NodeSet::from_bits(peers.bits() & !update.acks.bits());
-                let inv = Message::Inv { epoch, key: key.clone(), ts: update.ts, value: update.value.clone(), rmw: update.rmw };
+                let inv = Message::Inv {
+                    epoch,
+                    key: key.clone(),
+                    ts: update.ts,
+                    value: update.value.clone(),
+                    rmw: update.rmw,
+                };
                 out.broadcast(missing, inv);
                 update.retransmit_at = now + mlt;
                 self.stats.inv_retransmits += 1;
@@ -437,11 +467,17 @@ impl Hermes {
     /// Leaving the view: stop serving. Stalled requests were never executed. In-flight updates
     /// may still be completed by a replay elsewhere, so their outcome is unknown.
     fn leave_service(&mut self) -> Vec<(ClientRequestId, Outcome)> {
+        self.retired = true;
         let mut replies = Vec::new();
         for key in std::mem::take(&mut self.watched) {
             let entry = self.keys.get_mut(&key).expect("watched key exists");
             for waiter in entry.waiting.drain(..) {
-                replies.push((waiter.request, Outcome::Error(CommandError::Unavailable("not in the current view"))));
+                let outcome = if waiter.sent_before {
+                    CommandError::OutcomeUnknown
+                } else {
+                    CommandError::Unavailable("not in the current view")
+                };
+                replies.push((waiter.request, Outcome::Error(outcome)));
             }
             if let Some(client) = entry.update.take().and_then(|update| update.client) {
                 replies.push((client.request, Outcome::Error(CommandError::OutcomeUnknown)));
@@ -459,7 +495,13 @@ impl Replica for Hermes {
         self.config.me
     }
 
-    fn on_client(&mut self, now: Time, request: ClientRequestId, command: Command, out: &mut Outbox<Message>) {
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Message>,
+    ) {
         if !self.is_operational() {
             out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
             return;
@@ -478,7 +520,7 @@ impl Replica for Hermes {
             self.stats.reads_stalled += 1;
         }
         // Per-key FIFO: a request never overtakes one stalled before it on the same key.
-        entry.waiting.push_back(Waiter { request, command });
+        entry.waiting.push_back(Waiter { request, command, sent_before: false });
         self.drain(now, &key, out);
         self.watch(&key);
     }
