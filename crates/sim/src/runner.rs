@@ -39,12 +39,11 @@ impl ProtocolSetup {
     }
 }
 
-/// Each seed also draws the Hermes options (O1-O3 and the message-loss timeout), so the
+/// Each seed also draws the Hermes options (O2, O3 and the message-loss timeout), so the
 /// sweep covers every combination.
 fn simulate_hermes(config: &SimConfig, tweak: Option<&HermesTweak>) -> (SeedRun, String) {
     let mut options_rng = Rng::new(config.seed ^ 0x4845_524D_4553);
     let optimizations = Optimizations {
-        skip_superseded_val: options_rng.chance(0.5),
         virtual_ids_per_node: if options_rng.chance(0.5) { 1 } else { 4 },
         broadcast_acks: options_rng.chance(0.5),
     };
@@ -123,11 +122,8 @@ pub fn sweep(
 ) -> SweepSummary {
     let next = AtomicUsize::new(0);
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let summary = Mutex::new(SweepSummary {
-        protocol: setup.name().to_string(),
-        replicas,
-        ..SweepSummary::default()
-    });
+    let summary =
+        Mutex::new(SweepSummary { protocol: setup.name().to_string(), replicas, ..SweepSummary::default() });
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {
             scope.spawn(|| loop {

@@ -10,7 +10,9 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::fmt::Debug;
 
-use chorus_core::{ClientRequestId, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View};
+use chorus_core::{
+    ClientRequestId, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
+};
 use rustc_hash::FxHashMap;
 
 use crate::faults::{FaultCounts, FaultPlan};

@@ -46,3 +46,9 @@ fn committing_on_a_majority_of_acks_is_caught() {
 fn keeping_acks_across_a_view_change_is_caught() {
     assert_caught(Bug::KeepAcksOnViewChange, 5_000);
 }
+
+#[test]
+fn validating_superseded_timestamps_is_caught() {
+    // Hermes with O1 off: the RMW anomaly Chorus found (docs/protocols/hermes.md).
+    assert_caught(Bug::ValidateSuperseded, 5_000);
+}

@@ -2,12 +2,12 @@
 
 use chorus_core::{NodeId, NodeSet, Time, View};
 
-/// The optimizations of Hermes §3.3, each a switch so their effect can be measured and tested.
+/// The optimizations of Hermes §3.3 that are safe to switch, so their effect can be measured
+/// and tested. O1 (a superseded coordinator skips VAL) is not a switch: Chorus found that
+/// validating a superseded timestamp lets an RMW read a value that a concurrent write had
+/// already replaced (docs/protocols/hermes.md), so superseded updates are never validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Optimizations {
-    /// O1: a coordinator whose write was superseded by a higher-timestamp write while it
-    /// gathered ACKs (the key is in Trans) skips broadcasting VAL.
-    pub skip_superseded_val: bool,
     /// O2: virtual node ids per physical node for fairness among concurrent writers. `1` turns
     /// it off (cid = node id). Ids of different nodes never overlap: node `n` owns
     /// `n * virtual_ids_per_node .. (n + 1) * virtual_ids_per_node`.
@@ -19,7 +19,7 @@ pub struct Optimizations {
 
 impl Default for Optimizations {
     fn default() -> Self {
-        Optimizations { skip_superseded_val: true, virtual_ids_per_node: 1, broadcast_acks: false }
+        Optimizations { virtual_ids_per_node: 1, broadcast_acks: false }
     }
 }
 
@@ -39,6 +39,10 @@ pub enum Bug {
     /// The coordinator completes a write once a majority has acknowledged it, as if Hermes
     /// were majority-based (violates C ACK: every live replica must ACK).
     CommitOnMajority,
+    /// Superseded updates are validated like any other: the coordinator sends VAL although a
+    /// higher timestamp exists (Hermes with O1 off), and ACKs from replicas holding a higher
+    /// timestamp are not told apart. An RMW can then be based on a value already replaced.
+    ValidateSuperseded,
 }
 
 #[derive(Clone, Debug)]

@@ -35,7 +35,7 @@ pub struct KeyEntry {
     /// When a request stalled on this Invalid key may trigger a replay (§3.4, mlt).
     pub replay_at: Option<Time>,
     /// O3: the highest timestamp for which ACKs were overheard, and who is known to hold it.
-    pub acks_seen: Option<(Timestamp, NodeSet)>,
+    pub acks_seen: Option<HoldersSeen>,
 }
 
 impl Default for KeyEntry {
@@ -64,6 +64,15 @@ impl KeyEntry {
     }
 }
 
+/// O3 bookkeeping: replicas known to have held exactly `ts`, and whether any replica was seen
+/// holding a higher timestamp when it acknowledged `ts` (then `ts` must never be validated).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HoldersSeen {
+    pub ts: Timestamp,
+    pub holders: NodeSet,
+    pub superseded: bool,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum UpdateKind {
     /// A client's write or RMW coordinated here.
@@ -81,6 +90,9 @@ pub struct Update {
     pub rmw: bool,
     /// Replicas that acknowledged `ts` in the current epoch, this one included.
     pub acks: NodeSet,
+    /// Some replica held a higher timestamp when it acknowledged: the update commits, but
+    /// its timestamp must not be validated anywhere.
+    pub superseded: bool,
     /// The client waiting for this update, with the reply to send once it commits. For an
     /// RMW, the original command too, so an abort can re-queue it.
     pub client: Option<UpdateClient>,

@@ -10,10 +10,14 @@ use chorus_core::{Epoch, Key, Timestamp, Value};
 pub enum Message {
     /// Invalidation: carries the new value so any invalidated replica can replay the write.
     /// `rmw` marks an RMW update (§3.6: RMW_flag), which followers acknowledge only if its
-    /// timestamp is at least their own.
-    Inv { epoch: Epoch, key: Key, ts: Timestamp, value: Option<Value>, rmw: bool },
-    /// Acknowledgement of the INV with timestamp `ts`.
-    Ack { epoch: Epoch, key: Key, ts: Timestamp },
+    /// timestamp is at least their own. `superseded`: the sender already holds a higher
+    /// timestamp (a retransmission from the Trans state), so O3 must not count it as holding
+    /// exactly `ts`.
+    Inv { epoch: Epoch, key: Key, ts: Timestamp, value: Option<Value>, rmw: bool, superseded: bool },
+    /// Acknowledgement of the INV with timestamp `ts`. `superseded`: the acknowledging replica
+    /// already held a higher timestamp, so `ts` commits but must not be validated anywhere
+    /// (see docs/protocols/hermes.md, "superseded timestamps are never validated").
+    Ack { epoch: Epoch, key: Key, ts: Timestamp, superseded: bool },
     /// Validation: the update with timestamp `ts` is committed.
     Val { epoch: Epoch, key: Key, ts: Timestamp },
 }
@@ -33,20 +37,17 @@ const TAG_VAL: u8 = 3;
 impl WireMessage for Message {
     fn encode(&self, buf: &mut BytesMut) {
         match self {
-            Message::Inv { epoch, key, ts, value, rmw } => {
-                buf.put_u8(TAG_INV);
-                buf.put_epoch(*epoch);
-                buf.put_bytes_prefixed(key);
-                buf.put_timestamp(*ts);
+            Message::Inv { epoch, key, ts, value, rmw, superseded } => {
+                put_header(buf, TAG_INV, *epoch, key, *ts);
                 buf.put_optional_bytes(value.as_ref());
                 buf.put_bool(*rmw);
+                buf.put_bool(*superseded);
             }
-            Message::Ack { epoch, key, ts } | Message::Val { epoch, key, ts } => {
-                buf.put_u8(if matches!(self, Message::Ack { .. }) { TAG_ACK } else { TAG_VAL });
-                buf.put_epoch(*epoch);
-                buf.put_bytes_prefixed(key);
-                buf.put_timestamp(*ts);
+            Message::Ack { epoch, key, ts, superseded } => {
+                put_header(buf, TAG_ACK, *epoch, key, *ts);
+                buf.put_bool(*superseded);
             }
+            Message::Val { epoch, key, ts } => put_header(buf, TAG_VAL, *epoch, key, *ts),
         }
     }
 
@@ -56,12 +57,26 @@ impl WireMessage for Message {
         let key = reader.bytes()?;
         let ts = reader.timestamp()?;
         Ok(match tag {
-            TAG_INV => Message::Inv { epoch, key, ts, value: reader.optional_bytes()?, rmw: reader.bool()? },
-            TAG_ACK => Message::Ack { epoch, key, ts },
+            TAG_INV => Message::Inv {
+                epoch,
+                key,
+                ts,
+                value: reader.optional_bytes()?,
+                rmw: reader.bool()?,
+                superseded: reader.bool()?,
+            },
+            TAG_ACK => Message::Ack { epoch, key, ts, superseded: reader.bool()? },
             TAG_VAL => Message::Val { epoch, key, ts },
             tag => return Err(DecodeError::UnknownTag { what: "hermes message", tag }),
         })
     }
+}
+
+fn put_header(buf: &mut BytesMut, tag: u8, epoch: Epoch, key: &Key, ts: Timestamp) {
+    buf.put_u8(tag);
+    buf.put_epoch(epoch);
+    buf.put_bytes_prefixed(key);
+    buf.put_timestamp(ts);
 }
 
 #[cfg(test)]
@@ -74,12 +89,12 @@ mod tests {
     fn arb_message() -> impl Strategy<Value = Message> {
         let key = proptest::collection::vec(any::<u8>(), 0..16).prop_map(Bytes::from);
         let value = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from));
-        (0u8..3, any::<u64>(), key, any::<u64>(), any::<u32>(), value, any::<bool>()).prop_map(
-            |(kind, epoch, key, version, cid, value, rmw)| {
+        (0u8..3, any::<u64>(), key, any::<u64>(), any::<u32>(), value, any::<bool>(), any::<bool>()).prop_map(
+            |(kind, epoch, key, version, cid, value, rmw, superseded)| {
                 let (epoch, ts) = (Epoch(epoch), Timestamp::new(version, cid));
                 match kind {
-                    0 => Message::Inv { epoch, key, ts, value, rmw },
-                    1 => Message::Ack { epoch, key, ts },
+                    0 => Message::Inv { epoch, key, ts, value, rmw, superseded },
+                    1 => Message::Ack { epoch, key, ts, superseded },
                     _ => Message::Val { epoch, key, ts },
                 }
             },

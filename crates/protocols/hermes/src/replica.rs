@@ -10,7 +10,7 @@ use chorus_core::{
 use rustc_hash::FxHashMap;
 
 use crate::config::HermesConfig;
-use crate::key::{KeyEntry, KeyState, Update, UpdateClient, UpdateKind, Waiter};
+use crate::key::{HoldersSeen, KeyEntry, KeyState, Update, UpdateClient, UpdateKind, Waiter};
 use crate::message::Message;
 
 use crate::config::Bug;
@@ -226,7 +226,8 @@ impl Hermes {
         out: &mut Outbox<Message>,
     ) {
         let epoch = self.view.epoch;
-        out.broadcast(self.peers(), Message::Inv { epoch, key: key.clone(), ts, value: value.clone(), rmw });
+        let inv = Message::Inv { epoch, key: key.clone(), ts, value: value.clone(), rmw, superseded: false };
+        out.broadcast(self.peers(), inv);
         let entry = self.keys.get_mut(key).expect("updated key exists");
         entry.update = Some(Update {
             kind,
@@ -234,6 +235,7 @@ impl Hermes {
             value,
             rmw,
             acks: NodeSet::single(self.config.me),
+            superseded: false,
             client,
             retransmit_at: now + self.config.message_loss_timeout,
         });
@@ -242,28 +244,36 @@ impl Hermes {
     }
 
     /// C ACK + C VAL (§3.2): once every live replica acknowledged, the update is committed.
+    ///
+    /// A committed update whose timestamp is superseded (we hold a higher one: Trans; or an
+    /// ACK said its sender did) is never validated: no VAL, and the key stays Invalid until
+    /// the higher update's own INV/VAL arrives. Validating it would let a replica that has not
+    /// yet seen the higher write base an RMW on the superseded value, with an RMW timestamp
+    /// above that write (docs/protocols/hermes.md). This subsumes O1.
     fn complete_if_acknowledged(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
         let live = self.view.live;
         let majority = live.len() / 2 + 1;
         let commit_on_majority = self.has_bug(Bug::CommitOnMajority);
+        let validate_superseded = self.has_bug(Bug::ValidateSuperseded);
         let entry = self.keys.get_mut(key).expect("completed key exists");
         let Some(update) = &entry.update else { return };
-        let acknowledged =
-            update.acks.is_superset_of(live) || (commit_on_majority && update.acks.len() >= majority);
+        let acknowledged = update.acks.is_superset_of(live) || (commit_on_majority && update.acks.len() >= majority);
         if !acknowledged {
             return;
         }
         let update = entry.update.take().expect("update exists");
         debug_assert!(entry.ts >= update.ts);
-        let superseded = entry.ts > update.ts;
+        let superseded_here = entry.ts > update.ts;
+        let superseded_elsewhere = update.superseded && !validate_superseded;
         match entry.state {
+            KeyState::Write | KeyState::Replay if superseded_elsewhere => entry.state = KeyState::Invalid,
             KeyState::Write | KeyState::Replay => {
-                debug_assert!(!superseded);
+                debug_assert!(!superseded_here);
                 entry.state = KeyState::Valid;
             }
             KeyState::Trans => entry.state = KeyState::Invalid,
-            // Trans then VAL of the superseding write: already Valid.
-            KeyState::Valid => debug_assert!(superseded),
+            // Trans, then the VAL of the superseding update: already Valid.
+            KeyState::Valid => debug_assert!(superseded_here),
             KeyState::Invalid => unreachable!("an Invalid key has no update in flight"),
         }
         if entry.state == KeyState::Invalid && !entry.waiting.is_empty() {
@@ -271,12 +281,10 @@ impl Hermes {
         }
         // O3: followers validate on the ACK set for writes; RMWs still need a VAL (see on_ack).
         let o3_covers = self.config.optimizations.broadcast_acks && !update.rmw;
-        let o1_skips = self.config.optimizations.skip_superseded_val && superseded;
-        if !o3_covers && !o1_skips {
-            out.broadcast(
-                live.without(self.config.me),
-                Message::Val { epoch: self.view.epoch, key: key.clone(), ts: update.ts },
-            );
+        let superseded = (superseded_here && !validate_superseded) || superseded_elsewhere;
+        if !o3_covers && !superseded {
+            let val = Message::Val { epoch: self.view.epoch, key: key.clone(), ts: update.ts };
+            out.broadcast(live.without(self.config.me), val);
         }
         if let Some(client) = update.client {
             out.reply(client.request, client.reply);
@@ -296,6 +304,7 @@ impl Hermes {
         ts: Timestamp,
         value: Option<Value>,
         rmw: bool,
+        sender_superseded: bool,
         out: &mut Outbox<Message>,
     ) {
         let epoch = self.view.epoch;
@@ -305,8 +314,8 @@ impl Hermes {
         // F RMW-ACK (§3.6): an RMW older than what we hold is refused; we answer with our own
         // state as an INV, which aborts the RMW at its coordinator.
         if rmw && ts < entry.ts && !rmw_never_aborts {
-            let reply =
-                Message::Inv { epoch, key, ts: entry.ts, value: entry.value.clone(), rmw: entry.rmw_flag };
+            let (ts, value, rmw) = (entry.ts, entry.value.clone(), entry.rmw_flag);
+            let reply = Message::Inv { epoch, key, ts, value, rmw, superseded: false };
             out.send(from, reply);
             return;
         }
@@ -325,14 +334,32 @@ impl Hermes {
         if ts > entry.ts {
             self.apply_higher_inv(now, &key, ts, value, rmw);
         }
-        // F ACK: acknowledged whatever the timestamp comparison said.
+        // F ACK: acknowledged whatever the timestamp comparison said, telling the coordinator
+        // whether we already hold something higher.
+        let superseded = self.keys[&key].ts > ts && !self.has_bug(Bug::ValidateSuperseded);
+        let ack = Message::Ack { epoch, key: key.clone(), ts, superseded };
+        if superseded {
+            // The sender cannot validate `ts`; hand it the higher update, so a replayer whose
+            // only source of that update crashed can adopt and replay it (as F RMW-ACK does).
+            let entry = &self.keys[&key];
+            let newer = Message::Inv {
+                epoch,
+                key: key.clone(),
+                ts: entry.ts,
+                value: entry.value.clone(),
+                rmw: entry.rmw_flag,
+                superseded: false,
+            };
+            out.send(from, newer);
+        }
         if self.config.optimizations.broadcast_acks {
             let me = self.config.me;
-            self.note_holders(&key, ts, NodeSet::from_iter([from, me]));
-            out.broadcast(self.peers(), Message::Ack { epoch, key: key.clone(), ts });
+            self.note_holders(&key, ts, NodeSet::single(from), sender_superseded);
+            self.note_holders(&key, ts, NodeSet::single(me), superseded);
+            out.broadcast(self.peers(), ack);
             self.validate_if_all_hold(now, &key, out);
         } else {
-            out.send(from, Message::Ack { epoch, key: key.clone(), ts });
+            out.send(from, ack);
         }
         self.drain(now, &key, out);
     }
@@ -366,18 +393,27 @@ impl Hermes {
         }
     }
 
-    fn on_ack(&mut self, now: Time, from: NodeId, key: Key, ts: Timestamp, out: &mut Outbox<Message>) {
+    fn on_ack(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        key: Key,
+        ts: Timestamp,
+        superseded: bool,
+        out: &mut Outbox<Message>,
+    ) {
         if self.config.optimizations.broadcast_acks {
             // An overheard ACK may overtake the INV of a key we have never seen: remember it,
             // or the INV alone could never validate the key (O3 sends no VAL).
             self.keys.entry(key.clone()).or_default();
-            self.note_holders(&key, ts, NodeSet::single(from));
+            self.note_holders(&key, ts, NodeSet::single(from), superseded);
             self.validate_if_all_hold(now, &key, out);
         }
         let Some(entry) = self.keys.get_mut(&key) else { return };
         if let Some(update) = &mut entry.update {
             if update.ts == ts {
                 update.acks.insert(from);
+                update.superseded |= superseded;
                 self.complete_if_acknowledged(now, &key, out);
             }
         }
@@ -407,29 +443,36 @@ impl Hermes {
         self.drain(now, &key, out);
     }
 
-    /// O3: remember who is known to hold at least `ts` for the key.
-    fn note_holders(&mut self, key: &Key, ts: Timestamp, holders: NodeSet) {
+    /// O3: remember who held `ts` when it spoke (or that someone held more).
+    fn note_holders(&mut self, key: &Key, ts: Timestamp, holders: NodeSet, superseded: bool) {
         let entry = self.keys.get_mut(key).expect("entry exists");
         if ts < entry.ts {
             return;
         }
-        entry.acks_seen = match entry.acks_seen {
-            Some((seen, known)) if seen == ts => {
-                Some((ts, NodeSet::from_bits(known.bits() | holders.bits())))
-            }
-            Some((seen, known)) if seen > ts => Some((seen, known)),
-            _ => Some((ts, holders)),
+        let fresh = HoldersSeen { ts, holders: NodeSet::EMPTY, superseded: false };
+        let mut seen = match entry.acks_seen {
+            Some(seen) if seen.ts > ts => return,
+            Some(seen) if seen.ts == ts => seen,
+            _ => fresh,
         };
+        if superseded {
+            seen.superseded = true;
+        } else {
+            seen.holders = NodeSet::from_bits(seen.holders.bits() | holders.bits());
+        }
+        entry.acks_seen = Some(seen);
     }
 
-    /// O3: a follower validates a write once every live replica is known to hold it. Only for
-    /// writes: an RMW may still abort at its coordinator, so followers wait for its VAL.
+    /// O3: a follower validates a write once every live replica is known to have held its
+    /// timestamp, none of them anything higher. Only for writes: an RMW may still abort at
+    /// its coordinator, so followers wait for its VAL.
     fn validate_if_all_hold(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
         let live = self.view.live;
         let entry = self.keys.get_mut(key).expect("entry exists");
-        let Some((seen, holders)) = entry.acks_seen else { return };
+        let Some(seen) = entry.acks_seen else { return };
         let invalid = matches!(entry.state, KeyState::Invalid | KeyState::Trans);
-        if invalid && seen == entry.ts && !entry.rmw_flag && holders.is_superset_of(live) {
+        let all_hold = seen.holders.is_superset_of(live) && !seen.superseded;
+        if invalid && seen.ts == entry.ts && !entry.rmw_flag && all_hold {
             entry.state = KeyState::Valid;
             self.drain(now, key, out);
         }
@@ -441,6 +484,7 @@ impl Hermes {
         let (epoch, peers) = (self.view.epoch, self.peers());
         let mlt = self.config.message_loss_timeout;
         let entry = self.keys.get_mut(key).expect("watched key exists");
+        let holds_higher = entry.update.as_ref().is_some_and(|update| entry.ts > update.ts);
         if let Some(update) = &mut entry.update {
             if now >= update.retransmit_at {
                 // §3.4: INV or ACK suspected lost: re-send to whoever has not acknowledged.
@@ -451,6 +495,7 @@ impl Hermes {
                     ts: update.ts,
                     value: update.value.clone(),
                     rmw: update.rmw,
+                    superseded: holds_higher,
                 };
                 out.broadcast(missing, inv);
                 update.retransmit_at = now + mlt;
@@ -531,12 +576,12 @@ impl Replica for Hermes {
             return;
         }
         let key = match message {
-            Message::Inv { key, ts, value, rmw, .. } => {
-                self.on_inv(now, from, key.clone(), ts, value, rmw, out);
+            Message::Inv { key, ts, value, rmw, superseded, .. } => {
+                self.on_inv(now, from, key.clone(), ts, value, rmw, superseded, out);
                 key
             }
-            Message::Ack { key, ts, .. } => {
-                self.on_ack(now, from, key.clone(), ts, out);
+            Message::Ack { key, ts, superseded, .. } => {
+                self.on_ack(now, from, key.clone(), ts, superseded, out);
                 key
             }
             Message::Val { key, ts, .. } => {
@@ -584,6 +629,7 @@ impl Replica for Hermes {
                 // re-collect them from the new live set, starting now.
                 if !keep_acks {
                     update.acks = NodeSet::single(me);
+                    update.superseded = false;
                 }
                 update.retransmit_at = now;
             } else if entry.state == KeyState::Invalid && !entry.waiting.is_empty() {

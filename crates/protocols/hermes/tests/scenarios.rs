@@ -412,28 +412,22 @@ fn figure4_concurrent_writes_higher_cid_wins_and_superseded_coordinator_skips_va
 }
 
 #[test]
-fn figure4_without_o1_superseded_val_is_sent_and_ignored_by_followers() {
-    // §3.2 F VAL: a VAL validates only if its timestamp equals the local one. Node 0's VAL
-    // carries [2,0] while node 1 holds [2,2]: node 1 must stay Invalid and its read stalled.
-    let mut c = Cluster::with(3, |config| config.optimizations.skip_superseded_val = false);
-    let (w0, w2) = figure4_invs(&mut c);
-    let r1 = c.client(1, read("A"));
-
+fn write_committed_over_a_higher_timestamp_is_not_validated_anywhere() {
+    // Chorus' strengthening of O1 (docs/protocols/hermes.md): node 0 writes [2,0] while node 2
+    // holds the concurrent [2,2]. Node 2's ACK says "superseded", so node 0 commits its write
+    // without sending VAL and without validating [2,0], and node 2 hands node 0 its newer INV.
+    let mut c = Cluster::new(3);
+    let w0 = c.client(0, write("A", "1"));
+    let w2 = c.client(2, write("A", "3"));
+    c.deliver(inv(2, 1));
+    c.deliver(inv(0, ANY));
     c.deliver(ack(ANY, 0));
-    assert_eq!(c.state(0, "A"), (Invalid, ts(2, 2), v("3")));
-    assert_eq!(c.reply_of(w0), WRITTEN);
-    let vals = c.pending(val(0, ANY));
-    assert_eq!(vals.len(), 2);
-    assert!(vals.iter().all(|e| e.ts() == ts(2, 0)));
-
-    c.deliver(val(0, ANY));
-    assert_eq!(c.state(1, "A"), (Invalid, ts(2, 2), v("3")));
-    assert_eq!(c.reply_of(r1), None);
-    assert_eq!(c.state(2, "A"), (Write, ts(2, 2), v("3")));
-
+    assert_eq!(c.reply_of(w0), WRITTEN, "the write commits: every live replica acknowledged it");
+    assert!(c.pending(val(0, ANY)).is_empty(), "a superseded timestamp is never validated");
+    assert_ne!(c.state(0, "A").0, Valid);
+    assert_eq!(c.pending(inv(2, 0)).len(), 2, "node 2's own INV and the newer state it hands back");
     c.deliver_all();
     assert_eq!(c.reply_of(w2), WRITTEN);
-    assert_eq!(c.reply_of(r1), value("3"));
     for node in 0..3 {
         assert_eq!(c.state(node, "A"), (Valid, ts(2, 2), v("3")));
     }
@@ -480,7 +474,7 @@ fn figure4_lost_val_and_crash_read_after_view_change_replays_winner_write() {
     assert!(c.net.is_empty());
     c.tick(0, t + MLT);
     assert_eq!(c.state(0, "A"), (Replay, ts(2, 2), v("3")));
-    let replay = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(2, 2), value: v("3"), rmw: false };
+    let replay = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(2, 2), value: v("3"), rmw: false, superseded: false };
     assert_eq!(c.net.len(), 1);
     assert_eq!((c.net[0].from, c.net[0].to, &c.net[0].msg), (0, 1, &replay));
 
@@ -724,7 +718,7 @@ fn messages_of_another_epoch_are_dropped() {
     // higher (it has not received the m-update yet).
     let mut c = Cluster::new(3);
     for epoch in [0, 2] {
-        let msg = Message::Inv { epoch: Epoch(epoch), key: b("A"), ts: ts(2, 0), value: v("x"), rmw: false };
+        let msg = Message::Inv { epoch: Epoch(epoch), key: b("A"), ts: ts(2, 0), value: v("x"), rmw: false, superseded: false };
         c.inject(Envelope { from: 0, to: 1, msg });
     }
     c.deliver_all();
@@ -806,7 +800,7 @@ fn rmw_in_flight_recollects_acks_after_view_change_and_still_commits() {
     assert_eq!(c.reply_of(i), None);
     let resent = c.pending(all);
     assert_eq!(resent.len(), 1);
-    let expected = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(1, 0), value: v("1"), rmw: true };
+    let expected = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(1, 0), value: v("1"), rmw: true, superseded: false };
     assert_eq!((resent[0].to, &resent[0].msg), (1, &expected));
     c.deliver_all();
     assert_eq!(c.reply_of(i), Some(Outcome::Integer(1)));
@@ -874,7 +868,7 @@ fn follower_with_higher_timestamp_refuses_rmw_with_inv_and_coordinator_retries_o
     c.deliver(inv(2, 1));
     let answer = c.pending(|e| e.from == 1 && e.to == 2);
     assert_eq!(answer.len(), 1, "an INV instead of an ACK: {answer:?}");
-    let refusal = Message::Inv { epoch: Epoch(1), key: b("A"), ts: ts(2, 0), value: v("10"), rmw: false };
+    let refusal = Message::Inv { epoch: Epoch(1), key: b("A"), ts: ts(2, 0), value: v("10"), rmw: false, superseded: false };
     assert_eq!(answer[0].msg, refusal);
     assert_eq!(c.state(1, "A"), (Invalid, ts(2, 0), v("10")));
 
@@ -1112,7 +1106,7 @@ fn replica_outside_the_view_refuses_clients_as_unavailable() {
     }
     assert!(c.net.is_empty());
     // It also ignores peer messages, even of the current epoch.
-    let msg = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(2, 0), value: v("x"), rmw: false };
+    let msg = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(2, 0), value: v("x"), rmw: false, superseded: false };
     c.inject(Envelope { from: 0, to: 2, msg });
     c.deliver_all();
     assert_eq!(c.state(2, "A"), (Valid, Timestamp::ZERO, None));
