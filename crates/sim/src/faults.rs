@@ -8,6 +8,10 @@ use crate::rng::Rng;
 /// The fault rates and events one seed runs with.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct FaultPlan {
+    /// How long faults are injected and clients issue operations. Drawn per seed and kept
+    /// short, so faults land while operations are in flight rather than on an idle cluster.
+    #[serde(skip)]
+    pub phase: Time,
     pub loss_rate: f64,
     pub duplicate_rate: f64,
     pub delay_min_us: u64,
@@ -41,8 +45,9 @@ pub struct Crash {
 
 impl FaultPlan {
     /// No faults at all: the baseline run.
-    pub fn none() -> FaultPlan {
+    pub fn none(phase: Time) -> FaultPlan {
         FaultPlan {
+            phase,
             loss_rate: 0.0,
             duplicate_rate: 0.0,
             delay_min_us: 50,
@@ -55,9 +60,11 @@ impl FaultPlan {
         }
     }
 
-    /// Draw a plan for `replicas` nodes whose faults happen within `fault_phase`. At most a
-    /// minority of replicas crash, as a majority-based membership service needs.
-    pub fn draw(rng: &mut Rng, replicas: usize, fault_phase: Time) -> FaultPlan {
+    /// Draw a plan for `replicas` nodes whose faults happen within a phase of at most
+    /// `phase_max`. At most a minority of replicas crash, as a majority-based membership
+    /// service needs.
+    pub fn draw(rng: &mut Rng, replicas: usize, phase_max: Time) -> FaultPlan {
+        let fault_phase = Time::from_micros(rng.range(phase_max.as_micros() / 8, phase_max.as_micros()));
         let on = |rng: &mut Rng| rng.chance(0.5);
         let loss_rate = if on(rng) { rng.unit() * 0.15 } else { 0.0 };
         let duplicate_rate = if on(rng) { rng.unit() * 0.1 } else { 0.0 };
@@ -77,6 +84,7 @@ impl FaultPlan {
             })
             .collect();
         FaultPlan {
+            phase: fault_phase,
             loss_rate,
             duplicate_rate,
             delay_min_us,
@@ -84,8 +92,8 @@ impl FaultPlan {
             reorder_rate,
             partitions,
             crashes,
-            lease_us: rng.range(2_000, 50_000),
-            view_spread_us: rng.range(0, 20_000),
+            lease_us: rng.range(1_000, phase_us / 4),
+            view_spread_us: rng.range(0, phase_us / 8),
         }
     }
 

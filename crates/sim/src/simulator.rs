@@ -25,8 +25,9 @@ use crate::workload::{CommandGenerator, WorkloadPlan};
 pub struct SimConfig {
     pub seed: u64,
     pub replicas: usize,
-    /// Faults happen and clients issue operations during this phase.
-    pub fault_phase: Time,
+    /// Faults happen and clients issue operations during a phase of at most this long (each
+    /// seed draws its own length).
+    pub fault_phase_max: Time,
     /// After the fault phase the network heals; every pending operation must complete within
     /// this window, or the run reports a liveness failure.
     pub liveness_window: Time,
@@ -43,7 +44,7 @@ impl SimConfig {
         SimConfig {
             seed,
             replicas,
-            fault_phase: Time::from_millis(1_000),
+            fault_phase_max: Time::from_millis(400),
             liveness_window: Time::from_millis(20_000),
             tick_period: Time::from_millis(1),
             faults: true,
@@ -144,9 +145,9 @@ where
 {
     let mut rng = Rng::new(config.seed);
     let plan = if config.faults {
-        FaultPlan::draw(&mut rng, config.replicas, config.fault_phase)
+        FaultPlan::draw(&mut rng, config.replicas, config.fault_phase_max)
     } else {
-        FaultPlan::none()
+        FaultPlan::none(config.fault_phase_max)
     };
     let workload = WorkloadPlan::draw(&mut rng);
     let all: NodeSet = (0..config.replicas as u8).map(NodeId).collect();
@@ -211,12 +212,12 @@ where
             let (at, node) = (crash.at, NodeId(crash.node));
             self.schedule(at, Event::Crash(node));
         }
-        self.schedule(self.config.fault_phase, Event::FaultPhaseEnd);
+        self.schedule(self.plan.phase, Event::FaultPhaseEnd);
     }
 
     /// Process events until everything settled or the liveness window closed.
     fn run(&mut self) -> u64 {
-        let deadline = self.config.fault_phase + self.config.liveness_window;
+        let deadline = self.plan.phase + self.config.liveness_window;
         let mut events = 0;
         while let Some(scheduled) = self.queue.pop() {
             if scheduled.at > deadline {

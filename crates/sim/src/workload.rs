@@ -23,10 +23,10 @@ impl WorkloadPlan {
         WorkloadPlan {
             clients: rng.range(3, 8) as usize,
             keys: rng.range(1, 4) as usize,
-            ops_per_client: rng.range(20, 60) as usize,
+            ops_per_client: rng.range(20, 80) as usize,
             read_ratio,
             rmw_ratio: (1.0 - read_ratio) * rng.range(0, 60) as f64 / 100.0,
-            think_max_us: *rng.pick(&[0, 500, 5_000]),
+            think_max_us: *rng.pick(&[0, 500, 2_000, 5_000]),
         }
     }
 }

@@ -309,7 +309,7 @@ impl Hermes {
     ) {
         let epoch = self.view.epoch;
         let rmw_never_aborts = self.has_bug(Bug::RmwNeverAborts);
-        let entry = self.keys.entry(key.clone()).or_insert_with(KeyEntry::new);
+        let entry = self.keys.entry(key.clone()).or_default();
 
         // F RMW-ACK (§3.6): an RMW older than what we hold is refused; we answer with our own
         // state as an INV, which aborts the RMW at its coordinator.
@@ -559,7 +559,7 @@ impl Replica for Hermes {
             self.stats.reads_local += 1;
             return;
         }
-        let entry = self.keys.entry(key.clone()).or_insert_with(KeyEntry::new);
+        let entry = self.keys.entry(key.clone()).or_default();
         let stalls = !entry.waiting.is_empty() || entry.state != KeyState::Valid;
         if stalls && !command.is_update() {
             self.stats.reads_stalled += 1;
