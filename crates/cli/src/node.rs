@@ -1,8 +1,115 @@
-//! `chorus node` (being written: issue 3).
+//! `chorus node`: run one replica.
+
+use std::path::PathBuf;
+
+use chorus_server::config::RawConfig;
 
 #[derive(clap::Args)]
-pub struct NodeArgs {}
+pub struct NodeArgs {
+    /// TOML configuration file; the flags below override its fields.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// This replica's id (0..63).
+    #[arg(long)]
+    pub node_id: Option<u8>,
+    /// Replication protocol (hermes).
+    #[arg(long)]
+    pub protocol: Option<String>,
+    /// Where RESP clients connect (default 127.0.0.1:7379).
+    #[arg(long)]
+    pub client_addr: Option<String>,
+    /// Where peers connect (default: this node's entry in the peer list).
+    #[arg(long)]
+    pub peer_addr: Option<String>,
+    /// A replica of the cluster as ID=IP:PORT, this node included; repeat for each. Replaces
+    /// the file's [peers] table.
+    #[arg(long = "peer", value_name = "ID=IP:PORT")]
+    pub peers: Vec<String>,
+    /// Directory for this node's files.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub cluster_id: Option<String>,
+    /// Shared secret peers present when they connect.
+    #[arg(long)]
+    pub cluster_token: Option<String>,
+    /// Password clients must AUTH with.
+    #[arg(long)]
+    pub requirepass: Option<String>,
+    /// Serve Prometheus metrics on this address (off by default).
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Largest key or value accepted from clients, in bytes (default 64 MiB).
+    #[arg(long)]
+    pub value_bytes_max: Option<usize>,
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
 
-pub fn run(_args: NodeArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`chorus node` is not available yet")
+pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
+    let file = match &args.config {
+        Some(path) => RawConfig::load(path)?,
+        None => RawConfig::default(),
+    };
+    let peers = if args.peers.is_empty() {
+        None
+    } else {
+        let mut table = std::collections::BTreeMap::new();
+        for peer in &args.peers {
+            let Some((id, addr)) = peer.split_once('=') else {
+                anyhow::bail!("--peer {peer:?}: expected ID=IP:PORT");
+            };
+            table.insert(id.trim().to_string(), addr.trim().to_string());
+        }
+        Some(table)
+    };
+    let overrides = RawConfig {
+        node_id: args.node_id,
+        protocol: args.protocol,
+        client_addr: args.client_addr,
+        peer_addr: args.peer_addr,
+        peers,
+        data_dir: args.data_dir,
+        cluster_id: args.cluster_id,
+        cluster_token: args.cluster_token,
+        requirepass: args.requirepass,
+        metrics_addr: args.metrics_addr,
+        value_bytes_max: args.value_bytes_max,
+        ..RawConfig::default()
+    };
+    let config = file.merge(overrides).validate()?;
+    init_tracing(&args.log_level)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(chorus_server::run_node(config, shutdown_signal()))?;
+    Ok(0)
+}
+
+pub fn init_tracing(level: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(|error| anyhow::anyhow!("--log-level {level:?}: {error}"))?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    Ok(())
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
 }

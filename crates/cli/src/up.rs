@@ -1,8 +1,346 @@
-//! `chorus up` (being written: issue 3).
+//! `chorus up`: a local cluster of `chorus node` processes on one machine.
+//!
+//! Writes one config file per replica under the data directory, starts one child process per
+//! replica (this same binary, `chorus node --config ...`), waits until each serves RESP,
+//! prints the addresses, and on Ctrl-C or SIGTERM stops them all (SIGTERM, then SIGKILL for
+//! any that do not exit within a few seconds).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use chorus_server::config::RawConfig;
 
 #[derive(clap::Args)]
-pub struct UpArgs {}
+pub struct UpArgs {
+    /// Number of replicas.
+    #[arg(long, default_value_t = 3)]
+    pub replicas: u8,
+    /// Replication protocol.
+    #[arg(long, default_value = "hermes")]
+    pub protocol: String,
+    /// RESP port of replica 0; replica i serves on port + i.
+    #[arg(long, default_value_t = 7379)]
+    pub port: u16,
+    /// Peer port of replica 0; replica i listens for peers on peer-port + i (default port + 1000).
+    #[arg(long)]
+    pub peer_port: Option<u16>,
+    /// Where configs and logs go (default /dev/shm/chorus-<pid>, removed on exit).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Address every replica binds to.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: IpAddr,
+    /// Password clients must AUTH with.
+    #[arg(long)]
+    pub requirepass: Option<String>,
+    /// Serve Prometheus metrics for replica i on metrics-port + i.
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+    /// Log level of the nodes (their logs go to <data-dir>/node-<i>.log).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
 
-pub fn run(_args: UpArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`chorus up` is not available yet")
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Replica {
+    id: u8,
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+pub fn run(args: UpArgs) -> anyhow::Result<i32> {
+    if args.replicas == 0 || args.replicas as usize > chorus_core::NodeId::COUNT_MAX {
+        bail!("--replicas must be between 1 and {}", chorus_core::NodeId::COUNT_MAX);
+    }
+    if args.protocol != "hermes" {
+        bail!("--protocol {:?}: unknown protocol (available: hermes)", args.protocol);
+    }
+    let n = args.replicas as u16;
+    let peer_port = args.peer_port.unwrap_or(args.port.saturating_add(1000));
+    let port_of = |base: u16, i: u16, flag: &str| {
+        base.checked_add(i)
+            .filter(|port| *port != 0)
+            .with_context(|| format!("--{flag} {base} + {i} is not a port"))
+    };
+    let (data_dir, remove_on_exit) = match &args.data_dir {
+        Some(dir) => (dir.clone(), false),
+        None => {
+            let shm = Path::new("/dev/shm");
+            let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+            (base.join(format!("chorus-{}", std::process::id())), true)
+        }
+    };
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+
+    let mut peers = BTreeMap::new();
+    let mut replicas = Vec::new();
+    for i in 0..n {
+        let client_addr = SocketAddr::new(args.bind, port_of(args.port, i, "port")?);
+        let peer_addr = SocketAddr::new(args.bind, port_of(peer_port, i, "peer-port")?);
+        peers.insert(i.to_string(), peer_addr.to_string());
+        let log = data_dir.join(format!("node-{i}.log"));
+        replicas.push(Replica { id: i as u8, client_addr, peer_addr, log, child: None });
+    }
+    // Refuse early when a port is taken: a node that cannot bind would exit, and another
+    // server on that port would otherwise pass for our replica.
+    for replica in &replicas {
+        for addr in [replica.client_addr, replica.peer_addr] {
+            if let Err(error) = std::net::TcpListener::bind(addr) {
+                bail!(
+                    "cannot use {addr} for replica {}: {error} (choose other ports with --port/--peer-port)",
+                    replica.id
+                );
+            }
+        }
+    }
+    let token = random_token();
+    let exe = std::env::current_exe().context("cannot find the chorus binary")?;
+    let mut cluster = Cluster { replicas, data_dir: data_dir.clone(), remove_on_exit };
+    for replica in &mut cluster.replicas {
+        let config = RawConfig {
+            node_id: Some(replica.id),
+            protocol: Some(args.protocol.clone()),
+            client_addr: Some(replica.client_addr.to_string()),
+            peer_addr: Some(replica.peer_addr.to_string()),
+            peers: Some(peers.clone()),
+            data_dir: Some(data_dir.join(format!("node-{}", replica.id))),
+            cluster_id: Some(format!("chorus-up-{}", std::process::id())),
+            cluster_token: Some(token.clone()),
+            requirepass: args.requirepass.clone(),
+            metrics_addr: args
+                .metrics_port
+                .map(|base| {
+                    port_of(base, replica.id as u16, "metrics-port")
+                        .map(|p| SocketAddr::new(args.bind, p).to_string())
+                })
+                .transpose()?,
+            ..RawConfig::default()
+        };
+        let path = data_dir.join(format!("node-{}.toml", replica.id));
+        write_private(&path, &toml::to_string(&config)?)?;
+        let log = std::fs::File::create(&replica.log)
+            .with_context(|| format!("cannot create log file {}", replica.log.display()))?;
+        let mut command = Command::new(&exe);
+        command
+            .arg("node")
+            .arg("--config")
+            .arg(&path)
+            .arg("--log-level")
+            .arg(&args.log_level)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        die_with_parent(&mut command);
+        replica.child = Some(command.spawn().context("cannot start `chorus node`")?);
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let mut stop = Box::pin(stop_signal());
+        // Wait for every replica to serve, or for a failure or a signal.
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        for i in 0..cluster.replicas.len() {
+            loop {
+                if let Some(status) = cluster.replicas[i].exited() {
+                    let log = tail(&cluster.replicas[i].log);
+                    bail!("replica {i} exited during startup ({status}):\n{log}");
+                }
+                if TcpStream::connect_timeout(&cluster.replicas[i].client_addr, Duration::from_millis(200))
+                    .is_ok()
+                {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("replica {i} did not start serving on {} in time", cluster.replicas[i].client_addr);
+                }
+                tokio::select! {
+                    () = &mut stop => return Ok(()),
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        }
+        println!("chorus: {} {} replicas up (configs and logs in {})", n, args.protocol, data_dir.display());
+        for replica in &cluster.replicas {
+            println!(
+                "  replica {}: redis-cli -h {} -p {}   (peers on {}, log {})",
+                replica.id,
+                replica.client_addr.ip(),
+                replica.client_addr.port(),
+                replica.peer_addr,
+                replica.log.display()
+            );
+        }
+        println!("Ctrl-C stops the cluster.");
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+            let mut running = 0;
+            for replica in &mut cluster.replicas {
+                match replica.exited() {
+                    Some(status) => {
+                        eprintln!(
+                            "chorus: replica {} exited ({status}); see {}",
+                            replica.id,
+                            replica.log.display()
+                        );
+                        replica.child = None;
+                    }
+                    None if replica.child.is_some() => running += 1,
+                    None => {}
+                }
+            }
+            if running == 0 {
+                bail!("every replica has exited");
+            }
+        }
+        Ok(())
+    })?;
+    drop(cluster); // stops the children
+    println!("chorus: cluster stopped");
+    Ok(0)
+}
+
+struct Cluster {
+    replicas: Vec<Replica>,
+    data_dir: PathBuf,
+    remove_on_exit: bool,
+}
+
+impl Replica {
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|child| child.try_wait().ok().flatten())
+    }
+}
+
+impl Drop for Cluster {
+    /// Stop every child (also on errors and panics): SIGTERM, wait, then SIGKILL.
+    fn drop(&mut self) {
+        for replica in &mut self.replicas {
+            if let Some(child) = &replica.child {
+                terminate(child);
+            }
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        for replica in &mut self.replicas {
+            let Some(child) = replica.child.as_mut() else { continue };
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                eprintln!("chorus: replica {} did not stop in time; killing it", replica.id);
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+        if self.remove_on_exit {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+        }
+    }
+}
+
+fn terminate(child: &Child) {
+    #[cfg(unix)]
+    {
+        // SAFETY: kill(2) with a pid we own and a valid signal number has no memory effects.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = child;
+}
+
+/// On Linux, children get SIGKILL if `chorus up` itself dies without cleaning up.
+fn die_with_parent(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
+}
+
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}
+
+/// A fresh cluster token: 128 bits from the OS.
+fn random_token() -> String {
+    let mut bytes = [0u8; 16];
+    let from_os = std::fs::File::open("/dev/urandom").and_then(|mut file| {
+        use std::io::Read as _;
+        file.read_exact(&mut bytes)
+    });
+    if from_os.is_err() {
+        // No /dev/urandom: fall back to the standard library's randomly keyed hasher.
+        use std::hash::{BuildHasher as _, Hasher as _};
+        for chunk in bytes.chunks_mut(8) {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos(),
+            );
+            chunk.copy_from_slice(&hasher.finish().to_le_bytes()[..chunk.len()]);
+        }
+    }
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Config files hold the cluster token: readable by the owner only.
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path).with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// The last lines of a log, for startup failures.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(10)..].join("\n")
 }

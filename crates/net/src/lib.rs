@@ -1,0 +1,43 @@
+//! Chorus peer transport: TCP links between replicas.
+//!
+//! * **Frames** come from [`chorus_core::codec`]: length-prefixed, versioned, CRC-checked.
+//! * **Links are one-way.** Every node dials every peer and uses that connection only to send;
+//!   it accepts connections from its peers and only reads from them. Two TCP connections per
+//!   pair of nodes, no tie-breaking, and a reconnect on either side never races the other.
+//! * **Opportunistic batching** (Hermes §4.2, Wings): the event loop hands the transport every
+//!   message produced during one turn ([`Transport::send_turn`]). Each message is encoded
+//!   once, even a broadcast; the transport then builds one batch frame per destination peer
+//!   and queues it. The per-peer writer task coalesces whatever frames are already queued into
+//!   one `write` — it never waits to fill a batch.
+//! * **Flow control with credits.** Each peer has a budget of queued bytes
+//!   ([`NetConfig::peer_queue_bytes_max`]). Queuing a frame takes credits, the writer returns
+//!   them once the bytes are in the kernel. When a peer is slow or unreachable its budget runs
+//!   out and new frames for it are *dropped and counted* instead of growing memory: Hermes
+//!   treats a lost message like any network loss and retransmits after its message-loss
+//!   timeout. Receivers apply back-pressure through TCP: a reader stops reading while the
+//!   node's bounded inbound queue is full.
+//! * **Reconnect with backoff** from [`NetConfig::reconnect_backoff_min`] doubling to
+//!   [`NetConfig::reconnect_backoff_max`]. Frames queued while a link is down are dropped
+//!   (counted), so a reconnect never floods a peer with stale messages.
+//! * **Handshake**: the dialer sends its node id, the cluster id, the protocol name and the
+//!   cluster token; the acceptor checks all four and answers WELCOME or REFUSE with a reason.
+//!   Strangers are refused with a clear log line; garbage closes that connection only.
+
+pub mod handshake;
+pub mod stats;
+pub mod transport;
+
+pub use stats::{Histogram, NetStats, PeerStats, PeerStatsSnapshot};
+pub use transport::{start, NetConfig, NetError, Transport};
+
+/// Frame kinds on peer links.
+pub mod kind {
+    /// Dialer -> acceptor: who I am and the cluster credentials.
+    pub const HELLO: u8 = 1;
+    /// Acceptor -> dialer: accepted.
+    pub const WELCOME: u8 = 2;
+    /// Acceptor -> dialer: refused, with a UTF-8 reason.
+    pub const REFUSE: u8 = 3;
+    /// A batch of protocol messages ([`chorus_core::codec::encode_batch`]).
+    pub const BATCH: u8 = 4;
+}

@@ -1,0 +1,531 @@
+//! The transport: one acceptor task, one writer task per peer, and the [`Transport`] handle the
+//! event loop uses to send what one turn produced.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use chorus_core::codec::{self, decode_batch, decode_frame, encode_frame, Frame, WireMessage};
+use chorus_core::{Destination, NodeId, NodeSet};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use crate::handshake::{self, Expectations, Hello, HELLO_BYTES_MAX};
+use crate::kind;
+use crate::stats::{NetStats, PeerStats};
+
+/// Transport settings. [`NetConfig::new`] fills in the defaults.
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    pub me: NodeId,
+    pub cluster_id: String,
+    pub cluster_token: String,
+    /// The replication protocol's name; peers running another protocol are refused.
+    pub protocol: String,
+    pub listen_addr: SocketAddr,
+    /// Every other replica and the address it accepts peer connections on.
+    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// Credits per peer: bytes that may wait in the peer's send queue. Frames beyond it are
+    /// dropped and counted (Hermes retransmits). One frame is always admitted into an empty
+    /// queue, so the bound is this plus one frame.
+    pub peer_queue_bytes_max: usize,
+    /// Largest frame payload sent or accepted. Must cover one message with the largest key
+    /// and value the server admits.
+    pub frame_payload_bytes_max: usize,
+    /// Received batches waiting for the event loop; when full, readers stop reading and TCP
+    /// pushes back on the senders.
+    pub inbound_batches_max: usize,
+    pub reconnect_backoff_min: Duration,
+    pub reconnect_backoff_max: Duration,
+    /// Connect + handshake deadline, both directions.
+    pub handshake_timeout: Duration,
+}
+
+impl NetConfig {
+    pub fn new(
+        me: NodeId,
+        cluster_id: impl Into<String>,
+        cluster_token: impl Into<String>,
+        protocol: impl Into<String>,
+        listen_addr: SocketAddr,
+        peers: BTreeMap<NodeId, SocketAddr>,
+    ) -> NetConfig {
+        NetConfig {
+            me,
+            cluster_id: cluster_id.into(),
+            cluster_token: cluster_token.into(),
+            protocol: protocol.into(),
+            listen_addr,
+            peers,
+            peer_queue_bytes_max: 64 * 1024 * 1024,
+            frame_payload_bytes_max: codec::FRAME_PAYLOAD_BYTES_MAX,
+            inbound_batches_max: 4096,
+            reconnect_backoff_min: Duration::from_millis(20),
+            reconnect_backoff_max: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("cannot listen for peers on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    #[error("the peer list contains this node ({0}); pass only the other replicas")]
+    PeerIsSelf(NodeId),
+}
+
+/// Frames for one peer: the frame and how many messages it carries.
+type QueuedFrame = (Bytes, u32);
+
+struct Link {
+    node: NodeId,
+    tx: mpsc::UnboundedSender<QueuedFrame>,
+    stats: Arc<PeerStats>,
+}
+
+/// The event loop's sending side. Not `Clone`: one event loop owns it.
+pub struct Transport<M> {
+    links: Vec<Link>,
+    stats: Arc<NetStats>,
+    frame_payload_bytes_max: usize,
+    peer_queue_bytes_max: u64,
+    /// This turn's messages, each encoded once.
+    arena: BytesMut,
+    spans: Vec<(NodeSet, usize, usize)>,
+    payload: BytesMut,
+    _message: PhantomData<fn(M)>,
+}
+
+/// Start listening and dialing. Returns the sending handle, the stream of received batches
+/// (sender, messages) and the shared counters.
+pub async fn start<M>(
+    config: NetConfig,
+) -> Result<(Transport<M>, mpsc::Receiver<(NodeId, Vec<M>)>, Arc<NetStats>), NetError>
+where
+    M: WireMessage + Send + 'static,
+{
+    if config.peers.contains_key(&config.me) {
+        return Err(NetError::PeerIsSelf(config.me));
+    }
+    let listener = TcpListener::bind(config.listen_addr)
+        .await
+        .map_err(|source| NetError::Bind { addr: config.listen_addr, source })?;
+    let peers: BTreeMap<NodeId, Arc<PeerStats>> = config
+        .peers
+        .iter()
+        .map(|(node, addr)| (*node, Arc::new(PeerStats::new(*node, addr.to_string()))))
+        .collect();
+    let stats = Arc::new(NetStats {
+        peers,
+        connections_refused: AtomicU64::new(0),
+        inbound_connections: AtomicU64::new(0),
+    });
+    let config = Arc::new(config);
+    let (inbound_tx, inbound_rx) = mpsc::channel(config.inbound_batches_max.max(1));
+    tokio::spawn(run_acceptor::<M>(listener, config.clone(), inbound_tx, stats.clone()));
+
+    let mut links = Vec::new();
+    for (node, addr) in &config.peers {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let peer_stats = stats.peers[node].clone();
+        tokio::spawn(run_writer(config.clone(), *node, *addr, rx, peer_stats.clone()));
+        links.push(Link { node: *node, tx, stats: peer_stats });
+    }
+    let transport = Transport {
+        links,
+        stats: stats.clone(),
+        frame_payload_bytes_max: config.frame_payload_bytes_max,
+        peer_queue_bytes_max: config.peer_queue_bytes_max as u64,
+        arena: BytesMut::new(),
+        spans: Vec::new(),
+        payload: BytesMut::new(),
+        _message: PhantomData,
+    };
+    Ok((transport, inbound_rx, stats))
+}
+
+impl<M: WireMessage> Transport<M> {
+    pub fn stats(&self) -> &Arc<NetStats> {
+        &self.stats
+    }
+
+    /// Send every message one event-loop turn produced, draining `messages`. Each message is
+    /// encoded once; each peer gets one batch frame holding all of its messages (split only
+    /// if it would exceed the frame limit). Never blocks: a peer out of credits loses the
+    /// frame, which is counted.
+    pub fn send_turn(&mut self, messages: &mut Vec<(Destination, M)>) {
+        if messages.is_empty() {
+            return;
+        }
+        self.arena.clear();
+        self.spans.clear();
+        for (destination, message) in messages.drain(..) {
+            let start = self.arena.len();
+            message.encode(&mut self.arena);
+            self.spans.push((destination.nodes(), start, self.arena.len()));
+        }
+        for link in &self.links {
+            let mut count = 0u32;
+            self.payload.clear();
+            self.payload.put_u32_le(0);
+            for &(nodes, start, end) in &self.spans {
+                if !nodes.contains(link.node) {
+                    continue;
+                }
+                let size = end - start;
+                if size + 4 > self.frame_payload_bytes_max {
+                    // Cannot happen when the server's value limit fits the frame limit.
+                    warn!(peer = %link.node, size, "message larger than the frame limit dropped");
+                    link.stats.messages_dropped.fetch_add(1, Relaxed);
+                    continue;
+                }
+                if count > 0 && self.payload.len() + size > self.frame_payload_bytes_max {
+                    enqueue(link, &mut self.payload, count, self.peer_queue_bytes_max);
+                    count = 0;
+                    self.payload.clear();
+                    self.payload.put_u32_le(0);
+                }
+                self.payload.extend_from_slice(&self.arena[start..end]);
+                count += 1;
+            }
+            if count > 0 {
+                enqueue(link, &mut self.payload, count, self.peer_queue_bytes_max);
+            }
+        }
+    }
+}
+
+/// Frame `payload` (a batch whose count placeholder is patched here) and queue it for `link`
+/// if it has credits.
+fn enqueue(link: &Link, payload: &mut BytesMut, count: u32, queue_bytes_max: u64) {
+    payload[..4].copy_from_slice(&count.to_le_bytes());
+    let mut frame = BytesMut::with_capacity(payload.len() + codec::FRAME_HEADER_BYTES);
+    encode_frame(kind::BATCH, payload, &mut frame);
+    let bytes = frame.len() as u64;
+    let queued = link.stats.queued_bytes.load(Relaxed);
+    if queued > 0 && queued + bytes > queue_bytes_max {
+        link.stats.frames_dropped.fetch_add(1, Relaxed);
+        link.stats.messages_dropped.fetch_add(count as u64, Relaxed);
+        return;
+    }
+    link.stats.queued_bytes.fetch_add(bytes, Relaxed);
+    link.stats.queued_frames.fetch_add(1, Relaxed);
+    link.stats.batch_messages.observe(count as u64);
+    if link.tx.send((frame.freeze(), count)).is_err() {
+        // The writer task is gone (runtime shutting down); give the credits back.
+        link.stats.queued_bytes.fetch_sub(bytes, Relaxed);
+        link.stats.queued_frames.fetch_sub(1, Relaxed);
+    }
+}
+
+// ------------------------------------------------------------------------------ sending side
+
+/// Coalesce queued frames into one write up to this many bytes.
+const COALESCE_BYTES_MAX: usize = 1024 * 1024;
+
+enum DialError {
+    Refused(String),
+    Io(io::Error),
+}
+
+impl From<io::Error> for DialError {
+    fn from(error: io::Error) -> Self {
+        DialError::Io(error)
+    }
+}
+
+async fn run_writer(
+    config: Arc<NetConfig>,
+    node: NodeId,
+    addr: SocketAddr,
+    mut rx: mpsc::UnboundedReceiver<QueuedFrame>,
+    stats: Arc<PeerStats>,
+) {
+    let mut backoff = config.reconnect_backoff_min;
+    let mut failures = 0u64;
+    loop {
+        match dial(&config, addr).await {
+            Ok(stream) => {
+                info!(peer = %node, %addr, "peer link up");
+                stats.connected.store(true, Relaxed);
+                stats.connects.fetch_add(1, Relaxed);
+                backoff = config.reconnect_backoff_min;
+                failures = 0;
+                let result = write_loop(stream, &mut rx, &stats).await;
+                stats.connected.store(false, Relaxed);
+                match result {
+                    Ok(()) => return, // the event loop dropped the transport
+                    Err(error) => warn!(peer = %node, %addr, "peer link lost: {error}; reconnecting"),
+                }
+            }
+            Err(DialError::Refused(reason)) => {
+                error!(peer = %node, %addr, "peer refused this node: {reason}");
+                backoff = config.reconnect_backoff_max;
+            }
+            Err(DialError::Io(error)) => {
+                if failures == 0 {
+                    info!(peer = %node, %addr, "cannot reach peer yet ({error}); retrying with backoff");
+                } else {
+                    debug!(peer = %node, %addr, failures, "cannot reach peer: {error}");
+                }
+            }
+        }
+        failures += 1;
+        if !drop_queued(&mut rx, &stats) {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(config.reconnect_backoff_max);
+    }
+}
+
+/// Drop (and count) what was queued for a link that is down. `false`: the transport is gone.
+fn drop_queued(rx: &mut mpsc::UnboundedReceiver<QueuedFrame>, stats: &PeerStats) -> bool {
+    loop {
+        match rx.try_recv() {
+            Ok((frame, count)) => {
+                stats.queued_bytes.fetch_sub(frame.len() as u64, Relaxed);
+                stats.queued_frames.fetch_sub(1, Relaxed);
+                stats.frames_dropped.fetch_add(1, Relaxed);
+                stats.messages_dropped.fetch_add(count as u64, Relaxed);
+            }
+            Err(mpsc::error::TryRecvError::Empty) => return true,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        }
+    }
+}
+
+async fn dial(config: &NetConfig, addr: SocketAddr) -> Result<TcpStream, DialError> {
+    let deadline = config.handshake_timeout;
+    let mut stream = tokio::time::timeout(deadline, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    stream.set_nodelay(true)?;
+    let hello = Hello {
+        node: config.me,
+        cluster_id: Bytes::copy_from_slice(config.cluster_id.as_bytes()),
+        protocol: Bytes::copy_from_slice(config.protocol.as_bytes()),
+        token: Bytes::copy_from_slice(config.cluster_token.as_bytes()),
+    };
+    let mut payload = BytesMut::new();
+    hello.encode(&mut payload);
+    let mut out = BytesMut::new();
+    encode_frame(kind::HELLO, &payload, &mut out);
+    stream.write_all(&out).await?;
+    let mut buf = BytesMut::new();
+    let frame = tokio::time::timeout(deadline, read_frame(&mut stream, &mut buf, HELLO_BYTES_MAX))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no handshake answer"))??;
+    match frame.kind {
+        kind::WELCOME => Ok(stream),
+        kind::REFUSE => Err(DialError::Refused(String::from_utf8_lossy(&frame.payload).into_owned())),
+        other => Err(DialError::Io(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected frame kind {other} in handshake answer"),
+        ))),
+    }
+}
+
+/// Write queued frames until the transport is dropped (`Ok`) or the link fails (`Err`).
+async fn write_loop(
+    stream: TcpStream,
+    rx: &mut mpsc::UnboundedReceiver<QueuedFrame>,
+    stats: &PeerStats,
+) -> io::Result<()> {
+    let (mut reader, mut writer) = stream.into_split();
+    let mut coalesced = BytesMut::new();
+    let mut probe = [0u8; 64];
+    loop {
+        // The link is send-only: reading only notices the peer closing it.
+        let (first, first_count) = tokio::select! {
+            item = rx.recv() => match item {
+                Some(item) => item,
+                None => return Ok(()),
+            },
+            read = reader.read(&mut probe) => {
+                return Err(match read {
+                    Ok(0) => io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection"),
+                    Ok(_) => io::Error::new(io::ErrorKind::InvalidData, "peer sent data on a send-only link"),
+                    Err(error) => error,
+                });
+            }
+        };
+        let mut frames = 1u64;
+        let mut messages = first_count as u64;
+        let mut bytes = first.len();
+        let result = match rx.try_recv() {
+            Err(_) => writer.write_all(&first).await,
+            Ok((second, count)) => {
+                coalesced.clear();
+                coalesced.extend_from_slice(&first);
+                coalesced.extend_from_slice(&second);
+                frames += 1;
+                messages += count as u64;
+                bytes += second.len();
+                while coalesced.len() < COALESCE_BYTES_MAX {
+                    let Ok((frame, count)) = rx.try_recv() else { break };
+                    coalesced.extend_from_slice(&frame);
+                    frames += 1;
+                    messages += count as u64;
+                    bytes += frame.len();
+                }
+                writer.write_all(&coalesced).await
+            }
+        };
+        stats.queued_bytes.fetch_sub(bytes as u64, Relaxed);
+        stats.queued_frames.fetch_sub(frames, Relaxed);
+        if let Err(error) = result {
+            stats.frames_dropped.fetch_add(frames, Relaxed);
+            stats.messages_dropped.fetch_add(messages, Relaxed);
+            return Err(error);
+        }
+        stats.frames_sent.fetch_add(frames, Relaxed);
+        stats.messages_sent.fetch_add(messages, Relaxed);
+        stats.bytes_sent.fetch_add(bytes as u64, Relaxed);
+        stats.writes.fetch_add(1, Relaxed);
+    }
+}
+
+/// Read one whole frame, keeping any following bytes in `buf`.
+async fn read_frame(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    payload_bytes_max: usize,
+) -> io::Result<Frame> {
+    loop {
+        match decode_frame(buf, payload_bytes_max) {
+            Ok(Some(frame)) => return Ok(frame),
+            Ok(None) => {}
+            Err(error) => return Err(io::Error::new(io::ErrorKind::InvalidData, error.to_string())),
+        }
+        if stream.read_buf(buf).await? == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- receiving side
+
+async fn run_acceptor<M>(
+    listener: TcpListener,
+    config: Arc<NetConfig>,
+    tx: mpsc::Sender<(NodeId, Vec<M>)>,
+    stats: Arc<NetStats>,
+) where
+    M: WireMessage + Send + 'static,
+{
+    loop {
+        match listener.accept().await {
+            Ok((stream, remote)) => {
+                stats.inbound_connections.fetch_add(1, Relaxed);
+                let (config, tx, stats) = (config.clone(), tx.clone(), stats.clone());
+                tokio::spawn(async move {
+                    match serve_inbound::<M>(stream, &config, &tx, &stats).await {
+                        Ok(node) => debug!(peer = %node, %remote, "inbound peer link closed"),
+                        Err(Inbound::Refused(reason)) => {
+                            stats.connections_refused.fetch_add(1, Relaxed);
+                            warn!(%remote, "refused peer connection: {reason}");
+                        }
+                        Err(Inbound::Failed(node, error)) => {
+                            warn!(peer = %node, %remote, "closing inbound peer link: {error}");
+                        }
+                    }
+                });
+            }
+            Err(error) => {
+                // Typically out of file descriptors: back off instead of spinning.
+                warn!("accepting peer connections failed: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+enum Inbound {
+    /// The handshake failed: a stranger, a misconfigured node or garbage.
+    Refused(String),
+    /// An accepted peer's link failed or carried a malformed frame.
+    Failed(NodeId, String),
+}
+
+async fn serve_inbound<M>(
+    mut stream: TcpStream,
+    config: &NetConfig,
+    tx: &mpsc::Sender<(NodeId, Vec<M>)>,
+    stats: &NetStats,
+) -> Result<NodeId, Inbound>
+where
+    M: WireMessage + Send,
+{
+    let _ = stream.set_nodelay(true);
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let frame = match tokio::time::timeout(
+        config.handshake_timeout,
+        read_frame(&mut stream, &mut buf, HELLO_BYTES_MAX),
+    )
+    .await
+    {
+        Err(_) => return Err(Inbound::Refused("no handshake in time".into())),
+        Ok(Err(error)) => return Err(Inbound::Refused(format!("not a chorus peer ({error})"))),
+        Ok(Ok(frame)) => frame,
+    };
+    if frame.kind != kind::HELLO {
+        return Err(Inbound::Refused(format!("not a chorus peer (first frame has kind {})", frame.kind)));
+    }
+    let hello = Hello::decode_exact(frame.payload)
+        .map_err(|error| Inbound::Refused(format!("malformed handshake: {error}")))?;
+    let is_peer = |node: NodeId| config.peers.contains_key(&node);
+    let expect = Expectations {
+        me: config.me,
+        cluster_id: config.cluster_id.as_bytes(),
+        protocol: config.protocol.as_bytes(),
+        token: config.cluster_token.as_bytes(),
+        is_peer: &is_peer,
+    };
+    let mut answer = BytesMut::new();
+    if let Err(reason) = handshake::check(&hello, &expect) {
+        encode_frame(kind::REFUSE, reason.as_bytes(), &mut answer);
+        let _ = tokio::time::timeout(config.handshake_timeout, stream.write_all(&answer)).await;
+        return Err(Inbound::Refused(format!("{reason} (claims to be {})", hello.node)));
+    }
+    encode_frame(kind::WELCOME, &[], &mut answer);
+    let node = hello.node;
+    let failed = |error: String| Inbound::Failed(node, error);
+    stream.write_all(&answer).await.map_err(|error| failed(error.to_string()))?;
+    info!(peer = %node, "accepted inbound peer link");
+    let peer_stats = stats.peers.get(&node).cloned();
+    loop {
+        loop {
+            let frame = match decode_frame(&mut buf, config.frame_payload_bytes_max) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(error) => return Err(failed(format!("malformed frame: {error}"))),
+            };
+            if frame.kind != kind::BATCH {
+                return Err(failed(format!("unexpected frame kind {}", frame.kind)));
+            }
+            let messages = decode_batch::<M>(frame.payload)
+                .map_err(|error| failed(format!("malformed batch: {error}")))?;
+            if let Some(peer) = &peer_stats {
+                peer.frames_received.fetch_add(1, Relaxed);
+                peer.messages_received.fetch_add(messages.len() as u64, Relaxed);
+            }
+            if tx.send((node, messages)).await.is_err() {
+                return Ok(node); // the event loop is gone: shutting down
+            }
+        }
+        match stream.read_buf(&mut buf).await {
+            Ok(0) => return Ok(node),
+            Ok(_) => {}
+            Err(error) => return Err(failed(error.to_string())),
+        }
+    }
+}

@@ -1,0 +1,653 @@
+//! RESP commands: parsing arguments into a typed [`Request`] and mapping single-key requests
+//! onto [`chorus_core::Command`]s and their outcomes back onto replies. Pure functions, so the
+//! whole mapping is unit-tested without a network.
+
+use std::sync::LazyLock;
+
+use bytes::Bytes;
+use chorus_core::{Command, CommandError, Outcome, RmwOp};
+
+use crate::hash;
+use crate::resp::Reply;
+
+/// What `COMMAND` reports about a command (Redis' command table format).
+pub struct CommandSpec {
+    pub name: &'static str,
+    /// Positive: exact argument count including the name; negative: at least that many.
+    pub arity: i64,
+    pub flags: &'static [&'static str],
+    pub first_key: i64,
+    pub last_key: i64,
+    pub step: i64,
+}
+
+const fn spec(
+    name: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    keys: (i64, i64, i64),
+) -> CommandSpec {
+    CommandSpec { name, arity, flags, first_key: keys.0, last_key: keys.1, step: keys.2 }
+}
+
+const NO_KEYS: (i64, i64, i64) = (0, 0, 0);
+const ONE_KEY: (i64, i64, i64) = (1, 1, 1);
+const ALL_KEYS: (i64, i64, i64) = (1, -1, 1);
+
+pub const COMMAND_TABLE: &[CommandSpec] = &[
+    spec("ping", -1, &["fast", "stale"], NO_KEYS),
+    spec("echo", 2, &["fast"], NO_KEYS),
+    spec("hello", -1, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
+    spec("auth", -2, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
+    spec("select", 2, &["loading", "stale", "fast"], NO_KEYS),
+    spec("quit", -1, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
+    spec("get", 2, &["readonly", "fast"], ONE_KEY),
+    spec("set", -3, &["write", "denyoom"], ONE_KEY),
+    spec("setnx", 3, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("getset", 3, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("del", -2, &["write"], ALL_KEYS),
+    spec("unlink", -2, &["write", "fast"], ALL_KEYS),
+    spec("exists", -2, &["readonly", "fast"], ALL_KEYS),
+    spec("incr", 2, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("decr", 2, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("incrby", 3, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("decrby", 3, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("mget", -2, &["readonly", "fast"], ALL_KEYS),
+    spec("mset", -3, &["write", "denyoom"], (1, -1, 2)),
+    spec("hset", -4, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("hmset", -4, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("hget", 3, &["readonly", "fast"], ONE_KEY),
+    spec("hmget", -3, &["readonly", "fast"], ONE_KEY),
+    spec("hgetall", 2, &["readonly"], ONE_KEY),
+    spec("hdel", -3, &["write", "fast"], ONE_KEY),
+    spec("dbsize", 1, &["readonly", "fast"], NO_KEYS),
+    spec("flushall", -1, &["write"], NO_KEYS),
+    spec("flushdb", -1, &["write"], NO_KEYS),
+    spec("info", -1, &["loading", "stale"], NO_KEYS),
+    spec("config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS),
+    spec("command", -1, &["loading", "stale"], NO_KEYS),
+    spec("client", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS),
+    spec("wait", 3, &["noscript"], NO_KEYS),
+    spec("cas", 4, &["write", "denyoom"], ONE_KEY),
+];
+
+/// Every command name for metrics, plus `unknown` for everything else.
+pub static COMMAND_NAMES: LazyLock<Vec<&'static str>> =
+    LazyLock::new(|| COMMAND_TABLE.iter().map(|spec| spec.name).chain(["unknown"]).collect());
+
+/// Index of `name` in [`COMMAND_NAMES`] (`unknown` if absent).
+pub fn metric_index(name: &str) -> usize {
+    COMMAND_TABLE.iter().position(|spec| spec.name == name).unwrap_or(COMMAND_TABLE.len())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetCondition {
+    Always,
+    IfAbsent,
+    IfPresent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Ping(Option<Bytes>),
+    Echo(Bytes),
+    Hello {
+        protover: Option<u8>,
+        auth: Option<(Bytes, Bytes)>,
+        setname: Option<Bytes>,
+    },
+    Auth {
+        user: Option<Bytes>,
+        password: Bytes,
+    },
+    Select(i64),
+    Quit,
+    Get(Bytes),
+    Set {
+        key: Bytes,
+        value: Bytes,
+        condition: SetCondition,
+        get: bool,
+    },
+    SetNx {
+        key: Bytes,
+        value: Bytes,
+    },
+    GetSet {
+        key: Bytes,
+        value: Bytes,
+    },
+    Del(Vec<Bytes>),
+    Exists(Vec<Bytes>),
+    IncrBy {
+        key: Bytes,
+        delta: i64,
+    },
+    MGet(Vec<Bytes>),
+    MSet(Vec<(Bytes, Bytes)>),
+    /// HSET answers the number of new fields, HMSET answers OK.
+    HSet {
+        key: Bytes,
+        pairs: Vec<(Bytes, Bytes)>,
+        reply_ok: bool,
+    },
+    HGet {
+        key: Bytes,
+        field: Bytes,
+    },
+    HMGet {
+        key: Bytes,
+        fields: Vec<Bytes>,
+    },
+    HGetAll(Bytes),
+    HDel {
+        key: Bytes,
+        fields: Vec<Bytes>,
+    },
+    DbSize,
+    FlushAll,
+    Info(Vec<String>),
+    ConfigGet(Vec<Bytes>),
+    CommandCount,
+    CommandList,
+    CommandInfo(Vec<Bytes>),
+    CommandDocs,
+    ClientSetName(Bytes),
+    ClientGetName,
+    ClientSetInfo,
+    ClientId,
+    Wait,
+    Cas {
+        key: Bytes,
+        expected: Bytes,
+        new: Bytes,
+    },
+}
+
+impl Request {
+    /// Allowed before AUTH when `requirepass` is set.
+    pub fn allowed_unauthenticated(&self) -> bool {
+        matches!(self, Request::Auth { .. } | Request::Hello { .. } | Request::Quit)
+    }
+}
+
+fn arity_error(name: &str) -> Reply {
+    Reply::err(format!("wrong number of arguments for '{name}' command"))
+}
+
+fn syntax_error() -> Reply {
+    Reply::err("syntax error")
+}
+
+fn not_integer() -> Reply {
+    Reply::err("value is not an integer or out of range")
+}
+
+fn parse_i64(arg: &[u8]) -> Result<i64, Reply> {
+    let value = chorus_core::command::parse_integer(Some(&Bytes::copy_from_slice(arg)));
+    value.map_err(|_| not_integer())
+}
+
+fn printable(arg: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&arg[..arg.len().min(128)]);
+    text.chars().map(|c| if c.is_control() || c == '\'' { '?' } else { c }).collect()
+}
+
+/// Parse one command. `Err` is the reply to send instead (unknown command, arity, syntax).
+/// The result also names the command for metrics.
+pub fn parse(args: &[Bytes]) -> (&'static str, Result<Request, Reply>) {
+    let Some(first) = args.first() else { return ("unknown", Err(syntax_error())) };
+    let lower = first.to_ascii_lowercase();
+    let Some(spec) = COMMAND_TABLE.iter().find(|spec| spec.name.as_bytes() == lower.as_slice()) else {
+        return ("unknown", Err(Reply::err(format!("unknown command '{}'", printable(first)))));
+    };
+    let arity_ok =
+        if spec.arity >= 0 { args.len() as i64 == spec.arity } else { args.len() as i64 >= -spec.arity };
+    if !arity_ok {
+        return (spec.name, Err(arity_error(spec.name)));
+    }
+    (spec.name, parse_known(spec.name, args))
+}
+
+fn upper(arg: &[u8]) -> Vec<u8> {
+    arg.to_ascii_uppercase()
+}
+
+fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
+    let arg = |i: usize| args[i].clone();
+    let rest = || args[1..].to_vec();
+    Ok(match name {
+        "ping" => match args.len() {
+            1 => Request::Ping(None),
+            2 => Request::Ping(Some(arg(1))),
+            _ => return Err(arity_error(name)),
+        },
+        "echo" => Request::Echo(arg(1)),
+        "hello" => parse_hello(args)?,
+        "auth" => match args.len() {
+            2 => Request::Auth { user: None, password: arg(1) },
+            3 => Request::Auth { user: Some(arg(1)), password: arg(2) },
+            _ => return Err(syntax_error()),
+        },
+        "select" => Request::Select(parse_i64(&args[1])?),
+        "quit" => Request::Quit,
+        "get" => Request::Get(arg(1)),
+        "set" => parse_set(args)?,
+        "setnx" => Request::SetNx { key: arg(1), value: arg(2) },
+        "getset" => Request::GetSet { key: arg(1), value: arg(2) },
+        "del" | "unlink" => Request::Del(rest()),
+        "exists" => Request::Exists(rest()),
+        "incr" => Request::IncrBy { key: arg(1), delta: 1 },
+        "decr" => Request::IncrBy { key: arg(1), delta: -1 },
+        "incrby" => Request::IncrBy { key: arg(1), delta: parse_i64(&args[2])? },
+        "decrby" => {
+            let delta = parse_i64(&args[2])?;
+            let delta = delta.checked_neg().ok_or_else(|| Reply::err("decrement would overflow"))?;
+            Request::IncrBy { key: arg(1), delta }
+        }
+        "mget" => Request::MGet(rest()),
+        "mset" => {
+            if args.len() & 1 != 1 {
+                return Err(arity_error(name));
+            }
+            Request::MSet(args[1..].chunks(2).map(|pair| (pair[0].clone(), pair[1].clone())).collect())
+        }
+        "hset" | "hmset" => {
+            if args.len() & 1 != 0 {
+                return Err(arity_error(name));
+            }
+            let pairs = args[2..].chunks(2).map(|pair| (pair[0].clone(), pair[1].clone())).collect();
+            Request::HSet { key: arg(1), pairs, reply_ok: name == "hmset" }
+        }
+        "hget" => Request::HGet { key: arg(1), field: arg(2) },
+        "hmget" => Request::HMGet { key: arg(1), fields: args[2..].to_vec() },
+        "hgetall" => Request::HGetAll(arg(1)),
+        "hdel" => Request::HDel { key: arg(1), fields: args[2..].to_vec() },
+        "dbsize" => Request::DbSize,
+        "flushall" | "flushdb" => match args.get(1).map(|a| upper(a)) {
+            None => Request::FlushAll,
+            Some(mode) if mode == b"SYNC" || mode == b"ASYNC" => Request::FlushAll,
+            Some(_) => return Err(syntax_error()),
+        },
+        "info" => {
+            Request::Info(args[1..].iter().map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect())
+        }
+        "config" => match upper(&args[1]).as_slice() {
+            b"GET" if args.len() >= 3 => Request::ConfigGet(args[2..].to_vec()),
+            b"GET" => return Err(arity_error("config|get")),
+            b"SET" => return Err(Reply::err("CONFIG SET is not supported; edit the node's config file")),
+            b"RESETSTAT" => return Err(Reply::err("CONFIG RESETSTAT is not supported")),
+            _ => {
+                return Err(Reply::err(format!(
+                    "unknown subcommand '{}'. Try CONFIG GET.",
+                    printable(&args[1])
+                )))
+            }
+        },
+        "command" => match args.get(1).map(|a| upper(a)).as_deref() {
+            None => Request::CommandList,
+            Some(b"COUNT") => Request::CommandCount,
+            Some(b"DOCS") => Request::CommandDocs,
+            Some(b"INFO") => Request::CommandInfo(args[2..].to_vec()),
+            Some(b"LIST") => Request::CommandList,
+            Some(_) => {
+                return Err(Reply::err(format!(
+                    "unknown subcommand '{}'. Try COMMAND DOCS.",
+                    printable(&args[1])
+                )))
+            }
+        },
+        "client" => match (upper(&args[1]).as_slice(), args.len()) {
+            (b"SETNAME", 3) => Request::ClientSetName(arg(2)),
+            (b"GETNAME", 2) => Request::ClientGetName,
+            (b"SETINFO", 4) => Request::ClientSetInfo,
+            (b"ID", 2) => Request::ClientId,
+            (b"SETNAME" | b"GETNAME" | b"SETINFO" | b"ID", _) => return Err(arity_error("client")),
+            _ => {
+                return Err(Reply::err(format!(
+                    "unknown subcommand '{}'. Try CLIENT SETNAME.",
+                    printable(&args[1])
+                )))
+            }
+        },
+        "wait" => {
+            let replicas = parse_i64(&args[1])?;
+            let timeout = parse_i64(&args[2])?;
+            if replicas < 0 || timeout < 0 {
+                return Err(Reply::err("timeout is negative"));
+            }
+            Request::Wait
+        }
+        "cas" => Request::Cas { key: arg(1), expected: arg(2), new: arg(3) },
+        _ => return Err(Reply::err(format!("unknown command '{name}'"))),
+    })
+}
+
+fn parse_hello(args: &[Bytes]) -> Result<Request, Reply> {
+    let mut request = Request::Hello { protover: None, auth: None, setname: None };
+    let Request::Hello { protover, auth, setname } = &mut request else { unreachable!() };
+    let Some(version) = args.get(1) else { return Ok(request) };
+    let version =
+        parse_i64(version).map_err(|_| Reply::err("Protocol version is not an integer or out of range"))?;
+    if version != 2 && version != 3 {
+        return Err(Reply::error("NOPROTO unsupported protocol version"));
+    }
+    *protover = Some(version as u8);
+    let mut i = 2;
+    while i < args.len() {
+        match upper(&args[i]).as_slice() {
+            b"AUTH" if i + 2 < args.len() => {
+                *auth = Some((args[i + 1].clone(), args[i + 2].clone()));
+                i += 3;
+            }
+            b"SETNAME" if i + 1 < args.len() => {
+                *setname = Some(args[i + 1].clone());
+                i += 2;
+            }
+            _ => return Err(Reply::err(format!("Syntax error in HELLO option '{}'", printable(&args[i])))),
+        }
+    }
+    Ok(request)
+}
+
+fn parse_set(args: &[Bytes]) -> Result<Request, Reply> {
+    let mut condition = SetCondition::Always;
+    let mut get = false;
+    let mut i = 3;
+    while i < args.len() {
+        match upper(&args[i]).as_slice() {
+            b"NX" if condition == SetCondition::Always => condition = SetCondition::IfAbsent,
+            b"XX" if condition == SetCondition::Always => condition = SetCondition::IfPresent,
+            b"GET" => get = true,
+            b"KEEPTTL" => {} // Chorus keys never expire: keeping "the TTL" is what happens anyway.
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
+                return Err(Reply::err("key expiry (EX/PX/EXAT/PXAT) is not supported by chorus"));
+            }
+            _ => return Err(syntax_error()),
+        }
+        i += 1;
+    }
+    if get && condition == SetCondition::IfPresent {
+        return Err(Reply::err("SET with both XX and GET is not supported by chorus"));
+    }
+    Ok(Request::Set { key: args[1].clone(), value: args[2].clone(), condition, get })
+}
+
+// ------------------------------------------------------------------------------ mapping
+
+/// Strings may not look like hashes (see [`crate::hash`]).
+pub fn check_string_value(value: &[u8]) -> Result<(), Reply> {
+    if hash::is_hash(value) {
+        return Err(Reply::err("value starts with a prefix chorus reserves for hashes"));
+    }
+    Ok(())
+}
+
+/// How the reply to a single-key command is built from its outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyShape {
+    /// GET: the value, nil, or WRONGTYPE for a hash.
+    Value,
+    /// SET: OK.
+    Ok,
+    /// SET NX / SET XX: OK or nil.
+    OkOrNil,
+    /// SET NX GET: the previous value from a compare-and-swap.
+    CasPrevious,
+    /// GETSET / SET GET: the previous value of a swap.
+    Previous,
+    /// SETNX: 1 or 0.
+    Flag,
+    /// INCRBY and friends.
+    Integer,
+    /// CAS: `[1|0, previous]`.
+    Cas,
+}
+
+/// The core command for a single-key request, and how to shape its reply. `None` for requests
+/// that are not one single-key command. `Err` for values the store refuses.
+pub fn single_key_command(request: &Request) -> Option<Result<(Command, ReplyShape), Reply>> {
+    let rmw = |key: &Bytes, op: RmwOp| Command::Rmw { key: key.clone(), op };
+    let checked = |value: &Bytes, plan: (Command, ReplyShape)| check_string_value(value).map(|()| plan);
+    Some(match request {
+        Request::Get(key) => Ok((Command::Read { key: key.clone() }, ReplyShape::Value)),
+        Request::Set { key, value, condition, get } => {
+            let plan = match (condition, get) {
+                (SetCondition::Always, false) => {
+                    (Command::Write { key: key.clone(), value: Some(value.clone()) }, ReplyShape::Ok)
+                }
+                (SetCondition::Always, true) => {
+                    (rmw(key, RmwOp::Swap(Some(value.clone()))), ReplyShape::Previous)
+                }
+                (SetCondition::IfAbsent, false) => {
+                    (rmw(key, RmwOp::SetIfAbsent(value.clone())), ReplyShape::OkOrNil)
+                }
+                (SetCondition::IfAbsent, true) => (
+                    rmw(key, RmwOp::CompareAndSwap { expected: None, new: Some(value.clone()) }),
+                    ReplyShape::CasPrevious,
+                ),
+                (SetCondition::IfPresent, _) => {
+                    (rmw(key, RmwOp::SetIfPresent(value.clone())), ReplyShape::OkOrNil)
+                }
+            };
+            checked(value, plan)
+        }
+        Request::SetNx { key, value } => {
+            checked(value, (rmw(key, RmwOp::SetIfAbsent(value.clone())), ReplyShape::Flag))
+        }
+        Request::GetSet { key, value } => {
+            checked(value, (rmw(key, RmwOp::Swap(Some(value.clone()))), ReplyShape::Previous))
+        }
+        Request::IncrBy { key, delta } => Ok((rmw(key, RmwOp::IncrementBy(*delta)), ReplyShape::Integer)),
+        Request::Cas { key, expected, new } => checked(
+            new,
+            (
+                rmw(key, RmwOp::CompareAndSwap { expected: Some(expected.clone()), new: Some(new.clone()) }),
+                ReplyShape::Cas,
+            ),
+        ),
+        _ => return None,
+    })
+}
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// A string value for a reply: hashes are the wrong type.
+fn string_reply(value: Option<Bytes>) -> Reply {
+    match value {
+        Some(value) if hash::is_hash(&value) => Reply::error(WRONGTYPE),
+        value => Reply::optional(value),
+    }
+}
+
+/// The reply for a failed command.
+pub fn error_reply(error: &CommandError) -> Reply {
+    match error {
+        CommandError::NotInteger => not_integer(),
+        CommandError::Overflow => Reply::err("increment or decrement would overflow"),
+        CommandError::Unavailable(why) => Reply::err(format!("replica is not serving: {why}")),
+        CommandError::OutcomeUnknown => Reply::err(
+            "outcome unknown: the replica left the view while the update was in flight; it may have taken effect",
+        ),
+    }
+}
+
+/// Build the reply for `outcome` in the requested shape.
+pub fn shape_reply(shape: ReplyShape, outcome: Outcome) -> Reply {
+    match (shape, outcome) {
+        (_, Outcome::Error(error)) => error_reply(&error),
+        (ReplyShape::Value, Outcome::Value(value)) => string_reply(value),
+        (ReplyShape::Ok, Outcome::Written) => Reply::ok(),
+        (ReplyShape::OkOrNil, Outcome::Flag(true)) => Reply::ok(),
+        (ReplyShape::OkOrNil, Outcome::Flag(false)) => Reply::Null,
+        (ReplyShape::CasPrevious, Outcome::Cas { previous, .. }) => string_reply(previous),
+        (ReplyShape::Previous, Outcome::Value(Some(previous))) if hash::is_hash(&previous) => {
+            Reply::err("the key held a hash; it was replaced by the new string")
+        }
+        (ReplyShape::Previous, Outcome::Value(previous)) => Reply::optional(previous),
+        (ReplyShape::Flag, Outcome::Flag(flag)) => Reply::Integer(flag as i64),
+        (ReplyShape::Integer, Outcome::Integer(value)) => Reply::Integer(value),
+        (ReplyShape::Cas, Outcome::Cas { swapped, previous }) => {
+            Reply::Array(vec![Reply::Integer(swapped as i64), Reply::optional(previous)])
+        }
+        (shape, outcome) => Reply::err(format!("internal error: {shape:?} cannot answer {outcome:?}")),
+    }
+}
+
+/// Redis-style glob match (`*`, `?`, `[...]` without ranges), ASCII case-insensitive, for
+/// CONFIG GET patterns.
+pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let (mut star, mut star_t) = (None, 0);
+    while t < text.len() {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p].eq_ignore_ascii_case(&text[t])) {
+            p += 1;
+            t += 1;
+        } else if p < pattern.len() && pattern[p] == b'*' {
+            star = Some(p);
+            star_t = t;
+            p += 1;
+        } else if let Some(s) = star {
+            p = s + 1;
+            star_t += 1;
+            t = star_t;
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|c| *c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<Bytes> {
+        line.split(' ').map(|w| Bytes::copy_from_slice(w.as_bytes())).collect()
+    }
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    fn request(line: &str) -> Result<Request, Reply> {
+        parse(&args(line)).1
+    }
+
+    fn plan(line: &str) -> (Command, ReplyShape) {
+        single_key_command(&request(line).unwrap()).unwrap().unwrap()
+    }
+
+    fn rmw(key: &str, op: RmwOp) -> Command {
+        Command::Rmw { key: b(key), op }
+    }
+
+    #[test]
+    fn string_commands_map_onto_core_commands() {
+        assert_eq!(plan("GET k"), (Command::Read { key: b("k") }, ReplyShape::Value));
+        assert_eq!(plan("set k v"), (Command::Write { key: b("k"), value: Some(b("v")) }, ReplyShape::Ok));
+        assert_eq!(plan("SET k v NX"), (rmw("k", RmwOp::SetIfAbsent(b("v"))), ReplyShape::OkOrNil));
+        assert_eq!(plan("SET k v XX"), (rmw("k", RmwOp::SetIfPresent(b("v"))), ReplyShape::OkOrNil));
+        assert_eq!(plan("SET k v GET"), (rmw("k", RmwOp::Swap(Some(b("v")))), ReplyShape::Previous));
+        assert_eq!(
+            plan("SET k v NX GET"),
+            (rmw("k", RmwOp::CompareAndSwap { expected: None, new: Some(b("v")) }), ReplyShape::CasPrevious)
+        );
+        assert_eq!(plan("SETNX k v"), (rmw("k", RmwOp::SetIfAbsent(b("v"))), ReplyShape::Flag));
+        assert_eq!(plan("GETSET k v"), (rmw("k", RmwOp::Swap(Some(b("v")))), ReplyShape::Previous));
+        assert_eq!(plan("INCR k"), (rmw("k", RmwOp::IncrementBy(1)), ReplyShape::Integer));
+        assert_eq!(plan("DECR k"), (rmw("k", RmwOp::IncrementBy(-1)), ReplyShape::Integer));
+        assert_eq!(plan("INCRBY k -5"), (rmw("k", RmwOp::IncrementBy(-5)), ReplyShape::Integer));
+        assert_eq!(plan("DECRBY k 7"), (rmw("k", RmwOp::IncrementBy(-7)), ReplyShape::Integer));
+        assert_eq!(
+            plan("CAS k a b"),
+            (rmw("k", RmwOp::CompareAndSwap { expected: Some(b("a")), new: Some(b("b")) }), ReplyShape::Cas)
+        );
+        assert_eq!(single_key_command(&Request::MGet(vec![b("a")])), None);
+    }
+
+    #[test]
+    fn argument_errors_are_replies() {
+        assert_eq!(request("GET"), Err(Reply::err("wrong number of arguments for 'get' command")));
+        assert_eq!(request("GET a b"), Err(Reply::err("wrong number of arguments for 'get' command")));
+        assert_eq!(request("INCRBY k x"), Err(Reply::err("value is not an integer or out of range")));
+        assert_eq!(request("INCRBY k 01"), Err(Reply::err("value is not an integer or out of range")));
+        assert!(request(&format!("DECRBY k {}", i64::MIN)).is_err());
+        assert_eq!(request("SET k v NX XX"), Err(Reply::err("syntax error")));
+        assert!(request("SET k v EX 10").is_err());
+        assert!(request("MSET a 1 b").is_err());
+        assert!(request("HSET h f").is_err());
+        assert!(request("HSET h f v g").is_err());
+        assert_eq!(request("HELLO 4"), Err(Reply::error("NOPROTO unsupported protocol version")));
+        assert_eq!(request("FROB x"), Err(Reply::err("unknown command 'FROB'")));
+        assert_eq!(parse(&args("FROB x")).0, "unknown");
+        assert_eq!(parse(&args("get x")).0, "get");
+    }
+
+    #[test]
+    fn admin_commands_parse() {
+        assert_eq!(request("PING"), Ok(Request::Ping(None)));
+        assert_eq!(request("config get save"), Ok(Request::ConfigGet(vec![b("save")])));
+        assert_eq!(request("COMMAND DOCS"), Ok(Request::CommandDocs));
+        assert_eq!(request("CLIENT SETINFO lib-name redis-py"), Ok(Request::ClientSetInfo));
+        assert_eq!(request("WAIT 2 0"), Ok(Request::Wait));
+        assert_eq!(
+            request("HELLO 3 AUTH default pw SETNAME me"),
+            Ok(Request::Hello {
+                protover: Some(3),
+                auth: Some((b("default"), b("pw"))),
+                setname: Some(b("me"))
+            })
+        );
+        assert_eq!(request("FLUSHALL ASYNC"), Ok(Request::FlushAll));
+        assert_eq!(
+            request("HMSET h a 1 b 2"),
+            Ok(Request::HSet {
+                key: b("h"),
+                pairs: vec![(b("a"), b("1")), (b("b"), b("2"))],
+                reply_ok: true
+            })
+        );
+    }
+
+    #[test]
+    fn outcomes_shape_replies() {
+        assert_eq!(shape_reply(ReplyShape::Value, Outcome::Value(None)), Reply::Null);
+        assert_eq!(shape_reply(ReplyShape::Value, Outcome::Value(Some(b("v")))), Reply::bulk(b("v")));
+        let hash = hash::encode(&vec![(b("f"), b("v"))]);
+        assert!(shape_reply(ReplyShape::Value, Outcome::Value(hash)).is_error());
+        assert_eq!(shape_reply(ReplyShape::OkOrNil, Outcome::Flag(false)), Reply::Null);
+        assert_eq!(shape_reply(ReplyShape::Flag, Outcome::Flag(true)), Reply::Integer(1));
+        assert_eq!(
+            shape_reply(ReplyShape::Cas, Outcome::Cas { swapped: false, previous: Some(b("x")) }),
+            Reply::Array(vec![Reply::Integer(0), Reply::bulk(b("x"))])
+        );
+        assert_eq!(
+            shape_reply(ReplyShape::Integer, Outcome::Error(CommandError::NotInteger)),
+            Reply::err("value is not an integer or out of range")
+        );
+        assert!(shape_reply(ReplyShape::Ok, Outcome::Error(CommandError::OutcomeUnknown)).is_error());
+    }
+
+    #[test]
+    fn strings_that_look_like_hashes_are_refused() {
+        let mut value = hash::MAGIC.to_vec();
+        value.extend_from_slice(b"x");
+        let request = Request::Set {
+            key: b("k"),
+            value: Bytes::from(value),
+            condition: SetCondition::Always,
+            get: false,
+        };
+        assert!(single_key_command(&request).unwrap().is_err());
+    }
+
+    #[test]
+    fn glob_patterns() {
+        assert!(glob_match(b"*", b"save"));
+        assert!(glob_match(b"sa?e", b"SAVE"));
+        assert!(glob_match(b"max*", b"maxmemory"));
+        assert!(!glob_match(b"max*", b"save"));
+        assert!(glob_match(b"*memory*", b"maxmemory-policy"));
+    }
+}

@@ -1,0 +1,276 @@
+//! `chorus node` configuration: a TOML file, overridden field by field by command-line flags,
+//! validated into a [`NodeConfig`]. Every problem is one line that names the field.
+//!
+//! ```toml
+//! node_id = 0
+//! protocol = "hermes"
+//! client_addr = "127.0.0.1:7379"     # RESP clients
+//! peer_addr = "127.0.0.1:8379"       # peer links (default: this node's entry in [peers])
+//! data_dir = "/var/lib/chorus/n0"
+//! cluster_id = "chorus"
+//! cluster_token = "long-random-secret"
+//! requirepass = "client-password"    # optional
+//! metrics_addr = "127.0.0.1:9379"    # optional Prometheus endpoint
+//! value_bytes_max = 67108864         # optional, default 64 MiB
+//!
+//! [peers]                            # every replica, this one included
+//! 0 = "127.0.0.1:8379"
+//! 1 = "127.0.0.1:8380"
+//! 2 = "127.0.0.1:8381"
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use chorus_core::NodeId;
+
+/// The file (and flag) form: everything optional so flags can fill gaps and override.
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub node_id: Option<u8>,
+    pub protocol: Option<String>,
+    pub client_addr: Option<String>,
+    pub peer_addr: Option<String>,
+    pub peers: Option<BTreeMap<String, String>>,
+    pub data_dir: Option<PathBuf>,
+    pub cluster_id: Option<String>,
+    pub cluster_token: Option<String>,
+    pub requirepass: Option<String>,
+    pub metrics_addr: Option<String>,
+    pub value_bytes_max: Option<usize>,
+    pub peer_queue_bytes_max: Option<usize>,
+    pub maxclients: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Hermes,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Hermes => "hermes",
+        }
+    }
+}
+
+/// A validated node configuration.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node_id: NodeId,
+    pub protocol: Protocol,
+    pub client_addr: SocketAddr,
+    pub peer_addr: SocketAddr,
+    /// Every replica of the cluster, this one included, and its peer address.
+    pub replicas: BTreeMap<NodeId, SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub cluster_id: String,
+    pub cluster_token: String,
+    pub requirepass: Option<String>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub value_bytes_max: usize,
+    pub peer_queue_bytes_max: usize,
+    pub maxclients: usize,
+}
+
+pub const DEFAULT_CLIENT_ADDR: &str = "127.0.0.1:7379";
+pub const DEFAULT_VALUE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn field_error(field: &str, message: impl std::fmt::Display) -> ConfigError {
+    ConfigError(format!("config field `{field}`: {message}"))
+}
+
+impl RawConfig {
+    /// Read and parse a TOML file. Errors are one line with the file, line and field.
+    pub fn load(path: &Path) -> Result<RawConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| ConfigError(format!("cannot read config file {}: {error}", path.display())))?;
+        RawConfig::parse(&text)
+            .map_err(|ConfigError(message)| ConfigError(format!("{}: {message}", path.display())))
+    }
+
+    pub fn parse(text: &str) -> Result<RawConfig, ConfigError> {
+        toml::from_str(text).map_err(|error| {
+            let message = error.message().replace('\n', " ");
+            let Some(span) = error.span() else { return ConfigError(message) };
+            let start = span.start.min(text.len());
+            let line = text[..start].matches('\n').count() + 1;
+            // Name the field when the error points into a `key = value` line.
+            let line_text = text.lines().nth(line - 1).unwrap_or("");
+            match line_text.split_once('=').map(|(key, _)| key.trim()).filter(|key| !key.is_empty()) {
+                Some(key) if !message.contains(key) => {
+                    ConfigError(format!("line {line}: field `{key}`: {message}"))
+                }
+                _ => ConfigError(format!("line {line}: {message}")),
+            }
+        })
+    }
+
+    /// Fields set in `overrides` win.
+    pub fn merge(self, overrides: RawConfig) -> RawConfig {
+        RawConfig {
+            node_id: overrides.node_id.or(self.node_id),
+            protocol: overrides.protocol.or(self.protocol),
+            client_addr: overrides.client_addr.or(self.client_addr),
+            peer_addr: overrides.peer_addr.or(self.peer_addr),
+            peers: overrides.peers.or(self.peers),
+            data_dir: overrides.data_dir.or(self.data_dir),
+            cluster_id: overrides.cluster_id.or(self.cluster_id),
+            cluster_token: overrides.cluster_token.or(self.cluster_token),
+            requirepass: overrides.requirepass.or(self.requirepass),
+            metrics_addr: overrides.metrics_addr.or(self.metrics_addr),
+            value_bytes_max: overrides.value_bytes_max.or(self.value_bytes_max),
+            peer_queue_bytes_max: overrides.peer_queue_bytes_max.or(self.peer_queue_bytes_max),
+            maxclients: overrides.maxclients.or(self.maxclients),
+        }
+    }
+
+    pub fn validate(self) -> Result<NodeConfig, ConfigError> {
+        let node_id = self
+            .node_id
+            .ok_or_else(|| field_error("node_id", "missing (set it in the file or pass --node-id)"))?;
+        if node_id as usize >= NodeId::COUNT_MAX {
+            return Err(field_error(
+                "node_id",
+                format!("{node_id} is out of range 0..{}", NodeId::COUNT_MAX),
+            ));
+        }
+        let node_id = NodeId(node_id);
+        let protocol = match self.protocol.as_deref().unwrap_or("hermes") {
+            "hermes" => Protocol::Hermes,
+            other => {
+                return Err(field_error(
+                    "protocol",
+                    format!("unknown protocol {other:?} (available: hermes)"),
+                ))
+            }
+        };
+        let client_addr =
+            parse_addr("client_addr", self.client_addr.as_deref().unwrap_or(DEFAULT_CLIENT_ADDR))?;
+        let peers = self
+            .peers
+            .ok_or_else(|| field_error("peers", "missing: list every replica as `<id> = \"ip:port\"`"))?;
+        let mut replicas = BTreeMap::new();
+        for (id, addr) in &peers {
+            let id: u8 = id
+                .parse()
+                .ok()
+                .filter(|id| (*id as usize) < NodeId::COUNT_MAX)
+                .ok_or_else(|| field_error("peers", format!("key {id:?} is not a node id (0..63)")))?;
+            replicas.insert(NodeId(id), parse_addr(&format!("peers.{id}"), addr)?);
+        }
+        let Some(advertised) = replicas.get(&node_id).copied() else {
+            return Err(field_error("peers", format!("must list this node ({node_id}) too")));
+        };
+        let peer_addr = match self.peer_addr.as_deref() {
+            Some(addr) => parse_addr("peer_addr", addr)?,
+            None => advertised,
+        };
+        if peer_addr == client_addr {
+            return Err(field_error("peer_addr", "must differ from client_addr"));
+        }
+        let cluster_token = self.cluster_token.filter(|token| !token.is_empty()).ok_or_else(|| {
+            field_error("cluster_token", "missing: peers authenticate with a shared secret")
+        })?;
+        let cluster_id = self.cluster_id.unwrap_or_else(|| "chorus".to_string());
+        if cluster_id.is_empty() {
+            return Err(field_error("cluster_id", "must not be empty"));
+        }
+        let metrics_addr =
+            self.metrics_addr.as_deref().map(|addr| parse_addr("metrics_addr", addr)).transpose()?;
+        let value_bytes_max = self.value_bytes_max.unwrap_or(DEFAULT_VALUE_BYTES_MAX);
+        if value_bytes_max == 0 || value_bytes_max > 512 * 1024 * 1024 {
+            return Err(field_error("value_bytes_max", "must be between 1 byte and 512 MiB"));
+        }
+        let peer_queue_bytes_max = self.peer_queue_bytes_max.unwrap_or(64 * 1024 * 1024);
+        if peer_queue_bytes_max == 0 {
+            return Err(field_error("peer_queue_bytes_max", "must be positive"));
+        }
+        let maxclients = self.maxclients.unwrap_or(10_000);
+        if maxclients == 0 {
+            return Err(field_error("maxclients", "must be positive"));
+        }
+        Ok(NodeConfig {
+            node_id,
+            protocol,
+            client_addr,
+            peer_addr,
+            replicas,
+            data_dir: self.data_dir,
+            cluster_id,
+            cluster_token,
+            requirepass: self.requirepass.filter(|password| !password.is_empty()),
+            metrics_addr,
+            value_bytes_max,
+            peer_queue_bytes_max,
+            maxclients,
+        })
+    }
+}
+
+fn parse_addr(field: &str, text: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| field_error(field, format!("{text:?} is not an IP:PORT socket address")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+node_id = 1
+cluster_token = "secret"
+client_addr = "127.0.0.1:7380"
+[peers]
+0 = "127.0.0.1:8379"
+1 = "127.0.0.1:8380"
+"#;
+
+    #[test]
+    fn a_good_file_validates_with_secure_defaults() {
+        let config = RawConfig::parse(GOOD).unwrap().validate().unwrap();
+        assert_eq!(config.node_id, NodeId(1));
+        assert_eq!(config.peer_addr, "127.0.0.1:8380".parse().unwrap());
+        assert_eq!(config.replicas.len(), 2);
+        assert_eq!(config.protocol, Protocol::Hermes);
+        assert_eq!(config.requirepass, None);
+        assert_eq!(config.value_bytes_max, 64 * 1024 * 1024);
+        assert!(config.client_addr.ip().is_loopback());
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let overrides = RawConfig { client_addr: Some("127.0.0.1:9999".into()), ..RawConfig::default() };
+        let config = RawConfig::parse(GOOD).unwrap().merge(overrides).validate().unwrap();
+        assert_eq!(config.client_addr.port(), 9999);
+    }
+
+    fn error_of(text: &str) -> String {
+        match RawConfig::parse(text).and_then(RawConfig::validate) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(ConfigError(message)) => {
+                assert!(!message.contains('\n'), "one line: {message}");
+                message
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert!(error_of("cluster_token = \"s\"\n[peers]\n0 = \"127.0.0.1:1\"").contains("`node_id`"));
+        assert!(error_of(&GOOD.replace("cluster_token = \"secret\"", "")).contains("`cluster_token`"));
+        assert!(error_of(&GOOD.replace("127.0.0.1:7380", "localhost")).contains("`client_addr`"));
+        assert!(error_of(&GOOD.replace("1 = \"127.0.0.1:8380\"", "")).contains("`peers`"));
+        assert!(error_of(&format!("protocol = \"paxos\"\n{GOOD}")).contains("`protocol`"));
+        let typo = error_of(&format!("nodeid = 3\n{GOOD}"));
+        assert!(typo.contains("nodeid") && typo.contains("line 1"), "{typo}");
+        let wrong_type = error_of(&GOOD.replace("node_id = 1", "node_id = \"one\""));
+        assert!(wrong_type.contains("line 2") && wrong_type.contains("`node_id`"), "{wrong_type}");
+    }
+}

@@ -1,0 +1,556 @@
+//! One client connection: read, parse as many commands as have arrived, execute them **in
+//! order**, append each reply to the output buffer, and write once the pipeline is drained.
+//!
+//! Commands of one connection execute one after the other, as in Redis: the next command is
+//! submitted only once the previous one completed. A pipelined batch still costs one read and
+//! one write, and the event loop batches the commands of *all* connections per turn.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use chorus_core::{Command, Outcome, RmwOp};
+use chorus_net::handshake::constant_time_eq;
+use chorus_net::NetStats;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::debug;
+
+use crate::command::{self, error_reply, glob_match, Request, COMMAND_TABLE};
+use crate::engine::EngineHandle;
+use crate::hash::{self, HashError};
+use crate::metrics::Metrics;
+use crate::resp::{parse_command, Limits, Reply};
+
+/// What every connection shares.
+pub struct Shared {
+    pub engine: EngineHandle,
+    pub metrics: Arc<Metrics>,
+    pub net: Arc<NetStats>,
+    pub settings: Settings,
+    pub next_client_id: AtomicU64,
+}
+
+/// Node settings connections need (INFO, CONFIG GET, AUTH, limits).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub node_id: u8,
+    pub protocol: &'static str,
+    pub client_addr: SocketAddr,
+    pub peer_addr: SocketAddr,
+    pub requirepass: Option<String>,
+    pub limits: Limits,
+    pub maxclients: usize,
+}
+
+/// Flush the output buffer once it holds this much, even mid-pipeline.
+const WRITE_BUFFER_BYTES_FLUSH: usize = 64 * 1024;
+/// Optimistic hash updates give up after this many lost races.
+const HASH_UPDATE_ATTEMPTS_MAX: usize = 64;
+
+pub struct Connection {
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    read: BytesMut,
+    write: BytesMut,
+    /// RESP protocol version: 2 until HELLO 3.
+    resp: u8,
+    authenticated: bool,
+    name: Option<Bytes>,
+    id: u64,
+}
+
+impl Connection {
+    pub fn new(shared: Arc<Shared>, stream: TcpStream) -> Connection {
+        let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
+        let authenticated = shared.settings.requirepass.is_none();
+        Connection {
+            shared,
+            stream,
+            read: BytesMut::with_capacity(16 * 1024),
+            write: BytesMut::with_capacity(16 * 1024),
+            resp: 2,
+            authenticated,
+            name: None,
+            id,
+        }
+    }
+
+    /// Serve until the client leaves, sends QUIT, or sends malformed RESP.
+    pub async fn run(mut self) {
+        let _ = self.stream.set_nodelay(true);
+        if let Err(error) = self.serve().await {
+            debug!(client = self.id, "connection ended: {error}");
+        }
+    }
+
+    async fn serve(&mut self) -> std::io::Result<()> {
+        loop {
+            loop {
+                match parse_command(&mut self.read, &self.shared.settings.limits) {
+                    Ok(Some(args)) if args.is_empty() => continue,
+                    Ok(Some(args)) => {
+                        let (reply, close) = self.execute(args).await;
+                        reply.encode(self.resp, &mut self.write);
+                        if close {
+                            return self.flush().await;
+                        }
+                        if self.write.len() >= WRITE_BUFFER_BYTES_FLUSH {
+                            self.flush().await?;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        // Malformed input: say why, then close. Earlier replies go out first.
+                        self.shared.metrics.protocol_errors.fetch_add(1, Relaxed);
+                        Reply::err(&error).encode(self.resp, &mut self.write);
+                        return self.flush().await;
+                    }
+                }
+            }
+            self.flush().await?;
+            if self.stream.read_buf(&mut self.read).await? == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.write.is_empty() {
+            self.stream.write_all(&self.write).await?;
+            self.write.clear();
+        }
+        Ok(())
+    }
+
+    /// Execute one command; `true` closes the connection after the reply.
+    async fn execute(&mut self, args: Vec<Bytes>) -> (Reply, bool) {
+        let started = Instant::now();
+        let (name, parsed) = command::parse(&args);
+        let mut close = false;
+        let reply = match parsed {
+            Err(reply) => reply,
+            Ok(request) if !self.authenticated && !request.allowed_unauthenticated() => {
+                Reply::error("NOAUTH Authentication required.")
+            }
+            Ok(Request::Quit) => {
+                close = true;
+                Reply::ok()
+            }
+            Ok(request) => self.run_request(request).await,
+        };
+        self.shared.metrics.record(command::metric_index(name), reply.is_error(), started);
+        (reply, close)
+    }
+
+    async fn run_request(&mut self, request: Request) -> Reply {
+        if let Some(plan) = command::single_key_command(&request) {
+            return match plan {
+                Ok((command, shape)) => command::shape_reply(shape, self.engine().execute(command).await),
+                Err(reply) => reply,
+            };
+        }
+        match request {
+            Request::Ping(None) => Reply::Status("PONG"),
+            Request::Ping(Some(message)) | Request::Echo(message) => Reply::Bulk(message),
+            Request::Hello { protover, auth, setname } => self.hello(protover, auth, setname),
+            Request::Auth { user, password } => self.auth(user.as_deref(), &password),
+            Request::Select(0) => Reply::ok(),
+            Request::Select(_) => Reply::err("DB index is out of range"),
+            Request::Del(keys) => self.del(keys).await,
+            Request::Exists(keys) => {
+                let outcomes = self.engine().execute_all(reads(&keys)).await;
+                count_values(outcomes)
+            }
+            Request::MGet(keys) => {
+                let outcomes = self.engine().execute_all(reads(&keys)).await;
+                let mut values = Vec::with_capacity(outcomes.len());
+                for outcome in outcomes {
+                    values.push(match outcome {
+                        // Like Redis: MGET answers nil for keys that do not hold strings.
+                        Outcome::Value(Some(value)) if !hash::is_hash(&value) => Reply::Bulk(value),
+                        Outcome::Value(_) => Reply::Null,
+                        Outcome::Error(error) => return error_reply(&error),
+                        other => return unexpected(other),
+                    });
+                }
+                Reply::Array(values)
+            }
+            Request::MSet(pairs) => {
+                for (_, value) in &pairs {
+                    if let Err(reply) = command::check_string_value(value) {
+                        return reply;
+                    }
+                }
+                let writes = pairs
+                    .into_iter()
+                    .map(|(key, value)| Command::Write { key, value: Some(value) })
+                    .collect();
+                first_error_or(self.engine().execute_all(writes).await, Reply::ok())
+            }
+            Request::HSet { key, pairs, reply_ok } => {
+                let limit = self.shared.settings.limits.bulk_bytes_max;
+                let result = self
+                    .update_hash(
+                        key,
+                        |fields| {
+                            let added = hash::set(fields, &pairs);
+                            Ok(added as i64)
+                        },
+                        limit,
+                    )
+                    .await;
+                match result {
+                    Ok(_) if reply_ok => Reply::ok(),
+                    Ok(added) => Reply::Integer(added),
+                    Err(reply) => reply,
+                }
+            }
+            Request::HDel { key, fields: names } => {
+                let limit = self.shared.settings.limits.bulk_bytes_max;
+                match self.update_hash(key, |fields| Ok(hash::remove(fields, &names) as i64), limit).await {
+                    Ok(removed) => Reply::Integer(removed),
+                    Err(reply) => reply,
+                }
+            }
+            Request::HGet { key, field } => match self.read_hash(key).await {
+                Ok(fields) => Reply::optional(hash::get(&fields, &field).cloned()),
+                Err(reply) => reply,
+            },
+            Request::HMGet { key, fields: names } => match self.read_hash(key).await {
+                Ok(fields) => Reply::Array(
+                    names.iter().map(|name| Reply::optional(hash::get(&fields, name).cloned())).collect(),
+                ),
+                Err(reply) => reply,
+            },
+            Request::HGetAll(key) => match self.read_hash(key).await {
+                Ok(fields) => {
+                    Reply::Map(fields.into_iter().map(|(f, v)| (Reply::Bulk(f), Reply::Bulk(v))).collect())
+                }
+                Err(reply) => reply,
+            },
+            Request::DbSize => match self.engine().status().await {
+                Some(status) => Reply::Integer(status.keys as i64),
+                None => Reply::err("the node is shutting down"),
+            },
+            Request::FlushAll => {
+                let keys = self.engine().keys().await;
+                let deletes = keys.into_iter().map(|key| Command::Write { key, value: None }).collect();
+                first_error_or(self.engine().execute_all(deletes).await, Reply::ok())
+            }
+            Request::Info(sections) => self.info(&sections).await,
+            Request::ConfigGet(patterns) => self.config_get(&patterns),
+            Request::CommandCount => Reply::Integer(COMMAND_TABLE.len() as i64),
+            Request::CommandList => Reply::Array(COMMAND_TABLE.iter().map(command_info).collect()),
+            Request::CommandInfo(names) => Reply::Array(
+                names
+                    .iter()
+                    .map(|name| {
+                        let lower = name.to_ascii_lowercase();
+                        COMMAND_TABLE
+                            .iter()
+                            .find(|spec| spec.name.as_bytes() == lower.as_slice())
+                            .map_or(Reply::NullArray, command_info)
+                    })
+                    .collect(),
+            ),
+            Request::CommandDocs => Reply::Map(Vec::new()),
+            Request::ClientSetName(name) => {
+                if name.iter().any(|byte| *byte <= b' ' || *byte > b'~') {
+                    return Reply::err("Client names cannot contain spaces, newlines or special characters.");
+                }
+                self.name = (!name.is_empty()).then_some(name);
+                Reply::ok()
+            }
+            Request::ClientGetName => Reply::optional(self.name.clone()),
+            Request::ClientSetInfo => Reply::ok(),
+            Request::ClientId => Reply::Integer(self.id as i64),
+            Request::Wait => match self.engine().status().await {
+                // Every command of this connection completed before WAIT ran, and Hermes
+                // completes a write only once every live replica holds it.
+                Some(status) => Reply::Integer(status.view.live.without(status.me).len() as i64),
+                None => Reply::err("the node is shutting down"),
+            },
+            Request::Quit => Reply::ok(),
+            other => Reply::err(format!("internal error: unhandled request {other:?}")),
+        }
+    }
+
+    fn engine(&self) -> &EngineHandle {
+        &self.shared.engine
+    }
+
+    fn hello(&mut self, protover: Option<u8>, auth: Option<(Bytes, Bytes)>, setname: Option<Bytes>) -> Reply {
+        if let Some((user, password)) = auth {
+            let reply = self.auth(Some(&user), &password);
+            if reply.is_error() {
+                return reply;
+            }
+        }
+        if !self.authenticated {
+            return Reply::error(
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+            );
+        }
+        if let Some(name) = setname {
+            self.name = Some(name);
+        }
+        if let Some(version) = protover {
+            self.resp = version;
+        }
+        let text = |s: &str| Reply::text(s);
+        Reply::Map(vec![
+            (text("server"), text("chorus")),
+            (text("version"), text(crate::REDIS_COMPATIBLE_VERSION)),
+            (text("proto"), Reply::Integer(self.resp as i64)),
+            (text("id"), Reply::Integer(self.id as i64)),
+            (text("mode"), text("standalone")),
+            (text("role"), text("master")),
+            (text("modules"), Reply::Array(Vec::new())),
+        ])
+    }
+
+    fn auth(&mut self, user: Option<&[u8]>, password: &[u8]) -> Reply {
+        let Some(expected) = &self.shared.settings.requirepass else {
+            return Reply::err(
+                "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            );
+        };
+        let user_ok = user.is_none_or(|user| user == b"default");
+        if user_ok && constant_time_eq(password, expected.as_bytes()) {
+            self.authenticated = true;
+            Reply::ok()
+        } else {
+            Reply::error("WRONGPASS invalid username-password pair or user is disabled.")
+        }
+    }
+
+    /// DEL: read each key (local), then swap present keys to absent to learn whether each
+    /// delete removed something. A key absent at the read is linearized there as a no-op.
+    async fn del(&self, keys: Vec<Bytes>) -> Reply {
+        let outcomes = self.engine().execute_all(reads(&keys)).await;
+        let mut present = Vec::new();
+        for (key, outcome) in keys.into_iter().zip(outcomes) {
+            match outcome {
+                Outcome::Value(Some(_)) => present.push(Command::Rmw { key, op: RmwOp::Swap(None) }),
+                Outcome::Value(None) => {}
+                Outcome::Error(error) => return error_reply(&error),
+                other => return unexpected(other),
+            }
+        }
+        count_values(self.engine().execute_all(present).await)
+    }
+
+    async fn read_hash(&self, key: Bytes) -> Result<hash::Fields, Reply> {
+        match self.engine().execute(Command::Read { key }).await {
+            Outcome::Value(value) => hash::decode(value.as_ref()).map_err(hash_error),
+            Outcome::Error(error) => Err(error_reply(&error)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Read-modify-write of a hash with compare-and-swap, retried with the value the CAS
+    /// found. Returns what `change` returned for the attempt that took effect.
+    async fn update_hash(
+        &self,
+        key: Bytes,
+        change: impl Fn(&mut hash::Fields) -> Result<i64, Reply>,
+        value_bytes_max: usize,
+    ) -> Result<i64, Reply> {
+        let mut current = match self.engine().execute(Command::Read { key: key.clone() }).await {
+            Outcome::Value(value) => value,
+            Outcome::Error(error) => return Err(error_reply(&error)),
+            other => return Err(unexpected(other)),
+        };
+        for _ in 0..HASH_UPDATE_ATTEMPTS_MAX {
+            let mut fields = hash::decode(current.as_ref()).map_err(hash_error)?;
+            let result = change(&mut fields)?;
+            let new = hash::encode(&fields);
+            if new == current {
+                return Ok(result); // Nothing changes: linearized at the read.
+            }
+            if new.as_ref().is_some_and(|value| value.len() > value_bytes_max) {
+                return Err(Reply::err("the hash would exceed the value size limit"));
+            }
+            let op = RmwOp::CompareAndSwap { expected: current.clone(), new };
+            match self.engine().execute(Command::Rmw { key: key.clone(), op }).await {
+                Outcome::Cas { swapped: true, .. } => return Ok(result),
+                Outcome::Cas { swapped: false, previous } => current = previous,
+                Outcome::Error(error) => return Err(error_reply(&error)),
+                other => return Err(unexpected(other)),
+            }
+        }
+        Err(Reply::err("too much contention on this hash; try again"))
+    }
+
+    async fn info(&self, sections: &[String]) -> Reply {
+        let all =
+            sections.is_empty() || sections.iter().any(|s| s == "all" || s == "everything" || s == "default");
+        let wanted = |name: &str| all || sections.iter().any(|s| s == name);
+        let settings = &self.shared.settings;
+        let metrics = &self.shared.metrics;
+        let status = self.engine().status().await;
+        let mut info = InfoText::default();
+        if wanted("server") {
+            info.section("Server");
+            info.field("redis_version", &crate::REDIS_COMPATIBLE_VERSION);
+            info.field("chorus_version", &env!("CARGO_PKG_VERSION"));
+            info.field("redis_mode", &"standalone");
+            info.field("arch_bits", &(usize::BITS));
+            info.field("process_id", &std::process::id());
+            info.field("tcp_port", &settings.client_addr.port());
+            info.field("uptime_in_seconds", &metrics.started.elapsed().as_secs());
+            info.field("uptime_in_days", &(metrics.started.elapsed().as_secs() / 86_400));
+        }
+        if wanted("clients") {
+            info.section("Clients");
+            info.field("connected_clients", &metrics.connections_current.load(Relaxed));
+            info.field("maxclients", &settings.maxclients);
+        }
+        if wanted("replication") {
+            info.section("Replication");
+            info.field("role", &"master");
+            info.field("chorus_protocol", &settings.protocol);
+            info.field("chorus_node_id", &settings.node_id);
+            info.field("chorus_peer_addr", &settings.peer_addr);
+            if let Some(status) = &status {
+                info.field("chorus_view_epoch", &status.view.epoch.0);
+                let live: Vec<String> = status.view.live.iter().map(|node| node.0.to_string()).collect();
+                info.field("chorus_view_live", &live.join(","));
+                info.field("chorus_operational", &(status.operational as u8));
+            }
+            info.field("chorus_peers", &self.shared.net.peers.len());
+            info.field("chorus_peers_connected", &self.shared.net.connected_peers());
+            for peer in self.shared.net.peers.values() {
+                let p = peer.snapshot();
+                info.field(
+                    &format!("peer{}", p.node.0),
+                    &format!(
+                        "addr={},connected={},queued_bytes={},queued_frames={},frames_sent={},messages_sent={},writes={},frames_dropped={},messages_received={},connects={}",
+                        p.addr, p.connected as u8, p.queued_bytes, p.queued_frames, p.frames_sent, p.messages_sent, p.writes, p.frames_dropped, p.messages_received, p.connects
+                    ),
+                );
+            }
+        }
+        if wanted("stats") {
+            info.section("Stats");
+            info.field("total_connections_received", &metrics.connections_accepted.load(Relaxed));
+            info.field("rejected_connections", &metrics.connections_rejected.load(Relaxed));
+            info.field("total_commands_processed", &metrics.total_commands());
+            info.field("total_error_replies", &metrics.total_errors());
+            info.field("chorus_protocol_errors", &metrics.protocol_errors.load(Relaxed));
+            info.field("chorus_peer_connections_refused", &self.shared.net.connections_refused.load(Relaxed));
+            if let Some(status) = &status {
+                info.field("chorus_requests_in_flight", &status.pending_requests);
+                for (name, value) in &status.counters {
+                    info.field(&format!("{}_{name}", status.protocol), value);
+                }
+            }
+        }
+        if wanted("keyspace") {
+            info.section("Keyspace");
+            if let Some(status) = status.as_ref().filter(|status| status.keys > 0) {
+                info.field("db0", &format!("keys={},expires=0,avg_ttl=0", status.keys));
+            }
+        }
+        Reply::Verbatim(info.0)
+    }
+
+    fn config_get(&self, patterns: &[Bytes]) -> Reply {
+        let settings = &self.shared.settings;
+        let parameters: Vec<(&str, String)> = vec![
+            ("save", String::new()),
+            ("appendonly", "no".into()),
+            ("maxmemory", "0".into()),
+            ("maxmemory-policy", "noeviction".into()),
+            ("databases", "1".into()),
+            ("maxclients", settings.maxclients.to_string()),
+            ("timeout", "0".into()),
+            ("port", settings.client_addr.port().to_string()),
+            ("bind", settings.client_addr.ip().to_string()),
+            ("proto-max-bulk-len", settings.limits.bulk_bytes_max.to_string()),
+            ("cluster-enabled", "no".into()),
+            ("io-threads", "1".into()),
+        ];
+        let mut pairs = Vec::new();
+        for (name, value) in &parameters {
+            if patterns.iter().any(|pattern| glob_match(pattern, name.as_bytes())) {
+                pairs.push((Reply::text(name), Reply::text(value)));
+            }
+        }
+        Reply::Map(pairs)
+    }
+}
+
+fn reads(keys: &[Bytes]) -> Vec<Command> {
+    keys.iter().map(|key| Command::Read { key: key.clone() }).collect()
+}
+
+/// How many outcomes carry a value (EXISTS, DEL), or the first error.
+fn count_values(outcomes: Vec<Outcome>) -> Reply {
+    let mut count = 0;
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Value(Some(_)) => count += 1,
+            Outcome::Value(None) => {}
+            Outcome::Error(error) => return error_reply(&error),
+            other => return unexpected(other),
+        }
+    }
+    Reply::Integer(count)
+}
+
+fn first_error_or(outcomes: Vec<Outcome>, reply: Reply) -> Reply {
+    match outcomes.into_iter().find_map(|outcome| match outcome {
+        Outcome::Error(error) => Some(error),
+        _ => None,
+    }) {
+        Some(error) => error_reply(&error),
+        None => reply,
+    }
+}
+
+fn unexpected(outcome: Outcome) -> Reply {
+    Reply::err(format!("internal error: unexpected outcome {outcome:?}"))
+}
+
+fn hash_error(error: HashError) -> Reply {
+    Reply::error(error.to_string())
+}
+
+fn command_info(spec: &command::CommandSpec) -> Reply {
+    Reply::Array(vec![
+        Reply::text(spec.name),
+        Reply::Integer(spec.arity),
+        Reply::Array(spec.flags.iter().map(|flag| Reply::Status(flag)).collect()),
+        Reply::Integer(spec.first_key),
+        Reply::Integer(spec.last_key),
+        Reply::Integer(spec.step),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+    ])
+}
+
+/// INFO's text format: `# Section` headers, `field:value` lines, a blank line between sections.
+#[derive(Default)]
+struct InfoText(String);
+
+impl InfoText {
+    fn section(&mut self, name: &str) {
+        if !self.0.is_empty() {
+            self.0.push_str("\r\n");
+        }
+        self.0.push_str("# ");
+        self.0.push_str(name);
+        self.0.push_str("\r\n");
+    }
+
+    fn field(&mut self, key: &str, value: &dyn std::fmt::Display) {
+        use std::fmt::Write as _;
+        let _ = write!(self.0, "{key}:{value}\r\n");
+    }
+}

@@ -1,0 +1,305 @@
+//! The event loop: ONE task owns the protocol core (sans-I/O) and is the only code that calls
+//! it. Client commands arrive over a bounded channel, peer messages over the transport's
+//! inbound channel, and a 1 ms tick drives retransmissions and replays.
+//!
+//! A **turn** handles one event, then everything else already waiting (bounded, so a flood on
+//! one channel cannot starve the other or the tick), then performs the turn's outbox: every
+//! peer message of the turn goes to [`Transport::send_turn`] at once (one batch frame per
+//! peer, broadcasts encoded once: Hermes §4.2 opportunistic batching) and every reply
+//! completes its client's oneshot.
+
+use std::time::{Duration, Instant};
+
+use chorus_core::codec::WireMessage;
+use chorus_core::{
+    ClientRequestId, Command, CommandError, Key, NodeId, Outbox, Outcome, Replica, Time, View,
+};
+use chorus_hermes::Hermes;
+use chorus_net::Transport;
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// What the server needs from a protocol core beyond [`Replica`].
+pub trait ServedReplica: Replica + Send + 'static
+where
+    Self::Message: WireMessage + Send + 'static,
+{
+    fn protocol_name(&self) -> &'static str;
+    fn current_view(&self) -> View;
+    fn operational(&self) -> bool;
+    fn keys_with_values(&self) -> usize;
+    fn holds_value(&self, key: &[u8]) -> bool;
+    /// Protocol counters for INFO and metrics, as (name, value).
+    fn counters(&self) -> Vec<(&'static str, u64)>;
+    /// The key a peer message updates, if any: lets the node know every key that exists
+    /// anywhere (FLUSHALL needs to enumerate them).
+    fn updated_key(message: &Self::Message) -> Option<&Key>;
+}
+
+impl ServedReplica for Hermes {
+    fn protocol_name(&self) -> &'static str {
+        "hermes"
+    }
+    fn current_view(&self) -> View {
+        self.view()
+    }
+    fn operational(&self) -> bool {
+        self.is_operational()
+    }
+    fn keys_with_values(&self) -> usize {
+        self.key_count()
+    }
+    fn holds_value(&self, key: &[u8]) -> bool {
+        self.key_state(key).is_some_and(|(_, _, value)| value.is_some())
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("reads_local", s.reads_local),
+            ("reads_stalled", s.reads_stalled),
+            ("updates_started", s.updates_started),
+            ("updates_committed", s.updates_committed),
+            ("rmw_aborts", s.rmw_aborts),
+            ("replays_started", s.replays_started),
+            ("inv_retransmits", s.inv_retransmits),
+            ("messages_dropped_epoch", s.messages_dropped_epoch),
+            ("views_installed", s.views_installed),
+        ]
+    }
+    fn updated_key(message: &chorus_hermes::Message) -> Option<&Key> {
+        match message {
+            chorus_hermes::Message::Inv { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// A snapshot of the core for INFO, DBSIZE and metrics.
+#[derive(Clone, Debug)]
+pub struct EngineStatus {
+    pub me: NodeId,
+    pub protocol: &'static str,
+    pub view: View,
+    pub operational: bool,
+    pub keys: usize,
+    pub pending_requests: usize,
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+pub enum EngineRequest {
+    Command {
+        command: Command,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Status {
+        reply: oneshot::Sender<EngineStatus>,
+    },
+    /// Every key this node knows to hold a value (for FLUSHALL).
+    Keys {
+        reply: oneshot::Sender<Vec<Key>>,
+    },
+}
+
+/// How connections reach the event loop. Cheap to clone.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<EngineRequest>,
+}
+
+const SHUTTING_DOWN: CommandError = CommandError::Unavailable("the node is shutting down");
+
+impl EngineHandle {
+    /// Submit a command; the returned receiver completes with its outcome.
+    pub async fn submit(&self, command: Command) -> oneshot::Receiver<Outcome> {
+        let (reply, rx) = oneshot::channel();
+        // If the loop is gone, `reply` is dropped with the request and `rx` reports it.
+        let _ = self.tx.send(EngineRequest::Command { command, reply }).await;
+        rx
+    }
+
+    pub async fn execute(&self, command: Command) -> Outcome {
+        self.submit(command).await.await.unwrap_or(Outcome::Error(SHUTTING_DOWN))
+    }
+
+    /// Submit all commands before waiting for any: they run concurrently (MGET, MSET, DEL).
+    pub async fn execute_all(&self, commands: Vec<Command>) -> Vec<Outcome> {
+        let mut pending = Vec::with_capacity(commands.len());
+        for command in commands {
+            pending.push(self.submit(command).await);
+        }
+        let mut outcomes = Vec::with_capacity(pending.len());
+        for rx in pending {
+            outcomes.push(rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN)));
+        }
+        outcomes
+    }
+
+    pub async fn status(&self) -> Option<EngineStatus> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(EngineRequest::Status { reply }).await.ok()?;
+        rx.await.ok()
+    }
+
+    pub async fn keys(&self) -> Vec<Key> {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(EngineRequest::Keys { reply }).await.is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+}
+
+/// Requests waiting for the event loop; connections wait when it is full.
+pub const REQUESTS_QUEUED_MAX: usize = 16 * 1024;
+/// Events handled per channel per turn after the first, before the outbox is performed.
+const EVENTS_PER_TURN_MAX: usize = 512;
+const TICK: Duration = Duration::from_millis(1);
+
+pub fn channel() -> (EngineHandle, mpsc::Receiver<EngineRequest>) {
+    let (tx, rx) = mpsc::channel(REQUESTS_QUEUED_MAX);
+    (EngineHandle { tx }, rx)
+}
+
+struct EventLoop<R: ServedReplica>
+where
+    R::Message: WireMessage + Send + 'static,
+{
+    replica: R,
+    transport: Transport<R::Message>,
+    outbox: Outbox<R::Message>,
+    pending: FxHashMap<ClientRequestId, oneshot::Sender<Outcome>>,
+    next_request: u64,
+    known_keys: FxHashSet<Key>,
+    origin: Instant,
+    last_tick: Time,
+}
+
+/// Run the event loop until `shutdown` turns true or every request sender is gone.
+pub async fn run<R>(
+    replica: R,
+    transport: Transport<R::Message>,
+    mut requests: mpsc::Receiver<EngineRequest>,
+    mut inbound: mpsc::Receiver<(NodeId, Vec<R::Message>)>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: ServedReplica,
+    R::Message: WireMessage + Send + 'static,
+{
+    let mut state = EventLoop {
+        replica,
+        transport,
+        outbox: Outbox::default(),
+        pending: FxHashMap::default(),
+        next_request: 0,
+        known_keys: FxHashSet::default(),
+        origin: Instant::now(),
+        last_tick: Time::ZERO,
+    };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    break;
+                }
+            }
+            request = requests.recv() => match request {
+                Some(request) => state.on_request(request),
+                None => break,
+            },
+            Some((from, messages)) = inbound.recv() => state.on_messages(from, messages),
+            _ = tick.tick() => {}
+        }
+        for _ in 0..EVENTS_PER_TURN_MAX {
+            let Ok((from, messages)) = inbound.try_recv() else { break };
+            state.on_messages(from, messages);
+        }
+        for _ in 0..EVENTS_PER_TURN_MAX {
+            let Ok(request) = requests.try_recv() else { break };
+            state.on_request(request);
+        }
+        state.maybe_tick();
+        state.perform_outbox();
+    }
+    // Dropping `state` drops the transport (its writers stop) and the pending oneshots (their
+    // clients see the node going away).
+}
+
+impl<R: ServedReplica> EventLoop<R>
+where
+    R::Message: WireMessage + Send + 'static,
+{
+    fn now(&self) -> Time {
+        Time::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    fn on_request(&mut self, request: EngineRequest) {
+        match request {
+            EngineRequest::Command { command, reply } => {
+                let id = ClientRequestId(self.next_request);
+                self.next_request += 1;
+                if command.is_update() && !self.known_keys.contains(command.key()) {
+                    self.known_keys.insert(command.key().clone());
+                }
+                self.pending.insert(id, reply);
+                let now = self.now();
+                self.replica.on_client(now, id, command, &mut self.outbox);
+                // Replies that are ready now (local reads) complete right away.
+                self.complete_replies();
+            }
+            EngineRequest::Status { reply } => {
+                let _ = reply.send(EngineStatus {
+                    me: self.replica.id(),
+                    protocol: self.replica.protocol_name(),
+                    view: self.replica.current_view(),
+                    operational: self.replica.operational(),
+                    keys: self.replica.keys_with_values(),
+                    pending_requests: self.pending.len(),
+                    counters: self.replica.counters(),
+                });
+            }
+            EngineRequest::Keys { reply } => {
+                let replica = &self.replica;
+                self.known_keys.retain(|key| replica.holds_value(key));
+                let _ = reply.send(self.known_keys.iter().cloned().collect());
+            }
+        }
+    }
+
+    fn on_messages(&mut self, from: NodeId, messages: Vec<R::Message>) {
+        let now = self.now();
+        for message in messages {
+            if let Some(key) = R::updated_key(&message) {
+                if !self.known_keys.contains(key) {
+                    self.known_keys.insert(key.clone());
+                }
+            }
+            self.replica.on_message(now, from, message, &mut self.outbox);
+        }
+        self.complete_replies();
+    }
+
+    fn maybe_tick(&mut self) {
+        let now = self.now();
+        if now.saturating_sub(self.last_tick) >= Time::from_nanos(TICK.as_nanos() as u64) {
+            self.last_tick = now;
+            self.replica.on_tick(now, &mut self.outbox);
+            self.complete_replies();
+        }
+    }
+
+    fn complete_replies(&mut self) {
+        for (id, outcome) in self.outbox.replies.drain(..) {
+            if let Some(reply) = self.pending.remove(&id) {
+                // The client may have gone away; the command still took effect.
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+
+    fn perform_outbox(&mut self) {
+        self.complete_replies();
+        self.transport.send_turn(&mut self.outbox.messages);
+    }
+}
