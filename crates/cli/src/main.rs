@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod node;
 mod sim;
 mod up;
@@ -21,6 +22,8 @@ enum Subcommands {
     Node(node::NodeArgs),
     /// Run protocol cores under the deterministic simulator with faults and check linearizability.
     Sim(sim::SimArgs),
+    /// Benchmarks: load generators and side-by-side comparisons with peers.
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -29,6 +32,7 @@ fn main() {
         Subcommands::Up(args) => up::run(args),
         Subcommands::Node(args) => node::run(args),
         Subcommands::Sim(args) => sim::run(args),
+        Subcommands::Bench(args) => bench::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),
