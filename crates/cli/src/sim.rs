@@ -65,13 +65,14 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
     let summary = sweep(&setup, args.replicas, &seeds, threads, &report);
     progress.finish_and_clear();
     println!(
-        "{}: {} seeds at {} replicas, {} operations checked, {} faults injected ({} crashes, {} partitions, {} lost, {} duplicated), {} violations, {} liveness failures{}",
+        "{}: {} seeds at {} replicas, {} operations checked, {} faults injected ({} crashes of which {} mid-broadcast, {} partitions, {} lost, {} duplicated), {} violations, {} liveness failures{}",
         summary.protocol,
         summary.seeds,
         summary.replicas,
         summary.ops_checked,
         summary.faults_injected,
         summary.faults.crashes,
+        summary.faults.crashes_mid_broadcast,
         summary.faults.partitions,
         summary.faults.messages_lost,
         summary.faults.messages_duplicated,

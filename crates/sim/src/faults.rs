@@ -41,6 +41,9 @@ pub struct Crash {
     #[serde(skip)]
     pub at: Time,
     pub node: u8,
+    /// Crash in the middle of a broadcast: from `at`, the node dies while performing its next
+    /// outbox that holds messages, after only a random subset of them left.
+    pub mid_broadcast: bool,
 }
 
 impl FaultPlan {
@@ -80,7 +83,7 @@ impl FaultPlan {
         let crashes = (0..crash_count)
             .map(|_| {
                 let node = nodes.remove(rng.below(nodes.len() as u64) as usize);
-                Crash { at: Time::from_micros(rng.below(phase_us)), node }
+                Crash { at: Time::from_micros(rng.below(phase_us)), node, mid_broadcast: rng.chance(0.5) }
             })
             .collect();
         FaultPlan {
@@ -142,6 +145,7 @@ pub struct FaultCounts {
     pub messages_blocked_by_partition: u64,
     pub partitions: u64,
     pub crashes: u64,
+    pub crashes_mid_broadcast: u64,
     pub views_installed: u64,
 }
 
@@ -162,6 +166,7 @@ impl FaultCounts {
         self.messages_blocked_by_partition += other.messages_blocked_by_partition;
         self.partitions += other.partitions;
         self.crashes += other.crashes;
+        self.crashes_mid_broadcast += other.crashes_mid_broadcast;
         self.views_installed += other.views_installed;
     }
 }

@@ -72,6 +72,8 @@ enum Event<M> {
     Tick(NodeId),
     ClientNext(u32),
     Crash(NodeId),
+    /// From now on, crash the node partway through its next outbox with messages.
+    ArmCrash(NodeId),
     InstallView(NodeId, View),
     PartitionStart(usize),
     PartitionHeal(usize),
@@ -121,6 +123,8 @@ struct Engine<P: Replica> {
     seq: u64,
     nodes: Vec<P>,
     crashed: Vec<bool>,
+    /// Nodes that die partway through their next outbox with messages.
+    crash_armed: Vec<bool>,
     /// `blocked[from][to]`: how many active partitions cut that directed link.
     blocked: Vec<Vec<u32>>,
     partition_active: Vec<bool>,
@@ -163,6 +167,7 @@ where
         seq: 0,
         nodes,
         crashed: vec![false; config.replicas],
+        crash_armed: vec![false; config.replicas],
         blocked: vec![vec![0; config.replicas]; config.replicas],
         partition_active: vec![false; plan.partitions.len()],
         plan,
@@ -210,7 +215,13 @@ where
         for index in 0..self.plan.crashes.len() {
             let crash = &self.plan.crashes[index];
             let (at, node) = (crash.at, NodeId(crash.node));
-            self.schedule(at, Event::Crash(node));
+            if crash.mid_broadcast {
+                self.schedule(at, Event::ArmCrash(node));
+                // A node with nothing to send still dies, a little later.
+                self.schedule(at + Time::from_millis(20), Event::Crash(node));
+            } else {
+                self.schedule(at, Event::Crash(node));
+            }
         }
         self.schedule(self.plan.phase, Event::FaultPhaseEnd);
     }
@@ -240,6 +251,11 @@ where
             Event::Tick(node) => self.tick(node),
             Event::ClientNext(client) => self.client_next(client),
             Event::Crash(node) => self.crash(node),
+            Event::ArmCrash(node) => {
+                if !self.quiescent {
+                    self.crash_armed[node.index()] = true;
+                }
+            }
             Event::InstallView(node, view) => self.install_view(node, view),
             Event::PartitionStart(index) => self.partition_start(index),
             Event::PartitionHeal(index) => self.partition_heal(index),
@@ -298,11 +314,22 @@ where
     /// Do what a replica asked for: send its messages, hand replies to clients.
     fn perform_outbox(&mut self, node: NodeId) {
         let mut outbox = std::mem::take(&mut self.outbox);
+        let dies_now = self.crash_armed[node.index()] && !outbox.messages.is_empty();
         for (destination, message) in outbox.messages.drain(..) {
             for to in destination.nodes().iter() {
                 debug_assert_ne!(to, node, "a replica never sends to itself");
+                if dies_now && self.rng.chance(0.5) {
+                    continue; // Never left: the node died mid-broadcast.
+                }
                 self.send(node, to, message.clone());
             }
+        }
+        if dies_now {
+            outbox.replies.clear(); // A dead node answers no one.
+            self.outbox = outbox;
+            self.counts.crashes_mid_broadcast += 1;
+            self.crash(node);
+            return;
         }
         for (request, outcome) in outbox.replies.drain(..) {
             self.complete(request, outcome);
@@ -334,6 +361,13 @@ where
     }
 
     fn end_fault_phase(&mut self) {
+        // A crash armed for mid-broadcast that found nothing to send happens now, while
+        // crashes are still allowed.
+        for node in 0..self.config.replicas as u8 {
+            if self.crash_armed[node as usize] {
+                self.crash(NodeId(node));
+            }
+        }
         self.quiescent = true;
         for index in 0..self.partition_active.len() {
             self.partition_heal(index);
@@ -358,6 +392,7 @@ where
             return;
         }
         self.crashed[node.index()] = true;
+        self.crash_armed[node.index()] = false;
         self.counts.crashes += 1;
         self.trace(|| format!("{node} crashes"));
         // Its clients see the connection drop: the outcome of what they sent is unknown.
