@@ -1,0 +1,320 @@
+//! The membership node: one per replica, driven by the runtime like a protocol core.
+
+use std::collections::VecDeque;
+
+use chorus_core::{Epoch, NodeId, NodeSet, Time, View};
+use raft::prelude::{ConfState, Entry, EntryType};
+use raft::storage::MemStorage;
+use raft::{Config, RawNode, StateRole};
+
+use crate::message::MembershipMessage;
+
+#[derive(Clone, Debug)]
+pub struct MembershipConfig {
+    pub me: NodeId,
+    /// The cluster: Raft voters, and the first view's live set.
+    pub members: NodeSet,
+    pub heartbeat_period: Time,
+    /// A live node that misses this many heartbeat periods is suspected.
+    pub missed_heartbeats_max: u32,
+    /// How long a majority-acknowledged heartbeat keeps its sender serving.
+    pub lease: Time,
+    /// Added to every promise: covers clock-rate drift between nodes over one lease.
+    pub drift_margin: Time,
+    pub raft_tick_period: Time,
+}
+
+impl MembershipConfig {
+    /// Defaults: suspicion after 4 x 50 ms, a 300 ms lease and a 30 ms margin, so a dead
+    /// node is removed, and the survivors serve writes again, within about 0.4 s.
+    pub fn new(me: NodeId, members: NodeSet) -> MembershipConfig {
+        MembershipConfig {
+            me,
+            members,
+            heartbeat_period: Time::from_millis(50),
+            missed_heartbeats_max: 4,
+            lease: Time::from_millis(300),
+            drift_margin: Time::from_millis(30),
+            raft_tick_period: Time::from_millis(10),
+        }
+    }
+
+    /// The longest a client can see writes stall after a node dies: detection, then the
+    /// promise to the dead node running out.
+    pub fn failover_bound(&self) -> Time {
+        let detection = Time::from_nanos(self.heartbeat_period.as_nanos() * self.missed_heartbeats_max as u64);
+        detection.max(self.lease + self.drift_margin) + self.heartbeat_period
+    }
+}
+
+/// Something the runtime must act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipEvent {
+    /// Hand this view to the protocol core (`Replica::on_view`).
+    ViewInstalled(View),
+}
+
+#[derive(Default, Debug)]
+pub struct MembershipOutbox {
+    pub messages: Vec<(NodeId, MembershipMessage)>,
+    pub events: Vec<MembershipEvent>,
+}
+
+struct SentHeartbeat {
+    seq: u64,
+    sent_at: Time,
+    acks: NodeSet,
+}
+
+pub struct Membership {
+    config: MembershipConfig,
+    raft: RawNode<MemStorage>,
+    next_raft_tick: Time,
+    /// The newest view the Raft log has decided.
+    decided: View,
+    /// Views decided but not installed yet: each waits until this node's promise to the
+    /// node it removes has run out.
+    to_install: VecDeque<(View, NodeId)>,
+    /// The view this node acts in.
+    installed: View,
+    lease_until: Option<Time>,
+    heartbeat_seq: u64,
+    next_heartbeat: Time,
+    heartbeats_sent: VecDeque<SentHeartbeat>,
+    last_heard: [Time; NodeId::COUNT_MAX],
+    promised_until: [Time; NodeId::COUNT_MAX],
+    removal_proposed: [Option<(Epoch, Time)>; NodeId::COUNT_MAX],
+}
+
+/// Raft ids must be non-zero.
+fn raft_id(node: NodeId) -> u64 {
+    node.0 as u64 + 1
+}
+
+fn node_of(raft_id: u64) -> Option<NodeId> {
+    u8::try_from(raft_id.checked_sub(1)?).ok().map(NodeId)
+}
+
+impl Membership {
+    pub fn new(config: MembershipConfig, now: Time) -> Membership {
+        assert!(config.members.contains(config.me), "a node is a member of its own cluster");
+        let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
+        let storage = MemStorage::new_with_conf_state(ConfState::from((voters, vec![])));
+        // raft-rs draws election timeouts from a thread-local RNG, which would make the
+        // simulator non-deterministic. A fixed, per-node timeout (min = max - 1) keeps it
+        // deterministic, and staggering it by node id avoids endless split votes.
+        let election_tick = 10 + 3 * config.me.index();
+        let raft_config = Config {
+            id: raft_id(config.me),
+            election_tick,
+            heartbeat_tick: 3,
+            min_election_tick: election_tick,
+            max_election_tick: election_tick + 1,
+            pre_vote: true,
+            check_quorum: true,
+            ..Default::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raft = RawNode::new(&raft_config, storage, &logger).expect("valid raft config");
+        let view = View { epoch: Epoch(1), live: config.members };
+        Membership {
+            next_raft_tick: now + config.raft_tick_period,
+            next_heartbeat: now,
+            raft,
+            decided: view,
+            to_install: VecDeque::new(),
+            installed: view,
+            lease_until: None,
+            heartbeat_seq: 0,
+            heartbeats_sent: VecDeque::new(),
+            last_heard: [now; NodeId::COUNT_MAX],
+            promised_until: [Time::ZERO; NodeId::COUNT_MAX],
+            removal_proposed: [None; NodeId::COUNT_MAX],
+            config,
+        }
+    }
+
+    pub fn view(&self) -> View {
+        self.installed
+    }
+
+    /// Until when this node may serve. `None`: no lease yet.
+    pub fn lease_until(&self) -> Option<Time> {
+        self.lease_until
+    }
+
+    pub fn holds_lease(&self, now: Time) -> bool {
+        self.lease_until.is_some_and(|until| now < until)
+    }
+
+    pub fn is_raft_leader(&self) -> bool {
+        self.raft.raft.state == StateRole::Leader
+    }
+
+    fn majority(&self) -> usize {
+        self.config.members.len() / 2 + 1
+    }
+
+    pub fn on_tick(&mut self, now: Time, out: &mut MembershipOutbox) {
+        while now >= self.next_raft_tick {
+            self.raft.tick();
+            self.next_raft_tick = self.next_raft_tick + self.config.raft_tick_period;
+        }
+        if now >= self.next_heartbeat {
+            self.send_heartbeats(now, out);
+            self.next_heartbeat = now + self.config.heartbeat_period;
+        }
+        if self.is_raft_leader() {
+            self.propose_removals(now);
+        }
+        self.handle_ready(out);
+        self.install_due_views(now, out);
+    }
+
+    pub fn on_message(&mut self, now: Time, from: NodeId, message: MembershipMessage, out: &mut MembershipOutbox) {
+        if !self.config.members.contains(from) {
+            return; // Not one of ours: the transport's handshake should have refused it.
+        }
+        match message {
+            MembershipMessage::Raft(message) => {
+                // A malformed or stale message is the sender's problem, not a reason to stop.
+                let _ = self.raft.step(message);
+            }
+            MembershipMessage::Heartbeat { seq } => self.on_heartbeat(now, from, seq, out),
+            MembershipMessage::HeartbeatAck { seq } => self.on_heartbeat_ack(from, seq),
+        }
+        self.handle_ready(out);
+        self.install_due_views(now, out);
+    }
+
+    // ------------------------------------------------------------------ leases
+
+    fn send_heartbeats(&mut self, now: Time, out: &mut MembershipOutbox) {
+        self.heartbeat_seq += 1;
+        let seq = self.heartbeat_seq;
+        self.heartbeats_sent.push_back(SentHeartbeat { seq, sent_at: now, acks: NodeSet::single(self.config.me) });
+        // Acknowledgements older than a lease cannot extend it any more.
+        while self.heartbeats_sent.front().is_some_and(|sent| sent.sent_at + self.config.lease < now) {
+            self.heartbeats_sent.pop_front();
+        }
+        for member in self.config.members.without(self.config.me).iter() {
+            out.messages.push((member, MembershipMessage::Heartbeat { seq }));
+        }
+        self.grant_lease_if_majority(seq);
+    }
+
+    fn on_heartbeat(&mut self, now: Time, from: NodeId, seq: u64, out: &mut MembershipOutbox) {
+        self.last_heard[from.index()] = now;
+        // Only a node that is still live in the newest decided view gets a promise: a node
+        // being removed must let its lease run out, or the removal could never be installed.
+        if !self.decided.live.contains(from) {
+            return;
+        }
+        let promise = now + self.config.lease + self.config.drift_margin;
+        self.promised_until[from.index()] = self.promised_until[from.index()].max(promise);
+        out.messages.push((from, MembershipMessage::HeartbeatAck { seq }));
+    }
+
+    fn on_heartbeat_ack(&mut self, from: NodeId, seq: u64) {
+        if let Some(sent) = self.heartbeats_sent.iter_mut().find(|sent| sent.seq == seq) {
+            sent.acks.insert(from);
+        }
+        self.grant_lease_if_majority(seq);
+    }
+
+    fn grant_lease_if_majority(&mut self, seq: u64) {
+        let majority = self.majority();
+        let Some(sent) = self.heartbeats_sent.iter().find(|sent| sent.seq == seq) else { return };
+        if sent.acks.len() >= majority {
+            let until = sent.sent_at + self.config.lease;
+            self.lease_until = Some(self.lease_until.map_or(until, |current| current.max(until)));
+        }
+    }
+
+    // ------------------------------------------------------------------ views
+
+    fn propose_removals(&mut self, now: Time) {
+        let silence_max =
+            Time::from_nanos(self.config.heartbeat_period.as_nanos() * self.config.missed_heartbeats_max as u64);
+        let epoch = self.decided.epoch;
+        for node in self.decided.live.without(self.config.me).iter() {
+            let silent = now.saturating_sub(self.last_heard[node.index()]) > silence_max;
+            let promise_expired = now >= self.promised_until[node.index()];
+            // Re-propose at most once a lease per epoch: a proposal can be lost with a leader.
+            let recently = self.removal_proposed[node.index()]
+                .is_some_and(|(at_epoch, at)| at_epoch == epoch && now < at + self.config.lease);
+            if silent && promise_expired && !recently {
+                let mut data = vec![node.0];
+                data.extend_from_slice(&epoch.0.to_le_bytes());
+                if self.raft.propose(vec![], data).is_ok() {
+                    self.removal_proposed[node.index()] = Some((epoch, now));
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, entry: &Entry) {
+        if entry.get_entry_type() != EntryType::EntryNormal || entry.data.len() != 9 {
+            return; // Leader no-ops and anything else carry no view change.
+        }
+        let node = NodeId(entry.data[0]);
+        let epoch = Epoch(u64::from_le_bytes(entry.data[1..9].try_into().expect("9 bytes")));
+        // Proposals made against an older view are stale: the decision is deterministic at
+        // every member because it only depends on the log.
+        if epoch != self.decided.epoch || !self.decided.live.contains(node) || node.index() >= NodeId::COUNT_MAX {
+            return;
+        }
+        self.decided = View { epoch: Epoch(epoch.0 + 1), live: self.decided.live.without(node) };
+        self.to_install.push_back((self.decided, node));
+    }
+
+    fn install_due_views(&mut self, now: Time, out: &mut MembershipOutbox) {
+        while let Some(&(view, removed)) = self.to_install.front() {
+            if removed != self.config.me && now < self.promised_until[removed.index()] {
+                break;
+            }
+            self.to_install.pop_front();
+            self.installed = view;
+            out.events.push(MembershipEvent::ViewInstalled(view));
+        }
+    }
+
+    // ------------------------------------------------------------------ raft plumbing
+
+    fn send_raft(&self, messages: Vec<raft::prelude::Message>, out: &mut MembershipOutbox) {
+        for message in messages {
+            if let Some(to) = node_of(message.to) {
+                out.messages.push((to, MembershipMessage::Raft(message)));
+            }
+        }
+    }
+
+    /// The raft-rs 0.7 Ready cycle: send, persist, apply, advance, then the light ready.
+    fn handle_ready(&mut self, out: &mut MembershipOutbox) {
+        if !self.raft.has_ready() {
+            return;
+        }
+        let mut ready = self.raft.ready();
+        self.send_raft(ready.take_messages(), out);
+        for entry in ready.take_committed_entries() {
+            self.apply(&entry);
+        }
+        let store = self.raft.raft.raft_log.store.clone();
+        if !ready.entries().is_empty() {
+            store.wl().append(ready.entries()).expect("append to the in-memory log");
+        }
+        if let Some(hard_state) = ready.hs() {
+            store.wl().set_hardstate(hard_state.clone());
+        }
+        self.send_raft(ready.take_persisted_messages(), out);
+        let mut light = self.raft.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            store.wl().mut_hard_state().set_commit(commit);
+        }
+        self.send_raft(light.take_messages(), out);
+        for entry in light.take_committed_entries() {
+            self.apply(&entry);
+        }
+        self.raft.advance_apply();
+    }
+}

@@ -1,0 +1,181 @@
+//! Membership under crashes and partitions, on a deterministic in-memory network. The
+//! property that matters (Hermes §2.4): a node that is removed from the view has stopped
+//! serving (its lease expired) before any survivor installs the view without it.
+
+use chorus_core::{Epoch, NodeId, NodeSet, Time};
+use chorus_membership::{Membership, MembershipConfig, MembershipEvent, MembershipMessage, MembershipOutbox};
+
+struct Cluster {
+    nodes: Vec<Membership>,
+    config: MembershipConfig,
+    now: Time,
+    crashed: Vec<bool>,
+    /// `blocked[from][to]`: messages on that directed link are dropped.
+    blocked: Vec<Vec<bool>>,
+    in_flight: Vec<(Time, NodeId, NodeId, MembershipMessage)>,
+    installed_at: Vec<Vec<(Time, Epoch, NodeSet)>>,
+}
+
+const LINK_DELAY: Time = Time::from_micros(300);
+const STEP: Time = Time::from_millis(1);
+
+impl Cluster {
+    fn new(size: u8) -> Cluster {
+        let members: NodeSet = (0..size).map(NodeId).collect();
+        let config = MembershipConfig::new(NodeId(0), members);
+        let nodes = (0..size)
+            .map(|n| Membership::new(MembershipConfig { me: NodeId(n), ..config.clone() }, Time::ZERO))
+            .collect();
+        let size = size as usize;
+        Cluster {
+            nodes,
+            config,
+            now: Time::ZERO,
+            crashed: vec![false; size],
+            blocked: vec![vec![false; size]; size],
+            in_flight: Vec::new(),
+            installed_at: vec![Vec::new(); size],
+        }
+    }
+
+    fn perform(&mut self, from: usize, out: MembershipOutbox) {
+        for (to, message) in out.messages {
+            if !self.blocked[from][to.index()] {
+                self.in_flight.push((self.now + LINK_DELAY, NodeId(from as u8), to, message));
+            }
+        }
+        for MembershipEvent::ViewInstalled(view) in out.events {
+            self.installed_at[from].push((self.now, view.epoch, view.live));
+        }
+    }
+
+    fn run_for(&mut self, duration: Time) {
+        let end = self.now + duration;
+        while self.now < end {
+            self.now = self.now + STEP;
+            let (due, later): (Vec<_>, Vec<_>) = self.in_flight.drain(..).partition(|m| m.0 <= self.now);
+            self.in_flight = later;
+            for (_, from, to, message) in due {
+                if self.crashed[to.index()] || self.blocked[from.index()][to.index()] {
+                    continue;
+                }
+                let mut out = MembershipOutbox::default();
+                self.nodes[to.index()].on_message(self.now, from, message, &mut out);
+                self.perform(to.index(), out);
+            }
+            for node in 0..self.nodes.len() {
+                if !self.crashed[node] {
+                    let mut out = MembershipOutbox::default();
+                    self.nodes[node].on_tick(self.now, &mut out);
+                    self.perform(node, out);
+                }
+            }
+        }
+    }
+
+    /// When the first survivor installed a view without `node`.
+    fn first_install_without(&self, node: usize) -> Option<Time> {
+        self.installed_at
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| *n != node)
+            .flat_map(|(_, views)| views.iter())
+            .filter(|(_, _, live)| !live.contains(NodeId(node as u8)))
+            .map(|(at, _, _)| *at)
+            .min()
+    }
+}
+
+#[test]
+fn healthy_cluster_keeps_its_view_and_every_node_holds_a_lease() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(3_000));
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        assert_eq!(node.view().epoch, Epoch(1), "node {n} changed view with no failure");
+        assert!(node.holds_lease(cluster.now), "node {n} has no lease");
+    }
+    assert_eq!(cluster.nodes.iter().filter(|node| node.is_raft_leader()).count(), 1);
+}
+
+#[test]
+fn a_crashed_node_is_removed_within_the_failover_bound() {
+    for size in [3u8, 5] {
+        let mut cluster = Cluster::new(size);
+        cluster.run_for(Time::from_millis(1_000));
+        let crash_at = cluster.now;
+        let victim = (size - 1) as usize;
+        cluster.crashed[victim] = true;
+        cluster.run_for(Time::from_millis(3_000));
+        for n in (0..size as usize).filter(|n| *n != victim) {
+            let view = cluster.nodes[n].view();
+            assert_eq!(view.epoch, Epoch(2), "size {size}: node {n} did not move on");
+            assert!(!view.live.contains(NodeId(victim as u8)));
+        }
+        let installed = cluster.first_install_without(victim).expect("view installed");
+        let bound = cluster.config.failover_bound() + Time::from_millis(100); // + a Raft round and election
+        assert!(
+            installed - crash_at <= bound,
+            "size {size}: survivors moved on after {:?}, bound {:?}",
+            installed - crash_at,
+            bound
+        );
+    }
+}
+
+#[test]
+fn a_crashed_raft_leader_is_removed_too() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(1_000));
+    let leader = cluster.nodes.iter().position(|node| node.is_raft_leader()).expect("a leader");
+    cluster.crashed[leader] = true;
+    cluster.run_for(Time::from_millis(3_000));
+    for n in (0..3).filter(|n| *n != leader) {
+        assert!(!cluster.nodes[n].view().live.contains(NodeId(leader as u8)));
+    }
+}
+
+#[test]
+fn a_partitioned_node_stops_serving_before_the_others_move_on() {
+    // One-way partition: the victim still hears everyone, but nobody hears it. What it
+    // hears does not keep its lease alive: only acknowledged heartbeats do.
+    for size in [3u8, 5] {
+        let mut cluster = Cluster::new(size);
+        cluster.run_for(Time::from_millis(1_000));
+        let victim = 0usize;
+        for other in 1..size as usize {
+            cluster.blocked[victim][other] = true;
+        }
+        let mut lease_lost_at = None;
+        for _ in 0..3_000 {
+            cluster.run_for(STEP);
+            if lease_lost_at.is_none() && !cluster.nodes[victim].holds_lease(cluster.now) {
+                lease_lost_at = Some(cluster.now);
+            }
+        }
+        let lease_lost_at = lease_lost_at.expect("the victim's lease ran out");
+        let moved_on_at = cluster.first_install_without(victim).expect("the others removed the victim");
+        assert!(
+            lease_lost_at < moved_on_at,
+            "size {size}: lease lost at {lease_lost_at:?}, others moved on at {moved_on_at:?}"
+        );
+    }
+}
+
+#[test]
+fn a_removed_node_is_not_granted_a_lease_after_the_partition_heals() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(1_000));
+    for other in 1..3 {
+        cluster.blocked[0][other] = true;
+        cluster.blocked[other][0] = true;
+    }
+    cluster.run_for(Time::from_millis(2_000));
+    assert!(!cluster.nodes[1].view().live.contains(NodeId(0)));
+    for other in 1..3 {
+        cluster.blocked[0][other] = false;
+        cluster.blocked[other][0] = false;
+    }
+    cluster.run_for(Time::from_millis(2_000));
+    assert!(!cluster.nodes[0].holds_lease(cluster.now), "a removed node must not serve again");
+    assert!(!cluster.nodes[0].view().live.contains(NodeId(0)), "it learns its removal from the log");
+}
