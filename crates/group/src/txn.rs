@@ -1,0 +1,437 @@
+//! The replicated-transaction API of HyperLoop §5 on top of the group primitives.
+//!
+//! Every member's region holds the same layout ([`TxnLayout`]): a lock word, the log head, a
+//! circular write-ahead log and the database. The caller (transaction coordinator) drives it:
+//!
+//! * [`Txn::append`]: a redo record (a list of `(data, db offset)` entries) is written into
+//!   the log of every member with one gWRITE carrying an interleaved gFLUSH, so it is durable
+//!   everywhere when `append` returns;
+//! * [`Txn::execute_and_advance`]: for the oldest unexecuted record, one gMEMCPY + gFLUSH per
+//!   entry copies the data from the log to the database of every member, then a gWRITE +
+//!   gFLUSH advances the log head. Re-executing a record after a failure is harmless: the
+//!   copies are idempotent and the log space is not reused until the head moves past it;
+//! * [`Txn::wr_lock`] / [`Txn::wr_unlock`]: a group write lock by gCAS on the lock word of
+//!   every member; a partial success is undone with a second gCAS on exactly the members
+//!   that swapped;
+//! * [`Txn::rd_lock`] / [`Txn::rd_unlock`]: a reader count in the lock word of one member
+//!   (read locks are not group-wide), incompatible with the write lock;
+//! * [`Txn::read`]: a lock-free read of the database at one member (the head or the tail).
+//!
+//! Record format in the log: `lsn u64 | entries u32 | body_bytes u32`, then per entry
+//! `db_offset u64 | len u32 | 0 u32 | data`. All integers little-endian. A record never
+//! straddles the end of the log: it starts at the log's beginning instead.
+
+use std::collections::VecDeque;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::op::{GroupError, OpOutcome, Operation};
+
+/// The writer bit of the lock word; the low 32 bits count readers (at one member) or hold the
+/// writer's owner id.
+pub const WRITER_BIT: u64 = 1 << 63;
+const RECORD_HEADER_BYTES: u64 = 16;
+const ENTRY_HEADER_BYTES: u64 = 16;
+/// gCAS attempts of a read lock or unlock before giving up.
+const READ_LOCK_ATTEMPTS_MAX: usize = 16;
+
+/// Where things live in every member's region.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TxnLayout {
+    pub lock_offset: u64,
+    pub head_offset: u64,
+    pub log_offset: u64,
+    pub log_bytes: u64,
+    pub db_offset: u64,
+    pub db_bytes: u64,
+}
+
+impl TxnLayout {
+    /// Lock word at 0, log head at 8, the log from 64, the database after it.
+    pub fn new(log_bytes: u64, db_bytes: u64) -> TxnLayout {
+        TxnLayout {
+            lock_offset: 0,
+            head_offset: 8,
+            log_offset: 64,
+            log_bytes,
+            db_offset: 64 + log_bytes,
+            db_bytes,
+        }
+    }
+    /// The region size this layout needs.
+    pub fn region_bytes(&self) -> u64 {
+        self.db_offset + self.db_bytes
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum TxnError {
+    #[error(transparent)]
+    Group(#[from] GroupError),
+    #[error("the log is full: the record needs {needed} bytes, {free} are free; execute records first")]
+    LogFull { needed: u64, free: u64 },
+    #[error("a record of {len} bytes cannot fit in a log of {log_bytes}")]
+    RecordTooLarge { len: u64, log_bytes: u64 },
+    #[error("entry of {len} bytes at database offset {offset} is outside the {db_bytes}-byte database")]
+    EntryOutOfBounds { offset: u64, len: u64, db_bytes: u64 },
+    #[error("lock not held: {0}")]
+    LockNotHeld(String),
+    #[error("no member at chain position {0}")]
+    NoSuchMember(usize),
+    #[error("unexpected group reply: {0}")]
+    Protocol(String),
+}
+
+/// What the transaction API needs from a group: pipelined execution, and a local read of one
+/// member's region (the tenant maps its region; HyperLoop's one-sided read).
+pub trait GroupExecutor {
+    /// Submit `operations` in order, pipelined, and wait for every one.
+    fn execute(&mut self, operations: Vec<Operation>) -> Vec<Result<OpOutcome, GroupError>>;
+    fn read(&mut self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError>;
+    fn chain_len(&self) -> usize;
+}
+
+impl<E: GroupExecutor + ?Sized> GroupExecutor for &mut E {
+    fn execute(&mut self, operations: Vec<Operation>) -> Vec<Result<OpOutcome, GroupError>> {
+        (**self).execute(operations)
+    }
+    fn read(&mut self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError> {
+        (**self).read(position, offset, len)
+    }
+    fn chain_len(&self) -> usize {
+        (**self).chain_len()
+    }
+}
+
+impl GroupExecutor for crate::sim::SimCluster {
+    fn execute(&mut self, operations: Vec<Operation>) -> Vec<Result<OpOutcome, GroupError>> {
+        crate::sim::SimCluster::execute(self, operations)
+    }
+    fn read(&mut self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError> {
+        use chorus_region::RegionMemory;
+        let member = self.members.get(position).ok_or(TxnError::NoSuchMember(position))?;
+        member.memory().read_vec(offset, len).map_err(|e| TxnError::Protocol(e.to_string()))
+    }
+    fn chain_len(&self) -> usize {
+        self.members.len()
+    }
+}
+
+struct Appended {
+    lsn: u64,
+    end: u64,
+    /// (source in the region, destination in the region, length)
+    copies: Vec<(u64, u64, u64)>,
+}
+
+/// A transaction coordinator on one group.
+pub struct Txn<E: GroupExecutor> {
+    executor: E,
+    layout: TxnLayout,
+    owner: u32,
+    head: u64,
+    tail: u64,
+    records: VecDeque<Appended>,
+}
+
+fn one(mut results: Vec<Result<OpOutcome, GroupError>>) -> Result<OpOutcome, TxnError> {
+    results.pop().ok_or_else(|| TxnError::Protocol("no result".to_string()))?.map_err(TxnError::from)
+}
+
+impl<E: GroupExecutor> Txn<E> {
+    /// `owner` identifies this coordinator in the write-lock word (non-zero).
+    pub fn new(executor: E, layout: TxnLayout, owner: u32) -> Txn<E> {
+        Txn { executor, layout, owner, head: 0, tail: 0, records: VecDeque::new() }
+    }
+
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+    pub fn executor_mut(&mut self) -> &mut E {
+        &mut self.executor
+    }
+    pub fn layout(&self) -> TxnLayout {
+        self.layout
+    }
+    /// Log sequence numbers: the head (oldest unexecuted byte) and the tail.
+    pub fn log_bounds(&self) -> (u64, u64) {
+        (self.head, self.tail)
+    }
+    pub fn unexecuted_records(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Append a redo record to every member's log, durably. Returns its log sequence number.
+    pub fn append(&mut self, entries: &[(u64, Bytes)]) -> Result<u64, TxnError> {
+        let log_bytes = self.layout.log_bytes;
+        let mut len = RECORD_HEADER_BYTES;
+        for (offset, data) in entries {
+            let data_len = data.len() as u64;
+            if offset.checked_add(data_len).is_none_or(|end| end > self.layout.db_bytes) {
+                return Err(TxnError::EntryOutOfBounds {
+                    offset: *offset,
+                    len: data_len,
+                    db_bytes: self.layout.db_bytes,
+                });
+            }
+            len += ENTRY_HEADER_BYTES + data_len;
+        }
+        if len > log_bytes {
+            return Err(TxnError::RecordTooLarge { len, log_bytes });
+        }
+        let position = self.tail % log_bytes;
+        let start = if position + len > log_bytes { self.tail + (log_bytes - position) } else { self.tail };
+        let end = start + len;
+        if end - self.head > log_bytes {
+            return Err(TxnError::LogFull { needed: len, free: log_bytes - (self.tail - self.head) });
+        }
+        let base = self.layout.log_offset + start % log_bytes;
+        let mut record = BytesMut::with_capacity(len as usize);
+        record.put_u64_le(start);
+        record.put_u32_le(entries.len() as u32);
+        record.put_u32_le((len - RECORD_HEADER_BYTES) as u32);
+        let mut copies = Vec::with_capacity(entries.len());
+        for (offset, data) in entries {
+            record.put_u64_le(*offset);
+            record.put_u32_le(data.len() as u32);
+            record.put_u32_le(0);
+            copies.push((base + record.len() as u64, self.layout.db_offset + offset, data.len() as u64));
+            record.put_slice(data);
+        }
+        one(self.executor.execute(vec![Operation::write(base, record.freeze()).durable()]))?;
+        self.tail = end;
+        self.records.push_back(Appended { lsn: start, end, copies });
+        Ok(start)
+    }
+
+    /// Execute the oldest unexecuted record on every member and advance the log head.
+    /// Returns the record's log sequence number, or `None` when the log is empty.
+    pub fn execute_and_advance(&mut self) -> Result<Option<u64>, TxnError> {
+        let Some(record) = self.records.front() else { return Ok(None) };
+        let mut operations: Vec<Operation> =
+            record.copies.iter().map(|&(src, dst, len)| Operation::memcpy(src, dst, len).durable()).collect();
+        let new_head = record.end;
+        operations.push(Operation::write(self.layout.head_offset, new_head.to_le_bytes().to_vec()).durable());
+        for result in self.executor.execute(operations) {
+            result?;
+        }
+        let lsn = record.lsn;
+        self.records.pop_front();
+        self.head = if self.records.is_empty() { self.tail } else { new_head };
+        Ok(Some(lsn))
+    }
+
+    fn writer_word(&self) -> u64 {
+        WRITER_BIT | self.owner as u64
+    }
+
+    /// Try to take the group write lock. `Ok(false)`: some member's lock word was taken (by a
+    /// writer or readers); the members that did swap were rolled back.
+    pub fn wr_lock(&mut self) -> Result<bool, TxnError> {
+        let all = self.all_members();
+        let word = self.writer_word();
+        let outcome =
+            one(self.executor.execute(vec![Operation::cas(self.layout.lock_offset, 0, word, all)]))?;
+        let swapped = outcome.swapped_map(0);
+        if swapped == all {
+            return Ok(true);
+        }
+        if swapped != 0 {
+            // Undo the partial success (HyperLoop §4.2): swap back exactly where it swapped.
+            let undo =
+                one(self.executor.execute(vec![Operation::cas(self.layout.lock_offset, word, 0, swapped)]))?;
+            if undo.swapped_map(word) != swapped {
+                return Err(TxnError::Protocol(format!("undo of a partial write lock touched {undo:?}")));
+            }
+        }
+        Ok(false)
+    }
+
+    pub fn wr_unlock(&mut self) -> Result<(), TxnError> {
+        let all = self.all_members();
+        let word = self.writer_word();
+        let outcome =
+            one(self.executor.execute(vec![Operation::cas(self.layout.lock_offset, word, 0, all)]))?;
+        if outcome.swapped_map(word) != all {
+            return Err(TxnError::LockNotHeld(format!("write lock words were {:?}", outcome.result_map)));
+        }
+        Ok(())
+    }
+
+    /// Take a read lock at the member at `position` only. `Ok(false)`: it is write-locked.
+    pub fn rd_lock(&mut self, position: usize) -> Result<bool, TxnError> {
+        let bit = self.member_bit(position)?;
+        let mut guess = 0u64;
+        for _ in 0..READ_LOCK_ATTEMPTS_MAX {
+            let next =
+                guess.checked_add(1).ok_or_else(|| TxnError::Protocol("reader count overflow".into()))?;
+            let outcome =
+                one(self.executor.execute(vec![Operation::cas(self.layout.lock_offset, guess, next, bit)]))?;
+            let original = outcome.result_map.get(position).copied().flatten().unwrap_or(guess);
+            if original == guess {
+                return Ok(true);
+            }
+            if original & WRITER_BIT != 0 {
+                return Ok(false);
+            }
+            guess = original;
+        }
+        Ok(false)
+    }
+
+    pub fn rd_unlock(&mut self, position: usize) -> Result<(), TxnError> {
+        let bit = self.member_bit(position)?;
+        let mut guess = 1u64;
+        for _ in 0..READ_LOCK_ATTEMPTS_MAX {
+            let outcome = one(self.executor.execute(vec![Operation::cas(
+                self.layout.lock_offset,
+                guess,
+                guess - 1,
+                bit,
+            )]))?;
+            let original = outcome.result_map.get(position).copied().flatten().unwrap_or(guess);
+            if original == guess {
+                return Ok(());
+            }
+            if original == 0 || original & WRITER_BIT != 0 {
+                return Err(TxnError::LockNotHeld(format!("no read lock at member {position}")));
+            }
+            guess = original;
+        }
+        Err(TxnError::Protocol("read unlock kept racing".to_string()))
+    }
+
+    /// Lock-free read of `len` database bytes at `offset`, at the member at `position`.
+    pub fn read(&mut self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.layout.db_bytes) {
+            return Err(TxnError::EntryOutOfBounds { offset, len, db_bytes: self.layout.db_bytes });
+        }
+        self.executor.read(position, self.layout.db_offset + offset, len)
+    }
+
+    fn all_members(&self) -> u64 {
+        let n = self.executor.chain_len();
+        if n >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << n) - 1
+        }
+    }
+
+    fn member_bit(&self, position: usize) -> Result<u64, TxnError> {
+        if position >= self.executor.chain_len() {
+            return Err(TxnError::NoSuchMember(position));
+        }
+        Ok(1u64 << position)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caller::CallerConfig;
+    use crate::sim::{NetFaults, SimCluster};
+    use chorus_core::Time;
+    use chorus_region::RegionMemory;
+
+    fn cluster(members: usize, layout: TxnLayout, faults: NetFaults) -> SimCluster {
+        let caller =
+            CallerConfig { retransmit_after: Time::from_millis(5), attempts_max: 10_000, window_max: 8 };
+        SimCluster::new(7, members, layout.region_bytes(), caller, faults)
+    }
+
+    fn lossy() -> NetFaults {
+        NetFaults { loss: 0.1, duplicate: 0.1, reorder: 0.2, delay_min_us: 20, delay_spread_us: 300 }
+    }
+
+    #[test]
+    fn append_and_execute_replicate_a_table_durably() {
+        for faults in [NetFaults::none(), lossy()] {
+            let layout = TxnLayout::new(256, 128);
+            let mut txn = Txn::new(cluster(3, layout, faults), layout, 1);
+            for round in 0..20u8 {
+                let entries = vec![
+                    ((round as u64 % 8) * 8, Bytes::from(vec![round; 8])),
+                    (100, Bytes::from(format!("row{round:02}"))),
+                ];
+                txn.append(&entries).unwrap();
+                if round % 3 == 2 {
+                    while txn.execute_and_advance().unwrap().is_some() {}
+                }
+            }
+            while txn.execute_and_advance().unwrap().is_some() {}
+            let (head, tail) = txn.log_bounds();
+            assert_eq!(head, tail, "everything executed");
+            for position in 0..3 {
+                assert_eq!(txn.read(position, 100, 5).unwrap(), b"row19");
+                assert_eq!(txn.read(position, 3 * 8, 8).unwrap(), vec![19u8; 8]);
+                let member = &txn.executor().members[position];
+                let head_word = member.memory().load_u64(layout.head_offset).unwrap();
+                assert_eq!(head_word, head, "the log head is replicated");
+                assert_eq!(member.memory().durable(), member.memory().bytes(), "everything was flushed");
+            }
+        }
+    }
+
+    #[test]
+    fn the_log_refuses_records_it_cannot_hold() {
+        let layout = TxnLayout::new(128, 256);
+        let mut txn = Txn::new(cluster(2, layout, NetFaults::none()), layout, 1);
+        assert!(matches!(
+            txn.append(&[(254, Bytes::from_static(b"123"))]),
+            Err(TxnError::EntryOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            txn.append(&[(0, Bytes::from(vec![1u8; 100]))]),
+            Err(TxnError::RecordTooLarge { .. })
+        ));
+        txn.append(&[(0, Bytes::from(vec![1u8; 60]))]).unwrap(); // 92 bytes
+        assert!(matches!(txn.append(&[(0, Bytes::from(vec![2u8; 40]))]), Err(TxnError::LogFull { .. })));
+        txn.execute_and_advance().unwrap();
+        // Wraps to the log's start.
+        txn.append(&[(0, Bytes::from(vec![2u8; 40]))]).unwrap();
+        txn.execute_and_advance().unwrap();
+        assert_eq!(txn.read(1, 0, 41).unwrap(), [vec![2u8; 40], vec![1u8]].concat());
+    }
+
+    #[test]
+    fn write_locks_exclude_each_other_and_readers_and_undo_partial_success() {
+        let layout = TxnLayout::new(128, 64);
+        let mut group = cluster(3, layout, lossy());
+        let word_at = |group: &SimCluster, m: usize| group.members[m].memory().load_u64(0).unwrap();
+        let mut a = Txn::new(&mut group, layout, 1);
+        assert!(a.rd_lock(1).unwrap(), "a reader at member 1");
+        assert!(!a.wr_lock().unwrap(), "a writer cannot lock while member 1 has a reader");
+        assert_eq!((word_at(a.executor(), 0), word_at(a.executor(), 1), word_at(a.executor(), 2)), (0, 1, 0));
+        assert!(a.rd_lock(1).unwrap(), "read locks are shared");
+        assert_eq!(word_at(a.executor(), 1), 2);
+        a.rd_unlock(1).unwrap();
+        a.rd_unlock(1).unwrap();
+        assert!(matches!(a.rd_unlock(1), Err(TxnError::LockNotHeld(_))));
+        assert!(a.wr_lock().unwrap());
+        assert!(!a.rd_lock(2).unwrap(), "readers wait for the writer");
+
+        // Another coordinator (owner 2) on the same group.
+        let mut b = Txn::new(&mut group, layout, 2);
+        assert!(!b.wr_lock().unwrap());
+        assert!(matches!(b.wr_unlock(), Err(TxnError::LockNotHeld(_))));
+        let writer = WRITER_BIT | 1;
+        assert_eq!((word_at(&group, 0), word_at(&group, 1), word_at(&group, 2)), (writer, writer, writer));
+
+        let mut a = Txn::new(&mut group, layout, 1);
+        a.wr_unlock().unwrap();
+        assert_eq!((word_at(&group, 0), word_at(&group, 1), word_at(&group, 2)), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_write_lock_that_races_a_writer_at_one_member_is_rolled_back() {
+        // Member 2's lock word is held by owner 9 (e.g. a coordinator whose undo is pending).
+        let layout = TxnLayout::new(128, 64);
+        let mut group = cluster(3, layout, NetFaults::none());
+        group.members[2].memory_mut().cas(0, 0, WRITER_BIT | 9).unwrap();
+        let mut txn = Txn::new(&mut group, layout, 1);
+        assert!(!txn.wr_lock().unwrap());
+        let words: Vec<u64> = (0..3).map(|m| group.members[m].memory().load_u64(0).unwrap()).collect();
+        assert_eq!(words, vec![0, 0, WRITER_BIT | 9], "members 0 and 1 were rolled back, member 2 untouched");
+    }
+}
