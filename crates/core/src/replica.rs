@@ -102,4 +102,11 @@ pub trait Replica {
 
     /// The membership service installed a new view (epoch + live set).
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>);
+
+    /// The membership service renewed (or still withholds) this replica's lease: it may serve
+    /// local reads only while `now < valid_until`. `None` means no lease has been granted
+    /// yet. Runtimes without a membership service never call this; a protocol then behaves
+    /// as if its lease never expired. The default ignores leases: protocols whose reads
+    /// depend on them must override it.
+    fn on_lease(&mut self, _now: Time, _valid_until: Option<Time>, _out: &mut Outbox<Self::Message>) {}
 }

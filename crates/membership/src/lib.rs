@@ -23,8 +23,10 @@
 //!
 //! The core is sans-I/O like the protocols: ticks and messages in, messages and events out.
 
+mod managed;
 mod message;
 mod node;
 
+pub use managed::{Wire, WithMembership};
 pub use message::MembershipMessage;
 pub use node::{Membership, MembershipConfig, MembershipEvent, MembershipOutbox};

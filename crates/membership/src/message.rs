@@ -9,8 +9,12 @@ pub enum MembershipMessage {
     /// A Raft message of the membership group, protobuf-encoded by the raft crate.
     Raft(raft::prelude::Message),
     /// "I am alive": asks for a lease-granting acknowledgement.
-    Heartbeat { seq: u64 },
-    HeartbeatAck { seq: u64 },
+    Heartbeat {
+        seq: u64,
+    },
+    HeartbeatAck {
+        seq: u64,
+    },
 }
 
 const TAG_RAFT: u8 = 1;

@@ -42,7 +42,8 @@ impl MembershipConfig {
     /// The longest a client can see writes stall after a node dies: detection, then the
     /// promise to the dead node running out.
     pub fn failover_bound(&self) -> Time {
-        let detection = Time::from_nanos(self.heartbeat_period.as_nanos() * self.missed_heartbeats_max as u64);
+        let detection =
+            Time::from_nanos(self.heartbeat_period.as_nanos() * self.missed_heartbeats_max as u64);
         detection.max(self.lease + self.drift_margin) + self.heartbeat_period
     }
 }
@@ -134,6 +135,10 @@ impl Membership {
         }
     }
 
+    pub fn me(&self) -> NodeId {
+        self.config.me
+    }
+
     pub fn view(&self) -> View {
         self.installed
     }
@@ -171,7 +176,13 @@ impl Membership {
         self.install_due_views(now, out);
     }
 
-    pub fn on_message(&mut self, now: Time, from: NodeId, message: MembershipMessage, out: &mut MembershipOutbox) {
+    pub fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: MembershipMessage,
+        out: &mut MembershipOutbox,
+    ) {
         if !self.config.members.contains(from) {
             return; // Not one of ours: the transport's handshake should have refused it.
         }
@@ -192,7 +203,11 @@ impl Membership {
     fn send_heartbeats(&mut self, now: Time, out: &mut MembershipOutbox) {
         self.heartbeat_seq += 1;
         let seq = self.heartbeat_seq;
-        self.heartbeats_sent.push_back(SentHeartbeat { seq, sent_at: now, acks: NodeSet::single(self.config.me) });
+        self.heartbeats_sent.push_back(SentHeartbeat {
+            seq,
+            sent_at: now,
+            acks: NodeSet::single(self.config.me),
+        });
         // Acknowledgements older than a lease cannot extend it any more.
         while self.heartbeats_sent.front().is_some_and(|sent| sent.sent_at + self.config.lease < now) {
             self.heartbeats_sent.pop_front();
@@ -234,8 +249,9 @@ impl Membership {
     // ------------------------------------------------------------------ views
 
     fn propose_removals(&mut self, now: Time) {
-        let silence_max =
-            Time::from_nanos(self.config.heartbeat_period.as_nanos() * self.config.missed_heartbeats_max as u64);
+        let silence_max = Time::from_nanos(
+            self.config.heartbeat_period.as_nanos() * self.config.missed_heartbeats_max as u64,
+        );
         let epoch = self.decided.epoch;
         for node in self.decided.live.without(self.config.me).iter() {
             let silent = now.saturating_sub(self.last_heard[node.index()]) > silence_max;
@@ -261,7 +277,10 @@ impl Membership {
         let epoch = Epoch(u64::from_le_bytes(entry.data[1..9].try_into().expect("9 bytes")));
         // Proposals made against an older view are stale: the decision is deterministic at
         // every member because it only depends on the log.
-        if epoch != self.decided.epoch || !self.decided.live.contains(node) || node.index() >= NodeId::COUNT_MAX {
+        if epoch != self.decided.epoch
+            || !self.decided.live.contains(node)
+            || node.index() >= NodeId::COUNT_MAX
+        {
             return;
         }
         self.decided = View { epoch: Epoch(epoch.0 + 1), live: self.decided.live.without(node) };

@@ -36,6 +36,9 @@ pub struct SimConfig {
     pub faults: bool,
     /// Record a line per event, for `chorus sim --trace`.
     pub trace: bool,
+    /// Play the membership service (after a crash, wait out the lease and install the next
+    /// view everywhere). Off when the replicas run their own membership (`chorus-membership`).
+    pub scripted_membership: bool,
 }
 
 impl SimConfig {
@@ -49,6 +52,7 @@ impl SimConfig {
             tick_period: Time::from_millis(1),
             faults: true,
             trace: false,
+            scripted_membership: true,
         }
     }
 }
@@ -68,7 +72,11 @@ pub struct SeedRun {
 }
 
 enum Event<M> {
-    Deliver { from: NodeId, to: NodeId, message: M },
+    Deliver {
+        from: NodeId,
+        to: NodeId,
+        message: M,
+    },
     Tick(NodeId),
     ClientNext(u32),
     Crash(NodeId),
@@ -402,6 +410,9 @@ where
         for request in lost {
             let op = self.pending.remove(&request).expect("pending op");
             self.schedule_client_next(op.client);
+        }
+        if !self.config.scripted_membership {
+            return; // The replicas' own membership service notices.
         }
         // The membership service waits out the lease, then installs the next view everywhere.
         self.view = View { epoch: Epoch(self.view.epoch.0 + 1), live: self.view.live.without(node) };

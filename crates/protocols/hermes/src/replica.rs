@@ -43,6 +43,25 @@ pub struct Hermes {
     /// serves again, even if a later view lists it: rejoining needs the shadow-replica
     /// recovery of §3.4 (copying the data from live replicas), which is not built yet.
     retired: bool,
+    /// §2.4: a replica serves reads only while its membership lease is valid. `Unlimited`
+    /// when no membership service drives this replica (the simulator's scripted membership,
+    /// tests), which then guarantees removal only after the replica is gone.
+    lease: Lease,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lease {
+    Unlimited,
+    Until(Option<Time>),
+}
+
+impl Lease {
+    fn is_valid(self, now: Time) -> bool {
+        match self {
+            Lease::Unlimited => true,
+            Lease::Until(until) => until.is_some_and(|until| now < until),
+        }
+    }
 }
 
 impl Hermes {
@@ -58,6 +77,7 @@ impl Hermes {
             stats: HermesStats::default(),
             scratch_keys: Vec::new(),
             retired: false,
+            lease: Lease::Unlimited,
         }
     }
 
@@ -127,11 +147,13 @@ impl Hermes {
     /// Serve stalled requests of `key` in arrival order, as far as the key's state allows.
     fn drain(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
         let read_in_any_state = self.has_bug(Bug::ReadInAnyState);
+        let leased = self.lease.is_valid(now);
         loop {
             let entry = self.keys.get_mut(key).expect("drained key exists");
             let Some(front) = entry.waiting.front() else { break };
-            let servable_read = entry.state == KeyState::Valid || read_in_any_state;
-            let can_update = entry.state == KeyState::Valid && entry.update.is_none();
+            let servable_read = (entry.state == KeyState::Valid || read_in_any_state) && leased;
+            // An RMW reads locally too, so it needs the lease as much as a read does.
+            let can_update = entry.state == KeyState::Valid && entry.update.is_none() && leased;
             match &front.command {
                 Command::Read { .. } if servable_read => {
                     let waiter = entry.waiting.pop_front().expect("front exists");
@@ -257,7 +279,8 @@ impl Hermes {
         let validate_superseded = self.has_bug(Bug::ValidateSuperseded);
         let entry = self.keys.get_mut(key).expect("completed key exists");
         let Some(update) = &entry.update else { return };
-        let acknowledged = update.acks.is_superset_of(live) || (commit_on_majority && update.acks.len() >= majority);
+        let acknowledged =
+            update.acks.is_superset_of(live) || (commit_on_majority && update.acks.len() >= majority);
         if !acknowledged {
             return;
         }
@@ -552,6 +575,10 @@ impl Replica for Hermes {
             return;
         }
         let key = command.key().clone();
+        if !self.lease.is_valid(now) {
+            out.reply(request, Outcome::Error(CommandError::Unavailable("membership lease expired")));
+            return;
+        }
         // A read of a key never written needs no entry: keep read-only misses from growing
         // the map.
         if matches!(command, Command::Read { .. }) && !self.keys.contains_key(&key) {
@@ -603,6 +630,21 @@ impl Replica for Hermes {
             self.watch(&key);
         }
         self.scratch_keys = keys;
+    }
+
+    fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
+        let was_valid = self.lease.is_valid(now);
+        self.lease = Lease::Until(valid_until);
+        if !was_valid && self.lease.is_valid(now) {
+            // Requests stalled only for want of a lease can go now.
+            let mut keys = std::mem::take(&mut self.scratch_keys);
+            keys.extend(self.watched.iter().cloned());
+            for key in keys.drain(..) {
+                self.drain(now, &key, out);
+                self.watch(&key);
+            }
+            self.scratch_keys = keys;
+        }
     }
 
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Message>) {

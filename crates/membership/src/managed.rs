@@ -1,0 +1,131 @@
+//! A protocol core together with its membership node, as one `Replica`: the membership node
+//! decides views and leases, and the protocol hears about them through `on_view` and
+//! `on_lease`. The simulator and the server drive this pair exactly like a bare protocol.
+
+use bytes::{BufMut, BytesMut};
+use chorus_core::codec::{DecodeError, Reader, WireMessage};
+use chorus_core::{ClientRequestId, Command, NodeId, Outbox, Replica, Time, View};
+
+use crate::message::MembershipMessage;
+use crate::node::{Membership, MembershipEvent, MembershipOutbox};
+
+/// What travels between two managed replicas.
+#[derive(Clone, Debug)]
+pub enum Wire<M> {
+    Protocol(M),
+    Membership(MembershipMessage),
+}
+
+pub struct WithMembership<P: Replica> {
+    protocol: P,
+    membership: Membership,
+    protocol_out: Outbox<P::Message>,
+    membership_out: MembershipOutbox,
+}
+
+impl<P: Replica> WithMembership<P> {
+    pub fn new(protocol: P, membership: Membership) -> WithMembership<P> {
+        assert_eq!(protocol.id(), membership.me(), "a protocol and its membership node are one replica");
+        WithMembership {
+            protocol,
+            membership,
+            protocol_out: Outbox::default(),
+            membership_out: MembershipOutbox::default(),
+        }
+    }
+
+    pub fn protocol(&self) -> &P {
+        &self.protocol
+    }
+
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// Hand the membership node's news to the protocol, then everything to the runtime.
+    fn flush(&mut self, now: Time, out: &mut Outbox<Wire<P::Message>>) {
+        for event in self.membership_out.events.drain(..) {
+            let MembershipEvent::ViewInstalled(view) = event;
+            self.protocol.on_view(now, view, &mut self.protocol_out);
+        }
+        for (to, message) in self.membership_out.messages.drain(..) {
+            out.send(to, Wire::Membership(message));
+        }
+        for (destination, message) in self.protocol_out.messages.drain(..) {
+            out.messages.push((destination, Wire::Protocol(message)));
+        }
+        out.replies.append(&mut self.protocol_out.replies);
+    }
+}
+
+impl<P: Replica> Replica for WithMembership<P> {
+    type Message = Wire<P::Message>;
+
+    fn id(&self) -> NodeId {
+        self.protocol.id()
+    }
+
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.protocol.on_client(now, request, command, &mut self.protocol_out);
+        self.flush(now, out);
+    }
+
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Self::Message,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        match message {
+            Wire::Protocol(message) => self.protocol.on_message(now, from, message, &mut self.protocol_out),
+            Wire::Membership(message) => {
+                self.membership.on_message(now, from, message, &mut self.membership_out)
+            }
+        }
+        self.flush(now, out);
+    }
+
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.membership.on_tick(now, &mut self.membership_out);
+        self.flush(now, out);
+        self.protocol.on_lease(now, self.membership.lease_until(), &mut self.protocol_out);
+        self.protocol.on_tick(now, &mut self.protocol_out);
+        self.flush(now, out);
+    }
+
+    /// Views come from the membership node, not from outside.
+    fn on_view(&mut self, _now: Time, _view: View, _out: &mut Outbox<Self::Message>) {}
+}
+
+const TAG_PROTOCOL: u8 = 1;
+const TAG_MEMBERSHIP: u8 = 2;
+
+impl<M: WireMessage> WireMessage for Wire<M> {
+    fn encode(&self, buf: &mut BytesMut) {
+        match self {
+            Wire::Protocol(message) => {
+                buf.put_u8(TAG_PROTOCOL);
+                message.encode(buf);
+            }
+            Wire::Membership(message) => {
+                buf.put_u8(TAG_MEMBERSHIP);
+                message.encode(buf);
+            }
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(match reader.u8()? {
+            TAG_PROTOCOL => Wire::Protocol(M::decode(reader)?),
+            TAG_MEMBERSHIP => Wire::Membership(MembershipMessage::decode(reader)?),
+            tag => return Err(DecodeError::UnknownTag { what: "wire", tag }),
+        })
+    }
+}
