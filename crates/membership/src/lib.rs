@@ -29,4 +29,4 @@ mod node;
 
 pub use managed::{Wire, WithMembership};
 pub use message::MembershipMessage;
-pub use node::{Membership, MembershipConfig, MembershipEvent, MembershipOutbox};
+pub use node::{Membership, MembershipConfig, MembershipEvent, MembershipOutbox, PersistRecord};

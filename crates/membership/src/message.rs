@@ -69,10 +69,7 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
-        let mut raft_message = raft::prelude::Message::default();
-        raft_message.from = 1;
-        raft_message.to = 2;
-        raft_message.term = 7;
+        let raft_message = raft::prelude::Message { from: 1, to: 2, term: 7, ..Default::default() };
         for message in [
             MembershipMessage::Raft(raft_message),
             MembershipMessage::Heartbeat { seq: 9 },

@@ -55,8 +55,23 @@ pub enum MembershipEvent {
     ViewInstalled(View),
 }
 
+/// Raft state that must be durable before this outbox's messages leave: Raft's safety (one
+/// vote per term, no acknowledged entry forgotten) depends on it across restarts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PersistRecord {
+    HardState {
+        term: u64,
+        vote: u64,
+        commit: u64,
+    },
+    /// Entries to append; any existing entries from the first one's index on are replaced.
+    Entries(Vec<Entry>),
+}
+
 #[derive(Default, Debug)]
 pub struct MembershipOutbox {
+    /// Write these durably, in order, before sending `messages`.
+    pub persist: Vec<PersistRecord>,
     pub messages: Vec<(NodeId, MembershipMessage)>,
     pub events: Vec<MembershipEvent>,
 }
@@ -98,9 +113,32 @@ fn node_of(raft_id: u64) -> Option<NodeId> {
 
 impl Membership {
     pub fn new(config: MembershipConfig, now: Time) -> Membership {
+        Membership::restore(config, now, &[])
+    }
+
+    /// Rebuild a node from the records a previous incarnation persisted (all of them, in
+    /// order). Views decided by the restored log are applied again as Raft re-delivers the
+    /// committed entries.
+    pub fn restore(config: MembershipConfig, now: Time, records: &[PersistRecord]) -> Membership {
         assert!(config.members.contains(config.me), "a node is a member of its own cluster");
         let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
         let storage = MemStorage::new_with_conf_state(ConfState::from((voters, vec![])));
+        for record in records {
+            match record {
+                PersistRecord::HardState { term, vote, commit } => {
+                    let hard_state = raft::prelude::HardState {
+                        term: *term,
+                        vote: *vote,
+                        commit: *commit,
+                        ..Default::default()
+                    };
+                    storage.wl().set_hardstate(hard_state);
+                }
+                PersistRecord::Entries(entries) => {
+                    storage.wl().append(entries).expect("persisted entries are contiguous");
+                }
+            }
+        }
         // raft-rs draws election timeouts from a thread-local RNG, which would make the
         // simulator non-deterministic. A fixed, per-node timeout (min = max - 1) keeps it
         // deterministic, and staggering it by node id avoids endless split votes.
@@ -129,7 +167,13 @@ impl Membership {
             heartbeat_seq: 0,
             heartbeats_sent: VecDeque::new(),
             last_heard: [now; NodeId::COUNT_MAX],
-            promised_until: [Time::ZERO; NodeId::COUNT_MAX],
+            // Promises are not persisted. A restarted node may have promised anyone a full
+            // lease just before it died, so it honours that until one lease after restart.
+            promised_until: [if records.is_empty() {
+                Time::ZERO
+            } else {
+                now + config.lease + config.drift_margin
+            }; NodeId::COUNT_MAX],
             removal_proposed: [None; NodeId::COUNT_MAX],
             config,
         }
@@ -150,6 +194,16 @@ impl Membership {
 
     pub fn holds_lease(&self, now: Time) -> bool {
         self.lease_until.is_some_and(|until| now < until)
+    }
+
+    /// The Raft term and the vote cast in it (a Raft id, 0 for none), as persisted.
+    pub fn raft_term_and_vote(&self) -> (u64, u64) {
+        (self.raft.raft.term, self.raft.raft.vote)
+    }
+
+    /// The newest view the log has decided (installed or waiting to be).
+    pub fn decided_view(&self) -> View {
+        self.decided
     }
 
     pub fn is_raft_leader(&self) -> bool {
@@ -321,14 +375,26 @@ impl Membership {
         let store = self.raft.raft.raft_log.store.clone();
         if !ready.entries().is_empty() {
             store.wl().append(ready.entries()).expect("append to the in-memory log");
+            out.persist.push(PersistRecord::Entries(ready.entries().clone()));
         }
         if let Some(hard_state) = ready.hs() {
             store.wl().set_hardstate(hard_state.clone());
+            out.persist.push(PersistRecord::HardState {
+                term: hard_state.term,
+                vote: hard_state.vote,
+                commit: hard_state.commit,
+            });
         }
         self.send_raft(ready.take_persisted_messages(), out);
         let mut light = self.raft.advance(ready);
         if let Some(commit) = light.commit_index() {
             store.wl().mut_hard_state().set_commit(commit);
+            let hard_state = store.rl().hard_state().clone();
+            out.persist.push(PersistRecord::HardState {
+                term: hard_state.term,
+                vote: hard_state.vote,
+                commit: hard_state.commit,
+            });
         }
         self.send_raft(light.take_messages(), out);
         for entry in light.take_committed_entries() {

@@ -3,7 +3,9 @@
 //! serving (its lease expired) before any survivor installs the view without it.
 
 use chorus_core::{Epoch, NodeId, NodeSet, Time};
-use chorus_membership::{Membership, MembershipConfig, MembershipEvent, MembershipMessage, MembershipOutbox};
+use chorus_membership::{
+    Membership, MembershipConfig, MembershipEvent, MembershipMessage, MembershipOutbox, PersistRecord,
+};
 
 struct Cluster {
     nodes: Vec<Membership>,
@@ -14,6 +16,8 @@ struct Cluster {
     blocked: Vec<Vec<bool>>,
     in_flight: Vec<(Time, NodeId, NodeId, MembershipMessage)>,
     installed_at: Vec<Vec<(Time, Epoch, NodeSet)>>,
+    /// What each node asked to persist, in order: its "disk".
+    disks: Vec<Vec<PersistRecord>>,
 }
 
 const LINK_DELAY: Time = Time::from_micros(300);
@@ -35,10 +39,12 @@ impl Cluster {
             blocked: vec![vec![false; size]; size],
             in_flight: Vec::new(),
             installed_at: vec![Vec::new(); size],
+            disks: vec![Vec::new(); size],
         }
     }
 
     fn perform(&mut self, from: usize, out: MembershipOutbox) {
+        self.disks[from].extend(out.persist);
         for (to, message) in out.messages {
             if !self.blocked[from][to.index()] {
                 self.in_flight.push((self.now + LINK_DELAY, NodeId(from as u8), to, message));
@@ -178,4 +184,24 @@ fn a_removed_node_is_not_granted_a_lease_after_the_partition_heals() {
     cluster.run_for(Time::from_millis(2_000));
     assert!(!cluster.nodes[0].holds_lease(cluster.now), "a removed node must not serve again");
     assert!(!cluster.nodes[0].view().live.contains(NodeId(0)), "it learns its removal from the log");
+}
+
+#[test]
+fn a_restarted_node_recovers_its_term_vote_and_views_from_what_it_persisted() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(1_000));
+    cluster.crashed[2] = true;
+    cluster.run_for(Time::from_millis(2_000));
+    assert_eq!(cluster.nodes[0].decided_view().epoch, Epoch(2));
+    let (term, vote) = cluster.nodes[0].raft_term_and_vote();
+    // Node 0 loses its memory and comes back from its disk alone.
+    let config = MembershipConfig { me: NodeId(0), ..cluster.config.clone() };
+    cluster.nodes[0] = Membership::restore(config, cluster.now, &cluster.disks[0]);
+    let (restored_term, restored_vote) = cluster.nodes[0].raft_term_and_vote();
+    assert_eq!((restored_term, restored_vote), (term, vote), "one vote per term survives a restart");
+    cluster.run_for(Time::from_millis(2_000));
+    let view = cluster.nodes[0].decided_view();
+    assert_eq!(view.epoch, Epoch(2), "the restarted node re-learns the decided views from its log");
+    assert!(!view.live.contains(NodeId(2)));
+    assert_eq!(cluster.nodes.iter().filter(|node| node.is_raft_leader()).count(), 1);
 }
