@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use chorus_core::{Command as CoreCommand, CommandError, Outcome, RmwOp, Time};
 use chorus_sim::checker::{check_history, CheckerConfig};
-use chorus_sim::history::{Completion, History, Operation};
+use support::workload::{self, Workload};
+
+mod support;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -130,151 +130,22 @@ impl Drop for Cluster {
     }
 }
 
-fn b(text: &str) -> Bytes {
-    Bytes::copy_from_slice(text.as_bytes())
-}
-
 // ------------------------------------------------------------------------ linearizability
-
-/// A small deterministic PRNG so each client's operation mix is reproducible.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) % bound
-    }
-}
-
-/// What a reply error means for the history.
-fn error_outcome(error: &redis::RedisError) -> Option<Outcome> {
-    let text = error.to_string();
-    if text.contains("not an integer") {
-        Some(Outcome::Error(CommandError::NotInteger))
-    } else if text.contains("overflow") {
-        Some(Outcome::Error(CommandError::Overflow))
-    } else if text.contains("not serving") {
-        Some(Outcome::Error(CommandError::Unavailable("not serving")))
-    } else {
-        None // outcome unknown: I/O error, timeout, or "outcome unknown"
-    }
-}
-
-fn run_op(con: &mut redis::Connection, command: &CoreCommand) -> redis::RedisResult<Outcome> {
-    Ok(match command {
-        CoreCommand::Read { key } => Outcome::Value(
-            redis::cmd("GET").arg(key.as_ref()).query::<Option<Vec<u8>>>(con)?.map(Bytes::from),
-        ),
-        CoreCommand::Write { key, value: Some(value) } => {
-            let _: String = redis::cmd("SET").arg(key.as_ref()).arg(value.as_ref()).query(con)?;
-            Outcome::Written
-        }
-        CoreCommand::Rmw { key, op: RmwOp::IncrementBy(1) } => {
-            Outcome::Integer(redis::cmd("INCR").arg(key.as_ref()).query::<i64>(con)?)
-        }
-        CoreCommand::Rmw { key, op: RmwOp::CompareAndSwap { expected: Some(expected), new: Some(new) } } => {
-            let (swapped, previous): (i64, Option<Vec<u8>>) =
-                redis::cmd("CAS").arg(key.as_ref()).arg(expected.as_ref()).arg(new.as_ref()).query(con)?;
-            Outcome::Cas { swapped: swapped == 1, previous: previous.map(Bytes::from) }
-        }
-        other => unreachable!("the workload does not issue {other:?}"),
-    })
-}
 
 #[test]
 fn concurrent_clients_on_three_nodes_see_a_linearizable_history() {
     let cluster = Cluster::start(3, &[]);
-    let origin = Instant::now();
-    let clients_per_node = 2;
-    let ops_per_client = 300;
-    let registers = ["reg:0", "reg:1"];
-    let counters = ["ctr:0", "ctr:1"];
-    let cluster = Arc::new(cluster);
-    let mut workers = Vec::new();
-    for client in 0..(3 * clients_per_node) {
-        let cluster = cluster.clone();
-        workers.push(thread::spawn(move || {
-            let node = client % 3;
-            let mut con = cluster.client(node);
-            let mut rng = Lcg(client as u64 + 1);
-            let mut last_seen: Option<Bytes> = None;
-            let mut operations = Vec::new();
-            for i in 0..ops_per_client {
-                let register = b(registers[rng.next(2) as usize]);
-                let counter = b(counters[rng.next(2) as usize]);
-                let command = match rng.next(10) {
-                    0..=2 => CoreCommand::Read { key: register },
-                    3 | 4 => CoreCommand::Write { key: register, value: Some(b(&format!("c{client}-{i}"))) },
-                    5 | 6 => CoreCommand::Rmw {
-                        key: register,
-                        op: RmwOp::CompareAndSwap {
-                            expected: Some(last_seen.clone().unwrap_or_else(|| b("none"))),
-                            new: Some(b(&format!("c{client}-{i}"))),
-                        },
-                    },
-                    7 => CoreCommand::Read { key: counter },
-                    _ => CoreCommand::Rmw { key: counter, op: RmwOp::IncrementBy(1) },
-                };
-                let invoke = Time::from_nanos(origin.elapsed().as_nanos() as u64);
-                let result = run_op(&mut con, &command);
-                let at = Time::from_nanos(origin.elapsed().as_nanos() as u64);
-                let outcome = match result {
-                    Ok(outcome) => Some(outcome),
-                    Err(error) => {
-                        let outcome = error_outcome(&error);
-                        if outcome.is_none() {
-                            con = cluster.client(node); // the connection may be broken
-                        }
-                        outcome
-                    }
-                };
-                match &outcome {
-                    Some(Outcome::Value(Some(value))) => last_seen = Some(value.clone()),
-                    Some(Outcome::Cas { previous: Some(value), swapped: false }) => {
-                        last_seen = Some(value.clone())
-                    }
-                    Some(Outcome::Cas { swapped: true, .. }) | Some(Outcome::Written) => {
-                        if let CoreCommand::Write { value, .. } = &command {
-                            last_seen = value.clone();
-                        }
-                        if let CoreCommand::Rmw { op: RmwOp::CompareAndSwap { new, .. }, .. } = &command {
-                            last_seen = new.clone();
-                        }
-                    }
-                    _ => {}
-                }
-                operations.push(Operation {
-                    id: 0,
-                    client: client as u32,
-                    command,
-                    invoke,
-                    completion: outcome.map(|outcome| Completion { at, outcome }),
-                });
-            }
-            operations
-        }));
-    }
-    let mut operations: Vec<Operation> =
-        workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect();
-    operations.sort_by_key(|op| op.invoke);
-    for (id, op) in operations.iter_mut().enumerate() {
-        op.id = id;
-    }
-    let completed = operations.iter().filter(|op| op.completion.is_some()).count();
-    let increments = operations
-        .iter()
-        .filter(|op| matches!(op.completion, Some(Completion { outcome: Outcome::Integer(_), .. })))
-        .count();
-    let swaps = operations
-        .iter()
-        .filter(|op| {
-            matches!(op.completion, Some(Completion { outcome: Outcome::Cas { swapped: true, .. }, .. }))
-        })
-        .count();
-    let history = History { operations };
+    let history = workload::run(Workload {
+        targets: cluster.nodes.iter().map(|node| node.client.to_string()).collect(),
+        clients: 6,
+        ops_per_client: 300,
+        reply_timeout: Duration::from_secs(10),
+        think: Duration::ZERO,
+    });
+    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
     let report = check_history(&history, &CheckerConfig::default());
     eprintln!(
-        "{} operations ({completed} completed, {increments} increments, {swaps} successful CAS), {} keys checked, inconclusive: {:?}",
+        "{} operations ({completed} completed), {} keys checked, inconclusive: {:?}",
         history.operations.len(),
         report.keys_checked,
         report.inconclusive_keys

@@ -1,0 +1,163 @@
+//! Fault injection across network namespaces: real `chorus node` processes, each in its own
+//! namespace, under partitions (nftables), random loss (nftables) and pauses (SIGSTOP /
+//! SIGCONT), while concurrent clients record a history that must be linearizable, and the
+//! cluster must serve every node again once the faults end.
+//!
+//! Runs as root (CI and `scripts/test.sh` are); elsewhere it prints why it skipped.
+
+mod support;
+
+use std::process::{Child, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use chorus_sim::checker::{check_history, CheckerConfig};
+use support::netns::Lab;
+use support::workload::{self, Workload};
+
+const CLIENT_PORT: u16 = 6379;
+const PEER_PORT: u16 = 7000;
+
+struct Nodes {
+    children: Vec<Option<Child>>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if thread::panicking() {
+            eprintln!("node logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn start_nodes(lab: &Lab, replicas: usize) -> Nodes {
+    let dir = std::env::temp_dir().join(format!("chorus-netns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut children = Vec::new();
+    for node in 0..replicas {
+        let mut command = lab.command_in(node, env!("CARGO_BIN_EXE_chorus"));
+        command
+            .arg("node")
+            .args(["--node-id", &node.to_string()])
+            .args(["--client-addr", &format!("{}:{CLIENT_PORT}", lab.node_ip(node))])
+            .args(["--cluster-token", "netns-test"])
+            .args(["--data-dir", dir.join(format!("node-{node}")).to_str().unwrap()])
+            .args(["--log-level", "info"]);
+        for peer in 0..replicas {
+            command.args(["--peer", &format!("{peer}={}:{PEER_PORT}", lab.node_ip(peer))]);
+        }
+        let log = std::fs::File::create(dir.join(format!("node-{node}.log"))).unwrap();
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        children.push(Some(command.spawn().expect("start chorus node in its namespace")));
+    }
+    Nodes { children, dir }
+}
+
+fn signal(nodes: &Nodes, node: usize, signal: libc::c_int) {
+    let pid = nodes.children[node].as_ref().expect("node running").id() as libc::pid_t;
+    // SAFETY: kill(2) with a pid we spawned and still own; no memory is involved.
+    let result = unsafe { libc::kill(pid, signal) };
+    assert_eq!(result, 0, "kill({pid}, {signal})");
+}
+
+fn wait_ready(lab: &Lab, replicas: usize) {
+    let started = Instant::now();
+    for node in 0..replicas {
+        let wanted = format!("chorus_peers_connected:{}", replicas - 1);
+        loop {
+            let url = format!("redis://{}:{CLIENT_PORT}/", lab.node_ip(node));
+            let ready = redis::Client::open(url)
+                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+                .and_then(|mut con| redis::cmd("INFO").arg("replication").query::<String>(&mut con))
+                .is_ok_and(|info| info.contains(&wanted));
+            if ready {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "node {node} never became ready");
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// After the faults: every node accepts a write and reads back what another node wrote.
+fn assert_every_node_serves(lab: &Lab, replicas: usize) {
+    for node in 0..replicas {
+        let url = format!("redis://{}:{CLIENT_PORT}/", lab.node_ip(node));
+        let mut con =
+            redis::Client::open(url).unwrap().get_connection_with_timeout(Duration::from_secs(5)).unwrap();
+        con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let _: String = redis::cmd("SET").arg("after").arg(node).query(&mut con).unwrap();
+        let next = (node + 1) % replicas;
+        let url = format!("redis://{}:{CLIENT_PORT}/", lab.node_ip(next));
+        let mut con =
+            redis::Client::open(url).unwrap().get_connection_with_timeout(Duration::from_secs(5)).unwrap();
+        con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let got: String = redis::cmd("GET").arg("after").query(&mut con).unwrap();
+        assert_eq!(got, node.to_string(), "node {next} reads node {node}'s write");
+    }
+}
+
+#[test]
+fn partitions_loss_and_pauses_across_namespaces_keep_hermes_linearizable() {
+    if let Some(reason) = Lab::unavailable_reason() {
+        eprintln!("SKIPPED network-namespace fault injection: {reason}");
+        return;
+    }
+    let replicas = 3;
+    let lab = Lab::create(replicas);
+    let nodes = start_nodes(&lab, replicas);
+    wait_ready(&lab, replicas);
+
+    let targets = (0..replicas).map(|node| format!("{}:{CLIENT_PORT}", lab.node_ip(node))).collect();
+    let clients = thread::spawn(move || {
+        workload::run(Workload {
+            targets,
+            clients: 6,
+            ops_per_client: 300,
+            reply_timeout: Duration::from_secs(3),
+            think: Duration::from_millis(10),
+        })
+    });
+
+    thread::sleep(Duration::from_millis(300));
+    // A symmetric partition isolating node 0.
+    for other in 1..replicas {
+        lab.cut(0, other);
+        lab.cut(other, 0);
+    }
+    thread::sleep(Duration::from_millis(500));
+    lab.heal();
+    // A one-way partition: node 1 stops hearing node 2.
+    lab.cut(2, 1);
+    thread::sleep(Duration::from_millis(300));
+    lab.heal();
+    // Heavy random loss into node 1.
+    lab.lose(1, 30);
+    thread::sleep(Duration::from_millis(500));
+    lab.heal();
+    // Node 2 pauses.
+    signal(&nodes, 2, libc::SIGSTOP);
+    thread::sleep(Duration::from_millis(400));
+    signal(&nodes, 2, libc::SIGCONT);
+
+    let history = clients.join().unwrap();
+    let last_invoke = history.operations.iter().map(|op| op.invoke).max().unwrap_or_default();
+    eprintln!("workload ran {last_invoke:?}; faults were injected from 0.3 s to about 2.3 s");
+    let report = check_history(&history, &CheckerConfig::default());
+    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
+    eprintln!(
+        "{} operations, {completed} with known outcomes, {} keys checked",
+        history.operations.len(),
+        report.keys_checked
+    );
+    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
+    assert!(completed > history.operations.len() / 2, "too few operations completed: {completed}");
+    assert_every_node_serves(&lab, replicas);
+}

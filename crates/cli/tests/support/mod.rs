@@ -1,0 +1,6 @@
+//! Helpers shared by the process-level tests.
+
+#![allow(dead_code)] // Each test file uses a different part.
+
+pub mod netns;
+pub mod workload;
