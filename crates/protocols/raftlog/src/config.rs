@@ -1,0 +1,68 @@
+//! Raftlog configuration.
+
+use chorus_core::{NodeId, NodeSet, Time};
+
+/// A deliberately broken protocol variant, used only by tests to show that the simulator and
+/// the linearizability checker catch real bugs. Selecting one needs the `broken-variants`
+/// feature (the `bug` field of [`RaftLogConfig`] exists only with it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// Reads are answered at once from the receiving replica's applied state, without
+    /// ReadIndex: a follower (or a deposed leader) serves stale values.
+    LocalReads,
+    /// At-most-once is off: the state machine executes every copy of a proposal that reaches
+    /// the log, and leaders do not filter retries. A retry after a leader change runs twice.
+    NoSessions,
+}
+
+#[derive(Clone, Debug)]
+pub struct RaftLogConfig {
+    /// This replica.
+    pub me: NodeId,
+    /// The cluster: every node is a voter of every Raft group.
+    pub members: NodeSet,
+    /// How many independent Raft groups ("physical logs", Cyclone §4.1) every replica hosts.
+    /// A key's log is `fnv1a64(key) % logs`, identical on every node and in every build.
+    pub logs: usize,
+    /// How often the Raft groups tick (raft-rs counts elections and heartbeats in ticks).
+    pub raft_tick_period: Time,
+    /// Election timeout, in ticks, of the replica that campaigns first for a log. Replica
+    /// ranks are staggered by 3 ticks per rank (rotated per log so leaders spread out).
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    /// A forwarded batch whose execution this replica has not seen, or a ReadIndex request
+    /// without an answer, is sent again after this long.
+    pub retry_timeout: Time,
+    /// The most client commands one batch (one Raft entry per origin) carries. `1` turns
+    /// batching off: every command is its own entry (the benchmark's baseline).
+    pub batch_commands_max: usize,
+    /// The client id of this replica's own session (at-most-once, Cyclone §3.4). Each log
+    /// keeps its own sequence numbers for it. It must differ between nodes and between
+    /// incarnations of one node: a restarted node that reused it would start again at
+    /// sequence number 1 and find every request stale. The default, the node id, is right
+    /// as long as nodes never restart with the same identity (true while the log is in
+    /// memory only); the server should pass something like `node << 48 | boot counter`.
+    pub session_client_id: u64,
+    #[cfg(feature = "broken-variants")]
+    pub bug: Option<Bug>,
+}
+
+impl RaftLogConfig {
+    /// Defaults: 8 logs, 10 ms Raft ticks, elections after 100-160 ms at 3 replicas,
+    /// heartbeats every 30 ms, retries after 60 ms, batches of up to 1,024 commands.
+    pub fn new(me: NodeId, members: NodeSet) -> RaftLogConfig {
+        RaftLogConfig {
+            me,
+            members,
+            logs: 8,
+            raft_tick_period: Time::from_millis(10),
+            election_ticks: 10,
+            heartbeat_ticks: 3,
+            retry_timeout: Time::from_millis(60),
+            batch_commands_max: 1_024,
+            session_client_id: me.0 as u64,
+            #[cfg(feature = "broken-variants")]
+            bug: None,
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Raftlog peer messages, log entry contents, and their wire encoding.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
+use chorus_core::Command;
+use protobuf::Message as _;
+
+/// The unit of at-most-once execution (Cyclone §3.4): commands of one client session, under
+/// one sequence number. A replica's own session batches every command that arrived for a log
+/// while its previous batch was in flight; an external session (one client connection) would
+/// send one command per sequence number.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Proposal {
+    pub client: u64,
+    pub seq: u64,
+    pub commands: Vec<Command>,
+}
+
+/// The contents of one Raft entry: every proposal a leader took in during one call of the
+/// core (its own batch and the batches forwarded to it), so one entry per log per turn.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct EntryBatch {
+    pub proposals: Vec<Proposal>,
+}
+
+#[derive(Clone, PartialEq, Debug)]
+pub enum Message {
+    /// A Raft message of group `log`, protobuf-encoded by the raft crate on the wire.
+    Raft { log: u32, message: Box<raft::prelude::Message> },
+    /// A follower hands a batch to the replica it believes leads `log`. `relayed`: the
+    /// sender is not the origin but a replica that passed it on once; it is not passed on
+    /// again, so a stale leader hint cannot make a batch circle.
+    Forward { log: u32, proposal: Proposal, relayed: bool },
+}
+
+const TAG_RAFT: u8 = 1;
+const TAG_FORWARD: u8 = 2;
+
+impl WireMessage for Proposal {
+    fn encode(&self, buf: &mut BytesMut) {
+        buf.put_u64_le(self.client);
+        buf.put_u64_le(self.seq);
+        buf.put_u32_le(u32::try_from(self.commands.len()).expect("batch over u32 commands"));
+        for command in &self.commands {
+            command.encode(buf);
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        let client = reader.u64()?;
+        let seq = reader.u64()?;
+        let count = reader.u32()? as usize;
+        // Every command takes at least one byte: a larger count is a lie, and believing it
+        // would let a peer make us allocate gigabytes.
+        if count > reader.remaining() {
+            return Err(DecodeError::Invalid("command count exceeds payload"));
+        }
+        let mut commands = Vec::with_capacity(count);
+        for _ in 0..count {
+            commands.push(Command::decode(reader)?);
+        }
+        Ok(Proposal { client, seq, commands })
+    }
+}
+
+impl WireMessage for EntryBatch {
+    fn encode(&self, buf: &mut BytesMut) {
+        buf.put_u32_le(u32::try_from(self.proposals.len()).expect("entry over u32 proposals"));
+        for proposal in &self.proposals {
+            proposal.encode(buf);
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        let count = reader.u32()? as usize;
+        if count > reader.remaining() {
+            return Err(DecodeError::Invalid("proposal count exceeds payload"));
+        }
+        let mut proposals = Vec::with_capacity(count);
+        for _ in 0..count {
+            proposals.push(Proposal::decode(reader)?);
+        }
+        Ok(EntryBatch { proposals })
+    }
+}
+
+impl EntryBatch {
+    pub fn to_bytes(&self) -> Bytes {
+        let mut buf = BytesMut::new();
+        self.encode(&mut buf);
+        buf.freeze()
+    }
+}
+
+impl WireMessage for Message {
+    fn encode(&self, buf: &mut BytesMut) {
+        match self {
+            Message::Raft { log, message } => {
+                buf.put_u8(TAG_RAFT);
+                buf.put_u32_le(*log);
+                let bytes = message.write_to_bytes().expect("raft messages always encode");
+                buf.put_bytes_prefixed(&bytes);
+            }
+            Message::Forward { log, proposal, relayed } => {
+                buf.put_u8(TAG_FORWARD);
+                buf.put_u32_le(*log);
+                buf.put_bool(*relayed);
+                proposal.encode(buf);
+            }
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(match reader.u8()? {
+            TAG_RAFT => {
+                let log = reader.u32()?;
+                let bytes = reader.bytes()?;
+                let message = raft::prelude::Message::parse_from_bytes(&bytes)
+                    .map_err(|_| DecodeError::Invalid("malformed raft message"))?;
+                Message::Raft { log, message: Box::new(message) }
+            }
+            TAG_FORWARD => {
+                let log = reader.u32()?;
+                let relayed = reader.bool()?;
+                Message::Forward { log, relayed, proposal: Proposal::decode(reader)? }
+            }
+            tag => return Err(DecodeError::UnknownTag { what: "raftlog message", tag }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chorus_core::codec::{decode_batch, encode_batch};
+    use chorus_core::RmwOp;
+    use proptest::prelude::*;
+    use raft::prelude::{Entry, MessageType};
+
+    fn arb_bytes() -> impl Strategy<Value = Bytes> {
+        proptest::collection::vec(any::<u8>(), 0..24).prop_map(Bytes::from)
+    }
+
+    fn arb_command() -> impl Strategy<Value = Command> {
+        prop_oneof![
+            arb_bytes().prop_map(|key| Command::Read { key }),
+            (arb_bytes(), proptest::option::of(arb_bytes()))
+                .prop_map(|(key, value)| Command::Write { key, value }),
+            (arb_bytes(), any::<i64>())
+                .prop_map(|(key, delta)| Command::Rmw { key, op: RmwOp::IncrementBy(delta) }),
+        ]
+    }
+
+    fn arb_proposal() -> impl Strategy<Value = Proposal> {
+        (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_command(), 0..5))
+            .prop_map(|(client, seq, commands)| Proposal { client, seq, commands })
+    }
+
+    fn arb_message() -> impl Strategy<Value = Message> {
+        let raft_message = (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), arb_bytes()).prop_map(
+            |(from, to, term, index, data)| {
+                let mut message = raft::prelude::Message::default();
+                message.set_msg_type(MessageType::MsgAppend);
+                message.from = from;
+                message.to = to;
+                message.term = term;
+                message.index = index;
+                message.entries = vec![Entry { data, ..Default::default() }].into();
+                message
+            },
+        );
+        prop_oneof![
+            (any::<u32>(), raft_message)
+                .prop_map(|(log, message)| Message::Raft { log, message: Box::new(message) }),
+            (any::<u32>(), arb_proposal(), any::<bool>())
+                .prop_map(|(log, proposal, relayed)| Message::Forward { log, proposal, relayed }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn messages_round_trip(messages in proptest::collection::vec(arb_message(), 0..6)) {
+            let mut buf = BytesMut::new();
+            encode_batch(messages.iter(), &mut buf);
+            prop_assert_eq!(decode_batch::<Message>(buf.freeze()).unwrap(), messages);
+        }
+
+        #[test]
+        fn entries_round_trip(proposals in proptest::collection::vec(arb_proposal(), 0..5)) {
+            let batch = EntryBatch { proposals };
+            prop_assert_eq!(EntryBatch::decode_exact(batch.to_bytes()).unwrap(), batch);
+        }
+
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(junk in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_batch::<Message>(Bytes::from(junk.clone()));
+            let _ = Message::decode_exact(Bytes::from(junk.clone()));
+            let _ = EntryBatch::decode_exact(Bytes::from(junk));
+        }
+
+        #[test]
+        fn truncated_messages_are_errors(message in arb_message(), cut in any::<prop::sample::Index>()) {
+            let mut buf = BytesMut::new();
+            message.encode(&mut buf);
+            let cut = cut.index(buf.len());
+            prop_assert!(Message::decode_exact(buf.freeze().slice(..cut)).is_err());
+        }
+    }
+
+    #[test]
+    fn a_lying_command_count_is_refused_without_allocating() {
+        let mut buf = BytesMut::new();
+        buf.put_u64_le(1);
+        buf.put_u64_le(1);
+        buf.put_u32_le(u32::MAX);
+        assert!(Proposal::decode_exact(buf.freeze()).is_err());
+    }
+}

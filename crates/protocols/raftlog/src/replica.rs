@@ -1,0 +1,812 @@
+//! The raftlog replica: K Raft groups (raft-rs `RawNode`s) driven by one sans-I/O core.
+//!
+//! Per log, a replica plays three parts:
+//!
+//! * **origin** of its clients' commands. Updates join this replica's own session for the
+//!   log: while one batch is in flight, newly arrived commands wait and leave together as
+//!   the next batch, under the next sequence number. A batch goes to the log's leader (or is
+//!   proposed here, if this replica leads) and is re-sent after `retry_timeout` or as soon as
+//!   a different leader is known, until this replica *applies* it: the origin answers its
+//!   clients from its own state machine, so no reply message exists and a lost leader
+//!   never strands a request. Retries are safe because execution is at most once per
+//!   `(client, seq)`.
+//! * **leader**, if it leads the log: every batch accepted during one call of the core
+//!   (its own and those forwarded to it) becomes one Raft entry.
+//! * **state machine**: committed entries are applied in log order, each proposal at most
+//!   once (`state::LogState`).
+//!
+//! Reads use ReadIndex (Raft thesis §6.4, raft-rs `read_index`): the receiving replica,
+//! leader or follower, learns a commit index that the leader confirmed with a quorum after
+//! the read arrived, waits until it has applied that far, and reads its own copy.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use chorus_core::codec::WireMessage;
+use chorus_core::{
+    ClientRequestId, Command, CommandError, Epoch, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
+};
+use raft::prelude::{ConfState, Entry, EntryType, MessageType};
+use raft::storage::MemStorage;
+use raft::{Config, RawNode, ReadState, StateRole, INVALID_ID};
+use rustc_hash::FxHashMap;
+
+use crate::config::RaftLogConfig;
+use crate::message::{EntryBatch, Message, Proposal};
+use crate::state::{LogState, ProposalResult, SessionRecord};
+
+/// Counters for INFO, the simulator's summary and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftLogStats {
+    /// Raft entries this replica proposed as leader, and the client commands in them.
+    pub entries_proposed: u64,
+    pub commands_proposed: u64,
+    /// Proposals (one session's batch) applied, executed or recognised as retries.
+    pub proposals_executed: u64,
+    pub proposals_duplicate: u64,
+    pub proposals_stale: u64,
+    /// Committed entries whose contents did not decode (skipped identically everywhere).
+    pub entries_malformed: u64,
+    pub batches_forwarded: u64,
+    /// Batches sent again: retry timeout or a new leader.
+    pub batches_resent: u64,
+    pub forwards_relayed: u64,
+    pub read_rounds: u64,
+    pub read_rounds_retried: u64,
+    pub reads_served: u64,
+    /// Raft messages refused before reaching raft-rs (wrong sender, snapshot, malformed).
+    pub messages_refused: u64,
+}
+
+/// Which log a key belongs to: FNV-1a (64-bit) of the key, modulo the number of logs. A fixed
+/// function, so every node and every build agree.
+pub fn log_of(key: &[u8], logs: usize) -> usize {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key {
+        hash ^= *byte as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash % logs as u64) as usize
+}
+
+/// Raft ids must be non-zero.
+fn raft_id(node: NodeId) -> u64 {
+    node.0 as u64 + 1
+}
+
+fn node_of(raft_id: u64) -> Option<NodeId> {
+    u8::try_from(raft_id.checked_sub(1)?).ok().map(NodeId)
+}
+
+/// A batch this replica waits to see applied: its own session's, or one external session
+/// request.
+#[derive(Debug)]
+struct Waiter {
+    proposal: Proposal,
+    /// Who gets which command's outcome: `(command index, request)`.
+    requests: Vec<(usize, ClientRequestId)>,
+    own: bool,
+    sent_at: Option<Time>,
+    /// The Raft id it was last sent (or proposed) to.
+    sent_to: u64,
+}
+
+#[derive(Debug)]
+struct PendingRead {
+    request: ClientRequestId,
+    key: Key,
+    /// How many of this replica's own updates of the log must be applied before the read
+    /// may start: a pipelined `SET k` then `GET k` from one connection reads its write.
+    barrier: u64,
+}
+
+#[derive(Debug)]
+struct ReadRound {
+    id: u64,
+    started_at: Time,
+    /// The leader the ReadIndex request went to (through raft-rs).
+    leader: u64,
+    reads: Vec<(ClientRequestId, Key)>,
+}
+
+struct Group {
+    raft: RawNode<MemStorage>,
+    state: LogState,
+    applied_index: u64,
+    // ---- origin
+    queue: VecDeque<(ClientRequestId, Command)>,
+    own_seq: u64,
+    own_in_flight: bool,
+    updates_accepted: u64,
+    updates_applied: u64,
+    waiters: BTreeMap<(u64, u64), Waiter>,
+    // ---- reads
+    reads_waiting: VecDeque<PendingRead>,
+    read_round: Option<ReadRound>,
+    next_read_round: u64,
+    /// Rounds the leader confirmed, waiting for this replica to apply up to their index.
+    reads_confirmed: Vec<(u64, Vec<(ClientRequestId, Key)>)>,
+    // ---- leader
+    to_propose: Vec<Proposal>,
+    /// The highest sequence number per client proposed in `proposed_term`: a retry of a
+    /// batch already in this leader's log is not proposed again.
+    proposed: FxHashMap<u64, u64>,
+    proposed_term: u64,
+}
+
+impl Group {
+    fn leader(&self) -> u64 {
+        self.raft.raft.leader_id
+    }
+
+    fn is_leader(&self) -> bool {
+        self.raft.raft.state == StateRole::Leader
+    }
+}
+
+pub struct RaftLog {
+    config: RaftLogConfig,
+    view: View,
+    groups: Vec<Group>,
+    next_raft_tick: Time,
+    stats: RaftLogStats,
+    /// At-most-once on (always, except the `NoSessions` broken variant).
+    dedupe: bool,
+    /// Reads without ReadIndex (the `LocalReads` broken variant).
+    local_reads: bool,
+}
+
+const READ_CONTEXT_BYTES: usize = 13;
+
+impl RaftLog {
+    pub fn new(config: RaftLogConfig) -> RaftLog {
+        assert!(config.logs >= 1, "at least one log");
+        assert!(u32::try_from(config.logs).is_ok(), "log numbers travel as u32");
+        assert!(config.members.contains(config.me), "a node is a member of its own cluster");
+        assert!(config.batch_commands_max >= 1, "a batch holds at least one command");
+        assert!(config.retry_timeout > Time::ZERO, "retry_timeout must be positive");
+        #[cfg(feature = "broken-variants")]
+        let (dedupe, local_reads) = (
+            config.bug != Some(crate::config::Bug::NoSessions),
+            config.bug == Some(crate::config::Bug::LocalReads),
+        );
+        #[cfg(not(feature = "broken-variants"))]
+        let (dedupe, local_reads) = (true, false);
+        let groups = (0..config.logs).map(|log| new_group(&config, log)).collect();
+        RaftLog {
+            view: View { epoch: Epoch(1), live: config.members },
+            next_raft_tick: config.raft_tick_period,
+            groups,
+            stats: RaftLogStats::default(),
+            dedupe,
+            local_reads,
+            config,
+        }
+    }
+
+    /// The cluster this replica belongs to.
+    pub fn members(&self) -> NodeSet {
+        self.config.members
+    }
+
+    pub fn config(&self) -> &RaftLogConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> RaftLogStats {
+        self.stats
+    }
+
+    /// The latest view the membership service installed (informational: Raft's own quorums
+    /// decide who serves; see docs/protocols/raftlog.md).
+    pub fn view(&self) -> View {
+        self.view
+    }
+
+    pub fn logs(&self) -> usize {
+        self.groups.len()
+    }
+
+    pub fn log_of(&self, key: &[u8]) -> usize {
+        log_of(key, self.groups.len())
+    }
+
+    /// The leader this replica knows for `log`, if any.
+    pub fn leader_of(&self, log: usize) -> Option<NodeId> {
+        node_of(self.groups[log].leader())
+    }
+
+    pub fn is_leader(&self, log: usize) -> bool {
+        self.groups[log].is_leader()
+    }
+
+    pub fn term(&self, log: usize) -> u64 {
+        self.groups[log].raft.raft.term
+    }
+
+    pub fn applied_index(&self, log: usize) -> u64 {
+        self.groups[log].applied_index
+    }
+
+    /// This replica's applied copy of `key` (not a linearizable read).
+    pub fn applied_value(&self, key: &[u8]) -> Option<&chorus_core::Value> {
+        self.groups[self.log_of(key)].state.get(key)
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.groups.iter().map(|group| group.state.key_count()).sum()
+    }
+
+    /// Every key this replica's applied copies hold (every replica applies every log, so
+    /// this is every key the cluster committed up to this replica's applied indexes).
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.groups.iter().flat_map(|group| group.state.keys())
+    }
+
+    /// What `client` last executed in `log`, as this replica has applied it.
+    pub fn session(&self, log: usize, client: u64) -> Option<&SessionRecord> {
+        self.groups[log].state.session(client)
+    }
+
+    /// Client requests this replica has accepted and not answered yet.
+    pub fn pending_requests(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|group| {
+                group.queue.len()
+                    + group.waiters.values().map(|waiter| waiter.requests.len()).sum::<usize>()
+                    + group.reads_waiting.len()
+                    + group.read_round.as_ref().map_or(0, |round| round.reads.len())
+                    + group.reads_confirmed.iter().map(|(_, reads)| reads.len()).sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// A request of an external client session (Cyclone §3.4): `client` must be unique to
+    /// that client and `seq` must grow with each of its requests, one outstanding at a time.
+    /// A retry (same `client` and `seq`, at any replica) gets the saved outcome of the first
+    /// execution instead of running again; a sequence number older than the client's last
+    /// executed one is refused with a `stale sequence number` error.
+    pub fn on_session_command(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        client: u64,
+        seq: u64,
+        command: Command,
+        out: &mut Outbox<Message>,
+    ) {
+        let log = self.log_of(command.key());
+        let group = &mut self.groups[log];
+        if let Some(waiter) = group.waiters.get_mut(&(client, seq)) {
+            // The same request again, while the first copy is still in flight: both get the
+            // one outcome.
+            waiter.requests.push((0, request));
+        } else {
+            let proposal = Proposal { client, seq, commands: vec![command] };
+            register_waiter(group, proposal, vec![(0, request)], false, self.dedupe, out);
+        }
+        self.flush(now, out);
+    }
+
+    // ------------------------------------------------------------------ the turn
+
+    /// Everything a call leaves to do, for every log: form this replica's next batch, send
+    /// what is due, start a ReadIndex round, propose what the leader collected as one entry,
+    /// and run the raft-rs Ready cycle (messages out, entries applied, reads answered).
+    /// Applying can complete a batch and free the way for the next, hence the loop.
+    fn flush(&mut self, now: Time, out: &mut Outbox<Message>) {
+        for log in 0..self.groups.len() {
+            for _ in 0..4 {
+                self.dispatch_own_batch(log, out);
+                self.send_waiters(log, now, out);
+                self.start_read_round(log, now);
+                self.propose(log);
+                if !self.handle_ready(log, out) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Turn queued updates into this replica's next batch, unless one is in flight.
+    fn dispatch_own_batch(&mut self, log: usize, out: &mut Outbox<Message>) {
+        let group = &mut self.groups[log];
+        if group.own_in_flight || group.queue.is_empty() {
+            return;
+        }
+        let count = group.queue.len().min(self.config.batch_commands_max);
+        let mut commands = Vec::with_capacity(count);
+        let mut requests = Vec::with_capacity(count);
+        for (index, (request, command)) in group.queue.drain(..count).enumerate() {
+            commands.push(command);
+            requests.push((index, request));
+        }
+        group.own_seq += 1;
+        group.own_in_flight = true;
+        let proposal = Proposal { client: self.config.session_client_id, seq: group.own_seq, commands };
+        register_waiter(group, proposal, requests, true, self.dedupe, out);
+    }
+
+    /// Send every waiting batch that was never sent, whose leader changed, or whose retry
+    /// timeout ran out, to the log's leader (or propose it, if we lead).
+    fn send_waiters(&mut self, log: usize, now: Time, out: &mut Outbox<Message>) {
+        let retry_timeout = self.config.retry_timeout;
+        let me = raft_id(self.config.me);
+        let group = &mut self.groups[log];
+        let leader = group.leader();
+        if leader == INVALID_ID || group.waiters.is_empty() {
+            return; // Nobody to send to yet: the next call after an election sends.
+        }
+        let mut to_accept = Vec::new();
+        for waiter in group.waiters.values_mut() {
+            let due = match waiter.sent_at {
+                None => true,
+                Some(at) => waiter.sent_to != leader || now >= at + retry_timeout,
+            };
+            if !due {
+                continue;
+            }
+            if waiter.sent_at.is_some() {
+                self.stats.batches_resent += 1;
+            }
+            waiter.sent_at = Some(now);
+            waiter.sent_to = leader;
+            if leader == me {
+                to_accept.push(waiter.proposal.clone());
+            } else if let Some(node) = node_of(leader) {
+                self.stats.batches_forwarded += 1;
+                out.send(
+                    node,
+                    Message::Forward { log: log as u32, proposal: waiter.proposal.clone(), relayed: false },
+                );
+            }
+        }
+        for proposal in to_accept {
+            self.accept_proposal(log, proposal);
+        }
+    }
+
+    /// As leader: take a batch into the next entry, unless it already executed or is already
+    /// in this leader's log.
+    fn accept_proposal(&mut self, log: usize, proposal: Proposal) {
+        let group = &mut self.groups[log];
+        if !group.is_leader() {
+            return;
+        }
+        let term = group.raft.raft.term;
+        if group.proposed_term != term {
+            group.proposed.clear();
+            group.proposed_term = term;
+        }
+        if self.dedupe {
+            // Executed already: its origin learns the outcome when it applies that entry.
+            if group.state.last_seq(proposal.client) >= proposal.seq {
+                return;
+            }
+            if group.proposed.get(&proposal.client).is_some_and(|&seq| seq >= proposal.seq) {
+                return;
+            }
+        }
+        group.proposed.insert(proposal.client, proposal.seq);
+        group.to_propose.push(proposal);
+    }
+
+    /// Propose everything accepted during this call as one Raft entry.
+    fn propose(&mut self, log: usize) {
+        let group = &mut self.groups[log];
+        if group.to_propose.is_empty() {
+            return;
+        }
+        let batch = EntryBatch { proposals: std::mem::take(&mut group.to_propose) };
+        if !group.is_leader() {
+            group.proposed.clear();
+            return; // Lost leadership within the call: the origins retry elsewhere.
+        }
+        let commands: usize = batch.proposals.iter().map(|proposal| proposal.commands.len()).sum();
+        if group.raft.propose(vec![], batch.to_bytes().to_vec()).is_ok() {
+            self.stats.entries_proposed += 1;
+            self.stats.commands_proposed += commands as u64;
+        } else {
+            // Dropped (e.g. a leadership transfer): forget it so a retry proposes it again.
+            for proposal in &batch.proposals {
+                if group.proposed.get(&proposal.client) == Some(&proposal.seq) {
+                    group.proposed.remove(&proposal.client);
+                }
+            }
+        }
+    }
+
+    /// Start a ReadIndex round for the reads whose barrier is met, unless one is in flight;
+    /// restart a round that got no answer in time or whose leader changed.
+    fn start_read_round(&mut self, log: usize, now: Time) {
+        let me = self.config.me;
+        let retry_timeout = self.config.retry_timeout;
+        let group = &mut self.groups[log];
+        let leader = group.leader();
+        if let Some(round) = &mut group.read_round {
+            let stale = round.leader != leader || now >= round.started_at + retry_timeout;
+            if !stale || leader == INVALID_ID {
+                return;
+            }
+            // The request or its answer was lost, or went to a deposed leader. The reads were
+            // invoked before the first attempt, so a later confirmation still suffices.
+            self.stats.read_rounds_retried += 1;
+            round.id = group.next_read_round;
+            round.started_at = now;
+            round.leader = leader;
+            group.next_read_round += 1;
+            group.raft.read_index(read_context(me, log, round.id));
+            return;
+        }
+        if leader == INVALID_ID {
+            return; // raft-rs drops ReadIndex requests while no leader is known.
+        }
+        let mut reads = Vec::new();
+        while group.reads_waiting.front().is_some_and(|read| read.barrier <= group.updates_applied) {
+            let read = group.reads_waiting.pop_front().expect("front exists");
+            reads.push((read.request, read.key));
+        }
+        if reads.is_empty() {
+            return;
+        }
+        let id = group.next_read_round;
+        group.next_read_round += 1;
+        self.stats.read_rounds += 1;
+        group.read_round = Some(ReadRound { id, started_at: now, leader, reads });
+        group.raft.read_index(read_context(me, log, id));
+    }
+
+    /// The raft-rs 0.7 Ready cycle (as in chorus-membership): send, apply, persist, advance,
+    /// then the light ready. Returns whether there was anything to do.
+    fn handle_ready(&mut self, log: usize, out: &mut Outbox<Message>) -> bool {
+        if !self.groups[log].raft.has_ready() {
+            return false;
+        }
+        let mut ready = self.groups[log].raft.ready();
+        self.send_raft(log, ready.take_messages(), out);
+        for read_state in ready.take_read_states() {
+            self.on_read_state(log, read_state);
+        }
+        let committed = ready.take_committed_entries();
+        self.apply(log, committed, out);
+        let store = self.groups[log].raft.raft.raft_log.store.clone();
+        if !ready.entries().is_empty() {
+            store.wl().append(ready.entries()).expect("append to the in-memory log");
+        }
+        if let Some(hard_state) = ready.hs() {
+            store.wl().set_hardstate(hard_state.clone());
+        }
+        self.send_raft(log, ready.take_persisted_messages(), out);
+        let mut light = self.groups[log].raft.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            store.wl().mut_hard_state().set_commit(commit);
+        }
+        self.send_raft(log, light.take_messages(), out);
+        let committed = light.take_committed_entries();
+        self.apply(log, committed, out);
+        self.groups[log].raft.advance_apply();
+        true
+    }
+
+    fn send_raft(&mut self, log: usize, messages: Vec<raft::prelude::Message>, out: &mut Outbox<Message>) {
+        for message in messages {
+            if let Some(to) = node_of(message.to).filter(|node| self.config.members.contains(*node)) {
+                out.send(to, Message::Raft { log: log as u32, message: Box::new(message) });
+            }
+        }
+    }
+
+    fn on_read_state(&mut self, log: usize, read_state: ReadState) {
+        let group = &mut self.groups[log];
+        let Some(round) = &group.read_round else { return };
+        // Answers to earlier attempts (or duplicates) carry another round id: ignored.
+        if read_state.request_ctx != read_context(self.config.me, log, round.id) {
+            return;
+        }
+        let round = group.read_round.take().expect("round exists");
+        group.reads_confirmed.push((read_state.index, round.reads));
+    }
+
+    /// Apply committed entries in order; answer the batches and reads they complete.
+    fn apply(&mut self, log: usize, entries: Vec<Entry>, out: &mut Outbox<Message>) {
+        let group = &mut self.groups[log];
+        for entry in entries {
+            debug_assert!(entry.index > group.applied_index, "entries apply in order, once");
+            group.applied_index = entry.index;
+            // Leader no-ops are empty; no conf changes are ever proposed.
+            if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+                continue;
+            }
+            let Ok(batch) = EntryBatch::decode_exact(entry.data.clone()) else {
+                // Every replica skips the same committed entry, so the copies stay equal.
+                self.stats.entries_malformed += 1;
+                continue;
+            };
+            for proposal in &batch.proposals {
+                let result = group.state.apply(proposal, self.dedupe);
+                match result {
+                    ProposalResult::Executed => self.stats.proposals_executed += 1,
+                    ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
+                    ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
+                }
+                let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { continue };
+                complete_waiter(group, waiter, result, out);
+            }
+        }
+        // Confirmed reads whose index is now applied.
+        let applied_index = group.applied_index;
+        let mut served = 0;
+        group.reads_confirmed.retain(|(index, reads)| {
+            if *index > applied_index {
+                return true;
+            }
+            for (request, key) in reads {
+                out.reply(*request, Outcome::Value(group.state.get(key).cloned()));
+                served += 1;
+            }
+            false
+        });
+        self.stats.reads_served += served;
+    }
+}
+
+fn new_group(config: &RaftLogConfig, log: usize) -> Group {
+    let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
+    let storage = MemStorage::new_with_conf_state(ConfState::from((voters, vec![])));
+    // raft-rs draws election timeouts from a thread-local RNG, which would make the simulator
+    // non-deterministic. A fixed per-node timeout (min = max - 1) keeps it deterministic;
+    // staggering it by rank avoids endless split votes, and rotating the ranks per log
+    // spreads the leaders of different logs over different nodes (as Cyclone spreads its
+    // Raft cores' work).
+    let members = config.members.len();
+    let rank = config.members.iter().position(|node| node == config.me).expect("member");
+    let stagger = (rank + members - log % members) % members;
+    let election_tick = config.election_ticks + 3 * stagger;
+    let raft_config = Config {
+        id: raft_id(config.me),
+        election_tick,
+        heartbeat_tick: config.heartbeat_ticks,
+        min_election_tick: election_tick,
+        max_election_tick: election_tick + 1,
+        pre_vote: true,
+        check_quorum: true,
+        max_size_per_msg: 1 << 20,
+        max_inflight_msgs: 256,
+        ..Default::default()
+    };
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let mut raft = RawNode::new(&raft_config, storage, &logger).expect("valid raft config");
+    if stagger == 0 {
+        // The log's preferred node campaigns at once rather than after an election timeout,
+        // so a fresh cluster serves within a round trip.
+        let _ = raft.campaign();
+    }
+    Group {
+        raft,
+        state: LogState::default(),
+        applied_index: 0,
+        queue: VecDeque::new(),
+        own_seq: 0,
+        own_in_flight: false,
+        updates_accepted: 0,
+        updates_applied: 0,
+        waiters: BTreeMap::new(),
+        reads_waiting: VecDeque::new(),
+        read_round: None,
+        next_read_round: 0,
+        reads_confirmed: Vec::new(),
+        to_propose: Vec::new(),
+        proposed: FxHashMap::default(),
+        proposed_term: 0,
+    }
+}
+
+/// Track a batch until this replica applies it. One that this replica has applied already
+/// (a retry of an external request) is answered at once.
+fn register_waiter(
+    group: &mut Group,
+    proposal: Proposal,
+    requests: Vec<(usize, ClientRequestId)>,
+    own: bool,
+    dedupe: bool,
+    out: &mut Outbox<Message>,
+) {
+    let last_seq = group.state.last_seq(proposal.client);
+    let waiter = Waiter { proposal, requests, own, sent_at: None, sent_to: INVALID_ID };
+    if dedupe && waiter.proposal.seq <= last_seq {
+        let result = if waiter.proposal.seq == last_seq {
+            ProposalResult::Duplicate
+        } else {
+            ProposalResult::Stale { last_seq }
+        };
+        complete_waiter(group, waiter, result, out);
+        return;
+    }
+    group.waiters.insert((waiter.proposal.client, waiter.proposal.seq), waiter);
+}
+
+fn complete_waiter(group: &mut Group, waiter: Waiter, result: ProposalResult, out: &mut Outbox<Message>) {
+    match result {
+        ProposalResult::Executed | ProposalResult::Duplicate => {
+            let record = group.state.session(waiter.proposal.client).expect("applied session");
+            for (index, request) in &waiter.requests {
+                let outcome = record.outcomes.get(*index).cloned().unwrap_or(Outcome::Error(
+                    // A retry that reused the sequence number for a different batch.
+                    CommandError::Unavailable("sequence number reused for a different request"),
+                ));
+                out.reply(*request, outcome);
+            }
+        }
+        ProposalResult::Stale { .. } => {
+            debug_assert!(!waiter.own, "this replica's own session never goes backwards");
+            for (_, request) in &waiter.requests {
+                out.reply(
+                    *request,
+                    Outcome::Error(CommandError::Unavailable(
+                        "stale sequence number: this client session already executed a newer request",
+                    )),
+                );
+            }
+        }
+    }
+    if waiter.own {
+        group.own_in_flight = false;
+        group.updates_applied += waiter.requests.len() as u64;
+    }
+}
+
+/// The ReadIndex context: unique per requesting node, log and round, because the leader
+/// keys its pending reads by it.
+fn read_context(me: NodeId, log: usize, round: u64) -> Vec<u8> {
+    let mut context = Vec::with_capacity(READ_CONTEXT_BYTES);
+    context.push(me.0);
+    context.extend_from_slice(&(log as u32).to_le_bytes());
+    context.extend_from_slice(&round.to_le_bytes());
+    context
+}
+
+/// Whether a Raft message from a peer may reach raft-rs. raft-rs trusts its input (some
+/// malformed messages make it panic), so the obvious lies are refused here: a wrong
+/// sender or recipient, messages only a local caller may produce, snapshots (never sent:
+/// logs are not compacted yet), proposals (only leaders propose here), and ReadIndex
+/// messages without exactly one context entry.
+fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId) -> bool {
+    if message.from != raft_id(from) || message.to != raft_id(me) {
+        return false;
+    }
+    match message.get_msg_type() {
+        MessageType::MsgHup
+        | MessageType::MsgBeat
+        | MessageType::MsgUnreachable
+        | MessageType::MsgSnapStatus
+        | MessageType::MsgCheckQuorum
+        | MessageType::MsgPropose
+        | MessageType::MsgSnapshot => false,
+        MessageType::MsgReadIndex | MessageType::MsgReadIndexResp => message.entries.len() == 1,
+        _ => true,
+    }
+}
+
+impl Replica for RaftLog {
+    type Message = Message;
+
+    fn id(&self) -> NodeId {
+        self.config.me
+    }
+
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Message>,
+    ) {
+        let log = self.log_of(command.key());
+        let group = &mut self.groups[log];
+        match command {
+            Command::Read { key } if self.local_reads => {
+                out.reply(request, Outcome::Value(group.state.get(&key).cloned()));
+                return;
+            }
+            Command::Read { key } => {
+                group.reads_waiting.push_back(PendingRead { request, key, barrier: group.updates_accepted })
+            }
+            command => {
+                group.queue.push_back((request, command));
+                group.updates_accepted += 1;
+            }
+        }
+        self.flush(now, out);
+    }
+
+    fn on_message(&mut self, now: Time, from: NodeId, message: Message, out: &mut Outbox<Message>) {
+        if !self.config.members.contains(from) {
+            self.stats.messages_refused += 1;
+            return; // Not one of ours: the transport's handshake should have refused it.
+        }
+        match message {
+            Message::Raft { log, message } => {
+                let Some(group) = self.groups.get_mut(log as usize) else {
+                    self.stats.messages_refused += 1;
+                    return;
+                };
+                if !acceptable(&message, from, self.config.me) {
+                    self.stats.messages_refused += 1;
+                    return;
+                }
+                // A stale or out-of-order message is the sender's problem, not a reason to stop.
+                let _ = group.raft.step(*message);
+            }
+            Message::Forward { log, proposal, relayed } => {
+                let log = log as usize;
+                let Some(group) = self.groups.get(log) else {
+                    self.stats.messages_refused += 1;
+                    return;
+                };
+                if group.is_leader() {
+                    self.accept_proposal(log, proposal);
+                } else if !relayed {
+                    // We are not (or no longer) the leader the origin believed in: pass it on
+                    // once to the leader we know, rather than wait for the origin's retry.
+                    let leader = group.leader();
+                    if let Some(node) =
+                        node_of(leader).filter(|node| *node != from && *node != self.config.me)
+                    {
+                        self.stats.forwards_relayed += 1;
+                        out.send(node, Message::Forward { log: log as u32, proposal, relayed: true });
+                    }
+                }
+            }
+        }
+        self.flush(now, out);
+    }
+
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
+        while now >= self.next_raft_tick {
+            for group in &mut self.groups {
+                group.raft.tick();
+            }
+            self.next_raft_tick = self.next_raft_tick + self.config.raft_tick_period;
+        }
+        self.flush(now, out);
+    }
+
+    fn on_view(&mut self, _now: Time, view: View, _out: &mut Outbox<Message>) {
+        // Informational: every group's quorum already tolerates a crashed minority, and the
+        // voters stay fixed (no conf changes yet). See docs/protocols/raftlog.md.
+        if view.epoch > self.view.epoch {
+            self.view = view;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_of_a_key_never_changes() {
+        // Pinned values: the hash must be identical on every node and in every build.
+        assert_eq!(log_of(b"", 8), (0xcbf2_9ce4_8422_2325u64 % 8) as usize);
+        assert_eq!(log_of(b"a", 1_000_003), (0xaf63_dc4c_8601_ec8cu64 % 1_000_003) as usize);
+        assert_eq!(log_of(b"foobar", 1_000_003), (0x85944171f73967e8u64 % 1_000_003) as usize);
+    }
+
+    #[test]
+    fn keys_spread_over_every_log() {
+        let mut counts = [0usize; 8];
+        for index in 0..8_000 {
+            counts[log_of(format!("key:{index}").as_bytes(), 8)] += 1;
+        }
+        assert!(counts.iter().all(|&count| (800..1_200).contains(&count)), "{counts:?}");
+    }
+
+    #[test]
+    fn read_contexts_differ_by_node_log_and_round() {
+        let base = read_context(NodeId(1), 2, 3);
+        assert_eq!(base.len(), READ_CONTEXT_BYTES);
+        assert_ne!(base, read_context(NodeId(2), 2, 3));
+        assert_ne!(base, read_context(NodeId(1), 3, 3));
+        assert_ne!(base, read_context(NodeId(1), 2, 4));
+    }
+}

@@ -1,0 +1,514 @@
+//! Scripted scenarios for the raftlog core (Cyclone over raft-rs).
+//!
+//! Every test drives a small cluster through a manual network and a manual clock, so it can
+//! reproduce one exact interleaving (drop this append, crash that leader, retry there) and
+//! check the replies, the applied state and the counters after each step.
+
+use bytes::Bytes;
+use chorus_core::{
+    ClientRequestId, Command, CommandError, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, Value,
+};
+use chorus_raftlog::{Message, RaftLog, RaftLogConfig};
+use raft::prelude::MessageType;
+
+// ================================================================ harness
+
+#[derive(Clone, Debug)]
+struct Envelope {
+    from: u8,
+    to: u8,
+    msg: Message,
+}
+
+impl Envelope {
+    fn raft_type(&self) -> Option<MessageType> {
+        match &self.msg {
+            Message::Raft { message, .. } => Some(message.get_msg_type()),
+            Message::Forward { .. } => None,
+        }
+    }
+    fn is_forward(&self) -> bool {
+        matches!(self.msg, Message::Forward { .. })
+    }
+}
+
+/// N raftlog replicas (ids 0..N) over a network the test controls message by message.
+struct Cluster {
+    nodes: Vec<RaftLog>,
+    crashed: Vec<bool>,
+    /// Messages sent and not yet delivered or dropped, in send order.
+    net: Vec<Envelope>,
+    /// Directed links that lose everything.
+    cut: Vec<(u8, u8)>,
+    replies: Vec<(ClientRequestId, Outcome)>,
+    now: Time,
+    next_request: u64,
+}
+
+impl Cluster {
+    fn new(n: u8, logs: usize) -> Cluster {
+        Cluster::with(n, |config| config.logs = logs)
+    }
+
+    fn with(n: u8, tweak: impl Fn(&mut RaftLogConfig)) -> Cluster {
+        let everyone: NodeSet = (0..n).map(NodeId).collect();
+        let nodes = (0..n)
+            .map(|id| {
+                let mut config = RaftLogConfig::new(NodeId(id), everyone);
+                tweak(&mut config);
+                RaftLog::new(config)
+            })
+            .collect();
+        Cluster {
+            nodes,
+            crashed: vec![false; n as usize],
+            net: Vec::new(),
+            cut: Vec::new(),
+            replies: Vec::new(),
+            now: Time::ZERO,
+            next_request: 0,
+        }
+    }
+
+    fn collect(&mut self, node: u8, out: Outbox<Message>) {
+        for (destination, msg) in out.messages {
+            for to in destination.nodes().iter() {
+                assert_ne!(to.0, node, "a replica sent a message to itself");
+                self.net.push(Envelope { from: node, to: to.0, msg: msg.clone() });
+            }
+        }
+        for (id, outcome) in out.replies {
+            assert!(self.reply_of(id).is_none(), "{id:?} answered twice");
+            self.replies.push((id, outcome));
+        }
+    }
+
+    fn client(&mut self, node: u8, command: Command) -> ClientRequestId {
+        self.next_request += 1;
+        let id = ClientRequestId(self.next_request);
+        let mut out = Outbox::default();
+        self.nodes[node as usize].on_client(self.now, id, command, &mut out);
+        self.collect(node, out);
+        id
+    }
+
+    fn session(&mut self, node: u8, client: u64, seq: u64, command: Command) -> ClientRequestId {
+        self.next_request += 1;
+        let id = ClientRequestId(self.next_request);
+        let mut out = Outbox::default();
+        self.nodes[node as usize].on_session_command(self.now, id, client, seq, command, &mut out);
+        self.collect(node, out);
+        id
+    }
+
+    fn reply_of(&self, id: ClientRequestId) -> Option<Outcome> {
+        self.replies.iter().find(|(r, _)| *r == id).map(|(_, outcome)| outcome.clone())
+    }
+
+    fn receive(&mut self, e: Envelope) {
+        if self.crashed[e.to as usize] || self.crashed[e.from as usize] || self.cut.contains(&(e.from, e.to))
+        {
+            return;
+        }
+        let mut out = Outbox::default();
+        self.nodes[e.to as usize].on_message(self.now, NodeId(e.from), e.msg, &mut out);
+        self.collect(e.to, out);
+    }
+
+    /// Deliver the queued messages matching `filter`, in send order; reactions are queued.
+    fn deliver(&mut self, filter: impl Fn(&Envelope) -> bool) -> usize {
+        let (matching, rest): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.net).into_iter().partition(|e| filter(e));
+        self.net = rest;
+        let count = matching.len();
+        for e in matching {
+            self.receive(e);
+        }
+        count
+    }
+
+    fn drop_where(&mut self, filter: impl Fn(&Envelope) -> bool) -> usize {
+        let before = self.net.len();
+        self.net.retain(|e| !filter(e));
+        before - self.net.len()
+    }
+
+    /// Deliver everything, including reactions, until the network is quiet.
+    fn deliver_all(&mut self) {
+        for _ in 0..1_000 {
+            if self.deliver(|_| true) == 0 {
+                return;
+            }
+        }
+        panic!("the network never went quiet");
+    }
+
+    /// Let `millis` of time pass: every live node ticks each millisecond and the network
+    /// delivers everything in between.
+    fn run_for(&mut self, millis: u64) {
+        for _ in 0..millis {
+            self.now = self.now + Time::from_millis(1);
+            for node in 0..self.nodes.len() as u8 {
+                if !self.crashed[node as usize] {
+                    let mut out = Outbox::default();
+                    self.nodes[node as usize].on_tick(self.now, &mut out);
+                    self.collect(node, out);
+                }
+            }
+            self.deliver_all();
+        }
+    }
+
+    fn crash(&mut self, node: u8) {
+        self.crashed[node as usize] = true;
+        self.net.retain(|e| e.from != node && e.to != node);
+    }
+
+    /// Cut every link between `side` and the other nodes, both ways.
+    fn isolate(&mut self, side: &[u8]) {
+        for a in 0..self.nodes.len() as u8 {
+            for b in 0..self.nodes.len() as u8 {
+                if side.contains(&a) != side.contains(&b) {
+                    self.cut.push((a, b));
+                }
+            }
+        }
+    }
+
+    fn heal(&mut self) {
+        self.cut.clear();
+    }
+
+    fn leader_of(&self, node: u8, log: usize) -> Option<NodeId> {
+        self.nodes[node as usize].leader_of(log)
+    }
+}
+
+fn b(s: &str) -> Value {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+fn read(key: &str) -> Command {
+    Command::Read { key: b(key) }
+}
+fn write(key: &str, value: &str) -> Command {
+    Command::Write { key: b(key), value: Some(b(value)) }
+}
+fn incr(key: &str) -> Command {
+    Command::Rmw { key: b(key), op: RmwOp::IncrementBy(1) }
+}
+fn value(s: &str) -> Outcome {
+    Outcome::Value(Some(b(s)))
+}
+
+/// A 3-node cluster with one log whose leader n0 is elected and has committed its no-op.
+fn settled_single_log() -> Cluster {
+    let mut cluster = Cluster::new(3, 1);
+    cluster.run_for(50);
+    for node in 0..3 {
+        assert_eq!(cluster.leader_of(node, 0), Some(NodeId(0)));
+    }
+    cluster
+}
+
+// ================================================================ logs and leaders
+
+#[test]
+fn each_log_elects_its_preferred_leader_so_leaders_spread_over_nodes() {
+    let mut cluster = Cluster::new(3, 8);
+    cluster.run_for(50);
+    for log in 0..8 {
+        for node in 0..3 {
+            assert_eq!(cluster.leader_of(node, log), Some(NodeId((log % 3) as u8)), "log {log} at n{node}");
+        }
+    }
+}
+
+#[test]
+fn keys_of_different_logs_are_served_by_different_leaders() {
+    let mut cluster = Cluster::new(3, 8);
+    cluster.run_for(50);
+    let keys: Vec<String> = (0..64).map(|i| format!("key{i}")).collect();
+    let requests: Vec<_> = keys.iter().map(|key| cluster.client(1, write(key, key))).collect();
+    cluster.run_for(5);
+    for (key, request) in keys.iter().zip(&requests) {
+        assert_eq!(cluster.reply_of(*request), Some(Outcome::Written), "{key}");
+    }
+    let proposing_leaders = (0..3).filter(|&node| cluster.nodes[node].stats().entries_proposed > 0).count();
+    assert_eq!(proposing_leaders, 3, "every node leads some log and proposed its entries");
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].key_count(), 64, "every replica applied every write");
+    }
+}
+
+// ================================================================ writes, batching
+
+#[test]
+fn a_write_at_a_follower_is_forwarded_and_answered_only_once_the_follower_applies_it() {
+    let mut cluster = settled_single_log();
+    let request = cluster.client(1, write("k", "v"));
+    assert_eq!(cluster.net.len(), 1);
+    assert!(cluster.net[0].is_forward() && cluster.net[0].to == 0, "forwarded to the leader");
+    // The leader proposes and replicates; hold back everything addressed to the origin.
+    cluster.deliver(|e| e.to == 0);
+    cluster.deliver(|e| e.to != 1);
+    cluster.deliver(|e| e.to != 1);
+    assert_eq!(cluster.nodes[0].applied_value(b"k"), Some(&b("v")), "committed at the leader");
+    assert_eq!(cluster.reply_of(request), None, "the origin has not applied it yet");
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
+    assert_eq!(cluster.nodes[1].applied_value(b"k"), Some(&b("v")));
+}
+
+#[test]
+fn commands_arriving_while_a_batch_is_in_flight_leave_together_as_one_entry() {
+    let mut cluster = settled_single_log();
+    let first = cluster.client(1, write("k", "0"));
+    let rest: Vec<_> = (1..=5).map(|i| cluster.client(1, incr(&format!("c{i}")))).collect();
+    assert_eq!(cluster.net.iter().filter(|e| e.is_forward()).count(), 1, "one batch in flight");
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(first), Some(Outcome::Written));
+    for request in rest {
+        assert_eq!(cluster.reply_of(request), Some(Outcome::Integer(1)));
+    }
+    let stats = cluster.nodes[0].stats();
+    assert_eq!((stats.entries_proposed, stats.commands_proposed), (2, 6), "{stats:?}");
+}
+
+#[test]
+fn without_batching_every_command_is_its_own_entry() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.batch_commands_max = 1;
+    });
+    cluster.run_for(50);
+    let requests: Vec<_> = (0..4).map(|_| cluster.client(0, incr("k"))).collect();
+    cluster.deliver_all();
+    let outcomes: Vec<_> = requests.iter().map(|r| cluster.reply_of(*r)).collect();
+    let expected: Vec<_> = (1..=4).map(|i| Some(Outcome::Integer(i))).collect();
+    assert_eq!(outcomes, expected, "in arrival order");
+    let stats = cluster.nodes[0].stats();
+    assert_eq!((stats.entries_proposed, stats.commands_proposed), (4, 4));
+}
+
+// ================================================================ reads
+
+#[test]
+fn a_read_at_a_follower_waits_for_read_index_and_apply() {
+    let mut cluster = settled_single_log();
+    let write_request = cluster.client(0, write("k", "v"));
+    while cluster.deliver(|e| e.to != 2) > 0 {} // n2 does not hear of the write yet
+    assert_eq!(cluster.reply_of(write_request), Some(Outcome::Written));
+    assert_eq!(cluster.nodes[2].applied_value(b"k"), None);
+    let read_request = cluster.client(2, read("k"));
+    assert_eq!(cluster.reply_of(read_request), None, "a follower never answers from its copy at once");
+    let asked = cluster.net.iter().any(|e| e.raft_type() == Some(MessageType::MsgReadIndex));
+    assert!(asked, "the follower asked the leader for a read index");
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(read_request), Some(value("v")), "it waited to apply the write");
+}
+
+#[test]
+fn a_deposed_leader_cut_off_from_the_majority_never_serves_a_stale_read() {
+    let mut cluster = settled_single_log();
+    let first = cluster.client(0, write("k", "old"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(first), Some(Outcome::Written));
+    cluster.isolate(&[0]);
+    let stale_read = cluster.client(0, read("k"));
+    cluster.run_for(400);
+    let new_leader = cluster.leader_of(1, 0).expect("the majority elected a leader");
+    assert_ne!(new_leader, NodeId(0));
+    let update = cluster.client(new_leader.0, write("k", "new"));
+    cluster.run_for(20);
+    assert_eq!(cluster.reply_of(update), Some(Outcome::Written));
+    assert_eq!(cluster.reply_of(stale_read), None, "the old leader could not confirm its leadership");
+    assert_eq!(cluster.nodes[0].applied_value(b"k"), Some(&b("old")));
+    cluster.heal();
+    cluster.run_for(300);
+    assert_eq!(cluster.reply_of(stale_read), Some(value("new")));
+}
+
+#[test]
+fn a_pipelined_write_then_read_at_one_replica_reads_the_write() {
+    let mut cluster = settled_single_log();
+    let write_request = cluster.client(1, write("k", "mine"));
+    let read_request = cluster.client(1, read("k"));
+    // The read does not even ask for a read index before the write is applied here.
+    assert!(!cluster.net.iter().any(|e| e.raft_type() == Some(MessageType::MsgReadIndex)));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(write_request), Some(Outcome::Written));
+    assert_eq!(cluster.reply_of(read_request), Some(value("mine")));
+}
+
+// ================================================================ leader changes, at-most-once
+
+/// n1 forwards `INCRBY k 1` to leader n0, which replicates it to n2 only; n2 never
+/// acknowledges, so nothing commits, and n0 crashes. Returns the cluster and the request.
+fn incr_stranded_by_a_crashed_leader() -> (Cluster, ClientRequestId) {
+    let mut cluster = settled_single_log();
+    let request = cluster.client(1, incr("k"));
+    cluster.deliver(|e| e.is_forward());
+    assert_eq!(cluster.nodes[0].stats().entries_proposed, 1);
+    cluster.drop_where(|e| e.to == 1); // the origin hears nothing of it
+    cluster.deliver(|e| e.to == 2 && e.raft_type() == Some(MessageType::MsgAppend));
+    cluster.drop_where(|e| e.to == 0); // n2's acknowledgement is lost
+    cluster.crash(0);
+    (cluster, request)
+}
+
+#[test]
+fn a_retry_that_lands_in_the_log_twice_executes_once() {
+    let (mut cluster, request) = incr_stranded_by_a_crashed_leader();
+    // n2 holds the entry, wins the election and replicates it to n1. n1 sees the new leader
+    // and re-forwards its batch before n2 committed anything of its term, so n2 cannot tell
+    // it executed and proposes it again: the log holds the batch twice.
+    cluster.run_for(400);
+    assert_eq!(cluster.leader_of(1, 0), Some(NodeId(2)));
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Integer(1)));
+    for node in [1, 2] {
+        let stats = cluster.nodes[node].stats();
+        assert_eq!(stats.proposals_executed, 1, "n{node}: {stats:?}");
+        assert_eq!(stats.proposals_duplicate, 1, "n{node}: the second copy was recognised: {stats:?}");
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("1")));
+    }
+    assert!(cluster.nodes[1].stats().batches_resent >= 1);
+}
+
+#[test]
+fn a_retry_of_a_batch_the_new_leader_already_executed_is_not_proposed_again() {
+    let mut cluster = settled_single_log();
+    let request = cluster.client(1, incr("k"));
+    cluster.deliver(|e| e.is_forward());
+    // n0 and n2 commit and apply it; n1 hears nothing; then n0 crashes.
+    for _ in 0..4 {
+        cluster.drop_where(|e| e.to == 1);
+        cluster.deliver(|e| e.to != 1);
+    }
+    assert_eq!(cluster.nodes[2].applied_value(b"k"), Some(&b("1")));
+    cluster.crash(0);
+    cluster.run_for(400);
+    assert_eq!(cluster.leader_of(1, 0), Some(NodeId(2)));
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Integer(1)), "learnt from its own log");
+    assert_eq!(cluster.nodes[2].stats().entries_proposed, 0, "only no-ops: the retry was filtered");
+    assert_eq!(cluster.nodes[1].stats().proposals_duplicate, 0);
+    assert_eq!(cluster.nodes[1].applied_value(b"k"), Some(&b("1")));
+}
+
+#[test]
+fn external_sessions_get_saved_results_for_retries_and_an_error_for_stale_numbers() {
+    let mut cluster = settled_single_log();
+    let client = 0xC11E_u64 << 32;
+    let first = cluster.session(1, client, 1, incr("k"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(first), Some(Outcome::Integer(1)));
+    let second = cluster.session(2, client, 2, incr("k"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(second), Some(Outcome::Integer(2)));
+    // The client never saw the answer to 2 and retries it at another replica.
+    let retry = cluster.session(0, client, 2, incr("k"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(retry), Some(Outcome::Integer(2)), "the saved result");
+    // Sequence number 1 is older than the last executed one.
+    let stale = cluster.session(1, client, 1, incr("k"));
+    cluster.deliver_all();
+    match cluster.reply_of(stale) {
+        Some(Outcome::Error(CommandError::Unavailable(reason))) => {
+            assert!(reason.contains("stale sequence number"), "{reason}")
+        }
+        other => panic!("expected a stale sequence number error, got {other:?}"),
+    }
+    for node in 0..3 {
+        assert_eq!(
+            cluster.nodes[node].applied_value(b"k"),
+            Some(&b("2")),
+            "n{node}: ran twice, not four times"
+        );
+        assert_eq!(cluster.nodes[node].session(0, client).map(|record| record.last_seq), Some(2));
+    }
+}
+
+#[test]
+fn an_external_retry_across_a_leader_change_executes_once() {
+    let mut cluster = settled_single_log();
+    let client = 99;
+    let first = cluster.session(1, client, 1, incr("k"));
+    cluster.deliver(|e| e.is_forward());
+    cluster.drop_where(|e| e.to == 1);
+    cluster.deliver(|e| e.to == 2 && e.raft_type() == Some(MessageType::MsgAppend));
+    cluster.crash(0);
+    // The client gives up on n1 and retries at n2, which holds the uncommitted entry.
+    let retry = cluster.session(2, client, 1, incr("k"));
+    cluster.run_for(400);
+    assert_eq!(cluster.reply_of(first), Some(Outcome::Integer(1)));
+    assert_eq!(cluster.reply_of(retry), Some(Outcome::Integer(1)));
+    assert_eq!(cluster.nodes[1].applied_value(b"k"), Some(&b("1")));
+    assert_eq!(cluster.nodes[2].applied_value(b"k"), Some(&b("1")));
+}
+
+// ================================================================ bad input
+
+#[test]
+fn messages_that_lie_about_their_sender_or_log_are_refused() {
+    let mut cluster = settled_single_log();
+    let mut heartbeat = raft::prelude::Message::default();
+    heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+    heartbeat.from = 3; // n2's raft id, but it comes from n1
+    heartbeat.to = 1;
+    heartbeat.term = 99;
+    let mut read_index = raft::prelude::Message::default();
+    read_index.set_msg_type(MessageType::MsgReadIndex); // no context entry: raft-rs would panic
+    read_index.from = 2;
+    read_index.to = 1;
+    let forged = [
+        (1, Message::Raft { log: 0, message: Box::new(heartbeat) }),
+        (1, Message::Raft { log: 0, message: Box::new(read_index) }),
+        (1, Message::Raft { log: 7, message: Box::new(raft::prelude::Message::default()) }),
+        (
+            1,
+            Message::Forward {
+                log: 5,
+                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![] },
+                relayed: false,
+            },
+        ),
+        (
+            9,
+            Message::Forward {
+                log: 0,
+                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![] },
+                relayed: false,
+            },
+        ),
+    ];
+    for (from, message) in forged {
+        let mut out = Outbox::default();
+        cluster.nodes[0].on_message(cluster.now, NodeId(from), message, &mut out);
+    }
+    assert_eq!(cluster.nodes[0].stats().messages_refused, 5);
+    assert_eq!(cluster.nodes[0].term(0), 1, "the forged term-99 heartbeat did not reach raft-rs");
+    let request = cluster.client(0, write("k", "v"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Written), "still serving");
+}
+
+// ================================================================ broken variants
+
+#[test]
+fn the_local_reads_variant_serves_a_stale_value_from_a_deposed_leader() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.bug = Some(chorus_raftlog::Bug::LocalReads);
+    });
+    cluster.run_for(50);
+    let first = cluster.client(0, write("k", "old"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(first), Some(Outcome::Written));
+    cluster.isolate(&[0]);
+    cluster.run_for(400);
+    let new_leader = cluster.leader_of(1, 0).expect("the majority elected a leader");
+    let update = cluster.client(new_leader.0, write("k", "new"));
+    cluster.run_for(20);
+    assert_eq!(cluster.reply_of(update), Some(Outcome::Written));
+    let stale_read = cluster.client(0, read("k"));
+    assert_eq!(cluster.reply_of(stale_read), Some(value("old")), "the bug: a stale read");
+}
