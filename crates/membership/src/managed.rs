@@ -7,7 +7,7 @@ use chorus_core::codec::{DecodeError, Reader, WireMessage};
 use chorus_core::{ClientRequestId, Command, NodeId, Outbox, Replica, Time, View};
 
 use crate::message::MembershipMessage;
-use crate::node::{Membership, MembershipEvent, MembershipOutbox};
+use crate::node::{Membership, MembershipEvent, MembershipOutbox, PersistRecord};
 
 /// What travels between two managed replicas.
 #[derive(Clone, Debug)]
@@ -21,6 +21,8 @@ pub struct WithMembership<P: Replica> {
     membership: Membership,
     protocol_out: Outbox<P::Message>,
     membership_out: MembershipOutbox,
+    /// Raft state the runtime must make durable before it sends what the same calls produced.
+    persist: Vec<PersistRecord>,
 }
 
 impl<P: Replica> WithMembership<P> {
@@ -31,6 +33,7 @@ impl<P: Replica> WithMembership<P> {
             membership,
             protocol_out: Outbox::default(),
             membership_out: MembershipOutbox::default(),
+            persist: Vec::new(),
         }
     }
 
@@ -42,8 +45,15 @@ impl<P: Replica> WithMembership<P> {
         &self.membership
     }
 
+    /// Records to write durably, in order, before sending the messages produced since the
+    /// last call. A runtime without durable storage (the simulator) may drop them.
+    pub fn take_persist_records(&mut self) -> Vec<PersistRecord> {
+        std::mem::take(&mut self.persist)
+    }
+
     /// Hand the membership node's news to the protocol, then everything to the runtime.
     fn flush(&mut self, now: Time, out: &mut Outbox<Wire<P::Message>>) {
+        self.persist.append(&mut self.membership_out.persist);
         for event in self.membership_out.events.drain(..) {
             let MembershipEvent::ViewInstalled(view) = event;
             self.protocol.on_view(now, view, &mut self.protocol_out);
