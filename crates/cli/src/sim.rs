@@ -5,13 +5,14 @@ use std::io::Write;
 use std::sync::Mutex;
 
 use anyhow::bail;
-use chorus_sim::runner::{check_seed, sweep, ProtocolSetup, SeedVerdict};
+use chorus_sim::runner::{check_seed, sweep, ProtocolSetup, ReadMode, SeedVerdict};
 use chorus_sim::simulator::SimConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(clap::Args)]
 pub struct SimArgs {
-    /// Protocol core to simulate.
+    /// Protocol core to simulate: hermes, craq, zab (linearizable sync reads) or zab-local
+    /// (ZooKeeper's local reads: sequentially consistent, expected to fail the check).
     #[arg(long, default_value = "hermes")]
     protocol: String,
     /// How many seeds to run (starting at --seed).
@@ -37,7 +38,10 @@ pub struct SimArgs {
 pub fn run(args: SimArgs) -> anyhow::Result<i32> {
     let setup = match args.protocol.as_str() {
         "hermes" => ProtocolSetup::hermes(),
-        other => bail!("unknown protocol '{other}' (available: hermes)"),
+        "craq" => ProtocolSetup::craq(),
+        "zab" => ProtocolSetup::zab(ReadMode::Sync),
+        "zab-local" => ProtocolSetup::zab(ReadMode::Local),
+        other => bail!("unknown protocol '{other}' (available: hermes, craq, zab, zab-local)"),
     };
     if !(1..=64).contains(&args.replicas) {
         bail!("--replicas must be between 1 and 64, got {}", args.replicas);

@@ -60,8 +60,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
     if args.replicas == 0 || args.replicas as usize > chorus_core::NodeId::COUNT_MAX {
         bail!("--replicas must be between 1 and {}", chorus_core::NodeId::COUNT_MAX);
     }
-    if args.protocol != "hermes" {
-        bail!("--protocol {:?}: unknown protocol (available: hermes)", args.protocol);
+    if !chorus_server::config::PROTOCOL_NAMES.contains(&args.protocol.as_str()) {
+        bail!(
+            "--protocol {:?}: unknown protocol (available: {})",
+            args.protocol,
+            chorus_server::config::PROTOCOL_NAMES.join(", ")
+        );
     }
     let n = args.replicas as u16;
     let peer_port = args.peer_port.unwrap_or(args.port.saturating_add(1000));

@@ -3,7 +3,8 @@
 //!
 //! ```toml
 //! node_id = 0
-//! protocol = "hermes"
+//! protocol = "hermes"                # or "craq", "zab", "zab-local" (zab with local reads)
+//! zab_reads = "sync"                 # zab only: "sync" (linearizable, default) or "local"
 //! client_addr = "127.0.0.1:7379"     # RESP clients
 //! peer_addr = "127.0.0.1:8379"       # peer links (default: this node's entry in [peers])
 //! data_dir = "/var/lib/chorus/n0"
@@ -31,6 +32,7 @@ use chorus_core::NodeId;
 pub struct RawConfig {
     pub node_id: Option<u8>,
     pub protocol: Option<String>,
+    pub zab_reads: Option<String>,
     pub client_addr: Option<String>,
     pub peer_addr: Option<String>,
     pub peers: Option<BTreeMap<String, String>>,
@@ -47,12 +49,26 @@ pub struct RawConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
     Hermes,
+    Craq,
+    /// ZAB with its read mode: `Sync` (linearizable) or `Local` (ZooKeeper's local reads,
+    /// sequentially consistent). See docs/protocols/zab.md.
+    Zab(ZabReadMode),
 }
 
+pub use chorus_zab::ReadMode as ZabReadMode;
+
+/// The values the `protocol` field (and `chorus up --protocol`) accepts. `zab-local` is
+/// `zab` with `zab_reads = "local"`.
+pub const PROTOCOL_NAMES: &[&str] = &["hermes", "craq", "zab", "zab-local"];
+
 impl Protocol {
+    /// The protocol's name on the wire: peers refuse a link to a node running another one.
+    /// Both ZAB read modes speak the same protocol.
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Hermes => "hermes",
+            Protocol::Craq => "craq",
+            Protocol::Zab(_) => "zab",
         }
     }
 }
@@ -118,6 +134,7 @@ impl RawConfig {
         RawConfig {
             node_id: overrides.node_id.or(self.node_id),
             protocol: overrides.protocol.or(self.protocol),
+            zab_reads: overrides.zab_reads.or(self.zab_reads),
             client_addr: overrides.client_addr.or(self.client_addr),
             peer_addr: overrides.peer_addr.or(self.peer_addr),
             peers: overrides.peers.or(self.peers),
@@ -143,15 +160,32 @@ impl RawConfig {
             ));
         }
         let node_id = NodeId(node_id);
+        let zab_reads = match self.zab_reads.as_deref() {
+            None => None,
+            Some("sync") => Some(ZabReadMode::Sync),
+            Some("local") => Some(ZabReadMode::Local),
+            Some(other) => {
+                return Err(field_error("zab_reads", format!("{other:?} is neither \"sync\" nor \"local\"")))
+            }
+        };
         let protocol = match self.protocol.as_deref().unwrap_or("hermes") {
             "hermes" => Protocol::Hermes,
+            "craq" => Protocol::Craq,
+            "zab" => Protocol::Zab(zab_reads.unwrap_or(ZabReadMode::Sync)),
+            "zab-local" if zab_reads == Some(ZabReadMode::Sync) => {
+                return Err(field_error("zab_reads", "\"sync\" contradicts protocol \"zab-local\""))
+            }
+            "zab-local" => Protocol::Zab(ZabReadMode::Local),
             other => {
                 return Err(field_error(
                     "protocol",
-                    format!("unknown protocol {other:?} (available: hermes)"),
+                    format!("unknown protocol {other:?} (available: {})", PROTOCOL_NAMES.join(", ")),
                 ))
             }
         };
+        if zab_reads.is_some() && !matches!(protocol, Protocol::Zab(_)) {
+            return Err(field_error("zab_reads", "only applies to protocol \"zab\""));
+        }
         let client_addr =
             parse_addr("client_addr", self.client_addr.as_deref().unwrap_or(DEFAULT_CLIENT_ADDR))?;
         let peers = self
@@ -245,6 +279,22 @@ client_addr = "127.0.0.1:7380"
     }
 
     #[test]
+    fn every_protocol_name_validates() {
+        let protocol_of = |text: String| RawConfig::parse(&text).unwrap().validate().unwrap().protocol;
+        assert_eq!(protocol_of(format!("protocol = \"craq\"\n{GOOD}")), Protocol::Craq);
+        assert_eq!(protocol_of(format!("protocol = \"zab\"\n{GOOD}")), Protocol::Zab(ZabReadMode::Sync));
+        let local = format!("protocol = \"zab\"\nzab_reads = \"local\"\n{GOOD}");
+        assert_eq!(protocol_of(local), Protocol::Zab(ZabReadMode::Local));
+        assert_eq!(
+            protocol_of(format!("protocol = \"zab-local\"\n{GOOD}")),
+            Protocol::Zab(ZabReadMode::Local)
+        );
+        for name in PROTOCOL_NAMES {
+            RawConfig::parse(&format!("protocol = \"{name}\"\n{GOOD}")).unwrap().validate().unwrap();
+        }
+    }
+
+    #[test]
     fn flags_override_the_file() {
         let overrides = RawConfig { client_addr: Some("127.0.0.1:9999".into()), ..RawConfig::default() };
         let config = RawConfig::parse(GOOD).unwrap().merge(overrides).validate().unwrap();
@@ -268,6 +318,12 @@ client_addr = "127.0.0.1:7380"
         assert!(error_of(&GOOD.replace("127.0.0.1:7380", "localhost")).contains("`client_addr`"));
         assert!(error_of(&GOOD.replace("1 = \"127.0.0.1:8380\"", "")).contains("`peers`"));
         assert!(error_of(&format!("protocol = \"paxos\"\n{GOOD}")).contains("`protocol`"));
+        assert!(
+            error_of(&format!("protocol = \"zab\"\nzab_reads = \"fast\"\n{GOOD}")).contains("`zab_reads`")
+        );
+        assert!(
+            error_of(&format!("protocol = \"craq\"\nzab_reads = \"local\"\n{GOOD}")).contains("`zab_reads`")
+        );
         let typo = error_of(&format!("nodeid = 3\n{GOOD}"));
         assert!(typo.contains("nodeid") && typo.contains("line 1"), "{typo}");
         let wrong_type = error_of(&GOOD.replace("node_id = 1", "node_id = \"one\""));

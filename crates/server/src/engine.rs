@@ -14,8 +14,10 @@ use chorus_core::codec::WireMessage;
 use chorus_core::{
     ClientRequestId, Command, CommandError, Key, NodeId, Outbox, Outcome, Replica, Time, View,
 };
+use chorus_craq::Craq;
 use chorus_hermes::Hermes;
 use chorus_net::Transport;
+use chorus_zab::Zab;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -69,6 +71,89 @@ impl ServedReplica for Hermes {
     fn updated_key(message: &chorus_hermes::Message) -> Option<&Key> {
         match message {
             chorus_hermes::Message::Inv { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+impl ServedReplica for Craq {
+    fn protocol_name(&self) -> &'static str {
+        "craq"
+    }
+    fn current_view(&self) -> View {
+        self.view()
+    }
+    fn operational(&self) -> bool {
+        self.is_operational()
+    }
+    fn keys_with_values(&self) -> usize {
+        self.key_count()
+    }
+    fn holds_value(&self, key: &[u8]) -> bool {
+        self.latest_value(key).is_some()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("reads_local", s.reads_local),
+            ("reads_queried", s.reads_queried),
+            ("versions_assigned", s.versions_assigned),
+            ("versions_committed", s.versions_committed),
+            ("write_retransmits", s.write_retransmits),
+            ("forward_retransmits", s.forward_retransmits),
+            ("messages_dropped_epoch", s.messages_dropped_epoch),
+            ("views_installed", s.views_installed),
+        ]
+    }
+    fn updated_key(message: &chorus_craq::Message) -> Option<&Key> {
+        // Versions travel down the chain; the head learns keys from the forwards it orders.
+        match message {
+            chorus_craq::Message::Write { key, .. } => Some(key),
+            chorus_craq::Message::Forward { command, .. } => Some(command.key()),
+            _ => None,
+        }
+    }
+}
+
+impl ServedReplica for Zab {
+    fn protocol_name(&self) -> &'static str {
+        match self.read_mode() {
+            chorus_zab::ReadMode::Sync => "zab",
+            chorus_zab::ReadMode::Local => "zab-local",
+        }
+    }
+    fn current_view(&self) -> View {
+        self.view()
+    }
+    fn operational(&self) -> bool {
+        self.is_operational()
+    }
+    fn keys_with_values(&self) -> usize {
+        self.key_count()
+    }
+    fn holds_value(&self, key: &[u8]) -> bool {
+        self.value(key).is_some()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("reads_local", s.reads_local),
+            ("reads_synced", s.reads_synced),
+            ("proposals", s.proposals),
+            ("entries_applied", s.entries_applied),
+            ("recoveries", s.recoveries),
+            ("retransmits", s.retransmits),
+            ("messages_dropped_epoch", s.messages_dropped_epoch),
+            ("views_installed", s.views_installed),
+        ]
+    }
+    fn updated_key(message: &chorus_zab::Message) -> Option<&Key> {
+        // Followers learn keys from proposals (one entry each on the common path; a catch-up
+        // batch after message loss names only its first), the leader from the forwards it
+        // orders.
+        match message {
+            chorus_zab::Message::Propose { entries, .. } => entries.first().map(|entry| &entry.key),
+            chorus_zab::Message::Forward { command, .. } => Some(command.key()),
             _ => None,
         }
     }

@@ -23,8 +23,10 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use chorus_core::NodeSet;
+use chorus_craq::{Craq, CraqConfig};
 use chorus_hermes::{Hermes, HermesConfig};
 use chorus_net::NetConfig;
+use chorus_zab::{Zab, ZabConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -74,6 +76,20 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         Protocol::Hermes => {
             let (transport, inbound, net_stats) = chorus_net::start(net).await?;
             let replica = Hermes::new(HermesConfig::new(me, replicas));
+            tokio::spawn(engine::run(replica, transport, requests, inbound, shutdown_rx));
+            net_stats
+        }
+        Protocol::Craq => {
+            let (transport, inbound, net_stats) = chorus_net::start(net).await?;
+            let replica = Craq::new(CraqConfig::new(me, replicas));
+            tokio::spawn(engine::run(replica, transport, requests, inbound, shutdown_rx));
+            net_stats
+        }
+        Protocol::Zab(read_mode) => {
+            let (transport, inbound, net_stats) = chorus_net::start(net).await?;
+            let mut zab_config = ZabConfig::new(me, replicas);
+            zab_config.read_mode = read_mode;
+            let replica = Zab::new(zab_config);
             tokio::spawn(engine::run(replica, transport, requests, inbound, shutdown_rx));
             net_stats
         }

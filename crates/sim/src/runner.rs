@@ -4,7 +4,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chorus_core::{NodeId, NodeSet, Time};
+use chorus_craq::{Craq, CraqConfig};
 use chorus_hermes::{Hermes, HermesConfig, Optimizations};
+pub use chorus_zab::ReadMode;
+use chorus_zab::{Zab, ZabConfig};
 
 use crate::checker::{check_history, CheckerConfig, Violation};
 use crate::faults::FaultCounts;
@@ -14,10 +17,18 @@ use crate::simulator::{simulate, SeedRun, SimConfig};
 /// A change applied to every replica's configuration, e.g. to select a broken variant.
 pub type HermesTweak = Arc<dyn Fn(&mut HermesConfig) + Send + Sync>;
 
+/// A change applied to every CRAQ replica's configuration.
+pub type CraqTweak = Arc<dyn Fn(&mut CraqConfig) + Send + Sync>;
+
+/// A change applied to every ZAB replica's configuration.
+pub type ZabTweak = Arc<dyn Fn(&mut ZabConfig) + Send + Sync>;
+
 /// Which protocol core to simulate, and how.
 #[derive(Clone)]
 pub enum ProtocolSetup {
     Hermes { tweak: Option<HermesTweak> },
+    Craq { tweak: Option<CraqTweak> },
+    Zab { read_mode: ReadMode, tweak: Option<ZabTweak> },
 }
 
 impl ProtocolSetup {
@@ -25,9 +36,20 @@ impl ProtocolSetup {
         ProtocolSetup::Hermes { tweak: None }
     }
 
+    pub fn craq() -> ProtocolSetup {
+        ProtocolSetup::Craq { tweak: None }
+    }
+
+    pub fn zab(read_mode: ReadMode) -> ProtocolSetup {
+        ProtocolSetup::Zab { read_mode, tweak: None }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             ProtocolSetup::Hermes { .. } => "hermes",
+            ProtocolSetup::Craq { .. } => "craq",
+            ProtocolSetup::Zab { read_mode: ReadMode::Sync, .. } => "zab",
+            ProtocolSetup::Zab { read_mode: ReadMode::Local, .. } => "zab-local",
         }
     }
 
@@ -35,6 +57,8 @@ impl ProtocolSetup {
     pub fn simulate(&self, config: &SimConfig) -> (SeedRun, String) {
         match self {
             ProtocolSetup::Hermes { tweak } => simulate_hermes(config, tweak.as_ref()),
+            ProtocolSetup::Craq { tweak } => simulate_craq(config, tweak.as_ref()),
+            ProtocolSetup::Zab { read_mode, tweak } => simulate_zab(config, *read_mode, tweak.as_ref()),
         }
     }
 }
@@ -58,6 +82,46 @@ fn simulate_hermes(config: &SimConfig, tweak: Option<&HermesTweak>) -> (SeedRun,
             tweak(&mut hermes_config);
         }
         Hermes::new(hermes_config)
+    };
+    (simulate(config, &mut build), description)
+}
+
+/// Each seed draws the retransmission timeout, so some seeds retransmit eagerly (duplicates
+/// everywhere) and others wait long (a lost message stalls its key for a while).
+fn simulate_craq(config: &SimConfig, tweak: Option<&CraqTweak>) -> (SeedRun, String) {
+    let mut options_rng = Rng::new(config.seed ^ 0x4352_4151);
+    let retransmit_timeout = Time::from_millis(options_rng.range(3, 30));
+    let description = format!("retransmit {retransmit_timeout:?}");
+    let mut build = |me: NodeId, replicas: NodeSet, _seed: u64| {
+        let mut craq_config = CraqConfig::new(me, replicas);
+        craq_config.retransmit_timeout = retransmit_timeout;
+        if let Some(tweak) = tweak {
+            tweak(&mut craq_config);
+        }
+        Craq::new(craq_config)
+    };
+    (simulate(config, &mut build), description)
+}
+
+/// Each seed draws the retransmission timeout and how many entries a catch-up message carries
+/// (1 makes a lagging follower catch up entry by entry).
+fn simulate_zab(config: &SimConfig, read_mode: ReadMode, tweak: Option<&ZabTweak>) -> (SeedRun, String) {
+    let mut options_rng = Rng::new(config.seed ^ 0x005A_4142);
+    let retransmit_timeout = Time::from_millis(options_rng.range(3, 30));
+    let catch_up_entries_max = if options_rng.chance(0.5) { 1 } else { 64 };
+    let description = format!(
+        "{} reads, retransmit {retransmit_timeout:?}, catch-up batch {catch_up_entries_max}",
+        read_mode.name()
+    );
+    let mut build = |me: NodeId, replicas: NodeSet, _seed: u64| {
+        let mut zab_config = ZabConfig::new(me, replicas);
+        zab_config.read_mode = read_mode;
+        zab_config.retransmit_timeout = retransmit_timeout;
+        zab_config.catch_up_entries_max = catch_up_entries_max;
+        if let Some(tweak) = tweak {
+            tweak(&mut zab_config);
+        }
+        Zab::new(zab_config)
     };
     (simulate(config, &mut build), description)
 }

@@ -1,0 +1,43 @@
+//! CRAQ configuration.
+
+use chorus_core::{Epoch, NodeId, NodeSet, Time, View};
+
+/// A deliberately broken protocol variant, used only by tests to show that the simulator and
+/// the linearizability checker catch real bugs. Selecting one needs the `broken-variants`
+/// feature (the `bug` field of [`CraqConfig`] exists only with it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// A replica answers reads with its latest version even when it is dirty, instead of
+    /// asking the tail which version is committed (what chain replication without CRAQ's
+    /// version query would do if it read from any node).
+    ReadDirtyLocally,
+    /// The head acknowledges a write to its origin as soon as it has assigned the version,
+    /// before the tail committed it.
+    AckAtHead,
+}
+
+#[derive(Clone, Debug)]
+pub struct CraqConfig {
+    /// This replica.
+    pub me: NodeId,
+    /// The view the replica starts in; it serves clients iff `me` is live in it.
+    pub initial_view: View,
+    /// A write not acknowledged by the successor in this long is sent down the chain again;
+    /// a forward not seen in the chain, or a version query not answered, is sent again.
+    pub retransmit_timeout: Time,
+    #[cfg(feature = "broken-variants")]
+    pub bug: Option<Bug>,
+}
+
+impl CraqConfig {
+    /// A replica of a chain whose initial view is every node in `replicas`, at epoch 1.
+    pub fn new(me: NodeId, replicas: NodeSet) -> CraqConfig {
+        CraqConfig {
+            me,
+            initial_view: View { epoch: Epoch(1), live: replicas },
+            retransmit_timeout: Time::from_millis(50),
+            #[cfg(feature = "broken-variants")]
+            bug: None,
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! ZAB configuration.
+
+use chorus_core::{Epoch, NodeId, NodeSet, Time, View};
+
+/// How reads are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// From the replica's applied state, at once (ZooKeeper's `getData`). Sequentially
+    /// consistent for one replica's clients, not linearizable: a lagging follower returns a
+    /// value older than a write that already completed elsewhere.
+    Local,
+    /// After a sync round trip: the replica asks the leader for its commit point and answers
+    /// once it has applied at least that far (ZooKeeper's `sync` + read). Linearizable.
+    Sync,
+}
+
+impl ReadMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadMode::Local => "local",
+            ReadMode::Sync => "sync",
+        }
+    }
+}
+
+/// A deliberately broken protocol variant, used only by tests to show that the simulator and
+/// the linearizability checker catch real bugs. Selecting one needs the `broken-variants`
+/// feature (the `bug` field of [`ZabConfig`] exists only with it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// The leader commits every proposal at once, without waiting for a quorum of ACKs.
+    CommitWithoutQuorum,
+    /// The leader answers reads from its latest proposed (uncommitted) state.
+    LeaderReadsUncommitted,
+}
+
+#[derive(Clone, Debug)]
+pub struct ZabConfig {
+    /// This replica.
+    pub me: NodeId,
+    /// The view the replica starts in. Its live set is also the ensemble: quorums are
+    /// majorities of it, whatever later views hold, so any two quorums intersect.
+    pub initial_view: View,
+    pub read_mode: ReadMode,
+    /// Proposals, forwards, syncs and recovery messages not answered in this long are sent
+    /// again; the leader also sends its commit point to followers this often.
+    pub retransmit_timeout: Time,
+    /// Most entries one proposal message carries when a follower catches up.
+    pub catch_up_entries_max: usize,
+    #[cfg(feature = "broken-variants")]
+    pub bug: Option<Bug>,
+}
+
+impl ZabConfig {
+    /// A replica of an ensemble whose initial view is every node in `replicas`, at epoch 1.
+    pub fn new(me: NodeId, replicas: NodeSet) -> ZabConfig {
+        ZabConfig {
+            me,
+            initial_view: View { epoch: Epoch(1), live: replicas },
+            read_mode: ReadMode::Sync,
+            retransmit_timeout: Time::from_millis(50),
+            catch_up_entries_max: 256,
+            #[cfg(feature = "broken-variants")]
+            bug: None,
+        }
+    }
+
+    /// A majority of the ensemble.
+    pub fn quorum(&self) -> usize {
+        self.initial_view.live.len() / 2 + 1
+    }
+}

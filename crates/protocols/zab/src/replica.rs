@@ -1,0 +1,1086 @@
+//! The ZAB replica: recovery (discovery and synchronisation) after every view change, then
+//! broadcast (forward, propose, ACK, commit on a quorum, apply in zxid order), with
+//! retransmission by timers since the network may lose, duplicate and reorder messages.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use chorus_core::{
+    ClientRequestId, Command, CommandError, Epoch, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time,
+    Value, View,
+};
+use rustc_hash::FxHashMap;
+
+use crate::config::{Bug, ReadMode, ZabConfig};
+use crate::log::{Entry, Zxid};
+use crate::message::Message;
+
+/// Counters for INFO, the simulator's summary and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ZabStats {
+    pub reads_local: u64,
+    /// Reads served after a sync round trip to the leader.
+    pub reads_synced: u64,
+    pub proposals: u64,
+    pub entries_applied: u64,
+    /// Recoveries this replica completed as leader.
+    pub recoveries: u64,
+    pub retransmits: u64,
+    pub messages_dropped_epoch: u64,
+    pub views_installed: u64,
+}
+
+/// A follower's answer to NEWEPOCH.
+#[derive(Clone, Copy, Debug)]
+struct FollowerInfo {
+    current_epoch: Epoch,
+    last_zxid: Zxid,
+    applied_index: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Gathering follower infos from a quorum.
+    Discovery,
+    /// Adopting the history of `best`, which is not ours.
+    Fetching { best: NodeId },
+    /// Synchronising followers to the adopted history (NEWLEADER), waiting for a quorum.
+    Syncing,
+    /// Broadcast.
+    Established,
+}
+
+struct LeaderState {
+    phase: Phase,
+    infos: BTreeMap<NodeId, FollowerInfo>,
+    /// Followers synchronised in this epoch (they acknowledged NEWLEADER).
+    synced: NodeSet,
+    /// How far each synchronised follower's history matches ours.
+    matched: FxHashMap<NodeId, u64>,
+    /// How far each follower reported having applied (for compaction).
+    applied: FxHashMap<NodeId, u64>,
+    /// When each follower next gets a retransmission if it makes no progress.
+    resend_at: FxHashMap<NodeId, Time>,
+    fetch_resend_at: Time,
+    heartbeat_at: Time,
+    counter: u64,
+    /// The highest `seq` of each origin in our history: the next one to propose is one more.
+    proposed_seq: FxHashMap<NodeId, u64>,
+    /// Each key's value after our last proposal of it, while that proposal is uncommitted:
+    /// RMWs execute on it (ZooKeeper's "outstanding changes").
+    pending_values: FxHashMap<Key, (u64, Option<Value>)>,
+    /// Forwards waiting for recovery to finish, or for an earlier `seq` of their origin.
+    forwards: BTreeMap<(NodeId, u64), Command>,
+}
+
+impl LeaderState {
+    fn new() -> LeaderState {
+        LeaderState {
+            phase: Phase::Discovery,
+            infos: BTreeMap::new(),
+            synced: NodeSet::EMPTY,
+            matched: FxHashMap::default(),
+            applied: FxHashMap::default(),
+            resend_at: FxHashMap::default(),
+            fetch_resend_at: Time::ZERO,
+            heartbeat_at: Time::ZERO,
+            counter: 0,
+            proposed_seq: FxHashMap::default(),
+            pending_values: FxHashMap::default(),
+            forwards: BTreeMap::new(),
+        }
+    }
+}
+
+enum Role {
+    Leader(Box<LeaderState>),
+    /// `synced`: this follower accepted the NEWLEADER of the current epoch, so its history
+    /// is a prefix of the leader's and it may accept proposals.
+    Follower {
+        synced: bool,
+    },
+}
+
+/// An update this replica's client issued, not yet applied here.
+#[derive(Debug)]
+struct Outstanding {
+    request: ClientRequestId,
+    key: Key,
+    command: Command,
+    sent_at: Time,
+    /// In our history of the current epoch already: no need to forward it again.
+    proposed: bool,
+}
+
+/// A read in Sync mode waiting for the leader's commit point, then for us to apply it.
+#[derive(Debug)]
+struct SyncRead {
+    request: ClientRequestId,
+    key: Key,
+    sent_at: Time,
+    target: Option<u64>,
+}
+
+/// Per-key FIFO of this replica's requests (as in Hermes and CRAQ).
+#[derive(Debug, Default)]
+struct KeyQueue {
+    waiting: VecDeque<(ClientRequestId, Command)>,
+    updates_in_flight: u32,
+    reads_in_flight: u32,
+}
+
+pub struct Zab {
+    config: ZabConfig,
+    view: View,
+    role: Role,
+    /// History entries `log_start ..= last_index()`; earlier ones are applied everywhere
+    /// live and forgotten.
+    log: VecDeque<Entry>,
+    log_start: u64,
+    /// The zxid of entry `log_start - 1` (zero when nothing was ever forgotten).
+    compacted_zxid: Zxid,
+    applied_index: u64,
+    /// The highest commit point heard from a leader (or decided, as leader).
+    commit_index: u64,
+    /// The epoch of the last history this replica synchronised to (ZAB's currentEpoch).
+    current_epoch: Epoch,
+    store: FxHashMap<Key, Value>,
+    /// The highest applied `seq` of each origin: part of the replicated state, so a new leader
+    /// knows which forwards it has already proposed.
+    applied_seq: FxHashMap<NodeId, u64>,
+    next_seq: u64,
+    outstanding: BTreeMap<u64, Outstanding>,
+    next_nonce: u64,
+    syncs: BTreeMap<u64, SyncRead>,
+    queues: FxHashMap<Key, KeyQueue>,
+    stats: ZabStats,
+    /// Set once this replica leaves a view: it never serves again (docs/decisions.md 3).
+    retired: bool,
+}
+
+impl Zab {
+    pub fn new(config: ZabConfig) -> Zab {
+        assert!(config.retransmit_timeout > Time::ZERO, "retransmit_timeout must be positive");
+        assert!(config.catch_up_entries_max > 0, "catch_up_entries_max must be positive");
+        let view = config.initial_view;
+        let me = config.me;
+        let mut zab = Zab {
+            config,
+            view,
+            role: Role::Follower { synced: false },
+            log: VecDeque::new(),
+            log_start: 1,
+            compacted_zxid: Zxid::default(),
+            applied_index: 0,
+            commit_index: 0,
+            current_epoch: Epoch(0),
+            store: FxHashMap::default(),
+            applied_seq: FxHashMap::default(),
+            next_seq: 1,
+            outstanding: BTreeMap::new(),
+            next_nonce: 0,
+            syncs: BTreeMap::new(),
+            queues: FxHashMap::default(),
+            stats: ZabStats::default(),
+            retired: false,
+        };
+        // The initial view starts like any other: its leader recovers (from empty histories)
+        // before it broadcasts, so there is one code path for leadership. The first tick
+        // sends what recovery needs.
+        if zab.view.live.contains(me) {
+            zab.start_epoch();
+        }
+        zab
+    }
+
+    pub fn view(&self) -> View {
+        self.view
+    }
+
+    pub fn stats(&self) -> ZabStats {
+        self.stats
+    }
+
+    pub fn read_mode(&self) -> ReadMode {
+        self.config.read_mode
+    }
+
+    pub fn is_operational(&self) -> bool {
+        !self.retired && self.view.live.contains(self.config.me)
+    }
+
+    /// The leader of the current view: its lowest live id.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.view.live.iter().next()
+    }
+
+    /// Whether this replica leads the current view and has finished recovery.
+    pub fn is_established_leader(&self) -> bool {
+        matches!(&self.role, Role::Leader(state) if state.phase == Phase::Established)
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    pub fn commit_index(&self) -> u64 {
+        self.commit_index
+    }
+
+    pub fn last_index(&self) -> u64 {
+        self.log_start + self.log.len() as u64 - 1
+    }
+
+    pub fn last_zxid(&self) -> Zxid {
+        self.log.back().map_or(self.compacted_zxid, |entry| entry.zxid)
+    }
+
+    /// The entry at `index`, if this replica still holds it.
+    pub fn entry(&self, index: u64) -> Option<&Entry> {
+        let offset = index.checked_sub(self.log_start)?;
+        self.log.get(offset as usize)
+    }
+
+    /// The applied value of `key`.
+    pub fn value(&self, key: &[u8]) -> Option<&Value> {
+        self.store.get(key)
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.store.len()
+    }
+
+    #[inline(always)]
+    fn has_bug(&self, _bug: Bug) -> bool {
+        #[cfg(feature = "broken-variants")]
+        return self.config.bug == Some(_bug);
+        #[cfg(not(feature = "broken-variants"))]
+        false
+    }
+
+    fn me(&self) -> NodeId {
+        self.config.me
+    }
+
+    fn peers(&self) -> NodeSet {
+        self.view.live.without(self.me())
+    }
+
+    fn leader_state(&mut self) -> Option<&mut LeaderState> {
+        match &mut self.role {
+            Role::Leader(state) => Some(state),
+            Role::Follower { .. } => None,
+        }
+    }
+
+    fn my_info(&self) -> FollowerInfo {
+        FollowerInfo {
+            current_epoch: self.current_epoch,
+            last_zxid: self.last_zxid(),
+            applied_index: self.applied_index,
+        }
+    }
+
+    /// Entries `from ..= to` (clamped to what we hold).
+    fn entries(&self, from: u64, to: u64) -> Vec<Entry> {
+        let from = from.max(self.log_start);
+        let to = to.min(self.last_index());
+        (from..=to).filter_map(|index| self.entry(index).cloned()).collect()
+    }
+
+    /// Drop every entry after `index` (never an applied one: those are committed).
+    fn truncate_after(&mut self, index: u64) {
+        assert!(index >= self.applied_index, "truncating applied entries");
+        let keep = (index + 1).saturating_sub(self.log_start) as usize;
+        self.log.truncate(keep);
+    }
+
+    /// Append `entries` starting at `first_index`, skipping those we hold (same index and
+    /// epoch: the same leader's entries). Returns false on a gap.
+    fn append(&mut self, first_index: u64, entries: Vec<Entry>) -> bool {
+        if first_index > self.last_index() + 1 {
+            return false;
+        }
+        let me = self.me();
+        for (offset, entry) in entries.into_iter().enumerate() {
+            let index = first_index + offset as u64;
+            if index <= self.last_index() {
+                debug_assert!(
+                    index < self.log_start || self.entry(index).map(|e| e.zxid) == Some(entry.zxid)
+                );
+                continue;
+            }
+            if entry.origin == me {
+                if let Some(outstanding) = self.outstanding.get_mut(&entry.seq) {
+                    outstanding.proposed = true;
+                }
+            }
+            self.log.push_back(entry);
+        }
+        true
+    }
+
+    /// Apply committed entries in zxid order; an entry whose origin is this replica answers
+    /// its client.
+    fn apply_committed(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let target = self.commit_index.min(self.last_index());
+        while self.applied_index < target {
+            let index = self.applied_index + 1;
+            let entry = self.entry(index).expect("unapplied entries are held").clone();
+            if let Some(write) = &entry.write {
+                match write {
+                    Some(value) => self.store.insert(entry.key.clone(), value.clone()),
+                    None => self.store.remove(&entry.key),
+                };
+            }
+            let seq = self.applied_seq.entry(entry.origin).or_default();
+            *seq = (*seq).max(entry.seq);
+            self.applied_index = index;
+            self.stats.entries_applied += 1;
+            if let Some(state) = self.leader_state() {
+                if state.pending_values.get(&entry.key).is_some_and(|(at, _)| *at == index) {
+                    state.pending_values.remove(&entry.key);
+                }
+            }
+            if entry.origin == self.me() {
+                self.complete_update(now, entry.seq, entry.outcome, out);
+            }
+        }
+        self.serve_syncs(now, out);
+    }
+
+    /// Forget entries applied everywhere live (`compact_index` comes from the leader).
+    fn compact(&mut self, compact_index: u64) {
+        let upto = compact_index.min(self.applied_index);
+        while self.log_start <= upto {
+            let entry = self.log.pop_front().expect("compacted entries are held");
+            self.compacted_zxid = entry.zxid;
+            self.log_start += 1;
+        }
+    }
+
+    // ---------------------------------------------------------------- client requests
+
+    /// Start this replica's waiting requests of `key` as far as per-key FIFO allows: updates
+    /// pipeline behind updates, reads behind reads, never across.
+    fn drain(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        loop {
+            let Some(queue) = self.queues.get_mut(key) else { return };
+            let Some((_, command)) = queue.waiting.front() else {
+                if queue.updates_in_flight == 0 && queue.reads_in_flight == 0 {
+                    self.queues.remove(key);
+                }
+                return;
+            };
+            let is_read = matches!(command, Command::Read { .. });
+            if (is_read && queue.updates_in_flight > 0) || (!is_read && queue.reads_in_flight > 0) {
+                return;
+            }
+            let (request, command) = queue.waiting.pop_front().expect("front exists");
+            if is_read {
+                self.start_read(now, key, request, out);
+            } else {
+                queue.updates_in_flight += 1;
+                self.start_update(now, key, request, command, out);
+            }
+        }
+    }
+
+    fn start_read(&mut self, now: Time, key: &Key, request: ClientRequestId, out: &mut Outbox<Message>) {
+        if self.has_bug(Bug::LeaderReadsUncommitted) {
+            if let Some(state) = self.leader_state() {
+                if let Some((_, value)) = state.pending_values.get(key) {
+                    let value = value.clone();
+                    out.reply(request, Outcome::Value(value));
+                    return;
+                }
+            }
+        }
+        // The established leader's applied state is its commit point: nothing committed is
+        // missing from it, so even a Sync read is answered at once.
+        if self.config.read_mode == ReadMode::Local || self.is_established_leader() {
+            out.reply(request, Outcome::Value(self.store.get(key).cloned()));
+            self.stats.reads_local += 1;
+            return;
+        }
+        self.queues.get_mut(key).expect("queued key exists").reads_in_flight += 1;
+        let nonce = self.next_nonce;
+        self.next_nonce += 1;
+        self.syncs.insert(nonce, SyncRead { request, key: key.clone(), sent_at: now, target: None });
+        self.send_sync(nonce, out);
+    }
+
+    fn send_sync(&mut self, nonce: u64, out: &mut Outbox<Message>) {
+        let leader = self.leader().expect("an operational replica has a leader");
+        if leader != self.me() {
+            out.send(leader, Message::Sync { epoch: self.view.epoch, nonce });
+        }
+        // As a recovering leader, our own sync reads get their target when recovery ends.
+    }
+
+    /// Answer sync reads whose target we have applied.
+    fn serve_syncs(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let applied = self.applied_index;
+        let ready: Vec<u64> = self
+            .syncs
+            .iter()
+            .filter(|(_, read)| read.target.is_some_and(|target| target <= applied))
+            .map(|(nonce, _)| *nonce)
+            .collect();
+        for nonce in ready {
+            // Answering one read may start the next request of its key, which may apply more
+            // entries and serve other reads of this batch first.
+            let Some(read) = self.syncs.remove(&nonce) else { continue };
+            out.reply(read.request, Outcome::Value(self.store.get(&read.key).cloned()));
+            self.stats.reads_synced += 1;
+            self.queues.get_mut(&read.key).expect("queued key exists").reads_in_flight -= 1;
+            self.drain(now, &read.key, out);
+        }
+    }
+
+    fn start_update(
+        &mut self,
+        now: Time,
+        key: &Key,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Message>,
+    ) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let outstanding = Outstanding { request, key: key.clone(), command, sent_at: now, proposed: false };
+        self.outstanding.insert(seq, outstanding);
+        self.send_forward(now, seq, out);
+    }
+
+    fn send_forward(&mut self, now: Time, seq: u64, out: &mut Outbox<Message>) {
+        // Handing an earlier update to ourselves (at the head or leader) may have answered
+        // this one already.
+        let Some(outstanding) = self.outstanding.get_mut(&seq) else { return };
+        outstanding.sent_at = now;
+        let command = outstanding.command.clone();
+        let leader = self.leader().expect("an operational replica has a leader");
+        if leader == self.me() {
+            let me = self.me();
+            self.on_forward(now, me, seq, command, out);
+        } else {
+            out.send(leader, Message::Forward { epoch: self.view.epoch, seq, command });
+        }
+    }
+
+    fn complete_update(&mut self, now: Time, seq: u64, outcome: Outcome, out: &mut Outbox<Message>) {
+        let Some(outstanding) = self.outstanding.remove(&seq) else { return };
+        out.reply(outstanding.request, outcome);
+        self.queues.get_mut(&outstanding.key).expect("queued key exists").updates_in_flight -= 1;
+        self.drain(now, &outstanding.key, out);
+    }
+
+    // ---------------------------------------------------------------- broadcast (leader)
+
+    fn on_forward(
+        &mut self,
+        now: Time,
+        origin: NodeId,
+        seq: u64,
+        command: Command,
+        out: &mut Outbox<Message>,
+    ) {
+        let Some(state) = self.leader_state() else { return };
+        if seq <= state.proposed_seq.get(&origin).copied().unwrap_or(0) && state.phase == Phase::Established {
+            return; // Proposed already: it commits (or did) through the history.
+        }
+        state.forwards.insert((origin, seq), command);
+        self.propose_ready(now, out);
+    }
+
+    /// Propose buffered forwards whose turn has come: each origin's next `seq`.
+    fn propose_ready(&mut self, now: Time, out: &mut Outbox<Message>) {
+        loop {
+            let Some(state) = self.leader_state() else { return };
+            if state.phase != Phase::Established {
+                return;
+            }
+            let mut next = None;
+            let mut stale = Vec::new();
+            for ((origin, seq), _) in state.forwards.iter() {
+                let proposed = state.proposed_seq.get(origin).copied().unwrap_or(0);
+                if *seq <= proposed {
+                    stale.push((*origin, *seq));
+                } else if *seq == proposed + 1 {
+                    next = Some((*origin, *seq));
+                    break;
+                }
+            }
+            for at in stale {
+                state.forwards.remove(&at);
+            }
+            let Some((origin, seq)) = next else { return };
+            let command = state.forwards.remove(&(origin, seq)).expect("forward exists");
+            self.propose(now, origin, seq, command, out);
+        }
+    }
+
+    /// Turn a request into an idempotent entry on the latest proposed state and broadcast it.
+    fn propose(&mut self, now: Time, origin: NodeId, seq: u64, command: Command, out: &mut Outbox<Message>) {
+        let epoch = self.view.epoch;
+        let index = self.last_index() + 1;
+        let commit_index = self.commit_index;
+        let store = &self.store;
+        let Role::Leader(state) = &mut self.role else { unreachable!("only the leader proposes") };
+        let key = command.key().clone();
+        let latest = match state.pending_values.get(&key) {
+            Some((_, value)) => value.as_ref(),
+            None => store.get(&key),
+        };
+        let (write, outcome) = match command {
+            Command::Write { value, .. } => (Some(value), Outcome::Written),
+            Command::Rmw { op, .. } => {
+                let effect = op.apply(latest);
+                (effect.write, effect.outcome)
+            }
+            Command::Read { .. } => unreachable!("reads are never forwarded"),
+        };
+        if let Some(value) = &write {
+            state.pending_values.insert(key.clone(), (index, value.clone()));
+        }
+        state.counter += 1;
+        state.proposed_seq.insert(origin, seq);
+        let entry =
+            Entry { zxid: Zxid { epoch: epoch.0, counter: state.counter }, key, write, origin, seq, outcome };
+        let synced = state.synced;
+        self.stats.proposals += 1;
+        out.broadcast(
+            synced,
+            Message::Propose { epoch, first_index: index, entries: vec![entry.clone()], commit_index },
+        );
+        self.log.push_back(entry);
+        if origin == self.me() {
+            if let Some(outstanding) = self.outstanding.get_mut(&seq) {
+                outstanding.proposed = true;
+            }
+        }
+        self.advance_commit(now, out);
+    }
+
+    /// Commit the highest index a quorum holds (the leader holds everything it proposed).
+    fn advance_commit(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let quorum = self.config.quorum();
+        let last = self.last_index();
+        let without_quorum = self.has_bug(Bug::CommitWithoutQuorum);
+        let Role::Leader(state) = &self.role else { return };
+        if state.phase != Phase::Established {
+            return;
+        }
+        let mut held: Vec<u64> =
+            state.synced.iter().map(|node| state.matched.get(&node).copied().unwrap_or(0)).collect();
+        held.push(last);
+        held.sort_unstable_by(|a, b| b.cmp(a));
+        let committed = if without_quorum { last } else { held.get(quorum - 1).copied().unwrap_or(0) };
+        if committed > self.commit_index {
+            self.commit_index = committed;
+            let message = self.commit_message();
+            let synced = state.synced;
+            out.broadcast(synced, message);
+            self.apply_committed(now, out);
+        }
+    }
+
+    fn commit_message(&self) -> Message {
+        Message::Commit {
+            epoch: self.view.epoch,
+            commit_index: self.commit_index,
+            compact_index: self.compact_index(),
+        }
+    }
+
+    /// Entries applied at every live replica: nobody will ever need them again, not even a
+    /// future leader's recovery (live sets only shrink, and each of them applied that far).
+    fn compact_index(&self) -> u64 {
+        let Role::Leader(state) = &self.role else { return 0 };
+        let mut lowest = self.applied_index;
+        for peer in self.peers().iter() {
+            match state.applied.get(&peer) {
+                Some(applied) if state.synced.contains(peer) => lowest = lowest.min(*applied),
+                _ => return 0,
+            }
+        }
+        lowest
+    }
+
+    fn on_ack(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        last_index: u64,
+        applied_index: u64,
+        out: &mut Outbox<Message>,
+    ) {
+        let quorum = self.config.quorum();
+        let Some(state) = self.leader_state() else { return };
+        if matches!(state.phase, Phase::Discovery | Phase::Fetching { .. }) {
+            return;
+        }
+        state.synced.insert(from);
+        let matched = state.matched.entry(from).or_default();
+        if last_index > *matched {
+            *matched = last_index;
+            state.resend_at.insert(from, now);
+        }
+        let applied = state.applied.entry(from).or_default();
+        *applied = (*applied).max(applied_index);
+        if state.phase == Phase::Syncing && state.synced.len() + 1 >= quorum {
+            self.establish(now, out);
+        } else {
+            self.advance_commit(now, out);
+        }
+    }
+
+    // ---------------------------------------------------------------- recovery (leader)
+
+    /// Enter the current view's epoch: lead it (recovery first) or follow its leader.
+    fn start_epoch(&mut self) {
+        if self.leader() == Some(self.me()) {
+            let mut state = LeaderState::new();
+            state.infos.insert(self.me(), self.my_info());
+            self.role = Role::Leader(Box::new(state));
+        } else {
+            self.role = Role::Follower { synced: false };
+        }
+    }
+
+    fn on_follower_info(&mut self, now: Time, from: NodeId, info: FollowerInfo, out: &mut Outbox<Message>) {
+        let Some(state) = self.leader_state() else { return };
+        state.infos.insert(from, info);
+        match state.phase {
+            Phase::Discovery => self.choose_history(now, out),
+            Phase::Fetching { .. } => {}
+            Phase::Syncing | Phase::Established => {
+                if !state.synced.contains(from) {
+                    self.send_new_leader(from, out);
+                }
+            }
+        }
+    }
+
+    /// ZAB phase 1: with infos from a quorum, adopt the history of the one with the highest
+    /// (currentEpoch, last zxid). Comparing currentEpoch first matters: a history that a later
+    /// leader synchronised a quorum to beats a longer one from an older epoch whose tail that
+    /// leader discarded.
+    fn choose_history(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let quorum = self.config.quorum();
+        let me = self.me();
+        let from_index = self.applied_index + 1;
+        let epoch = self.view.epoch;
+        let timeout = self.config.retransmit_timeout;
+        let Some(state) = self.leader_state() else { return };
+        if state.phase != Phase::Discovery || state.infos.len() < quorum {
+            return;
+        }
+        let rank = |node: NodeId, info: &FollowerInfo| (info.current_epoch, info.last_zxid, node == me);
+        let best = state
+            .infos
+            .iter()
+            .max_by_key(|(node, info)| rank(**node, info))
+            .map(|(node, _)| *node)
+            .expect("a quorum is not empty");
+        if best == me {
+            self.adopt_history(now, out);
+        } else {
+            state.phase = Phase::Fetching { best };
+            state.fetch_resend_at = now + timeout;
+            out.send(best, Message::FetchHistory { epoch, from_index });
+        }
+    }
+
+    fn on_history(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        from_index: u64,
+        entries: Vec<Entry>,
+        out: &mut Outbox<Message>,
+    ) {
+        let applied = self.applied_index;
+        let Some(state) = self.leader_state() else { return };
+        if state.phase != (Phase::Fetching { best: from }) || from_index != applied + 1 {
+            return;
+        }
+        // Our unapplied tail may differ from the best history: replace it.
+        self.truncate_after(applied);
+        let appended = self.append(from_index, entries);
+        debug_assert!(appended);
+        self.adopt_history(now, out);
+    }
+
+    /// Our log is now the epoch's history. ZAB phase 2: synchronise the followers we heard.
+    fn adopt_history(&mut self, now: Time, out: &mut Outbox<Message>) {
+        self.current_epoch = self.view.epoch;
+        let quorum = self.config.quorum();
+        let me = self.me();
+        let Some(state) = self.leader_state() else { return };
+        state.phase = Phase::Syncing;
+        let followers: Vec<NodeId> = state.infos.keys().copied().filter(|node| *node != me).collect();
+        for follower in followers {
+            self.send_new_leader(follower, out);
+        }
+        // A one-replica ensemble is its own quorum.
+        if quorum <= 1 {
+            self.establish(now, out);
+        }
+    }
+
+    fn send_new_leader(&mut self, follower: NodeId, out: &mut Outbox<Message>) {
+        let (epoch, commit_index, last) = (self.view.epoch, self.commit_index, self.last_index());
+        let Role::Leader(state) = &self.role else { return };
+        let Some(info) = state.infos.get(&follower) else { return };
+        // The follower's applied entries are committed, hence in our history at the same
+        // indices: send only what follows them.
+        let prev_index = info.applied_index;
+        debug_assert!(prev_index + 1 >= self.log_start, "follower needs compacted entries");
+        let entries = self.entries(prev_index + 1, last);
+        out.send(follower, Message::NewLeader { epoch, prev_index, entries, commit_index });
+    }
+
+    /// A quorum holds the history: it is committed. Broadcast resumes.
+    fn establish(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let last = self.last_index();
+        self.commit_index = self.commit_index.max(last);
+        self.apply_committed(now, out);
+        let applied_seq = self.applied_seq.clone();
+        let commit = self.commit_message();
+        let commit_index = self.commit_index;
+        let Some(state) = self.leader_state() else { return };
+        state.phase = Phase::Established;
+        state.proposed_seq = applied_seq;
+        state.pending_values.clear();
+        state.counter = 0;
+        state.heartbeat_at = now;
+        let synced = state.synced;
+        out.broadcast(synced, commit);
+        self.stats.recoveries += 1;
+        for read in self.syncs.values_mut() {
+            read.target.get_or_insert(commit_index);
+        }
+        self.serve_syncs(now, out);
+        self.propose_ready(now, out);
+    }
+
+    fn leader_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let epoch = self.view.epoch;
+        let timeout = self.config.retransmit_timeout;
+        let batch = self.config.catch_up_entries_max as u64;
+        let (commit_index, last, applied) = (self.commit_index, self.last_index(), self.applied_index);
+        let peers = self.peers();
+        let commit = self.commit_message();
+        let mut catch_up = Vec::new();
+        let mut new_leader = Vec::new();
+        let Role::Leader(state) = &mut self.role else { return };
+        if let Phase::Fetching { best } = state.phase {
+            if now >= state.fetch_resend_at {
+                state.fetch_resend_at = now + timeout;
+                out.send(best, Message::FetchHistory { epoch, from_index: applied + 1 });
+            }
+        }
+        for peer in peers.iter() {
+            let due = state.resend_at.get(&peer).is_none_or(|at| now >= *at);
+            if !due {
+                continue;
+            }
+            if state.synced.contains(peer) {
+                let matched = state.matched.get(&peer).copied().unwrap_or(0);
+                if matched < last {
+                    catch_up.push((peer, matched + 1));
+                    state.resend_at.insert(peer, now + timeout);
+                }
+            } else {
+                let recovered = matches!(state.phase, Phase::Syncing | Phase::Established);
+                if recovered && state.infos.contains_key(&peer) {
+                    new_leader.push(peer);
+                } else {
+                    out.send(peer, Message::NewEpoch { epoch });
+                }
+                state.resend_at.insert(peer, now + timeout);
+            }
+        }
+        if state.phase == Phase::Established && now >= state.heartbeat_at {
+            state.heartbeat_at = now + timeout;
+            out.broadcast(state.synced, commit);
+        }
+        for (peer, from) in catch_up {
+            let entries = self.entries(from, from + batch - 1);
+            self.stats.retransmits += 1;
+            out.send(peer, Message::Propose { epoch, first_index: from, entries, commit_index });
+        }
+        for peer in new_leader {
+            self.stats.retransmits += 1;
+            self.send_new_leader(peer, out);
+        }
+    }
+
+    // ---------------------------------------------------------------- follower
+
+    fn is_synced_follower(&self) -> bool {
+        matches!(self.role, Role::Follower { synced: true })
+    }
+
+    fn send_ack(&self, to: NodeId, out: &mut Outbox<Message>) {
+        let message = Message::Ack {
+            epoch: self.view.epoch,
+            last_index: self.last_index(),
+            applied_index: self.applied_index,
+        };
+        out.send(to, message);
+    }
+
+    fn on_propose(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        first_index: u64,
+        entries: Vec<Entry>,
+        commit_index: u64,
+        out: &mut Outbox<Message>,
+    ) {
+        if !self.is_synced_follower() {
+            return;
+        }
+        // On a gap (an earlier proposal lost or late) the ACK tells the leader where we are.
+        self.append(first_index, entries);
+        self.commit_index = self.commit_index.max(commit_index);
+        self.apply_committed(now, out);
+        self.send_ack(from, out);
+    }
+
+    fn on_new_leader(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        prev_index: u64,
+        entries: Vec<Entry>,
+        commit_index: u64,
+        out: &mut Outbox<Message>,
+    ) {
+        if matches!(self.role, Role::Leader(_)) {
+            return;
+        }
+        if self.is_synced_follower() {
+            self.send_ack(from, out); // Our ACK was lost; the history is already ours.
+            return;
+        }
+        if prev_index != self.applied_index {
+            // Built on a FollowerInfo that no longer describes us: describe us again.
+            let info = self.my_info();
+            let epoch = self.view.epoch;
+            out.send(
+                from,
+                Message::FollowerInfo {
+                    epoch,
+                    current_epoch: info.current_epoch,
+                    last_zxid: info.last_zxid,
+                    applied_index: info.applied_index,
+                },
+            );
+            return;
+        }
+        self.truncate_after(prev_index);
+        let appended = self.append(prev_index + 1, entries);
+        debug_assert!(appended);
+        self.current_epoch = self.view.epoch;
+        self.role = Role::Follower { synced: true };
+        // Commit points only ever cover committed entries, which keep their indices in every
+        // later history, so one heard in an older epoch still holds.
+        self.commit_index = self.commit_index.max(commit_index);
+        self.apply_committed(now, out);
+        self.send_ack(from, out);
+    }
+
+    /// Forwards not yet seen in our history and syncs not yet answered go out again.
+    fn retransmit_requests(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let timeout = self.config.retransmit_timeout;
+        let due: Vec<u64> = self
+            .outstanding
+            .iter()
+            .filter(|(_, pending)| !pending.proposed && now >= pending.sent_at + timeout)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in due {
+            self.stats.retransmits += 1;
+            self.send_forward(now, seq, out);
+        }
+        let due: Vec<u64> = self
+            .syncs
+            .iter()
+            .filter(|(_, read)| read.target.is_none() && now >= read.sent_at + timeout)
+            .map(|(nonce, _)| *nonce)
+            .collect();
+        for nonce in due {
+            self.syncs.get_mut(&nonce).expect("sync exists").sent_at = now;
+            self.send_sync(nonce, out);
+        }
+    }
+
+    /// Leaving the view: stop serving. Waiting requests and reads never executed; forwarded
+    /// updates may still commit, so their outcome is unknown.
+    fn leave_service(&mut self, out: &mut Outbox<Message>) {
+        self.retired = true;
+        self.role = Role::Follower { synced: false };
+        for (_, queue) in self.queues.drain() {
+            for (request, _) in queue.waiting {
+                out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
+            }
+        }
+        for (_, read) in std::mem::take(&mut self.syncs) {
+            out.reply(read.request, Outcome::Error(CommandError::Unavailable("not in the current view")));
+        }
+        for (_, outstanding) in std::mem::take(&mut self.outstanding) {
+            out.reply(outstanding.request, Outcome::Error(CommandError::OutcomeUnknown));
+        }
+    }
+}
+
+impl Replica for Zab {
+    type Message = Message;
+
+    fn id(&self) -> NodeId {
+        self.config.me
+    }
+
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Message>,
+    ) {
+        if !self.is_operational() {
+            out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
+            return;
+        }
+        let key = command.key().clone();
+        self.queues.entry(key.clone()).or_default().waiting.push_back((request, command));
+        self.drain(now, &key, out);
+    }
+
+    fn on_message(&mut self, now: Time, from: NodeId, message: Message, out: &mut Outbox<Message>) {
+        if message.epoch() != self.view.epoch || !self.is_operational() {
+            self.stats.messages_dropped_epoch += 1;
+            return;
+        }
+        let from_leader = self.leader() == Some(from);
+        match message {
+            Message::Forward { seq, command, .. } if command.is_update() => {
+                self.on_forward(now, from, seq, command, out);
+            }
+            Message::Propose { first_index, entries, commit_index, .. } if from_leader => {
+                self.on_propose(now, from, first_index, entries, commit_index, out)
+            }
+            Message::Ack { last_index, applied_index, .. } => {
+                self.on_ack(now, from, last_index, applied_index, out)
+            }
+            Message::Commit { commit_index, compact_index, .. }
+                if from_leader && self.is_synced_follower() =>
+            {
+                self.commit_index = self.commit_index.max(commit_index);
+                self.apply_committed(now, out);
+                self.compact(compact_index);
+            }
+            Message::NewEpoch { .. } if from_leader => {
+                let info = self.my_info();
+                let epoch = self.view.epoch;
+                out.send(
+                    from,
+                    Message::FollowerInfo {
+                        epoch,
+                        current_epoch: info.current_epoch,
+                        last_zxid: info.last_zxid,
+                        applied_index: info.applied_index,
+                    },
+                );
+            }
+            Message::FollowerInfo { current_epoch, last_zxid, applied_index, .. } => {
+                let info = FollowerInfo { current_epoch, last_zxid, applied_index };
+                self.on_follower_info(now, from, info, out)
+            }
+            // Only before we synchronise to this epoch's history: our log is still what we
+            // reported in FollowerInfo.
+            Message::FetchHistory { from_index, .. }
+                if from_leader
+                    && matches!(self.role, Role::Follower { synced: false })
+                    && from_index >= self.log_start =>
+            {
+                let entries = self.entries(from_index, self.last_index());
+                out.send(from, Message::History { epoch: self.view.epoch, from_index, entries });
+            }
+            Message::History { from_index, entries, .. } => {
+                self.on_history(now, from, from_index, entries, out)
+            }
+            Message::NewLeader { prev_index, entries, commit_index, .. } if from_leader => {
+                self.on_new_leader(now, from, prev_index, entries, commit_index, out)
+            }
+            // A recovering leader does not know the commit point yet: the follower asks again.
+            Message::Sync { nonce, .. } if self.is_established_leader() => {
+                let commit_index = self.commit_index;
+                out.send(from, Message::SyncReply { epoch: self.view.epoch, nonce, commit_index });
+            }
+            Message::SyncReply { nonce, commit_index, .. } if from_leader => {
+                if let Some(read) = self.syncs.get_mut(&nonce) {
+                    read.target.get_or_insert(commit_index);
+                    self.serve_syncs(now, out);
+                }
+            }
+            // Leader-only messages from a replica that does not lead our view.
+            _ => {}
+        }
+    }
+
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
+        if !self.is_operational() {
+            return;
+        }
+        if matches!(self.role, Role::Leader(_)) {
+            self.leader_tick(now, out);
+            // The initial view's leader, with a quorum of one, recovers on its first tick.
+            self.choose_history(now, out);
+        }
+        self.retransmit_requests(now, out);
+    }
+
+    /// A new view is a new ZAB epoch with the lowest live id as leader. Messages of the old
+    /// epoch are dropped from now on; the leader recovers before anything commits again; every
+    /// replica sends its unproposed forwards and unanswered syncs to the new leader.
+    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Message>) {
+        if view.epoch <= self.view.epoch {
+            return; // Views only move forward; a late m-update is stale.
+        }
+        self.view = view;
+        self.stats.views_installed += 1;
+        if !self.is_operational() {
+            self.leave_service(out);
+            return;
+        }
+        self.start_epoch();
+        // Our history may be truncated by the recovery: every unapplied update is forwarded
+        // again (the new leader proposes each origin's `seq` once).
+        for outstanding in self.outstanding.values_mut() {
+            outstanding.proposed = false;
+            outstanding.sent_at = Time::ZERO;
+        }
+        for read in self.syncs.values_mut() {
+            read.sent_at = Time::ZERO;
+        }
+        let seqs: Vec<u64> = self.outstanding.keys().copied().collect();
+        for seq in seqs {
+            self.send_forward(now, seq, out);
+        }
+        let nonces: Vec<u64> =
+            self.syncs.iter().filter(|(_, read)| read.target.is_none()).map(|(n, _)| *n).collect();
+        for nonce in nonces {
+            self.syncs.get_mut(&nonce).expect("sync exists").sent_at = now;
+            self.send_sync(nonce, out);
+        }
+        if matches!(self.role, Role::Leader(_)) {
+            self.leader_tick(now, out);
+            // A quorum of one (a one-replica ensemble) needs no follower.
+            self.choose_history(now, out);
+        }
+    }
+}

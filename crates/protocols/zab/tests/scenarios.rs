@@ -1,0 +1,251 @@
+//! Scripted scenarios for the ZAB core: recovery (discovery, synchronisation), broadcast on a
+//! majority, sync reads, and leader failure, message by message with a manual network and a
+//! manual clock.
+
+use bytes::Bytes;
+use chorus_core::{
+    ClientRequestId, Command, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, View,
+};
+use chorus_zab::{Message, ReadMode, Zab, ZabConfig};
+
+const TIMEOUT: Time = Time::from_millis(50);
+
+#[derive(Clone, Debug)]
+struct Envelope {
+    from: u8,
+    to: u8,
+    msg: Message,
+}
+
+struct Cluster {
+    nodes: Vec<Zab>,
+    crashed: Vec<bool>,
+    net: Vec<Envelope>,
+    replies: Vec<(ClientRequestId, Outcome)>,
+    now: Time,
+    next_request: u64,
+}
+
+fn b(text: &str) -> Bytes {
+    Bytes::copy_from_slice(text.as_bytes())
+}
+
+impl Cluster {
+    fn new(n: u8, read_mode: ReadMode) -> Cluster {
+        let all: NodeSet = (0..n).map(NodeId).collect();
+        let nodes = (0..n)
+            .map(|i| {
+                let mut config = ZabConfig::new(NodeId(i), all);
+                config.retransmit_timeout = TIMEOUT;
+                config.read_mode = read_mode;
+                Zab::new(config)
+            })
+            .collect();
+        Cluster {
+            nodes,
+            crashed: vec![false; n as usize],
+            net: Vec::new(),
+            replies: Vec::new(),
+            now: Time::from_millis(1),
+            next_request: 0,
+        }
+    }
+
+    /// A cluster whose initial recovery is done: n0 leads epoch 1.
+    fn established(n: u8, read_mode: ReadMode) -> Cluster {
+        let mut cluster = Cluster::new(n, read_mode);
+        cluster.tick(Time::from_millis(1));
+        cluster.settle();
+        assert!(cluster.nodes[0].is_established_leader());
+        cluster
+    }
+
+    fn collect(&mut self, from: u8, out: Outbox<Message>) {
+        for (destination, msg) in out.messages {
+            for to in destination.nodes().iter() {
+                self.net.push(Envelope { from, to: to.0, msg: msg.clone() });
+            }
+        }
+        self.replies.extend(out.replies);
+    }
+
+    fn client(&mut self, node: u8, command: Command) -> ClientRequestId {
+        let request = ClientRequestId(self.next_request);
+        self.next_request += 1;
+        let mut out = Outbox::default();
+        self.nodes[node as usize].on_client(self.now, request, command, &mut out);
+        self.collect(node, out);
+        request
+    }
+
+    fn reply(&self, request: ClientRequestId) -> Option<&Outcome> {
+        self.replies.iter().find(|(id, _)| *id == request).map(|(_, outcome)| outcome)
+    }
+
+    fn deliver(&mut self, filter: impl Fn(&Envelope) -> bool) {
+        let index =
+            self.net.iter().position(&filter).unwrap_or_else(|| panic!("no such message in {:#?}", self.net));
+        let envelope = self.net.remove(index);
+        if self.crashed[envelope.to as usize] {
+            return;
+        }
+        let mut out = Outbox::default();
+        self.nodes[envelope.to as usize].on_message(self.now, NodeId(envelope.from), envelope.msg, &mut out);
+        self.collect(envelope.to, out);
+    }
+
+    /// Deliver everything except messages matching `hold` (which stay in flight).
+    fn settle_except(&mut self, hold: impl Fn(&Envelope) -> bool) {
+        let mut steps = 0;
+        while self.net.iter().any(|e| !hold(e)) {
+            self.deliver(|e| !hold(e));
+            steps += 1;
+            assert!(steps < 10_000, "the network never settles");
+        }
+    }
+
+    fn settle(&mut self) {
+        self.settle_except(|_| false);
+    }
+
+    fn tick(&mut self, advance: Time) {
+        self.now = self.now + advance;
+        for i in 0..self.nodes.len() {
+            if !self.crashed[i] {
+                let mut out = Outbox::default();
+                self.nodes[i].on_tick(self.now, &mut out);
+                self.collect(i as u8, out);
+            }
+        }
+    }
+
+    fn crash_and_install(&mut self, node: u8, epoch: u64) {
+        self.crashed[node as usize] = true;
+        self.net.retain(|envelope| envelope.from != node && envelope.to != node);
+        let live: NodeSet =
+            (0..self.nodes.len() as u8).filter(|i| !self.crashed[*i as usize]).map(NodeId).collect();
+        for i in live.iter() {
+            let mut out = Outbox::default();
+            self.nodes[i.index()].on_view(self.now, View { epoch: Epoch(epoch), live }, &mut out);
+            self.collect(i.0, out);
+        }
+    }
+}
+
+fn to(node: u8) -> impl Fn(&Envelope) -> bool {
+    move |e| e.to == node
+}
+
+fn set(key: &str, value: &str) -> Command {
+    Command::Write { key: b(key), value: Some(b(value)) }
+}
+fn get(key: &str) -> Command {
+    Command::Read { key: b(key) }
+}
+
+#[test]
+fn the_initial_leader_recovers_before_it_broadcasts() {
+    let mut cluster = Cluster::new(3, ReadMode::Sync);
+    // A write submitted before recovery waits in the leader's buffer.
+    let write = cluster.client(1, set("k", "v"));
+    cluster.settle();
+    assert!(cluster.reply(write).is_none(), "nothing commits before recovery");
+    cluster.tick(Time::from_millis(1)); // the leader's first tick sends NEWEPOCH
+    cluster.settle();
+    assert!(cluster.nodes[0].is_established_leader());
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written));
+}
+
+#[test]
+fn a_write_commits_with_a_majority_while_one_follower_hears_nothing() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    let write = cluster.client(1, Command::Rmw { key: b("n"), op: RmwOp::IncrementBy(4) });
+    cluster.settle_except(to(2));
+    assert_eq!(cluster.reply(write), Some(&Outcome::Integer(4)), "leader + n1 are a majority of 3");
+    assert_eq!(cluster.nodes[2].applied_index(), 0);
+    // n2's messages were lost; the leader's retransmission catches it up.
+    cluster.net.clear();
+    cluster.tick(TIMEOUT);
+    cluster.settle();
+    assert_eq!(cluster.nodes[2].value(b"n"), Some(&b("4")));
+}
+
+#[test]
+fn no_commit_without_a_majority() {
+    let mut cluster = Cluster::established(5, ReadMode::Sync);
+    let write = cluster.client(0, set("k", "v"));
+    cluster.settle_except(|e| e.to >= 2);
+    assert!(cluster.reply(write).is_none(), "2 of 5 is not a quorum");
+    cluster.settle_except(|e| e.to >= 3);
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written), "3 of 5 is");
+}
+
+#[test]
+fn a_sync_read_waits_until_the_follower_applied_the_leaders_commit_point() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    let write = cluster.client(0, set("k", "new"));
+    // n1 acknowledges (so the write commits) but never hears the COMMIT yet.
+    cluster.deliver(|e| matches!(e.msg, Message::Propose { .. }) && e.to == 1);
+    cluster.deliver(|e| matches!(e.msg, Message::Ack { .. }));
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written));
+    let read = cluster.client(1, get("k"));
+    cluster.deliver(|e| matches!(e.msg, Message::Sync { .. }));
+    cluster.deliver(|e| matches!(e.msg, Message::SyncReply { .. }));
+    assert!(cluster.reply(read).is_none(), "n1 has not applied the leader's commit point yet");
+    cluster.deliver(|e| matches!(e.msg, Message::Commit { .. }) && e.to == 1);
+    assert_eq!(cluster.reply(read), Some(&Outcome::Value(Some(b("new")))));
+}
+
+#[test]
+fn a_local_read_at_a_lagging_follower_returns_the_older_value() {
+    let mut cluster = Cluster::established(3, ReadMode::Local);
+    let write = cluster.client(0, set("k", "new"));
+    cluster.settle_except(to(2));
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written));
+    let read = cluster.client(2, get("k"));
+    // Sequentially consistent, not linearizable: the write completed, the read misses it.
+    assert_eq!(cluster.reply(read), Some(&Outcome::Value(None)));
+}
+
+#[test]
+fn a_committed_write_survives_the_leaders_crash() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    let write = cluster.client(0, set("k", "kept"));
+    // Only n2 acknowledges; n1 hears nothing. The write commits at the leader, which crashes.
+    cluster.settle_except(to(1));
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written));
+    cluster.crash_and_install(0, 2);
+    // n1 leads epoch 2; its own history is empty, n2's holds the write: n1 must adopt n2's.
+    cluster.settle();
+    assert!(cluster.nodes[1].is_established_leader());
+    assert_eq!(cluster.nodes[1].value(b"k"), Some(&b("kept")));
+    let read = cluster.client(1, get("k"));
+    assert_eq!(cluster.reply(read), Some(&Outcome::Value(Some(b("kept")))));
+}
+
+#[test]
+fn a_forward_lost_with_the_old_leader_is_proposed_once_by_the_new_one() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    let write = cluster.client(2, Command::Rmw { key: b("n"), op: RmwOp::IncrementBy(2) });
+    cluster.deliver(|e| matches!(e.msg, Message::Forward { .. }));
+    cluster.net.clear(); // the proposal never leaves n0
+    cluster.crash_and_install(0, 2);
+    cluster.settle();
+    cluster.tick(TIMEOUT);
+    cluster.settle();
+    assert_eq!(cluster.reply(write), Some(&Outcome::Integer(2)));
+    assert_eq!(cluster.nodes[1].value(b"n"), Some(&b("2")), "executed once");
+}
+
+#[test]
+fn messages_of_an_older_epoch_are_dropped() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    cluster.client(0, set("k", "v"));
+    let stale = cluster.net.iter().position(to(2)).unwrap();
+    let stale = cluster.net.remove(stale);
+    cluster.crash_and_install(1, 2);
+    let mut out = Outbox::default();
+    cluster.nodes[2].on_message(cluster.now, NodeId(stale.from), stale.msg, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(cluster.nodes[2].stats().messages_dropped_epoch, 1);
+}
