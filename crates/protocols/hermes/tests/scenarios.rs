@@ -474,7 +474,14 @@ fn figure4_lost_val_and_crash_read_after_view_change_replays_winner_write() {
     assert!(c.net.is_empty());
     c.tick(0, t + MLT);
     assert_eq!(c.state(0, "A"), (Replay, ts(2, 2), v("3")));
-    let replay = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(2, 2), value: v("3"), rmw: false, superseded: false };
+    let replay = Message::Inv {
+        epoch: Epoch(2),
+        key: b("A"),
+        ts: ts(2, 2),
+        value: v("3"),
+        rmw: false,
+        superseded: false,
+    };
     assert_eq!(c.net.len(), 1);
     assert_eq!((c.net[0].from, c.net[0].to, &c.net[0].msg), (0, 1, &replay));
 
@@ -718,7 +725,14 @@ fn messages_of_another_epoch_are_dropped() {
     // higher (it has not received the m-update yet).
     let mut c = Cluster::new(3);
     for epoch in [0, 2] {
-        let msg = Message::Inv { epoch: Epoch(epoch), key: b("A"), ts: ts(2, 0), value: v("x"), rmw: false, superseded: false };
+        let msg = Message::Inv {
+            epoch: Epoch(epoch),
+            key: b("A"),
+            ts: ts(2, 0),
+            value: v("x"),
+            rmw: false,
+            superseded: false,
+        };
         c.inject(Envelope { from: 0, to: 1, msg });
     }
     c.deliver_all();
@@ -800,7 +814,14 @@ fn rmw_in_flight_recollects_acks_after_view_change_and_still_commits() {
     assert_eq!(c.reply_of(i), None);
     let resent = c.pending(all);
     assert_eq!(resent.len(), 1);
-    let expected = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(1, 0), value: v("1"), rmw: true, superseded: false };
+    let expected = Message::Inv {
+        epoch: Epoch(2),
+        key: b("A"),
+        ts: ts(1, 0),
+        value: v("1"),
+        rmw: true,
+        superseded: false,
+    };
     assert_eq!((resent[0].to, &resent[0].msg), (1, &expected));
     c.deliver_all();
     assert_eq!(c.reply_of(i), Some(Outcome::Integer(1)));
@@ -868,7 +889,14 @@ fn follower_with_higher_timestamp_refuses_rmw_with_inv_and_coordinator_retries_o
     c.deliver(inv(2, 1));
     let answer = c.pending(|e| e.from == 1 && e.to == 2);
     assert_eq!(answer.len(), 1, "an INV instead of an ACK: {answer:?}");
-    let refusal = Message::Inv { epoch: Epoch(1), key: b("A"), ts: ts(2, 0), value: v("10"), rmw: false, superseded: false };
+    let refusal = Message::Inv {
+        epoch: Epoch(1),
+        key: b("A"),
+        ts: ts(2, 0),
+        value: v("10"),
+        rmw: false,
+        superseded: false,
+    };
     assert_eq!(answer[0].msg, refusal);
     assert_eq!(c.state(1, "A"), (Invalid, ts(2, 0), v("10")));
 
@@ -1106,7 +1134,14 @@ fn replica_outside_the_view_refuses_clients_as_unavailable() {
     }
     assert!(c.net.is_empty());
     // It also ignores peer messages, even of the current epoch.
-    let msg = Message::Inv { epoch: Epoch(2), key: b("A"), ts: ts(2, 0), value: v("x"), rmw: false, superseded: false };
+    let msg = Message::Inv {
+        epoch: Epoch(2),
+        key: b("A"),
+        ts: ts(2, 0),
+        value: v("x"),
+        rmw: false,
+        superseded: false,
+    };
     c.inject(Envelope { from: 0, to: 2, msg });
     c.deliver_all();
     assert_eq!(c.state(2, "A"), (Valid, Timestamp::ZERO, None));
