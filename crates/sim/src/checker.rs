@@ -14,9 +14,19 @@
 //! overflow the thread's stack, and a budget of explored configurations turns a pathological
 //! key into an [`KeyVerdict::Inconclusive`] verdict instead of a hang.
 //!
-//! Operations whose outcome is unknown (no completion) may take effect at any point after their
-//! invocation, with any outcome, or never. They get no return event: the search may linearize
-//! them whenever their call is reachable and succeeds once every *completed* operation is placed.
+//! Operations whose outcome is unknown (no completion, or an error saying the outcome is in
+//! doubt) may take effect at any point after their invocation, with any outcome, or never. They
+//! get no return event: the search may linearize them whenever their call is reachable, and it
+//! succeeds once every operation with a known outcome is placed.
+//!
+//! On top of Lowe's memo, four sound reductions keep refutations (which must explore every
+//! reachable configuration) tractable; each is argued where it is implemented, and a test
+//! checks the verdicts against a plain brute-force search:
+//! * a completed operation that does not write is linearized greedily, without branching;
+//! * a configuration dominates one with the same completed set and value but more unknown
+//!   operations linearized;
+//! * identical unknown operations are linearized in invocation order;
+//! * a blind write never immediately follows an unknown operation.
 
 use std::fmt;
 
@@ -166,7 +176,9 @@ fn transition(command: &Command, outcome: Option<&Outcome>, current: &Option<Val
     match command {
         Command::Read { .. } => match outcome {
             Some(Outcome::Value(seen)) if seen != current => None,
-            None | Some(Outcome::Value(_)) => Some(Transition { value_after: current.clone(), writes: false }),
+            None | Some(Outcome::Value(_)) => {
+                Some(Transition { value_after: current.clone(), writes: false })
+            }
             Some(_) => None,
         },
         Command::Write { value, .. } => matches!(outcome, None | Some(Outcome::Written))
@@ -194,8 +206,13 @@ enum Event {
     Head,
     Tail,
     /// `ret`: the node of the operation's return, `None` if its outcome is unknown.
-    Call { op: usize, ret: Option<usize> },
-    Return { op: usize },
+    Call {
+        op: usize,
+        ret: Option<usize>,
+    },
+    Return {
+        op: usize,
+    },
 }
 
 struct EventList {
@@ -337,16 +354,17 @@ impl BitSet {
         BitSet { words: vec![0; bits.div_ceil(64)] }
     }
 
-    fn insert(&mut self, bit: usize) {
-        self.words[bit / 64] |= 1 << (bit % 64);
+    fn set(&mut self, bit: usize, present: bool) {
+        let mask = 1 << (bit % 64);
+        if present {
+            self.words[bit / 64] |= mask;
+        } else {
+            self.words[bit / 64] &= !mask;
+        }
     }
 
     fn contains(&self, bit: usize) -> bool {
         self.words[bit / 64] & (1 << (bit % 64)) != 0
-    }
-
-    fn remove(&mut self, bit: usize) {
-        self.words[bit / 64] &= !(1 << (bit % 64));
     }
 
     /// The words up to the last non-zero one; enough to test inclusion.
@@ -356,20 +374,45 @@ impl BitSet {
     }
 }
 
-/// A canonical, compact copy of a set of linearized operations. Operations are indexed in
-/// invocation order and the search linearizes old operations first, so real sets are a run of
-/// full words followed by a short tail; storing only the tail keeps the memo small.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct CompactSet {
-    full_words: u32,
-    tail: Box<[u64]>,
-}
+/// The sets of unknown operations a configuration was explored with, none a subset of
+/// another, flattened into one allocation as `[len, words..]` records. Nearly always the only
+/// set is the empty one, encoded as an empty slice, which allocates nothing.
+struct UnknownSets(Box<[u64]>);
 
-impl CompactSet {
-    fn of(set: &BitSet) -> CompactSet {
-        let words = set.trimmed();
-        let full_words = words.iter().take_while(|word| **word == u64::MAX).count();
-        CompactSet { full_words: full_words as u32, tail: words[full_words..].into() }
+impl UnknownSets {
+    fn of(sets: &[&[u64]]) -> UnknownSets {
+        if sets.iter().any(|set| set.is_empty()) {
+            // The empty set dominates every other one.
+            return UnknownSets(Box::new([]));
+        }
+        let mut flat = Vec::with_capacity(sets.iter().map(|set| set.len() + 1).sum());
+        for set in sets {
+            flat.push(set.len() as u64);
+            flat.extend_from_slice(set);
+        }
+        UnknownSets(flat.into())
+    }
+
+    fn sets(&self) -> impl Iterator<Item = &[u64]> {
+        let mut rest: &[u64] = &self.0;
+        std::iter::from_fn(move || {
+            let (&len, after_len) = rest.split_first()?;
+            let (set, after_set) = after_len.split_at(len as usize);
+            rest = after_set;
+            Some(set)
+        })
+    }
+
+    /// Whether a configuration explored earlier dominates one with the `unknown` set.
+    fn dominate(&self, unknown: &[u64]) -> bool {
+        self.0.is_empty() || self.sets().any(|earlier| is_subset(earlier, unknown))
+    }
+
+    /// Add `unknown`, which no recorded set dominates, dropping the sets it dominates.
+    fn add(&mut self, unknown: &[u64]) {
+        let mut sets: Vec<&[u64]> = self.sets().filter(|earlier| !is_subset(unknown, earlier)).collect();
+        sets.push(unknown);
+        *self = UnknownSets::of(&sets);
     }
 }
 
@@ -377,8 +420,26 @@ fn is_subset(small: &[u64], large: &[u64]) -> bool {
     small.iter().enumerate().all(|(index, word)| word & !large.get(index).copied().unwrap_or(0) == 0)
 }
 
-/// Configurations already explored. The key holds the actual register value, not a hash of
-/// it, so a collision can never make an unexplored configuration look explored.
+/// Register values numbered in order of appearance, so that the memo stores a number. The
+/// values themselves are kept, not hashes, so two values never share a number.
+#[derive(Default)]
+struct ValueNumbers {
+    numbers: FxHashMap<Option<Value>, u64>,
+}
+
+impl ValueNumbers {
+    fn number(&mut self, value: &Option<Value>) -> u64 {
+        let next = self.numbers.len() as u64;
+        *self.numbers.entry(value.clone()).or_insert(next)
+    }
+}
+
+/// Configurations already explored.
+///
+/// A configuration is keyed by its register value and its set of linearized completed
+/// operations, packed into one slice: `[value number, full words, tail..]`. Operations are
+/// indexed in invocation order and the search linearizes old operations first, so real sets
+/// are a run of full words followed by a short tail; only the tail is stored.
 ///
 /// Completed and unknown-outcome operations are tracked separately because a configuration
 /// with fewer unknown operations linearized dominates one with more (same completed set, same
@@ -387,22 +448,36 @@ fn is_subset(small: &[u64], large: &[u64]) -> bool {
 /// unknown outcomes from doubling the search per unknown operation.
 #[derive(Default)]
 struct Memo {
-    explored: FxHashMap<(CompactSet, Option<Value>), Vec<Box<[u64]>>>,
+    explored: FxHashMap<Box<[u64]>, UnknownSets>,
+    value_numbers: ValueNumbers,
+    /// Scratch key for lookups, so that revisits allocate nothing.
+    probe: Vec<u64>,
     states: usize,
 }
 
 impl Memo {
     /// Record the configuration; `false` if it, or one that dominates it, was seen before.
     fn first_visit(&mut self, completed: &BitSet, unknown: &BitSet, value: &Option<Value>) -> bool {
+        self.fill_probe(completed, value);
         let unknown = unknown.trimmed();
-        let seen = self.explored.entry((CompactSet::of(completed), value.clone())).or_default();
-        if seen.iter().any(|earlier| is_subset(earlier, unknown)) {
-            return false;
+        match self.explored.get_mut(self.probe.as_slice()) {
+            Some(explored) if explored.dominate(unknown) => return false,
+            Some(explored) => explored.add(unknown),
+            None => {
+                self.explored.insert(self.probe.as_slice().into(), UnknownSets::of(&[unknown]));
+            }
         }
-        seen.retain(|earlier| !is_subset(unknown, earlier));
-        seen.push(unknown.into());
         self.states += 1;
         true
+    }
+
+    fn fill_probe(&mut self, completed: &BitSet, value: &Option<Value>) {
+        let words = completed.trimmed();
+        let full_words = words.iter().take_while(|word| **word == u64::MAX).count();
+        self.probe.clear();
+        self.probe.push(self.value_numbers.number(value));
+        self.probe.push(full_words as u64);
+        self.probe.extend_from_slice(&words[full_words..]);
     }
 }
 
@@ -595,10 +670,10 @@ impl<'a> Search<'a> {
     /// one fails too, and its other branches need no exploring. A write of the current value
     /// does not qualify: elsewhere in the order it would change the value.
     fn try_linearize(&mut self, cursor: Cursor, op: usize) -> Step {
-        if self.waits_for_twin(op) {
+        let operation = self.operations[op];
+        if self.waits_for_twin(op) || self.overwrites_unknown(&operation.command) {
             return Step::Skipped;
         }
-        let operation = self.operations[op];
         let outcome = known_outcome(operation);
         let Some(Transition { value_after, writes }) = transition(&operation.command, outcome, &self.value)
         else {
@@ -638,6 +713,15 @@ impl<'a> Search<'a> {
         self.advance(frame.cursor)
     }
 
+    /// Whether `command` is a blind write right after an unknown operation. Such a write hides
+    /// what the unknown operation did, and the unknown operation need not happen at all: the
+    /// configuration without it, which the search also reaches, dominates this one.
+    fn overwrites_unknown(&self, command: &Command) -> bool {
+        let after_unknown =
+            self.stack.last().is_some_and(|frame| matches!(self.slots[frame.op], Slot::Unknown { .. }));
+        after_unknown && matches!(command, Command::Write { .. })
+    }
+
     /// Identical unknown operations are interchangeable, and each is available from its
     /// invocation on, so any linearization can be rewritten to use them in invocation order.
     /// Insisting on that order keeps the search from trying every subset of, say, a hundred
@@ -653,21 +737,16 @@ impl<'a> Search<'a> {
     }
 
     fn mark(&mut self, op: usize, linearized: bool) {
-        let (set, bit) = match self.slots[op] {
-            Slot::Completed(bit) => (&mut self.completed, bit),
-            Slot::Unknown { bit, .. } => (&mut self.unknown, bit),
-        };
-        if linearized {
-            set.insert(bit);
-        } else {
-            set.remove(bit);
-        }
-        if let Slot::Completed(_) = self.slots[op] {
-            if linearized {
-                self.completed_left -= 1;
-            } else {
-                self.completed_left += 1;
+        match self.slots[op] {
+            Slot::Completed(bit) => {
+                self.completed.set(bit, linearized);
+                if linearized {
+                    self.completed_left -= 1;
+                } else {
+                    self.completed_left += 1;
+                }
             }
+            Slot::Unknown { bit, .. } => self.unknown.set(bit, linearized),
         }
     }
 
@@ -1029,6 +1108,30 @@ mod tests {
     }
 
     #[test]
+    fn unknown_write_cannot_take_effect_before_its_invocation() {
+        let history = Builder::default().read(1, "k", Some("b"), 0, 1).unknown_write(2, "k", "b", 2).build();
+        assert_violation(&history, "k");
+    }
+
+    #[test]
+    fn outcome_unknown_errors_may_or_may_not_take_effect() {
+        let in_doubt = Some((1, Outcome::Error(CommandError::OutcomeUnknown)));
+        let write_b = Command::Write { key: b("k"), value: Some(b("b")) };
+        let seen = Builder::default()
+            .write(1, "k", "a", 0, 1)
+            .op(2, write_b.clone(), 0, in_doubt.clone())
+            .read(1, "k", Some("b"), 5, 6)
+            .build();
+        assert_linearizable(&seen);
+        let unseen = Builder::default()
+            .write(1, "k", "a", 0, 1)
+            .op(2, write_b, 0, in_doubt)
+            .read(1, "k", Some("a"), 5, 6)
+            .build();
+        assert_linearizable(&unseen);
+    }
+
+    #[test]
     fn unknown_increment_may_take_effect() {
         let history = Builder::default()
             .op(1, Command::Rmw { key: b("n"), op: RmwOp::IncrementBy(1) }, 0, None)
@@ -1087,6 +1190,40 @@ mod tests {
             .read(1, "k", Some("hello"), 4, 5)
             .build();
         assert_linearizable(&history);
+    }
+
+    /// The greedy rule relies on it: an RMW that did not write at one value did not write at any
+    /// value where it returns the same outcome.
+    #[test]
+    fn rmw_outcomes_tell_whether_they_wrote() {
+        let values =
+            [None, Some(b("a")), Some(b("b")), Some(b("0")), Some(b("1")), Some(b(&i64::MAX.to_string()))];
+        let ops = values.iter().flat_map(|value| {
+            let present = value.clone().unwrap_or_else(|| b("z"));
+            [
+                RmwOp::CompareAndSwap { expected: value.clone(), new: Some(b("a")) },
+                RmwOp::CompareAndSwap { expected: value.clone(), new: value.clone() },
+                RmwOp::IncrementBy(1),
+                RmwOp::IncrementBy(0),
+                RmwOp::SetIfAbsent(present.clone()),
+                RmwOp::SetIfPresent(present),
+                RmwOp::Swap(value.clone()),
+            ]
+        });
+        for op in ops {
+            for here in &values {
+                for there in &values {
+                    let (at_here, at_there) = (op.apply(here.as_ref()), op.apply(there.as_ref()));
+                    if at_here.outcome == at_there.outcome {
+                        assert_eq!(
+                            at_here.write.is_some(),
+                            at_there.write.is_some(),
+                            "{op:?} at {here:?}, {there:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -1177,7 +1314,7 @@ mod tests {
     const NEVER_WRITTEN: &str = "never-written";
 
     fn random_value(rng: &mut Rng) -> Value {
-        b(&rng.pick(&["a", "b", "c", "0", "1", "7"]))
+        b(rng.pick(&["a", "b", "c", "0", "1", "7"]))
     }
 
     fn random_command(rng: &mut Rng, key: Key, current: &Option<Value>) -> Command {
@@ -1302,16 +1439,13 @@ mod tests {
 
     #[test]
     fn random_executions_are_linearizable_and_a_corrupted_read_is_caught() {
-        let t = std::time::Instant::now();
-        let only: Option<u64> = std::env::var("SEED").ok().map(|v| v.parse().unwrap());
-        for seed in 0..3000 {
-            if only.is_some_and(|o| o != seed) { continue; }
+        for seed in 0..300 {
             let mut rng = Rng(seed);
             let workload = Workload {
-                keys: 1 + rng.below(2) as usize,
-                clients: 2 + rng.below(9) as usize,
-                operations: 20 + rng.below(600) as usize,
-                unknown_percent: std::env::var("UNK").unwrap().parse().unwrap(),
+                keys: 1 + rng.below(3) as usize,
+                clients: 2 + rng.below(5) as usize,
+                operations: 20 + rng.below(130) as usize,
+                unknown_percent: 10,
                 unavailable_percent: 5,
             };
             let mut history = generate(&mut rng, &workload);
@@ -1320,22 +1454,10 @@ mod tests {
             assert!(report.inconclusive_keys.is_empty(), "seed {seed}");
 
             let Some(key) = corrupt_one_read(&mut rng, &mut history) else { continue };
-            let t0 = std::time::Instant::now();
             let report = check(&history);
-            if only.is_some() {
-                eprintln!("corrupted check took {:?} workload clients {} keys {}", t0.elapsed(), workload.clients, workload.keys);
-                for op in history.operations.iter().filter(|o| o.command.key() == &key && takes_part(o)) {
-                    eprintln!("{}", OperationDisplay(op));
-                }
-            }
-            if report.violations.is_empty() {
-                eprintln!("INCONCLUSIVE seed {seed} ops {}", history.operations.len());
-                continue;
-            }
             assert_eq!(report.violations.len(), 1, "seed {seed}: {report:?}");
             assert_eq!(report.violations[0].key, key, "seed {seed}");
         }
-        eprintln!("STRESS {:?}", t.elapsed());
     }
 
     /// Give a completed operation the outcome it would have had at some random value, so that
@@ -1354,7 +1476,8 @@ mod tests {
     /// order, without events lists, memo or pruning, as an independent reference.
     fn brute_force_linearizable(ops: &[&Operation], placed: &mut [bool], value: &Option<Value>) -> bool {
         let pending_completed = |index: &usize| !placed[*index] && known_outcome(ops[*index]).is_some();
-        let Some(deadline) = (0..ops.len()).filter(pending_completed).filter_map(|i| response_time(ops[i])).min()
+        let Some(deadline) =
+            (0..ops.len()).filter(pending_completed).filter_map(|i| response_time(ops[i])).min()
         else {
             return true;
         };
@@ -1362,7 +1485,9 @@ mod tests {
             if placed[index] || ops[index].invoke > deadline {
                 continue;
             }
-            let Some(step) = transition(&ops[index].command, known_outcome(ops[index]), value) else { continue };
+            let Some(step) = transition(&ops[index].command, known_outcome(ops[index]), value) else {
+                continue;
+            };
             placed[index] = true;
             let found = brute_force_linearizable(ops, placed, &step.value_after);
             placed[index] = false;
