@@ -12,9 +12,22 @@ pub struct NodeArgs {
     /// This replica's id (0..63).
     #[arg(long)]
     pub node_id: Option<u8>,
-    /// Replication protocol (hermes).
+    /// Replication protocol: hermes, craq, zab, zab-local or raftlog.
     #[arg(long)]
     pub protocol: Option<String>,
+    /// Run the membership service (views through Raft, heartbeats, leases): true or false.
+    /// Default true, except for raftlog.
+    #[arg(long)]
+    pub membership: Option<bool>,
+    /// Membership heartbeat period in milliseconds (default 50).
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// Heartbeat periods of silence before a node is suspected (default 4).
+    #[arg(long)]
+    pub missed_heartbeats: Option<u32>,
+    /// Membership lease in milliseconds (default 300).
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
     /// Where RESP clients connect (default 127.0.0.1:7379).
     #[arg(long)]
     pub client_addr: Option<String>,
@@ -67,6 +80,10 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
     let overrides = RawConfig {
         node_id: args.node_id,
         protocol: args.protocol,
+        membership: args.membership,
+        heartbeat_ms: args.heartbeat_ms,
+        missed_heartbeats: args.missed_heartbeats,
+        lease_ms: args.lease_ms,
         client_addr: args.client_addr,
         peer_addr: args.peer_addr,
         peers,

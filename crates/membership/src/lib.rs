@@ -5,21 +5,24 @@
 //!
 //! Every node sends numbered heartbeats to every member. A member `M` that receives heartbeat
 //! `s` from `X` at its local time `r` *promises* not to install a view without `X` before
-//! `r + lease + drift_margin` (on `M`'s clock), and acknowledges `s`. `X`'s lease runs until
-//! `t + lease` (on `X`'s clock, `t` = when it sent `s`) once a majority of members, `X`
-//! included, acknowledged `s`. Since `r` comes after `t` and clocks run at nearly the same
-//! rate (the margin covers the drift), every acknowledging member's promise outlives `X`'s
-//! lease.
+//! `r + lease + drift_margin` (on `M`'s clock), and acknowledges `s`, but only while `X` is
+//! live in the newest view `M` has decided. `X`'s lease runs until `t + lease` (on `X`'s
+//! clock, `t` = when it sent `s`) once *every other member of `X`'s installed view*
+//! acknowledged `s`. Since `r` comes after `t` and clocks run at nearly the same rate (the
+//! margin covers the drift), each acknowledging member's promise outlives `X`'s lease.
 //!
 //! Removing `X` is a Raft entry. The leader proposes it only when `X` missed
 //! `missed_heartbeats_max` heartbeat periods and its own promise to `X` has expired. Each
 //! member *installs* an applied view that drops `X` only once its own promise to `X` has
-//! expired. A write in the new epoch needs an ACK from every live member of the new view,
-//! and at least one of them acknowledged `X`'s last lease-granting heartbeat (the majority
-//! that granted it cannot all have been removed). So by the time any write of the new epoch
-//! completes, `X`'s lease has expired, and a lease-respecting `X` has stopped serving. This
-//! holds under one-way partitions too: what counts is which heartbeats `X` got acknowledged,
-//! not what `X` hears.
+//! expired. Views only shrink, so every member of the new view was in `X`'s view and, if `X`
+//! holds a lease, promised it. A write in the new epoch needs an ACK from every member of
+//! the new view, so it completes only after `X`'s lease has expired, and a lease-respecting
+//! `X` has stopped serving by then. This holds under one-way partitions too: what counts is
+//! which heartbeats `X` got acknowledged, not what `X` hears. (A majority-based lease does
+//! not work: the majority can be `X` plus members already removed, and those gate nothing.)
+//!
+//! The price is that while a member is dead but not yet removed, nobody holds a lease, so
+//! reads pause as well as writes, for at most the failover bound.
 //!
 //! The core is sans-I/O like the protocols: ticks and messages in, messages and events out.
 
@@ -28,5 +31,5 @@ mod message;
 mod node;
 
 pub use managed::{Wire, WithMembership};
-pub use message::MembershipMessage;
+pub use message::{decode_records, encode_records, MembershipMessage, PERSIST_FRAME_KIND};
 pub use node::{Membership, MembershipConfig, MembershipEvent, MembershipOutbox, PersistRecord};

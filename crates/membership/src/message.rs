@@ -81,3 +81,105 @@ mod tests {
         }
     }
 }
+
+// ---------------------------------------------------------------------- durable records
+
+use crate::node::PersistRecord;
+
+const TAG_HARD_STATE: u8 = 1;
+const TAG_ENTRIES: u8 = 2;
+
+impl WireMessage for PersistRecord {
+    fn encode(&self, buf: &mut BytesMut) {
+        match self {
+            PersistRecord::HardState { term, vote, commit } => {
+                buf.put_u8(TAG_HARD_STATE);
+                buf.put_u64_le(*term);
+                buf.put_u64_le(*vote);
+                buf.put_u64_le(*commit);
+            }
+            PersistRecord::Entries(entries) => {
+                buf.put_u8(TAG_ENTRIES);
+                buf.put_u32_le(u32::try_from(entries.len()).expect("entry count fits u32"));
+                for entry in entries {
+                    let bytes = entry.write_to_bytes().expect("raft entries always encode");
+                    buf.put_bytes_prefixed(&bytes);
+                }
+            }
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(match reader.u8()? {
+            TAG_HARD_STATE => {
+                PersistRecord::HardState { term: reader.u64()?, vote: reader.u64()?, commit: reader.u64()? }
+            }
+            TAG_ENTRIES => {
+                let count = reader.u32()? as usize;
+                if count > reader.remaining() {
+                    return Err(DecodeError::Invalid("entry count exceeds record"));
+                }
+                let mut entries = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let bytes = reader.bytes()?;
+                    let entry = raft::prelude::Entry::parse_from_bytes(&bytes)
+                        .map_err(|_| DecodeError::Invalid("malformed raft entry"))?;
+                    entries.push(entry);
+                }
+                PersistRecord::Entries(entries)
+            }
+            tag => return Err(DecodeError::UnknownTag { what: "persist record", tag }),
+        })
+    }
+}
+
+/// Frame kind of a durable membership record in a node's `membership.log`.
+pub const PERSIST_FRAME_KIND: u8 = 0x30;
+
+/// Append `records` to `log` as checksummed frames (the runtime then fsyncs).
+pub fn encode_records(records: &[PersistRecord], log: &mut BytesMut) {
+    let mut payload = BytesMut::new();
+    for record in records {
+        payload.clear();
+        record.encode(&mut payload);
+        chorus_core::codec::encode_frame(PERSIST_FRAME_KIND, &payload, log);
+    }
+}
+
+/// Read back what [`encode_records`] wrote. A torn last frame (a crash mid-append) ends the
+/// log; anything else malformed is an error: the node must not start on a corrupt vote.
+pub fn decode_records(bytes: &[u8]) -> Result<Vec<PersistRecord>, DecodeError> {
+    let mut stream = BytesMut::from(bytes);
+    let mut records = Vec::new();
+    while let Some(frame) = chorus_core::codec::decode_frame(&mut stream, 64 * 1024 * 1024)? {
+        if frame.kind != PERSIST_FRAME_KIND {
+            return Err(DecodeError::UnknownTag { what: "membership log frame", tag: frame.kind });
+        }
+        records.push(PersistRecord::decode_exact(frame.payload)?);
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod record_tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_a_torn_tail_is_ignored() {
+        let entry =
+            raft::prelude::Entry { index: 3, term: 2, data: vec![1, 2, 3].into(), ..Default::default() };
+        let records = vec![
+            PersistRecord::HardState { term: 2, vote: 1, commit: 0 },
+            PersistRecord::Entries(vec![entry]),
+            PersistRecord::HardState { term: 2, vote: 1, commit: 3 },
+        ];
+        let mut log = BytesMut::new();
+        encode_records(&records, &mut log);
+        assert_eq!(decode_records(&log).unwrap(), records);
+        let torn = &log[..log.len() - 5];
+        assert_eq!(decode_records(torn).unwrap(), records[..2]);
+        let mut corrupt = log.to_vec();
+        corrupt[12] ^= 0xFF;
+        assert!(decode_records(&corrupt).is_err());
+    }
+}

@@ -210,10 +210,6 @@ impl Membership {
         self.raft.raft.state == StateRole::Leader
     }
 
-    fn majority(&self) -> usize {
-        self.config.members.len() / 2 + 1
-    }
-
     pub fn on_tick(&mut self, now: Time, out: &mut MembershipOutbox) {
         while now >= self.next_raft_tick {
             self.raft.tick();
@@ -269,7 +265,7 @@ impl Membership {
         for member in self.config.members.without(self.config.me).iter() {
             out.messages.push((member, MembershipMessage::Heartbeat { seq }));
         }
-        self.grant_lease_if_majority(seq);
+        self.grant_lease_if_all_acknowledged(seq);
     }
 
     fn on_heartbeat(&mut self, now: Time, from: NodeId, seq: u64, out: &mut MembershipOutbox) {
@@ -288,13 +284,20 @@ impl Membership {
         if let Some(sent) = self.heartbeats_sent.iter_mut().find(|sent| sent.seq == seq) {
             sent.acks.insert(from);
         }
-        self.grant_lease_if_majority(seq);
+        self.grant_lease_if_all_acknowledged(seq);
     }
 
-    fn grant_lease_if_majority(&mut self, seq: u64) {
-        let majority = self.majority();
+    /// A lease needs an acknowledgement from every other live member of this node's installed
+    /// view, not just a majority of the cluster. Views only shrink, so every member of any
+    /// later view that drops this node has promised it and waits out the promise before
+    /// installing. A majority of the configured members could instead be this node plus
+    /// members already removed, none of whom gate the new view's writes. The network-
+    /// namespace harness found exactly that: node 0 removed but alive kept lending node 2 a
+    /// lease while node 1 moved on alone.
+    fn grant_lease_if_all_acknowledged(&mut self, seq: u64) {
+        let others = self.installed.live.without(self.config.me);
         let Some(sent) = self.heartbeats_sent.iter().find(|sent| sent.seq == seq) else { return };
-        if sent.acks.len() >= majority {
+        if self.installed.live.contains(self.config.me) && sent.acks.is_superset_of(others) {
             let until = sent.sent_at + self.config.lease;
             self.lease_until = Some(self.lease_until.map_or(until, |current| current.max(until)));
         }
@@ -307,6 +310,9 @@ impl Membership {
             self.config.heartbeat_period.as_nanos() * self.config.missed_heartbeats_max as u64,
         );
         let epoch = self.decided.epoch;
+        if self.decided.live.len() <= 1 {
+            return; // The last live member stays, however silent: an empty view serves no one.
+        }
         for node in self.decided.live.without(self.config.me).iter() {
             let silent = now.saturating_sub(self.last_heard[node.index()]) > silence_max;
             let promise_expired = now >= self.promised_until[node.index()];
@@ -335,6 +341,10 @@ impl Membership {
             || !self.decided.live.contains(node)
             || node.index() >= NodeId::COUNT_MAX
         {
+            return;
+        }
+        // Checked when applied, so every member decides alike: never remove the last member.
+        if self.decided.live.len() <= 1 {
             return;
         }
         self.decided = View { epoch: Epoch(epoch.0 + 1), live: self.decided.live.without(node) };

@@ -205,3 +205,74 @@ fn a_restarted_node_recovers_its_term_vote_and_views_from_what_it_persisted() {
     assert!(!view.live.contains(NodeId(2)));
     assert_eq!(cluster.nodes.iter().filter(|node| node.is_raft_leader()).count(), 1);
 }
+
+#[test]
+fn a_removed_but_alive_node_cannot_lend_a_lease_to_another_node() {
+    // Found by the network-namespace harness: node 0 is removed yet alive; then node 1 stops
+    // hearing node 2. A lease from a majority of the configured members ({2, 0}) would let
+    // node 2 serve while node 1, which never promised it anything, moves on alone.
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(1_000));
+    for other in 1..3 {
+        cluster.blocked[0][other] = true;
+        cluster.blocked[other][0] = true;
+    }
+    cluster.run_for(Time::from_millis(2_000));
+    assert!(!cluster.nodes[1].view().live.contains(NodeId(0)), "node 0 removed first");
+    for other in 1..3 {
+        cluster.blocked[0][other] = false;
+        cluster.blocked[other][0] = false;
+    }
+    cluster.blocked[2][1] = true;
+    let mut lease_lost_at = None;
+    for _ in 0..3_000 {
+        cluster.run_for(STEP);
+        if lease_lost_at.is_none() && !cluster.nodes[2].holds_lease(cluster.now) {
+            lease_lost_at = Some(cluster.now);
+        }
+    }
+    let moved_on =
+        cluster.installed_at[1].iter().find(|(_, _, live)| !live.contains(NodeId(2))).map(|(at, _, _)| *at);
+    if let Some(moved_on) = moved_on {
+        let lease_lost_at = lease_lost_at.expect("node 2 lost its lease before node 1 moved on");
+        assert!(
+            lease_lost_at < moved_on,
+            "node 2 served until {lease_lost_at:?}, node 1 moved on at {moved_on:?}"
+        );
+    }
+}
+
+fn isolate(cluster: &mut Cluster, node: usize) {
+    for other in (0..cluster.nodes.len()).filter(|other| *other != node) {
+        cluster.blocked[node][other] = true;
+        cluster.blocked[other][node] = true;
+    }
+}
+
+fn heal(cluster: &mut Cluster) {
+    let size = cluster.nodes.len();
+    cluster.blocked = vec![vec![false; size]; size];
+}
+
+#[test]
+fn the_last_live_member_is_never_removed() {
+    // Found by the network-namespace harness: nodes removed while alive stay Raft voters, so
+    // a Raft majority can outlive the view. Shrink the view to one member that way, then
+    // silence that member: the others must not remove it and leave an empty view.
+    let mut cluster = Cluster::new(5);
+    cluster.run_for(Time::from_millis(1_000));
+    for node in [4, 3, 2, 1] {
+        isolate(&mut cluster, node);
+        cluster.run_for(Time::from_millis(2_000));
+        heal(&mut cluster);
+        cluster.run_for(Time::from_millis(500));
+        assert!(!cluster.nodes[0].decided_view().live.contains(NodeId(node as u8)), "node {node} removed");
+    }
+    assert_eq!(cluster.nodes[0].decided_view().live, NodeSet::single(NodeId(0)));
+    isolate(&mut cluster, 0);
+    cluster.run_for(Time::from_millis(3_000));
+    for node in 1..5 {
+        let live = cluster.nodes[node].decided_view().live;
+        assert_eq!(live, NodeSet::single(NodeId(0)), "node {node}: the last member stays");
+    }
+}

@@ -3,7 +3,11 @@
 //!
 //! ```toml
 //! node_id = 0
-//! protocol = "hermes"                # or "craq", "zab", "zab-local" (zab with local reads)
+//! protocol = "hermes"                # or "craq", "zab", "zab-local" (zab with local reads), "raftlog"
+//! membership = true                  # views through Raft + leases (default; not for raftlog)
+//! heartbeat_ms = 50                  # membership: heartbeat period
+//! missed_heartbeats = 4              # membership: silent periods before a node is suspected
+//! lease_ms = 300                     # membership: how long an acknowledged heartbeat lets a node serve
 //! zab_reads = "sync"                 # zab only: "sync" (linearizable, default) or "local"
 //! client_addr = "127.0.0.1:7379"     # RESP clients
 //! peer_addr = "127.0.0.1:8379"       # peer links (default: this node's entry in [peers])
@@ -33,6 +37,10 @@ pub struct RawConfig {
     pub node_id: Option<u8>,
     pub protocol: Option<String>,
     pub zab_reads: Option<String>,
+    pub membership: Option<bool>,
+    pub heartbeat_ms: Option<u64>,
+    pub missed_heartbeats: Option<u32>,
+    pub lease_ms: Option<u64>,
     pub client_addr: Option<String>,
     pub peer_addr: Option<String>,
     pub peers: Option<BTreeMap<String, String>>,
@@ -53,13 +61,23 @@ pub enum Protocol {
     /// ZAB with its read mode: `Sync` (linearizable) or `Local` (ZooKeeper's local reads,
     /// sequentially consistent). See docs/protocols/zab.md.
     Zab(ZabReadMode),
+    /// Cyclone-style Raft logs (docs/protocols/raftlog.md).
+    Raftlog,
+}
+
+/// Membership timing (docs/membership.md). Present when the node runs a membership service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MembershipTiming {
+    pub heartbeat_ms: u64,
+    pub missed_heartbeats: u32,
+    pub lease_ms: u64,
 }
 
 pub use chorus_zab::ReadMode as ZabReadMode;
 
 /// The values the `protocol` field (and `chorus up --protocol`) accepts. `zab-local` is
 /// `zab` with `zab_reads = "local"`.
-pub const PROTOCOL_NAMES: &[&str] = &["hermes", "craq", "zab", "zab-local"];
+pub const PROTOCOL_NAMES: &[&str] = &["hermes", "craq", "zab", "zab-local", "raftlog"];
 
 impl Protocol {
     /// The protocol's name on the wire: peers refuse a link to a node running another one.
@@ -69,6 +87,7 @@ impl Protocol {
             Protocol::Hermes => "hermes",
             Protocol::Craq => "craq",
             Protocol::Zab(_) => "zab",
+            Protocol::Raftlog => "raftlog",
         }
     }
 }
@@ -78,6 +97,9 @@ impl Protocol {
 pub struct NodeConfig {
     pub node_id: NodeId,
     pub protocol: Protocol,
+    /// `None`: static views (the node never learns of failures), or a protocol with its own
+    /// failover (raftlog).
+    pub membership: Option<MembershipTiming>,
     pub client_addr: SocketAddr,
     pub peer_addr: SocketAddr,
     /// Every replica of the cluster, this one included, and its peer address.
@@ -135,6 +157,10 @@ impl RawConfig {
             node_id: overrides.node_id.or(self.node_id),
             protocol: overrides.protocol.or(self.protocol),
             zab_reads: overrides.zab_reads.or(self.zab_reads),
+            membership: overrides.membership.or(self.membership),
+            heartbeat_ms: overrides.heartbeat_ms.or(self.heartbeat_ms),
+            missed_heartbeats: overrides.missed_heartbeats.or(self.missed_heartbeats),
+            lease_ms: overrides.lease_ms.or(self.lease_ms),
             client_addr: overrides.client_addr.or(self.client_addr),
             peer_addr: overrides.peer_addr.or(self.peer_addr),
             peers: overrides.peers.or(self.peers),
@@ -176,6 +202,7 @@ impl RawConfig {
                 return Err(field_error("zab_reads", "\"sync\" contradicts protocol \"zab-local\""))
             }
             "zab-local" => Protocol::Zab(ZabReadMode::Local),
+            "raftlog" => Protocol::Raftlog,
             other => {
                 return Err(field_error(
                     "protocol",
@@ -186,6 +213,7 @@ impl RawConfig {
         if zab_reads.is_some() && !matches!(protocol, Protocol::Zab(_)) {
             return Err(field_error("zab_reads", "only applies to protocol \"zab\""));
         }
+        let membership = self.membership_timing(protocol)?;
         let client_addr =
             parse_addr("client_addr", self.client_addr.as_deref().unwrap_or(DEFAULT_CLIENT_ADDR))?;
         let peers = self
@@ -234,6 +262,7 @@ impl RawConfig {
         Ok(NodeConfig {
             node_id,
             protocol,
+            membership,
             client_addr,
             peer_addr,
             replicas,
@@ -246,6 +275,39 @@ impl RawConfig {
             peer_queue_bytes_max,
             maxclients,
         })
+    }
+}
+
+impl RawConfig {
+    fn membership_timing(&self, protocol: Protocol) -> Result<Option<MembershipTiming>, ConfigError> {
+        let wanted = self.membership.unwrap_or(protocol != Protocol::Raftlog);
+        if !wanted {
+            return Ok(None);
+        }
+        if protocol == Protocol::Raftlog {
+            return Err(field_error("membership", "raftlog fails over through its own Raft logs"));
+        }
+        let timing = MembershipTiming {
+            heartbeat_ms: self.heartbeat_ms.unwrap_or(50),
+            missed_heartbeats: self.missed_heartbeats.unwrap_or(4),
+            lease_ms: self.lease_ms.unwrap_or(300),
+        };
+        if timing.heartbeat_ms == 0 {
+            return Err(field_error("heartbeat_ms", "must be positive"));
+        }
+        if timing.missed_heartbeats < 2 {
+            return Err(field_error(
+                "missed_heartbeats",
+                "must be at least 2, or one late packet removes a node",
+            ));
+        }
+        if timing.lease_ms <= 2 * timing.heartbeat_ms {
+            return Err(field_error(
+                "lease_ms",
+                "must exceed two heartbeat periods, or leases lapse between renewals",
+            ));
+        }
+        Ok(Some(timing))
     }
 }
 

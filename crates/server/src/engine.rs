@@ -16,7 +16,9 @@ use chorus_core::{
 };
 use chorus_craq::Craq;
 use chorus_hermes::Hermes;
+use chorus_membership::{PersistRecord, Wire, WithMembership};
 use chorus_net::Transport;
+use chorus_raftlog::RaftLog;
 use chorus_zab::Zab;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -36,6 +38,83 @@ where
     /// The key a peer message updates, if any: lets the node know every key that exists
     /// anywhere (FLUSHALL needs to enumerate them).
     fn updated_key(message: &Self::Message) -> Option<&Key>;
+    /// State that must be durable before this turn's messages leave (the membership
+    /// service's Raft log and vote). Most cores have none.
+    fn take_durable_records(&mut self) -> Vec<PersistRecord> {
+        Vec::new()
+    }
+}
+
+impl<P> ServedReplica for WithMembership<P>
+where
+    P: ServedReplica,
+    P::Message: WireMessage + Send + 'static,
+{
+    fn protocol_name(&self) -> &'static str {
+        self.protocol().protocol_name()
+    }
+    fn current_view(&self) -> View {
+        self.protocol().current_view()
+    }
+    fn operational(&self) -> bool {
+        self.protocol().operational()
+    }
+    fn keys_with_values(&self) -> usize {
+        self.protocol().keys_with_values()
+    }
+    fn holds_value(&self, key: &[u8]) -> bool {
+        self.protocol().holds_value(key)
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut counters = self.protocol().counters();
+        let membership = self.membership();
+        counters.push(("membership_epoch", membership.view().epoch.0));
+        counters.push(("membership_raft_leader", membership.is_raft_leader() as u64));
+        counters
+    }
+    fn updated_key(message: &Wire<P::Message>) -> Option<&Key> {
+        match message {
+            Wire::Protocol(message) => P::updated_key(message),
+            Wire::Membership(_) => None,
+        }
+    }
+    fn take_durable_records(&mut self) -> Vec<PersistRecord> {
+        self.take_persist_records()
+    }
+}
+
+impl ServedReplica for RaftLog {
+    fn protocol_name(&self) -> &'static str {
+        "raftlog"
+    }
+    fn current_view(&self) -> View {
+        self.view()
+    }
+    fn operational(&self) -> bool {
+        true // Raft itself decides which replica can commit.
+    }
+    fn keys_with_values(&self) -> usize {
+        self.key_count()
+    }
+    fn holds_value(&self, key: &[u8]) -> bool {
+        self.applied_value(key).is_some()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("entries_proposed", s.entries_proposed),
+            ("commands_proposed", s.commands_proposed),
+            ("proposals_executed", s.proposals_executed),
+            ("proposals_duplicate", s.proposals_duplicate),
+            ("batches_forwarded", s.batches_forwarded),
+            ("batches_resent", s.batches_resent),
+            ("read_rounds", s.read_rounds),
+            ("reads_served", s.reads_served),
+        ]
+    }
+    fn updated_key(_message: &chorus_raftlog::Message) -> Option<&Key> {
+        None // Every replica applies every log: FLUSHALL enumerates applied keys instead.
+    }
 }
 
 impl ServedReplica for Hermes {
@@ -257,6 +336,9 @@ where
     known_keys: FxHashSet<Key>,
     origin: Instant,
     last_tick: Time,
+    /// Append-only file for [`ServedReplica::take_durable_records`], fsynced every turn that
+    /// adds to it. `None`: the node has no data directory and keeps such state in memory.
+    durable_log: Option<std::fs::File>,
 }
 
 /// Run the event loop until `shutdown` turns true or every request sender is gone.
@@ -266,6 +348,7 @@ pub async fn run<R>(
     mut requests: mpsc::Receiver<EngineRequest>,
     mut inbound: mpsc::Receiver<(NodeId, Vec<R::Message>)>,
     mut shutdown: watch::Receiver<bool>,
+    durable_log: Option<std::fs::File>,
 ) where
     R: ServedReplica,
     R::Message: WireMessage + Send + 'static,
@@ -279,6 +362,7 @@ pub async fn run<R>(
         known_keys: FxHashSet::default(),
         origin: Instant::now(),
         last_tick: Time::ZERO,
+        durable_log,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -385,6 +469,20 @@ where
 
     fn perform_outbox(&mut self) {
         self.complete_replies();
+        self.persist_durable_records();
         self.transport.send_turn(&mut self.outbox.messages);
+    }
+
+    /// Raft's safety needs its vote and log on disk before any message that depends on them
+    /// leaves. A node that cannot write them must stop rather than risk voting twice.
+    fn persist_durable_records(&mut self) {
+        let records = self.replica.take_durable_records();
+        let Some(file) = self.durable_log.as_mut().filter(|_| !records.is_empty()) else { return };
+        let mut bytes = bytes::BytesMut::new();
+        chorus_membership::encode_records(&records, &mut bytes);
+        if let Err(error) = std::io::Write::write_all(file, &bytes).and_then(|()| file.sync_data()) {
+            tracing::error!(%error, "cannot persist membership state; stopping this node");
+            std::process::exit(1);
+        }
     }
 }

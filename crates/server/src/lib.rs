@@ -22,17 +22,22 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use chorus_core::codec::WireMessage;
 use chorus_core::NodeSet;
+use chorus_core::Time;
 use chorus_craq::{Craq, CraqConfig};
 use chorus_hermes::{Hermes, HermesConfig};
-use chorus_net::NetConfig;
+use chorus_membership::{decode_records, Membership, MembershipConfig, PersistRecord, WithMembership};
+use chorus_net::{NetConfig, NetStats};
+use chorus_raftlog::{RaftLog, RaftLogConfig};
 use chorus_zab::{Zab, ZabConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::{NodeConfig, Protocol};
+use crate::config::{MembershipTiming, NodeConfig, Protocol};
 use crate::connection::{Connection, Settings, Shared};
+use crate::engine::{EngineRequest, ServedReplica};
 use crate::metrics::Metrics;
 
 /// The Redis version the server claims in INFO and HELLO: clients enable features by it.
@@ -48,11 +53,16 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
     let replicas: NodeSet = config.replicas.keys().copied().collect();
     let peers =
         config.replicas.iter().filter(|(node, _)| **node != me).map(|(node, addr)| (*node, *addr)).collect();
+    // Nodes must agree on the protocol and on whether membership messages travel with it.
+    let wire_protocol = match config.membership {
+        Some(_) => format!("{}+membership", config.protocol.name()),
+        None => config.protocol.name().to_string(),
+    };
     let mut net = NetConfig::new(
         me,
         config.cluster_id.clone(),
         config.cluster_token.clone(),
-        config.protocol.name(),
+        wire_protocol,
         config.peer_addr,
         peers,
     );
@@ -72,27 +82,17 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (engine, requests) = engine::channel();
+    let membership = config.membership.map(|timing| Managed::open(&config, timing)).transpose()?;
+    let start = Start { net, requests, shutdown: shutdown_rx, membership };
     let net_stats = match config.protocol {
-        Protocol::Hermes => {
-            let (transport, inbound, net_stats) = chorus_net::start(net).await?;
-            let replica = Hermes::new(HermesConfig::new(me, replicas));
-            tokio::spawn(engine::run(replica, transport, requests, inbound, shutdown_rx));
-            net_stats
-        }
-        Protocol::Craq => {
-            let (transport, inbound, net_stats) = chorus_net::start(net).await?;
-            let replica = Craq::new(CraqConfig::new(me, replicas));
-            tokio::spawn(engine::run(replica, transport, requests, inbound, shutdown_rx));
-            net_stats
-        }
+        Protocol::Hermes => start.spawn(Hermes::new(HermesConfig::new(me, replicas))).await?,
+        Protocol::Craq => start.spawn(Craq::new(CraqConfig::new(me, replicas))).await?,
         Protocol::Zab(read_mode) => {
-            let (transport, inbound, net_stats) = chorus_net::start(net).await?;
             let mut zab_config = ZabConfig::new(me, replicas);
             zab_config.read_mode = read_mode;
-            let replica = Zab::new(zab_config);
-            tokio::spawn(engine::run(replica, transport, requests, inbound, shutdown_rx));
-            net_stats
+            start.spawn(Zab::new(zab_config)).await?
         }
+        Protocol::Raftlog => start.spawn(RaftLog::new(RaftLogConfig::new(me, replicas))).await?,
     };
 
     let metrics = Arc::new(Metrics::default());
@@ -161,5 +161,82 @@ async fn accept_clients(listener: TcpListener, shared: Arc<Shared>) {
             Connection::new(shared.clone(), stream).run().await;
             shared.metrics.connections_current.fetch_sub(1, Relaxed);
         });
+    }
+}
+
+/// What starting the event loop needs, whatever the protocol.
+struct Start {
+    net: NetConfig,
+    requests: tokio::sync::mpsc::Receiver<EngineRequest>,
+    shutdown: watch::Receiver<bool>,
+    membership: Option<Managed>,
+}
+
+impl Start {
+    /// Run `protocol` (wrapped with the membership service when configured) in the event loop.
+    async fn spawn<P>(self, protocol: P) -> anyhow::Result<Arc<NetStats>>
+    where
+        P: ServedReplica,
+        P::Message: WireMessage + Send + 'static,
+    {
+        match self.membership {
+            None => self.run(protocol, None).await,
+            Some(managed) => {
+                let replica = WithMembership::new(protocol, managed.membership);
+                Start { membership: None, ..self }.run(replica, Some(managed.durable_log)).await
+            }
+        }
+    }
+
+    async fn run<R>(self, replica: R, durable_log: Option<std::fs::File>) -> anyhow::Result<Arc<NetStats>>
+    where
+        R: ServedReplica,
+        R::Message: WireMessage + Send + 'static,
+    {
+        let (transport, inbound, net_stats) = chorus_net::start(self.net).await?;
+        tokio::spawn(engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log));
+        Ok(net_stats)
+    }
+}
+
+/// The membership node, restored from the data directory's `membership.log`.
+struct Managed {
+    membership: Membership,
+    durable_log: std::fs::File,
+}
+
+impl Managed {
+    fn open(config: &NodeConfig, timing: MembershipTiming) -> anyhow::Result<Managed> {
+        let dir = config.data_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("chorus-node-{}-{}", config.node_id.0, std::process::id()))
+        });
+        if config.data_dir.is_none() {
+            warn!(dir = %dir.display(), "no data_dir: membership state goes to a temporary directory");
+        }
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let path = dir.join("membership.log");
+        let existing = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let records: Vec<PersistRecord> = decode_records(&existing)
+            .with_context(|| format!("{} is corrupt; refusing to start on it", path.display()))?;
+        let durable_log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let replicas: NodeSet = config.replicas.keys().copied().collect();
+        let mut membership_config = MembershipConfig::new(config.node_id, replicas);
+        membership_config.heartbeat_period = Time::from_millis(timing.heartbeat_ms);
+        membership_config.missed_heartbeats_max = timing.missed_heartbeats;
+        membership_config.lease = Time::from_millis(timing.lease_ms);
+        if !records.is_empty() {
+            info!(records = records.len(), "membership state restored from {}", path.display());
+        }
+        // The event loop's clock starts at zero when it starts, right after this.
+        let membership = Membership::restore(membership_config, Time::ZERO, &records);
+        Ok(Managed { membership, durable_log })
     }
 }
