@@ -207,6 +207,16 @@ impl GroupCaller {
         }
     }
 
+    /// The runtime lost its connection to a member (closed, reset, unreachable): every
+    /// pending operation completes with [`GroupError::Disconnected`] (outcome unknown) and the
+    /// group is broken until reconfigured, as when retransmissions run out, only sooner.
+    pub fn on_link_lost(&mut self, reason: String, out: &mut GroupOutbox) {
+        if self.broken.is_some() && self.pending() == 0 {
+            return;
+        }
+        self.fail_all(GroupError::Disconnected(reason.clone()), reason, out);
+    }
+
     /// Install a new chain configuration (after the application's recovery, §5). Operations
     /// still pending have unknown outcomes and complete with [`GroupError::Reconfigured`].
     pub fn on_config(&mut self, now: Time, config: GroupConfig, out: &mut GroupOutbox) -> Result<(), String> {

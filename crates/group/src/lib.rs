@@ -13,15 +13,19 @@
 //! * [`caller`]: the caller core ([`GroupCaller`]): sequencing, pipelining, retransmission.
 //! * [`txn`]: the replicated-transaction API of §5 (Append, ExecuteAndAdvance, locks).
 //! * [`sim`]: a seeded simulator with network faults and a checker against a reference model.
+//! * [`runtime`]: the TCP runtime: the group host (and the Naïve baseline) and the client.
+//! * [`bench`]: the §6.1 microbenchmarks over that runtime on loopback.
 //!
 //! Both cores are sans-I/O: messages and ticks in, sends and completions out
 //! ([`GroupOutbox`]).
 
+pub mod bench;
 pub mod caller;
 pub mod member;
 pub mod message;
 pub mod op;
 pub mod outbox;
+pub mod runtime;
 pub mod sim;
 pub mod txn;
 

@@ -181,6 +181,10 @@ pub enum GroupError {
     /// outcome is unknown (the operation may have been applied by a prefix of the chain).
     #[error("no acknowledgement from the chain after {attempts} attempts; outcome unknown")]
     Unavailable { attempts: u32 },
+    /// The connection to a member was lost (a real-I/O runtime noticed it before any
+    /// retransmission ran out). The outcome is unknown, as for [`GroupError::Unavailable`].
+    #[error("connection to the chain lost: {0}; outcome unknown")]
+    Disconnected(String),
     /// The group failed earlier and has not been reconfigured.
     #[error("the group is broken until it is reconfigured: {0}")]
     Broken(String),

@@ -467,6 +467,55 @@ impl RegionStore {
     }
 }
 
+/// A read-only mapping of a region file: how the tenant's own process looks at a region the
+/// node operates on (it is never on the critical path; it never writes).
+pub struct RegionView {
+    path: PathBuf,
+    map: memmap2::Mmap,
+}
+
+impl fmt::Debug for RegionView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegionView").field("path", &self.path).field("size", &self.map.len()).finish()
+    }
+}
+
+impl RegionView {
+    /// Map `path` (a region file, see [`Region::path`]) read-only.
+    pub fn open(path: impl Into<PathBuf>) -> Result<RegionView, RegionError> {
+        let path = path.into();
+        let file =
+            File::open(&path).map_err(|e| RegionError::io(format!("opening {}", path.display()), e))?;
+        // SAFETY: a read-only shared mapping of a region file. The node writes the file through
+        // its own mapping concurrently; this view only copies bytes out (never hands out
+        // references that outlive a read), so a concurrent write can at worst make one read
+        // observe a mix of old and new bytes, which is the documented behaviour of lock-free
+        // reads. The node never truncates a registered region.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| RegionError::io(format!("mapping {}", path.display()), e))?;
+        Ok(RegionView { path, map })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn size(&self) -> u64 {
+        self.map.len() as u64
+    }
+    /// Copy `len` bytes at `offset` out of the mapping.
+    pub fn read_vec(&self, offset: u64, len: u64) -> Result<Vec<u8>, RegionError> {
+        let (start, end) = check_range(offset, len, self.size())?;
+        Ok(self.map[start..end].to_vec())
+    }
+    /// The 8-byte little-endian word at an aligned `offset`.
+    pub fn load_u64(&self, offset: u64) -> Result<u64, RegionError> {
+        let at = check_word(offset, self.size())?;
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&self.map[at..at + 8]);
+        Ok(u64::from_le_bytes(word))
+    }
+}
+
 /// Where regions live when the operator does not say: `/dev/shm/chorus-regions` when
 /// `/dev/shm` is a writable directory, else the system temp directory.
 pub fn default_region_dir() -> PathBuf {

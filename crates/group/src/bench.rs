@@ -1,0 +1,600 @@
+//! HyperLoop §6.1 microbenchmarks over the TCP runtime on loopback, for the chain
+//! ([`HostMode::Chorus`]: one group host per host does the work) and the Naïve baseline
+//! ([`HostMode::Naive`]: a replica per tenant replica does it):
+//!
+//! * latency (mean, p50, p95, p99, max) of gWRITE for every message size and group size, of
+//!   gMEMCPY and gCAS at the smallest group size, one operation in flight per tenant;
+//! * the cost of gFLUSH: gWRITE with an interleaved gFLUSH, and a gFLUSH alone after a gWRITE;
+//! * gWRITE throughput with `window` operations in flight;
+//! * a multi-tenant run: several tenants' groups on the same hosts at once (where a process
+//!   per tenant replica competes for the cores);
+//! * with hosts as child processes, the CPU time the hosts (and their Naïve replicas) used per
+//!   operation, from /proc.
+//!
+//! [`run`] is blocking and builds its own runtime; [`BenchReport`] serializes to JSON.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use chorus_core::Time;
+use chorus_region::{default_region_dir, FlushBackend, TenantId};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::caller::CallerConfig;
+use crate::op::{GroupId, Operation, Token};
+use crate::runtime::{
+    spawn_child, start_host, ChildProcess, GroupClient, GroupSpec, HostConfig, HostHandle, HostMode,
+    TenantCredential,
+};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchConfig {
+    pub modes: Vec<HostMode>,
+    pub group_sizes: Vec<usize>,
+    /// gWRITE latency message sizes, bytes.
+    pub message_sizes: Vec<usize>,
+    /// Recorded operations per latency measurement (after `warmup_ops`). The paper uses 10,000.
+    pub latency_ops: usize,
+    pub warmup_ops: usize,
+    /// Bytes written per throughput measurement. The paper writes 1 GB.
+    pub throughput_bytes: u64,
+    pub throughput_message_sizes: Vec<usize>,
+    /// Operations in flight per group in the throughput runs.
+    pub window: usize,
+    /// Message sizes of the gFLUSH cost runs.
+    pub flush_message_sizes: Vec<usize>,
+    /// Tenant counts of the multi-tenant latency runs (1 KiB gWRITE, smallest group size).
+    pub multi_tenant: Vec<usize>,
+    /// The hosts' flush backend ("msync", "clwb", "none").
+    pub flush: String,
+    /// Start each host as a child process with this command (program and arguments ending in
+    /// `chorus_group::runtime::child_main`, e.g. `["/usr/bin/chorus", "group-child"]`); Naïve
+    /// replicas then are processes too. `None`: hosts are tasks of this process and Naïve
+    /// replicas threads (quicker, less honest: everyone shares one process).
+    pub child_command: Option<Vec<String>>,
+    /// Where the hosts' regions go; a fresh subdirectory is made and removed. Default: the
+    /// region default (/dev/shm/chorus-regions).
+    pub region_dir: Option<PathBuf>,
+    /// Write the report there as JSON.
+    pub output: Option<PathBuf>,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            modes: vec![HostMode::Chorus, HostMode::Naive],
+            group_sizes: vec![3, 5, 7],
+            message_sizes: vec![64, 256, 1024, 4096, 16384, 65536],
+            latency_ops: 2000,
+            warmup_ops: 200,
+            throughput_bytes: 64 * 1024 * 1024,
+            throughput_message_sizes: vec![1024, 4096, 65536],
+            window: 64,
+            flush_message_sizes: vec![64, 4096, 65536],
+            multi_tenant: vec![8],
+            flush: "msync".to_string(),
+            child_command: None,
+            region_dir: None,
+            output: None,
+        }
+    }
+}
+
+impl BenchConfig {
+    /// A run small enough for a smoke test.
+    pub fn quick() -> BenchConfig {
+        BenchConfig {
+            group_sizes: vec![3],
+            message_sizes: vec![64, 4096],
+            latency_ops: 50,
+            warmup_ops: 10,
+            throughput_bytes: 1024 * 1024,
+            throughput_message_sizes: vec![4096],
+            window: 16,
+            flush_message_sizes: vec![4096],
+            multi_tenant: vec![2],
+            ..BenchConfig::default()
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchReport {
+    pub config: BenchConfig,
+    pub cores: usize,
+    pub hosts_are_processes: bool,
+    pub region_dir: String,
+    pub results: Vec<BenchResult>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchResult {
+    pub mode: HostMode,
+    /// "latency" or "throughput".
+    pub kind: String,
+    /// "gWRITE", "gWRITE+gFLUSH", "gFLUSH", "gMEMCPY", "gCAS".
+    pub primitive: String,
+    pub group_size: usize,
+    pub tenants: usize,
+    pub message_bytes: usize,
+    pub ops: u64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p95_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub ops_per_s: f64,
+    pub mib_per_s: f64,
+    /// CPU time of the hosts and their replicas per operation (hosts as processes only).
+    pub host_cpu_us_per_op: Option<f64>,
+}
+
+impl BenchReport {
+    /// One line per result, for the terminal.
+    pub fn table(&self) -> String {
+        let mut text = format!(
+            "{:<7} {:<10} {:<14} {:>2} {:>3} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
+            "mode",
+            "kind",
+            "primitive",
+            "n",
+            "ten",
+            "bytes",
+            "mean_us",
+            "p50_us",
+            "p99_us",
+            "max_us",
+            "ops/s",
+            "MiB/s",
+            "cpu_us/op"
+        );
+        for r in &self.results {
+            text.push_str(&format!(
+                "{:<7} {:<10} {:<14} {:>2} {:>3} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>9.1} {:>9}\n",
+                format!("{:?}", r.mode).to_lowercase(),
+                r.kind,
+                r.primitive,
+                r.group_size,
+                r.tenants,
+                r.message_bytes,
+                r.mean_us,
+                r.p50_us,
+                r.p99_us,
+                r.max_us,
+                r.ops_per_s,
+                r.mib_per_s,
+                r.host_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.1}")),
+            ));
+        }
+        text
+    }
+}
+
+const TOKEN_BASE: u8 = 0xb0;
+const REGION_BYTES: u64 = 4 * 1024 * 1024;
+
+fn tenant(t: usize) -> (TenantId, Token) {
+    (TenantId(1000 + t as u32), Token([TOKEN_BASE.wrapping_add(t as u8); 16]))
+}
+
+enum Hosts {
+    /// Kept until the run ends: dropping a handle stops its host.
+    InProcess {
+        _handles: Vec<HostHandle>,
+    },
+    Processes(Vec<ChildProcess>),
+}
+
+impl Hosts {
+    fn pids(&self) -> Vec<u32> {
+        match self {
+            Hosts::InProcess { .. } => Vec::new(),
+            Hosts::Processes(children) => children.iter().filter_map(ChildProcess::id).collect(),
+        }
+    }
+}
+
+/// Run the microbenchmarks. Blocking (builds its own runtime); writes `config.output` if set.
+pub fn run(config: BenchConfig) -> anyhow::Result<BenchReport> {
+    let flush: FlushBackend = config.flush.parse().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !config.group_sizes.is_empty() && config.group_sizes.iter().all(|n| (1..=64).contains(n)),
+        "group sizes are 1 to 64"
+    );
+    anyhow::ensure!(config.window > 0, "window must be positive");
+    let largest = config
+        .message_sizes
+        .iter()
+        .chain(&config.throughput_message_sizes)
+        .chain(&config.flush_message_sizes)
+        .copied()
+        .max()
+        .unwrap_or(0) as u64;
+    anyhow::ensure!(largest * 2 <= REGION_BYTES, "message sizes are at most {} bytes", REGION_BYTES / 2);
+    let base = config.region_dir.clone().unwrap_or_else(default_region_dir);
+    let dir = base.join(format!("bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = runtime.block_on(run_all(&config, flush, &dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    let report = BenchReport {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        hosts_are_processes: config.child_command.is_some(),
+        region_dir: dir.display().to_string(),
+        results: result?,
+        config,
+    };
+    if let Some(path) = &report.config.output {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+async fn start_hosts(
+    config: &BenchConfig,
+    flush: FlushBackend,
+    dir: &std::path::Path,
+    mode: HostMode,
+    n: usize,
+    tenants: usize,
+) -> anyhow::Result<(Hosts, Vec<SocketAddr>)> {
+    let credentials: Vec<TenantCredential> = (0..tenants)
+        .map(|t| {
+            let (id, token) = tenant(t);
+            TenantCredential::new(id, &token)
+        })
+        .collect();
+    let mut addrs = Vec::new();
+    let mut handles = Vec::new();
+    let mut children = Vec::new();
+    for i in 0..n {
+        let mut host =
+            HostConfig::new("127.0.0.1:0".parse()?, dir.join(format!("host{i}")), credentials.clone());
+        host.flush = flush;
+        host.mode = mode;
+        host.replica_command = config.child_command.clone();
+        host.worker_threads = 1; // a host's event loop: one thread, like a NIC's one engine
+        match &config.child_command {
+            Some(command) => {
+                let (addr, child) = spawn_child(command, &host, Duration::from_secs(10)).await?;
+                addrs.push(addr);
+                children.push(child);
+            }
+            None => {
+                let handle = start_host(host).await?;
+                addrs.push(handle.local_addr());
+                handles.push(handle);
+            }
+        }
+    }
+    let hosts = if config.child_command.is_some() {
+        Hosts::Processes(children)
+    } else {
+        Hosts::InProcess { _handles: handles }
+    };
+    Ok((hosts, addrs))
+}
+
+async fn groups(
+    addrs: &[SocketAddr],
+    tenants: usize,
+    window: usize,
+    tag: &str,
+) -> anyhow::Result<Vec<Arc<GroupClient>>> {
+    let mut clients = Vec::new();
+    for t in 0..tenants {
+        let (id, token) = tenant(t);
+        let mut spec = GroupSpec::new(
+            addrs.to_vec(),
+            id,
+            token,
+            GroupId(t as u64 + 1),
+            format!("{tag}-t{t}"),
+            REGION_BYTES,
+        );
+        spec.caller =
+            CallerConfig { retransmit_after: Time::from_millis(2000), attempts_max: 5, window_max: window };
+        clients.push(Arc::new(GroupClient::initialize(spec).await?));
+    }
+    Ok(clients)
+}
+
+#[derive(Clone, Copy)]
+enum Prim {
+    Write,
+    WriteFlush,
+    FlushAfterWrite,
+    Memcpy,
+    Cas,
+}
+
+impl Prim {
+    fn name(self) -> &'static str {
+        match self {
+            Prim::Write => "gWRITE",
+            Prim::WriteFlush => "gWRITE+gFLUSH",
+            Prim::FlushAfterWrite => "gFLUSH",
+            Prim::Memcpy => "gMEMCPY",
+            Prim::Cas => "gCAS",
+        }
+    }
+}
+
+fn micros(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// One closed-loop client per tenant, one operation in flight each; latencies of all tenants
+/// in one histogram (nanoseconds).
+async fn latency(
+    clients: &[Arc<GroupClient>],
+    prim: Prim,
+    size: usize,
+    ops: usize,
+    warmup: usize,
+) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    let mut tasks = Vec::new();
+    for client in clients {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+            let payload = Bytes::from(vec![0x5au8; size]);
+            let all = (1u64 << client.chain_len()) - 1;
+            let span = REGION_BYTES / 2 - size as u64;
+            let mut measured_from = Instant::now();
+            for i in 0..(warmup + ops) {
+                if i == warmup {
+                    measured_from = Instant::now();
+                }
+                let offset = (i as u64 * size as u64) % span.max(1);
+                let start;
+                match prim {
+                    Prim::Write | Prim::WriteFlush => {
+                        let mut op = Operation::write(offset, payload.clone());
+                        op.flush = matches!(prim, Prim::WriteFlush);
+                        start = Instant::now();
+                        client.submit(op).await?;
+                    }
+                    Prim::FlushAfterWrite => {
+                        client.submit(Operation::write(offset, payload.clone())).await?;
+                        start = Instant::now();
+                        client.submit(Operation::flush()).await?;
+                    }
+                    Prim::Memcpy => {
+                        start = Instant::now();
+                        client
+                            .submit(Operation::memcpy(offset, REGION_BYTES / 2 + offset, size as u64))
+                            .await?;
+                    }
+                    Prim::Cas => {
+                        start = Instant::now();
+                        client.submit(Operation::cas(0, i as u64, i as u64 + 1, all)).await?;
+                    }
+                }
+                if i >= warmup {
+                    histogram.saturating_record(start.elapsed().as_nanos().max(1) as u64);
+                }
+            }
+            anyhow::Ok((histogram, measured_from.elapsed()))
+        }));
+    }
+    let mut merged = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut elapsed = Duration::ZERO;
+    for task in tasks {
+        let (histogram, measured) = task.await.context("latency task")??;
+        merged.add(&histogram).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        elapsed = elapsed.max(measured);
+    }
+    Ok((merged, elapsed))
+}
+
+/// gWRITE throughput: `window` operations in flight per group, `bytes` in total per group.
+async fn throughput(
+    clients: &[Arc<GroupClient>],
+    size: usize,
+    bytes: u64,
+    window: usize,
+) -> anyhow::Result<(u64, Duration)> {
+    let per_group = (bytes / size as u64).max(1);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for client in clients {
+        // Two submitters per group, each with half the window, so the pipeline never drains.
+        for part in 0..2u64 {
+            let client = client.clone();
+            let share = per_group / 2 + if part == 0 { per_group % 2 } else { 0 };
+            let chunk = (window / 2).max(1) as u64;
+            tasks.push(tokio::spawn(async move {
+                let payload = Bytes::from(vec![0xa5u8; size]);
+                let span = REGION_BYTES / 2 - size as u64;
+                let mut done = 0u64;
+                while done < share {
+                    let count = chunk.min(share - done);
+                    let ops = (0..count)
+                        .map(|k| Operation::write(((done + k) * size as u64) % span.max(1), payload.clone()))
+                        .collect();
+                    for result in client.execute(ops).await {
+                        result?;
+                    }
+                    done += count;
+                }
+                anyhow::Ok(done)
+            }));
+        }
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.context("throughput task")??;
+    }
+    Ok((total, started.elapsed()))
+}
+
+/// User + system CPU time, in microseconds, of `pids` and all their descendants (from /proc).
+fn tree_cpu_us(pids: &[u32]) -> Option<u64> {
+    if pids.is_empty() {
+        return None;
+    }
+    let ticks = 100u64; // USER_HZ on Linux
+    let mut parent: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut cpu: BTreeMap<u32, u64> = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // Fields after the command name (which may contain spaces) start after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // rest[0] = state (field 3), ppid = field 4, utime = 14, stime = 15.
+        let (Some(ppid), Some(utime), Some(stime)) = (fields.get(1), fields.get(11), fields.get(12)) else {
+            continue;
+        };
+        let (Ok(ppid), Ok(utime), Ok(stime)) =
+            (ppid.parse::<u32>(), utime.parse::<u64>(), stime.parse::<u64>())
+        else {
+            continue;
+        };
+        parent.insert(pid, ppid);
+        cpu.insert(pid, (utime + stime) * 1_000_000 / ticks);
+    }
+    let mut total = 0;
+    for (pid, us) in &cpu {
+        let mut at = *pid;
+        for _ in 0..64 {
+            if pids.contains(&at) {
+                total += us;
+                break;
+            }
+            match parent.get(&at) {
+                Some(&p) if p != 0 && p != at => at = p,
+                _ => break,
+            }
+        }
+    }
+    Some(total)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn result(
+    mode: HostMode,
+    kind: &str,
+    prim: &str,
+    group_size: usize,
+    tenants: usize,
+    size: usize,
+    histogram: Option<&Histogram<u64>>,
+    ops: u64,
+    elapsed: Duration,
+    cpu_us: Option<u64>,
+) -> BenchResult {
+    let seconds = elapsed.as_secs_f64().max(1e-9);
+    let (mean, p50, p95, p99, max) = match histogram {
+        Some(h) => {
+            (h.mean() / 1000.0, micros(h, 0.5), micros(h, 0.95), micros(h, 0.99), h.max() as f64 / 1000.0)
+        }
+        None => {
+            let mean = seconds * 1e6 / ops.max(1) as f64;
+            (mean, 0.0, 0.0, 0.0, 0.0)
+        }
+    };
+    BenchResult {
+        mode,
+        kind: kind.to_string(),
+        primitive: prim.to_string(),
+        group_size,
+        tenants,
+        message_bytes: size,
+        ops,
+        mean_us: mean,
+        p50_us: p50,
+        p95_us: p95,
+        p99_us: p99,
+        max_us: max,
+        ops_per_s: ops as f64 / seconds,
+        mib_per_s: ops as f64 * size as f64 / seconds / (1024.0 * 1024.0),
+        host_cpu_us_per_op: cpu_us.map(|us| us as f64 / ops.max(1) as f64),
+    }
+}
+
+async fn run_all(
+    config: &BenchConfig,
+    flush: FlushBackend,
+    dir: &std::path::Path,
+) -> anyhow::Result<Vec<BenchResult>> {
+    let mut results = Vec::new();
+    let smallest = *config.group_sizes.iter().min().unwrap_or(&3);
+    let max_tenants = config.multi_tenant.iter().copied().max().unwrap_or(1).max(1);
+    for &mode in &config.modes {
+        for &n in &config.group_sizes {
+            let tag = format!("{mode:?}-{n}").to_lowercase();
+            let (hosts, addrs) = start_hosts(config, flush, &dir.join(&tag), mode, n, max_tenants).await?;
+            let clients = groups(&addrs, 1, config.window, &tag).await?;
+            let pids = hosts.pids();
+            let mut plan: Vec<(Prim, usize)> =
+                config.message_sizes.iter().map(|&s| (Prim::Write, s)).collect();
+            if n == smallest {
+                plan.extend(config.message_sizes.iter().map(|&s| (Prim::Memcpy, s)));
+                plan.push((Prim::Cas, 8));
+                plan.extend(config.flush_message_sizes.iter().map(|&s| (Prim::WriteFlush, s)));
+                plan.extend(config.flush_message_sizes.iter().map(|&s| (Prim::FlushAfterWrite, s)));
+            }
+            for (prim, size) in plan {
+                let before = tree_cpu_us(&pids);
+                let (histogram, elapsed) =
+                    latency(&clients, prim, size, config.latency_ops, config.warmup_ops).await?;
+                let cpu = tree_cpu_us(&pids).zip(before).map(|(after, before)| after.saturating_sub(before));
+                let ops = histogram.len();
+                let cpu_ops = if matches!(prim, Prim::FlushAfterWrite) { 2 } else { 1 }
+                    * (ops + config.warmup_ops as u64);
+                let mut r =
+                    result(mode, "latency", prim.name(), n, 1, size, Some(&histogram), ops, elapsed, None);
+                r.host_cpu_us_per_op = cpu.map(|us| us as f64 / cpu_ops.max(1) as f64);
+                results.push(r);
+            }
+            if n == smallest {
+                for &size in &config.throughput_message_sizes {
+                    let before = tree_cpu_us(&pids);
+                    let (ops, elapsed) =
+                        throughput(&clients, size, config.throughput_bytes, config.window).await?;
+                    let cpu =
+                        tree_cpu_us(&pids).zip(before).map(|(after, before)| after.saturating_sub(before));
+                    results.push(result(mode, "throughput", "gWRITE", n, 1, size, None, ops, elapsed, cpu));
+                }
+                drop(clients);
+                for &tenants in &config.multi_tenant {
+                    let clients =
+                        groups(&addrs, tenants, config.window, &format!("{tag}-mt{tenants}")).await?;
+                    let before = tree_cpu_us(&pids);
+                    let (histogram, elapsed) =
+                        latency(&clients, Prim::Write, 1024, config.latency_ops, config.warmup_ops).await?;
+                    let cpu =
+                        tree_cpu_us(&pids).zip(before).map(|(after, before)| after.saturating_sub(before));
+                    let ops = histogram.len();
+                    let mut r = result(
+                        mode,
+                        "latency",
+                        "gWRITE",
+                        n,
+                        tenants,
+                        1024,
+                        Some(&histogram),
+                        ops,
+                        elapsed,
+                        None,
+                    );
+                    let all_ops = ops + (config.warmup_ops * tenants) as u64;
+                    r.host_cpu_us_per_op = cpu.map(|us| us as f64 / all_ops.max(1) as f64);
+                    results.push(r);
+                }
+            }
+            drop(hosts);
+        }
+    }
+    Ok(results)
+}

@@ -1,0 +1,516 @@
+//! The tenant's client library: `Initialize` a group on a chain of hosts, then submit gWRITE,
+//! gCAS, gMEMCPY and gFLUSH with many operations in flight, read one member's region, and run
+//! the transaction API of §5 over it ([`BlockingGroupClient`] implements
+//! [`crate::txn::GroupExecutor`]).
+//!
+//! The client opens one caller connection per member (authenticated with the tenant's token):
+//! control requests go to every member, operations to the head, and acknowledgements come back
+//! from the tail (refusals from any member). A [`GroupCaller`] core, driven by one task,
+//! numbers, pipelines and retransmits; the operations submitted during one turn leave in one
+//! batch frame. A connection that closes fails every pending operation at once with
+//! [`GroupError::Disconnected`]; a silent chain fails them when retransmissions run out
+//! ([`CallerConfig`]). Nothing waits without a deadline.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::{Bytes, BytesMut};
+use chorus_core::codec::{decode_batch, WireMessage};
+use chorus_core::{NodeId, Time};
+use chorus_region::TenantId;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::{mpsc, oneshot};
+
+use super::host::{dial, write_loop};
+use super::wire::{
+    frame_of, group_frames, read_frame, ControlReply, ControlRequest, Hello, Role, FRAME_BYTES_MAX,
+    FRAME_KIND_CONTROL, FRAME_KIND_REPLY,
+};
+use crate::caller::{CallerConfig, GroupCaller};
+use crate::message::{GroupMessage, FRAME_KIND_GROUP};
+use crate::op::{GroupConfig, GroupError, GroupId, OpOutcome, Operation, Token, CHAIN_MEMBERS_MAX};
+use crate::outbox::{GroupOutbox, RequestId};
+use crate::txn::{GroupExecutor, TxnError};
+
+/// How to set up a group.
+#[derive(Clone, Debug)]
+pub struct GroupSpec {
+    /// The chain, head first: each member's host address.
+    pub hosts: Vec<SocketAddr>,
+    pub tenant: TenantId,
+    pub token: Token,
+    pub group: GroupId,
+    /// The region's name on every member (registered, or reopened, for the tenant).
+    pub region: String,
+    pub region_bytes: u64,
+    pub epoch: u64,
+    pub start_seq: u64,
+    pub caller: CallerConfig,
+    /// Deadline of connects, handshakes and control requests.
+    pub io_timeout: Duration,
+}
+
+impl GroupSpec {
+    pub fn new(
+        hosts: Vec<SocketAddr>,
+        tenant: TenantId,
+        token: Token,
+        group: GroupId,
+        region: impl Into<String>,
+        region_bytes: u64,
+    ) -> GroupSpec {
+        GroupSpec {
+            hosts,
+            tenant,
+            token,
+            group,
+            region: region.into(),
+            region_bytes,
+            epoch: 1,
+            start_seq: 1,
+            // TCP does not lose messages: retransmissions only matter when a member is stuck,
+            // and a closed connection is noticed at once.
+            caller: CallerConfig {
+                retransmit_after: Time::from_millis(1000),
+                attempts_max: 5,
+                window_max: 128,
+            },
+            io_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+type Results = Vec<Result<OpOutcome, GroupError>>;
+
+enum Command {
+    Execute { operations: Vec<Operation>, reply: oneshot::Sender<Results> },
+}
+
+enum Inbound {
+    Messages(NodeId, Vec<GroupMessage>),
+    Lost(usize, String),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<ControlReply>>>>;
+
+/// One caller connection to a member.
+struct Conn {
+    tx: mpsc::Sender<Bytes>,
+    pending: Pending,
+    active: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Conn {
+    async fn open(
+        addr: SocketAddr,
+        spec: &GroupSpec,
+        position: usize,
+        inbound: mpsc::UnboundedSender<Inbound>,
+    ) -> anyhow::Result<Conn> {
+        let hello = Hello { role: Role::Caller, tenant: spec.tenant, token: spec.token };
+        let stream = dial(addr, &hello, spec.io_timeout).await.map_err(anyhow::Error::msg)?;
+        let (reader, writer) = stream.into_split();
+        let (tx, rx) = mpsc::channel(1024);
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let active = Arc::new(AtomicBool::new(false));
+        let timeout = spec.io_timeout;
+        let writer = tokio::spawn(async move {
+            let _ = write_loop(writer, rx, None, timeout).await;
+        });
+        let reader = tokio::spawn(read_loop(reader, position, inbound, pending.clone(), active.clone()));
+        Ok(Conn { tx, pending, active, tasks: vec![writer.abort_handle(), reader.abort_handle()] })
+    }
+
+    async fn control(&self, request: ControlRequest, timeout: Duration) -> anyhow::Result<ControlReply> {
+        let id = request.id();
+        let (reply_tx, reply_rx) = oneshot::channel();
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner).insert(id, reply_tx);
+        let exchange = async {
+            self.tx.send(frame_of(FRAME_KIND_CONTROL, &request)).await.ok().context("connection closed")?;
+            reply_rx.await.ok().context("connection closed before the reply")
+        };
+        let result = tokio::time::timeout(timeout, exchange).await;
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+        match result {
+            Ok(reply) => reply,
+            Err(_) => bail!("no reply within {timeout:?}"),
+        }
+    }
+}
+
+async fn read_loop(
+    mut reader: OwnedReadHalf,
+    position: usize,
+    inbound: mpsc::UnboundedSender<Inbound>,
+    pending: Pending,
+    active: Arc<AtomicBool>,
+) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let reason = loop {
+        match read_frame(&mut reader, &mut buf, FRAME_BYTES_MAX).await {
+            Ok(Some(frame)) if frame.kind == FRAME_KIND_GROUP => {
+                match decode_batch::<GroupMessage>(frame.payload) {
+                    Ok(messages) => {
+                        let _ = inbound.send(Inbound::Messages(NodeId(position as u8 + 1), messages));
+                    }
+                    Err(error) => break format!("malformed batch from member {position}: {error}"),
+                }
+            }
+            Ok(Some(frame)) if frame.kind == FRAME_KIND_REPLY => {
+                match ControlReply::decode_exact(frame.payload) {
+                    Ok(reply) => {
+                        let waiter =
+                            pending.lock().unwrap_or_else(PoisonError::into_inner).remove(&reply.id());
+                        if let Some(waiter) = waiter {
+                            let _ = waiter.send(reply);
+                        }
+                    }
+                    Err(error) => break format!("malformed reply from member {position}: {error}"),
+                }
+            }
+            Ok(Some(frame)) => {
+                break format!("unexpected frame kind {:#x} from member {position}", frame.kind)
+            }
+            Ok(None) => break format!("member {position} closed the connection"),
+            Err(error) => break format!("connection to member {position} failed: {error}"),
+        }
+    };
+    pending.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    if active.load(Relaxed) {
+        let _ = inbound.send(Inbound::Lost(position, reason));
+    }
+}
+
+/// A tenant's handle on one group. Dropping it closes its connections; the hosts then drop
+/// the group's members (the regions stay).
+pub struct GroupClient {
+    commands: mpsc::UnboundedSender<Command>,
+    conns: Vec<Conn>,
+    region_paths: Vec<String>,
+    data_addrs: Vec<SocketAddr>,
+    group: GroupId,
+    io_timeout: Duration,
+    next_control: AtomicU64,
+    driver: tokio::task::AbortHandle,
+}
+
+impl Drop for GroupClient {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl GroupClient {
+    /// HyperLoop §5 `Initialize`: bind the group's member on every host, tail first (each
+    /// member links to the next one), following a Naïve dispatcher's redirect to the replica
+    /// it started. Fails with the host's reason (wrong token, region size mismatch...).
+    pub async fn initialize(spec: GroupSpec) -> anyhow::Result<GroupClient> {
+        let n = spec.hosts.len();
+        if n == 0 || n > CHAIN_MEMBERS_MAX {
+            bail!("a chain has 1 to {CHAIN_MEMBERS_MAX} members, not {n}");
+        }
+        let config = GroupConfig {
+            group: spec.group,
+            tenant: spec.tenant,
+            token: spec.token,
+            epoch: spec.epoch,
+            chain: (1..=n).map(|i| NodeId(i as u8)).collect(),
+            caller: NodeId(0),
+            region_bytes: spec.region_bytes,
+            start_seq: spec.start_seq,
+        };
+        let caller = GroupCaller::new(config, NodeId(0), spec.caller.clone()).map_err(anyhow::Error::msg)?;
+        let (inbound_tx, inbound_rx) = mpsc::unbounded_channel();
+        let next_control = AtomicU64::new(1);
+        let mut conns: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
+        let mut data_addrs: Vec<Option<SocketAddr>> = vec![None; n];
+        let mut region_paths = vec![String::new(); n];
+        for position in (0..n).rev() {
+            let next = if position + 1 < n { data_addrs[position + 1].map(|a| a.to_string()) } else { None };
+            let mut addr = spec.hosts[position];
+            let mut redirects = 0;
+            loop {
+                let conn = Conn::open(addr, &spec, position, inbound_tx.clone())
+                    .await
+                    .with_context(|| format!("member {position} at {addr}"))?;
+                let request = ControlRequest::Initialize {
+                    id: next_control.fetch_add(1, Relaxed),
+                    group: spec.group,
+                    epoch: spec.epoch,
+                    start_seq: spec.start_seq,
+                    region: spec.region.clone(),
+                    region_bytes: spec.region_bytes,
+                    chain_len: n as u8,
+                    position: position as u8,
+                    next: next.clone(),
+                };
+                let reply = conn
+                    .control(request, spec.io_timeout)
+                    .await
+                    .with_context(|| format!("initializing member {position} at {addr}"))?;
+                match reply {
+                    ControlReply::Initialized { region_path, .. } => {
+                        conn.active.store(true, Relaxed);
+                        conns[position] = Some(conn);
+                        data_addrs[position] = Some(addr);
+                        region_paths[position] = region_path;
+                        break;
+                    }
+                    ControlReply::Redirect { addr: to, .. } if redirects == 0 => {
+                        redirects += 1;
+                        addr = to.parse().with_context(|| format!("redirect to {to:?}"))?;
+                    }
+                    ControlReply::Error { message, .. } => {
+                        bail!("member {position} at {addr} refused Initialize: {message}")
+                    }
+                    other => bail!("member {position} at {addr} answered Initialize with {other:?}"),
+                }
+            }
+        }
+        let conns: Vec<Conn> = conns.into_iter().flatten().collect();
+        let data_addrs: Vec<SocketAddr> = data_addrs.into_iter().flatten().collect();
+        let (commands_tx, commands_rx) = mpsc::unbounded_channel();
+        let head = conns[0].tx.clone();
+        let tick =
+            Duration::from_nanos(spec.caller.retransmit_after.as_nanos() / 4).max(Duration::from_millis(1));
+        let driver = tokio::spawn(drive(caller, commands_rx, inbound_rx, head, tick));
+        Ok(GroupClient {
+            commands: commands_tx,
+            conns,
+            region_paths,
+            data_addrs,
+            group: spec.group,
+            io_timeout: spec.io_timeout,
+            next_control,
+            driver: driver.abort_handle(),
+        })
+    }
+
+    pub fn chain_len(&self) -> usize {
+        self.conns.len()
+    }
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+    /// Each member's region file on its host (the tenant's process there maps it read-only,
+    /// `chorus_region::RegionView`).
+    pub fn region_paths(&self) -> &[String] {
+        &self.region_paths
+    }
+    /// Where each member's operations are served: the host itself, or a Naïve replica.
+    pub fn data_addrs(&self) -> &[SocketAddr] {
+        &self.data_addrs
+    }
+
+    /// Submit `operations` in order, pipelined, and wait for every one. Each completes exactly
+    /// once: acknowledged by the tail, rejected (nothing changed), or failed with an
+    /// outcome-unknown error when the chain is unreachable.
+    pub async fn execute(&self, operations: Vec<Operation>) -> Results {
+        let count = operations.len();
+        if count == 0 {
+            return Vec::new();
+        }
+        let (reply, wait) = oneshot::channel();
+        let stopped = || vec![Err(GroupError::Disconnected("the client's driver stopped".into())); count];
+        if self.commands.send(Command::Execute { operations, reply }).is_err() {
+            return stopped();
+        }
+        wait.await.unwrap_or_else(|_| stopped())
+    }
+
+    pub async fn submit(&self, operation: Operation) -> Result<OpOutcome, GroupError> {
+        self.execute(vec![operation])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(GroupError::Disconnected("no result".into())))
+    }
+
+    /// One-sided read of `len` bytes at `offset` of the member at `position`'s region
+    /// (HyperLoop's lock-free read at the head or the tail), served by that member's host.
+    pub async fn read(&self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError> {
+        let conn = self.conns.get(position).ok_or(TxnError::NoSuchMember(position))?;
+        let id = self.next_control.fetch_add(1, Relaxed);
+        let request = ControlRequest::Read { id, group: self.group, offset, len };
+        match conn.control(request, self.io_timeout).await {
+            Ok(ControlReply::Data { bytes, .. }) => Ok(bytes.to_vec()),
+            Ok(ControlReply::Error { message, .. }) => Err(TxnError::Protocol(message)),
+            Ok(other) => Err(TxnError::Protocol(format!("unexpected reply {other:?}"))),
+            Err(error) => Err(TxnError::Group(GroupError::Disconnected(format!("{error:#}")))),
+        }
+    }
+
+    /// Is member `position`'s host answering? (A round trip on its control connection.)
+    pub async fn ping(&self, position: usize) -> anyhow::Result<()> {
+        let conn = self.conns.get(position).context("no such member")?;
+        let id = self.next_control.fetch_add(1, Relaxed);
+        match conn.control(ControlRequest::Ping { id }, self.io_timeout).await? {
+            ControlReply::Pong { .. } => Ok(()),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+}
+
+struct Batch {
+    results: Vec<Option<Result<OpOutcome, GroupError>>>,
+    remaining: usize,
+    reply: Option<oneshot::Sender<Results>>,
+}
+
+async fn drive(
+    mut caller: GroupCaller,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    mut inbound: mpsc::UnboundedReceiver<Inbound>,
+    head: mpsc::Sender<Bytes>,
+    tick: Duration,
+) {
+    let origin = Instant::now();
+    let now = || Time::from_nanos(origin.elapsed().as_nanos() as u64);
+    let mut batches: HashMap<u64, Batch> = HashMap::new();
+    let mut requests: HashMap<RequestId, (u64, usize)> = HashMap::new();
+    let (mut next_request, mut next_batch) = (0u64, 0u64);
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut out = GroupOutbox::default();
+    let mut to_head = Vec::new();
+    loop {
+        let mut submit = |command: Command, out: &mut GroupOutbox, caller: &mut GroupCaller| {
+            let Command::Execute { operations, reply } = command;
+            let batch = next_batch;
+            next_batch += 1;
+            batches.insert(
+                batch,
+                Batch {
+                    results: (0..operations.len()).map(|_| None).collect(),
+                    remaining: operations.len(),
+                    reply: Some(reply),
+                },
+            );
+            let at = now();
+            for (index, operation) in operations.into_iter().enumerate() {
+                let request = RequestId(next_request);
+                next_request += 1;
+                requests.insert(request, (batch, index));
+                caller.submit(at, request, operation, out);
+            }
+        };
+        let handle_inbound = |item: Inbound, out: &mut GroupOutbox, caller: &mut GroupCaller| match item {
+            Inbound::Messages(from, messages) => {
+                let at = now();
+                for message in messages {
+                    caller.on_message(at, from, message, out);
+                }
+            }
+            Inbound::Lost(position, reason) => {
+                tracing::debug!(position, "group connection lost: {reason}");
+                caller.on_link_lost(reason, out);
+            }
+        };
+        tokio::select! {
+            command = commands.recv() => {
+                let Some(command) = command else { break };
+                submit(command, &mut out, &mut caller);
+                while let Ok(command) = commands.try_recv() {
+                    submit(command, &mut out, &mut caller);
+                }
+            }
+            item = inbound.recv() => {
+                let Some(item) = item else { break };
+                handle_inbound(item, &mut out, &mut caller);
+                while let Ok(item) = inbound.try_recv() {
+                    handle_inbound(item, &mut out, &mut caller);
+                }
+            }
+            _ = ticker.tick() => caller.on_tick(now(), &mut out),
+        }
+        to_head.clear();
+        for (to, message) in out.messages.drain(..) {
+            if to == NodeId(1) {
+                to_head.push(message);
+            }
+        }
+        for frame in group_frames(&to_head) {
+            if head.send(frame).await.is_err() {
+                caller.on_link_lost("the connection to the head is closed".into(), &mut out);
+                break;
+            }
+        }
+        for (request, result) in out.completions.drain(..) {
+            let Some((batch_id, index)) = requests.remove(&request) else { continue };
+            let Some(batch) = batches.get_mut(&batch_id) else { continue };
+            if let Some(slot) = batch.results.get_mut(index) {
+                if slot.is_none() {
+                    *slot = Some(result);
+                    batch.remaining -= 1;
+                }
+            }
+            if batch.remaining == 0 {
+                if let Some(batch) = batches.remove(&batch_id) {
+                    let results = batch
+                        .results
+                        .into_iter()
+                        .map(|r| r.unwrap_or_else(|| Err(GroupError::Disconnected("lost".into()))))
+                        .collect();
+                    if let Some(reply) = batch.reply {
+                        let _ = reply.send(results);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A [`GroupClient`] with its own runtime, for synchronous code: the transaction API
+/// ([`crate::txn::Txn`]) runs on it through [`GroupExecutor`]. Do not call it from inside an
+/// async runtime.
+pub struct BlockingGroupClient {
+    // Dropped before the runtime (field order): its tasks are aborted first.
+    client: GroupClient,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl BlockingGroupClient {
+    pub fn initialize(spec: GroupSpec) -> anyhow::Result<BlockingGroupClient> {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+        let client = runtime.block_on(GroupClient::initialize(spec))?;
+        Ok(BlockingGroupClient { client, runtime })
+    }
+
+    fn inner(&self) -> &GroupClient {
+        &self.client
+    }
+
+    pub fn client(&self) -> &GroupClient {
+        self.inner()
+    }
+    pub fn execute_blocking(&self, operations: Vec<Operation>) -> Results {
+        self.runtime.block_on(self.inner().execute(operations))
+    }
+    pub fn read_blocking(&self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError> {
+        self.runtime.block_on(self.inner().read(position, offset, len))
+    }
+}
+
+impl GroupExecutor for BlockingGroupClient {
+    fn execute(&mut self, operations: Vec<Operation>) -> Vec<Result<OpOutcome, GroupError>> {
+        self.execute_blocking(operations)
+    }
+    fn read(&mut self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError> {
+        self.read_blocking(position, offset, len)
+    }
+    fn chain_len(&self) -> usize {
+        self.inner().chain_len()
+    }
+}

@@ -1,0 +1,850 @@
+//! The group host: one process per host that serves group operations on the registered
+//! regions of every tenant (it plays HyperLoop's RDMA NIC), and the Naïve baseline's
+//! dispatcher, which instead starts one replica per tenant replica (§6's Naïve-Event).
+//!
+//! Connections (see [`super::wire`]):
+//!
+//! * **caller** connections from a tenant's client, authenticated by the tenant's token:
+//!   control requests (Initialize, one-sided Read, Ping), operations for the groups where this
+//!   host is the head, and the acknowledgements / refusals this host sends back to the caller;
+//! * **link** connections from the previous member of one group's chain, authenticated by the
+//!   same token and bound to that group: operations travelling towards the tail. Links are
+//!   one-way; the dialer only reads to notice the far end closing.
+//!
+//! Each group member is a [`ChainMember`] over a [`Region`] mapped from the host's region
+//! directory. The task reading a member's single inbound connection (the caller's at the head,
+//! the link elsewhere) applies every message of a received batch under the member's lock and
+//! forwards what the core produced as one batch frame per destination (opportunistic
+//! batching, as in `chorus-net`). Writers coalesce queued frames into one `write`.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use chorus_core::codec::{decode_batch, WireMessage};
+use chorus_core::{NodeId, Time};
+use chorus_region::{FlushBackend, Region, RegionMemory, RegionStore, TenantId};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tracing::{debug, info, warn};
+
+use super::child::{spawn_child, ChildProcess};
+use super::wire::{
+    frame_of, group_frames, parse_token, read_frame, ControlReply, ControlRequest, Hello, Role,
+    FRAME_BYTES_MAX, FRAME_KIND_CONTROL, FRAME_KIND_HELLO, FRAME_KIND_REFUSE, FRAME_KIND_REPLY,
+    FRAME_KIND_WELCOME, HELLO_BYTES_MAX,
+};
+use crate::member::ChainMember;
+use crate::message::{GroupMessage, FRAME_KIND_GROUP};
+use crate::op::{GroupConfig, GroupId, Refusal, Token, CHAIN_MEMBERS_MAX};
+use crate::outbox::GroupOutbox;
+
+/// Frames waiting for one connection's writer; when full, the producer waits (TCP pushes
+/// back through the chain to the caller, whose window bounds what is in flight).
+const WRITER_QUEUE_FRAMES: usize = 1024;
+/// Coalesce queued frames into one write up to this many bytes.
+const COALESCE_BYTES_MAX: usize = 1024 * 1024;
+
+/// Who does the work of a group member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostMode {
+    /// HyperLoop's arrangement: this host process applies and forwards the operations of every
+    /// tenant's groups (the NIC's role); tenants' processes are never on the critical path.
+    #[default]
+    Chorus,
+    /// The Naïve baseline: for every `Initialize` this host starts a replica dedicated to that
+    /// tenant replica (a child process, or a thread with its own event loop when no replica
+    /// command is configured) and redirects the caller to it; the replica receives, applies
+    /// and forwards with its own CPU, woken by events (Naïve-Event).
+    Naive,
+}
+
+/// A tenant known to the host and its token (HyperLoop §7), 32 hexadecimal digits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantCredential {
+    pub tenant: u32,
+    pub token: String,
+}
+
+impl TenantCredential {
+    pub fn new(tenant: TenantId, token: &Token) -> TenantCredential {
+        TenantCredential { tenant: tenant.0, token: super::wire::format_token(token) }
+    }
+}
+
+/// Everything a group host needs. Serializable: Naïve replicas and benchmark hosts receive it
+/// as JSON on stdin (see [`super::child_main`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HostConfig {
+    /// Where callers and previous members connect (port 0: an ephemeral port).
+    pub listen: SocketAddr,
+    /// The regions' directory (`chorus_region::default_region_dir()`: /dev/shm by default).
+    pub region_dir: PathBuf,
+    #[serde(with = "flush_name")]
+    pub flush: FlushBackend,
+    /// The tenants this host serves, with their tokens. Anyone else is refused at the handshake.
+    pub tenants: Vec<TenantCredential>,
+    #[serde(default)]
+    pub mode: HostMode,
+    /// Naïve mode: the command (program and arguments) that starts a replica process; it must
+    /// end up in [`super::child_main`]. `None`: replicas are threads of this process, each with
+    /// its own single-threaded event loop.
+    #[serde(default)]
+    pub replica_command: Option<Vec<String>>,
+    /// Deadline of every connect, handshake, control request and socket write.
+    #[serde(default = "default_io_timeout_ms")]
+    pub io_timeout_ms: u64,
+    /// Runtime worker threads when started through [`super::child_main`] (0: one per core,
+    /// 1: a single-threaded event loop).
+    #[serde(default)]
+    pub worker_threads: usize,
+    /// A Naïve replica exits once its group's caller has gone.
+    #[serde(default)]
+    pub exit_when_idle: bool,
+}
+
+fn default_io_timeout_ms() -> u64 {
+    5000
+}
+
+mod flush_name {
+    use chorus_region::FlushBackend;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(backend: &FlushBackend, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(backend.name())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FlushBackend, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl HostConfig {
+    pub fn new(
+        listen: SocketAddr,
+        region_dir: impl Into<PathBuf>,
+        tenants: Vec<TenantCredential>,
+    ) -> HostConfig {
+        HostConfig {
+            listen,
+            region_dir: region_dir.into(),
+            flush: FlushBackend::Msync,
+            tenants,
+            mode: HostMode::Chorus,
+            replica_command: None,
+            io_timeout_ms: default_io_timeout_ms(),
+            worker_threads: 0,
+            exit_when_idle: false,
+        }
+    }
+
+    pub fn io_timeout(&self) -> Duration {
+        Duration::from_millis(self.io_timeout_ms.max(1))
+    }
+}
+
+/// A running host. Dropping it (or [`HostHandle::shutdown`]) stops every task, closes every
+/// connection and stops the Naïve replicas it started.
+pub struct HostHandle {
+    addr: SocketAddr,
+    host: Arc<Host>,
+}
+
+impl HostHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+    /// Groups with a member on this host.
+    pub fn group_count(&self) -> usize {
+        self.host.groups.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+    /// Resolves once a host started with `exit_when_idle` has served a group and has none left.
+    pub async fn idle(&self) {
+        loop {
+            let notified = self.host.idle.notified();
+            if self.host.is_idle() {
+                return;
+            }
+            notified.await;
+        }
+    }
+    /// Stop everything at once (also what a crash of the host looks like to its peers: every
+    /// connection closes).
+    pub fn shutdown(&self) {
+        self.host.shutdown();
+    }
+}
+
+impl Drop for HostHandle {
+    fn drop(&mut self) {
+        self.host.shutdown();
+    }
+}
+
+/// Start a host on the current tokio runtime: bind, then serve in background tasks.
+pub async fn start_host(config: HostConfig) -> anyhow::Result<HostHandle> {
+    let mut tokens = HashMap::new();
+    for credential in &config.tenants {
+        let token = parse_token(&credential.token)
+            .map_err(|e| anyhow::anyhow!("tenant {}: {e}", credential.tenant))?;
+        tokens.insert(TenantId(credential.tenant), token);
+    }
+    if config.mode == HostMode::Naive {
+        if let Some(command) = &config.replica_command {
+            anyhow::ensure!(!command.is_empty(), "the Naïve replica command is empty");
+        }
+    }
+    let store = RegionStore::open(&config.region_dir, config.flush)?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen for group connections on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let host = Arc::new(Host {
+        io_timeout: config.io_timeout(),
+        config,
+        store,
+        tokens,
+        groups: Mutex::new(HashMap::new()),
+        tasks: Mutex::new(Vec::new()),
+        replicas: Mutex::new(Vec::new()),
+        idle: Notify::new(),
+        served_a_group: AtomicBool::new(false),
+        stopped: AtomicBool::new(false),
+        origin: Instant::now(),
+        next_conn: AtomicU64::new(1),
+        addr,
+    });
+    let accepting = host.clone();
+    host.spawn(async move { accepting.accept_loop(listener).await });
+    info!(%addr, mode = ?host.config.mode, backend = %host.config.flush, "group host listening");
+    Ok(HostHandle { addr, host })
+}
+
+/// Run a group host until the process is interrupted (Ctrl-C / SIGINT). Prints the address it
+/// listens on. What `chorus group-host` calls.
+pub async fn serve_host(config: HostConfig) -> anyhow::Result<()> {
+    let handle = start_host(config).await?;
+    println!("group host listening on {}", handle.local_addr());
+    tokio::signal::ctrl_c().await?;
+    handle.shutdown();
+    Ok(())
+}
+
+struct GroupSlot {
+    group: GroupId,
+    epoch: u64,
+    position: usize,
+    member: Mutex<ChainMember<Region>>,
+    /// The connection of the caller that initialized the group: acknowledgements and refusals.
+    caller: mpsc::Sender<Bytes>,
+    caller_conn: u64,
+    downstream: Option<mpsc::Sender<Bytes>>,
+}
+
+enum Replica {
+    Thread { _stop: oneshot::Sender<()> },
+    Process(Box<ChildProcess>),
+}
+
+impl Replica {
+    fn is_running(&mut self) -> bool {
+        match self {
+            Replica::Thread { _stop } => !_stop.is_closed(),
+            Replica::Process(child) => child.is_running(),
+        }
+    }
+}
+
+struct Host {
+    config: HostConfig,
+    io_timeout: Duration,
+    store: RegionStore,
+    tokens: HashMap<TenantId, Token>,
+    groups: Mutex<HashMap<(TenantId, GroupId), Arc<GroupSlot>>>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    replicas: Mutex<Vec<Replica>>,
+    idle: Notify,
+    served_a_group: AtomicBool,
+    stopped: AtomicBool,
+    origin: Instant,
+    next_conn: AtomicU64,
+    addr: SocketAddr,
+}
+
+impl Host {
+    fn spawn<F>(self: &Arc<Self>, future: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if self.stopped.load(Relaxed) {
+            return;
+        }
+        let handle = tokio::spawn(future);
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        if tasks.len() >= 256 {
+            tasks.retain(|task| !task.is_finished());
+        }
+        tasks.push(handle.abort_handle());
+    }
+
+    fn shutdown(&self) {
+        if self.stopped.swap(true, Relaxed) {
+            return;
+        }
+        for task in self.tasks.lock().unwrap_or_else(PoisonError::into_inner).drain(..) {
+            task.abort();
+        }
+        self.groups.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.replicas.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.idle.notify_waiters();
+    }
+
+    fn is_idle(&self) -> bool {
+        self.stopped.load(Relaxed)
+            || (self.config.exit_when_idle
+                && self.served_a_group.load(Relaxed)
+                && self.groups.lock().unwrap_or_else(PoisonError::into_inner).is_empty())
+    }
+
+    fn now(&self) -> Time {
+        Time::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    fn slot(&self, tenant: TenantId, group: GroupId) -> Option<Arc<GroupSlot>> {
+        self.groups.lock().unwrap_or_else(PoisonError::into_inner).get(&(tenant, group)).cloned()
+    }
+
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, remote)) => {
+                    let host = self.clone();
+                    self.spawn(async move {
+                        if let Err(reason) = host.serve_connection(stream).await {
+                            debug!(%remote, "group connection closed: {reason}");
+                        }
+                    });
+                }
+                Err(error) => {
+                    warn!("accepting group connections failed: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve_connection(self: Arc<Self>, stream: TcpStream) -> Result<(), String> {
+        let _ = stream.set_nodelay(true);
+        let (mut reader, mut writer) = stream.into_split();
+        let mut buf = BytesMut::with_capacity(64 * 1024);
+        let frame =
+            match tokio::time::timeout(self.io_timeout, read_frame(&mut reader, &mut buf, HELLO_BYTES_MAX))
+                .await
+            {
+                Err(_) => return Err("no handshake in time".into()),
+                Ok(Err(error)) => return Err(format!("not a group client ({error})")),
+                Ok(Ok(None)) => return Err("closed before the handshake".into()),
+                Ok(Ok(Some(frame))) => frame,
+            };
+        if frame.kind != FRAME_KIND_HELLO {
+            return Err(format!("first frame has kind {:#x}, not a handshake", frame.kind));
+        }
+        let hello = Hello::decode_exact(frame.payload).map_err(|e| format!("malformed handshake: {e}"))?;
+        let verdict = self.check_hello(&hello);
+        let answer = match &verdict {
+            Ok(_) => frame_of_raw(FRAME_KIND_WELCOME, &[]),
+            Err(reason) => frame_of_raw(FRAME_KIND_REFUSE, reason.as_bytes()),
+        };
+        let written = tokio::time::timeout(self.io_timeout, writer.write_all(&answer)).await;
+        let slot = match verdict {
+            Err(reason) => {
+                warn!(tenant = %hello.tenant, "refused a group connection: {reason}");
+                return Err(reason);
+            }
+            Ok(slot) => slot,
+        };
+        if !matches!(written, Ok(Ok(()))) {
+            return Err("could not answer the handshake".into());
+        }
+        match (hello.role, slot) {
+            (Role::Caller, _) => {
+                let conn = self.next_conn.fetch_add(1, Relaxed);
+                let (tx, rx) = mpsc::channel(WRITER_QUEUE_FRAMES);
+                let timeout = self.io_timeout;
+                self.spawn(async move {
+                    let _ = write_loop(writer, rx, None, timeout).await;
+                });
+                let result = self.clone().serve_caller(conn, hello.tenant, reader, buf, tx).await;
+                self.caller_closed(conn);
+                result
+            }
+            (Role::Link { from_position, .. }, Some(slot)) => {
+                // Keep the write half open: dropping it would tell the dialer the link closed.
+                let _writer = writer;
+                self.serve_link(slot, NodeId(from_position + 1), reader, buf).await
+            }
+            (Role::Link { .. }, None) => Err("link without a group".into()),
+        }
+    }
+
+    /// Authenticate a handshake (§7): a known tenant, its token, and for a link a group of that
+    /// tenant whose member here follows the dialer's position.
+    fn check_hello(&self, hello: &Hello) -> Result<Option<Arc<GroupSlot>>, String> {
+        let Some(token) = self.tokens.get(&hello.tenant) else {
+            return Err(format!("{} is not served by this host", hello.tenant));
+        };
+        if !token.matches(&hello.token) {
+            return Err(format!("wrong token for {}", hello.tenant));
+        }
+        match hello.role {
+            Role::Caller => Ok(None),
+            Role::Link { group, epoch, from_position } => {
+                if self.config.mode == HostMode::Naive {
+                    return Err("a Naïve dispatcher takes no links: link to the replica".into());
+                }
+                let slot = self.slot(hello.tenant, group).ok_or_else(|| {
+                    format!("group {} of {} is not initialized here", group.0, hello.tenant)
+                })?;
+                if slot.epoch != epoch || slot.position != from_position as usize + 1 {
+                    return Err(format!(
+                        "link from position {from_position} epoch {epoch} does not precede this member \
+                         (position {}, epoch {})",
+                        slot.position, slot.epoch
+                    ));
+                }
+                Ok(Some(slot))
+            }
+        }
+    }
+
+    async fn serve_caller(
+        self: Arc<Self>,
+        conn: u64,
+        tenant: TenantId,
+        mut reader: OwnedReadHalf,
+        mut buf: BytesMut,
+        tx: mpsc::Sender<Bytes>,
+    ) -> Result<(), String> {
+        loop {
+            let frame = match read_frame(&mut reader, &mut buf, FRAME_BYTES_MAX).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Ok(()),
+                Err(error) => return Err(error.to_string()),
+            };
+            match frame.kind {
+                FRAME_KIND_GROUP => {
+                    let messages = decode_batch::<GroupMessage>(frame.payload)
+                        .map_err(|e| format!("malformed batch: {e}"))?;
+                    let mut runs: Vec<(GroupId, Vec<GroupMessage>)> = Vec::new();
+                    for message in messages {
+                        match runs.last_mut() {
+                            Some((group, run)) if *group == message.group() => run.push(message),
+                            _ => runs.push((message.group(), vec![message])),
+                        }
+                    }
+                    for (group, run) in runs {
+                        // Operations from a caller go to the head only.
+                        match self.slot(tenant, group) {
+                            Some(slot) if slot.position == 0 => self.deliver(&slot, NodeId(0), run).await,
+                            _ => debug!(group = group.0, "operations for a group with no head here dropped"),
+                        }
+                    }
+                }
+                FRAME_KIND_CONTROL => {
+                    let request = ControlRequest::decode_exact(frame.payload)
+                        .map_err(|e| format!("malformed control request: {e}"))?;
+                    let reply = self.control(conn, tenant, request, &tx).await;
+                    if tx.send(frame_of(FRAME_KIND_REPLY, &reply)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                kind => return Err(format!("unexpected frame kind {kind:#x} from a caller")),
+            }
+        }
+    }
+
+    async fn serve_link(
+        &self,
+        slot: Arc<GroupSlot>,
+        from: NodeId,
+        mut reader: OwnedReadHalf,
+        mut buf: BytesMut,
+    ) -> Result<(), String> {
+        loop {
+            let frame = match read_frame(&mut reader, &mut buf, FRAME_BYTES_MAX).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Ok(()),
+                Err(error) => return Err(error.to_string()),
+            };
+            if frame.kind != FRAME_KIND_GROUP {
+                return Err(format!("unexpected frame kind {:#x} on a link", frame.kind));
+            }
+            let messages =
+                decode_batch::<GroupMessage>(frame.payload).map_err(|e| format!("malformed batch: {e}"))?;
+            self.deliver(&slot, from, messages).await;
+        }
+    }
+
+    /// Apply a received batch under the member's lock, then send what it produced: one batch
+    /// frame per destination.
+    async fn deliver(&self, slot: &GroupSlot, from: NodeId, messages: Vec<GroupMessage>) {
+        let now = self.now();
+        let mut out = GroupOutbox::default();
+        {
+            let mut member = slot.member.lock().unwrap_or_else(PoisonError::into_inner);
+            for message in messages {
+                member.on_message(now, from, message, &mut out);
+            }
+        }
+        let next = NodeId(slot.position as u8 + 2);
+        let (mut to_caller, mut to_next) = (Vec::new(), Vec::new());
+        for (to, message) in out.messages {
+            if to == NodeId(0) {
+                to_caller.push(message);
+            } else if to == next {
+                to_next.push(message);
+            }
+        }
+        for frame in group_frames(&to_caller) {
+            let _ = slot.caller.send(frame).await;
+        }
+        if let Some(downstream) = &slot.downstream {
+            for frame in group_frames(&to_next) {
+                let _ = downstream.send(frame).await;
+            }
+        }
+    }
+
+    fn caller_closed(&self, conn: u64) {
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        groups.retain(|_, slot| slot.caller_conn != conn);
+        let empty = groups.is_empty();
+        drop(groups);
+        if empty {
+            self.idle.notify_waiters();
+        }
+    }
+
+    async fn control(
+        self: &Arc<Self>,
+        conn: u64,
+        tenant: TenantId,
+        request: ControlRequest,
+        caller: &mpsc::Sender<Bytes>,
+    ) -> ControlReply {
+        let id = request.id();
+        let result = match request {
+            ControlRequest::Ping { id } => Ok(ControlReply::Pong { id }),
+            ControlRequest::Read { id, group, offset, len } => match self.slot(tenant, group) {
+                None => Err(format!("group {} is not initialized here", group.0)),
+                Some(slot) => {
+                    let member = slot.member.lock().unwrap_or_else(PoisonError::into_inner);
+                    if len > crate::op::OP_BYTES_MAX {
+                        Err(format!("a read is at most {} bytes", crate::op::OP_BYTES_MAX))
+                    } else {
+                        member
+                            .memory()
+                            .read_vec(offset, len)
+                            .map(|bytes| ControlReply::Data { id, bytes: Bytes::from(bytes) })
+                            .map_err(|e| e.to_string())
+                    }
+                }
+            },
+            ControlRequest::Initialize {
+                id,
+                group,
+                epoch,
+                start_seq,
+                region,
+                region_bytes,
+                chain_len,
+                position,
+                next,
+            } => {
+                let init = Init { group, epoch, start_seq, region, region_bytes, chain_len, position, next };
+                match self.config.mode {
+                    HostMode::Chorus => self
+                        .initialize(conn, tenant, init, caller)
+                        .await
+                        .map(|region_path| ControlReply::Initialized { id, region_path }),
+                    HostMode::Naive => self
+                        .start_replica(tenant)
+                        .await
+                        .map(|addr| ControlReply::Redirect { id, addr: addr.to_string() }),
+                }
+            }
+        };
+        result.unwrap_or_else(|message| ControlReply::Error { id, message })
+    }
+
+    async fn initialize(
+        self: &Arc<Self>,
+        conn: u64,
+        tenant: TenantId,
+        init: Init,
+        caller: &mpsc::Sender<Bytes>,
+    ) -> Result<String, String> {
+        let chain_len = init.chain_len as usize;
+        let position = init.position as usize;
+        if chain_len == 0 || chain_len > CHAIN_MEMBERS_MAX || position >= chain_len {
+            return Err(format!("position {position} in a chain of {chain_len} is invalid"));
+        }
+        if init.next.is_some() != (position + 1 < chain_len) {
+            return Err("every member but the tail needs the next member's address".into());
+        }
+        let token = *self.tokens.get(&tenant).ok_or("unknown tenant")?;
+        let region =
+            self.store.register(tenant, &init.region, init.region_bytes).map_err(|e| e.to_string())?;
+        let region_path = region.path().map(|p| p.display().to_string()).unwrap_or_default();
+        let config = GroupConfig {
+            group: init.group,
+            tenant,
+            token,
+            epoch: init.epoch,
+            chain: (1..=chain_len).map(|i| NodeId(i as u8)).collect(),
+            caller: NodeId(0),
+            region_bytes: init.region_bytes,
+            start_seq: init.start_seq,
+        };
+        let member = ChainMember::new(config, NodeId(position as u8 + 1), tenant, region)
+            .map_err(|e| e.to_string())?;
+        let downstream = match &init.next {
+            None => None,
+            Some(next) => {
+                let addr: SocketAddr =
+                    next.parse().map_err(|e| format!("next member address {next:?}: {e}"))?;
+                let hello = Hello {
+                    role: Role::Link { group: init.group, epoch: init.epoch, from_position: position as u8 },
+                    tenant,
+                    token,
+                };
+                let stream = dial(addr, &hello, self.io_timeout).await?;
+                let (probe, writer) = stream.into_split();
+                let (tx, rx) = mpsc::channel(WRITER_QUEUE_FRAMES);
+                let failed = caller.clone();
+                let (group, epoch, timeout) = (init.group, init.epoch, self.io_timeout);
+                self.spawn(async move {
+                    if let Err(error) = write_loop(writer, rx, Some(probe), timeout).await {
+                        // The next member is gone or stuck: the chain is broken. Tell the caller
+                        // now rather than letting its retransmissions run out.
+                        let refusal = Refusal::MemberFailed {
+                            position: position as u8 + 1,
+                            reason: format!("link from member {position} lost: {error}"),
+                        };
+                        let message = GroupMessage::Refused { group, epoch, seq: 0, refusal };
+                        for frame in group_frames(&[message]) {
+                            let _ = failed.send(frame).await;
+                        }
+                    }
+                });
+                Some(tx)
+            }
+        };
+        let slot = Arc::new(GroupSlot {
+            group: init.group,
+            epoch: init.epoch,
+            position,
+            member: Mutex::new(member),
+            caller: caller.clone(),
+            caller_conn: conn,
+            downstream,
+        });
+        debug!(group = slot.group.0, %tenant, position, "group member initialized");
+        self.groups.lock().unwrap_or_else(PoisonError::into_inner).insert((tenant, init.group), slot);
+        self.served_a_group.store(true, Relaxed);
+        Ok(region_path)
+    }
+
+    /// Naïve mode: start a replica dedicated to one tenant replica and return its address.
+    async fn start_replica(self: &Arc<Self>, tenant: TenantId) -> Result<SocketAddr, String> {
+        let token = self.tokens.get(&tenant).ok_or("unknown tenant")?;
+        let mut config = HostConfig::new(
+            SocketAddr::new(self.addr.ip(), 0),
+            self.config.region_dir.clone(),
+            vec![TenantCredential::new(tenant, token)],
+        );
+        config.flush = self.config.flush;
+        config.io_timeout_ms = self.config.io_timeout_ms;
+        config.worker_threads = 1;
+        config.exit_when_idle = true;
+        {
+            let mut replicas = self.replicas.lock().unwrap_or_else(PoisonError::into_inner);
+            replicas.retain_mut(Replica::is_running);
+        }
+        let (addr, replica) = match &self.config.replica_command {
+            Some(command) => {
+                let (addr, child) =
+                    spawn_child(command, &config, self.io_timeout).await.map_err(|e| format!("{e:#}"))?;
+                (addr, Replica::Process(Box::new(child)))
+            }
+            None => {
+                let (addr_tx, addr_rx) = oneshot::channel();
+                let (stop_tx, stop_rx) = oneshot::channel::<()>();
+                std::thread::Builder::new()
+                    .name(format!("naive-{tenant}"))
+                    .spawn(move || run_thread_replica(config, addr_tx, stop_rx))
+                    .map_err(|e| format!("starting a replica thread: {e}"))?;
+                let addr = tokio::time::timeout(self.io_timeout, addr_rx)
+                    .await
+                    .map_err(|_| "the replica did not start in time".to_string())?
+                    .map_err(|_| "the replica thread ended".to_string())??;
+                (addr, Replica::Thread { _stop: stop_tx })
+            }
+        };
+        self.replicas.lock().unwrap_or_else(PoisonError::into_inner).push(replica);
+        Ok(addr)
+    }
+}
+
+struct Init {
+    group: GroupId,
+    epoch: u64,
+    start_seq: u64,
+    region: String,
+    region_bytes: u64,
+    chain_len: u8,
+    position: u8,
+    next: Option<String>,
+}
+
+/// A Naïve replica as a thread: its own single-threaded event loop, stopped when the
+/// dispatcher drops the stop sender or the replica's caller leaves.
+fn run_thread_replica(
+    config: HostConfig,
+    addr_tx: oneshot::Sender<Result<SocketAddr, String>>,
+    stop_rx: oneshot::Receiver<()>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            let _ = addr_tx.send(Err(format!("replica runtime: {error}")));
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        match start_host(config).await {
+            Err(error) => {
+                let _ = addr_tx.send(Err(format!("{error:#}")));
+            }
+            Ok(handle) => {
+                let _ = addr_tx.send(Ok(handle.local_addr()));
+                tokio::select! {
+                    _ = stop_rx => {}
+                    _ = handle.idle() => {}
+                }
+                handle.shutdown();
+            }
+        }
+    });
+}
+
+fn frame_of_raw(kind: u8, payload: &[u8]) -> Bytes {
+    let mut frame = BytesMut::new();
+    chorus_core::codec::encode_frame(kind, payload, &mut frame);
+    frame.freeze()
+}
+
+/// Connect and handshake, within `timeout`.
+pub(crate) async fn dial(addr: SocketAddr, hello: &Hello, timeout: Duration) -> Result<TcpStream, String> {
+    let attempt = async {
+        let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connecting to {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .write_all(&frame_of(FRAME_KIND_HELLO, hello))
+            .await
+            .map_err(|e| format!("handshake with {addr}: {e}"))?;
+        let mut buf = BytesMut::new();
+        let frame = read_frame(&mut stream, &mut buf, HELLO_BYTES_MAX)
+            .await
+            .map_err(|e| format!("handshake with {addr}: {e}"))?
+            .ok_or_else(|| format!("{addr} closed the connection during the handshake"))?;
+        match frame.kind {
+            FRAME_KIND_WELCOME => Ok(stream),
+            FRAME_KIND_REFUSE => {
+                Err(format!("{addr} refused the connection: {}", String::from_utf8_lossy(&frame.payload)))
+            }
+            kind => Err(format!("{addr} answered the handshake with frame kind {kind:#x}")),
+        }
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| format!("no handshake with {addr} within {timeout:?}"))?
+}
+
+/// Write queued frames, coalescing what is already queued into one write, until every sender
+/// is gone (`Ok`) or the connection fails (`Err`). With `probe`, also notice the far end
+/// closing a one-way link. Every write has a deadline.
+pub(crate) async fn write_loop(
+    mut writer: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Bytes>,
+    mut probe: Option<OwnedReadHalf>,
+    timeout: Duration,
+) -> io::Result<()> {
+    let mut coalesced = BytesMut::new();
+    let mut scratch = [0u8; 64];
+    loop {
+        let first = match probe.as_mut() {
+            Some(reader) => tokio::select! {
+                item = rx.recv() => item,
+                read = reader.read(&mut scratch) => {
+                    return Err(match read {
+                        Ok(0) => io::Error::new(io::ErrorKind::UnexpectedEof, "the next member closed the link"),
+                        Ok(_) => io::Error::new(io::ErrorKind::InvalidData, "data on a one-way link"),
+                        Err(error) => error,
+                    });
+                }
+            },
+            None => rx.recv().await,
+        };
+        let Some(first) = first else { return Ok(()) };
+        let write = match rx.try_recv() {
+            Err(_) => tokio::time::timeout(timeout, writer.write_all(&first)).await,
+            Ok(second) => {
+                coalesced.clear();
+                coalesced.extend_from_slice(&first);
+                coalesced.extend_from_slice(&second);
+                while coalesced.len() < COALESCE_BYTES_MAX {
+                    let Ok(frame) = rx.try_recv() else { break };
+                    coalesced.extend_from_slice(&frame);
+                }
+                tokio::time::timeout(timeout, writer.write_all(&coalesced)).await
+            }
+        };
+        match write {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Err(error),
+            Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "write deadline passed")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_config_round_trips_through_json() {
+        let mut config = HostConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            "/tmp/x",
+            vec![TenantCredential { tenant: 1, token: "00".repeat(16) }],
+        );
+        config.flush = FlushBackend::None;
+        config.mode = HostMode::Naive;
+        let json = serde_json::to_string(&config).unwrap();
+        let back: HostConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.flush, FlushBackend::None);
+        assert_eq!(back.mode, HostMode::Naive);
+        assert!(json.contains("\"flush\":\"none\""));
+    }
+}

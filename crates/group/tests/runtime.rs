@@ -1,0 +1,382 @@
+//! The TCP runtime end to end on loopback: group hosts (in-process and as child processes),
+//! the client library, the Naïve baseline, the transaction API, refusals and failures.
+//! No timing assertions; every wait is bounded.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus_core::Time;
+use chorus_group::runtime::{
+    spawn_child, start_host, BlockingGroupClient, ChildProcess, GroupClient, GroupSpec, HostConfig,
+    HostHandle, HostMode, TenantCredential,
+};
+use chorus_group::txn::{Txn, TxnLayout, WRITER_BIT};
+use chorus_group::{CallerConfig, GroupError, GroupId, OpError, Operation, Token};
+use chorus_region::{default_region_dir, FlushBackend, RegionView, TenantId};
+
+const TENANT: TenantId = TenantId(7);
+const TOKEN: Token = Token([0x5a; 16]);
+
+/// A fresh directory under /dev/shm (or the temp dir), removed on drop.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(tag: &str) -> TestDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = default_region_dir().join(format!("group-rt-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TestDir(dir)
+    }
+    fn host(&self, i: usize) -> PathBuf {
+        self.0.join(format!("host{i}"))
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn host_config(dir: PathBuf, mode: HostMode) -> HostConfig {
+    let mut config = HostConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        dir,
+        vec![TenantCredential::new(TENANT, &TOKEN), TenantCredential::new(TenantId(8), &Token([8; 16]))],
+    );
+    config.mode = mode;
+    config.io_timeout_ms = 3000;
+    config
+}
+
+/// `n` in-process hosts, each with its own region directory (as on separate machines).
+fn start_hosts(rt: &tokio::runtime::Runtime, dir: &TestDir, n: usize, mode: HostMode) -> Vec<HostHandle> {
+    (0..n).map(|i| rt.block_on(start_host(host_config(dir.host(i), mode))).unwrap()).collect()
+}
+
+fn spec(hosts: &[SocketAddr], region_bytes: u64) -> GroupSpec {
+    let mut spec = GroupSpec::new(hosts.to_vec(), TENANT, TOKEN, GroupId(1), "table", region_bytes);
+    spec.io_timeout = Duration::from_secs(3);
+    spec.caller = CallerConfig { retransmit_after: Time::from_millis(500), attempts_max: 4, window_max: 32 };
+    spec
+}
+
+fn addrs(hosts: &[HostHandle]) -> Vec<SocketAddr> {
+    hosts.iter().map(HostHandle::local_addr).collect()
+}
+
+fn region_files(client: &BlockingGroupClient) -> Vec<Vec<u8>> {
+    client.client().region_paths().iter().map(|path| std::fs::read(path).unwrap()).collect()
+}
+
+/// A workload touching every primitive; returns the region every member must end with.
+fn run_every_primitive(client: &BlockingGroupClient) -> Vec<u8> {
+    let mut expected = vec![0u8; 256];
+    let results = client.execute_blocking(vec![
+        Operation::write(0, Bytes::from_static(b"hello, group")),
+        Operation::write(100, Bytes::from(vec![9u8; 50])).durable(),
+        Operation::memcpy(0, 200, 12),
+        Operation::cas(64, 0, 42, 0b111),
+        Operation::flush(),
+    ]);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(results[3].as_ref().unwrap().result_map, vec![Some(0), Some(0), Some(0)]);
+    expected[..12].copy_from_slice(b"hello, group");
+    expected[100..150].fill(9);
+    expected[200..212].copy_from_slice(b"hello, group");
+    expected[64..72].copy_from_slice(&42u64.to_le_bytes());
+
+    // gCAS on members 0 and 2 only, one of which no longer matches; then undo the partial success.
+    let r = client.execute_blocking(vec![Operation::cas(64, 42, 43, 0b101)]);
+    assert_eq!(r[0].as_ref().unwrap().result_map, vec![Some(42), None, Some(42)]);
+    let r = client.execute_blocking(vec![Operation::cas(64, 42, 44, 0b111)]);
+    let outcome = r[0].as_ref().unwrap();
+    assert_eq!(outcome.result_map, vec![Some(43), Some(42), Some(43)]);
+    assert_eq!(outcome.swapped_map(42), 0b010);
+    let r = client.execute_blocking(vec![Operation::cas(64, 44, 42, 0b010)]);
+    assert_eq!(r[0].as_ref().unwrap().swapped_map(44), 0b010, "undo on exactly the member that swapped");
+    let r = client.execute_blocking(vec![Operation::cas(64, 43, 42, 0b101).durable()]);
+    assert!(r[0].is_ok());
+
+    // Many operations in flight, applied in order everywhere.
+    let pipelined: Vec<Operation> = (0..200u64)
+        .map(|i| Operation::write(160 + (i % 4) * 8, Bytes::from(i.to_le_bytes().to_vec())))
+        .collect();
+    assert!(client.execute_blocking(pipelined).iter().all(Result::is_ok));
+    for slot in 0..4u64 {
+        let last = 196 + slot;
+        expected[(160 + slot * 8) as usize..(168 + slot * 8) as usize].copy_from_slice(&last.to_le_bytes());
+    }
+    assert!(client.execute_blocking(vec![Operation::flush()])[0].is_ok());
+    expected
+}
+
+#[test]
+fn three_hosts_apply_every_primitive_identically() {
+    let dir = TestDir::new("prims");
+    let rt = runtime();
+    let hosts = start_hosts(&rt, &dir, 3, HostMode::Chorus);
+    let client = BlockingGroupClient::initialize(spec(&addrs(&hosts), 256)).unwrap();
+    let expected = run_every_primitive(&client);
+    for (position, file) in region_files(&client).iter().enumerate() {
+        assert_eq!(file, &expected, "member {position}'s region file");
+    }
+    // The tenant's read-only view of a member's region, and the one-sided read at the tail.
+    let view = RegionView::open(&client.client().region_paths()[1]).unwrap();
+    assert_eq!(view.read_vec(0, 12).unwrap(), b"hello, group");
+    assert_eq!(view.load_u64(64).unwrap(), 42);
+    assert_eq!(client.read_blocking(2, 200, 12).unwrap(), b"hello, group");
+    assert!(client.read_blocking(2, 250, 12).is_err(), "reads are bounds-checked too");
+    assert!(rt.block_on(client.client().ping(1)).is_ok());
+    drop(client);
+    drop(hosts);
+}
+
+#[test]
+fn a_wrong_token_is_refused_and_an_unknown_tenant_too() {
+    let dir = TestDir::new("token");
+    let rt = runtime();
+    let hosts = start_hosts(&rt, &dir, 3, HostMode::Chorus);
+    let mut wrong = spec(&addrs(&hosts), 64);
+    wrong.token = Token([1; 16]);
+    let error = BlockingGroupClient::initialize(wrong).err().expect("a wrong token is refused");
+    assert!(format!("{error:#}").contains("wrong token"), "{error:#}");
+    let mut stranger = spec(&addrs(&hosts), 64);
+    stranger.tenant = TenantId(99);
+    let error = BlockingGroupClient::initialize(stranger).err().expect("an unknown tenant is refused");
+    assert!(format!("{error:#}").contains("not served"), "{error:#}");
+    // Tenant 8's token does not open tenant 7's region either: it is another tenant's token.
+    let mut other = spec(&addrs(&hosts), 64);
+    other.token = Token([8; 16]);
+    assert!(BlockingGroupClient::initialize(other).is_err());
+    for host in &hosts {
+        assert_eq!(host.group_count(), 0, "nothing was initialized");
+    }
+}
+
+#[test]
+fn an_out_of_bounds_operation_is_rejected_and_changes_nothing() {
+    let dir = TestDir::new("bounds");
+    let rt = runtime();
+    let hosts = start_hosts(&rt, &dir, 3, HostMode::Chorus);
+    let client = BlockingGroupClient::initialize(spec(&addrs(&hosts), 128)).unwrap();
+    assert!(client.execute_blocking(vec![Operation::write(0, Bytes::from_static(b"before")).durable()])[0]
+        .is_ok());
+    let before = region_files(&client);
+    let results = client.execute_blocking(vec![
+        Operation::write(120, Bytes::from(vec![1u8; 16])),
+        Operation::memcpy(0, 100, 64),
+        Operation::cas(12, 0, 1, 0b111),
+        Operation::cas(0, 0, 1, 0b1000),
+    ]);
+    assert!(matches!(results[0], Err(GroupError::Rejected(OpError::OutOfBounds { .. }))), "{results:?}");
+    assert!(matches!(results[1], Err(GroupError::Rejected(OpError::OutOfBounds { .. }))));
+    assert!(matches!(results[2], Err(GroupError::Rejected(OpError::Misaligned { offset: 12 }))));
+    assert!(matches!(results[3], Err(GroupError::Rejected(OpError::ExecuteMapBeyondChain { .. }))));
+    assert_eq!(region_files(&client), before, "nothing changed at any member");
+    // The pipeline did not stall.
+    assert!(
+        client.execute_blocking(vec![Operation::write(8, Bytes::from_static(b"after")).durable()])[0].is_ok()
+    );
+    for file in region_files(&client) {
+        assert_eq!(&file[..13], b"before\0\0after");
+    }
+}
+
+#[test]
+fn transactions_append_execute_and_lock_over_tcp() {
+    let dir = TestDir::new("txn");
+    let rt = runtime();
+    let hosts = start_hosts(&rt, &dir, 3, HostMode::Chorus);
+    let layout = TxnLayout::new(512, 256);
+    let client = BlockingGroupClient::initialize(spec(&addrs(&hosts), layout.region_bytes())).unwrap();
+    let paths = client.client().region_paths().to_vec();
+    let mut txn = Txn::new(client, layout, 1);
+    assert!(txn.wr_lock().unwrap());
+    for round in 0..12u8 {
+        txn.append(&[
+            ((round as u64 % 4) * 8, Bytes::from(vec![round; 8])),
+            (100, Bytes::from(format!("row{round:02}"))),
+        ])
+        .unwrap();
+        if round % 3 == 2 {
+            while txn.execute_and_advance().unwrap().is_some() {}
+        }
+    }
+    while txn.execute_and_advance().unwrap().is_some() {}
+    txn.wr_unlock().unwrap();
+    let (head, tail) = txn.log_bounds();
+    assert_eq!(head, tail);
+    for position in [0, 2] {
+        assert_eq!(txn.read(position, 100, 5).unwrap(), b"row11", "lock-free read at member {position}");
+        assert_eq!(txn.read(position, 3 * 8, 8).unwrap(), vec![11u8; 8]);
+    }
+    // Read locks at one member exclude the writer; the lock word lives in every region file.
+    assert!(txn.rd_lock(1).unwrap());
+    assert!(!txn.wr_lock().unwrap(), "a reader at member 1 blocks the group write lock");
+    txn.rd_unlock(1).unwrap();
+    assert!(txn.wr_lock().unwrap());
+    for path in &paths {
+        let view = RegionView::open(path).unwrap();
+        assert_eq!(view.load_u64(layout.lock_offset).unwrap(), WRITER_BIT | 1);
+        assert_eq!(view.load_u64(layout.head_offset).unwrap(), head);
+        assert_eq!(view.read_vec(layout.db_offset + 100, 5).unwrap(), b"row11");
+    }
+    txn.wr_unlock().unwrap();
+    drop(txn);
+    drop(hosts);
+}
+
+#[test]
+fn naive_replicas_produce_identical_regions() {
+    let dir = TestDir::new("naive");
+    let rt = runtime();
+    let chorus = start_hosts(&rt, &TestDir(dir.0.join("chorus")), 3, HostMode::Chorus);
+    let naive = start_hosts(&rt, &TestDir(dir.0.join("naive")), 3, HostMode::Naive);
+    let a = BlockingGroupClient::initialize(spec(&addrs(&chorus), 256)).unwrap();
+    let b = BlockingGroupClient::initialize(spec(&addrs(&naive), 256)).unwrap();
+    assert_ne!(
+        b.client().data_addrs(),
+        addrs(&naive).as_slice(),
+        "the Naïve dispatcher redirected to replicas"
+    );
+    let expected_a = run_every_primitive(&a);
+    let expected_b = run_every_primitive(&b);
+    assert_eq!(expected_a, expected_b);
+    assert_eq!(region_files(&a), region_files(&b));
+    for file in region_files(&b) {
+        assert_eq!(file, expected_b);
+    }
+    drop((a, b));
+    drop((chorus, naive));
+}
+
+#[test]
+fn a_host_killed_mid_stream_fails_the_operations_instead_of_hanging() {
+    let dir = TestDir::new("kill");
+    let rt = runtime();
+    let hosts = start_hosts(&rt, &dir, 3, HostMode::Chorus);
+    let client = rt.block_on(GroupClient::initialize(spec(&addrs(&hosts), 4096))).unwrap();
+    let client = std::sync::Arc::new(client);
+    let streaming = client.clone();
+    let stream = rt.spawn(async move {
+        let mut outcomes = Vec::new();
+        for round in 0..400u64 {
+            let ops = (0..16)
+                .map(|i| Operation::write((i * 64) % 4096, Bytes::from(vec![round as u8; 64])))
+                .collect();
+            let results = streaming.execute(ops).await;
+            let failed = results.iter().any(Result::is_err);
+            outcomes.extend(results);
+            if failed {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        outcomes
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    hosts[1].shutdown(); // the middle member dies: its sockets close
+    let outcomes =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), stream).await }).unwrap().unwrap();
+    let errors: Vec<_> = outcomes.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(!errors.is_empty(), "the stream saw the failure");
+    assert!(
+        errors.iter().all(|e| matches!(
+            e,
+            GroupError::Disconnected(_)
+                | GroupError::MemberFailed { .. }
+                | GroupError::Unavailable { .. }
+                | GroupError::Broken(_)
+        )),
+        "{errors:?}"
+    );
+    // The group is broken until reconfigured: later operations fail at once.
+    let later = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            client.submit(Operation::write(0, Bytes::from_static(b"x"))),
+        )
+        .await
+    });
+    assert!(matches!(later, Ok(Err(_))), "{later:?}");
+    drop(client);
+    drop(hosts);
+}
+
+fn child_command() -> Vec<String> {
+    vec![env!("CARGO_BIN_EXE_chorus-group-child").to_string()]
+}
+
+#[test]
+fn hosts_and_naive_replicas_as_processes() {
+    let dir = TestDir::new("procs");
+    let rt = runtime();
+    let mut children: Vec<ChildProcess> = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 0..3 {
+        let mut config = host_config(dir.host(i), if i == 1 { HostMode::Naive } else { HostMode::Chorus });
+        config.replica_command = Some(child_command());
+        config.flush = FlushBackend::Msync;
+        config.worker_threads = 2;
+        let (addr, child) =
+            rt.block_on(spawn_child(&child_command(), &config, Duration::from_secs(10))).unwrap();
+        addrs.push(addr);
+        children.push(child);
+    }
+    let client = BlockingGroupClient::initialize(spec(&addrs, 256)).unwrap();
+    let expected = run_every_primitive(&client);
+    for file in region_files(&client) {
+        assert_eq!(file, expected);
+    }
+    // Kill the tail process: the next operation fails (it cannot be acknowledged), no hang.
+    rt.block_on(children[2].kill());
+    let results = client.execute_blocking(vec![Operation::write(0, Bytes::from_static(b"late"))]);
+    assert!(results[0].is_err(), "{results:?}");
+    drop(client);
+    drop(children);
+}
+
+#[test]
+fn the_microbenchmark_runs_chain_and_naive_in_process() {
+    let dir = TestDir::new("bench");
+    let mut config = chorus_group::bench::BenchConfig::quick();
+    config.region_dir = Some(dir.0.clone());
+    config.output = Some(dir.0.join("report.json"));
+    let report = chorus_group::bench::run(config).unwrap();
+    for mode in [HostMode::Chorus, HostMode::Naive] {
+        for primitive in ["gWRITE", "gWRITE+gFLUSH", "gFLUSH", "gMEMCPY", "gCAS"] {
+            assert!(
+                report.results.iter().any(|r| r.mode == mode && r.primitive == primitive && r.ops > 0),
+                "{mode:?} {primitive}"
+            );
+        }
+        assert!(report.results.iter().any(|r| r.mode == mode && r.kind == "throughput" && r.mib_per_s > 0.0));
+        assert!(report.results.iter().any(|r| r.mode == mode && r.tenants == 2));
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.0.join("report.json")).unwrap()).unwrap();
+    assert!(json["results"].as_array().is_some_and(|r| !r.is_empty()));
+    assert!(!report.table().is_empty());
+}
+
+#[test]
+fn the_microbenchmark_runs_with_hosts_as_processes() {
+    let dir = TestDir::new("bench-procs");
+    let mut config = chorus_group::bench::BenchConfig::quick();
+    config.region_dir = Some(dir.0.clone());
+    config.child_command = Some(child_command());
+    config.message_sizes = vec![1024];
+    config.multi_tenant = vec![];
+    let report = chorus_group::bench::run(config).unwrap();
+    assert!(report.hosts_are_processes);
+    assert!(report.results.iter().all(|r| r.host_cpu_us_per_op.is_some()), "CPU time comes from /proc");
+}
