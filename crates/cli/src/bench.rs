@@ -1,8 +1,61 @@
-//! `chorus bench` (being written: issue 4).
+//! `chorus bench`: load generators and side-by-side comparisons with peers (crates/bench).
+
+use chorus_bench::cli::{KvArgs, YcsbArgs};
+use chorus_bench::compare::CompareArgs;
 
 #[derive(clap::Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
 
-pub fn run(_args: BenchArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`chorus bench` is not available yet")
+#[derive(clap::Subcommand)]
+enum BenchCommand {
+    /// YCSB core workloads A-F against RESP servers (hashes of 10 fields) or etcd.
+    Ycsb(YcsbArgs),
+    /// GET/SET microworkload: throughput and latency vs write ratio.
+    Kv(KvArgs),
+    /// Start Chorus, Redis (primary + 2 replicas with WAIT 2; primary alone) and a 3-member
+    /// etcd cluster, run the same workloads against each, and report side by side.
+    Compare(CompareArgs),
+    /// HyperLoop group primitives: gWRITE latency vs size, throughput, group size, gFLUSH
+    /// cost and tenants, chain (one host process serves everyone) vs Naïve (a process per
+    /// tenant replica).
+    Group(GroupBenchArgs),
+}
+
+#[derive(clap::Args)]
+struct GroupBenchArgs {
+    /// A short run (one group size, two message sizes).
+    #[arg(long)]
+    quick: bool,
+    /// Write the JSON report here.
+    #[arg(long, default_value = "bench-results/group.json")]
+    json: std::path::PathBuf,
+}
+
+fn run_group(args: GroupBenchArgs) -> anyhow::Result<i32> {
+    let mut config = if args.quick { chorus_group::bench::BenchConfig::quick() } else { Default::default() };
+    let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+    config.child_command = Some(vec![exe, "group-child".to_string()]);
+    if let Some(dir) = args.json.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    config.output = Some(args.json.clone());
+    let report = chorus_group::bench::run(config)?;
+    print!("{}", report.table());
+    println!("JSON report: {}", args.json.display());
+    Ok(0)
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
+    match args.command {
+        BenchCommand::Ycsb(args) => chorus_bench::cli::run_ycsb(args),
+        BenchCommand::Kv(args) => chorus_bench::cli::run_kv(args),
+        BenchCommand::Compare(args) => {
+            let chorus = std::env::current_exe()?;
+            chorus_bench::compare::run(args, &chorus)
+        }
+        BenchCommand::Group(args) => run_group(args),
+    }
 }

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod group;
 mod node;
 mod sim;
 mod up;
@@ -24,6 +25,12 @@ enum Subcommands {
     Sim(sim::SimArgs),
     /// Benchmarks: load generators and side-by-side comparisons with peers.
     Bench(bench::BenchArgs),
+    /// Serve HyperLoop group operations (gWRITE, gCAS, gMEMCPY, gFLUSH) on this host's
+    /// regions for the listed tenants.
+    GroupHost(group::GroupHostArgs),
+    /// A group host or Naïve replica started by another chorus process (config on stdin).
+    #[command(hide = true)]
+    GroupChild,
 }
 
 fn main() {
@@ -33,6 +40,8 @@ fn main() {
         Subcommands::Node(args) => node::run(args),
         Subcommands::Sim(args) => sim::run(args),
         Subcommands::Bench(args) => bench::run(args),
+        Subcommands::GroupHost(args) => group::run_host(args),
+        Subcommands::GroupChild => group::run_child(),
     };
     match result {
         Ok(code) => std::process::exit(code),

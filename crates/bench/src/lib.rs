@@ -1,0 +1,16 @@
+//! chorus-bench: load generators (YCSB core workloads A-F, a GET/SET microworkload) for RESP
+//! servers and etcd, and `chorus bench compare`, which runs Chorus and its peers side by side.
+//!
+//! Benchmarks are commands that print and save results; nothing here asserts on timing.
+
+pub mod cli;
+pub mod client;
+pub mod compare;
+pub mod driver;
+pub mod etcd;
+pub mod generator;
+pub mod plot;
+pub mod procs;
+pub mod report;
+pub mod resp;
+pub mod workload;

@@ -1,0 +1,59 @@
+//! `chorus group-host` (a host serving HyperLoop group operations for its tenants' regions)
+//! and the hidden `chorus group-child` that hosts and Naïve replicas start as processes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use chorus_group::runtime::{HostConfig, HostMode, TenantCredential};
+
+#[derive(clap::Args)]
+pub struct GroupHostArgs {
+    /// Where callers and chain predecessors connect.
+    #[arg(long, default_value = "127.0.0.1:7600")]
+    listen: SocketAddr,
+    /// Directory of the tenants' regions (default /dev/shm/chorus-regions).
+    #[arg(long)]
+    region_dir: Option<PathBuf>,
+    /// A tenant this host serves, as ID:TOKEN (32 hex digits); repeat for each.
+    #[arg(long = "tenant", value_name = "ID:TOKEN", required = true)]
+    tenants: Vec<String>,
+    /// Flush backend: msync (default), clwb (DAX with MAP_SYNC only) or none.
+    #[arg(long, default_value = "msync")]
+    flush: String,
+    /// chorus: this process performs every tenant's operations; naive: one replica process
+    /// per tenant (the baseline of HyperLoop §6).
+    #[arg(long, default_value = "chorus")]
+    mode: String,
+}
+
+pub fn run_host(args: GroupHostArgs) -> anyhow::Result<i32> {
+    let mut tenants = Vec::new();
+    for tenant in &args.tenants {
+        let Some((id, token)) = tenant.split_once(':') else {
+            anyhow::bail!("--tenant {tenant:?}: expected ID:TOKEN");
+        };
+        let tenant = id.parse().map_err(|_| anyhow::anyhow!("--tenant {id:?}: not a tenant id"))?;
+        chorus_group::runtime::parse_token(token).map_err(|error| anyhow::anyhow!("--tenant {id}: {error}"))?;
+        tenants.push(TenantCredential { tenant, token: token.to_string() });
+    }
+    let region_dir = args.region_dir.unwrap_or_else(chorus_region::default_region_dir);
+    let mut config = HostConfig::new(args.listen, region_dir, tenants);
+    config.flush = args.flush.parse().map_err(|error| anyhow::anyhow!("--flush: {error}"))?;
+    config.mode = match args.mode.as_str() {
+        "chorus" => HostMode::Chorus,
+        "naive" => HostMode::Naive,
+        other => anyhow::bail!("--mode {other:?}: expected chorus or naive"),
+    };
+    if config.mode == HostMode::Naive {
+        let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+        config.replica_command = Some(vec![exe, "group-child".to_string()]);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(chorus_group::runtime::serve_host(config))?;
+    Ok(0)
+}
+
+pub fn run_child() -> anyhow::Result<i32> {
+    chorus_group::runtime::child_main()?;
+    Ok(0)
+}
