@@ -40,8 +40,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
         "hermes" => ProtocolSetup::hermes(),
         "craq" => ProtocolSetup::craq(),
         "zab" => ProtocolSetup::zab(ReadMode::Sync),
+        "raftlog" => ProtocolSetup::Raftlog,
         "zab-local" => ProtocolSetup::zab(ReadMode::Local),
-        other => bail!("unknown protocol '{other}' (available: hermes, craq, zab, zab-local)"),
+        other => bail!("unknown protocol '{other}' (available: hermes, craq, zab, zab-local, raftlog)"),
     };
     if !(1..=64).contains(&args.replicas) {
         bail!("--replicas must be between 1 and 64, got {}", args.replicas);

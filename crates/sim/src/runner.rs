@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use chorus_core::{NodeId, NodeSet, Time};
 use chorus_craq::{Craq, CraqConfig};
 use chorus_hermes::{Hermes, HermesConfig, Optimizations};
+use chorus_raftlog::{RaftLog, RaftLogConfig};
 pub use chorus_zab::ReadMode;
 use chorus_zab::{Zab, ZabConfig};
 
@@ -29,6 +30,7 @@ pub enum ProtocolSetup {
     Hermes { tweak: Option<HermesTweak> },
     Craq { tweak: Option<CraqTweak> },
     Zab { read_mode: ReadMode, tweak: Option<ZabTweak> },
+    Raftlog,
 }
 
 impl ProtocolSetup {
@@ -50,6 +52,7 @@ impl ProtocolSetup {
             ProtocolSetup::Craq { .. } => "craq",
             ProtocolSetup::Zab { read_mode: ReadMode::Sync, .. } => "zab",
             ProtocolSetup::Zab { read_mode: ReadMode::Local, .. } => "zab-local",
+            ProtocolSetup::Raftlog => "raftlog",
         }
     }
 
@@ -59,6 +62,7 @@ impl ProtocolSetup {
             ProtocolSetup::Hermes { tweak } => simulate_hermes(config, tweak.as_ref()),
             ProtocolSetup::Craq { tweak } => simulate_craq(config, tweak.as_ref()),
             ProtocolSetup::Zab { read_mode, tweak } => simulate_zab(config, *read_mode, tweak.as_ref()),
+            ProtocolSetup::Raftlog => simulate_raftlog(config),
         }
     }
 }
@@ -124,6 +128,18 @@ fn simulate_zab(config: &SimConfig, read_mode: ReadMode, tweak: Option<&ZabTweak
         Zab::new(zab_config)
     };
     (simulate(config, &mut build), description)
+}
+
+/// Each seed draws the number of Raft logs, so one busy log and many quiet ones both run.
+/// (crates/protocols/raftlog/tests/swarm.rs holds the raftlog sweeps and broken variants.)
+fn simulate_raftlog(config: &SimConfig) -> (SeedRun, String) {
+    let logs = [1, 2, 8][(config.seed % 3) as usize];
+    let mut build = |me: NodeId, replicas: NodeSet, _seed: u64| {
+        let mut raftlog_config = RaftLogConfig::new(me, replicas);
+        raftlog_config.logs = logs;
+        RaftLog::new(raftlog_config)
+    };
+    (simulate(config, &mut build), format!("{logs} logs"))
 }
 
 /// The verdict on one seed.
