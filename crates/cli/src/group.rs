@@ -33,7 +33,8 @@ pub fn run_host(args: GroupHostArgs) -> anyhow::Result<i32> {
             anyhow::bail!("--tenant {tenant:?}: expected ID:TOKEN");
         };
         let tenant = id.parse().map_err(|_| anyhow::anyhow!("--tenant {id:?}: not a tenant id"))?;
-        chorus_group::runtime::parse_token(token).map_err(|error| anyhow::anyhow!("--tenant {id}: {error}"))?;
+        chorus_group::runtime::parse_token(token)
+            .map_err(|error| anyhow::anyhow!("--tenant {id}: {error}"))?;
         tenants.push(TenantCredential { tenant, token: token.to_string() });
     }
     let region_dir = args.region_dir.unwrap_or_else(chorus_region::default_region_dir);
