@@ -464,8 +464,9 @@ fn start_chorus(exe: &Path, dir: PathBuf, stop: &AtomicBool) -> anyhow::Result<S
     for target in &targets {
         let target = *target;
         procs::wait_until(&mut procs, "chorus node", stop, || {
-            procs::resp_text(target, &[b"INFO", b"replication"])
-                .is_ok_and(|info| info.contains("chorus_peers_connected:2"))
+            procs::resp_text(target, &[b"INFO", b"replication"]).is_ok_and(|info| {
+                info.contains("chorus_peers_connected:2") && info.contains("chorus_operational:1")
+            })
         })?;
     }
     Ok(System { kind: SystemKind::Chorus, procs, targets, api: Api::Resp, wait: None })

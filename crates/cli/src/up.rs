@@ -158,9 +158,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                     let log = tail(&cluster.replicas[i].log);
                     bail!("replica {i} exited during startup ({status}):\n{log}");
                 }
-                if TcpStream::connect_timeout(&cluster.replicas[i].client_addr, Duration::from_millis(200))
-                    .is_ok()
-                {
+                if replica_operational(cluster.replicas[i].client_addr) {
                     break;
                 }
                 if Instant::now() > deadline {
@@ -347,4 +345,31 @@ fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
+/// Whether the replica answers INFO and says it serves (peer links up and, with the
+/// membership service, a lease granted): only then is the cluster announced as up.
+fn replica_operational(addr: std::net::SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"INFO replication\r\n").is_err() {
+        return false;
+    }
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while let Ok(read) = stream.read(&mut chunk) {
+        if read == 0 {
+            break;
+        }
+        reply.extend_from_slice(&chunk[..read]);
+        let text = String::from_utf8_lossy(&reply);
+        if text.contains("chorus_operational:1") {
+            return true;
+        }
+        if text.contains("chorus_operational:0") {
+            return false;
+        }
+    }
+    false
 }

@@ -3,132 +3,18 @@
 //! hangs. Child processes are killed when a test ends, passes or panics.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chorus_sim::checker::{check_history, CheckerConfig};
+use support::loopback::{Cluster, DEADLINE};
 use support::workload::{self, Workload};
 
 mod support;
-
-const DEADLINE: Duration = Duration::from_secs(60);
-
-struct Node {
-    client: SocketAddr,
-    peer: SocketAddr,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-struct Cluster {
-    nodes: Vec<Node>,
-    dir: PathBuf,
-}
-
-/// Distinct free loopback ports: hold every listener until all are chosen.
-fn free_addrs(count: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|listener| listener.local_addr().unwrap()).collect()
-}
-
-impl Cluster {
-    fn start(replicas: usize, extra_args: &[&str]) -> Cluster {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "chorus-test-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let addrs = free_addrs(2 * replicas);
-        let mut cluster = Cluster { nodes: Vec::new(), dir: dir.clone() };
-        for i in 0..replicas {
-            let (client, peer) = (addrs[2 * i], addrs[2 * i + 1]);
-            let log = dir.join(format!("node-{i}.log"));
-            let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
-            command
-                .arg("node")
-                .args(["--node-id", &i.to_string()])
-                .args(["--client-addr", &client.to_string()])
-                .args(["--cluster-token", "test-token"])
-                .args(["--data-dir", dir.join(format!("node-{i}")).to_str().unwrap()])
-                .args(["--log-level", "info"])
-                .args(extra_args);
-            for j in 0..replicas {
-                command.args(["--peer", &format!("{j}={}", addrs[2 * j + 1])]);
-            }
-            command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
-            let child = command.spawn().expect("start chorus node");
-            cluster.nodes.push(Node { client, peer, log, child: Some(child) });
-        }
-        for i in 0..replicas {
-            cluster.wait_ready(i, replicas - 1);
-        }
-        cluster
-    }
-
-    /// Wait until node `i` answers and has all its peer links up.
-    fn wait_ready(&mut self, i: usize, peers: usize) {
-        let started = Instant::now();
-        let wanted = format!("chorus_peers_connected:{peers}");
-        loop {
-            if let Some(status) = self.nodes[i].child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("node {i} exited ({status}):\n{}", self.log(i));
-            }
-            if let Ok(mut con) = self.try_client(i) {
-                let info: redis::RedisResult<String> = redis::cmd("INFO").arg("replication").query(&mut con);
-                if info.is_ok_and(|info| info.contains(&wanted)) {
-                    return;
-                }
-            }
-            assert!(started.elapsed() < DEADLINE, "node {i} not ready:\n{}", self.log(i));
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn log(&self, i: usize) -> String {
-        std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default()
-    }
-
-    fn try_client(&self, i: usize) -> redis::RedisResult<redis::Connection> {
-        let client = redis::Client::open(format!("redis://{}/", self.nodes[i].client))?;
-        let con = client.get_connection_with_timeout(Duration::from_secs(5))?;
-        con.set_read_timeout(Some(Duration::from_secs(10)))?;
-        con.set_write_timeout(Some(Duration::from_secs(10)))?;
-        Ok(con)
-    }
-
-    fn client(&self, i: usize) -> redis::Connection {
-        self.try_client(i).unwrap_or_else(|error| panic!("connect to node {i}: {error}"))
-    }
-
-    fn sigkill(&mut self, i: usize) {
-        let mut child = self.nodes[i].child.take().unwrap();
-        child.kill().unwrap(); // SIGKILL on Unix
-        child.wait().unwrap();
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-        if thread::panicking() {
-            eprintln!("node logs kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
 
 // ------------------------------------------------------------------------ linearizability
 

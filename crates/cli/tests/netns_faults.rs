@@ -76,7 +76,7 @@ fn wait_ready(lab: &Lab, replicas: usize) {
             let ready = redis::Client::open(url)
                 .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
                 .and_then(|mut con| redis::cmd("INFO").arg("replication").query::<String>(&mut con))
-                .is_ok_and(|info| info.contains(&wanted));
+                .is_ok_and(|info| info.contains(&wanted) && info.contains("chorus_operational:1"));
             if ready {
                 break;
             }

@@ -56,8 +56,10 @@ where
     fn current_view(&self) -> View {
         self.protocol().current_view()
     }
+    /// Serving needs a lease too: right after start there is none until the first
+    /// heartbeats are acknowledged, and INFO's `chorus_operational` says so.
     fn operational(&self) -> bool {
-        self.protocol().operational()
+        self.protocol().operational() && self.membership().lease_until().is_some()
     }
     fn keys_with_values(&self) -> usize {
         self.protocol().keys_with_values()

@@ -2,5 +2,6 @@
 
 #![allow(dead_code)] // Each test file uses a different part.
 
+pub mod loopback;
 pub mod netns;
 pub mod workload;
