@@ -239,3 +239,45 @@ impl SweepSummary {
         }
     }
 }
+
+/// One failing seed, ready to print: options, violations, the first liveness failures.
+pub fn describe_failure(verdict: &SeedVerdict) -> String {
+    let mut text = format!("seed {} ({})", verdict.seed, verdict.protocol_options);
+    for violation in &verdict.violations {
+        text.push_str(&format!("\n{violation}"));
+    }
+    for failure in verdict.liveness_failures.iter().take(3) {
+        text.push_str(&format!("\nliveness: {failure}"));
+    }
+    text
+}
+
+/// The tests' swarm check: seeds `0..seeds` at `replicas` must all pass, and the sweep must
+/// really have injected every kind of fault (else "no violation" would mean nothing).
+/// Panics with the first failure and the command that replays it.
+pub fn assert_swarm_passes(setup: &ProtocolSetup, replicas: usize, seeds: u64) -> SweepSummary {
+    let seed_list: Vec<u64> = (0..seeds).collect();
+    let failures = Mutex::new(Vec::new());
+    let summary = sweep(setup, replicas, &seed_list, 2, &|verdict| {
+        if !verdict.passed() {
+            failures.lock().expect("failures lock").push(describe_failure(verdict));
+        }
+        true
+    });
+    let failures = failures.into_inner().expect("failures lock");
+    assert!(
+        failures.is_empty(),
+        "{} of {seeds} seeds failed at {replicas} replicas; first:\n{}\nreplay: chorus sim --protocol {} --replicas {replicas} --seed <seed> --seeds 1 --trace",
+        failures.len(),
+        failures[0],
+        setup.name()
+    );
+    assert_eq!(summary.seeds as u64, seeds);
+    assert!(summary.faults.crashes > seeds / 10, "too few crashes: {:?}", summary.faults);
+    assert!(summary.faults.partitions > seeds / 10, "too few partitions: {:?}", summary.faults);
+    assert!(summary.faults.messages_lost > seeds, "too few losses: {:?}", summary.faults);
+    assert!(summary.faults.messages_duplicated > seeds, "too few duplicates: {:?}", summary.faults);
+    assert!(summary.ops_checked as u64 > seeds * 50, "too few operations: {}", summary.ops_checked);
+    assert_eq!(summary.inconclusive_keys, 0, "the checker gave up on some keys");
+    summary
+}

@@ -1,48 +1,14 @@
 //! Hermes under the swarm: thousands of seeds with faults, every history checked for
 //! linearizability, every operation required to complete once the network heals.
 
-use chorus_sim::runner::{check_seed, sweep, ProtocolSetup, SeedVerdict};
+use chorus_sim::runner::{assert_swarm_passes, check_seed, describe_failure, sweep, ProtocolSetup};
 use chorus_sim::simulator::SimConfig;
 
 /// Seeds per replica count. Each seed is a distinct fault mix and Hermes option set.
 const SEEDS: u64 = 2_000;
 
-fn describe(verdict: &SeedVerdict) -> String {
-    let mut text = format!("seed {} ({})", verdict.seed, verdict.protocol_options);
-    for violation in &verdict.violations {
-        text.push_str(&format!("\n{violation}"));
-    }
-    for failure in verdict.liveness_failures.iter().take(3) {
-        text.push_str(&format!("\nliveness: {failure}"));
-    }
-    text
-}
-
 fn swarm(replicas: usize) {
-    let seeds: Vec<u64> = (0..SEEDS).collect();
-    let failures = std::sync::Mutex::new(Vec::new());
-    let summary = sweep(&ProtocolSetup::hermes(), replicas, &seeds, 2, &|verdict| {
-        if !verdict.passed() {
-            failures.lock().unwrap().push(describe(verdict));
-        }
-        true
-    });
-    let failures = failures.into_inner().unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} of {} seeds failed at {replicas} replicas; first:\n{}\nreplay: chorus sim --replicas {replicas} --seed <seed> --seeds 1 --trace",
-        failures.len(),
-        SEEDS,
-        failures[0]
-    );
-    assert_eq!(summary.seeds as u64, SEEDS);
-    // The sweep must actually exercise faults, or "no violation" means nothing.
-    assert!(summary.faults.crashes > SEEDS / 10, "too few crashes: {:?}", summary.faults);
-    assert!(summary.faults.partitions > SEEDS / 10, "too few partitions: {:?}", summary.faults);
-    assert!(summary.faults.messages_lost > SEEDS, "too few losses: {:?}", summary.faults);
-    assert!(summary.faults.messages_duplicated > SEEDS, "too few duplicates: {:?}", summary.faults);
-    assert!(summary.ops_checked as u64 > SEEDS * 50, "too few operations: {}", summary.ops_checked);
-    assert_eq!(summary.inconclusive_keys, 0, "the checker gave up on some keys");
+    assert_swarm_passes(&ProtocolSetup::hermes(), replicas, SEEDS);
 }
 
 #[test]
@@ -79,7 +45,7 @@ fn without_faults_every_operation_completes_with_a_known_outcome() {
         let mut config = SimConfig::new(seed, 3);
         config.faults = false;
         let verdict = check_seed(&ProtocolSetup::hermes(), &config);
-        assert!(verdict.passed(), "{}", describe(&verdict));
+        assert!(verdict.passed(), "{}", describe_failure(&verdict));
         assert_eq!(verdict.faults.total(), 0);
         let unknown = verdict.run.history.operations.iter().filter(|op| op.completion.is_none()).count();
         assert_eq!(unknown, 0, "seed {seed}: no fault, yet {unknown} outcomes unknown");
