@@ -24,7 +24,8 @@ CHORUS="${CARGO_TARGET_DIR:-$ROOT/target}/release/chorus"
 UP_PID=$!
 trap 'kill -TERM $UP_PID 2>/dev/null; wait $UP_PID 2>/dev/null || true' EXIT
 for i in 0 1 2; do
-    until redis-cli -p $((PORT + i)) ping >/dev/null 2>&1; do sleep 0.1; done
+    # Serving needs peer links and a membership lease, which INFO reports.
+    until redis-cli -p $((PORT + i)) info replication 2>/dev/null | grep -q chorus_operational:1; do sleep 0.1; done
 done
 
 echo "== redis-cli"
