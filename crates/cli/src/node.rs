@@ -22,10 +22,10 @@ pub struct NodeArgs {
     /// Membership heartbeat period in milliseconds (default 50).
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
-    /// Heartbeat periods of silence before a node is suspected (default 4).
+    /// Heartbeat periods of silence before a node is suspected (default 6).
     #[arg(long)]
     pub missed_heartbeats: Option<u32>,
-    /// Membership lease in milliseconds (default 300).
+    /// Membership lease in milliseconds (default 600).
     #[arg(long)]
     pub lease_ms: Option<u64>,
     /// Where RESP clients connect (default 127.0.0.1:7379).

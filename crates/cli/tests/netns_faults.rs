@@ -231,7 +231,7 @@ fn after_a_sigkill_the_survivors_move_on_and_stay_linearizable() {
     let history = clients.join().unwrap();
     let report = check_history(&history, &CheckerConfig::default());
     eprintln!(
-        "writes resumed {resumed_after:?} after the SIGKILL (default detection 4 x 50 ms, lease 300 ms); {} operations",
+        "writes resumed {resumed_after:?} after the SIGKILL (default detection 6 x 50 ms, lease 600 ms); {} operations",
         history.operations.len()
     );
     assert!(report.is_linearizable(), "violations: {:#?}", report.violations);

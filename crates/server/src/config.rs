@@ -6,8 +6,8 @@
 //! protocol = "hermes"                # or "craq", "zab", "zab-local" (zab with local reads), "raftlog"
 //! membership = true                  # views through Raft + leases (default; not for raftlog)
 //! heartbeat_ms = 50                  # membership: heartbeat period
-//! missed_heartbeats = 4              # membership: silent periods before a node is suspected
-//! lease_ms = 300                     # membership: how long an acknowledged heartbeat lets a node serve
+//! missed_heartbeats = 6              # membership: silent periods before a node is suspected
+//! lease_ms = 600                     # membership: how long an acknowledged heartbeat lets a node serve
 //! zab_reads = "sync"                 # zab only: "sync" (linearizable, default) or "local"
 //! client_addr = "127.0.0.1:7379"     # RESP clients
 //! peer_addr = "127.0.0.1:8379"       # peer links (default: this node's entry in [peers])
@@ -289,8 +289,8 @@ impl RawConfig {
         }
         let timing = MembershipTiming {
             heartbeat_ms: self.heartbeat_ms.unwrap_or(50),
-            missed_heartbeats: self.missed_heartbeats.unwrap_or(4),
-            lease_ms: self.lease_ms.unwrap_or(300),
+            missed_heartbeats: self.missed_heartbeats.unwrap_or(6),
+            lease_ms: self.lease_ms.unwrap_or(600),
         };
         if timing.heartbeat_ms == 0 {
             return Err(field_error("heartbeat_ms", "must be positive"));
