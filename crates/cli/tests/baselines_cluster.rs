@@ -4,46 +4,20 @@
 //! does the same for Hermes). No timing assertions: every wait has a generous deadline that
 //! only guards against hangs. Child processes are killed when a test ends, passes or panics.
 
-use std::time::Duration;
-
-use chorus_sim::checker::{check_history, CheckerConfig};
-use support::loopback::Cluster;
-use support::workload::{self, Workload};
+use support::loopback::{assert_concurrent_clients_linearizable, Cluster};
 
 mod support;
 
-fn concurrent_clients_see_a_linearizable_history(protocol: &str) {
-    let cluster = Cluster::start(3, &["--protocol", protocol]);
-    let history = workload::run(Workload {
-        targets: cluster.nodes.iter().map(|node| node.client.to_string()).collect(),
-        clients: 6,
-        ops_per_client: 300,
-        reply_timeout: Duration::from_secs(10),
-        think: Duration::ZERO,
-    });
-    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
-    let report = check_history(&history, &CheckerConfig::default());
-    eprintln!(
-        "{protocol}: {} operations ({completed} completed), {} keys checked, inconclusive: {:?}",
-        history.operations.len(),
-        report.keys_checked,
-        report.inconclusive_keys
-    );
-    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
-    assert_eq!(report.keys_checked, 4);
-    assert!(completed > 0);
-}
-
 #[test]
 fn craq_clients_on_three_nodes_see_a_linearizable_history() {
-    concurrent_clients_see_a_linearizable_history("craq");
+    assert_concurrent_clients_linearizable("craq");
 }
 
 #[test]
 fn zab_clients_on_three_nodes_see_a_linearizable_history() {
     // `zab` serves reads after a sync with the leader: linearizable. (`zab-local` is not, by
     // design, and is left out of this check.)
-    concurrent_clients_see_a_linearizable_history("zab");
+    assert_concurrent_clients_linearizable("zab");
 }
 
 #[test]

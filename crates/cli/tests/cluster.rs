@@ -8,11 +8,8 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
 
-use chorus_sim::checker::{check_history, CheckerConfig};
-use support::loopback::{Cluster, DEADLINE};
-use support::workload::{self, Workload};
+use support::loopback::{assert_concurrent_clients_linearizable, Cluster, DEADLINE};
 
 mod support;
 
@@ -20,25 +17,7 @@ mod support;
 
 #[test]
 fn concurrent_clients_on_three_nodes_see_a_linearizable_history() {
-    let cluster = Cluster::start(3, &[]);
-    let history = workload::run(Workload {
-        targets: cluster.nodes.iter().map(|node| node.client.to_string()).collect(),
-        clients: 6,
-        ops_per_client: 300,
-        reply_timeout: Duration::from_secs(10),
-        think: Duration::ZERO,
-    });
-    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
-    let report = check_history(&history, &CheckerConfig::default());
-    eprintln!(
-        "{} operations ({completed} completed), {} keys checked, inconclusive: {:?}",
-        history.operations.len(),
-        report.keys_checked,
-        report.inconclusive_keys
-    );
-    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
-    assert_eq!(report.keys_checked, 4);
-    assert!(completed > 0);
+    assert_concurrent_clients_linearizable("hermes");
 }
 
 // -------------------------------------------------------------------------------- SIGKILL

@@ -124,3 +124,31 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Six clients on a fresh 3-node cluster of `protocol` (reads, writes, CAS, INCR on four hot
+/// keys), then the history must be linearizable.
+pub fn assert_concurrent_clients_linearizable(protocol: &str) {
+    use chorus_sim::checker::{check_history, CheckerConfig};
+
+    use super::workload::{self, Workload};
+
+    let cluster = Cluster::start(3, &["--protocol", protocol]);
+    let history = workload::run(Workload {
+        targets: cluster.nodes.iter().map(|node| node.client.to_string()).collect(),
+        clients: 6,
+        ops_per_client: 300,
+        reply_timeout: Duration::from_secs(10),
+        think: Duration::ZERO,
+    });
+    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
+    let report = check_history(&history, &CheckerConfig::default());
+    eprintln!(
+        "{protocol}: {} operations ({completed} completed), {} keys checked, inconclusive: {:?}",
+        history.operations.len(),
+        report.keys_checked,
+        report.inconclusive_keys
+    );
+    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
+    assert_eq!(report.keys_checked, 4);
+    assert!(completed > 0);
+}
