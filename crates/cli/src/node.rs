@@ -55,6 +55,9 @@ pub struct NodeArgs {
     /// Largest key or value accepted from clients, in bytes (default 64 MiB).
     #[arg(long)]
     pub value_bytes_max: Option<usize>,
+    /// Threads running the node (default 1: every task on one thread, lowest latency).
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -93,11 +96,17 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         requirepass: args.requirepass,
         metrics_addr: args.metrics_addr,
         value_bytes_max: args.value_bytes_max,
+        worker_threads: args.worker_threads,
         ..RawConfig::default()
     };
     let config = file.merge(overrides).validate()?;
     init_tracing(&args.log_level)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = match config.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        threads => {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()?
+        }
+    };
     runtime.block_on(chorus_server::run_node(config, shutdown_signal()))?;
     Ok(0)
 }
