@@ -51,3 +51,36 @@ fn every_baseline_serves_the_same_commands_across_replicas() {
         }
     }
 }
+
+/// DBSIZE and FLUSHALL see the keys the node's core holds, wherever they were
+/// written. Followers may apply a little after the writer's acknowledgement (ZAB commits on
+/// a majority), so each check polls until a generous deadline.
+#[test]
+fn keys_written_anywhere_are_listed_and_flushed_everywhere() {
+    for protocol in ["hermes", "craq", "zab"] {
+        let cluster = Cluster::start(3, &["--protocol", protocol]);
+        let mut writers = [cluster.client(0), cluster.client(1)];
+        for i in 0..10 {
+            let _: () = redis::cmd("SET").arg(format!("k{i}")).arg(i).query(&mut writers[i % 2]).unwrap();
+        }
+        let mut third = cluster.client(2);
+        poll_until(protocol, "a replica that wrote nothing counts every key", || {
+            redis::cmd("DBSIZE").query::<i64>(&mut third).unwrap() == 10
+        });
+        let _: () = redis::cmd("FLUSHALL").query(&mut writers[1]).unwrap();
+        for i in 0..3 {
+            let mut con = cluster.client(i);
+            poll_until(protocol, "FLUSHALL empties every replica", || {
+                redis::cmd("DBSIZE").query::<i64>(&mut con).unwrap() == 0
+            });
+        }
+    }
+}
+
+fn poll_until(protocol: &str, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + support::loopback::DEADLINE;
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "{protocol}: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -16,11 +16,11 @@ use chorus_core::{
 };
 use chorus_craq::Craq;
 use chorus_hermes::Hermes;
-use chorus_membership::{PersistRecord, Wire, WithMembership};
+use chorus_membership::{PersistRecord, WithMembership};
 use chorus_net::Transport;
 use chorus_raftlog::RaftLog;
 use chorus_zab::Zab;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// What the server needs from a protocol core beyond [`Replica`].
@@ -32,12 +32,10 @@ where
     fn current_view(&self) -> View;
     fn operational(&self) -> bool;
     fn keys_with_values(&self) -> usize;
-    fn holds_value(&self, key: &[u8]) -> bool;
+    /// Every key holding a value at this replica (FLUSHALL enumerates them).
+    fn keys(&self) -> Vec<Key>;
     /// Protocol counters for INFO and metrics, as (name, value).
     fn counters(&self) -> Vec<(&'static str, u64)>;
-    /// The key a peer message updates, if any: lets the node know every key that exists
-    /// anywhere (FLUSHALL needs to enumerate them).
-    fn updated_key(message: &Self::Message) -> Option<&Key>;
     /// State that must be durable before this turn's messages leave (the membership
     /// service's Raft log and vote). Most cores have none.
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
@@ -64,8 +62,8 @@ where
     fn keys_with_values(&self) -> usize {
         self.protocol().keys_with_values()
     }
-    fn holds_value(&self, key: &[u8]) -> bool {
-        self.protocol().holds_value(key)
+    fn keys(&self) -> Vec<Key> {
+        self.protocol().keys()
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut counters = self.protocol().counters();
@@ -73,12 +71,6 @@ where
         counters.push(("membership_epoch", membership.view().epoch.0));
         counters.push(("membership_raft_leader", membership.is_raft_leader() as u64));
         counters
-    }
-    fn updated_key(message: &Wire<P::Message>) -> Option<&Key> {
-        match message {
-            Wire::Protocol(message) => P::updated_key(message),
-            Wire::Membership(_) => None,
-        }
     }
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.take_persist_records()
@@ -98,8 +90,8 @@ impl ServedReplica for RaftLog {
     fn keys_with_values(&self) -> usize {
         self.key_count()
     }
-    fn holds_value(&self, key: &[u8]) -> bool {
-        self.applied_value(key).is_some()
+    fn keys(&self) -> Vec<Key> {
+        RaftLog::keys(self).cloned().collect()
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
@@ -113,9 +105,6 @@ impl ServedReplica for RaftLog {
             ("read_rounds", s.read_rounds),
             ("reads_served", s.reads_served),
         ]
-    }
-    fn updated_key(_message: &chorus_raftlog::Message) -> Option<&Key> {
-        None // Every replica applies every log: FLUSHALL enumerates applied keys instead.
     }
 }
 
@@ -132,8 +121,8 @@ impl ServedReplica for Hermes {
     fn keys_with_values(&self) -> usize {
         self.key_count()
     }
-    fn holds_value(&self, key: &[u8]) -> bool {
-        self.key_state(key).is_some_and(|(_, _, value)| value.is_some())
+    fn keys(&self) -> Vec<Key> {
+        Hermes::keys(self).cloned().collect()
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
@@ -148,12 +137,6 @@ impl ServedReplica for Hermes {
             ("messages_dropped_epoch", s.messages_dropped_epoch),
             ("views_installed", s.views_installed),
         ]
-    }
-    fn updated_key(message: &chorus_hermes::Message) -> Option<&Key> {
-        match message {
-            chorus_hermes::Message::Inv { key, .. } => Some(key),
-            _ => None,
-        }
     }
 }
 
@@ -170,8 +153,8 @@ impl ServedReplica for Craq {
     fn keys_with_values(&self) -> usize {
         self.key_count()
     }
-    fn holds_value(&self, key: &[u8]) -> bool {
-        self.latest_value(key).is_some()
+    fn keys(&self) -> Vec<Key> {
+        Craq::keys(self).cloned().collect()
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
@@ -185,14 +168,6 @@ impl ServedReplica for Craq {
             ("messages_dropped_epoch", s.messages_dropped_epoch),
             ("views_installed", s.views_installed),
         ]
-    }
-    fn updated_key(message: &chorus_craq::Message) -> Option<&Key> {
-        // Versions travel down the chain; the head learns keys from the forwards it orders.
-        match message {
-            chorus_craq::Message::Write { key, .. } => Some(key),
-            chorus_craq::Message::Forward { command, .. } => Some(command.key()),
-            _ => None,
-        }
     }
 }
 
@@ -212,8 +187,8 @@ impl ServedReplica for Zab {
     fn keys_with_values(&self) -> usize {
         self.key_count()
     }
-    fn holds_value(&self, key: &[u8]) -> bool {
-        self.value(key).is_some()
+    fn keys(&self) -> Vec<Key> {
+        Zab::keys(self).cloned().collect()
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
@@ -227,16 +202,6 @@ impl ServedReplica for Zab {
             ("messages_dropped_epoch", s.messages_dropped_epoch),
             ("views_installed", s.views_installed),
         ]
-    }
-    fn updated_key(message: &chorus_zab::Message) -> Option<&Key> {
-        // Followers learn keys from proposals (one entry each on the common path; a catch-up
-        // batch after message loss names only its first), the leader from the forwards it
-        // orders.
-        match message {
-            chorus_zab::Message::Propose { entries, .. } => entries.first().map(|entry| &entry.key),
-            chorus_zab::Message::Forward { command, .. } => Some(command.key()),
-            _ => None,
-        }
     }
 }
 
@@ -335,7 +300,6 @@ where
     outbox: Outbox<R::Message>,
     pending: FxHashMap<ClientRequestId, oneshot::Sender<Outcome>>,
     next_request: u64,
-    known_keys: FxHashSet<Key>,
     origin: Instant,
     last_tick: Time,
     /// Append-only file for [`ServedReplica::take_durable_records`], fsynced every turn that
@@ -361,7 +325,6 @@ pub async fn run<R>(
         outbox: Outbox::default(),
         pending: FxHashMap::default(),
         next_request: 0,
-        known_keys: FxHashSet::default(),
         origin: Instant::now(),
         last_tick: Time::ZERO,
         durable_log,
@@ -410,9 +373,6 @@ where
             EngineRequest::Command { command, reply } => {
                 let id = ClientRequestId(self.next_request);
                 self.next_request += 1;
-                if command.is_update() && !self.known_keys.contains(command.key()) {
-                    self.known_keys.insert(command.key().clone());
-                }
                 self.pending.insert(id, reply);
                 let now = self.now();
                 self.replica.on_client(now, id, command, &mut self.outbox);
@@ -431,9 +391,7 @@ where
                 });
             }
             EngineRequest::Keys { reply } => {
-                let replica = &self.replica;
-                self.known_keys.retain(|key| replica.holds_value(key));
-                let _ = reply.send(self.known_keys.iter().cloned().collect());
+                let _ = reply.send(self.replica.keys());
             }
         }
     }
@@ -441,11 +399,6 @@ where
     fn on_messages(&mut self, from: NodeId, messages: Vec<R::Message>) {
         let now = self.now();
         for message in messages {
-            if let Some(key) = R::updated_key(&message) {
-                if !self.known_keys.contains(key) {
-                    self.known_keys.insert(key.clone());
-                }
-            }
             self.replica.on_message(now, from, message, &mut self.outbox);
         }
         self.complete_replies();

@@ -111,6 +111,11 @@ impl Craq {
         self.keys.get(key).and_then(KeyEntry::latest_value)
     }
 
+    /// Every key whose latest version (clean or dirty) holds a value, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.keys.iter().filter(|(_, entry)| entry.latest_value().is_some()).map(|(key, _)| key)
+    }
+
     /// Number of keys whose latest version holds a value.
     pub fn key_count(&self) -> usize {
         self.keys.values().filter(|entry| entry.latest_value().is_some()).count()

@@ -99,6 +99,12 @@ impl Hermes {
         self.keys.get(key).map(|entry| (entry.state, entry.ts, entry.value.as_ref()))
     }
 
+    /// Every key holding a value here, in no particular order. Every replica sees every
+    /// key's INV, so this is every key written anywhere up to what this replica has seen.
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.keys.iter().filter(|(_, entry)| entry.value.is_some()).map(|(key, _)| key)
+    }
+
     /// Number of keys holding a value (deleted keys keep their timestamp but do not count).
     pub fn key_count(&self) -> usize {
         self.keys.values().filter(|entry| entry.value.is_some()).count()

@@ -245,6 +245,11 @@ impl Zab {
         self.store.get(key)
     }
 
+    /// Every key of the applied store, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.store.keys()
+    }
+
     pub fn key_count(&self) -> usize {
         self.store.len()
     }
