@@ -210,6 +210,16 @@ impl Reader {
     pub fn timestamp(&mut self) -> Result<Timestamp, DecodeError> {
         Ok(Timestamp { version: self.u64()?, cid: self.u32()? })
     }
+    /// A u32 count, then that many items. Every item takes at least 4 bytes, so a count the
+    /// payload cannot hold is refused before anything is allocated for it.
+    pub fn list<T>(
+        &mut self,
+        mut item: impl FnMut(&mut Reader) -> Result<T, DecodeError>,
+    ) -> Result<Vec<T>, DecodeError> {
+        let count = self.u32()? as usize;
+        self.need(count.saturating_mul(4))?;
+        (0..count).map(|_| item(self)).collect()
+    }
     /// Fails if anything is left: a message must account for every byte.
     pub fn finish(self) -> Result<(), DecodeError> {
         if self.bytes.is_empty() {
@@ -278,6 +288,22 @@ impl WireMessage for RmwOp {
                 buf.put_u8(4);
                 buf.put_optional_bytes(value.as_ref());
             }
+            RmwOp::HashSet { pairs, encoded_bytes_max } => {
+                buf.put_u8(5);
+                buf.put_u32_le(*encoded_bytes_max);
+                buf.put_u32_le(pairs.len() as u32);
+                for (field, value) in pairs {
+                    buf.put_bytes_prefixed(field);
+                    buf.put_bytes_prefixed(value);
+                }
+            }
+            RmwOp::HashDelete(fields) => {
+                buf.put_u8(6);
+                buf.put_u32_le(fields.len() as u32);
+                for field in fields {
+                    buf.put_bytes_prefixed(field);
+                }
+            }
         }
     }
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
@@ -287,6 +313,12 @@ impl WireMessage for RmwOp {
             2 => RmwOp::SetIfAbsent(reader.bytes()?),
             3 => RmwOp::SetIfPresent(reader.bytes()?),
             4 => RmwOp::Swap(reader.optional_bytes()?),
+            5 => {
+                let encoded_bytes_max = reader.u32()?;
+                let pairs = reader.list(|reader| Ok((reader.bytes()?, reader.bytes()?)))?;
+                RmwOp::HashSet { pairs, encoded_bytes_max }
+            }
+            6 => RmwOp::HashDelete(reader.list(Reader::bytes)?),
             tag => return Err(DecodeError::UnknownTag { what: "rmw op", tag }),
         })
     }
@@ -349,6 +381,9 @@ impl WireMessage for Outcome {
                     CommandError::Overflow => 1,
                     CommandError::Unavailable(_) => 2,
                     CommandError::OutcomeUnknown => 3,
+                    CommandError::WrongType => 4,
+                    CommandError::HashCorrupt => 5,
+                    CommandError::ValueTooLarge => 6,
                 });
             }
         }
@@ -365,6 +400,9 @@ impl WireMessage for Outcome {
                 1 => CommandError::Overflow,
                 2 => CommandError::Unavailable("remote replica is not serving"),
                 3 => CommandError::OutcomeUnknown,
+                4 => CommandError::WrongType,
+                5 => CommandError::HashCorrupt,
+                6 => CommandError::ValueTooLarge,
                 tag => return Err(DecodeError::UnknownTag { what: "command error", tag }),
             }),
             tag => return Err(DecodeError::UnknownTag { what: "outcome", tag }),
@@ -389,6 +427,9 @@ mod tests {
             arb_bytes().prop_map(RmwOp::SetIfAbsent),
             arb_bytes().prop_map(RmwOp::SetIfPresent),
             proptest::option::of(arb_bytes()).prop_map(RmwOp::Swap),
+            (proptest::collection::vec((arb_bytes(), arb_bytes()), 0..4), any::<u32>())
+                .prop_map(|(pairs, encoded_bytes_max)| RmwOp::HashSet { pairs, encoded_bytes_max }),
+            proptest::collection::vec(arb_bytes(), 0..4).prop_map(RmwOp::HashDelete),
         ]
     }
 

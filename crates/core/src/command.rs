@@ -4,6 +4,7 @@
 //! touches exactly one key. The meaning of each read-modify-write is defined once, in
 //! [`RmwOp::apply`], and used by every protocol and by the linearizability checker's model.
 
+use crate::hash;
 use bytes::Bytes;
 
 pub type Key = Bytes;
@@ -46,6 +47,12 @@ pub enum RmwOp {
     SetIfPresent(Value),
     /// Set (or delete, with `None`) and return the previous value. `GETSET`, `SET .. GET`.
     Swap(Option<Value>),
+    /// Set fields of the hash stored at the key (see [`crate::hash`]); later pairs win. The
+    /// outcome is how many fields are new. `HSET`, `HMSET`. Refused, changing nothing, when
+    /// the encoded hash would exceed `encoded_bytes_max`.
+    HashSet { pairs: Vec<(Value, Value)>, encoded_bytes_max: u32 },
+    /// Remove fields of the hash stored at the key; the outcome is how many existed. `HDEL`.
+    HashDelete(Vec<Value>),
 }
 
 /// The result of a command as the client sees it.
@@ -80,13 +87,29 @@ pub enum CommandError {
     /// complete it. The client must treat it as possibly applied.
     #[error("outcome unknown: the replica left the view while the update was in flight")]
     OutcomeUnknown,
+    /// A hash operation on a key holding a string. Deterministic, like a read.
+    #[error("WRONGTYPE Operation against a key holding the wrong kind of value")]
+    WrongType,
+    /// The stored hash does not decode. Deterministic, like a read.
+    #[error("stored hash is corrupt")]
+    HashCorrupt,
+    /// The update would make the value larger than its limit. Deterministic, like a read.
+    #[error("the value would exceed the size limit")]
+    ValueTooLarge,
 }
 
 impl CommandError {
     /// Whether the error is the command's linearizable result (the state was read and the
     /// command decided not to write), as opposed to a refusal before execution.
     pub fn is_deterministic_result(&self) -> bool {
-        matches!(self, CommandError::NotInteger | CommandError::Overflow)
+        matches!(
+            self,
+            CommandError::NotInteger
+                | CommandError::Overflow
+                | CommandError::WrongType
+                | CommandError::HashCorrupt
+                | CommandError::ValueTooLarge
+        )
     }
 }
 
@@ -131,8 +154,38 @@ impl RmwOp {
             RmwOp::Swap(value) => {
                 RmwEffect { write: Some(value.clone()), outcome: Outcome::Value(current.cloned()) }
             }
+            RmwOp::HashSet { pairs, encoded_bytes_max } => {
+                update_hash(current, *encoded_bytes_max as usize, |fields| hash::set(fields, pairs))
+            }
+            RmwOp::HashDelete(names) => {
+                update_hash(current, usize::MAX, |fields| hash::remove(fields, names))
+            }
         }
     }
+}
+
+/// Decode the hash at `current`, change it, and write it back if it changed. The outcome is
+/// the count `change` returns.
+fn update_hash(
+    current: Option<&Value>,
+    encoded_bytes_max: usize,
+    change: impl FnOnce(&mut hash::Fields) -> usize,
+) -> RmwEffect {
+    let refuse = |error| RmwEffect { write: None, outcome: Outcome::Error(error) };
+    let mut fields = match hash::decode(current) {
+        Ok(fields) => fields,
+        Err(hash::HashError::WrongType) => return refuse(CommandError::WrongType),
+        Err(hash::HashError::Corrupt) => return refuse(CommandError::HashCorrupt),
+    };
+    let count = change(&mut fields) as i64;
+    let new = hash::encode(&fields);
+    if new.as_ref() == current {
+        return RmwEffect { write: None, outcome: Outcome::Integer(count) };
+    }
+    if new.as_ref().is_some_and(|value| value.len() > encoded_bytes_max) {
+        return refuse(CommandError::ValueTooLarge);
+    }
+    RmwEffect { write: Some(new), outcome: Outcome::Integer(count) }
 }
 
 /// Redis integer semantics: absent is 0; otherwise the value must be a canonical decimal i64.
@@ -180,6 +233,31 @@ mod tests {
             RmwOp::IncrementBy(1).apply(Some(&b(&max))).outcome,
             Outcome::Error(CommandError::Overflow)
         );
+    }
+
+    #[test]
+    fn hash_updates_count_fields_and_refuse_strings_and_oversize() {
+        let set = |pairs: &[(&str, &str)], max: u32| RmwOp::HashSet {
+            pairs: pairs.iter().map(|(f, v)| (b(f), b(v))).collect(),
+            encoded_bytes_max: max,
+        };
+        let first = set(&[("a", "1"), ("b", "2")], 1024).apply(None);
+        assert_eq!(first.outcome, Outcome::Integer(2));
+        let stored = first.write.unwrap().unwrap();
+        let again = set(&[("a", "9"), ("c", "3")], 1024).apply(Some(&stored));
+        assert_eq!(again.outcome, Outcome::Integer(1), "a existed, c is new");
+        let unchanged = set(&[("a", "1")], 1024).apply(Some(&stored));
+        assert_eq!(unchanged.write, None, "an update that changes nothing behaves as a read");
+        assert_eq!(set(&[("a", "1")], 8).apply(None).outcome, Outcome::Error(CommandError::ValueTooLarge));
+        assert_eq!(set(&[("a", "1")], 1024).apply(Some(&b("text"))).write, None);
+        assert_eq!(
+            set(&[("a", "1")], 1024).apply(Some(&b("text"))).outcome,
+            Outcome::Error(CommandError::WrongType)
+        );
+        let delete = RmwOp::HashDelete(vec![b("a"), b("b"), b("zz")]).apply(Some(&stored));
+        assert_eq!(delete.outcome, Outcome::Integer(2));
+        assert_eq!(delete.write, Some(None), "the empty hash is the absent key");
+        assert_eq!(RmwOp::HashDelete(vec![b("a")]).apply(None).write, None);
     }
 
     #[test]

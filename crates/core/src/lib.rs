@@ -4,6 +4,7 @@
 //! * [`command`]: client commands (read, write, read-modify-writes) and their outcomes. The
 //!   semantics of every RMW live here, once, so that protocols, the store and the
 //!   linearizability checker cannot disagree about what `INCRBY` means.
+//! * [`hash`]: the encoding of a Redis hash in one value, for the hash RMWs.
 //! * [`replica`]: the sans-I/O interface every protocol core implements (`on_client`,
 //!   `on_message`, `on_tick`, `on_view`, outputs into an [`replica::Outbox`]).
 //! * [`codec`]: the peer wire format (versioned, length-prefixed, checksummed frames) and a
@@ -11,6 +12,7 @@
 
 pub mod codec;
 pub mod command;
+pub mod hash;
 pub mod ids;
 pub mod replica;
 pub mod time;

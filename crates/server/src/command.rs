@@ -7,8 +7,8 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 use chorus_core::{Command, CommandError, Outcome, RmwOp};
 
-use crate::hash;
 use crate::resp::Reply;
+use chorus_core::hash;
 
 /// What `COMMAND` reports about a command (Redis' command table format).
 pub struct CommandSpec {
@@ -469,6 +469,9 @@ pub fn error_reply(error: &CommandError) -> Reply {
         CommandError::OutcomeUnknown => Reply::err(
             "outcome unknown: the replica left the view while the update was in flight; it may have taken effect",
         ),
+        CommandError::WrongType => Reply::error(WRONGTYPE),
+        CommandError::HashCorrupt => Reply::err("stored hash is corrupt"),
+        CommandError::ValueTooLarge => Reply::err("the value would exceed the size limit"),
     }
 }
 

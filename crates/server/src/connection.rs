@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use chorus_core::{Command, Outcome, RmwOp};
+use chorus_core::{Command, CommandError, Outcome, RmwOp};
 use chorus_net::handshake::constant_time_eq;
 use chorus_net::NetStats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,9 +20,9 @@ use tracing::debug;
 
 use crate::command::{self, error_reply, glob_match, Request, COMMAND_TABLE};
 use crate::engine::EngineHandle;
-use crate::hash::{self, HashError};
 use crate::metrics::Metrics;
 use crate::resp::{parse_command, Limits, Reply};
+use chorus_core::hash::{self, HashError};
 
 /// What every connection shares.
 pub struct Shared {
@@ -47,8 +47,6 @@ pub struct Settings {
 
 /// Flush the output buffer once it holds this much, even mid-pipeline.
 const WRITE_BUFFER_BYTES_FLUSH: usize = 64 * 1024;
-/// Optimistic hash updates give up after this many lost races.
-const HASH_UPDATE_ATTEMPTS_MAX: usize = 64;
 
 pub struct Connection {
     shared: Arc<Shared>,
@@ -192,25 +190,16 @@ impl Connection {
             }
             Request::HSet { key, pairs, reply_ok } => {
                 let limit = self.shared.settings.limits.bulk_bytes_max;
-                let result = self
-                    .update_hash(
-                        key,
-                        |fields| {
-                            let added = hash::set(fields, &pairs);
-                            Ok(added as i64)
-                        },
-                        limit,
-                    )
-                    .await;
-                match result {
+                let encoded_bytes_max = u32::try_from(limit).unwrap_or(u32::MAX);
+                let op = RmwOp::HashSet { pairs, encoded_bytes_max };
+                match self.update_hash(key, op).await {
                     Ok(_) if reply_ok => Reply::ok(),
                     Ok(added) => Reply::Integer(added),
                     Err(reply) => reply,
                 }
             }
             Request::HDel { key, fields: names } => {
-                let limit = self.shared.settings.limits.bulk_bytes_max;
-                match self.update_hash(key, |fields| Ok(hash::remove(fields, &names) as i64), limit).await {
+                match self.update_hash(key, RmwOp::HashDelete(names)).await {
                     Ok(removed) => Reply::Integer(removed),
                     Err(reply) => reply,
                 }
@@ -351,38 +340,17 @@ impl Connection {
         }
     }
 
-    /// Read-modify-write of a hash with compare-and-swap, retried with the value the CAS
-    /// found. Returns what `change` returned for the attempt that took effect.
-    async fn update_hash(
-        &self,
-        key: Bytes,
-        change: impl Fn(&mut hash::Fields) -> Result<i64, Reply>,
-        value_bytes_max: usize,
-    ) -> Result<i64, Reply> {
-        let mut current = match self.engine().execute(Command::Read { key: key.clone() }).await {
-            Outcome::Value(value) => value,
-            Outcome::Error(error) => return Err(error_reply(&error)),
-            other => return Err(unexpected(other)),
-        };
-        for _ in 0..HASH_UPDATE_ATTEMPTS_MAX {
-            let mut fields = hash::decode(current.as_ref()).map_err(hash_error)?;
-            let result = change(&mut fields)?;
-            let new = hash::encode(&fields);
-            if new == current {
-                return Ok(result); // Nothing changes: linearized at the read.
+    /// A hash update is one read-modify-write the core runs atomically (see
+    /// [`chorus_core::hash`]); the outcome is the count of fields added or removed.
+    async fn update_hash(&self, key: Bytes, op: RmwOp) -> Result<i64, Reply> {
+        match self.engine().execute(Command::Rmw { key, op }).await {
+            Outcome::Integer(count) => Ok(count),
+            Outcome::Error(CommandError::ValueTooLarge) => {
+                Err(Reply::err("the hash would exceed the value size limit"))
             }
-            if new.as_ref().is_some_and(|value| value.len() > value_bytes_max) {
-                return Err(Reply::err("the hash would exceed the value size limit"));
-            }
-            let op = RmwOp::CompareAndSwap { expected: current.clone(), new };
-            match self.engine().execute(Command::Rmw { key: key.clone(), op }).await {
-                Outcome::Cas { swapped: true, .. } => return Ok(result),
-                Outcome::Cas { swapped: false, previous } => current = previous,
-                Outcome::Error(error) => return Err(error_reply(&error)),
-                other => return Err(unexpected(other)),
-            }
+            Outcome::Error(error) => Err(error_reply(&error)),
+            other => Err(unexpected(other)),
         }
-        Err(Reply::err("too much contention on this hash; try again"))
     }
 
     async fn info(&self, sections: &[String]) -> Reply {

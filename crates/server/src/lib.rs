@@ -13,7 +13,6 @@ pub mod command;
 pub mod config;
 pub mod connection;
 pub mod engine;
-pub mod hash;
 pub mod metrics;
 pub mod resp;
 

@@ -873,6 +873,21 @@ impl fmt::Display for RmwDisplay<'_> {
             RmwOp::SetIfAbsent(value) => write!(f, "SETNX({})", BytesDisplay(value)),
             RmwOp::SetIfPresent(value) => write!(f, "SETXX({})", BytesDisplay(value)),
             RmwOp::Swap(value) => write!(f, "GETSET({})", ValueDisplay(value.as_ref())),
+            RmwOp::HashSet { pairs, .. } => {
+                write!(f, "HSET(")?;
+                for (i, (field, value)) in pairs.iter().enumerate() {
+                    let separator = if i == 0 { "" } else { ", " };
+                    write!(f, "{separator}{}={}", BytesDisplay(field), BytesDisplay(value))?;
+                }
+                write!(f, ")")
+            }
+            RmwOp::HashDelete(fields) => {
+                write!(f, "HDEL(")?;
+                for (i, field) in fields.iter().enumerate() {
+                    write!(f, "{}{}", if i == 0 { "" } else { ", " }, BytesDisplay(field))?;
+                }
+                write!(f, ")")
+            }
         }
     }
 }

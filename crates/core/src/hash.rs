@@ -2,16 +2,17 @@
 //!
 //! A hash is stored as **one value** under its key: a reserved magic prefix, then the
 //! field/value pairs, each length-prefixed, sorted by field. Reads of a hash (HGET, HMGET,
-//! HGETALL) are one linearizable read of that value. Updates (HSET, HMSET, HDEL) read the value,
-//! compute the new encoding and install it with `CompareAndSwap(expected = what was read)`,
-//! retrying with the value the CAS found when another update got there first. Each update
-//! therefore takes effect atomically at its successful CAS: hashes are linearizable per key.
+//! HGETALL) are one linearizable read of that value. Updates (HSET, HMSET, HDEL) are the
+//! read-modify-writes [`RmwOp::HashSet`](crate::RmwOp::HashSet) and
+//! [`RmwOp::HashDelete`](crate::RmwOp::HashDelete): every protocol runs them like INCRBY, as
+//! one atomic update at the coordinator (Hermes §3.6 RMWs; a log entry elsewhere), so hashes
+//! are linearizable per key and a contended hash costs no client-side retries.
 //!
 //! Strings that start with the magic prefix would be indistinguishable from hashes, so the
 //! server refuses to store such strings (`-ERR value starts with a reserved prefix`).
 
+use crate::codec::{Reader, WriteExt};
 use bytes::{BufMut, Bytes, BytesMut};
-use chorus_core::codec::{Reader, WriteExt};
 
 /// Begins every encoded hash. Starts with bytes no text or integer value starts with.
 pub const MAGIC: &[u8] = b"\x00\xffchorus-hash\x01";
