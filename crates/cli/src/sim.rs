@@ -89,6 +89,12 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
             String::new()
         }
     );
+    for (seed, message) in &summary.panicked_seeds {
+        println!(
+            "seed {seed} PANICKED: {message}\n  replay: {}",
+            replay_command(&setup, args.replicas, *seed)
+        );
+    }
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     }

@@ -189,10 +189,15 @@ pub struct SweepSummary {
     pub liveness_failures: usize,
     pub inconclusive_keys: usize,
     pub failing_seeds: Vec<u64>,
+    /// Seeds whose run panicked (a replica's assertion, usually a broken variant breaking an
+    /// invariant the core checks), with the panic message. They count as failing seeds.
+    pub panicked_seeds: Vec<(u64, String)>,
 }
 
 /// Run `seeds` on `threads` threads. `on_seed` sees every verdict (in completion order) and
-/// may stop the sweep early by returning `false`.
+/// may stop the sweep early by returning `false`. A seed whose run panics is a failing seed
+/// too (in `panicked_seeds`) and stops the sweep: which other seeds ran before the stop
+/// then depends on thread timing, but never whether a failure is reported.
 pub fn sweep(
     setup: &ProtocolSetup,
     replicas: usize,
@@ -211,7 +216,20 @@ pub fn sweep(
                 if index >= seeds.len() || stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let verdict = check_seed(setup, &SimConfig::new(seeds[index], replicas));
+                let config = SimConfig::new(seeds[index], replicas);
+                let run =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_seed(setup, &config)));
+                let verdict = match run {
+                    Ok(verdict) => verdict,
+                    Err(panic) => {
+                        let mut summary = summary.lock().expect("summary lock");
+                        summary.seeds += 1;
+                        summary.failing_seeds.push(config.seed);
+                        summary.panicked_seeds.push((config.seed, panic_message(panic.as_ref())));
+                        stop.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                };
                 let keep_going = on_seed(&verdict);
                 summary.lock().expect("summary lock").add(&verdict);
                 if !keep_going {
@@ -223,6 +241,14 @@ pub fn sweep(
     let mut summary = summary.into_inner().expect("summary lock");
     summary.failing_seeds.sort();
     summary
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(message), _) => message.to_string(),
+        (_, Some(message)) => message.clone(),
+        _ => "a panic without a message".to_string(),
+    }
 }
 
 impl SweepSummary {
@@ -265,6 +291,12 @@ pub fn assert_swarm_passes(setup: &ProtocolSetup, replicas: usize, seeds: u64) -
         true
     });
     let failures = failures.into_inner().expect("failures lock");
+    if let Some((seed, message)) = summary.panicked_seeds.first() {
+        panic!(
+            "seed {seed} panicked at {replicas} replicas: {message}\nreplay: chorus sim --protocol {} --replicas {replicas} --seed {seed} --seeds 1 --trace",
+            setup.name()
+        );
+    }
     assert!(
         failures.is_empty(),
         "{} of {seeds} seeds failed at {replicas} replicas; first:\n{}\nreplay: chorus sim --protocol {} --replicas {replicas} --seed <seed> --seeds 1 --trace",
