@@ -43,6 +43,11 @@ where
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         Vec::new()
     }
+    /// Every key with a value, when the core can list them itself (FLUSHALL); `None` makes
+    /// the node use the keys it has seen updated.
+    fn all_keys(&self) -> Option<Vec<Key>> {
+        None
+    }
 }
 
 impl<P> ServedReplica for WithMembership<P>
@@ -82,6 +87,9 @@ where
     }
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.take_persist_records()
+    }
+    fn all_keys(&self) -> Option<Vec<Key>> {
+        self.protocol().all_keys()
     }
 }
 
@@ -237,6 +245,49 @@ impl ServedReplica for Zab {
             chorus_zab::Message::Forward { command, .. } => Some(command.key()),
             _ => None,
         }
+    }
+}
+
+impl ServedReplica for chorus_chain::Chain {
+    fn protocol_name(&self) -> &'static str {
+        "chain"
+    }
+    fn current_view(&self) -> View {
+        self.view()
+    }
+    fn operational(&self) -> bool {
+        self.is_operational()
+    }
+    fn keys_with_values(&self) -> usize {
+        self.stored_keys().len()
+    }
+    fn holds_value(&self, key: &[u8]) -> bool {
+        self.stored_value(key).is_some()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("reads_tail", s.reads_tail),
+            ("reads_locked", s.reads_locked),
+            ("reads_parked", s.reads_parked),
+            ("batches", s.batches),
+            ("records_appended", s.records_appended),
+            ("updates_executed", s.updates_executed),
+            ("recoveries", s.recoveries),
+            ("lock_failures", s.lock_failures),
+            ("forward_retransmits", s.forward_retransmits),
+            ("views_installed", s.views_installed),
+        ]
+    }
+    fn updated_key(message: &chorus_chain::Message) -> Option<&Key> {
+        match message {
+            chorus_chain::Message::Forward { command, .. } => Some(command.key()),
+            _ => None,
+        }
+    }
+    /// Every replica's region holds the whole database: list it from there.
+    fn all_keys(&self) -> Option<Vec<Key>> {
+        Some(self.stored_keys())
     }
 }
 
@@ -431,6 +482,10 @@ where
                 });
             }
             EngineRequest::Keys { reply } => {
+                if let Some(keys) = self.replica.all_keys() {
+                    let _ = reply.send(keys);
+                    return;
+                }
                 let replica = &self.replica;
                 self.known_keys.retain(|key| replica.holds_value(key));
                 let _ = reply.send(self.known_keys.iter().cloned().collect());

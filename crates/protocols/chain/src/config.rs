@@ -43,4 +43,14 @@ impl ChainConfig {
             bug: None,
         }
     }
+
+    /// The server's shape: a 4 MiB log (values up to about 1 MiB), 65,536 index slots (keys),
+    /// a 64 MiB heap: a region of 69 MiB per node.
+    pub fn server(me: NodeId, replicas: NodeSet) -> ChainConfig {
+        let mut config = ChainConfig::new(me, replicas);
+        config.layout =
+            ChainLayout::new(4 * 1024 * 1024, 65_536, 64 * 1024 * 1024).expect("server layout is valid");
+        config.retransmit_timeout = Time::from_millis(50);
+        config
+    }
 }
