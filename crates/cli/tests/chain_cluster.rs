@@ -34,7 +34,8 @@ fn chain_serves_the_same_commands_across_replicas() {
     }
     let total: i64 = redis::cmd("INCRBY").arg("hits").arg(10).query(&mut third).unwrap();
     assert_eq!(total, 15, "increments from two replicas add up");
-    let previous: Option<String> = redis::cmd("GETSET").arg("greeting").arg("world").query(&mut third).unwrap();
+    let previous: Option<String> =
+        redis::cmd("GETSET").arg("greeting").arg("world").query(&mut third).unwrap();
     assert_eq!(previous.as_deref(), Some("hello"));
     let set: i64 = redis::cmd("SETNX").arg("greeting").arg("other").query(&mut second).unwrap();
     assert_eq!(set, 0, "SETNX on a present key");

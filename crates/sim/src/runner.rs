@@ -32,12 +32,22 @@ pub type CustomSimulate = Arc<dyn Fn(&SimConfig) -> (SeedRun, String) + Send + S
 /// Which protocol core to simulate, and how.
 #[derive(Clone)]
 pub enum ProtocolSetup {
-    Hermes { tweak: Option<HermesTweak> },
-    Craq { tweak: Option<CraqTweak> },
-    Zab { read_mode: ReadMode, tweak: Option<ZabTweak> },
+    Hermes {
+        tweak: Option<HermesTweak>,
+    },
+    Craq {
+        tweak: Option<CraqTweak>,
+    },
+    Zab {
+        read_mode: ReadMode,
+        tweak: Option<ZabTweak>,
+    },
     Raftlog,
     /// A protocol that brings its own seed runner (`chorus_chain::sim_setup`).
-    Custom { name: &'static str, simulate: CustomSimulate },
+    Custom {
+        name: &'static str,
+        simulate: CustomSimulate,
+    },
 }
 
 impl ProtocolSetup {

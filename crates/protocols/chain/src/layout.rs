@@ -70,10 +70,10 @@ fn region_error(error: chorus_region::RegionError) -> LayoutError {
 
 impl ChainLayout {
     pub fn new(log_bytes: u64, index_slots: u64, heap_bytes: u64) -> Result<ChainLayout, String> {
-        if log_bytes < 1024 || log_bytes % 8 != 0 {
+        if log_bytes < 1024 || !log_bytes.is_multiple_of(8) {
             return Err(format!("log_bytes must be a multiple of 8 and at least 1024, not {log_bytes}"));
         }
-        if index_slots == 0 || heap_bytes < 64 || heap_bytes % 8 != 0 {
+        if index_slots == 0 || heap_bytes < 64 || !heap_bytes.is_multiple_of(8) {
             return Err("the index needs slots and the heap at least 64 bytes (a multiple of 8)".into());
         }
         let db_bytes = index_slots
@@ -186,7 +186,7 @@ pub fn read_entry(
     entry: u64,
 ) -> Result<(Key, Value, u64), LayoutError> {
     let heap = layout.heap_start()..layout.txn.db_bytes;
-    if !heap.contains(&entry) || entry % 8 != 0 {
+    if !heap.contains(&entry) || !entry.is_multiple_of(8) {
         return Err(LayoutError::Corrupt(format!("entry offset {entry} is outside the heap")));
     }
     let at = layout.txn.db_offset + entry;

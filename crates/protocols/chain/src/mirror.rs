@@ -234,8 +234,8 @@ mod tests {
         for round in 0..2000u64 {
             rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let key = Bytes::from(format!("k{}", (rng >> 33) % 12));
-            let value =
-                ((rng >> 20) % 4 != 0).then(|| Bytes::from(vec![round as u8; ((rng >> 40) % 40) as usize]));
+            let value = (!(rng >> 20).is_multiple_of(4))
+                .then(|| Bytes::from(vec![round as u8; ((rng >> 40) % 40) as usize]));
             match mirror.plan(&key, value.as_ref()) {
                 Ok(entries) => {
                     apply(&mut region, &layout, &entries);

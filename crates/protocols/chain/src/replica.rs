@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use chorus_core::{
-    ClientRequestId, Command, CommandError, Epoch, Key, NodeId, Outbox, Outcome, Replica, Time, Value, View,
+    ClientRequestId, Command, CommandError, Key, NodeId, Outbox, Outcome, Replica, Time, Value, View,
 };
 use chorus_group::txn::WRITER_BIT;
 use chorus_group::{
@@ -336,15 +336,15 @@ impl Chain {
         &mut self,
         now: Time,
         from: NodeId,
-        epoch: Epoch,
         seq: u64,
         done_below: u64,
         command: Command,
         out: &mut Outbox<Message>,
     ) {
-        if epoch != self.view.epoch || self.coordinator.is_none() {
+        if self.coordinator.is_none() {
             return;
         }
+        let epoch = self.view.epoch;
         let session = self.sessions.entry(from).or_default();
         session.done_below = session.done_below.max(done_below);
         session.done = session.done.split_off(&session.done_below);
@@ -856,10 +856,10 @@ impl Replica for Chain {
                 }
             }
             Message::Forward { epoch, seq, done_below, command } => {
-                if !command.is_update() {
-                    return; // malformed: reads are never forwarded
+                if !command.is_update() || epoch != self.view.epoch {
+                    return; // another epoch's, or malformed: reads are never forwarded
                 }
-                self.on_forward(now, from, epoch, seq, done_below, command, out);
+                self.on_forward(now, from, seq, done_below, command, out);
             }
             Message::Done { epoch, seq, outcome } => {
                 if epoch != self.view.epoch || Some(from) != self.head() {
