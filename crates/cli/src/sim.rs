@@ -42,7 +42,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
         "zab" => ProtocolSetup::zab(ReadMode::Sync),
         "raftlog" => ProtocolSetup::Raftlog,
         "zab-local" => ProtocolSetup::zab(ReadMode::Local),
-        other => bail!("unknown protocol '{other}' (available: hermes, craq, zab, zab-local, raftlog)"),
+        "chain" => chorus_chain::sim_setup(None),
+        other => {
+            bail!("unknown protocol '{other}' (available: hermes, craq, zab, zab-local, raftlog, chain)")
+        }
     };
     if !(1..=64).contains(&args.replicas) {
         bail!("--replicas must be between 1 and 64, got {}", args.replicas);

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! node_id = 0
-//! protocol = "hermes"                # or "craq", "zab", "zab-local" (zab with local reads), "raftlog"
+//! protocol = "hermes"                # or "craq", "zab", "zab-local" (zab with local reads), "raftlog", "chain"
 //! membership = true                  # views through Raft + leases (default; not for raftlog)
 //! heartbeat_ms = 50                  # membership: heartbeat period
 //! missed_heartbeats = 6              # membership: silent periods before a node is suspected
@@ -65,6 +65,8 @@ pub enum Protocol {
     Zab(ZabReadMode),
     /// Cyclone-style Raft logs (docs/protocols/raftlog.md).
     Raftlog,
+    /// The key-value store on the HyperLoop group primitives (docs/protocols/chain.md).
+    Chain,
 }
 
 /// Membership timing (docs/membership.md). Present when the node runs a membership service.
@@ -79,7 +81,7 @@ pub use chorus_zab::ReadMode as ZabReadMode;
 
 /// The values the `protocol` field (and `chorus up --protocol`) accepts. `zab-local` is
 /// `zab` with `zab_reads = "local"`.
-pub const PROTOCOL_NAMES: &[&str] = &["hermes", "craq", "zab", "zab-local", "raftlog"];
+pub const PROTOCOL_NAMES: &[&str] = &["hermes", "craq", "zab", "zab-local", "raftlog", "chain"];
 
 impl Protocol {
     /// The protocol's name on the wire: peers refuse a link to a node running another one.
@@ -90,6 +92,7 @@ impl Protocol {
             Protocol::Craq => "craq",
             Protocol::Zab(_) => "zab",
             Protocol::Raftlog => "raftlog",
+            Protocol::Chain => "chain",
         }
     }
 }
@@ -212,6 +215,7 @@ impl RawConfig {
             }
             "zab-local" => Protocol::Zab(ZabReadMode::Local),
             "raftlog" => Protocol::Raftlog,
+            "chain" => Protocol::Chain,
             other => {
                 return Err(field_error(
                     "protocol",

@@ -205,6 +205,40 @@ impl ServedReplica for Zab {
     }
 }
 
+impl ServedReplica for chorus_chain::Chain {
+    fn protocol_name(&self) -> &'static str {
+        "chain"
+    }
+    fn current_view(&self) -> View {
+        self.view()
+    }
+    fn operational(&self) -> bool {
+        self.is_operational()
+    }
+    fn keys_with_values(&self) -> usize {
+        self.stored_keys().len()
+    }
+    /// Every replica's region holds the whole database: list it from there.
+    fn keys(&self) -> Vec<Key> {
+        self.stored_keys()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("reads_tail", s.reads_tail),
+            ("reads_locked", s.reads_locked),
+            ("reads_parked", s.reads_parked),
+            ("batches", s.batches),
+            ("records_appended", s.records_appended),
+            ("updates_executed", s.updates_executed),
+            ("recoveries", s.recoveries),
+            ("lock_failures", s.lock_failures),
+            ("forward_retransmits", s.forward_retransmits),
+            ("views_installed", s.views_installed),
+        ]
+    }
+}
+
 /// A snapshot of the core for INFO, DBSIZE and metrics.
 #[derive(Clone, Debug)]
 pub struct EngineStatus {

@@ -92,6 +92,7 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
             start.spawn(Zab::new(zab_config)).await?
         }
         Protocol::Raftlog => start.spawn(RaftLog::new(RaftLogConfig::new(me, replicas))).await?,
+        Protocol::Chain => start.spawn(open_chain(&config, replicas)?).await?,
     };
 
     let metrics = Arc::new(Metrics::default());
@@ -196,6 +197,26 @@ impl Start {
         tokio::spawn(engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log));
         Ok(net_stats)
     }
+}
+
+/// The chain store's region: `<data_dir>/regions/tenant-0/chain.region` (mmap'd, msync on
+/// gFLUSH), reopened with its contents after a restart (docs/protocols/chain.md).
+fn open_chain(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<chorus_chain::Chain> {
+    let dir = config.data_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("chorus-node-{}-{}", config.node_id.0, std::process::id()))
+    });
+    let chain_config = chorus_chain::ChainConfig::server(config.node_id, replicas);
+    let store = chorus_region::RegionStore::open(dir.join("regions"), chorus_region::FlushBackend::Msync)
+        .with_context(|| format!("cannot open the chain region directory under {}", dir.display()))?;
+    let region = store
+        .register(chorus_region::TenantId(0), "chain", chain_config.layout.region_bytes())
+        .context("cannot open the chain region")?;
+    info!(path = ?region.path(), bytes = chain_config.layout.region_bytes(), "chain region mapped");
+    let chain = chorus_chain::Chain::with_region(chain_config, region);
+    if let Some(error) = chain.region_error() {
+        anyhow::bail!("the chain region cannot be used: {error}");
+    }
+    Ok(chain)
 }
 
 /// The membership node, restored from the data directory's `membership.log`.

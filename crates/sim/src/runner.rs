@@ -24,13 +24,30 @@ pub type CraqTweak = Arc<dyn Fn(&mut CraqConfig) + Send + Sync>;
 /// A change applied to every ZAB replica's configuration.
 pub type ZabTweak = Arc<dyn Fn(&mut ZabConfig) + Send + Sync>;
 
+/// Runs one seed of a protocol this crate cannot depend on (its crate depends on chorus-sim,
+/// e.g. chorus-chain through chorus-group): it builds its replicas and calls
+/// [`simulate`] itself, returning the run and a description of the seed's options.
+pub type CustomSimulate = Arc<dyn Fn(&SimConfig) -> (SeedRun, String) + Send + Sync>;
+
 /// Which protocol core to simulate, and how.
 #[derive(Clone)]
 pub enum ProtocolSetup {
-    Hermes { tweak: Option<HermesTweak> },
-    Craq { tweak: Option<CraqTweak> },
-    Zab { read_mode: ReadMode, tweak: Option<ZabTweak> },
+    Hermes {
+        tweak: Option<HermesTweak>,
+    },
+    Craq {
+        tweak: Option<CraqTweak>,
+    },
+    Zab {
+        read_mode: ReadMode,
+        tweak: Option<ZabTweak>,
+    },
     Raftlog,
+    /// A protocol that brings its own seed runner (`chorus_chain::sim_setup`).
+    Custom {
+        name: &'static str,
+        simulate: CustomSimulate,
+    },
 }
 
 impl ProtocolSetup {
@@ -53,6 +70,7 @@ impl ProtocolSetup {
             ProtocolSetup::Zab { read_mode: ReadMode::Sync, .. } => "zab",
             ProtocolSetup::Zab { read_mode: ReadMode::Local, .. } => "zab-local",
             ProtocolSetup::Raftlog => "raftlog",
+            ProtocolSetup::Custom { name, .. } => name,
         }
     }
 
@@ -63,6 +81,7 @@ impl ProtocolSetup {
             ProtocolSetup::Craq { tweak } => simulate_craq(config, tweak.as_ref()),
             ProtocolSetup::Zab { read_mode, tweak } => simulate_zab(config, *read_mode, tweak.as_ref()),
             ProtocolSetup::Raftlog => simulate_raftlog(config),
+            ProtocolSetup::Custom { simulate, .. } => simulate(config),
         }
     }
 }

@@ -51,3 +51,24 @@ fn without_faults_every_operation_completes_with_a_known_outcome() {
         assert_eq!(unknown, 0, "seed {seed}: no fault, yet {unknown} outcomes unknown");
     }
 }
+
+/// A core that panics on one seed (say, an assertion a broken variant trips) is reported as
+/// that failing seed with its message, and the sweep itself does not die.
+#[test]
+fn a_panicking_seed_is_a_failing_seed() {
+    let hermes = ProtocolSetup::hermes();
+    let simulate = std::sync::Arc::new(move |config: &SimConfig| {
+        assert_ne!(config.seed, 3, "invariant broken on purpose");
+        hermes.simulate(config)
+    });
+    let setup = ProtocolSetup::Custom { name: "hermes-panics-on-3", simulate };
+    let seeds: Vec<u64> = (0..6).collect();
+    let summary = sweep(&setup, 3, &seeds, 1, &|_| true);
+    assert_eq!(summary.failing_seeds, vec![3]);
+    assert_eq!(summary.panicked_seeds.len(), 1);
+    assert!(
+        summary.panicked_seeds[0].1.contains("invariant broken on purpose"),
+        "{:?}",
+        summary.panicked_seeds
+    );
+}

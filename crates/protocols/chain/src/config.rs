@@ -1,0 +1,56 @@
+//! Chain store configuration.
+
+use chorus_core::{Epoch, NodeId, NodeSet, Time, View};
+
+use crate::layout::ChainLayout;
+
+/// A deliberately broken variant, used only by tests to show the simulator's checker catches
+/// real bugs. Selecting one needs the `broken-variants` feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// Replicas other than the tail read without the read lock (ignoring the group write
+    /// lock), so they can return a write the tail has not executed yet.
+    ReadWithoutLock,
+    /// The coordinator executes records without taking the group write lock.
+    NoWriteLock,
+}
+
+#[derive(Clone, Debug)]
+pub struct ChainConfig {
+    pub me: NodeId,
+    /// The view the replica starts in; the chain is its live nodes in id order.
+    pub initial_view: View,
+    pub layout: ChainLayout,
+    /// Resend an unacknowledged group operation, or an unanswered forward, after this long.
+    pub retransmit_timeout: Time,
+    /// Group operations in flight at most.
+    pub window_max: usize,
+    #[cfg(feature = "broken-variants")]
+    pub bug: Option<Bug>,
+}
+
+impl ChainConfig {
+    /// A replica of a chain over every node of `replicas`, epoch 1, with a small layout
+    /// (64 KiB log, 4,096 index slots, 1 MiB heap).
+    pub fn new(me: NodeId, replicas: NodeSet) -> ChainConfig {
+        ChainConfig {
+            me,
+            initial_view: View { epoch: Epoch(1), live: replicas },
+            layout: ChainLayout::new(64 * 1024, 4096, 1024 * 1024).expect("default layout is valid"),
+            retransmit_timeout: Time::from_millis(20),
+            window_max: 256,
+            #[cfg(feature = "broken-variants")]
+            bug: None,
+        }
+    }
+
+    /// The server's shape: a 4 MiB log (values up to about 1 MiB), 65,536 index slots (keys),
+    /// a 64 MiB heap: a region of 69 MiB per node.
+    pub fn server(me: NodeId, replicas: NodeSet) -> ChainConfig {
+        let mut config = ChainConfig::new(me, replicas);
+        config.layout =
+            ChainLayout::new(4 * 1024 * 1024, 65_536, 64 * 1024 * 1024).expect("server layout is valid");
+        config.retransmit_timeout = Time::from_millis(50);
+        config
+    }
+}

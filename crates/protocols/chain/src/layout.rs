@@ -1,0 +1,325 @@
+//! What every member's region holds, and how to read it without any in-memory state.
+//!
+//! The region follows `chorus_group::txn::TxnLayout` (HyperLoop §5: a write-ahead log and a
+//! database in one NVM area), with a header the transaction API leaves free put to use:
+//!
+//! ```text
+//! 0      lock word        (txn: WRITER_BIT | owner, or a reader count; RECOVERING during recovery)
+//! 8      log head         (txn: the log sequence number of the oldest unexecuted byte)
+//! 16     last executed    (the lsn of the last record executed; recovery redoes it)
+//! 24     magic + layout   (log bytes, index slots, heap bytes: a region of another shape is refused)
+//! 64     log              (circular; records never straddle its end)
+//! 64+L   database:  index: `slots` x 16 bytes  (key hash u64 | entry offset u64)
+//!                   heap:  entries             (key_len u32 | value_len u32 | key | value, 8-aligned)
+//! ```
+//!
+//! The database is self-describing: a replica answers a read by hashing the key, probing the
+//! index (linear probing) and reading the entry, straight from its own region. An index slot
+//! with hash 0 is empty (ends a probe); a slot with a hash and entry 0 is a deleted key (a
+//! tombstone: probes continue past it, an insert may reuse it). Entry offsets are relative to
+//! the database start, so 0 never names an entry (the index comes first).
+//!
+//! Log records use the transaction API's format: `lsn u64 | entries u32 | body_bytes u32`,
+//! then per entry `db_offset u64 | len u32 | 0 u32 | data`. All integers little-endian.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use chorus_core::{Key, Value};
+use chorus_group::txn::TxnLayout;
+use chorus_region::RegionMemory;
+
+pub const LOCK_OFFSET: u64 = 0;
+pub const HEAD_OFFSET: u64 = 8;
+pub const LAST_EXECUTED_OFFSET: u64 = 16;
+pub const MAGIC_OFFSET: u64 = 24;
+pub const MAGIC: u64 = u64::from_le_bytes(*b"CHRSCHN1");
+pub const SLOT_BYTES: u64 = 16;
+pub const ENTRY_HEADER_BYTES: u64 = 8;
+pub const RECORD_HEADER_BYTES: u64 = 16;
+pub const RECORD_ENTRY_HEADER_BYTES: u64 = 16;
+/// The lock word while a new coordinator brings the chain back to one state (§5.1): every
+/// replica, the tail included, holds its reads until recovery ends.
+pub const RECOVERING: u64 = chorus_group::txn::WRITER_BIT | 0xFFFF_FFFF;
+
+/// The shape of a chain region. Identical at every member.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ChainLayout {
+    pub txn: TxnLayout,
+    pub index_slots: u64,
+    pub heap_bytes: u64,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum LayoutError {
+    /// The region bytes do not parse (a bug or foreign data): never served.
+    Corrupt(String),
+    Region(String),
+}
+
+impl std::fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LayoutError::Corrupt(what) => write!(f, "corrupt chain region: {what}"),
+            LayoutError::Region(what) => write!(f, "region access failed: {what}"),
+        }
+    }
+}
+
+fn region_error(error: chorus_region::RegionError) -> LayoutError {
+    LayoutError::Region(error.to_string())
+}
+
+impl ChainLayout {
+    pub fn new(log_bytes: u64, index_slots: u64, heap_bytes: u64) -> Result<ChainLayout, String> {
+        if log_bytes < 1024 || !log_bytes.is_multiple_of(8) {
+            return Err(format!("log_bytes must be a multiple of 8 and at least 1024, not {log_bytes}"));
+        }
+        if index_slots == 0 || heap_bytes < 64 || !heap_bytes.is_multiple_of(8) {
+            return Err("the index needs slots and the heap at least 64 bytes (a multiple of 8)".into());
+        }
+        let db_bytes = index_slots
+            .checked_mul(SLOT_BYTES)
+            .and_then(|index| index.checked_add(heap_bytes))
+            .ok_or("layout overflows")?;
+        Ok(ChainLayout { txn: TxnLayout::new(log_bytes, db_bytes), index_slots, heap_bytes })
+    }
+
+    pub fn region_bytes(&self) -> u64 {
+        self.txn.region_bytes()
+    }
+
+    /// The heap's first byte, relative to the database start.
+    pub fn heap_start(&self) -> u64 {
+        self.index_slots * SLOT_BYTES
+    }
+
+    /// The largest record one batch may append: a quarter of the log, so the record being
+    /// redone and the one after it never overlap in the circular log (§5.1 recovery).
+    pub fn record_bytes_max(&self) -> u64 {
+        self.txn.log_bytes / 4
+    }
+
+    /// The header words a fresh coordinator writes: magic and shape.
+    pub fn magic_words(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(32);
+        for word in [MAGIC, self.txn.log_bytes, self.index_slots, self.heap_bytes] {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// Refuse a region written with another layout; accept a fresh (zero) one.
+    pub fn check_region(&self, memory: &impl RegionMemory) -> Result<(), String> {
+        if memory.size() < self.region_bytes() {
+            return Err(format!(
+                "the region has {} bytes, the layout needs {}",
+                memory.size(),
+                self.region_bytes()
+            ));
+        }
+        let words = memory.read_vec(MAGIC_OFFSET, 32).map_err(|e| e.to_string())?;
+        if words.iter().all(|b| *b == 0) || words == self.magic_words() {
+            return Ok(());
+        }
+        Err("the region was written with another chain layout (log, index or heap size differ)".into())
+    }
+
+    fn slot_offset(&self, slot: u64) -> u64 {
+        self.txn.db_offset + slot * SLOT_BYTES
+    }
+}
+
+/// FNV-1a, never 0 (0 marks an empty slot). Fixed, so every process agrees.
+pub fn key_hash(key: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key {
+        hash ^= *byte as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash | 1
+}
+
+/// Bytes an entry takes in the heap (8-aligned).
+pub fn entry_bytes(key_len: usize, value_len: usize) -> u64 {
+    (ENTRY_HEADER_BYTES + key_len as u64 + value_len as u64).div_ceil(8) * 8
+}
+
+pub fn encode_entry(key: &[u8], value: &[u8]) -> Bytes {
+    let len = entry_bytes(key.len(), value.len()) as usize;
+    let mut bytes = BytesMut::with_capacity(len);
+    bytes.put_u32_le(key.len() as u32);
+    bytes.put_u32_le(value.len() as u32);
+    bytes.put_slice(key);
+    bytes.put_slice(value);
+    bytes.resize(len, 0);
+    bytes.freeze()
+}
+
+pub fn encode_slot(hash: u64, entry: u64) -> Bytes {
+    let mut bytes = BytesMut::with_capacity(SLOT_BYTES as usize);
+    bytes.put_u64_le(hash);
+    bytes.put_u64_le(entry);
+    bytes.freeze()
+}
+
+/// One index slot as stored.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SlotWord {
+    pub hash: u64,
+    pub entry: u64,
+}
+
+pub fn read_slot(
+    memory: &impl RegionMemory,
+    layout: &ChainLayout,
+    slot: u64,
+) -> Result<SlotWord, LayoutError> {
+    let offset = layout.slot_offset(slot);
+    let hash = memory.load_u64(offset).map_err(region_error)?;
+    let entry = memory.load_u64(offset + 8).map_err(region_error)?;
+    Ok(SlotWord { hash, entry })
+}
+
+/// The entry at database offset `entry`: (key, value, bytes it occupies).
+pub fn read_entry(
+    memory: &impl RegionMemory,
+    layout: &ChainLayout,
+    entry: u64,
+) -> Result<(Key, Value, u64), LayoutError> {
+    let heap = layout.heap_start()..layout.txn.db_bytes;
+    if !heap.contains(&entry) || !entry.is_multiple_of(8) {
+        return Err(LayoutError::Corrupt(format!("entry offset {entry} is outside the heap")));
+    }
+    let at = layout.txn.db_offset + entry;
+    let header = memory.read_vec(at, ENTRY_HEADER_BYTES).map_err(region_error)?;
+    let key_len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as u64;
+    let value_len = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as u64;
+    let size = entry_bytes(key_len as usize, value_len as usize);
+    if entry + size > layout.txn.db_bytes {
+        return Err(LayoutError::Corrupt(format!("entry at {entry} runs past the heap")));
+    }
+    let body = memory.read_vec(at + ENTRY_HEADER_BYTES, key_len + value_len).map_err(region_error)?;
+    let body = Bytes::from(body);
+    Ok((body.slice(..key_len as usize), body.slice(key_len as usize..), size))
+}
+
+/// A read served from the region alone (what any replica does, §5.2): probe the index.
+pub fn lookup(
+    memory: &impl RegionMemory,
+    layout: &ChainLayout,
+    key: &[u8],
+) -> Result<Option<Value>, LayoutError> {
+    let hash = key_hash(key);
+    let slots = layout.index_slots;
+    let mut slot = hash % slots;
+    for _ in 0..slots {
+        let word = read_slot(memory, layout, slot)?;
+        if word.hash == 0 {
+            return Ok(None);
+        }
+        if word.hash == hash && word.entry != 0 {
+            let (stored, value, _) = read_entry(memory, layout, word.entry)?;
+            if stored == key {
+                return Ok(Some(value));
+            }
+        }
+        slot = (slot + 1) % slots;
+    }
+    Ok(None)
+}
+
+/// A redo record as parsed back from a log (recovery, §5.1).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Record {
+    pub lsn: u64,
+    pub end: u64,
+    /// The record's bytes, as appended (re-appended verbatim by recovery).
+    pub bytes: Bytes,
+    /// Region offset of the record's first byte.
+    pub base: u64,
+    /// (source offset in the region's log, destination offset in the region, length)
+    pub copies: Vec<(u64, u64, u64)>,
+}
+
+/// Where a record of `len` bytes appended at log position `tail` starts: at `tail`, or at the
+/// next lap's beginning if it would straddle the log's end.
+pub fn record_start(tail: u64, len: u64, log_bytes: u64) -> u64 {
+    let position = tail % log_bytes;
+    if position + len > log_bytes {
+        tail + (log_bytes - position)
+    } else {
+        tail
+    }
+}
+
+/// Encode a record at `lsn` and return it with the copies that execute it.
+pub fn encode_record(layout: &ChainLayout, lsn: u64, entries: &[(u64, Bytes)]) -> Record {
+    let len = RECORD_HEADER_BYTES
+        + entries.iter().map(|(_, data)| RECORD_ENTRY_HEADER_BYTES + data.len() as u64).sum::<u64>();
+    let base = layout.txn.log_offset + lsn % layout.txn.log_bytes;
+    let mut bytes = BytesMut::with_capacity(len as usize);
+    bytes.put_u64_le(lsn);
+    bytes.put_u32_le(entries.len() as u32);
+    bytes.put_u32_le((len - RECORD_HEADER_BYTES) as u32);
+    let mut copies = Vec::with_capacity(entries.len());
+    for (offset, data) in entries {
+        bytes.put_u64_le(*offset);
+        bytes.put_u32_le(data.len() as u32);
+        bytes.put_u32_le(0);
+        copies.push((base + bytes.len() as u64, layout.txn.db_offset + offset, data.len() as u64));
+        bytes.put_slice(data);
+    }
+    Record { lsn, end: lsn + len, bytes: bytes.freeze(), base, copies }
+}
+
+/// The record a log holds for `lsn`, if one was appended there: looks at `lsn`'s position and,
+/// when a record could not have fit there, at the next lap's start. `None` when nothing valid
+/// is there (never appended, or an older lap's record).
+pub fn parse_record(memory: &impl RegionMemory, layout: &ChainLayout, lsn: u64) -> Option<Record> {
+    let log_bytes = layout.txn.log_bytes;
+    let try_at = |start: u64| -> Option<Record> {
+        let base = layout.txn.log_offset + start % log_bytes;
+        let room = log_bytes - start % log_bytes;
+        if room < RECORD_HEADER_BYTES {
+            return None;
+        }
+        let header = memory.read_vec(base, RECORD_HEADER_BYTES).ok()?;
+        let stored_lsn = u64::from_le_bytes(header[0..8].try_into().ok()?);
+        let count = u32::from_le_bytes(header[8..12].try_into().ok()?) as u64;
+        let body = u32::from_le_bytes(header[12..16].try_into().ok()?) as u64;
+        if stored_lsn != start
+            || count == 0
+            || RECORD_HEADER_BYTES + body > room.min(layout.record_bytes_max())
+        {
+            return None;
+        }
+        let bytes = Bytes::from(memory.read_vec(base, RECORD_HEADER_BYTES + body).ok()?);
+        let mut entries = Vec::with_capacity(count as usize);
+        let mut at = RECORD_HEADER_BYTES as usize;
+        for _ in 0..count {
+            if at + RECORD_ENTRY_HEADER_BYTES as usize > bytes.len() {
+                return None;
+            }
+            let offset = u64::from_le_bytes(bytes[at..at + 8].try_into().ok()?);
+            let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().ok()?) as usize;
+            at += RECORD_ENTRY_HEADER_BYTES as usize;
+            if at + len > bytes.len() || offset.checked_add(len as u64)? > layout.txn.db_bytes {
+                return None;
+            }
+            entries.push((offset, bytes.slice(at..at + len)));
+            at += len;
+        }
+        if at != bytes.len() {
+            return None;
+        }
+        let record = encode_record(layout, start, &entries);
+        (record.bytes == bytes).then_some(record)
+    };
+    try_at(lsn).or_else(|| {
+        let next_lap = lsn + (log_bytes - lsn % log_bytes);
+        if next_lap != lsn {
+            try_at(next_lap)
+        } else {
+            None
+        }
+    })
+}
