@@ -55,6 +55,18 @@ pub struct NodeArgs {
     /// Largest key or value accepted from clients, in bytes (default 64 MiB).
     #[arg(long)]
     pub value_bytes_max: Option<usize>,
+    /// raftlog: number of Raft logs (default 8).
+    #[arg(long)]
+    pub raftlog_logs: Option<usize>,
+    /// raftlog: most client commands per batch (default 1024; 1 turns batching off).
+    #[arg(long)]
+    pub raftlog_batch_max: Option<usize>,
+    /// raftlog: circular log flush, msync (default) or none.
+    #[arg(long)]
+    pub raftlog_flush: Option<String>,
+    /// raftlog: checkpoint every this many applied entries (default 20000).
+    #[arg(long)]
+    pub raftlog_snapshot_entries: Option<u64>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -93,6 +105,10 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         requirepass: args.requirepass,
         metrics_addr: args.metrics_addr,
         value_bytes_max: args.value_bytes_max,
+        raftlog_logs: args.raftlog_logs,
+        raftlog_batch_max: args.raftlog_batch_max,
+        raftlog_flush: args.raftlog_flush,
+        raftlog_snapshot_entries: args.raftlog_snapshot_entries,
         ..RawConfig::default()
     };
     let config = file.merge(overrides).validate()?;

@@ -52,6 +52,15 @@ pub struct RawConfig {
     pub value_bytes_max: Option<usize>,
     pub peer_queue_bytes_max: Option<usize>,
     pub maxclients: Option<usize>,
+    /// raftlog only: number of Raft logs (default 8).
+    pub raftlog_logs: Option<usize>,
+    /// raftlog only: most client commands per batch (default 1024; 1 = no batching).
+    pub raftlog_batch_max: Option<usize>,
+    /// raftlog only: how the circular log is flushed, "msync" (default) or "none".
+    pub raftlog_flush: Option<String>,
+    /// raftlog only: checkpoint (and truncate the on-disk log) every this many applied
+    /// entries (default 20000).
+    pub raftlog_snapshot_entries: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +121,27 @@ pub struct NodeConfig {
     pub value_bytes_max: usize,
     pub peer_queue_bytes_max: usize,
     pub maxclients: usize,
+    pub raftlog: RaftlogOptions,
+}
+
+/// raftlog settings (docs/protocols/raftlog.md, docs/operations.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaftlogOptions {
+    pub logs: usize,
+    pub batch_commands_max: usize,
+    pub flush: chorus_raftlog::disk::FlushBackend,
+    pub snapshot_entries: u64,
+}
+
+impl Default for RaftlogOptions {
+    fn default() -> Self {
+        RaftlogOptions {
+            logs: 8,
+            batch_commands_max: 1_024,
+            flush: chorus_raftlog::disk::FlushBackend::Msync,
+            snapshot_entries: 20_000,
+        }
+    }
 }
 
 pub const DEFAULT_CLIENT_ADDR: &str = "127.0.0.1:7379";
@@ -172,6 +202,10 @@ impl RawConfig {
             value_bytes_max: overrides.value_bytes_max.or(self.value_bytes_max),
             peer_queue_bytes_max: overrides.peer_queue_bytes_max.or(self.peer_queue_bytes_max),
             maxclients: overrides.maxclients.or(self.maxclients),
+            raftlog_logs: overrides.raftlog_logs.or(self.raftlog_logs),
+            raftlog_batch_max: overrides.raftlog_batch_max.or(self.raftlog_batch_max),
+            raftlog_flush: overrides.raftlog_flush.or(self.raftlog_flush),
+            raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
         }
     }
 
@@ -214,6 +248,7 @@ impl RawConfig {
             return Err(field_error("zab_reads", "only applies to protocol \"zab\""));
         }
         let membership = self.membership_timing(protocol)?;
+        let raftlog = self.raftlog_options(protocol)?;
         let client_addr =
             parse_addr("client_addr", self.client_addr.as_deref().unwrap_or(DEFAULT_CLIENT_ADDR))?;
         let peers = self
@@ -260,6 +295,7 @@ impl RawConfig {
             return Err(field_error("maxclients", "must be positive"));
         }
         Ok(NodeConfig {
+            raftlog,
             node_id,
             protocol,
             membership,
@@ -279,6 +315,37 @@ impl RawConfig {
 }
 
 impl RawConfig {
+    fn raftlog_options(&self, protocol: Protocol) -> Result<RaftlogOptions, ConfigError> {
+        let fields = [
+            ("raftlog_logs", self.raftlog_logs.is_some()),
+            ("raftlog_batch_max", self.raftlog_batch_max.is_some()),
+            ("raftlog_flush", self.raftlog_flush.is_some()),
+            ("raftlog_snapshot_entries", self.raftlog_snapshot_entries.is_some()),
+        ];
+        if protocol != Protocol::Raftlog {
+            if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
+                return Err(field_error(field, "only applies to protocol \"raftlog\""));
+            }
+        }
+        let defaults = RaftlogOptions::default();
+        let logs = self.raftlog_logs.unwrap_or(defaults.logs);
+        if !(1..=1024).contains(&logs) {
+            return Err(field_error("raftlog_logs", "must be between 1 and 1024"));
+        }
+        let batch_commands_max = self.raftlog_batch_max.unwrap_or(defaults.batch_commands_max);
+        if batch_commands_max == 0 {
+            return Err(field_error("raftlog_batch_max", "must be at least 1 (1 turns batching off)"));
+        }
+        let flush = match self.raftlog_flush.as_deref() {
+            None => defaults.flush,
+            Some("msync") => chorus_raftlog::disk::FlushBackend::Msync,
+            Some("none") => chorus_raftlog::disk::FlushBackend::None,
+            Some(other) => return Err(field_error("raftlog_flush", format!("{other:?} is neither \"msync\" nor \"none\""))),
+        };
+        let snapshot_entries = self.raftlog_snapshot_entries.unwrap_or(defaults.snapshot_entries);
+        Ok(RaftlogOptions { logs, batch_commands_max, flush, snapshot_entries })
+    }
+
     fn membership_timing(&self, protocol: Protocol) -> Result<Option<MembershipTiming>, ConfigError> {
         let wanted = self.membership.unwrap_or(protocol != Protocol::Raftlog);
         if !wanted {

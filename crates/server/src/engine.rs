@@ -18,7 +18,7 @@ use chorus_craq::Craq;
 use chorus_hermes::Hermes;
 use chorus_membership::{PersistRecord, Wire, WithMembership};
 use chorus_net::Transport;
-use chorus_raftlog::RaftLog;
+use chorus_raftlog::disk::DurableRaftLog;
 use chorus_zab::Zab;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -43,6 +43,14 @@ where
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         Vec::new()
     }
+    /// Make the core's own durable state stable (raftlog's two-level log). Called once per
+    /// turn, before the turn's messages are sent and, if [`Self::REPLIES_AFTER_PERSIST`],
+    /// before its replies complete. An error stops the node.
+    fn persist_turn(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    /// Replies wait for [`Self::persist_turn`]: an acknowledged write must be on disk.
+    const REPLIES_AFTER_PERSIST: bool = false;
 }
 
 impl<P> ServedReplica for WithMembership<P>
@@ -85,25 +93,38 @@ where
     }
 }
 
-impl ServedReplica for RaftLog {
+impl ServedReplica for DurableRaftLog {
     fn protocol_name(&self) -> &'static str {
         "raftlog"
     }
     fn current_view(&self) -> View {
-        self.view()
+        self.core().view()
     }
     fn operational(&self) -> bool {
         true // Raft itself decides which replica can commit.
     }
     fn keys_with_values(&self) -> usize {
-        self.key_count()
+        self.core().key_count()
     }
     fn holds_value(&self, key: &[u8]) -> bool {
-        self.applied_value(key).is_some()
+        self.core().applied_value(key).is_some()
     }
+    fn persist_turn(&mut self) -> Result<(), String> {
+        self.persist().map_err(|error| error.to_string())
+    }
+    const REPLIES_AFTER_PERSIST: bool = true;
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        let s = self.stats();
+        let s = self.core().stats();
+        let d = self.disk_stats();
         vec![
+            ("boot", self.boot()),
+            ("snapshots_taken", s.snapshots_taken),
+            ("snapshots_installed", s.snapshots_installed),
+            ("disk_records_appended", d.records_appended),
+            ("disk_flushes", d.flushes),
+            ("disk_drains", d.drains),
+            ("disk_bytes_drained", d.bytes_drained),
+            ("disk_checkpoints", d.checkpoints),
             ("entries_proposed", s.entries_proposed),
             ("commands_proposed", s.commands_proposed),
             ("proposals_executed", s.proposals_executed),
@@ -461,6 +482,13 @@ where
     }
 
     fn complete_replies(&mut self) {
+        if R::REPLIES_AFTER_PERSIST {
+            return; // perform_outbox completes them once the turn's state is durable
+        }
+        self.complete_replies_now();
+    }
+
+    fn complete_replies_now(&mut self) {
         for (id, outcome) in self.outbox.replies.drain(..) {
             if let Some(reply) = self.pending.remove(&id) {
                 // The client may have gone away; the command still took effect.
@@ -472,6 +500,11 @@ where
     fn perform_outbox(&mut self) {
         self.complete_replies();
         self.persist_durable_records();
+        if let Err(error) = self.replica.persist_turn() {
+            tracing::error!(%error, "cannot persist replica state; stopping this node");
+            std::process::exit(1);
+        }
+        self.complete_replies_now();
         self.transport.send_turn(&mut self.outbox.messages);
     }
 

@@ -43,6 +43,13 @@ pub struct RaftLogConfig {
     /// as long as nodes never restart with the same identity (true while the log is in
     /// memory only); the server should pass something like `node << 48 | boot counter`.
     pub session_client_id: u64,
+    /// Emit durable records (`RaftLog::take_durable`) for a runtime that persists them
+    /// (the server's two-level log). The simulator runs without.
+    pub durable: bool,
+    /// Compact every log to its applied index after this many entries were applied (over
+    /// all logs); when durable, each compaction is a checkpoint that truncates both levels
+    /// of the on-disk log. 0: never.
+    pub snapshot_entries: u64,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
@@ -61,6 +68,8 @@ impl RaftLogConfig {
             retry_timeout: Time::from_millis(60),
             batch_commands_max: 1_024,
             session_client_id: me.0 as u64,
+            durable: false,
+            snapshot_entries: 20_000,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }

@@ -14,10 +14,14 @@
 //! the replica the client talks to. See docs/protocols/raftlog.md for the section-by-section
 //! map and what is not implemented yet.
 
+pub mod circular;
 pub mod config;
+pub mod disk;
+pub mod durable;
 pub mod message;
 pub mod replica;
 pub mod state;
+pub mod storage;
 
 pub use config::{Bug, RaftLogConfig};
 pub use message::{EntryBatch, Message, Proposal};

@@ -25,14 +25,15 @@ use chorus_core::codec::WireMessage;
 use chorus_core::{
     ClientRequestId, Command, CommandError, Epoch, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
 };
-use raft::prelude::{ConfState, Entry, EntryType, MessageType};
-use raft::storage::MemStorage;
+use raft::prelude::{Entry, EntryType, MessageType, Snapshot};
 use raft::{Config, RawNode, ReadState, StateRole, INVALID_ID};
 use rustc_hash::FxHashMap;
 
 use crate::config::RaftLogConfig;
+use crate::durable::{Checkpoint, LogCheckpoint, Recovered, Record};
 use crate::message::{EntryBatch, Message, Proposal};
 use crate::state::{LogState, ProposalResult, SessionRecord};
+use crate::storage::LogStorage;
 
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,8 +54,12 @@ pub struct RaftLogStats {
     pub read_rounds: u64,
     pub read_rounds_retried: u64,
     pub reads_served: u64,
-    /// Raft messages refused before reaching raft-rs (wrong sender, snapshot, malformed).
+    /// Raft messages refused before reaching raft-rs (wrong sender, bad snapshot, malformed).
     pub messages_refused: u64,
+    /// Compactions of every log to its applied index (each one a checkpoint when durable).
+    pub snapshots_taken: u64,
+    /// Snapshots received from a leader and installed (this replica had fallen behind).
+    pub snapshots_installed: u64,
 }
 
 /// Which log a key belongs to: FNV-1a (64-bit) of the key, modulo the number of logs. A fixed
@@ -109,7 +114,7 @@ struct ReadRound {
 }
 
 struct Group {
-    raft: RawNode<MemStorage>,
+    raft: RawNode<LogStorage>,
     state: LogState,
     applied_index: u64,
     // ---- origin
@@ -153,6 +158,15 @@ pub struct RaftLog {
     dedupe: bool,
     /// Reads without ReadIndex (the `LocalReads` broken variant).
     local_reads: bool,
+    /// What the runtime must make durable before it sends this call's messages and replies
+    /// (only with `config.durable`).
+    durable_out: Vec<Record>,
+    /// Entries applied (over all logs) since the last compaction.
+    applied_since_snapshot: u64,
+    /// A snapshot was installed: write a checkpoint at the end of this call.
+    checkpoint_due: bool,
+    /// Raft ids this replica sent a snapshot to during the current Ready cycle.
+    snapshots_sent: Vec<u64>,
 }
 
 const READ_CONTEXT_BYTES: usize = 13;
@@ -160,10 +174,17 @@ const READ_CONTEXT_BYTES: usize = 13;
 impl RaftLog {
     pub fn new(config: RaftLogConfig) -> RaftLog {
         assert!(config.logs >= 1, "at least one log");
+        let groups = (0..config.logs).map(|log| new_group(&config, log, None)).collect();
+        RaftLog::with_groups(config, groups)
+    }
+
+    fn with_groups(config: RaftLogConfig, groups: Vec<Group>) -> RaftLog {
+        assert!(config.logs >= 1, "at least one log");
         assert!(u32::try_from(config.logs).is_ok(), "log numbers travel as u32");
         assert!(config.members.contains(config.me), "a node is a member of its own cluster");
         assert!(config.batch_commands_max >= 1, "a batch holds at least one command");
         assert!(config.retry_timeout > Time::ZERO, "retry_timeout must be positive");
+        assert_eq!(groups.len(), config.logs);
         #[cfg(feature = "broken-variants")]
         let (dedupe, local_reads) = (
             config.bug != Some(crate::config::Bug::NoSessions),
@@ -171,7 +192,6 @@ impl RaftLog {
         );
         #[cfg(not(feature = "broken-variants"))]
         let (dedupe, local_reads) = (true, false);
-        let groups = (0..config.logs).map(|log| new_group(&config, log)).collect();
         RaftLog {
             view: View { epoch: Epoch(1), live: config.members },
             next_raft_tick: config.raft_tick_period,
@@ -179,8 +199,79 @@ impl RaftLog {
             stats: RaftLogStats::default(),
             dedupe,
             local_reads,
+            durable_out: Vec::new(),
+            applied_since_snapshot: 0,
+            checkpoint_due: false,
+            snapshots_sent: Vec::new(),
             config,
         }
+    }
+
+    /// Rebuild a replica from what a previous incarnation persisted: the last checkpoint
+    /// (state machine with session table, HardState and unapplied entries of every log) and
+    /// every record after it. The replica rejoins under its old id: its vote and log are
+    /// what it promised before the crash. Committed entries after the checkpoint are applied
+    /// again through raft-rs (`Config::applied` is the checkpoint's index).
+    ///
+    /// Errors on records that do not fit together (a corrupt data directory).
+    pub fn restore(config: RaftLogConfig, recovered: Recovered) -> Result<RaftLog, String> {
+        if recovered.is_empty() {
+            return Ok(RaftLog::new(config));
+        }
+        let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
+        let mut storages: Vec<(LogStorage, LogState)> =
+            (0..config.logs).map(|_| (LogStorage::new(voters.clone()), LogState::default())).collect();
+        if let Some(checkpoint) = &recovered.checkpoint {
+            if checkpoint.logs.len() != config.logs {
+                return Err(format!(
+                    "the data directory holds {} logs but `logs` is {}: the number of logs cannot change",
+                    checkpoint.logs.len(),
+                    config.logs
+                ));
+            }
+            for (log, saved) in checkpoint.logs.iter().enumerate() {
+                let (storage, state) = &mut storages[log];
+                let mut snapshot = Snapshot::default();
+                snapshot.mut_metadata().index = saved.snapshot_index;
+                snapshot.mut_metadata().term = saved.snapshot_term;
+                snapshot.mut_metadata().set_conf_state(raft::prelude::ConfState::from((voters.clone(), vec![])));
+                snapshot.data = saved.state.clone();
+                storage.apply_snapshot(snapshot);
+                storage.set_hard_state(saved.hard_state());
+                storage.append(&saved.entries).map_err(|error| format!("checkpoint of log {log}: {error}"))?;
+                *state = LogState::decode(saved.state.clone())
+                    .map_err(|error| format!("checkpoint of log {log}: state machine: {error}"))?;
+            }
+        }
+        for record in recovered.records {
+            match record {
+                Record::Entries { log, entries } => {
+                    let (storage, _) = storages
+                        .get_mut(log as usize)
+                        .ok_or_else(|| format!("a record names log {log}, beyond `logs`"))?;
+                    storage.append(&entries).map_err(|error| format!("log {log}: {error}"))?;
+                }
+                Record::HardState { log, term, vote, commit } => {
+                    let (storage, _) = storages
+                        .get_mut(log as usize)
+                        .ok_or_else(|| format!("a record names log {log}, beyond `logs`"))?;
+                    let hard_state = raft::prelude::HardState { term, vote, commit, ..Default::default() };
+                    storage.set_hard_state(hard_state);
+                }
+                Record::Checkpoint(_) => return Err("a checkpoint inside the log".to_string()),
+            }
+        }
+        let groups = storages
+            .into_iter()
+            .enumerate()
+            .map(|(log, restored)| new_group(&config, log, Some(restored)))
+            .collect();
+        Ok(RaftLog::with_groups(config, groups))
+    }
+
+    /// Records the runtime must make durable before it performs this call's outbox.
+    pub fn take_durable(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.durable_out)
     }
 
     /// The cluster this replica belongs to.
@@ -306,6 +397,7 @@ impl RaftLog {
                 }
             }
         }
+        self.maybe_snapshot();
     }
 
     /// Turn queued updates into this replica's next batch, unless one is in flight.
@@ -463,34 +555,141 @@ impl RaftLog {
             return false;
         }
         let mut ready = self.groups[log].raft.ready();
+        // A leader's own messages may leave before its entries are stable (Raft thesis
+        // §10.2.1; raft-rs puts them in `messages`); everything else waits for the runtime
+        // to persist this call's durable records, which it does before sending anything.
         self.send_raft(log, ready.take_messages(), out);
+        if !ready.snapshot().is_empty() {
+            self.install_snapshot(log, ready.snapshot().clone(), out);
+        }
         for read_state in ready.take_read_states() {
             self.on_read_state(log, read_state);
         }
         let committed = ready.take_committed_entries();
         self.apply(log, committed, out);
-        let store = self.groups[log].raft.raft.raft_log.store.clone();
+        let durable = self.config.durable;
+        let storage = self.groups[log].raft.mut_store();
         if !ready.entries().is_empty() {
-            store.wl().append(ready.entries()).expect("append to the in-memory log");
+            storage.append(ready.entries()).expect("raft-rs appends contiguous entries");
+            if durable {
+                self.durable_out.push(Record::Entries { log: log as u32, entries: ready.entries().clone() });
+            }
         }
         if let Some(hard_state) = ready.hs() {
-            store.wl().set_hardstate(hard_state.clone());
+            storage.set_hard_state(hard_state.clone());
+            if durable {
+                self.durable_out.push(Record::HardState {
+                    log: log as u32,
+                    term: hard_state.term,
+                    vote: hard_state.vote,
+                    commit: hard_state.commit,
+                });
+            }
         }
         self.send_raft(log, ready.take_persisted_messages(), out);
         let mut light = self.groups[log].raft.advance(ready);
         if let Some(commit) = light.commit_index() {
-            store.wl().mut_hard_state().set_commit(commit);
+            let storage = self.groups[log].raft.mut_store();
+            storage.set_commit(commit);
+            if durable {
+                let hard_state = storage.hard_state();
+                self.durable_out.push(Record::HardState {
+                    log: log as u32,
+                    term: hard_state.term,
+                    vote: hard_state.vote,
+                    commit,
+                });
+            }
         }
         self.send_raft(log, light.take_messages(), out);
         let committed = light.take_committed_entries();
         self.apply(log, committed, out);
         self.groups[log].raft.advance_apply();
+        // raft-rs keeps a follower it sent a snapshot to paused until told how it went; the
+        // network may lose the snapshot, so report it delivered at once: the follower's next
+        // append response (or rejection, which makes the leader send a snapshot again)
+        // resumes replication.
+        for to in std::mem::take(&mut self.snapshots_sent) {
+            self.groups[log].raft.report_snapshot(to, raft::SnapshotStatus::Finish);
+        }
         true
+    }
+
+    /// A leader sent a snapshot because this replica is behind its compacted log: the
+    /// snapshot's state machine (keys and session table) replaces ours. Batches it covers
+    /// are answered from the session table, as if applied.
+    fn install_snapshot(&mut self, log: usize, snapshot: Snapshot, out: &mut Outbox<Message>) {
+        let Ok(state) = LogState::decode(snapshot.data.clone()) else {
+            // `acceptable` checked the bytes before raft-rs saw them.
+            unreachable!("snapshots are validated on arrival");
+        };
+        let index = snapshot.get_metadata().index;
+        let group = &mut self.groups[log];
+        group.raft.mut_store().apply_snapshot(snapshot);
+        group.state = state;
+        group.applied_index = index;
+        self.stats.snapshots_installed += 1;
+        self.checkpoint_due = true;
+        let covered: Vec<(u64, u64)> = group
+            .waiters
+            .keys()
+            .filter(|(client, seq)| group.state.last_seq(*client) >= *seq)
+            .copied()
+            .collect();
+        for key in covered {
+            let waiter = group.waiters.remove(&key).expect("listed");
+            let last_seq = group.state.last_seq(key.0);
+            let result =
+                if key.1 == last_seq { ProposalResult::Duplicate } else { ProposalResult::Stale { last_seq } };
+            complete_waiter(group, waiter, result, out);
+        }
+    }
+
+    /// Compact every log to its applied index once enough entries were applied (bounding
+    /// memory; a follower behind the compaction gets the snapshot instead of entries), and,
+    /// when durable, hand the runtime a checkpoint so it can truncate both log levels.
+    fn maybe_snapshot(&mut self) {
+        let due = self.config.snapshot_entries > 0 && self.applied_since_snapshot >= self.config.snapshot_entries;
+        if !due && !(self.checkpoint_due && self.config.durable) {
+            return;
+        }
+        self.applied_since_snapshot = 0;
+        self.checkpoint_due = false;
+        self.stats.snapshots_taken += 1;
+        let mut checkpoint = Checkpoint::default();
+        for group in &mut self.groups {
+            let state = group.state.encode();
+            let storage = group.raft.mut_store();
+            // Only entries this replica holds can be compacted (a just-installed snapshot's
+            // index is held as the snapshot itself).
+            let index = group.applied_index.min(storage.last_index());
+            if index > storage.snapshot_index() {
+                storage.compact(index, state.clone());
+            }
+            if self.config.durable {
+                let hard_state = storage.hard_state();
+                checkpoint.logs.push(LogCheckpoint {
+                    snapshot_index: storage.snapshot_index(),
+                    snapshot_term: storage.snapshot_term(),
+                    state: storage.snapshot_data().clone(),
+                    term: hard_state.term,
+                    vote: hard_state.vote,
+                    commit: hard_state.commit,
+                    entries: storage.held_entries().to_vec(),
+                });
+            }
+        }
+        if self.config.durable {
+            self.durable_out.push(Record::Checkpoint(checkpoint));
+        }
     }
 
     fn send_raft(&mut self, log: usize, messages: Vec<raft::prelude::Message>, out: &mut Outbox<Message>) {
         for message in messages {
             if let Some(to) = node_of(message.to).filter(|node| self.config.members.contains(*node)) {
+                if message.get_msg_type() == MessageType::MsgSnapshot {
+                    self.snapshots_sent.push(message.to);
+                }
                 out.send(to, Message::Raft { log: log as u32, message: Box::new(message) });
             }
         }
@@ -513,6 +712,7 @@ impl RaftLog {
         for entry in entries {
             debug_assert!(entry.index > group.applied_index, "entries apply in order, once");
             group.applied_index = entry.index;
+            self.applied_since_snapshot += 1;
             // Leader no-ops are empty; no conf changes are ever proposed.
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
                 continue;
@@ -550,9 +750,11 @@ impl RaftLog {
     }
 }
 
-fn new_group(config: &RaftLogConfig, log: usize) -> Group {
+fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, LogState)>) -> Group {
     let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
-    let storage = MemStorage::new_with_conf_state(ConfState::from((voters, vec![])));
+    let fresh = restored.is_none();
+    let (storage, state) = restored.unwrap_or_else(|| (LogStorage::new(voters), LogState::default()));
+    let applied_index = storage.snapshot_index();
     // raft-rs draws election timeouts from a thread-local RNG, which would make the simulator
     // non-deterministic. A fixed per-node timeout (min = max - 1) keeps it deterministic;
     // staggering it by rank avoids endless split votes, and rotating the ranks per log
@@ -572,19 +774,22 @@ fn new_group(config: &RaftLogConfig, log: usize) -> Group {
         check_quorum: true,
         max_size_per_msg: 1 << 20,
         max_inflight_msgs: 256,
+        // Restored: the checkpoint's state machine covers everything up to its index; raft-rs
+        // hands out the committed entries after it again.
+        applied: applied_index,
         ..Default::default()
     };
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let mut raft = RawNode::new(&raft_config, storage, &logger).expect("valid raft config");
-    if stagger == 0 {
+    if stagger == 0 && fresh {
         // The log's preferred node campaigns at once rather than after an election timeout,
         // so a fresh cluster serves within a round trip.
         let _ = raft.campaign();
     }
     Group {
         raft,
-        state: LogState::default(),
-        applied_index: 0,
+        state,
+        applied_index,
         queue: VecDeque::new(),
         own_seq: 0,
         own_in_flight: false,
@@ -667,10 +872,10 @@ fn read_context(me: NodeId, log: usize, round: u64) -> Vec<u8> {
 
 /// Whether a Raft message from a peer may reach raft-rs. raft-rs trusts its input (some
 /// malformed messages make it panic), so the obvious lies are refused here: a wrong
-/// sender or recipient, messages only a local caller may produce, snapshots (never sent:
-/// logs are not compacted yet), proposals (only leaders propose here), and ReadIndex
-/// messages without exactly one context entry.
-fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId) -> bool {
+/// sender or recipient, messages only a local caller may produce, snapshots whose state
+/// machine bytes do not decode or whose voters are not ours, proposals (only leaders
+/// propose here), and ReadIndex messages without exactly one context entry.
+fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId, members: NodeSet) -> bool {
     if message.from != raft_id(from) || message.to != raft_id(me) {
         return false;
     }
@@ -680,8 +885,15 @@ fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId) -> boo
         | MessageType::MsgUnreachable
         | MessageType::MsgSnapStatus
         | MessageType::MsgCheckQuorum
-        | MessageType::MsgPropose
-        | MessageType::MsgSnapshot => false,
+        | MessageType::MsgPropose => false,
+        MessageType::MsgSnapshot => {
+            let snapshot = message.get_snapshot();
+            let mut voters = snapshot.get_metadata().get_conf_state().voters.clone();
+            voters.sort_unstable();
+            voters == members.iter().map(raft_id).collect::<Vec<u64>>()
+                && snapshot.get_metadata().index > 0
+                && LogState::decode(snapshot.data.clone()).is_ok()
+        }
         MessageType::MsgReadIndex | MessageType::MsgReadIndexResp => message.entries.len() == 1,
         _ => true,
     }
@@ -730,7 +942,7 @@ impl Replica for RaftLog {
                     self.stats.messages_refused += 1;
                     return;
                 };
-                if !acceptable(&message, from, self.config.me) {
+                if !acceptable(&message, from, self.config.me, self.config.members) {
                     self.stats.messages_refused += 1;
                     return;
                 }

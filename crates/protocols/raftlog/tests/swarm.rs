@@ -26,6 +26,10 @@ fn config_for(me: NodeId, replicas: NodeSet, seed: u64) -> RaftLogConfig {
     let mut config = RaftLogConfig::new(me, replicas);
     // Each seed draws the number of logs, so both one busy log and many quiet ones run.
     config.logs = [1, 2, 8][(seed % 3) as usize];
+    // ... and how often logs are compacted: often enough that a follower cut off by a
+    // partition comes back behind the compaction and must install the leader's snapshot
+    // (state machine and session table) instead of entries.
+    config.snapshot_entries = [10, 40, 20_000][(seed / 3 % 3) as usize];
     config
 }
 
@@ -183,6 +187,7 @@ fn the_sweep_exercises_retries_duplicates_and_leader_changes() {
     }
     let totals = totals.borrow();
     let sum = |field: fn(&chorus_raftlog::RaftLogStats) -> u64| totals.iter().map(field).sum::<u64>();
+    let (snapshots_taken, snapshots_installed) = (sum(|s| s.snapshots_taken), sum(|s| s.snapshots_installed));
     let (resent, duplicates, relayed, retried_reads, forwarded, proposed, commands) = (
         sum(|s| s.batches_resent),
         sum(|s| s.proposals_duplicate),
@@ -201,6 +206,8 @@ fn the_sweep_exercises_retries_duplicates_and_leader_changes() {
     assert!(duplicates > 10, "no retry ever reached the log twice: {duplicates}");
     assert!(retried_reads > 100, "read retries were not exercised: {retried_reads}");
     assert!(commands > proposed, "no entry ever carried more than one command");
+    eprintln!("snapshots taken {snapshots_taken}, installed from a leader {snapshots_installed}");
+    assert!(snapshots_installed > 10, "lagging followers never installed a snapshot: {snapshots_installed}");
 }
 
 /// The first seed (from 0) at which the checker reports a violation, if any below `bound`.
