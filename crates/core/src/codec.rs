@@ -349,6 +349,7 @@ impl WireMessage for Outcome {
                     CommandError::Overflow => 1,
                     CommandError::Unavailable(_) => 2,
                     CommandError::OutcomeUnknown => 3,
+                    CommandError::StaleSequence => 4,
                 });
             }
         }
@@ -365,6 +366,7 @@ impl WireMessage for Outcome {
                 1 => CommandError::Overflow,
                 2 => CommandError::Unavailable("remote replica is not serving"),
                 3 => CommandError::OutcomeUnknown,
+                4 => CommandError::StaleSequence,
                 tag => return Err(DecodeError::UnknownTag { what: "command error", tag }),
             }),
             tag => return Err(DecodeError::UnknownTag { what: "outcome", tag }),

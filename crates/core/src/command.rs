@@ -80,6 +80,10 @@ pub enum CommandError {
     /// complete it. The client must treat it as possibly applied.
     #[error("outcome unknown: the replica left the view while the update was in flight")]
     OutcomeUnknown,
+    /// An at-most-once session (raftlog, Cyclone §3.4) already executed a newer sequence
+    /// number than this request's; its result is gone and the request did not run.
+    #[error("stale sequence number: this client session already executed a newer request")]
+    StaleSequence,
 }
 
 impl CommandError {

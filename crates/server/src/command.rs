@@ -466,6 +466,9 @@ pub fn error_reply(error: &CommandError) -> Reply {
         CommandError::NotInteger => not_integer(),
         CommandError::Overflow => Reply::err("increment or decrement would overflow"),
         CommandError::Unavailable(why) => Reply::err(format!("replica is not serving: {why}")),
+        CommandError::StaleSequence => {
+            Reply::err("stale sequence number: this client session already executed a newer request")
+        }
         CommandError::OutcomeUnknown => Reply::err(
             "outcome unknown: the replica left the view while the update was in flight; it may have taken effect",
         ),

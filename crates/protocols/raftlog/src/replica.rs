@@ -845,12 +845,7 @@ fn complete_waiter(group: &mut Group, waiter: Waiter, result: ProposalResult, ou
         ProposalResult::Stale { .. } => {
             debug_assert!(!waiter.own, "this replica's own session never goes backwards");
             for (_, request) in &waiter.requests {
-                out.reply(
-                    *request,
-                    Outcome::Error(CommandError::Unavailable(
-                        "stale sequence number: this client session already executed a newer request",
-                    )),
-                );
+                out.reply(*request, Outcome::Error(CommandError::StaleSequence));
             }
         }
     }
