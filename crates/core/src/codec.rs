@@ -350,6 +350,7 @@ impl WireMessage for Outcome {
                     CommandError::Unavailable(_) => 2,
                     CommandError::OutcomeUnknown => 3,
                     CommandError::StaleSequence => 4,
+                    CommandError::Locked => 5,
                 });
             }
         }
@@ -367,6 +368,7 @@ impl WireMessage for Outcome {
                 2 => CommandError::Unavailable("remote replica is not serving"),
                 3 => CommandError::OutcomeUnknown,
                 4 => CommandError::StaleSequence,
+                5 => CommandError::Locked,
                 tag => return Err(DecodeError::UnknownTag { what: "command error", tag }),
             }),
             tag => return Err(DecodeError::UnknownTag { what: "outcome", tag }),

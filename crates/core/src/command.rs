@@ -84,6 +84,11 @@ pub enum CommandError {
     /// number than this request's; its result is gone and the request did not run.
     #[error("stale sequence number: this client session already executed a newer request")]
     StaleSequence,
+    /// The key is locked by a multi-key transaction in progress (raftlog); the command did
+    /// not run. Replicas retry such commands themselves once the lock is released; only an
+    /// external at-most-once session sees this error.
+    #[error("key is locked by a transaction in progress; retry")]
+    Locked,
 }
 
 impl CommandError {

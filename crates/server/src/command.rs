@@ -469,6 +469,7 @@ pub fn error_reply(error: &CommandError) -> Reply {
         CommandError::StaleSequence => {
             Reply::err("stale sequence number: this client session already executed a newer request")
         }
+        CommandError::Locked => Reply::err("key is locked by a transaction in progress; retry"),
         CommandError::OutcomeUnknown => Reply::err(
             "outcome unknown: the replica left the view while the update was in flight; it may have taken effect",
         ),

@@ -13,6 +13,9 @@ pub enum Bug {
     /// At-most-once is off: the state machine executes every copy of a proposal that reaches
     /// the log, and leaders do not filter retries. A retry after a leader change runs twice.
     NoSessions,
+    /// Transactions take no locks: a lock step always grants, and single-key commands are
+    /// never held back. Concurrent transfers lose updates and audits see half-done ones.
+    NoTxnLocks,
 }
 
 #[derive(Clone, Debug)]

@@ -22,8 +22,9 @@ pub mod message;
 pub mod replica;
 pub mod state;
 pub mod storage;
+pub mod txn;
 
 pub use config::{Bug, RaftLogConfig};
-pub use message::{EntryBatch, Message, Proposal};
+pub use message::{EntryBatch, Message, Proposal, Step, TxnId};
 pub use replica::{log_of, RaftLog, RaftLogStats};
 pub use state::{LogState, ProposalResult, SessionRecord};

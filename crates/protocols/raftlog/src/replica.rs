@@ -31,9 +31,10 @@ use rustc_hash::FxHashMap;
 
 use crate::config::RaftLogConfig;
 use crate::durable::{Checkpoint, LogCheckpoint, Recovered, Record};
-use crate::message::{EntryBatch, Message, Proposal};
+use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
 use crate::state::{LogState, ProposalResult, SessionRecord};
 use crate::storage::LogStorage;
+use crate::txn::{Driver, StepKind, StepResult};
 
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,6 +61,13 @@ pub struct RaftLogStats {
     pub snapshots_taken: u64,
     /// Snapshots received from a leader and installed (this replica had fallen behind).
     pub snapshots_installed: u64,
+    /// Transactions this replica originated, and transactions it answered.
+    pub txns_started: u64,
+    pub txns_answered: u64,
+    /// Lock requests refused because another transaction held a key (each retried).
+    pub txn_lock_retries: u64,
+    /// Own commands that found their key locked and waited for the release.
+    pub commands_blocked: u64,
 }
 
 /// Which log a key belongs to: FNV-1a (64-bit) of the key, modulo the number of logs. A fixed
@@ -90,6 +98,8 @@ struct Waiter {
     /// Who gets which command's outcome: `(command index, request)`.
     requests: Vec<(usize, ClientRequestId)>,
     own: bool,
+    /// A transaction step this replica's driver sent: its result goes to the driver.
+    step: Option<(StepKind, u32)>,
     sent_at: Option<Time>,
     /// The Raft id it was last sent (or proposed) to.
     sent_to: u64,
@@ -114,6 +124,8 @@ struct ReadRound {
 }
 
 struct Group {
+    /// This group's log number.
+    log: usize,
     raft: RawNode<LogStorage>,
     state: LogState,
     applied_index: u64,
@@ -124,8 +136,13 @@ struct Group {
     updates_accepted: u64,
     updates_applied: u64,
     waiters: BTreeMap<(u64, u64), Waiter>,
+    /// This replica's own commands that hit a key locked by a transaction: sent again
+    /// once this replica's copy shows the lock released.
+    blocked: Vec<(ClientRequestId, Command)>,
     // ---- reads
     reads_waiting: VecDeque<PendingRead>,
+    /// Confirmed reads of a locked key, served once the lock is released.
+    reads_blocked: Vec<(ClientRequestId, Key)>,
     read_round: Option<ReadRound>,
     next_read_round: u64,
     /// Rounds the leader confirmed, waiting for this replica to apply up to their index.
@@ -167,6 +184,16 @@ pub struct RaftLog {
     checkpoint_due: bool,
     /// Raft ids this replica sent a snapshot to during the current Ready cycle.
     snapshots_sent: Vec<u64>,
+    // ---- transactions (crate::txn)
+    drivers: BTreeMap<TxnId, Driver>,
+    /// Transactions whose `Begin` this replica applied (or found in a snapshot) since the
+    /// drivers last ran.
+    txns_begun: Vec<(TxnId, Vec<Command>)>,
+    step_results: Vec<StepResult>,
+    /// The clients (and commands) of transactions this replica originated, until their
+    /// driver exists.
+    txn_clients: FxHashMap<TxnId, (Vec<ClientRequestId>, Vec<Command>)>,
+    next_txn: u64,
 }
 
 const READ_CONTEXT_BYTES: usize = 13;
@@ -179,6 +206,7 @@ impl RaftLog {
     }
 
     fn with_groups(config: RaftLogConfig, groups: Vec<Group>) -> RaftLog {
+        // (`ignore_locks` is the NoTxnLocks bug, set on every state machine below.)
         assert!(config.logs >= 1, "at least one log");
         assert!(u32::try_from(config.logs).is_ok(), "log numbers travel as u32");
         assert!(config.members.contains(config.me), "a node is a member of its own cluster");
@@ -186,12 +214,17 @@ impl RaftLog {
         assert!(config.retry_timeout > Time::ZERO, "retry_timeout must be positive");
         assert_eq!(groups.len(), config.logs);
         #[cfg(feature = "broken-variants")]
-        let (dedupe, local_reads) = (
+        let (dedupe, local_reads, ignore_locks) = (
             config.bug != Some(crate::config::Bug::NoSessions),
             config.bug == Some(crate::config::Bug::LocalReads),
+            config.bug == Some(crate::config::Bug::NoTxnLocks),
         );
         #[cfg(not(feature = "broken-variants"))]
-        let (dedupe, local_reads) = (true, false);
+        let (dedupe, local_reads, ignore_locks) = (true, false, false);
+        let mut groups = groups;
+        for group in &mut groups {
+            group.state.ignore_locks = ignore_locks;
+        }
         RaftLog {
             view: View { epoch: Epoch(1), live: config.members },
             next_raft_tick: config.raft_tick_period,
@@ -203,6 +236,11 @@ impl RaftLog {
             applied_since_snapshot: 0,
             checkpoint_due: false,
             snapshots_sent: Vec::new(),
+            drivers: BTreeMap::new(),
+            txns_begun: Vec::new(),
+            step_results: Vec::new(),
+            txn_clients: FxHashMap::default(),
+            next_txn: 0,
             config,
         }
     }
@@ -266,7 +304,9 @@ impl RaftLog {
             .enumerate()
             .map(|(log, restored)| new_group(&config, log, Some(restored)))
             .collect();
-        Ok(RaftLog::with_groups(config, groups))
+        let mut replica = RaftLog::with_groups(config, groups);
+        replica.resume_txns_in_progress();
+        Ok(replica)
     }
 
     /// Records the runtime must make durable before it performs this call's outbox.
@@ -346,6 +386,8 @@ impl RaftLog {
                 group.queue.len()
                     + group.waiters.values().map(|waiter| waiter.requests.len()).sum::<usize>()
                     + group.reads_waiting.len()
+                    + group.blocked.len()
+                    + group.reads_blocked.len()
                     + group.read_round.as_ref().map_or(0, |round| round.reads.len())
                     + group.reads_confirmed.iter().map(|(_, reads)| reads.len()).sum::<usize>()
             })
@@ -373,10 +415,128 @@ impl RaftLog {
             // one outcome.
             waiter.requests.push((0, request));
         } else {
-            let proposal = Proposal { client, seq, commands: vec![command] };
-            register_waiter(group, proposal, vec![(0, request)], false, self.dedupe, out);
+            let proposal = Proposal { client, seq, commands: vec![command], step: None };
+            let waiter = Waiter::new(proposal, vec![(0, request)], false, None);
+            register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
         }
         self.flush(now, out);
+    }
+
+    /// A multi-key transaction (RESP `MULTI`/`EXEC`): `requests[i]` gets the outcome of
+    /// `requests[i].1`, all of them executed atomically with respect to every other command
+    /// and transaction, across logs (`crate::txn`). Replies arrive once every log applied
+    /// the transaction's updates.
+    pub fn on_transaction(&mut self, now: Time, requests: Vec<(ClientRequestId, Command)>, out: &mut Outbox<Message>) {
+        if requests.is_empty() {
+            return;
+        }
+        self.next_txn += 1;
+        self.stats.txns_started += 1;
+        let txn = TxnId { origin: self.config.session_client_id, number: self.next_txn };
+        let (clients, commands): (Vec<ClientRequestId>, Vec<Command>) = requests.into_iter().unzip();
+        let coordinator = self.log_of(commands[0].key());
+        self.txn_clients.insert(txn, (clients, commands.clone()));
+        let client = crate::txn::step_client(txn, StepKind::Begin, coordinator, 0);
+        let proposal = Proposal { client, seq: 1, commands: Vec::new(), step: Some(Step::Begin { txn, commands }) };
+        let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
+        let group = &mut self.groups[coordinator];
+        register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
+        self.flush(now, out);
+    }
+
+    /// A description of every driver and lock, for test failure messages.
+    pub fn debug_txns(&self) -> String {
+        let mut text = String::new();
+        for driver in self.drivers.values() {
+            text.push_str(&format!("{driver:?}\n"));
+        }
+        for group in &self.groups {
+            let raft = &group.raft.raft;
+            text.push_str(&format!(
+                "log {} applied {} commit {} last {} snap {} term {} role {:?} leader {} locks {:?} waiters {:?}\n",
+                group.log,
+                group.applied_index,
+                raft.raft_log.committed,
+                raft.raft_log.last_index(),
+                group.raft.store().snapshot_index(),
+                raft.term,
+                raft.state,
+                raft.leader_id,
+                group.state.debug_locks(),
+                group.waiters.iter().map(|(k, w)| (k.0 % 1000, w.sent_at, w.sent_to)).collect::<Vec<_>>()
+            ));
+        }
+        text
+    }
+
+    /// Transactions this replica is driving (its own and everyone else's in progress).
+    pub fn txns_driven(&self) -> usize {
+        self.drivers.len()
+    }
+
+    /// Every transaction the applied state says is in progress gets a driver (after a
+    /// restart or a snapshot install: whoever was driving it may be gone).
+    fn resume_txns_in_progress(&mut self) {
+        for group in &self.groups {
+            for (txn, commands) in group.state.txns_in_progress() {
+                self.txns_begun.push((*txn, commands.clone()));
+            }
+        }
+    }
+
+    /// Start drivers for begun transactions, feed them step results, send what they want.
+    /// Returns whether anything happened.
+    fn drive_txns(&mut self, now: Time, out: &mut Outbox<Message>) -> bool {
+        if self.txns_begun.is_empty() && self.step_results.is_empty() && self.drivers.is_empty() {
+            return false;
+        }
+        let mut progressed = !self.txns_begun.is_empty() || !self.step_results.is_empty();
+        for (txn, commands) in std::mem::take(&mut self.txns_begun) {
+            let logs = self.groups.len();
+            let driver = self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, logs));
+            if let Some((clients, _)) = self.txn_clients.remove(&txn) {
+                driver.replies = clients;
+            }
+        }
+        for result in std::mem::take(&mut self.step_results) {
+            if result.kind == StepKind::Begin {
+                // Normally applying the Begin started the driver; a snapshot that covers the
+                // Begin (perhaps the whole transaction) did not. The origin still owes its
+                // client the outcomes: drive it here too (its steps come back as duplicates).
+                if let Some((clients, commands)) = self.txn_clients.remove(&result.txn) {
+                    let logs = self.groups.len();
+                    let driver =
+                        self.drivers.entry(result.txn).or_insert_with(|| Driver::new(result.txn, commands, logs));
+                    driver.replies = clients;
+                    progressed = true;
+                }
+                continue;
+            }
+            if result.kind == StepKind::Lock && result.outcomes.first() == Some(&Outcome::Flag(false)) {
+                self.stats.txn_lock_retries += 1;
+            }
+            let Some(driver) = self.drivers.get_mut(&result.txn) else { continue };
+            for (request, outcome) in driver.on_result(&result, now, self.config.retry_timeout) {
+                self.stats.txns_answered += 1;
+                out.reply(request, outcome);
+            }
+        }
+        self.drivers.retain(|_, driver| !driver.is_done());
+        let mut requests = Vec::new();
+        for driver in self.drivers.values_mut() {
+            requests.extend(driver.due(now));
+        }
+        for request in requests {
+            progressed = true;
+            let kind = crate::txn::StepKind::of(request.proposal.step.as_ref().expect("a step"));
+            let waiter = Waiter::new(request.proposal, Vec::new(), false, Some((kind, request.attempt)));
+            let group = &mut self.groups[request.log];
+            if group.waiters.contains_key(&(waiter.proposal.client, waiter.proposal.seq)) {
+                continue;
+            }
+            register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
+        }
+        progressed
     }
 
     // ------------------------------------------------------------------ the turn
@@ -386,6 +546,17 @@ impl RaftLog {
     /// and run the raft-rs Ready cycle (messages out, entries applied, reads answered).
     /// Applying can complete a batch and free the way for the next, hence the loop.
     fn flush(&mut self, now: Time, out: &mut Outbox<Message>) {
+        for _ in 0..4 {
+            self.drive_txns(now, out);
+            self.flush_logs(now, out);
+            if self.txns_begun.is_empty() && self.step_results.is_empty() {
+                break;
+            }
+        }
+        self.maybe_snapshot();
+    }
+
+    fn flush_logs(&mut self, now: Time, out: &mut Outbox<Message>) {
         for log in 0..self.groups.len() {
             for _ in 0..4 {
                 self.dispatch_own_batch(log, out);
@@ -397,7 +568,6 @@ impl RaftLog {
                 }
             }
         }
-        self.maybe_snapshot();
     }
 
     /// Turn queued updates into this replica's next batch, unless one is in flight.
@@ -415,8 +585,9 @@ impl RaftLog {
         }
         group.own_seq += 1;
         group.own_in_flight = true;
-        let proposal = Proposal { client: self.config.session_client_id, seq: group.own_seq, commands };
-        register_waiter(group, proposal, requests, true, self.dedupe, out);
+        let proposal = Proposal { client: self.config.session_client_id, seq: group.own_seq, commands, step: None };
+        let waiter = Waiter::new(proposal, requests, true, None);
+        register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
     }
 
     /// Send every waiting batch that was never sent, whose leader changed, or whose retry
@@ -626,7 +797,9 @@ impl RaftLog {
         let index = snapshot.get_metadata().index;
         let group = &mut self.groups[log];
         group.raft.mut_store().apply_snapshot(snapshot);
+        let ignore_locks = group.state.ignore_locks;
         group.state = state;
+        group.state.ignore_locks = ignore_locks;
         group.applied_index = index;
         self.stats.snapshots_installed += 1;
         self.checkpoint_due = true;
@@ -641,8 +814,12 @@ impl RaftLog {
             let last_seq = group.state.last_seq(key.0);
             let result =
                 if key.1 == last_seq { ProposalResult::Duplicate } else { ProposalResult::Stale { last_seq } };
-            complete_waiter(group, waiter, result, out);
+            complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
         }
+        for (txn, commands) in group.state.txns_in_progress() {
+            self.txns_begun.push((*txn, commands.clone()));
+        }
+        release_unlocked(group, out);
     }
 
     /// Compact every log to its applied index once enough entries were applied (bounding
@@ -729,24 +906,33 @@ impl RaftLog {
                     ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
                     ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
                 }
+                if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) = (result, &proposal.step) {
+                    self.txns_begun.push((*txn, commands.clone()));
+                }
                 let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { continue };
-                complete_waiter(group, waiter, result, out);
+                complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
             }
         }
-        // Confirmed reads whose index is now applied.
+        // Confirmed reads whose index is now applied (a locked key waits for its release).
         let applied_index = group.applied_index;
         let mut served = 0;
+        let (state, reads_blocked) = (&group.state, &mut group.reads_blocked);
         group.reads_confirmed.retain(|(index, reads)| {
             if *index > applied_index {
                 return true;
             }
             for (request, key) in reads {
-                out.reply(*request, Outcome::Value(group.state.get(key).cloned()));
+                if state.is_locked(key) {
+                    reads_blocked.push((*request, key.clone()));
+                    continue;
+                }
+                out.reply(*request, Outcome::Value(state.get(key).cloned()));
                 served += 1;
             }
             false
         });
         self.stats.reads_served += served;
+        release_unlocked(group, out);
     }
 }
 
@@ -787,6 +973,7 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         let _ = raft.campaign();
     }
     Group {
+        log,
         raft,
         state,
         applied_index,
@@ -796,7 +983,9 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         updates_accepted: 0,
         updates_applied: 0,
         waiters: BTreeMap::new(),
+        blocked: Vec::new(),
         reads_waiting: VecDeque::new(),
+        reads_blocked: Vec::new(),
         read_round: None,
         next_read_round: 0,
         reads_confirmed: Vec::new(),
@@ -806,31 +995,54 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
     }
 }
 
+impl Waiter {
+    fn new(proposal: Proposal, requests: Vec<(usize, ClientRequestId)>, own: bool, step: Option<(StepKind, u32)>) -> Waiter {
+        Waiter { proposal, requests, own, step, sent_at: None, sent_to: INVALID_ID }
+    }
+}
+
 /// Track a batch until this replica applies it. One that this replica has applied already
-/// (a retry of an external request) is answered at once.
+/// (a retry of an external request, a step another driver got executed) is answered at once.
 fn register_waiter(
     group: &mut Group,
-    proposal: Proposal,
-    requests: Vec<(usize, ClientRequestId)>,
-    own: bool,
+    waiter: Waiter,
     dedupe: bool,
     out: &mut Outbox<Message>,
+    step_results: &mut Vec<StepResult>,
+    stats: &mut RaftLogStats,
 ) {
-    let last_seq = group.state.last_seq(proposal.client);
-    let waiter = Waiter { proposal, requests, own, sent_at: None, sent_to: INVALID_ID };
+    let last_seq = group.state.last_seq(waiter.proposal.client);
     if dedupe && waiter.proposal.seq <= last_seq {
         let result = if waiter.proposal.seq == last_seq {
             ProposalResult::Duplicate
         } else {
             ProposalResult::Stale { last_seq }
         };
-        complete_waiter(group, waiter, result, out);
+        complete_waiter(group, waiter, result, out, step_results, stats);
         return;
     }
     group.waiters.insert((waiter.proposal.client, waiter.proposal.seq), waiter);
 }
 
-fn complete_waiter(group: &mut Group, waiter: Waiter, result: ProposalResult, out: &mut Outbox<Message>) {
+fn complete_waiter(
+    group: &mut Group,
+    waiter: Waiter,
+    result: ProposalResult,
+    out: &mut Outbox<Message>,
+    step_results: &mut Vec<StepResult>,
+    stats: &mut RaftLogStats,
+) {
+    if let (Some((kind, attempt)), Some(step)) = (waiter.step, &waiter.proposal.step) {
+        // Steps use sequence number 1 only, so their result is never stale.
+        let outcomes = group.state.session(waiter.proposal.client).map(|record| record.outcomes.clone());
+        let txn = match step {
+            Step::Begin { txn, .. } | Step::Lock { txn, .. } | Step::Update { txn, .. } | Step::Finish { txn } => *txn,
+        };
+        let log = group.log;
+        step_results.push(StepResult { txn, kind, log, attempt, outcomes: outcomes.unwrap_or_default() });
+        return;
+    }
+    let mut blocked = 0;
     match result {
         ProposalResult::Executed | ProposalResult::Duplicate => {
             let record = group.state.session(waiter.proposal.client).expect("applied session");
@@ -839,6 +1051,12 @@ fn complete_waiter(group: &mut Group, waiter: Waiter, result: ProposalResult, ou
                     // A retry that reused the sequence number for a different batch.
                     CommandError::Unavailable("sequence number reused for a different request"),
                 ));
+                if waiter.own && outcome == Outcome::Error(CommandError::Locked) {
+                    // Locked by a transaction: did not run. Wait for the release, then go again.
+                    group.blocked.push((*request, waiter.proposal.commands[*index].clone()));
+                    blocked += 1;
+                    continue;
+                }
                 out.reply(*request, outcome);
             }
         }
@@ -849,9 +1067,35 @@ fn complete_waiter(group: &mut Group, waiter: Waiter, result: ProposalResult, ou
             }
         }
     }
+    stats.commands_blocked += blocked as u64;
     if waiter.own {
         group.own_in_flight = false;
-        group.updates_applied += waiter.requests.len() as u64;
+        group.updates_applied += (waiter.requests.len() - blocked) as u64;
+    }
+}
+
+/// Commands and reads that waited for a transaction's lock go again once this replica's
+/// copy shows the key unlocked: commands to the front of the queue (in their order), reads
+/// answered from the copy.
+fn release_unlocked(group: &mut Group, out: &mut Outbox<Message>) {
+    if !group.blocked.is_empty() {
+        let state = &group.state;
+        let (free, still): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut group.blocked).into_iter().partition(|(_, command)| !state.is_locked(command.key()));
+        group.blocked = still;
+        for entry in free.into_iter().rev() {
+            group.queue.push_front(entry);
+        }
+    }
+    if !group.reads_blocked.is_empty() {
+        let state = &group.state;
+        group.reads_blocked.retain(|(request, key)| {
+            if state.is_locked(key) {
+                return true;
+            }
+            out.reply(*request, Outcome::Value(state.get(key).cloned()));
+            false
+        });
     }
 }
 

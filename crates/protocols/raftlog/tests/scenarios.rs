@@ -493,7 +493,7 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
             1,
             Message::Forward {
                 log: 5,
-                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![] },
+                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![], step: None },
                 relayed: false,
             },
         ),
@@ -501,7 +501,7 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
             9,
             Message::Forward {
                 log: 0,
-                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![] },
+                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![], step: None },
                 relayed: false,
             },
         ),
