@@ -109,7 +109,8 @@ fn killed_raftlog_nodes_rejoin_under_their_ids_and_lose_no_acknowledged_write() 
     let value: String = redis::cmd("GET").arg("after").query(&mut cluster.client(0)).unwrap();
     assert_eq!(value, "restart");
     let counter = |info: &str, name: &str| -> u64 {
-        let line = info.lines().find(|line| line.starts_with(&format!("raftlog_{name}:"))).unwrap_or_default();
+        let line =
+            info.lines().find(|line| line.starts_with(&format!("raftlog_{name}:"))).unwrap_or_default();
         line.split(':').nth(1).and_then(|value| value.trim().parse().ok()).unwrap_or(0)
     };
     for node in 0..3 {

@@ -340,7 +340,12 @@ impl RawConfig {
             None => defaults.flush,
             Some("msync") => chorus_raftlog::disk::FlushBackend::Msync,
             Some("none") => chorus_raftlog::disk::FlushBackend::None,
-            Some(other) => return Err(field_error("raftlog_flush", format!("{other:?} is neither \"msync\" nor \"none\""))),
+            Some(other) => {
+                return Err(field_error(
+                    "raftlog_flush",
+                    format!("{other:?} is neither \"msync\" nor \"none\""),
+                ))
+            }
         };
         let snapshot_entries = self.raftlog_snapshot_entries.unwrap_or(defaults.snapshot_entries);
         Ok(RaftlogOptions { logs, batch_commands_max, flush, snapshot_entries })

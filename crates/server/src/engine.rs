@@ -51,6 +51,21 @@ where
     }
     /// Replies wait for [`Self::persist_turn`]: an acknowledged write must be on disk.
     const REPLIES_AFTER_PERSIST: bool = false;
+    /// Run `requests` as one atomic transaction (MULTI/EXEC), replying to each. Only
+    /// raftlog can; the others refuse every command rather than claim atomicity.
+    fn on_transaction(
+        &mut self,
+        _now: Time,
+        requests: Vec<(ClientRequestId, Command)>,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        for (request, _) in requests {
+            out.reply(
+                request,
+                Outcome::Error(CommandError::Unavailable("transactions need protocol raftlog")),
+            );
+        }
+    }
 }
 
 impl<P> ServedReplica for WithMembership<P>
@@ -113,6 +128,14 @@ impl ServedReplica for DurableRaftLog {
         self.persist().map_err(|error| error.to_string())
     }
     const REPLIES_AFTER_PERSIST: bool = true;
+    fn on_transaction(
+        &mut self,
+        now: Time,
+        requests: Vec<(ClientRequestId, Command)>,
+        out: &mut Outbox<chorus_raftlog::Message>,
+    ) {
+        self.core_mut().on_transaction(now, requests, out);
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.core().stats();
         let d = self.disk_stats();
@@ -132,6 +155,10 @@ impl ServedReplica for DurableRaftLog {
             ("batches_forwarded", s.batches_forwarded),
             ("batches_resent", s.batches_resent),
             ("read_rounds", s.read_rounds),
+            ("txns_started", s.txns_started),
+            ("txns_answered", s.txns_answered),
+            ("txn_lock_retries", s.txn_lock_retries),
+            ("commands_blocked", s.commands_blocked),
             ("reads_served", s.reads_served),
         ]
     }
@@ -281,6 +308,11 @@ pub enum EngineRequest {
     Status {
         reply: oneshot::Sender<EngineStatus>,
     },
+    /// MULTI/EXEC: the commands run as one transaction; `replies[i]` answers `commands[i]`.
+    Transaction {
+        commands: Vec<Command>,
+        replies: Vec<oneshot::Sender<Outcome>>,
+    },
     /// Every key this node knows to hold a value (for FLUSHALL).
     Keys {
         reply: oneshot::Sender<Vec<Key>>,
@@ -316,6 +348,17 @@ impl EngineHandle {
         }
         let mut outcomes = Vec::with_capacity(pending.len());
         for rx in pending {
+            outcomes.push(rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN)));
+        }
+        outcomes
+    }
+
+    /// Run `commands` as one transaction; the outcomes in order.
+    pub async fn execute_transaction(&self, commands: Vec<Command>) -> Vec<Outcome> {
+        let (replies, receivers): (Vec<_>, Vec<_>) = commands.iter().map(|_| oneshot::channel()).unzip();
+        let _ = self.tx.send(EngineRequest::Transaction { commands, replies }).await;
+        let mut outcomes = Vec::with_capacity(receivers.len());
+        for rx in receivers {
             outcomes.push(rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN)));
         }
         outcomes
@@ -438,6 +481,21 @@ where
                 let now = self.now();
                 self.replica.on_client(now, id, command, &mut self.outbox);
                 // Replies that are ready now (local reads) complete right away.
+                self.complete_replies();
+            }
+            EngineRequest::Transaction { commands, replies } => {
+                let mut requests = Vec::with_capacity(commands.len());
+                for (command, reply) in commands.into_iter().zip(replies) {
+                    let id = ClientRequestId(self.next_request);
+                    self.next_request += 1;
+                    if command.is_update() && !self.known_keys.contains(command.key()) {
+                        self.known_keys.insert(command.key().clone());
+                    }
+                    self.pending.insert(id, reply);
+                    requests.push((id, command));
+                }
+                let now = self.now();
+                self.replica.on_transaction(now, requests, &mut self.outbox);
                 self.complete_replies();
             }
             EngineRequest::Status { reply } => {

@@ -82,7 +82,15 @@ impl<M: RegionMemory> CircularLog<M> {
             return Err(CircularError::TooSmall(region.size()));
         }
         let capacity = region.size() - DATA_OFFSET;
-        let mut log = CircularLog { region, capacity, head: 0, head_seq: first_seq, tail: 0, next_seq: first_seq, counter: 0 };
+        let mut log = CircularLog {
+            region,
+            capacity,
+            head: 0,
+            head_seq: first_seq,
+            tail: 0,
+            next_seq: first_seq,
+            counter: 0,
+        };
         let Some((counter, head, head_seq)) = log.read_header()? else {
             log.write_header(0, first_seq)?;
             log.region.flush()?;
@@ -357,7 +365,10 @@ mod tests {
         let (_, records) = CircularLog::open(region, 1).unwrap();
         // The older header says the head is at record 1: both records are replayed, which is
         // safe (the second level skips sequence numbers it already holds).
-        assert_eq!(records.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(), vec![b"one".to_vec(), b"two".to_vec()]);
+        assert_eq!(
+            records.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(),
+            vec![b"one".to_vec(), b"two".to_vec()]
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use chorus_region::FlushBackend;
 use chorus_region::{Region, RegionStore, TenantId};
 
 use crate::circular::{CircularError, CircularLog, RECORD_HEADER_BYTES};
-use crate::durable::{Checkpoint, Recovered, Record};
+use crate::durable::{Checkpoint, Record, Recovered};
 use crate::{Message, RaftLog, RaftLogConfig};
 
 const SNAPSHOT_MAGIC: u64 = 0x7061_6e73_676f_6c72; // "rlogsnap"
@@ -151,7 +151,8 @@ impl TwoLevelLog {
         let file_last_seq = file_records.last().map_or(0, |(seq, _)| *seq);
 
         let store = RegionStore::open(dir, options.flush).map_err(CircularError::from)?;
-        let region = store.register(TenantId(0), "circular", options.circular_bytes).map_err(CircularError::from)?;
+        let region =
+            store.register(TenantId(0), "circular", options.circular_bytes).map_err(CircularError::from)?;
         let (mut circular, circular_records) = CircularLog::open(region, first_seq.max(file_last_seq + 1))?;
 
         // Keep every sequence number from the checkpoint on, once, in order.
@@ -180,7 +181,13 @@ impl TwoLevelLog {
         if circular.next_seq() < expected {
             circular.truncate_all(expected)?;
         }
-        let log = TwoLevelLog { dir: dir.to_path_buf(), circular, file, file_last_seq, stats: DiskStats::default() };
+        let log = TwoLevelLog {
+            dir: dir.to_path_buf(),
+            circular,
+            file,
+            file_last_seq,
+            stats: DiskStats::default(),
+        };
         Ok((log, Recovered { checkpoint, records }))
     }
 
@@ -268,7 +275,9 @@ impl TwoLevelLog {
         let path = self.dir.join("snapshot");
         let tmp = self.dir.join("snapshot.tmp");
         let mut file = File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
-        file.write_all(&bytes).and_then(|()| file.sync_all()).map_err(io(format!("writing {}", tmp.display())))?;
+        file.write_all(&bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(io(format!("writing {}", tmp.display())))?;
         std::fs::rename(&tmp, &path).map_err(io(format!("renaming {}", tmp.display())))?;
         sync_dir(&self.dir)?;
         // The checkpoint is in place: both levels of the log may go.
@@ -306,7 +315,10 @@ fn read_checkpoint(path: &Path) -> Result<(Option<Checkpoint>, u64), DiskError> 
 fn next_boot(dir: &Path) -> Result<u64, DiskError> {
     let path = dir.join("boot");
     let boot = match std::fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse::<u64>().map_err(|_| DiskError::Corrupt(format!("{}: not a number", path.display())))?,
+        Ok(text) => text
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| DiskError::Corrupt(format!("{}: not a number", path.display())))?,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
         Err(error) => return Err(io(format!("reading {}", path.display()))(error)),
     } + 1;
@@ -338,7 +350,11 @@ impl DurableRaftLog {
 
     /// Open `dir` (created if missing) and restore the replica the previous incarnation
     /// left there; the node rejoins under its old id.
-    pub fn open(mut config: RaftLogConfig, dir: &Path, options: DiskOptions) -> Result<DurableRaftLog, DiskError> {
+    pub fn open(
+        mut config: RaftLogConfig,
+        dir: &Path,
+        options: DiskOptions,
+    ) -> Result<DurableRaftLog, DiskError> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let boot = next_boot(dir)?;
         // One at-most-once session per incarnation: the previous one may have batches in
@@ -346,7 +362,8 @@ impl DurableRaftLog {
         config.session_client_id = ((config.me.0 as u64) << 40) | boot;
         config.durable = true;
         let (disk, recovered) = TwoLevelLog::open(dir, options)?;
-        let core = RaftLog::restore(config, recovered).map_err(|error| DiskError::Corrupt(format!("{}: {error}", dir.display())))?;
+        let core = RaftLog::restore(config, recovered)
+            .map_err(|error| DiskError::Corrupt(format!("{}: {error}", dir.display())))?;
         Ok(DurableRaftLog { core, disk: Some(disk), boot })
     }
 
@@ -384,7 +401,13 @@ impl Replica for DurableRaftLog {
         self.core.id()
     }
 
-    fn on_client(&mut self, now: Time, request: ClientRequestId, command: Command, out: &mut Outbox<Message>) {
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Message>,
+    ) {
         self.core.on_client(now, request, command, out);
     }
 
@@ -421,7 +444,12 @@ mod tests {
         Record::Entries {
             log,
             entries: (from..from + count)
-                .map(|index| Entry { index, term: 1, data: Bytes::from(vec![index as u8; size]), ..Default::default() })
+                .map(|index| Entry {
+                    index,
+                    term: 1,
+                    data: Bytes::from(vec![index as u8; size]),
+                    ..Default::default()
+                })
                 .collect(),
         }
     }
@@ -454,7 +482,13 @@ mod tests {
             log.persist(&[entries(0, i + 1, 1, 300)]).unwrap();
         }
         let checkpoint = Checkpoint {
-            logs: vec![LogCheckpoint { snapshot_index: 20, snapshot_term: 1, commit: 20, term: 1, ..Default::default() }],
+            logs: vec![LogCheckpoint {
+                snapshot_index: 20,
+                snapshot_term: 1,
+                commit: 20,
+                term: 1,
+                ..Default::default()
+            }],
         };
         let after = Record::HardState { log: 0, term: 2, vote: 1, commit: 20 };
         log.persist(&[Record::Checkpoint(checkpoint.clone()), after.clone()]).unwrap();

@@ -17,8 +17,16 @@ use raft::prelude::{Entry, HardState};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
     /// Entries appended to `log` (a suffix that may replace conflicting entries).
-    Entries { log: u32, entries: Vec<Entry> },
-    HardState { log: u32, term: u64, vote: u64, commit: u64 },
+    Entries {
+        log: u32,
+        entries: Vec<Entry>,
+    },
+    HardState {
+        log: u32,
+        term: u64,
+        vote: u64,
+        commit: u64,
+    },
     /// A snapshot of every log: the state machine (keys and session table) at its applied
     /// index, the HardState, and the entries after the snapshot. Written to a file of its
     /// own; both levels of the log are truncated behind it (Cyclone §2: "snapshots ...
@@ -83,7 +91,8 @@ fn read_entries(reader: &mut Reader) -> Result<Vec<Entry>, DecodeError> {
     let mut entries = Vec::with_capacity(count);
     for _ in 0..count {
         let bytes = reader.bytes()?;
-        entries.push(Entry::parse_from_bytes(&bytes).map_err(|_| DecodeError::Invalid("malformed raft entry"))?);
+        entries
+            .push(Entry::parse_from_bytes(&bytes).map_err(|_| DecodeError::Invalid("malformed raft entry"))?);
     }
     Ok(entries)
 }

@@ -279,7 +279,8 @@ mod tests {
         proptest::option::of(prop_oneof![
             (txn.clone(), proptest::collection::vec(arb_command(), 0..3))
                 .prop_map(|(txn, commands)| Step::Begin { txn, commands }),
-            (txn.clone(), proptest::collection::vec(arb_bytes(), 0..3)).prop_map(|(txn, keys)| Step::Lock { txn, keys }),
+            (txn.clone(), proptest::collection::vec(arb_bytes(), 0..3))
+                .prop_map(|(txn, keys)| Step::Lock { txn, keys }),
             (
                 txn.clone(),
                 proptest::collection::vec((arb_bytes(), proptest::option::of(arb_bytes())), 0..3),

@@ -30,7 +30,7 @@ use raft::{Config, RawNode, ReadState, StateRole, INVALID_ID};
 use rustc_hash::FxHashMap;
 
 use crate::config::RaftLogConfig;
-use crate::durable::{Checkpoint, LogCheckpoint, Recovered, Record};
+use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
 use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
 use crate::state::{LogState, ProposalResult, SessionRecord};
 use crate::storage::LogStorage;
@@ -272,11 +272,15 @@ impl RaftLog {
                 let mut snapshot = Snapshot::default();
                 snapshot.mut_metadata().index = saved.snapshot_index;
                 snapshot.mut_metadata().term = saved.snapshot_term;
-                snapshot.mut_metadata().set_conf_state(raft::prelude::ConfState::from((voters.clone(), vec![])));
+                snapshot
+                    .mut_metadata()
+                    .set_conf_state(raft::prelude::ConfState::from((voters.clone(), vec![])));
                 snapshot.data = saved.state.clone();
                 storage.apply_snapshot(snapshot);
                 storage.set_hard_state(saved.hard_state());
-                storage.append(&saved.entries).map_err(|error| format!("checkpoint of log {log}: {error}"))?;
+                storage
+                    .append(&saved.entries)
+                    .map_err(|error| format!("checkpoint of log {log}: {error}"))?;
                 *state = LogState::decode(saved.state.clone())
                     .map_err(|error| format!("checkpoint of log {log}: state machine: {error}"))?;
             }
@@ -426,7 +430,12 @@ impl RaftLog {
     /// `requests[i].1`, all of them executed atomically with respect to every other command
     /// and transaction, across logs (`crate::txn`). Replies arrive once every log applied
     /// the transaction's updates.
-    pub fn on_transaction(&mut self, now: Time, requests: Vec<(ClientRequestId, Command)>, out: &mut Outbox<Message>) {
+    pub fn on_transaction(
+        &mut self,
+        now: Time,
+        requests: Vec<(ClientRequestId, Command)>,
+        out: &mut Outbox<Message>,
+    ) {
         if requests.is_empty() {
             return;
         }
@@ -437,7 +446,8 @@ impl RaftLog {
         let coordinator = self.log_of(commands[0].key());
         self.txn_clients.insert(txn, (clients, commands.clone()));
         let client = crate::txn::step_client(txn, StepKind::Begin, coordinator, 0);
-        let proposal = Proposal { client, seq: 1, commands: Vec::new(), step: Some(Step::Begin { txn, commands }) };
+        let proposal =
+            Proposal { client, seq: 1, commands: Vec::new(), step: Some(Step::Begin { txn, commands }) };
         let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
         let group = &mut self.groups[coordinator];
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
@@ -505,8 +515,10 @@ impl RaftLog {
                 // client the outcomes: drive it here too (its steps come back as duplicates).
                 if let Some((clients, commands)) = self.txn_clients.remove(&result.txn) {
                     let logs = self.groups.len();
-                    let driver =
-                        self.drivers.entry(result.txn).or_insert_with(|| Driver::new(result.txn, commands, logs));
+                    let driver = self
+                        .drivers
+                        .entry(result.txn)
+                        .or_insert_with(|| Driver::new(result.txn, commands, logs));
                     driver.replies = clients;
                     progressed = true;
                 }
@@ -585,7 +597,8 @@ impl RaftLog {
         }
         group.own_seq += 1;
         group.own_in_flight = true;
-        let proposal = Proposal { client: self.config.session_client_id, seq: group.own_seq, commands, step: None };
+        let proposal =
+            Proposal { client: self.config.session_client_id, seq: group.own_seq, commands, step: None };
         let waiter = Waiter::new(proposal, requests, true, None);
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
     }
@@ -812,8 +825,11 @@ impl RaftLog {
         for key in covered {
             let waiter = group.waiters.remove(&key).expect("listed");
             let last_seq = group.state.last_seq(key.0);
-            let result =
-                if key.1 == last_seq { ProposalResult::Duplicate } else { ProposalResult::Stale { last_seq } };
+            let result = if key.1 == last_seq {
+                ProposalResult::Duplicate
+            } else {
+                ProposalResult::Stale { last_seq }
+            };
             complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
         }
         for (txn, commands) in group.state.txns_in_progress() {
@@ -826,7 +842,8 @@ impl RaftLog {
     /// memory; a follower behind the compaction gets the snapshot instead of entries), and,
     /// when durable, hand the runtime a checkpoint so it can truncate both log levels.
     fn maybe_snapshot(&mut self) {
-        let due = self.config.snapshot_entries > 0 && self.applied_since_snapshot >= self.config.snapshot_entries;
+        let due =
+            self.config.snapshot_entries > 0 && self.applied_since_snapshot >= self.config.snapshot_entries;
         if !due && !(self.checkpoint_due && self.config.durable) {
             return;
         }
@@ -906,7 +923,9 @@ impl RaftLog {
                     ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
                     ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
                 }
-                if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) = (result, &proposal.step) {
+                if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) =
+                    (result, &proposal.step)
+                {
                     self.txns_begun.push((*txn, commands.clone()));
                 }
                 let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { continue };
@@ -996,7 +1015,12 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
 }
 
 impl Waiter {
-    fn new(proposal: Proposal, requests: Vec<(usize, ClientRequestId)>, own: bool, step: Option<(StepKind, u32)>) -> Waiter {
+    fn new(
+        proposal: Proposal,
+        requests: Vec<(usize, ClientRequestId)>,
+        own: bool,
+        step: Option<(StepKind, u32)>,
+    ) -> Waiter {
         Waiter { proposal, requests, own, step, sent_at: None, sent_to: INVALID_ID }
     }
 }
@@ -1036,7 +1060,10 @@ fn complete_waiter(
         // Steps use sequence number 1 only, so their result is never stale.
         let outcomes = group.state.session(waiter.proposal.client).map(|record| record.outcomes.clone());
         let txn = match step {
-            Step::Begin { txn, .. } | Step::Lock { txn, .. } | Step::Update { txn, .. } | Step::Finish { txn } => *txn,
+            Step::Begin { txn, .. }
+            | Step::Lock { txn, .. }
+            | Step::Update { txn, .. }
+            | Step::Finish { txn } => *txn,
         };
         let log = group.log;
         step_results.push(StepResult { txn, kind, log, attempt, outcomes: outcomes.unwrap_or_default() });
@@ -1080,8 +1107,9 @@ fn complete_waiter(
 fn release_unlocked(group: &mut Group, out: &mut Outbox<Message>) {
     if !group.blocked.is_empty() {
         let state = &group.state;
-        let (free, still): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut group.blocked).into_iter().partition(|(_, command)| !state.is_locked(command.key()));
+        let (free, still): (Vec<_>, Vec<_>) = std::mem::take(&mut group.blocked)
+            .into_iter()
+            .partition(|(_, command)| !state.is_locked(command.key()));
         group.blocked = still;
         for entry in free.into_iter().rev() {
             group.queue.push_front(entry);

@@ -146,7 +146,11 @@ impl Driver {
 
     fn request(&self, log: usize, kind: StepKind, attempt: u32, step: Step) -> StepRequest {
         let client = step_client(self.txn, kind, log, attempt);
-        StepRequest { log, attempt, proposal: Proposal { client, seq: 1, commands: Vec::new(), step: Some(step) } }
+        StepRequest {
+            log,
+            attempt,
+            proposal: Proposal { client, seq: 1, commands: Vec::new(), step: Some(step) },
+        }
     }
 
     /// The requests due now (each sent once; the waiter machinery retries them).
@@ -156,7 +160,8 @@ impl Driver {
             Phase::Lock { index, attempt, sent: false, not_before } if now >= *not_before => {
                 let (index, attempt) = (*index, *attempt);
                 let (log, keys) = self.participant(index);
-                let request = self.request(log, StepKind::Lock, attempt, Step::Lock { txn, keys: keys.clone() });
+                let request =
+                    self.request(log, StepKind::Lock, attempt, Step::Lock { txn, keys: keys.clone() });
                 self.phase = Phase::Lock { index, attempt, sent: true, not_before: now };
                 vec![request]
             }
@@ -190,7 +195,9 @@ impl Driver {
         retry_timeout: Time,
     ) -> Vec<(ClientRequestId, Outcome)> {
         match &mut self.phase {
-            Phase::Lock { index, attempt, .. } if result.kind == StepKind::Lock && result.attempt == *attempt => {
+            Phase::Lock { index, attempt, .. }
+                if result.kind == StepKind::Lock && result.attempt == *attempt =>
+            {
                 let (index, attempt) = (*index, *attempt);
                 let (log, keys) = self.participant(index);
                 if log != result.log {
@@ -200,19 +207,26 @@ impl Driver {
                 match result.outcomes.split_first() {
                     Some((Outcome::Flag(true), values)) if values.len() == keys.len() => {
                         for (key, value) in keys.into_iter().zip(values) {
-                            let Outcome::Value(value) = value else { unreachable!("lock results are values") };
+                            let Outcome::Value(value) = value else {
+                                unreachable!("lock results are values")
+                            };
                             self.values.insert(key, value.clone());
                         }
                         if index + 1 < self.keys_by_log.len() {
-                            self.phase = Phase::Lock { index: index + 1, attempt: 0, sent: false, not_before: now };
+                            self.phase =
+                                Phase::Lock { index: index + 1, attempt: 0, sent: false, not_before: now };
                         } else {
                             self.execute();
                         }
                     }
                     _ => {
                         // Another transaction holds a key: try this log again later.
-                        self.phase =
-                            Phase::Lock { index, attempt: attempt + 1, sent: false, not_before: now + retry_timeout };
+                        self.phase = Phase::Lock {
+                            index,
+                            attempt: attempt + 1,
+                            sent: false,
+                            not_before: now + retry_timeout,
+                        };
                     }
                 }
                 Vec::new()
@@ -311,7 +325,13 @@ mod tests {
             } else {
                 vec![Outcome::Flag(false)]
             };
-            let result = StepResult { txn, kind: StepKind::Lock, log: request.log, attempt: request.attempt, outcomes };
+            let result = StepResult {
+                txn,
+                kind: StepKind::Lock,
+                log: request.log,
+                attempt: request.attempt,
+                outcomes,
+            };
             assert!(driver.on_result(&result, now, timeout).is_empty());
         }
         let mut sorted = locked.clone();
@@ -321,8 +341,13 @@ mod tests {
         assert_eq!(updates.len(), locked.len());
         let mut replies = Vec::new();
         for update in &updates {
-            let result =
-                StepResult { txn, kind: StepKind::Update, log: update.log, attempt: 0, outcomes: vec![Outcome::Written] };
+            let result = StepResult {
+                txn,
+                kind: StepKind::Update,
+                log: update.log,
+                attempt: 0,
+                outcomes: vec![Outcome::Written],
+            };
             replies.extend(driver.on_result(&result, now, timeout));
         }
         assert_eq!(
@@ -335,7 +360,8 @@ mod tests {
         );
         let finish = driver.due(now);
         assert_eq!(finish.len(), 1);
-        let result = StepResult { txn, kind: StepKind::Finish, log: finish[0].log, attempt: 0, outcomes: vec![] };
+        let result =
+            StepResult { txn, kind: StepKind::Finish, log: finish[0].log, attempt: 0, outcomes: vec![] };
         driver.on_result(&result, now, timeout);
         assert!(driver.is_done());
     }

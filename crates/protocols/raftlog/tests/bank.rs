@@ -13,7 +13,7 @@
 
 use bytes::Bytes;
 use chorus_core::{ClientRequestId, Command, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time};
-use chorus_raftlog::durable::{Recovered, Record};
+use chorus_raftlog::durable::{Record, Recovered};
 use chorus_raftlog::{Bug, Message, RaftLog, RaftLogConfig};
 
 const ACCOUNTS: usize = 5;
@@ -129,13 +129,16 @@ impl Bank {
     }
 
     fn cut(&self, a: u8, b: u8) -> bool {
-        !self.up[a as usize] || !self.up[b as usize] || self.isolated.is_some_and(|node| (node == a) != (node == b))
+        !self.up[a as usize]
+            || !self.up[b as usize]
+            || self.isolated.is_some_and(|node| (node == a) != (node == b))
     }
 
     fn step(&mut self, faults: bool) {
         self.now = self.now + Time::from_millis(1);
         let now = self.now;
-        let (due, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.net).into_iter().partition(|(at, ..)| *at <= now);
+        let (due, rest): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.net).into_iter().partition(|(at, ..)| *at <= now);
         self.net = rest;
         for (_, from, to, message) in due {
             if self.cut(from, to) {
@@ -229,14 +232,19 @@ impl Bank {
                 let sum = outcomes
                     .iter()
                     .map(|outcome| match outcome {
-                        Outcome::Value(Some(value)) => std::str::from_utf8(value).unwrap().parse::<i64>().unwrap(),
+                        Outcome::Value(Some(value)) => {
+                            std::str::from_utf8(value).unwrap().parse::<i64>().unwrap()
+                        }
                         other => panic!("audit read {other:?}"),
                     })
                     .sum();
                 self.audits.push(sum);
             }
             Op::Transfer => {
-                assert!(outcomes.iter().all(|outcome| matches!(outcome, Outcome::Integer(_))), "{outcomes:?}");
+                assert!(
+                    outcomes.iter().all(|outcome| matches!(outcome, Outcome::Integer(_))),
+                    "{outcomes:?}"
+                );
                 self.transfers_done += 1;
             }
             Op::Single => self.singles_done += 1,
@@ -263,10 +271,10 @@ fn run(seed: u64, bug: Option<Bug>) -> Result<Run, String> {
     let mut out = Outbox::default();
     let opening: Vec<_> = (0..ACCOUNTS)
         .map(|i| {
-            (ClientRequestId(1_000_000 + i as u64), Command::Write {
-                key: account(i),
-                value: Some(Bytes::from(INITIAL_BALANCE.to_string())),
-            })
+            (
+                ClientRequestId(1_000_000 + i as u64),
+                Command::Write { key: account(i), value: Some(Bytes::from(INITIAL_BALANCE.to_string())) },
+            )
         })
         .collect();
     bank.nodes[0].on_transaction(bank.now, opening, &mut out);
@@ -279,7 +287,8 @@ fn run(seed: u64, bug: Option<Bug>) -> Result<Run, String> {
     }
     bank.replies.clear();
 
-    let mut clients: Vec<Client> = (0..4).map(|i| Client { node: (i % 3) as u8, incarnation: 0, pending: None }).collect();
+    let mut clients: Vec<Client> =
+        (0..4).map(|i| Client { node: (i % 3) as u8, incarnation: 0, pending: None }).collect();
     let mut down_until: Option<(u8, Time)> = None;
     let mut isolated_until = Time::ZERO;
     let mut restarts = 0;
@@ -309,7 +318,10 @@ fn run(seed: u64, bug: Option<Bug>) -> Result<Run, String> {
         }
         for client in &mut clients {
             bank.poll(client);
-            let stuck = client.pending.as_ref().is_some_and(|(_, _, sent)| bank.now > *sent + Time::from_millis(1_500));
+            let stuck = client
+                .pending
+                .as_ref()
+                .is_some_and(|(_, _, sent)| bank.now > *sent + Time::from_millis(1_500));
             let node_down = !bank.up[client.node as usize];
             let reset = client.incarnation != bank.incarnations[client.node as usize];
             if client.pending.is_some() && ((faults && (stuck || node_down)) || reset) {
@@ -363,7 +375,12 @@ fn run(seed: u64, bug: Option<Bug>) -> Result<Run, String> {
             }
         }
     }
-    Ok(Run { audits: bank.audits, transfers_done: bank.transfers_done, singles_done: bank.singles_done, restarts })
+    Ok(Run {
+        audits: bank.audits,
+        transfers_done: bank.transfers_done,
+        singles_done: bank.singles_done,
+        restarts,
+    })
 }
 
 #[test]

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use chorus_core::{
     ClientRequestId, Command, CommandError, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, Value,
 };
-use chorus_raftlog::durable::{Recovered, Record};
+use chorus_raftlog::durable::{Record, Recovered};
 use chorus_raftlog::{Message, RaftLog, RaftLogConfig};
 use raft::prelude::MessageType;
 
