@@ -67,6 +67,9 @@ pub struct NodeArgs {
     /// raftlog: checkpoint every this many applied entries (default 20000).
     #[arg(long)]
     pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog: coupled (execute after commit, default) or decoupled.
+    #[arg(long)]
+    pub raftlog_execution: Option<String>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -109,6 +112,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_batch_max: args.raftlog_batch_max,
         raftlog_flush: args.raftlog_flush,
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
+        raftlog_execution: args.raftlog_execution,
         ..RawConfig::default()
     };
     let config = file.merge(overrides).validate()?;

@@ -61,6 +61,9 @@ pub struct RawConfig {
     /// raftlog only: checkpoint (and truncate the on-disk log) every this many applied
     /// entries (default 20000).
     pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
+    /// executes on arrival and releases the result at commit).
+    pub raftlog_execution: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +134,7 @@ pub struct RaftlogOptions {
     pub batch_commands_max: usize,
     pub flush: chorus_raftlog::disk::FlushBackend,
     pub snapshot_entries: u64,
+    pub decoupled: bool,
 }
 
 impl Default for RaftlogOptions {
@@ -140,6 +144,7 @@ impl Default for RaftlogOptions {
             batch_commands_max: 1_024,
             flush: chorus_raftlog::disk::FlushBackend::Msync,
             snapshot_entries: 20_000,
+            decoupled: false,
         }
     }
 }
@@ -206,6 +211,7 @@ impl RawConfig {
             raftlog_batch_max: overrides.raftlog_batch_max.or(self.raftlog_batch_max),
             raftlog_flush: overrides.raftlog_flush.or(self.raftlog_flush),
             raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
+            raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
         }
     }
 
@@ -321,6 +327,7 @@ impl RawConfig {
             ("raftlog_batch_max", self.raftlog_batch_max.is_some()),
             ("raftlog_flush", self.raftlog_flush.is_some()),
             ("raftlog_snapshot_entries", self.raftlog_snapshot_entries.is_some()),
+            ("raftlog_execution", self.raftlog_execution.is_some()),
         ];
         if protocol != Protocol::Raftlog {
             if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
@@ -348,7 +355,17 @@ impl RawConfig {
             }
         };
         let snapshot_entries = self.raftlog_snapshot_entries.unwrap_or(defaults.snapshot_entries);
-        Ok(RaftlogOptions { logs, batch_commands_max, flush, snapshot_entries })
+        let decoupled = match self.raftlog_execution.as_deref() {
+            None | Some("coupled") => false,
+            Some("decoupled") => true,
+            Some(other) => {
+                return Err(field_error(
+                    "raftlog_execution",
+                    format!("{other:?} is neither \"coupled\" nor \"decoupled\""),
+                ))
+            }
+        };
+        Ok(RaftlogOptions { logs, batch_commands_max, flush, snapshot_entries, decoupled })
     }
 
     fn membership_timing(&self, protocol: Protocol) -> Result<Option<MembershipTiming>, ConfigError> {
@@ -433,6 +450,24 @@ client_addr = "127.0.0.1:7380"
         let overrides = RawConfig { client_addr: Some("127.0.0.1:9999".into()), ..RawConfig::default() };
         let config = RawConfig::parse(GOOD).unwrap().merge(overrides).validate().unwrap();
         assert_eq!(config.client_addr.port(), 9999);
+    }
+
+    #[test]
+    fn raftlog_options_parse_and_only_apply_to_raftlog() {
+        let text = format!(
+            "protocol = \"raftlog\"\nraftlog_logs = 2\nraftlog_batch_max = 1\nraftlog_flush = \"none\"\nraftlog_execution = \"decoupled\"\n{GOOD}"
+        );
+        let config = RawConfig::parse(&text).unwrap().validate().unwrap();
+        assert_eq!(config.raftlog.logs, 2);
+        assert_eq!(config.raftlog.batch_commands_max, 1);
+        assert_eq!(config.raftlog.flush, chorus_raftlog::disk::FlushBackend::None);
+        assert!(config.raftlog.decoupled);
+        assert!(error_of(&format!("raftlog_logs = 2\n{GOOD}")).contains("`raftlog_logs`"));
+        assert!(
+            error_of(&format!("protocol = \"raftlog\"\nraftlog_logs = 0\n{GOOD}")).contains("`raftlog_logs`")
+        );
+        assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_execution = \"later\"\n{GOOD}"))
+            .contains("`raftlog_execution`"));
     }
 
     fn error_of(text: &str) -> String {

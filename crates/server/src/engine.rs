@@ -159,6 +159,9 @@ impl ServedReplica for DurableRaftLog {
             ("txns_answered", s.txns_answered),
             ("txn_lock_retries", s.txn_lock_retries),
             ("commands_blocked", s.commands_blocked),
+            ("speculation_confirmed", s.speculation_confirmed),
+            ("speculation_mismatches", s.speculation_mismatches),
+            ("speculation_rolled_back", s.speculation_rolled_back),
             ("reads_served", s.reads_served),
         ]
     }

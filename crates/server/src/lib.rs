@@ -208,6 +208,7 @@ fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Durabl
     raftlog.logs = config.raftlog.logs;
     raftlog.batch_commands_max = config.raftlog.batch_commands_max;
     raftlog.snapshot_entries = config.raftlog.snapshot_entries;
+    raftlog.decoupled = config.raftlog.decoupled;
     let Some(data_dir) = &config.data_dir else {
         warn!("no data_dir: raftlog state is in memory only; a restarted node must not rejoin under its id");
         return Ok(DurableRaftLog::in_memory(raftlog));

@@ -46,6 +46,9 @@ pub struct RaftLogConfig {
     /// as long as nodes never restart with the same identity (true while the log is in
     /// memory only); the server should pass something like `node << 48 | boot counter`.
     pub session_client_id: u64,
+    /// Decoupled execution (Cyclone §3.1): the leader executes commands when it proposes
+    /// them and releases the results at commit (`crate::speculate`). Default: coupled.
+    pub decoupled: bool,
     /// Emit durable records (`RaftLog::take_durable`) for a runtime that persists them
     /// (the server's two-level log). The simulator runs without.
     pub durable: bool,
@@ -71,6 +74,7 @@ impl RaftLogConfig {
             retry_timeout: Time::from_millis(60),
             batch_commands_max: 1_024,
             session_client_id: me.0 as u64,
+            decoupled: false,
             durable: false,
             snapshot_entries: 20_000,
             #[cfg(feature = "broken-variants")]

@@ -20,6 +20,7 @@ pub mod disk;
 pub mod durable;
 pub mod message;
 pub mod replica;
+pub mod speculate;
 pub mod state;
 pub mod storage;
 pub mod txn;

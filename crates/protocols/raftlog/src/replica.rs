@@ -32,6 +32,7 @@ use rustc_hash::FxHashMap;
 use crate::config::RaftLogConfig;
 use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
 use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
+use crate::speculate::Speculation;
 use crate::state::{LogState, ProposalResult, SessionRecord};
 use crate::storage::LogStorage;
 use crate::txn::{Driver, StepKind, StepResult};
@@ -68,6 +69,13 @@ pub struct RaftLogStats {
     pub txn_lock_retries: u64,
     /// Own commands that found their key locked and waited for the release.
     pub commands_blocked: u64,
+    /// Decoupled execution: proposals executed at proposal time, results confirmed by the
+    /// committed execution, mismatches (a bug if ever non-zero), results rolled back when
+    /// leadership was lost.
+    pub speculated: u64,
+    pub speculation_confirmed: u64,
+    pub speculation_mismatches: u64,
+    pub speculation_rolled_back: u64,
 }
 
 /// Which log a key belongs to: FNV-1a (64-bit) of the key, modulo the number of logs. A fixed
@@ -153,6 +161,8 @@ struct Group {
     /// batch already in this leader's log is not proposed again.
     proposed: FxHashMap<u64, u64>,
     proposed_term: u64,
+    /// Decoupled execution at the leader (`crate::speculate`).
+    speculation: Option<Speculation>,
 }
 
 impl Group {
@@ -570,6 +580,7 @@ impl RaftLog {
 
     fn flush_logs(&mut self, now: Time, out: &mut Outbox<Message>) {
         for log in 0..self.groups.len() {
+            self.roll_back_lost_speculation(log);
             for _ in 0..4 {
                 self.dispatch_own_batch(log, out);
                 self.send_waiters(log, now, out);
@@ -642,6 +653,18 @@ impl RaftLog {
         }
     }
 
+    /// Decoupled execution: a leader that lost its leadership (or moved to a new term)
+    /// throws its speculative results away; the committed execution answers instead.
+    fn roll_back_lost_speculation(&mut self, log: usize) {
+        let group = &mut self.groups[log];
+        let Some(spec) = &group.speculation else { return };
+        if group.is_leader() && spec.term == group.raft.raft.term {
+            return;
+        }
+        self.stats.speculation_rolled_back += spec.pending() as u64;
+        group.speculation = None;
+    }
+
     /// As leader: take a batch into the next entry, unless it already executed or is already
     /// in this leader's log.
     fn accept_proposal(&mut self, log: usize, proposal: Proposal) {
@@ -682,6 +705,9 @@ impl RaftLog {
         if group.raft.propose(vec![], batch.to_bytes().to_vec()).is_ok() {
             self.stats.entries_proposed += 1;
             self.stats.commands_proposed += commands as u64;
+            if self.config.decoupled {
+                speculate_entry(group, &batch, &mut self.stats);
+            }
         } else {
             // Dropped (e.g. a leadership transfer): forget it so a retry proposes it again.
             for proposal in &batch.proposals {
@@ -928,9 +954,22 @@ impl RaftLog {
                 {
                     self.txns_begun.push((*txn, commands.clone()));
                 }
+                let speculated =
+                    group.speculation.as_mut().and_then(|spec| spec.take(proposal.client, proposal.seq));
+                if let Some(speculated) = &speculated {
+                    let committed = group.state.session(proposal.client).map(|record| &record.outcomes);
+                    if result == ProposalResult::Executed && committed == Some(speculated) {
+                        self.stats.speculation_confirmed += 1;
+                    } else {
+                        self.stats.speculation_mismatches += 1;
+                    }
+                }
                 let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { continue };
                 complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
             }
+        }
+        if group.speculation.is_some() && group.applied_index == group.raft.raft.raft_log.last_index() {
+            group.speculation.as_mut().expect("checked").drained();
         }
         // Confirmed reads whose index is now applied (a locked key waits for its release).
         let applied_index = group.applied_index;
@@ -1011,6 +1050,7 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         to_propose: Vec::new(),
         proposed: FxHashMap::default(),
         proposed_term: 0,
+        speculation: None,
     }
 }
 
@@ -1287,5 +1327,34 @@ mod tests {
         assert_ne!(base, read_context(NodeId(2), 2, 3));
         assert_ne!(base, read_context(NodeId(1), 3, 3));
         assert_ne!(base, read_context(NodeId(1), 2, 4));
+    }
+}
+
+/// Decoupled execution of an entry the leader just proposed (see `crate::speculate`).
+fn speculate_entry(group: &mut Group, batch: &EntryBatch, stats: &mut RaftLogStats) {
+    let term = group.raft.raft.term;
+    if group.speculation.as_ref().is_some_and(|spec| spec.term != term) {
+        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
+        group.speculation = None;
+    }
+    if group.speculation.is_none() {
+        // Start only with nothing ahead of this entry unapplied, and this term's no-op
+        // committed: then the overlay knows every entry before the ones it speculates.
+        let last_before = group.raft.raft.raft_log.last_index() - 1;
+        if group.applied_index < last_before || !group.raft.raft.commit_to_current_term() {
+            return;
+        }
+        group.speculation = Some(Speculation::new(term));
+    }
+    if !batch.proposals.iter().all(Speculation::predictable) {
+        // A transaction step: stop predicting until the pipeline drains.
+        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
+        group.speculation = None;
+        return;
+    }
+    let spec = group.speculation.as_mut().expect("just ensured");
+    for proposal in &batch.proposals {
+        spec.execute(&group.state, proposal);
+        stats.speculated += 1;
     }
 }

@@ -235,3 +235,39 @@ fn execution_without_sessions_is_caught() {
         eprintln!("NoSessions caught at seed {caught:?} with {replicas} replicas");
     }
 }
+
+/// Decoupled execution (Cyclone §3.1, `RaftLogConfig::decoupled`): the same faults, every
+/// history linearizable, and every speculative result the leader released was confirmed by
+/// the committed execution; leaders that lost leadership rolled theirs back.
+#[test]
+fn decoupled_execution_is_linearizable_and_every_speculation_is_confirmed() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let totals = Rc::new(RefCell::new(Vec::new()));
+    let seeds = 500;
+    for seed in 0..seeds {
+        let config = SimConfig::new(seed, 3);
+        let run = simulate(&config, &mut |me, members, _| {
+            let mut config = config_for(me, members, seed);
+            config.decoupled = true;
+            counted::Counted { inner: RaftLog::new(config), totals: totals.clone() }
+        });
+        let report = check_history(&run.history, &CheckerConfig::default());
+        assert!(report.violations.is_empty(), "seed {seed}: {}", report.violations[0]);
+        assert!(run.liveness_failures.is_empty(), "seed {seed}: {}", run.liveness_failures[0]);
+    }
+    let totals = totals.borrow();
+    let sum = |field: fn(&chorus_raftlog::RaftLogStats) -> u64| totals.iter().map(field).sum::<u64>();
+    let (speculated, confirmed, mismatches, rolled_back) = (
+        sum(|s| s.speculated),
+        sum(|s| s.speculation_confirmed),
+        sum(|s| s.speculation_mismatches),
+        sum(|s| s.speculation_rolled_back),
+    );
+    eprintln!(
+        "speculated {speculated}, confirmed {confirmed}, mismatches {mismatches}, rolled back {rolled_back}"
+    );
+    assert_eq!(mismatches, 0, "a speculative result differed from the committed one");
+    assert!(confirmed > seeds * 20, "too little speculation confirmed: {confirmed}");
+    assert!(rolled_back > 0, "no leader ever rolled back speculation");
+}
