@@ -870,7 +870,8 @@ impl RaftLog {
     fn maybe_snapshot(&mut self) {
         let due =
             self.config.snapshot_entries > 0 && self.applied_since_snapshot >= self.config.snapshot_entries;
-        if !due && !(self.checkpoint_due && self.config.durable) {
+        let checkpoint_due = self.checkpoint_due && self.config.durable;
+        if !(due || checkpoint_due) {
             return;
         }
         self.applied_since_snapshot = 0;
@@ -968,8 +969,9 @@ impl RaftLog {
                 complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
             }
         }
-        if group.speculation.is_some() && group.applied_index == group.raft.raft.raft_log.last_index() {
-            group.speculation.as_mut().expect("checked").drained();
+        let drained = group.applied_index == group.raft.raft.raft_log.last_index();
+        if let Some(spec) = group.speculation.as_mut().filter(|_| drained) {
+            spec.drained();
         }
         // Confirmed reads whose index is now applied (a locked key waits for its release).
         let applied_index = group.applied_index;
@@ -1299,6 +1301,35 @@ impl Replica for RaftLog {
     }
 }
 
+/// Decoupled execution of an entry the leader just proposed (see `crate::speculate`).
+fn speculate_entry(group: &mut Group, batch: &EntryBatch, stats: &mut RaftLogStats) {
+    let term = group.raft.raft.term;
+    if group.speculation.as_ref().is_some_and(|spec| spec.term != term) {
+        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
+        group.speculation = None;
+    }
+    if group.speculation.is_none() {
+        // Start only with nothing ahead of this entry unapplied, and this term's no-op
+        // committed: then the overlay knows every entry before the ones it speculates.
+        let last_before = group.raft.raft.raft_log.last_index() - 1;
+        if group.applied_index < last_before || !group.raft.raft.commit_to_current_term() {
+            return;
+        }
+        group.speculation = Some(Speculation::new(term));
+    }
+    if !batch.proposals.iter().all(Speculation::predictable) {
+        // A transaction step: stop predicting until the pipeline drains.
+        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
+        group.speculation = None;
+        return;
+    }
+    let spec = group.speculation.as_mut().expect("just ensured");
+    for proposal in &batch.proposals {
+        spec.execute(&group.state, proposal);
+        stats.speculated += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1327,34 +1358,5 @@ mod tests {
         assert_ne!(base, read_context(NodeId(2), 2, 3));
         assert_ne!(base, read_context(NodeId(1), 3, 3));
         assert_ne!(base, read_context(NodeId(1), 2, 4));
-    }
-}
-
-/// Decoupled execution of an entry the leader just proposed (see `crate::speculate`).
-fn speculate_entry(group: &mut Group, batch: &EntryBatch, stats: &mut RaftLogStats) {
-    let term = group.raft.raft.term;
-    if group.speculation.as_ref().is_some_and(|spec| spec.term != term) {
-        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
-        group.speculation = None;
-    }
-    if group.speculation.is_none() {
-        // Start only with nothing ahead of this entry unapplied, and this term's no-op
-        // committed: then the overlay knows every entry before the ones it speculates.
-        let last_before = group.raft.raft.raft_log.last_index() - 1;
-        if group.applied_index < last_before || !group.raft.raft.commit_to_current_term() {
-            return;
-        }
-        group.speculation = Some(Speculation::new(term));
-    }
-    if !batch.proposals.iter().all(Speculation::predictable) {
-        // A transaction step: stop predicting until the pipeline drains.
-        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
-        group.speculation = None;
-        return;
-    }
-    let spec = group.speculation.as_mut().expect("just ensured");
-    for proposal in &batch.proposals {
-        spec.execute(&group.state, proposal);
-        stats.speculated += 1;
     }
 }
