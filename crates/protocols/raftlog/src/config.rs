@@ -43,8 +43,8 @@ pub struct RaftLogConfig {
     /// keeps its own sequence numbers for it. It must differ between nodes and between
     /// incarnations of one node: a restarted node that reused it would start again at
     /// sequence number 1 and find every request stale. The default, the node id, is right
-    /// as long as nodes never restart with the same identity (true while the log is in
-    /// memory only); the server should pass something like `node << 48 | boot counter`.
+    /// for a replica that never restarts; `disk::DurableRaftLog::open` sets
+    /// `node << 40 | boot counter`.
     pub session_client_id: u64,
     /// Decoupled execution (Cyclone §3.1): the leader executes commands when it proposes
     /// them and releases the results at commit (`crate::speculate`). Default: coupled.
