@@ -11,6 +11,7 @@ pub mod etcd;
 pub mod generator;
 pub mod plot;
 pub mod procs;
+pub mod raftlog;
 pub mod report;
 pub mod resp;
 pub mod workload;

@@ -17,6 +17,11 @@ fn register_font() {
     });
 }
 
+/// The bundled font, for plots drawn by other modules (`raftlog`).
+pub fn register_font_for_others() {
+    register_font();
+}
+
 fn color(system: SystemKind) -> RGBColor {
     match system {
         SystemKind::Chorus => RGBColor(31, 119, 180),

@@ -22,6 +22,10 @@ enum BenchCommand {
     /// cost and tenants, chain (one host process serves everyone) vs Naïve (a process per
     /// tenant replica).
     Group(GroupBenchArgs),
+    /// Cyclone's evaluation on loopback: commands and Raft entries per second and latency as
+    /// raftlog's optimisations are added (1 log without batching, + batching, + 8 logs), vs
+    /// replica count (1, 3, 5) and payload (0-512 B). JSON + PNG.
+    Raftlog(chorus_bench::raftlog::RaftlogBenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -57,5 +61,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
             chorus_bench::compare::run(args, &chorus)
         }
         BenchCommand::Group(args) => run_group(args),
+        BenchCommand::Raftlog(args) => chorus_bench::raftlog::run(args, &std::env::current_exe()?),
     }
 }

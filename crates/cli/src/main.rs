@@ -20,7 +20,7 @@ enum Subcommands {
     /// Start a local cluster of `chorus node` processes and stop them on Ctrl-C.
     Up(up::UpArgs),
     /// Run one replica.
-    Node(node::NodeArgs),
+    Node(Box<node::NodeArgs>),
     /// Run protocol cores under the deterministic simulator with faults and check linearizability.
     Sim(sim::SimArgs),
     /// Benchmarks: load generators and side-by-side comparisons with peers.
@@ -37,7 +37,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Subcommands::Up(args) => up::run(args),
-        Subcommands::Node(args) => node::run(args),
+        Subcommands::Node(args) => node::run(*args),
         Subcommands::Sim(args) => sim::run(args),
         Subcommands::Bench(args) => bench::run(args),
         Subcommands::GroupHost(args) => group::run_host(args),

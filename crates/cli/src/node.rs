@@ -58,6 +58,21 @@ pub struct NodeArgs {
     /// Threads running the node (default 1: every task on one thread, lowest latency).
     #[arg(long)]
     pub worker_threads: Option<usize>,
+    /// raftlog: number of Raft logs (default 8).
+    #[arg(long)]
+    pub raftlog_logs: Option<usize>,
+    /// raftlog: most client commands per batch (default 1024; 1 turns batching off).
+    #[arg(long)]
+    pub raftlog_batch_max: Option<usize>,
+    /// raftlog: circular log flush, msync (default) or none.
+    #[arg(long)]
+    pub raftlog_flush: Option<String>,
+    /// raftlog: checkpoint every this many applied entries (default 20000).
+    #[arg(long)]
+    pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog: coupled (execute after commit, default) or decoupled.
+    #[arg(long)]
+    pub raftlog_execution: Option<String>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -97,6 +112,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         metrics_addr: args.metrics_addr,
         value_bytes_max: args.value_bytes_max,
         worker_threads: args.worker_threads,
+        raftlog_logs: args.raftlog_logs,
+        raftlog_batch_max: args.raftlog_batch_max,
+        raftlog_flush: args.raftlog_flush,
+        raftlog_snapshot_entries: args.raftlog_snapshot_entries,
+        raftlog_execution: args.raftlog_execution,
         ..RawConfig::default()
     };
     let config = file.merge(overrides).validate()?;

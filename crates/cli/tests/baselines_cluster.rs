@@ -57,7 +57,7 @@ fn every_baseline_serves_the_same_commands_across_replicas() {
 /// a majority), so each check polls until a generous deadline.
 #[test]
 fn keys_written_anywhere_are_listed_and_flushed_everywhere() {
-    for protocol in ["hermes", "craq", "zab", "chain"] {
+    for protocol in ["hermes", "craq", "zab", "chain", "raftlog"] {
         let cluster = Cluster::start(3, &["--protocol", protocol]);
         let mut writers = [cluster.client(0), cluster.client(1)];
         for i in 0..10 {
@@ -89,7 +89,7 @@ fn poll_until(protocol: &str, what: &str, mut check: impl FnMut() -> bool) {
 /// of one hash, on different replicas, lose none of them and never see contention errors.
 #[test]
 fn concurrent_hset_on_one_hash_loses_no_field() {
-    for protocol in ["hermes", "craq", "zab", "chain"] {
+    for protocol in ["hermes", "craq", "zab", "chain", "raftlog"] {
         let cluster = Cluster::start(3, &["--protocol", protocol]);
         let writers: Vec<_> = (0..6)
             .map(|writer| {

@@ -96,6 +96,15 @@ pub enum CommandError {
     /// The update would make the value larger than its limit. Deterministic, like a read.
     #[error("the value would exceed the size limit")]
     ValueTooLarge,
+    /// An at-most-once session (raftlog, Cyclone §3.4) already executed a newer sequence
+    /// number than this request's; its result is gone and the request did not run.
+    #[error("stale sequence number: this client session already executed a newer request")]
+    StaleSequence,
+    /// The key is locked by a multi-key transaction in progress (raftlog); the command did
+    /// not run. Replicas retry such commands themselves once the lock is released; only an
+    /// external at-most-once session sees this error.
+    #[error("key is locked by a transaction in progress; retry")]
+    Locked,
 }
 
 impl CommandError {

@@ -69,6 +69,11 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("client", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS),
     spec("wait", 3, &["noscript"], NO_KEYS),
     spec("cas", 4, &["write", "denyoom"], ONE_KEY),
+    spec("multi", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
+    spec("exec", 1, &["noscript", "loading", "stale", "skip_slowlog"], NO_KEYS),
+    spec("discard", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
+    spec("watch", -2, &["noscript", "loading", "stale", "fast"], ALL_KEYS),
+    spec("unwatch", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
 ];
 
 /// Every command name for metrics, plus `unknown` for everything else.
@@ -162,6 +167,11 @@ pub enum Request {
         expected: Bytes,
         new: Bytes,
     },
+    /// Start queueing commands for EXEC (atomic across keys with protocol raftlog only).
+    Multi,
+    Exec,
+    Discard,
+    Watch,
 }
 
 impl Request {
@@ -319,6 +329,10 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             Request::Wait
         }
         "cas" => Request::Cas { key: arg(1), expected: arg(2), new: arg(3) },
+        "multi" => Request::Multi,
+        "exec" => Request::Exec,
+        "discard" => Request::Discard,
+        "watch" | "unwatch" => Request::Watch,
         _ => return Err(Reply::err(format!("unknown command '{name}'"))),
     })
 }
@@ -466,6 +480,10 @@ pub fn error_reply(error: &CommandError) -> Reply {
         CommandError::NotInteger => not_integer(),
         CommandError::Overflow => Reply::err("increment or decrement would overflow"),
         CommandError::Unavailable(why) => Reply::err(format!("replica is not serving: {why}")),
+        CommandError::StaleSequence => {
+            Reply::err("stale sequence number: this client session already executed a newer request")
+        }
+        CommandError::Locked => Reply::err("key is locked by a transaction in progress; retry"),
         CommandError::OutcomeUnknown => Reply::err(
             "outcome unknown: the replica left the view while the update was in flight; it may have taken effect",
         ),

@@ -54,6 +54,18 @@ pub struct RawConfig {
     pub peer_queue_bytes_max: Option<usize>,
     pub maxclients: Option<usize>,
     pub worker_threads: Option<usize>,
+    /// raftlog only: number of Raft logs (default 8).
+    pub raftlog_logs: Option<usize>,
+    /// raftlog only: most client commands per batch (default 1024; 1 = no batching).
+    pub raftlog_batch_max: Option<usize>,
+    /// raftlog only: how the circular log is flushed, "msync" (default) or "none".
+    pub raftlog_flush: Option<String>,
+    /// raftlog only: checkpoint (and truncate the on-disk log) every this many applied
+    /// entries (default 20000).
+    pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
+    /// executes on arrival and releases the result at commit).
+    pub raftlog_execution: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,6 +135,29 @@ pub struct NodeConfig {
     /// a 2-thread runtime with three nodes on 2 cores (docs/benchmarks.md). More threads help
     /// only when a node has cores to itself and many connections to parse.
     pub worker_threads: usize,
+    pub raftlog: RaftlogOptions,
+}
+
+/// raftlog settings (docs/protocols/raftlog.md, docs/operations.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaftlogOptions {
+    pub logs: usize,
+    pub batch_commands_max: usize,
+    pub flush: chorus_raftlog::disk::FlushBackend,
+    pub snapshot_entries: u64,
+    pub decoupled: bool,
+}
+
+impl Default for RaftlogOptions {
+    fn default() -> Self {
+        RaftlogOptions {
+            logs: 8,
+            batch_commands_max: 1_024,
+            flush: chorus_raftlog::disk::FlushBackend::Msync,
+            snapshot_entries: 20_000,
+            decoupled: false,
+        }
+    }
 }
 
 pub const DEFAULT_CLIENT_ADDR: &str = "127.0.0.1:7379";
@@ -184,6 +219,11 @@ impl RawConfig {
             peer_queue_bytes_max: overrides.peer_queue_bytes_max.or(self.peer_queue_bytes_max),
             maxclients: overrides.maxclients.or(self.maxclients),
             worker_threads: overrides.worker_threads.or(self.worker_threads),
+            raftlog_logs: overrides.raftlog_logs.or(self.raftlog_logs),
+            raftlog_batch_max: overrides.raftlog_batch_max.or(self.raftlog_batch_max),
+            raftlog_flush: overrides.raftlog_flush.or(self.raftlog_flush),
+            raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
+            raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
         }
     }
 
@@ -227,6 +267,7 @@ impl RawConfig {
             return Err(field_error("zab_reads", "only applies to protocol \"zab\""));
         }
         let membership = self.membership_timing(protocol)?;
+        let raftlog = self.raftlog_options(protocol)?;
         let client_addr =
             parse_addr("client_addr", self.client_addr.as_deref().unwrap_or(DEFAULT_CLIENT_ADDR))?;
         let peers = self
@@ -277,6 +318,7 @@ impl RawConfig {
             return Err(field_error("worker_threads", "must be between 1 and 256"));
         }
         Ok(NodeConfig {
+            raftlog,
             node_id,
             protocol,
             membership,
@@ -297,6 +339,53 @@ impl RawConfig {
 }
 
 impl RawConfig {
+    fn raftlog_options(&self, protocol: Protocol) -> Result<RaftlogOptions, ConfigError> {
+        let fields = [
+            ("raftlog_logs", self.raftlog_logs.is_some()),
+            ("raftlog_batch_max", self.raftlog_batch_max.is_some()),
+            ("raftlog_flush", self.raftlog_flush.is_some()),
+            ("raftlog_snapshot_entries", self.raftlog_snapshot_entries.is_some()),
+            ("raftlog_execution", self.raftlog_execution.is_some()),
+        ];
+        if protocol != Protocol::Raftlog {
+            if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
+                return Err(field_error(field, "only applies to protocol \"raftlog\""));
+            }
+        }
+        let defaults = RaftlogOptions::default();
+        let logs = self.raftlog_logs.unwrap_or(defaults.logs);
+        if !(1..=1024).contains(&logs) {
+            return Err(field_error("raftlog_logs", "must be between 1 and 1024"));
+        }
+        let batch_commands_max = self.raftlog_batch_max.unwrap_or(defaults.batch_commands_max);
+        if batch_commands_max == 0 {
+            return Err(field_error("raftlog_batch_max", "must be at least 1 (1 turns batching off)"));
+        }
+        let flush = match self.raftlog_flush.as_deref() {
+            None => defaults.flush,
+            Some("msync") => chorus_raftlog::disk::FlushBackend::Msync,
+            Some("none") => chorus_raftlog::disk::FlushBackend::None,
+            Some(other) => {
+                return Err(field_error(
+                    "raftlog_flush",
+                    format!("{other:?} is neither \"msync\" nor \"none\""),
+                ))
+            }
+        };
+        let snapshot_entries = self.raftlog_snapshot_entries.unwrap_or(defaults.snapshot_entries);
+        let decoupled = match self.raftlog_execution.as_deref() {
+            None | Some("coupled") => false,
+            Some("decoupled") => true,
+            Some(other) => {
+                return Err(field_error(
+                    "raftlog_execution",
+                    format!("{other:?} is neither \"coupled\" nor \"decoupled\""),
+                ))
+            }
+        };
+        Ok(RaftlogOptions { logs, batch_commands_max, flush, snapshot_entries, decoupled })
+    }
+
     fn membership_timing(&self, protocol: Protocol) -> Result<Option<MembershipTiming>, ConfigError> {
         let wanted = self.membership.unwrap_or(protocol != Protocol::Raftlog);
         if !wanted {
@@ -380,6 +469,24 @@ client_addr = "127.0.0.1:7380"
         let overrides = RawConfig { client_addr: Some("127.0.0.1:9999".into()), ..RawConfig::default() };
         let config = RawConfig::parse(GOOD).unwrap().merge(overrides).validate().unwrap();
         assert_eq!(config.client_addr.port(), 9999);
+    }
+
+    #[test]
+    fn raftlog_options_parse_and_only_apply_to_raftlog() {
+        let text = format!(
+            "protocol = \"raftlog\"\nraftlog_logs = 2\nraftlog_batch_max = 1\nraftlog_flush = \"none\"\nraftlog_execution = \"decoupled\"\n{GOOD}"
+        );
+        let config = RawConfig::parse(&text).unwrap().validate().unwrap();
+        assert_eq!(config.raftlog.logs, 2);
+        assert_eq!(config.raftlog.batch_commands_max, 1);
+        assert_eq!(config.raftlog.flush, chorus_raftlog::disk::FlushBackend::None);
+        assert!(config.raftlog.decoupled);
+        assert!(error_of(&format!("raftlog_logs = 2\n{GOOD}")).contains("`raftlog_logs`"));
+        assert!(
+            error_of(&format!("protocol = \"raftlog\"\nraftlog_logs = 0\n{GOOD}")).contains("`raftlog_logs`")
+        );
+        assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_execution = \"later\"\n{GOOD}"))
+            .contains("`raftlog_execution`"));
     }
 
     fn error_of(text: &str) -> String {

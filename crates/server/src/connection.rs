@@ -58,6 +58,15 @@ pub struct Connection {
     authenticated: bool,
     name: Option<Bytes>,
     id: u64,
+    /// Commands queued since MULTI (raftlog only; docs/resp.md).
+    multi: Option<Multi>,
+}
+
+#[derive(Default)]
+struct Multi {
+    queued: Vec<(chorus_core::Command, command::ReplyShape)>,
+    /// A command was refused while queueing: EXEC discards the transaction (as Redis does).
+    aborted: bool,
 }
 
 impl Connection {
@@ -73,6 +82,7 @@ impl Connection {
             authenticated,
             name: None,
             id,
+            multi: None,
         }
     }
 
@@ -129,7 +139,12 @@ impl Connection {
         let (name, parsed) = command::parse(&args);
         let mut close = false;
         let reply = match parsed {
-            Err(reply) => reply,
+            Err(reply) => {
+                if let Some(multi) = &mut self.multi {
+                    multi.aborted = true;
+                }
+                reply
+            }
             Ok(request) if !self.authenticated && !request.allowed_unauthenticated() => {
                 Reply::error("NOAUTH Authentication required.")
             }
@@ -137,6 +152,11 @@ impl Connection {
                 close = true;
                 Reply::ok()
             }
+            Ok(request) if self.multi.is_some() => self.in_multi(request).await,
+            Ok(Request::Multi) => self.multi_start(),
+            Ok(Request::Exec) => Reply::err("EXEC without MULTI"),
+            Ok(Request::Discard) => Reply::err("DISCARD without MULTI"),
+            Ok(Request::Watch) => Reply::err("WATCH is not supported; use CAS for optimistic updates"),
             Ok(request) => self.run_request(request).await,
         };
         self.shared.metrics.record(command::metric_index(name), reply.is_error(), started);
@@ -264,6 +284,64 @@ impl Connection {
             },
             Request::Quit => Reply::ok(),
             other => Reply::err(format!("internal error: unhandled request {other:?}")),
+        }
+    }
+
+    fn multi_start(&mut self) -> Reply {
+        if self.shared.settings.protocol != "raftlog" {
+            return Reply::err(format!(
+                "MULTI/EXEC is only supported (and atomic) with protocol raftlog; this node runs {}",
+                self.shared.settings.protocol
+            ));
+        }
+        self.multi = Some(Multi::default());
+        Reply::ok()
+    }
+
+    /// Between MULTI and EXEC: queue single-key commands, run EXEC or DISCARD.
+    async fn in_multi(&mut self, request: Request) -> Reply {
+        let multi = self.multi.as_mut().expect("in MULTI");
+        match request {
+            Request::Multi => Reply::err("MULTI calls can not be nested"),
+            Request::Watch => Reply::err("WATCH inside MULTI is not allowed"),
+            Request::Discard => {
+                self.multi = None;
+                Reply::ok()
+            }
+            Request::Exec => {
+                let multi = self.multi.take().expect("in MULTI");
+                if multi.aborted {
+                    return Reply::error("EXECABORT Transaction discarded because of previous errors.");
+                }
+                if multi.queued.is_empty() {
+                    return Reply::Array(Vec::new());
+                }
+                let (commands, shapes): (Vec<_>, Vec<_>) = multi.queued.into_iter().unzip();
+                let outcomes = self.engine().execute_transaction(commands).await;
+                Reply::Array(
+                    shapes
+                        .into_iter()
+                        .zip(outcomes)
+                        .map(|(shape, outcome)| command::shape_reply(shape, outcome))
+                        .collect(),
+                )
+            }
+            request => match command::single_key_command(&request) {
+                Some(Ok(plan)) => {
+                    multi.queued.push(plan);
+                    Reply::Status("QUEUED")
+                }
+                Some(Err(reply)) => {
+                    multi.aborted = true;
+                    reply
+                }
+                None => {
+                    multi.aborted = true;
+                    Reply::err(
+                        "only single-key commands (GET, SET, SETNX, GETSET, INCR, INCRBY, DECR, DECRBY, CAS) can be queued in a transaction",
+                    )
+                }
+            },
         }
     }
 

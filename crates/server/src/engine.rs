@@ -18,7 +18,7 @@ use chorus_craq::Craq;
 use chorus_hermes::Hermes;
 use chorus_membership::{PersistRecord, WithMembership};
 use chorus_net::Transport;
-use chorus_raftlog::RaftLog;
+use chorus_raftlog::disk::DurableRaftLog;
 use chorus_zab::Zab;
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -40,6 +40,29 @@ where
     /// service's Raft log and vote). Most cores have none.
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         Vec::new()
+    }
+    /// Make the core's own durable state stable (raftlog's two-level log). Called once per
+    /// turn, before the turn's messages are sent and, if [`Self::REPLIES_AFTER_PERSIST`],
+    /// before its replies complete. An error stops the node.
+    fn persist_turn(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    /// Replies wait for [`Self::persist_turn`]: an acknowledged write must be on disk.
+    const REPLIES_AFTER_PERSIST: bool = false;
+    /// Run `requests` as one atomic transaction (MULTI/EXEC), replying to each. Only
+    /// raftlog can; the others refuse every command rather than claim atomicity.
+    fn on_transaction(
+        &mut self,
+        _now: Time,
+        requests: Vec<(ClientRequestId, Command)>,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        for (request, _) in requests {
+            out.reply(
+                request,
+                Outcome::Error(CommandError::Unavailable("transactions need protocol raftlog")),
+            );
+        }
     }
 }
 
@@ -77,25 +100,46 @@ where
     }
 }
 
-impl ServedReplica for RaftLog {
+impl ServedReplica for DurableRaftLog {
     fn protocol_name(&self) -> &'static str {
         "raftlog"
     }
     fn current_view(&self) -> View {
-        self.view()
+        self.core().view()
     }
     fn operational(&self) -> bool {
         true // Raft itself decides which replica can commit.
     }
     fn keys_with_values(&self) -> usize {
-        self.key_count()
+        self.core().key_count()
     }
     fn keys(&self) -> Vec<Key> {
-        RaftLog::keys(self).cloned().collect()
+        self.core().keys().cloned().collect()
+    }
+    fn persist_turn(&mut self) -> Result<(), String> {
+        self.persist().map_err(|error| error.to_string())
+    }
+    const REPLIES_AFTER_PERSIST: bool = true;
+    fn on_transaction(
+        &mut self,
+        now: Time,
+        requests: Vec<(ClientRequestId, Command)>,
+        out: &mut Outbox<chorus_raftlog::Message>,
+    ) {
+        self.core_mut().on_transaction(now, requests, out);
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        let s = self.stats();
+        let s = self.core().stats();
+        let d = self.disk_stats();
         vec![
+            ("boot", self.boot()),
+            ("snapshots_taken", s.snapshots_taken),
+            ("snapshots_installed", s.snapshots_installed),
+            ("disk_records_appended", d.records_appended),
+            ("disk_flushes", d.flushes),
+            ("disk_drains", d.drains),
+            ("disk_bytes_drained", d.bytes_drained),
+            ("disk_checkpoints", d.checkpoints),
             ("entries_proposed", s.entries_proposed),
             ("commands_proposed", s.commands_proposed),
             ("proposals_executed", s.proposals_executed),
@@ -103,6 +147,13 @@ impl ServedReplica for RaftLog {
             ("batches_forwarded", s.batches_forwarded),
             ("batches_resent", s.batches_resent),
             ("read_rounds", s.read_rounds),
+            ("txns_started", s.txns_started),
+            ("txns_answered", s.txns_answered),
+            ("txn_lock_retries", s.txn_lock_retries),
+            ("commands_blocked", s.commands_blocked),
+            ("speculation_confirmed", s.speculation_confirmed),
+            ("speculation_mismatches", s.speculation_mismatches),
+            ("speculation_rolled_back", s.speculation_rolled_back),
             ("reads_served", s.reads_served),
         ]
     }
@@ -259,6 +310,11 @@ pub enum EngineRequest {
     Status {
         reply: oneshot::Sender<EngineStatus>,
     },
+    /// MULTI/EXEC: the commands run as one transaction; `replies[i]` answers `commands[i]`.
+    Transaction {
+        commands: Vec<Command>,
+        replies: Vec<oneshot::Sender<Outcome>>,
+    },
     /// Every key this node knows to hold a value (for FLUSHALL).
     Keys {
         reply: oneshot::Sender<Vec<Key>>,
@@ -294,6 +350,17 @@ impl EngineHandle {
         }
         let mut outcomes = Vec::with_capacity(pending.len());
         for rx in pending {
+            outcomes.push(rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN)));
+        }
+        outcomes
+    }
+
+    /// Run `commands` as one transaction; the outcomes in order.
+    pub async fn execute_transaction(&self, commands: Vec<Command>) -> Vec<Outcome> {
+        let (replies, receivers): (Vec<_>, Vec<_>) = commands.iter().map(|_| oneshot::channel()).unzip();
+        let _ = self.tx.send(EngineRequest::Transaction { commands, replies }).await;
+        let mut outcomes = Vec::with_capacity(receivers.len());
+        for rx in receivers {
             outcomes.push(rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN)));
         }
         outcomes
@@ -413,6 +480,18 @@ where
                 // Replies that are ready now (local reads) complete right away.
                 self.complete_replies();
             }
+            EngineRequest::Transaction { commands, replies } => {
+                let mut requests = Vec::with_capacity(commands.len());
+                for (command, reply) in commands.into_iter().zip(replies) {
+                    let id = ClientRequestId(self.next_request);
+                    self.next_request += 1;
+                    self.pending.insert(id, reply);
+                    requests.push((id, command));
+                }
+                let now = self.now();
+                self.replica.on_transaction(now, requests, &mut self.outbox);
+                self.complete_replies();
+            }
             EngineRequest::Status { reply } => {
                 let _ = reply.send(EngineStatus {
                     me: self.replica.id(),
@@ -448,6 +527,13 @@ where
     }
 
     fn complete_replies(&mut self) {
+        if R::REPLIES_AFTER_PERSIST {
+            return; // perform_outbox completes them once the turn's state is durable
+        }
+        self.complete_replies_now();
+    }
+
+    fn complete_replies_now(&mut self) {
         for (id, outcome) in self.outbox.replies.drain(..) {
             if let Some(reply) = self.pending.remove(&id) {
                 // The client may have gone away; the command still took effect.
@@ -459,6 +545,11 @@ where
     fn perform_outbox(&mut self) {
         self.complete_replies();
         self.persist_durable_records();
+        if let Err(error) = self.replica.persist_turn() {
+            tracing::error!(%error, "cannot persist replica state; stopping this node");
+            std::process::exit(1);
+        }
+        self.complete_replies_now();
         self.transport.send_turn(&mut self.outbox.messages);
     }
 

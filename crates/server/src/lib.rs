@@ -28,7 +28,8 @@ use chorus_craq::{Craq, CraqConfig};
 use chorus_hermes::{Hermes, HermesConfig};
 use chorus_membership::{decode_records, Membership, MembershipConfig, PersistRecord, WithMembership};
 use chorus_net::{NetConfig, NetStats};
-use chorus_raftlog::{RaftLog, RaftLogConfig};
+use chorus_raftlog::disk::{DiskOptions, DurableRaftLog};
+use chorus_raftlog::RaftLogConfig;
 use chorus_zab::{Zab, ZabConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -91,7 +92,7 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
             zab_config.read_mode = read_mode;
             start.spawn(Zab::new(zab_config)).await?
         }
-        Protocol::Raftlog => start.spawn(RaftLog::new(RaftLogConfig::new(me, replicas))).await?,
+        Protocol::Raftlog => start.spawn(open_raftlog(&config, replicas)?).await?,
         Protocol::Chain => start.spawn(open_chain(&config, replicas)?).await?,
     };
 
@@ -217,6 +218,27 @@ fn open_chain(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<chorus_c
         anyhow::bail!("the chain region cannot be used: {error}");
     }
     Ok(chain)
+}
+
+/// The raftlog replica, restored from `<data_dir>/raftlog` (its two-level log and last
+/// checkpoint); without a data directory it keeps everything in memory and must never
+/// rejoin under the same id after a restart.
+fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<DurableRaftLog> {
+    let mut raftlog = RaftLogConfig::new(config.node_id, replicas);
+    raftlog.logs = config.raftlog.logs;
+    raftlog.batch_commands_max = config.raftlog.batch_commands_max;
+    raftlog.snapshot_entries = config.raftlog.snapshot_entries;
+    raftlog.decoupled = config.raftlog.decoupled;
+    let Some(data_dir) = &config.data_dir else {
+        warn!("no data_dir: raftlog state is in memory only; a restarted node must not rejoin under its id");
+        return Ok(DurableRaftLog::in_memory(raftlog));
+    };
+    let dir = data_dir.join("raftlog");
+    let options = DiskOptions { flush: config.raftlog.flush, ..DiskOptions::default() };
+    let replica = DurableRaftLog::open(raftlog, &dir, options)
+        .with_context(|| format!("cannot open the raftlog data in {}", dir.display()))?;
+    info!(boot = replica.boot(), dir = %dir.display(), "raftlog state restored");
+    Ok(replica)
 }
 
 /// The membership node, restored from the data directory's `membership.log`.

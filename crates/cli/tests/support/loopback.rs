@@ -102,6 +102,29 @@ impl Cluster {
         self.try_client(i).unwrap_or_else(|error| panic!("connect to node {i}: {error}"))
     }
 
+    /// Start node `i` again (after [`Cluster::sigkill`]) with the same id, addresses and data
+    /// directory; its log goes to `node-<i>.restart-<n>.log`. Does not wait for readiness.
+    pub fn restart(&mut self, i: usize, extra_args: &[&str]) {
+        assert!(self.nodes[i].child.is_none(), "node {i} is still running");
+        let restarts = std::fs::read_dir(&self.dir).unwrap().count();
+        let log = self.dir.join(format!("node-{i}.restart-{restarts}.log"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
+        command
+            .arg("node")
+            .args(["--node-id", &i.to_string()])
+            .args(["--client-addr", &self.nodes[i].client.to_string()])
+            .args(["--cluster-token", "test-token"])
+            .args(["--data-dir", self.dir.join(format!("node-{i}")).to_str().unwrap()])
+            .args(["--log-level", "info"])
+            .args(extra_args);
+        for (j, node) in self.nodes.iter().enumerate() {
+            command.args(["--peer", &format!("{j}={}", node.peer)]);
+        }
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+        self.nodes[i].child = Some(command.spawn().expect("restart chorus node"));
+        self.nodes[i].log = log;
+    }
+
     pub fn sigkill(&mut self, i: usize) {
         let mut child = self.nodes[i].child.take().unwrap();
         child.kill().unwrap(); // SIGKILL on Unix

@@ -13,6 +13,9 @@ pub enum Bug {
     /// At-most-once is off: the state machine executes every copy of a proposal that reaches
     /// the log, and leaders do not filter retries. A retry after a leader change runs twice.
     NoSessions,
+    /// Transactions take no locks: a lock step always grants, and single-key commands are
+    /// never held back. Concurrent transfers lose updates and audits see half-done ones.
+    NoTxnLocks,
 }
 
 #[derive(Clone, Debug)]
@@ -40,9 +43,19 @@ pub struct RaftLogConfig {
     /// keeps its own sequence numbers for it. It must differ between nodes and between
     /// incarnations of one node: a restarted node that reused it would start again at
     /// sequence number 1 and find every request stale. The default, the node id, is right
-    /// as long as nodes never restart with the same identity (true while the log is in
-    /// memory only); the server should pass something like `node << 48 | boot counter`.
+    /// for a replica that never restarts; `disk::DurableRaftLog::open` sets
+    /// `node << 40 | boot counter`.
     pub session_client_id: u64,
+    /// Decoupled execution (Cyclone §3.1): the leader executes commands when it proposes
+    /// them and releases the results at commit (`crate::speculate`). Default: coupled.
+    pub decoupled: bool,
+    /// Emit durable records (`RaftLog::take_durable`) for a runtime that persists them
+    /// (the server's two-level log). The simulator runs without.
+    pub durable: bool,
+    /// Compact every log to its applied index after this many entries were applied (over
+    /// all logs); when durable, each compaction is a checkpoint that truncates both levels
+    /// of the on-disk log. 0: never.
+    pub snapshot_entries: u64,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
@@ -61,6 +74,9 @@ impl RaftLogConfig {
             retry_timeout: Time::from_millis(60),
             batch_commands_max: 1_024,
             session_client_id: me.0 as u64,
+            decoupled: false,
+            durable: false,
+            snapshot_entries: 20_000,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }

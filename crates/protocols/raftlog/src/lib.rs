@@ -1,7 +1,8 @@
 //! Cyclone (raftlog) as a sans-I/O replica core.
 //!
 //! Every replica hosts K independent Raft groups, the "physical logs" of Cyclone §4.1, each a
-//! raft-rs `RawNode` over in-memory storage. A key belongs to log `fnv1a64(key) % K`, so
+//! raft-rs `RawNode` over `storage::LogStorage`, whose changes the core hands the runtime as
+//! durable records (`durable`) for Cyclone's two-level log (`circular`, `disk`). A key belongs to log `fnv1a64(key) % K`, so
 //! operations on one key are totally ordered by one log while different logs proceed in
 //! parallel (commands on different keys commute). One core drives every group: every Raft
 //! message of every group produced during one call goes into one outbox, which the runtime
@@ -11,15 +12,22 @@
 //! previous batch is in flight leave together, and a leader proposes every batch it took in
 //! during one call as one entry. Batches execute at most once per (client, sequence number)
 //! (Cyclone §3.4), so they are retried freely across leader changes. Reads use ReadIndex at
-//! the replica the client talks to. See docs/protocols/raftlog.md for the section-by-section
-//! map and what is not implemented yet.
+//! the replica the client talks to. Multi-key transactions run across logs (`txn`, §4.2), and
+//! the leader can execute before commit (`speculate`, §3.1). See docs/protocols/raftlog.md for
+//! the section-by-section map and what is not implemented yet.
 
+pub mod circular;
 pub mod config;
+pub mod disk;
+pub mod durable;
 pub mod message;
 pub mod replica;
+pub mod speculate;
 pub mod state;
+pub mod storage;
+pub mod txn;
 
 pub use config::{Bug, RaftLogConfig};
-pub use message::{EntryBatch, Message, Proposal};
+pub use message::{EntryBatch, Message, Proposal, Step, TxnId};
 pub use replica::{log_of, RaftLog, RaftLogStats};
 pub use state::{LogState, ProposalResult, SessionRecord};

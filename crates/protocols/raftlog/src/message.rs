@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
-use chorus_core::Command;
+use chorus_core::{Command, Key, Value};
 use protobuf::Message as _;
 
 /// The unit of at-most-once execution (Cyclone §3.4): commands of one client session, under
@@ -14,6 +14,31 @@ pub struct Proposal {
     pub client: u64,
     pub seq: u64,
     pub commands: Vec<Command>,
+    /// A step of a multi-key transaction (then `commands` is empty).
+    pub step: Option<Step>,
+}
+
+/// A multi-key transaction: the origin replica's session client id and its own counter.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct TxnId {
+    pub origin: u64,
+    pub number: u64,
+}
+
+/// The steps of a transaction across logs (Cyclone §4.2: acquire locks, verify and update,
+/// release), each a request of its own at-most-once client, so every replica can drive the
+/// transaction and each step still executes once (`crate::txn`).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Step {
+    /// Into the coordinator log: the transaction is accepted and will complete.
+    Begin { txn: TxnId, commands: Vec<Command> },
+    /// Into a participant log: lock these keys for `txn` and return their values, or
+    /// refuse (another transaction holds one) without effect.
+    Lock { txn: TxnId, keys: Vec<Key> },
+    /// Into a participant log: write the transaction's results and release its locks.
+    Update { txn: TxnId, writes: Vec<(Key, Option<Value>)>, unlock: Vec<Key> },
+    /// Into the coordinator log: the transaction is done.
+    Finish { txn: TxnId },
 }
 
 /// The contents of one Raft entry: every proposal a leader took in during one call of the
@@ -44,6 +69,13 @@ impl WireMessage for Proposal {
         for command in &self.commands {
             command.encode(buf);
         }
+        match &self.step {
+            None => buf.put_u8(0),
+            Some(step) => {
+                buf.put_u8(1);
+                step.encode(buf);
+            }
+        }
     }
 
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
@@ -59,7 +91,98 @@ impl WireMessage for Proposal {
         for _ in 0..count {
             commands.push(Command::decode(reader)?);
         }
-        Ok(Proposal { client, seq, commands })
+        let step = match reader.u8()? {
+            0 => None,
+            1 => Some(Step::decode(reader)?),
+            tag => return Err(DecodeError::UnknownTag { what: "proposal step flag", tag }),
+        };
+        Ok(Proposal { client, seq, commands, step })
+    }
+}
+
+fn put_txn(txn: &TxnId, buf: &mut BytesMut) {
+    buf.put_u64_le(txn.origin);
+    buf.put_u64_le(txn.number);
+}
+
+fn read_txn(reader: &mut Reader) -> Result<TxnId, DecodeError> {
+    Ok(TxnId { origin: reader.u64()?, number: reader.u64()? })
+}
+
+fn put_keys(keys: &[Key], buf: &mut BytesMut) {
+    buf.put_u32_le(u32::try_from(keys.len()).expect("keys fit u32"));
+    for key in keys {
+        buf.put_bytes_prefixed(key);
+    }
+}
+
+fn read_keys(reader: &mut Reader) -> Result<Vec<Key>, DecodeError> {
+    let count = reader.u32()? as usize;
+    if count > reader.remaining() {
+        return Err(DecodeError::Invalid("key count exceeds payload"));
+    }
+    (0..count).map(|_| reader.bytes()).collect()
+}
+
+impl WireMessage for Step {
+    fn encode(&self, buf: &mut BytesMut) {
+        match self {
+            Step::Begin { txn, commands } => {
+                buf.put_u8(1);
+                put_txn(txn, buf);
+                buf.put_u32_le(u32::try_from(commands.len()).expect("commands fit u32"));
+                for command in commands {
+                    command.encode(buf);
+                }
+            }
+            Step::Lock { txn, keys } => {
+                buf.put_u8(2);
+                put_txn(txn, buf);
+                put_keys(keys, buf);
+            }
+            Step::Update { txn, writes, unlock } => {
+                buf.put_u8(3);
+                put_txn(txn, buf);
+                buf.put_u32_le(u32::try_from(writes.len()).expect("writes fit u32"));
+                for (key, value) in writes {
+                    buf.put_bytes_prefixed(key);
+                    buf.put_optional_bytes(value.as_ref());
+                }
+                put_keys(unlock, buf);
+            }
+            Step::Finish { txn } => {
+                buf.put_u8(4);
+                put_txn(txn, buf);
+            }
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(match reader.u8()? {
+            1 => {
+                let txn = read_txn(reader)?;
+                let count = reader.u32()? as usize;
+                if count > reader.remaining() {
+                    return Err(DecodeError::Invalid("command count exceeds payload"));
+                }
+                let commands = (0..count).map(|_| Command::decode(reader)).collect::<Result<_, _>>()?;
+                Step::Begin { txn, commands }
+            }
+            2 => Step::Lock { txn: read_txn(reader)?, keys: read_keys(reader)? },
+            3 => {
+                let txn = read_txn(reader)?;
+                let count = reader.u32()? as usize;
+                if count > reader.remaining() {
+                    return Err(DecodeError::Invalid("write count exceeds payload"));
+                }
+                let writes = (0..count)
+                    .map(|_| Ok((reader.bytes()?, reader.optional_bytes()?)))
+                    .collect::<Result<_, DecodeError>>()?;
+                Step::Update { txn, writes, unlock: read_keys(reader)? }
+            }
+            4 => Step::Finish { txn: read_txn(reader)? },
+            tag => return Err(DecodeError::UnknownTag { what: "transaction step", tag }),
+        })
     }
 }
 
@@ -151,9 +274,26 @@ mod tests {
         ]
     }
 
+    fn arb_step() -> impl Strategy<Value = Option<Step>> {
+        let txn = (any::<u64>(), any::<u64>()).prop_map(|(origin, number)| TxnId { origin, number });
+        proptest::option::of(prop_oneof![
+            (txn.clone(), proptest::collection::vec(arb_command(), 0..3))
+                .prop_map(|(txn, commands)| Step::Begin { txn, commands }),
+            (txn.clone(), proptest::collection::vec(arb_bytes(), 0..3))
+                .prop_map(|(txn, keys)| Step::Lock { txn, keys }),
+            (
+                txn.clone(),
+                proptest::collection::vec((arb_bytes(), proptest::option::of(arb_bytes())), 0..3),
+                proptest::collection::vec(arb_bytes(), 0..3)
+            )
+                .prop_map(|(txn, writes, unlock)| Step::Update { txn, writes, unlock }),
+            txn.prop_map(|txn| Step::Finish { txn }),
+        ])
+    }
+
     fn arb_proposal() -> impl Strategy<Value = Proposal> {
-        (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_command(), 0..5))
-            .prop_map(|(client, seq, commands)| Proposal { client, seq, commands })
+        (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_command(), 0..5), arb_step())
+            .prop_map(|(client, seq, commands, step)| Proposal { client, seq, commands, step })
     }
 
     fn arb_message() -> impl Strategy<Value = Message> {

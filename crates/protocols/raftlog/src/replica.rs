@@ -25,14 +25,17 @@ use chorus_core::codec::WireMessage;
 use chorus_core::{
     ClientRequestId, Command, CommandError, Epoch, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
 };
-use raft::prelude::{ConfState, Entry, EntryType, MessageType};
-use raft::storage::MemStorage;
+use raft::prelude::{Entry, EntryType, MessageType, Snapshot};
 use raft::{Config, RawNode, ReadState, StateRole, INVALID_ID};
 use rustc_hash::FxHashMap;
 
 use crate::config::RaftLogConfig;
-use crate::message::{EntryBatch, Message, Proposal};
+use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
+use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
+use crate::speculate::Speculation;
 use crate::state::{LogState, ProposalResult, SessionRecord};
+use crate::storage::LogStorage;
+use crate::txn::{Driver, StepKind, StepResult};
 
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,8 +56,26 @@ pub struct RaftLogStats {
     pub read_rounds: u64,
     pub read_rounds_retried: u64,
     pub reads_served: u64,
-    /// Raft messages refused before reaching raft-rs (wrong sender, snapshot, malformed).
+    /// Raft messages refused before reaching raft-rs (wrong sender, bad snapshot, malformed).
     pub messages_refused: u64,
+    /// Compactions of every log to its applied index (each one a checkpoint when durable).
+    pub snapshots_taken: u64,
+    /// Snapshots received from a leader and installed (this replica had fallen behind).
+    pub snapshots_installed: u64,
+    /// Transactions this replica originated, and transactions it answered.
+    pub txns_started: u64,
+    pub txns_answered: u64,
+    /// Lock requests refused because another transaction held a key (each retried).
+    pub txn_lock_retries: u64,
+    /// Own commands that found their key locked and waited for the release.
+    pub commands_blocked: u64,
+    /// Decoupled execution: proposals executed at proposal time, results confirmed by the
+    /// committed execution, mismatches (a bug if ever non-zero), results rolled back when
+    /// leadership was lost.
+    pub speculated: u64,
+    pub speculation_confirmed: u64,
+    pub speculation_mismatches: u64,
+    pub speculation_rolled_back: u64,
 }
 
 /// Which log a key belongs to: FNV-1a (64-bit) of the key, modulo the number of logs. A fixed
@@ -85,6 +106,8 @@ struct Waiter {
     /// Who gets which command's outcome: `(command index, request)`.
     requests: Vec<(usize, ClientRequestId)>,
     own: bool,
+    /// A transaction step this replica's driver sent: its result goes to the driver.
+    step: Option<(StepKind, u32)>,
     sent_at: Option<Time>,
     /// The Raft id it was last sent (or proposed) to.
     sent_to: u64,
@@ -109,7 +132,9 @@ struct ReadRound {
 }
 
 struct Group {
-    raft: RawNode<MemStorage>,
+    /// This group's log number.
+    log: usize,
+    raft: RawNode<LogStorage>,
     state: LogState,
     applied_index: u64,
     // ---- origin
@@ -119,8 +144,13 @@ struct Group {
     updates_accepted: u64,
     updates_applied: u64,
     waiters: BTreeMap<(u64, u64), Waiter>,
+    /// This replica's own commands that hit a key locked by a transaction: sent again
+    /// once this replica's copy shows the lock released.
+    blocked: Vec<(ClientRequestId, Command)>,
     // ---- reads
     reads_waiting: VecDeque<PendingRead>,
+    /// Confirmed reads of a locked key, served once the lock is released.
+    reads_blocked: Vec<(ClientRequestId, Key)>,
     read_round: Option<ReadRound>,
     next_read_round: u64,
     /// Rounds the leader confirmed, waiting for this replica to apply up to their index.
@@ -131,6 +161,8 @@ struct Group {
     /// batch already in this leader's log is not proposed again.
     proposed: FxHashMap<u64, u64>,
     proposed_term: u64,
+    /// Decoupled execution at the leader (`crate::speculate`).
+    speculation: Option<Speculation>,
 }
 
 impl Group {
@@ -153,6 +185,25 @@ pub struct RaftLog {
     dedupe: bool,
     /// Reads without ReadIndex (the `LocalReads` broken variant).
     local_reads: bool,
+    /// What the runtime must make durable before it sends this call's messages and replies
+    /// (only with `config.durable`).
+    durable_out: Vec<Record>,
+    /// Entries applied (over all logs) since the last compaction.
+    applied_since_snapshot: u64,
+    /// A snapshot was installed: write a checkpoint at the end of this call.
+    checkpoint_due: bool,
+    /// Raft ids this replica sent a snapshot to during the current Ready cycle.
+    snapshots_sent: Vec<u64>,
+    // ---- transactions (crate::txn)
+    drivers: BTreeMap<TxnId, Driver>,
+    /// Transactions whose `Begin` this replica applied (or found in a snapshot) since the
+    /// drivers last ran.
+    txns_begun: Vec<(TxnId, Vec<Command>)>,
+    step_results: Vec<StepResult>,
+    /// The clients (and commands) of transactions this replica originated, until their
+    /// driver exists.
+    txn_clients: FxHashMap<TxnId, (Vec<ClientRequestId>, Vec<Command>)>,
+    next_txn: u64,
 }
 
 const READ_CONTEXT_BYTES: usize = 13;
@@ -160,18 +211,30 @@ const READ_CONTEXT_BYTES: usize = 13;
 impl RaftLog {
     pub fn new(config: RaftLogConfig) -> RaftLog {
         assert!(config.logs >= 1, "at least one log");
+        let groups = (0..config.logs).map(|log| new_group(&config, log, None)).collect();
+        RaftLog::with_groups(config, groups)
+    }
+
+    fn with_groups(config: RaftLogConfig, groups: Vec<Group>) -> RaftLog {
+        // (`ignore_locks` is the NoTxnLocks bug, set on every state machine below.)
+        assert!(config.logs >= 1, "at least one log");
         assert!(u32::try_from(config.logs).is_ok(), "log numbers travel as u32");
         assert!(config.members.contains(config.me), "a node is a member of its own cluster");
         assert!(config.batch_commands_max >= 1, "a batch holds at least one command");
         assert!(config.retry_timeout > Time::ZERO, "retry_timeout must be positive");
+        assert_eq!(groups.len(), config.logs);
         #[cfg(feature = "broken-variants")]
-        let (dedupe, local_reads) = (
+        let (dedupe, local_reads, ignore_locks) = (
             config.bug != Some(crate::config::Bug::NoSessions),
             config.bug == Some(crate::config::Bug::LocalReads),
+            config.bug == Some(crate::config::Bug::NoTxnLocks),
         );
         #[cfg(not(feature = "broken-variants"))]
-        let (dedupe, local_reads) = (true, false);
-        let groups = (0..config.logs).map(|log| new_group(&config, log)).collect();
+        let (dedupe, local_reads, ignore_locks) = (true, false, false);
+        let mut groups = groups;
+        for group in &mut groups {
+            group.state.ignore_locks = ignore_locks;
+        }
         RaftLog {
             view: View { epoch: Epoch(1), live: config.members },
             next_raft_tick: config.raft_tick_period,
@@ -179,8 +242,90 @@ impl RaftLog {
             stats: RaftLogStats::default(),
             dedupe,
             local_reads,
+            durable_out: Vec::new(),
+            applied_since_snapshot: 0,
+            checkpoint_due: false,
+            snapshots_sent: Vec::new(),
+            drivers: BTreeMap::new(),
+            txns_begun: Vec::new(),
+            step_results: Vec::new(),
+            txn_clients: FxHashMap::default(),
+            next_txn: 0,
             config,
         }
+    }
+
+    /// Rebuild a replica from what a previous incarnation persisted: the last checkpoint
+    /// (state machine with session table, HardState and unapplied entries of every log) and
+    /// every record after it. The replica rejoins under its old id: its vote and log are
+    /// what it promised before the crash. Committed entries after the checkpoint are applied
+    /// again through raft-rs (`Config::applied` is the checkpoint's index).
+    ///
+    /// Errors on records that do not fit together (a corrupt data directory).
+    pub fn restore(config: RaftLogConfig, recovered: Recovered) -> Result<RaftLog, String> {
+        if recovered.is_empty() {
+            return Ok(RaftLog::new(config));
+        }
+        let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
+        let mut storages: Vec<(LogStorage, LogState)> =
+            (0..config.logs).map(|_| (LogStorage::new(voters.clone()), LogState::default())).collect();
+        if let Some(checkpoint) = &recovered.checkpoint {
+            if checkpoint.logs.len() != config.logs {
+                return Err(format!(
+                    "the data directory holds {} logs but `logs` is {}: the number of logs cannot change",
+                    checkpoint.logs.len(),
+                    config.logs
+                ));
+            }
+            for (log, saved) in checkpoint.logs.iter().enumerate() {
+                let (storage, state) = &mut storages[log];
+                let mut snapshot = Snapshot::default();
+                snapshot.mut_metadata().index = saved.snapshot_index;
+                snapshot.mut_metadata().term = saved.snapshot_term;
+                snapshot
+                    .mut_metadata()
+                    .set_conf_state(raft::prelude::ConfState::from((voters.clone(), vec![])));
+                snapshot.data = saved.state.clone();
+                storage.apply_snapshot(snapshot);
+                storage.set_hard_state(saved.hard_state());
+                storage
+                    .append(&saved.entries)
+                    .map_err(|error| format!("checkpoint of log {log}: {error}"))?;
+                *state = LogState::decode(saved.state.clone())
+                    .map_err(|error| format!("checkpoint of log {log}: state machine: {error}"))?;
+            }
+        }
+        for record in recovered.records {
+            match record {
+                Record::Entries { log, entries } => {
+                    let (storage, _) = storages
+                        .get_mut(log as usize)
+                        .ok_or_else(|| format!("a record names log {log}, beyond `logs`"))?;
+                    storage.append(&entries).map_err(|error| format!("log {log}: {error}"))?;
+                }
+                Record::HardState { log, term, vote, commit } => {
+                    let (storage, _) = storages
+                        .get_mut(log as usize)
+                        .ok_or_else(|| format!("a record names log {log}, beyond `logs`"))?;
+                    let hard_state = raft::prelude::HardState { term, vote, commit, ..Default::default() };
+                    storage.set_hard_state(hard_state);
+                }
+                Record::Checkpoint(_) => return Err("a checkpoint inside the log".to_string()),
+            }
+        }
+        let groups = storages
+            .into_iter()
+            .enumerate()
+            .map(|(log, restored)| new_group(&config, log, Some(restored)))
+            .collect();
+        let mut replica = RaftLog::with_groups(config, groups);
+        replica.resume_txns_in_progress();
+        Ok(replica)
+    }
+
+    /// Records the runtime must make durable before it performs this call's outbox.
+    pub fn take_durable(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.durable_out)
     }
 
     /// The cluster this replica belongs to.
@@ -255,6 +400,8 @@ impl RaftLog {
                 group.queue.len()
                     + group.waiters.values().map(|waiter| waiter.requests.len()).sum::<usize>()
                     + group.reads_waiting.len()
+                    + group.blocked.len()
+                    + group.reads_blocked.len()
                     + group.read_round.as_ref().map_or(0, |round| round.reads.len())
                     + group.reads_confirmed.iter().map(|(_, reads)| reads.len()).sum::<usize>()
             })
@@ -282,10 +429,136 @@ impl RaftLog {
             // one outcome.
             waiter.requests.push((0, request));
         } else {
-            let proposal = Proposal { client, seq, commands: vec![command] };
-            register_waiter(group, proposal, vec![(0, request)], false, self.dedupe, out);
+            let proposal = Proposal { client, seq, commands: vec![command], step: None };
+            let waiter = Waiter::new(proposal, vec![(0, request)], false, None);
+            register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
         }
         self.flush(now, out);
+    }
+
+    /// A multi-key transaction (RESP `MULTI`/`EXEC`): `requests[i]` gets the outcome of
+    /// `requests[i].1`, all of them executed atomically with respect to every other command
+    /// and transaction, across logs (`crate::txn`). Replies arrive once every log applied
+    /// the transaction's updates.
+    pub fn on_transaction(
+        &mut self,
+        now: Time,
+        requests: Vec<(ClientRequestId, Command)>,
+        out: &mut Outbox<Message>,
+    ) {
+        if requests.is_empty() {
+            return;
+        }
+        self.next_txn += 1;
+        self.stats.txns_started += 1;
+        let txn = TxnId { origin: self.config.session_client_id, number: self.next_txn };
+        let (clients, commands): (Vec<ClientRequestId>, Vec<Command>) = requests.into_iter().unzip();
+        let coordinator = self.log_of(commands[0].key());
+        self.txn_clients.insert(txn, (clients, commands.clone()));
+        let client = crate::txn::step_client(txn, StepKind::Begin, coordinator, 0);
+        let proposal =
+            Proposal { client, seq: 1, commands: Vec::new(), step: Some(Step::Begin { txn, commands }) };
+        let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
+        let group = &mut self.groups[coordinator];
+        register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
+        self.flush(now, out);
+    }
+
+    /// A description of every driver and lock, for test failure messages.
+    pub fn debug_txns(&self) -> String {
+        let mut text = String::new();
+        for driver in self.drivers.values() {
+            text.push_str(&format!("{driver:?}\n"));
+        }
+        for group in &self.groups {
+            let raft = &group.raft.raft;
+            text.push_str(&format!(
+                "log {} applied {} commit {} last {} snap {} term {} role {:?} leader {} locks {:?} waiters {:?}\n",
+                group.log,
+                group.applied_index,
+                raft.raft_log.committed,
+                raft.raft_log.last_index(),
+                group.raft.store().snapshot_index(),
+                raft.term,
+                raft.state,
+                raft.leader_id,
+                group.state.debug_locks(),
+                group.waiters.iter().map(|(k, w)| (k.0 % 1000, w.sent_at, w.sent_to)).collect::<Vec<_>>()
+            ));
+        }
+        text
+    }
+
+    /// Transactions this replica is driving (its own and everyone else's in progress).
+    pub fn txns_driven(&self) -> usize {
+        self.drivers.len()
+    }
+
+    /// Every transaction the applied state says is in progress gets a driver (after a
+    /// restart or a snapshot install: whoever was driving it may be gone).
+    fn resume_txns_in_progress(&mut self) {
+        for group in &self.groups {
+            for (txn, commands) in group.state.txns_in_progress() {
+                self.txns_begun.push((*txn, commands.clone()));
+            }
+        }
+    }
+
+    /// Start drivers for begun transactions, feed them step results, send what they want.
+    /// Returns whether anything happened.
+    fn drive_txns(&mut self, now: Time, out: &mut Outbox<Message>) -> bool {
+        if self.txns_begun.is_empty() && self.step_results.is_empty() && self.drivers.is_empty() {
+            return false;
+        }
+        let mut progressed = !self.txns_begun.is_empty() || !self.step_results.is_empty();
+        for (txn, commands) in std::mem::take(&mut self.txns_begun) {
+            let logs = self.groups.len();
+            let driver = self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, logs));
+            if let Some((clients, _)) = self.txn_clients.remove(&txn) {
+                driver.replies = clients;
+            }
+        }
+        for result in std::mem::take(&mut self.step_results) {
+            if result.kind == StepKind::Begin {
+                // Normally applying the Begin started the driver; a snapshot that covers the
+                // Begin (perhaps the whole transaction) did not. The origin still owes its
+                // client the outcomes: drive it here too (its steps come back as duplicates).
+                if let Some((clients, commands)) = self.txn_clients.remove(&result.txn) {
+                    let logs = self.groups.len();
+                    let driver = self
+                        .drivers
+                        .entry(result.txn)
+                        .or_insert_with(|| Driver::new(result.txn, commands, logs));
+                    driver.replies = clients;
+                    progressed = true;
+                }
+                continue;
+            }
+            if result.kind == StepKind::Lock && result.outcomes.first() == Some(&Outcome::Flag(false)) {
+                self.stats.txn_lock_retries += 1;
+            }
+            let Some(driver) = self.drivers.get_mut(&result.txn) else { continue };
+            for (request, outcome) in driver.on_result(&result, now, self.config.retry_timeout) {
+                self.stats.txns_answered += 1;
+                out.reply(request, outcome);
+            }
+        }
+        self.drivers.retain(|_, driver| !driver.is_done());
+        let mut requests = Vec::new();
+        for driver in self.drivers.values_mut() {
+            requests.extend(driver.due(now));
+        }
+        for request in requests {
+            progressed = true;
+            let kind = crate::txn::StepKind::of(request.proposal.step.as_ref().expect("a step"));
+            let waiter = Waiter::new(request.proposal, Vec::new(), false, Some((kind, request.attempt)));
+            let group = &mut self.groups[request.log];
+            if group.waiters.contains_key(&(waiter.proposal.client, waiter.proposal.seq)) {
+                continue;
+            }
+            register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
+        }
+        progressed
     }
 
     // ------------------------------------------------------------------ the turn
@@ -295,7 +568,19 @@ impl RaftLog {
     /// and run the raft-rs Ready cycle (messages out, entries applied, reads answered).
     /// Applying can complete a batch and free the way for the next, hence the loop.
     fn flush(&mut self, now: Time, out: &mut Outbox<Message>) {
+        for _ in 0..4 {
+            self.drive_txns(now, out);
+            self.flush_logs(now, out);
+            if self.txns_begun.is_empty() && self.step_results.is_empty() {
+                break;
+            }
+        }
+        self.maybe_snapshot();
+    }
+
+    fn flush_logs(&mut self, now: Time, out: &mut Outbox<Message>) {
         for log in 0..self.groups.len() {
+            self.roll_back_lost_speculation(log);
             for _ in 0..4 {
                 self.dispatch_own_batch(log, out);
                 self.send_waiters(log, now, out);
@@ -323,8 +608,10 @@ impl RaftLog {
         }
         group.own_seq += 1;
         group.own_in_flight = true;
-        let proposal = Proposal { client: self.config.session_client_id, seq: group.own_seq, commands };
-        register_waiter(group, proposal, requests, true, self.dedupe, out);
+        let proposal =
+            Proposal { client: self.config.session_client_id, seq: group.own_seq, commands, step: None };
+        let waiter = Waiter::new(proposal, requests, true, None);
+        register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
     }
 
     /// Send every waiting batch that was never sent, whose leader changed, or whose retry
@@ -364,6 +651,18 @@ impl RaftLog {
         for proposal in to_accept {
             self.accept_proposal(log, proposal);
         }
+    }
+
+    /// Decoupled execution: a leader that lost its leadership (or moved to a new term)
+    /// throws its speculative results away; the committed execution answers instead.
+    fn roll_back_lost_speculation(&mut self, log: usize) {
+        let group = &mut self.groups[log];
+        let Some(spec) = &group.speculation else { return };
+        if group.is_leader() && spec.term == group.raft.raft.term {
+            return;
+        }
+        self.stats.speculation_rolled_back += spec.pending() as u64;
+        group.speculation = None;
     }
 
     /// As leader: take a batch into the next entry, unless it already executed or is already
@@ -406,6 +705,9 @@ impl RaftLog {
         if group.raft.propose(vec![], batch.to_bytes().to_vec()).is_ok() {
             self.stats.entries_proposed += 1;
             self.stats.commands_proposed += commands as u64;
+            if self.config.decoupled {
+                speculate_entry(group, &batch, &mut self.stats);
+            }
         } else {
             // Dropped (e.g. a leadership transfer): forget it so a retry proposes it again.
             for proposal in &batch.proposals {
@@ -463,34 +765,152 @@ impl RaftLog {
             return false;
         }
         let mut ready = self.groups[log].raft.ready();
+        // A leader's own messages may leave before its entries are stable (Raft thesis
+        // §10.2.1; raft-rs puts them in `messages`); everything else waits for the runtime
+        // to persist this call's durable records, which it does before sending anything.
         self.send_raft(log, ready.take_messages(), out);
+        if !ready.snapshot().is_empty() {
+            self.install_snapshot(log, ready.snapshot().clone(), out);
+        }
         for read_state in ready.take_read_states() {
             self.on_read_state(log, read_state);
         }
         let committed = ready.take_committed_entries();
         self.apply(log, committed, out);
-        let store = self.groups[log].raft.raft.raft_log.store.clone();
+        let durable = self.config.durable;
+        let storage = self.groups[log].raft.mut_store();
         if !ready.entries().is_empty() {
-            store.wl().append(ready.entries()).expect("append to the in-memory log");
+            storage.append(ready.entries()).expect("raft-rs appends contiguous entries");
+            if durable {
+                self.durable_out.push(Record::Entries { log: log as u32, entries: ready.entries().clone() });
+            }
         }
         if let Some(hard_state) = ready.hs() {
-            store.wl().set_hardstate(hard_state.clone());
+            storage.set_hard_state(hard_state.clone());
+            if durable {
+                self.durable_out.push(Record::HardState {
+                    log: log as u32,
+                    term: hard_state.term,
+                    vote: hard_state.vote,
+                    commit: hard_state.commit,
+                });
+            }
         }
         self.send_raft(log, ready.take_persisted_messages(), out);
         let mut light = self.groups[log].raft.advance(ready);
         if let Some(commit) = light.commit_index() {
-            store.wl().mut_hard_state().set_commit(commit);
+            let storage = self.groups[log].raft.mut_store();
+            storage.set_commit(commit);
+            if durable {
+                let hard_state = storage.hard_state();
+                self.durable_out.push(Record::HardState {
+                    log: log as u32,
+                    term: hard_state.term,
+                    vote: hard_state.vote,
+                    commit,
+                });
+            }
         }
         self.send_raft(log, light.take_messages(), out);
         let committed = light.take_committed_entries();
         self.apply(log, committed, out);
         self.groups[log].raft.advance_apply();
+        // raft-rs keeps a follower it sent a snapshot to paused until told how it went; the
+        // network may lose the snapshot, so report it delivered at once: the follower's next
+        // append response (or rejection, which makes the leader send a snapshot again)
+        // resumes replication.
+        for to in std::mem::take(&mut self.snapshots_sent) {
+            self.groups[log].raft.report_snapshot(to, raft::SnapshotStatus::Finish);
+        }
         true
+    }
+
+    /// A leader sent a snapshot because this replica is behind its compacted log: the
+    /// snapshot's state machine (keys and session table) replaces ours. Batches it covers
+    /// are answered from the session table, as if applied.
+    fn install_snapshot(&mut self, log: usize, snapshot: Snapshot, out: &mut Outbox<Message>) {
+        let Ok(state) = LogState::decode(snapshot.data.clone()) else {
+            // `acceptable` checked the bytes before raft-rs saw them.
+            unreachable!("snapshots are validated on arrival");
+        };
+        let index = snapshot.get_metadata().index;
+        let group = &mut self.groups[log];
+        group.raft.mut_store().apply_snapshot(snapshot);
+        let ignore_locks = group.state.ignore_locks;
+        group.state = state;
+        group.state.ignore_locks = ignore_locks;
+        group.applied_index = index;
+        self.stats.snapshots_installed += 1;
+        self.checkpoint_due = true;
+        let covered: Vec<(u64, u64)> = group
+            .waiters
+            .keys()
+            .filter(|(client, seq)| group.state.last_seq(*client) >= *seq)
+            .copied()
+            .collect();
+        for key in covered {
+            let waiter = group.waiters.remove(&key).expect("listed");
+            let last_seq = group.state.last_seq(key.0);
+            let result = if key.1 == last_seq {
+                ProposalResult::Duplicate
+            } else {
+                ProposalResult::Stale { last_seq }
+            };
+            complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
+        }
+        for (txn, commands) in group.state.txns_in_progress() {
+            self.txns_begun.push((*txn, commands.clone()));
+        }
+        release_unlocked(group, out);
+    }
+
+    /// Compact every log to its applied index once enough entries were applied (bounding
+    /// memory; a follower behind the compaction gets the snapshot instead of entries), and,
+    /// when durable, hand the runtime a checkpoint so it can truncate both log levels.
+    fn maybe_snapshot(&mut self) {
+        let due =
+            self.config.snapshot_entries > 0 && self.applied_since_snapshot >= self.config.snapshot_entries;
+        let checkpoint_due = self.checkpoint_due && self.config.durable;
+        if !(due || checkpoint_due) {
+            return;
+        }
+        self.applied_since_snapshot = 0;
+        self.checkpoint_due = false;
+        self.stats.snapshots_taken += 1;
+        let mut checkpoint = Checkpoint::default();
+        for group in &mut self.groups {
+            let state = group.state.encode();
+            let storage = group.raft.mut_store();
+            // Only entries this replica holds can be compacted (a just-installed snapshot's
+            // index is held as the snapshot itself).
+            let index = group.applied_index.min(storage.last_index());
+            if index > storage.snapshot_index() {
+                storage.compact(index, state.clone());
+            }
+            if self.config.durable {
+                let hard_state = storage.hard_state();
+                checkpoint.logs.push(LogCheckpoint {
+                    snapshot_index: storage.snapshot_index(),
+                    snapshot_term: storage.snapshot_term(),
+                    state: storage.snapshot_data().clone(),
+                    term: hard_state.term,
+                    vote: hard_state.vote,
+                    commit: hard_state.commit,
+                    entries: storage.held_entries().to_vec(),
+                });
+            }
+        }
+        if self.config.durable {
+            self.durable_out.push(Record::Checkpoint(checkpoint));
+        }
     }
 
     fn send_raft(&mut self, log: usize, messages: Vec<raft::prelude::Message>, out: &mut Outbox<Message>) {
         for message in messages {
             if let Some(to) = node_of(message.to).filter(|node| self.config.members.contains(*node)) {
+                if message.get_msg_type() == MessageType::MsgSnapshot {
+                    self.snapshots_sent.push(message.to);
+                }
                 out.send(to, Message::Raft { log: log as u32, message: Box::new(message) });
             }
         }
@@ -513,6 +933,7 @@ impl RaftLog {
         for entry in entries {
             debug_assert!(entry.index > group.applied_index, "entries apply in order, once");
             group.applied_index = entry.index;
+            self.applied_since_snapshot += 1;
             // Leader no-ops are empty; no conf changes are ever proposed.
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
                 continue;
@@ -529,30 +950,57 @@ impl RaftLog {
                     ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
                     ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
                 }
+                if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) =
+                    (result, &proposal.step)
+                {
+                    self.txns_begun.push((*txn, commands.clone()));
+                }
+                let speculated =
+                    group.speculation.as_mut().and_then(|spec| spec.take(proposal.client, proposal.seq));
+                if let Some(speculated) = &speculated {
+                    let committed = group.state.session(proposal.client).map(|record| &record.outcomes);
+                    if result == ProposalResult::Executed && committed == Some(speculated) {
+                        self.stats.speculation_confirmed += 1;
+                    } else {
+                        self.stats.speculation_mismatches += 1;
+                    }
+                }
                 let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { continue };
-                complete_waiter(group, waiter, result, out);
+                complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
             }
         }
-        // Confirmed reads whose index is now applied.
+        let drained = group.applied_index == group.raft.raft.raft_log.last_index();
+        if let Some(spec) = group.speculation.as_mut().filter(|_| drained) {
+            spec.drained();
+        }
+        // Confirmed reads whose index is now applied (a locked key waits for its release).
         let applied_index = group.applied_index;
         let mut served = 0;
+        let (state, reads_blocked) = (&group.state, &mut group.reads_blocked);
         group.reads_confirmed.retain(|(index, reads)| {
             if *index > applied_index {
                 return true;
             }
             for (request, key) in reads {
-                out.reply(*request, Outcome::Value(group.state.get(key).cloned()));
+                if state.is_locked(key) {
+                    reads_blocked.push((*request, key.clone()));
+                    continue;
+                }
+                out.reply(*request, Outcome::Value(state.get(key).cloned()));
                 served += 1;
             }
             false
         });
         self.stats.reads_served += served;
+        release_unlocked(group, out);
     }
 }
 
-fn new_group(config: &RaftLogConfig, log: usize) -> Group {
+fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, LogState)>) -> Group {
     let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
-    let storage = MemStorage::new_with_conf_state(ConfState::from((voters, vec![])));
+    let fresh = restored.is_none();
+    let (storage, state) = restored.unwrap_or_else(|| (LogStorage::new(voters), LogState::default()));
+    let applied_index = storage.snapshot_index();
     // raft-rs draws election timeouts from a thread-local RNG, which would make the simulator
     // non-deterministic. A fixed per-node timeout (min = max - 1) keeps it deterministic;
     // staggering it by rank avoids endless split votes, and rotating the ranks per log
@@ -572,60 +1020,98 @@ fn new_group(config: &RaftLogConfig, log: usize) -> Group {
         check_quorum: true,
         max_size_per_msg: 1 << 20,
         max_inflight_msgs: 256,
+        // Restored: the checkpoint's state machine covers everything up to its index; raft-rs
+        // hands out the committed entries after it again.
+        applied: applied_index,
         ..Default::default()
     };
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let mut raft = RawNode::new(&raft_config, storage, &logger).expect("valid raft config");
-    if stagger == 0 {
+    if stagger == 0 && fresh {
         // The log's preferred node campaigns at once rather than after an election timeout,
         // so a fresh cluster serves within a round trip.
         let _ = raft.campaign();
     }
     Group {
+        log,
         raft,
-        state: LogState::default(),
-        applied_index: 0,
+        state,
+        applied_index,
         queue: VecDeque::new(),
         own_seq: 0,
         own_in_flight: false,
         updates_accepted: 0,
         updates_applied: 0,
         waiters: BTreeMap::new(),
+        blocked: Vec::new(),
         reads_waiting: VecDeque::new(),
+        reads_blocked: Vec::new(),
         read_round: None,
         next_read_round: 0,
         reads_confirmed: Vec::new(),
         to_propose: Vec::new(),
         proposed: FxHashMap::default(),
         proposed_term: 0,
+        speculation: None,
+    }
+}
+
+impl Waiter {
+    fn new(
+        proposal: Proposal,
+        requests: Vec<(usize, ClientRequestId)>,
+        own: bool,
+        step: Option<(StepKind, u32)>,
+    ) -> Waiter {
+        Waiter { proposal, requests, own, step, sent_at: None, sent_to: INVALID_ID }
     }
 }
 
 /// Track a batch until this replica applies it. One that this replica has applied already
-/// (a retry of an external request) is answered at once.
+/// (a retry of an external request, a step another driver got executed) is answered at once.
 fn register_waiter(
     group: &mut Group,
-    proposal: Proposal,
-    requests: Vec<(usize, ClientRequestId)>,
-    own: bool,
+    waiter: Waiter,
     dedupe: bool,
     out: &mut Outbox<Message>,
+    step_results: &mut Vec<StepResult>,
+    stats: &mut RaftLogStats,
 ) {
-    let last_seq = group.state.last_seq(proposal.client);
-    let waiter = Waiter { proposal, requests, own, sent_at: None, sent_to: INVALID_ID };
+    let last_seq = group.state.last_seq(waiter.proposal.client);
     if dedupe && waiter.proposal.seq <= last_seq {
         let result = if waiter.proposal.seq == last_seq {
             ProposalResult::Duplicate
         } else {
             ProposalResult::Stale { last_seq }
         };
-        complete_waiter(group, waiter, result, out);
+        complete_waiter(group, waiter, result, out, step_results, stats);
         return;
     }
     group.waiters.insert((waiter.proposal.client, waiter.proposal.seq), waiter);
 }
 
-fn complete_waiter(group: &mut Group, waiter: Waiter, result: ProposalResult, out: &mut Outbox<Message>) {
+fn complete_waiter(
+    group: &mut Group,
+    waiter: Waiter,
+    result: ProposalResult,
+    out: &mut Outbox<Message>,
+    step_results: &mut Vec<StepResult>,
+    stats: &mut RaftLogStats,
+) {
+    if let (Some((kind, attempt)), Some(step)) = (waiter.step, &waiter.proposal.step) {
+        // Steps use sequence number 1 only, so their result is never stale.
+        let outcomes = group.state.session(waiter.proposal.client).map(|record| record.outcomes.clone());
+        let txn = match step {
+            Step::Begin { txn, .. }
+            | Step::Lock { txn, .. }
+            | Step::Update { txn, .. }
+            | Step::Finish { txn } => *txn,
+        };
+        let log = group.log;
+        step_results.push(StepResult { txn, kind, log, attempt, outcomes: outcomes.unwrap_or_default() });
+        return;
+    }
+    let mut blocked = 0;
     match result {
         ProposalResult::Executed | ProposalResult::Duplicate => {
             let record = group.state.session(waiter.proposal.client).expect("applied session");
@@ -634,24 +1120,52 @@ fn complete_waiter(group: &mut Group, waiter: Waiter, result: ProposalResult, ou
                     // A retry that reused the sequence number for a different batch.
                     CommandError::Unavailable("sequence number reused for a different request"),
                 ));
+                if waiter.own && outcome == Outcome::Error(CommandError::Locked) {
+                    // Locked by a transaction: did not run. Wait for the release, then go again.
+                    group.blocked.push((*request, waiter.proposal.commands[*index].clone()));
+                    blocked += 1;
+                    continue;
+                }
                 out.reply(*request, outcome);
             }
         }
         ProposalResult::Stale { .. } => {
             debug_assert!(!waiter.own, "this replica's own session never goes backwards");
             for (_, request) in &waiter.requests {
-                out.reply(
-                    *request,
-                    Outcome::Error(CommandError::Unavailable(
-                        "stale sequence number: this client session already executed a newer request",
-                    )),
-                );
+                out.reply(*request, Outcome::Error(CommandError::StaleSequence));
             }
         }
     }
+    stats.commands_blocked += blocked as u64;
     if waiter.own {
         group.own_in_flight = false;
-        group.updates_applied += waiter.requests.len() as u64;
+        group.updates_applied += (waiter.requests.len() - blocked) as u64;
+    }
+}
+
+/// Commands and reads that waited for a transaction's lock go again once this replica's
+/// copy shows the key unlocked: commands to the front of the queue (in their order), reads
+/// answered from the copy.
+fn release_unlocked(group: &mut Group, out: &mut Outbox<Message>) {
+    if !group.blocked.is_empty() {
+        let state = &group.state;
+        let (free, still): (Vec<_>, Vec<_>) = std::mem::take(&mut group.blocked)
+            .into_iter()
+            .partition(|(_, command)| !state.is_locked(command.key()));
+        group.blocked = still;
+        for entry in free.into_iter().rev() {
+            group.queue.push_front(entry);
+        }
+    }
+    if !group.reads_blocked.is_empty() {
+        let state = &group.state;
+        group.reads_blocked.retain(|(request, key)| {
+            if state.is_locked(key) {
+                return true;
+            }
+            out.reply(*request, Outcome::Value(state.get(key).cloned()));
+            false
+        });
     }
 }
 
@@ -667,10 +1181,10 @@ fn read_context(me: NodeId, log: usize, round: u64) -> Vec<u8> {
 
 /// Whether a Raft message from a peer may reach raft-rs. raft-rs trusts its input (some
 /// malformed messages make it panic), so the obvious lies are refused here: a wrong
-/// sender or recipient, messages only a local caller may produce, snapshots (never sent:
-/// logs are not compacted yet), proposals (only leaders propose here), and ReadIndex
-/// messages without exactly one context entry.
-fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId) -> bool {
+/// sender or recipient, messages only a local caller may produce, snapshots whose state
+/// machine bytes do not decode or whose voters are not ours, proposals (only leaders
+/// propose here), and ReadIndex messages without exactly one context entry.
+fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId, members: NodeSet) -> bool {
     if message.from != raft_id(from) || message.to != raft_id(me) {
         return false;
     }
@@ -680,8 +1194,15 @@ fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId) -> boo
         | MessageType::MsgUnreachable
         | MessageType::MsgSnapStatus
         | MessageType::MsgCheckQuorum
-        | MessageType::MsgPropose
-        | MessageType::MsgSnapshot => false,
+        | MessageType::MsgPropose => false,
+        MessageType::MsgSnapshot => {
+            let snapshot = message.get_snapshot();
+            let mut voters = snapshot.get_metadata().get_conf_state().voters.clone();
+            voters.sort_unstable();
+            voters == members.iter().map(raft_id).collect::<Vec<u64>>()
+                && snapshot.get_metadata().index > 0
+                && LogState::decode(snapshot.data.clone()).is_ok()
+        }
         MessageType::MsgReadIndex | MessageType::MsgReadIndexResp => message.entries.len() == 1,
         _ => true,
     }
@@ -730,7 +1251,7 @@ impl Replica for RaftLog {
                     self.stats.messages_refused += 1;
                     return;
                 };
-                if !acceptable(&message, from, self.config.me) {
+                if !acceptable(&message, from, self.config.me, self.config.members) {
                     self.stats.messages_refused += 1;
                     return;
                 }
@@ -777,6 +1298,35 @@ impl Replica for RaftLog {
         if view.epoch > self.view.epoch {
             self.view = view;
         }
+    }
+}
+
+/// Decoupled execution of an entry the leader just proposed (see `crate::speculate`).
+fn speculate_entry(group: &mut Group, batch: &EntryBatch, stats: &mut RaftLogStats) {
+    let term = group.raft.raft.term;
+    if group.speculation.as_ref().is_some_and(|spec| spec.term != term) {
+        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
+        group.speculation = None;
+    }
+    if group.speculation.is_none() {
+        // Start only with nothing ahead of this entry unapplied, and this term's no-op
+        // committed: then the overlay knows every entry before the ones it speculates.
+        let last_before = group.raft.raft.raft_log.last_index() - 1;
+        if group.applied_index < last_before || !group.raft.raft.commit_to_current_term() {
+            return;
+        }
+        group.speculation = Some(Speculation::new(term));
+    }
+    if !batch.proposals.iter().all(Speculation::predictable) {
+        // A transaction step: stop predicting until the pipeline drains.
+        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
+        group.speculation = None;
+        return;
+    }
+    let spec = group.speculation.as_mut().expect("just ensured");
+    for proposal in &batch.proposals {
+        spec.execute(&group.state, proposal);
+        stats.speculated += 1;
     }
 }
 

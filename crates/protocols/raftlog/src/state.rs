@@ -5,10 +5,14 @@
 //! independently enforces that accepted RPC calls from the same client bear increasing
 //! sequence numbers", remembering the last sequence number and its result per client).
 
-use chorus_core::{Command, Key, Outcome, Value};
+use bytes::{BufMut, Bytes, BytesMut};
+use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
+use std::collections::BTreeMap;
+
+use chorus_core::{Command, CommandError, Key, Outcome, Value};
 use rustc_hash::FxHashMap;
 
-use crate::message::Proposal;
+use crate::message::{Proposal, Step, TxnId};
 
 /// What one client session last executed in this log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +38,14 @@ pub enum ProposalResult {
 pub struct LogState {
     store: FxHashMap<Key, Value>,
     sessions: FxHashMap<u64, SessionRecord>,
+    /// Keys locked by a multi-key transaction (Cyclone §4.2's bucket locks, per key here).
+    /// Single-key commands on a locked key do not run (`CommandError::Locked`).
+    locks: FxHashMap<Key, TxnId>,
+    /// Transactions begun in this log (as their coordinator log) and not finished: what
+    /// a restarted or lagging replica resumes driving.
+    txns: BTreeMap<TxnId, Vec<Command>>,
+    /// Lock steps grant without recording or checking locks (the `NoTxnLocks` bug).
+    pub(crate) ignore_locks: bool,
 }
 
 impl LogState {
@@ -69,10 +81,77 @@ impl LogState {
         if dedupe && proposal.seq < last_seq {
             return ProposalResult::Stale { last_seq };
         }
-        let outcomes = proposal.commands.iter().map(|command| self.execute(command)).collect();
+        let outcomes = match &proposal.step {
+            Some(step) => self.execute_step(step),
+            None => proposal.commands.iter().map(|command| self.execute_unless_locked(command)).collect(),
+        };
         let seq = if dedupe { proposal.seq } else { proposal.seq.max(last_seq) };
         self.sessions.insert(proposal.client, SessionRecord { last_seq: seq, outcomes });
         ProposalResult::Executed
+    }
+
+    pub fn is_locked(&self, key: &[u8]) -> bool {
+        self.locks.contains_key(key)
+    }
+
+    pub fn debug_locks(&self) -> Vec<(&Key, &TxnId)> {
+        self.locks.iter().collect()
+    }
+
+    pub fn locked_keys(&self) -> usize {
+        self.locks.len()
+    }
+
+    /// Transactions this log coordinates that have begun and not finished.
+    pub fn txns_in_progress(&self) -> impl Iterator<Item = (&TxnId, &Vec<Command>)> {
+        self.txns.iter()
+    }
+
+    fn execute_unless_locked(&mut self, command: &Command) -> Outcome {
+        if self.locks.contains_key(command.key()) {
+            return Outcome::Error(CommandError::Locked);
+        }
+        self.execute(command)
+    }
+
+    /// One transaction step (see `crate::txn` for how they combine). Outcomes:
+    /// `Lock`: `[Flag(true), Value(v) per key]` when granted, `[Flag(false)]` when another
+    /// transaction holds a key; the others `[Written]`.
+    fn execute_step(&mut self, step: &Step) -> Vec<Outcome> {
+        match step {
+            Step::Begin { txn, commands } => {
+                self.txns.insert(*txn, commands.clone());
+                vec![Outcome::Written]
+            }
+            Step::Lock { txn, keys } => {
+                if !self.ignore_locks {
+                    if keys.iter().any(|key| self.locks.get(key).is_some_and(|holder| holder != txn)) {
+                        return vec![Outcome::Flag(false)];
+                    }
+                    for key in keys {
+                        self.locks.insert(key.clone(), *txn);
+                    }
+                }
+                let mut outcomes = vec![Outcome::Flag(true)];
+                outcomes.extend(keys.iter().map(|key| Outcome::Value(self.store.get(key).cloned())));
+                outcomes
+            }
+            Step::Update { txn, writes, unlock } => {
+                for (key, value) in writes {
+                    self.put(key, value.clone());
+                }
+                for key in unlock {
+                    if self.locks.get(key) == Some(txn) {
+                        self.locks.remove(key);
+                    }
+                }
+                vec![Outcome::Written]
+            }
+            Step::Finish { txn } => {
+                self.txns.remove(txn);
+                vec![Outcome::Written]
+            }
+        }
     }
 
     /// Run one command. Deterministic: RMWs go through `RmwOp::apply`, the only definition
@@ -92,6 +171,105 @@ impl LogState {
                 effect.outcome
             }
         }
+    }
+
+    /// The snapshot form (Cyclone keeps the application state and the session table together;
+    /// so does a snapshot: a restored replica answers retries exactly as before). Keys and
+    /// clients are sorted so equal states encode to equal bytes.
+    pub fn encode(&self) -> Bytes {
+        let mut buf = BytesMut::new();
+        let mut keys: Vec<(&Key, &Value)> = self.store.iter().collect();
+        keys.sort_unstable();
+        buf.put_u64_le(keys.len() as u64);
+        for (key, value) in keys {
+            buf.put_bytes_prefixed(key);
+            buf.put_bytes_prefixed(value);
+        }
+        let mut sessions: Vec<(&u64, &SessionRecord)> = self.sessions.iter().collect();
+        sessions.sort_unstable_by_key(|(client, _)| **client);
+        buf.put_u64_le(sessions.len() as u64);
+        for (client, record) in sessions {
+            buf.put_u64_le(*client);
+            buf.put_u64_le(record.last_seq);
+            buf.put_u32_le(u32::try_from(record.outcomes.len()).expect("outcomes fit u32"));
+            for outcome in &record.outcomes {
+                outcome.encode(&mut buf);
+            }
+        }
+        let mut locks: Vec<(&Key, &TxnId)> = self.locks.iter().collect();
+        locks.sort_unstable();
+        buf.put_u64_le(locks.len() as u64);
+        for (key, txn) in locks {
+            buf.put_bytes_prefixed(key);
+            buf.put_u64_le(txn.origin);
+            buf.put_u64_le(txn.number);
+        }
+        buf.put_u64_le(self.txns.len() as u64);
+        for (txn, commands) in &self.txns {
+            buf.put_u64_le(txn.origin);
+            buf.put_u64_le(txn.number);
+            buf.put_u32_le(u32::try_from(commands.len()).expect("commands fit u32"));
+            for command in commands {
+                command.encode(&mut buf);
+            }
+        }
+        buf.freeze()
+    }
+
+    pub fn decode(bytes: Bytes) -> Result<LogState, DecodeError> {
+        let mut reader = Reader::new(bytes);
+        let mut state = LogState::default();
+        let keys = reader.u64()?;
+        // Every record takes at least 8 bytes: a larger count is a lie.
+        if keys > reader.remaining() as u64 {
+            return Err(DecodeError::Invalid("key count exceeds snapshot"));
+        }
+        for _ in 0..keys {
+            let key = reader.bytes()?;
+            let value = reader.bytes()?;
+            state.store.insert(key, value);
+        }
+        let sessions = reader.u64()?;
+        if sessions > reader.remaining() as u64 {
+            return Err(DecodeError::Invalid("session count exceeds snapshot"));
+        }
+        for _ in 0..sessions {
+            let client = reader.u64()?;
+            let last_seq = reader.u64()?;
+            let count = reader.u32()? as usize;
+            if count > reader.remaining() {
+                return Err(DecodeError::Invalid("outcome count exceeds snapshot"));
+            }
+            let mut outcomes = Vec::with_capacity(count);
+            for _ in 0..count {
+                outcomes.push(Outcome::decode(&mut reader)?);
+            }
+            state.sessions.insert(client, SessionRecord { last_seq, outcomes });
+        }
+        let locks = reader.u64()?;
+        if locks > reader.remaining() as u64 {
+            return Err(DecodeError::Invalid("lock count exceeds snapshot"));
+        }
+        for _ in 0..locks {
+            let key = reader.bytes()?;
+            let txn = TxnId { origin: reader.u64()?, number: reader.u64()? };
+            state.locks.insert(key, txn);
+        }
+        let txns = reader.u64()?;
+        if txns > reader.remaining() as u64 {
+            return Err(DecodeError::Invalid("transaction count exceeds snapshot"));
+        }
+        for _ in 0..txns {
+            let txn = TxnId { origin: reader.u64()?, number: reader.u64()? };
+            let count = reader.u32()? as usize;
+            if count > reader.remaining() {
+                return Err(DecodeError::Invalid("command count exceeds snapshot"));
+            }
+            let commands = (0..count).map(|_| Command::decode(&mut reader)).collect::<Result<_, _>>()?;
+            state.txns.insert(txn, commands);
+        }
+        reader.finish()?;
+        Ok(state)
     }
 
     fn put(&mut self, key: &Key, value: Option<Value>) {
@@ -117,6 +295,7 @@ mod tests {
             client,
             seq,
             commands: vec![Command::Rmw { key: Bytes::from_static(b"k"), op: RmwOp::IncrementBy(1) }],
+            step: None,
         }
     }
 
@@ -140,6 +319,44 @@ mod tests {
         assert_eq!(state.apply(&incr(7, 1), true), ProposalResult::Stale { last_seq: 2 });
         assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"2")));
         assert_eq!(state.session(7).unwrap().last_seq, 2, "a stale request changes nothing");
+    }
+
+    #[test]
+    fn a_snapshot_carries_keys_and_sessions() {
+        let mut state = LogState::default();
+        state.apply(&incr(7, 1), true);
+        state.apply(&incr(8, 4), true);
+        let bytes = state.encode();
+        let restored = LogState::decode(bytes.clone()).unwrap();
+        assert_eq!(restored.encode(), bytes);
+        assert_eq!(restored.session(8).unwrap().outcomes, vec![Outcome::Integer(2)]);
+        // The restored copy still refuses what the original refused.
+        let mut restored = restored;
+        assert_eq!(restored.apply(&incr(8, 4), true), ProposalResult::Duplicate);
+        assert_eq!(restored.apply(&incr(8, 3), true), ProposalResult::Stale { last_seq: 4 });
+        for cut in 0..bytes.len() {
+            assert!(LogState::decode(bytes.slice(..cut)).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn locks_block_single_key_commands_and_other_transactions_until_the_update() {
+        let mut state = LogState::default();
+        let (t1, t2) = (TxnId { origin: 1, number: 1 }, TxnId { origin: 2, number: 1 });
+        let key = Bytes::from_static(b"k");
+        let step = |client, step| Proposal { client, seq: 1, commands: vec![], step: Some(step) };
+        state.apply(&step(10, Step::Lock { txn: t1, keys: vec![key.clone()] }), true);
+        assert_eq!(state.session(10).unwrap().outcomes, vec![Outcome::Flag(true), Outcome::Value(None)]);
+        state.apply(&step(11, Step::Lock { txn: t2, keys: vec![key.clone()] }), true);
+        assert_eq!(state.session(11).unwrap().outcomes, vec![Outcome::Flag(false)], "t2 must wait");
+        state.apply(&incr(7, 1), true);
+        assert_eq!(state.session(7).unwrap().outcomes, vec![Outcome::Error(CommandError::Locked)]);
+        // The snapshot keeps the lock.
+        let mut state = LogState::decode(state.encode()).unwrap();
+        let writes = vec![(key.clone(), Some(Bytes::from_static(b"5")))];
+        state.apply(&step(12, Step::Update { txn: t1, writes, unlock: vec![key.clone()] }), true);
+        state.apply(&incr(7, 2), true);
+        assert_eq!(state.session(7).unwrap().outcomes, vec![Outcome::Integer(6)]);
     }
 
     #[test]

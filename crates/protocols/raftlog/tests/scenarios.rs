@@ -8,6 +8,7 @@ use bytes::Bytes;
 use chorus_core::{
     ClientRequestId, Command, CommandError, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, Value,
 };
+use chorus_raftlog::durable::{Record, Recovered};
 use chorus_raftlog::{Message, RaftLog, RaftLogConfig};
 use raft::prelude::MessageType;
 
@@ -35,6 +36,10 @@ impl Envelope {
 /// N raftlog replicas (ids 0..N) over a network the test controls message by message.
 struct Cluster {
     nodes: Vec<RaftLog>,
+    configs: Vec<RaftLogConfig>,
+    /// Every durable record each node emitted: the runtime persists them before it sends
+    /// anything, so a crash loses none of them.
+    disk: Vec<Vec<Record>>,
     crashed: Vec<bool>,
     /// Messages sent and not yet delivered or dropped, in send order.
     net: Vec<Envelope>,
@@ -52,15 +57,17 @@ impl Cluster {
 
     fn with(n: u8, tweak: impl Fn(&mut RaftLogConfig)) -> Cluster {
         let everyone: NodeSet = (0..n).map(NodeId).collect();
-        let nodes = (0..n)
+        let configs: Vec<RaftLogConfig> = (0..n)
             .map(|id| {
                 let mut config = RaftLogConfig::new(NodeId(id), everyone);
                 tweak(&mut config);
-                RaftLog::new(config)
+                config
             })
             .collect();
         Cluster {
-            nodes,
+            nodes: configs.iter().map(|config| RaftLog::new(config.clone())).collect(),
+            configs,
+            disk: vec![Vec::new(); n as usize],
             crashed: vec![false; n as usize],
             net: Vec::new(),
             cut: Vec::new(),
@@ -71,6 +78,8 @@ impl Cluster {
     }
 
     fn collect(&mut self, node: u8, out: Outbox<Message>) {
+        let records = self.nodes[node as usize].take_durable();
+        self.disk[node as usize].extend(records);
         for (destination, msg) in out.messages {
             for to in destination.nodes().iter() {
                 assert_ne!(to.0, node, "a replica sent a message to itself");
@@ -162,6 +171,25 @@ impl Cluster {
     fn crash(&mut self, node: u8) {
         self.crashed[node as usize] = true;
         self.net.retain(|e| e.from != node && e.to != node);
+    }
+
+    /// Start a crashed node again from what it persisted: the last checkpoint and every
+    /// record after it. A new incarnation gets a new session client id, as the server does.
+    fn restart(&mut self, node: u8) {
+        assert!(self.crashed[node as usize], "restart only a crashed node");
+        let disk = &self.disk[node as usize];
+        let last = disk.iter().rposition(|record| matches!(record, Record::Checkpoint(_)));
+        let recovered = match last {
+            Some(at) => {
+                let Record::Checkpoint(checkpoint) = disk[at].clone() else { unreachable!() };
+                Recovered { checkpoint: Some(checkpoint), records: disk[at + 1..].to_vec() }
+            }
+            None => Recovered { checkpoint: None, records: disk.clone() },
+        };
+        let config = &mut self.configs[node as usize];
+        config.session_client_id += 1 << 40;
+        self.nodes[node as usize] = RaftLog::restore(config.clone(), recovered).expect("restore");
+        self.crashed[node as usize] = false;
     }
 
     /// Cut every link between `side` and the other nodes, both ways.
@@ -412,9 +440,7 @@ fn external_sessions_get_saved_results_for_retries_and_an_error_for_stale_number
     let stale = cluster.session(1, client, 1, incr("k"));
     cluster.deliver_all();
     match cluster.reply_of(stale) {
-        Some(Outcome::Error(CommandError::Unavailable(reason))) => {
-            assert!(reason.contains("stale sequence number"), "{reason}")
-        }
+        Some(Outcome::Error(CommandError::StaleSequence)) => {}
         other => panic!("expected a stale sequence number error, got {other:?}"),
     }
     for node in 0..3 {
@@ -467,7 +493,7 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
             1,
             Message::Forward {
                 log: 5,
-                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![] },
+                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![], step: None },
                 relayed: false,
             },
         ),
@@ -475,7 +501,7 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
             9,
             Message::Forward {
                 log: 0,
-                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![] },
+                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![], step: None },
                 relayed: false,
             },
         ),
@@ -511,4 +537,95 @@ fn the_local_reads_variant_serves_a_stale_value_from_a_deposed_leader() {
     assert_eq!(cluster.reply_of(update), Some(Outcome::Written));
     let stale_read = cluster.client(0, read("k"));
     assert_eq!(cluster.reply_of(stale_read), Some(value("old")), "the bug: a stale read");
+}
+
+// ================================================================ durability and restarts
+
+fn durable_single_log() -> Cluster {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.durable = true;
+        config.snapshot_entries = 5; // checkpoints (and compactions) all the time
+    });
+    cluster.run_for(50);
+    cluster
+}
+
+#[test]
+fn session_results_survive_a_restart_of_every_replica() {
+    let mut cluster = durable_single_log();
+    let client = 4242;
+    for seq in 1..=8u64 {
+        let id = cluster.session((seq % 3) as u8, client, seq, incr("k"));
+        cluster.run_for(20);
+        assert_eq!(cluster.reply_of(id), Some(Outcome::Integer(seq as i64)));
+    }
+    assert!(cluster.disk[0].iter().any(|record| matches!(record, Record::Checkpoint(_))), "no checkpoint");
+    for node in 0..3 {
+        cluster.crash(node);
+    }
+    for node in 0..3 {
+        cluster.restart(node);
+    }
+    cluster.run_for(500);
+    // The client never saw the answer to 8: its retry, at any replica, gets the saved
+    // result from the restored session table instead of running again.
+    for node in 0..3 {
+        let retry = cluster.session(node, client, 8, incr("k"));
+        cluster.run_for(100);
+        assert_eq!(cluster.reply_of(retry), Some(Outcome::Integer(8)), "retry at n{node}");
+    }
+    let stale = cluster.session(1, client, 3, incr("k"));
+    cluster.run_for(100);
+    assert_eq!(cluster.reply_of(stale), Some(Outcome::Error(CommandError::StaleSequence)));
+    let next = cluster.session(2, client, 9, incr("k"));
+    cluster.run_for(100);
+    assert_eq!(cluster.reply_of(next), Some(Outcome::Integer(9)));
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("9")), "n{node}");
+    }
+}
+
+#[test]
+fn a_retry_across_a_leader_crash_and_its_restart_executes_once() {
+    let mut cluster = durable_single_log();
+    let leader = cluster.leader_of(1, 0).expect("a leader").0;
+    let client = 7;
+    let first = cluster.session(leader, client, 1, incr("k"));
+    // The leader commits and applies, but its client never hears back: it crashes first.
+    cluster.run_for(10);
+    cluster.replies.retain(|(id, _)| *id != first);
+    cluster.crash(leader);
+    cluster.run_for(400);
+    cluster.restart(leader);
+    cluster.run_for(400);
+    // The client retries at the restarted node (same id, same data).
+    let retry = cluster.session(leader, client, 1, incr("k"));
+    cluster.run_for(200);
+    assert_eq!(cluster.reply_of(retry), Some(Outcome::Integer(1)));
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("1")), "n{node} ran it twice");
+    }
+}
+
+#[test]
+fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
+    let mut cluster = durable_single_log();
+    cluster.crash(2);
+    for i in 0..30 {
+        let id = cluster.client((i % 2) as u8, write(&format!("k{i}"), &format!("v{i}")));
+        cluster.run_for(5);
+        assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+    }
+    cluster.restart(2);
+    cluster.run_for(500);
+    assert!(cluster.nodes[2].stats().snapshots_installed >= 1, "{:?}", cluster.nodes[2].stats());
+    let read_id = cluster.client(2, read("k29"));
+    cluster.run_for(100);
+    assert_eq!(cluster.reply_of(read_id), Some(value("v29")));
+    assert_eq!(cluster.nodes[2].key_count(), 30);
+    // And its own writes work under its new session.
+    let id = cluster.client(2, write("after", "x"));
+    cluster.run_for(100);
+    assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
 }

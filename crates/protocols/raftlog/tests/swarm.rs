@@ -26,6 +26,10 @@ fn config_for(me: NodeId, replicas: NodeSet, seed: u64) -> RaftLogConfig {
     let mut config = RaftLogConfig::new(me, replicas);
     // Each seed draws the number of logs, so both one busy log and many quiet ones run.
     config.logs = [1, 2, 8][(seed % 3) as usize];
+    // ... and how often logs are compacted: often enough that a follower cut off by a
+    // partition comes back behind the compaction and must install the leader's snapshot
+    // (state machine and session table) instead of entries.
+    config.snapshot_entries = [10, 40, 20_000][(seed / 3 % 3) as usize];
     config
 }
 
@@ -183,6 +187,7 @@ fn the_sweep_exercises_retries_duplicates_and_leader_changes() {
     }
     let totals = totals.borrow();
     let sum = |field: fn(&chorus_raftlog::RaftLogStats) -> u64| totals.iter().map(field).sum::<u64>();
+    let (snapshots_taken, snapshots_installed) = (sum(|s| s.snapshots_taken), sum(|s| s.snapshots_installed));
     let (resent, duplicates, relayed, retried_reads, forwarded, proposed, commands) = (
         sum(|s| s.batches_resent),
         sum(|s| s.proposals_duplicate),
@@ -201,6 +206,8 @@ fn the_sweep_exercises_retries_duplicates_and_leader_changes() {
     assert!(duplicates > 10, "no retry ever reached the log twice: {duplicates}");
     assert!(retried_reads > 100, "read retries were not exercised: {retried_reads}");
     assert!(commands > proposed, "no entry ever carried more than one command");
+    eprintln!("snapshots taken {snapshots_taken}, installed from a leader {snapshots_installed}");
+    assert!(snapshots_installed > 10, "lagging followers never installed a snapshot: {snapshots_installed}");
 }
 
 /// The first seed (from 0) at which the checker reports a violation, if any below `bound`.
@@ -227,4 +234,40 @@ fn execution_without_sessions_is_caught() {
         assert!(caught.is_some(), "NoSessions survived 200 seeds at {replicas} replicas");
         eprintln!("NoSessions caught at seed {caught:?} with {replicas} replicas");
     }
+}
+
+/// Decoupled execution (Cyclone §3.1, `RaftLogConfig::decoupled`): the same faults, every
+/// history linearizable, and every speculative result the leader released was confirmed by
+/// the committed execution; leaders that lost leadership rolled theirs back.
+#[test]
+fn decoupled_execution_is_linearizable_and_every_speculation_is_confirmed() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let totals = Rc::new(RefCell::new(Vec::new()));
+    let seeds = 500;
+    for seed in 0..seeds {
+        let config = SimConfig::new(seed, 3);
+        let run = simulate(&config, &mut |me, members, _| {
+            let mut config = config_for(me, members, seed);
+            config.decoupled = true;
+            counted::Counted { inner: RaftLog::new(config), totals: totals.clone() }
+        });
+        let report = check_history(&run.history, &CheckerConfig::default());
+        assert!(report.violations.is_empty(), "seed {seed}: {}", report.violations[0]);
+        assert!(run.liveness_failures.is_empty(), "seed {seed}: {}", run.liveness_failures[0]);
+    }
+    let totals = totals.borrow();
+    let sum = |field: fn(&chorus_raftlog::RaftLogStats) -> u64| totals.iter().map(field).sum::<u64>();
+    let (speculated, confirmed, mismatches, rolled_back) = (
+        sum(|s| s.speculated),
+        sum(|s| s.speculation_confirmed),
+        sum(|s| s.speculation_mismatches),
+        sum(|s| s.speculation_rolled_back),
+    );
+    eprintln!(
+        "speculated {speculated}, confirmed {confirmed}, mismatches {mismatches}, rolled back {rolled_back}"
+    );
+    assert_eq!(mismatches, 0, "a speculative result differed from the committed one");
+    assert!(confirmed > seeds * 20, "too little speculation confirmed: {confirmed}");
+    assert!(rolled_back > 0, "no leader ever rolled back speculation");
 }

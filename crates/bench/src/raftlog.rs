@@ -1,0 +1,387 @@
+//! `chorus bench raftlog`: Cyclone's evaluation (§5) on loopback, on real `chorus node`
+//! processes: throughput (client commands and Raft entries per second) and latency as the
+//! optimisations are added (one log without batching, + batching, + 8 logs), then against
+//! the replica count (1, 3, 5) and the payload size (0-512 B). Saves JSON and a PNG.
+//!
+//! The nodes' data directories are on /dev/shm where there is one: the circular log is then
+//! msync'd to RAM, the stand-in for Cyclone's NVDIMM (docs/benchmarks.md says so).
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::procs::{self, Procs};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct RaftlogBenchArgs {
+    /// Shorter points (1 s each instead of 3 s).
+    #[arg(long)]
+    pub quick: bool,
+    /// Seconds measured per point (after a short warm-up).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// Concurrent clients (one connection each, closed loop), spread over the replicas.
+    #[arg(long, default_value_t = 32)]
+    pub clients: usize,
+    /// Where the JSON report and the PNG go.
+    #[arg(long, default_value = "bench-results/raftlog")]
+    pub out: PathBuf,
+}
+
+/// One measured configuration.
+#[derive(Clone, Debug, Serialize)]
+pub struct Point {
+    /// Which sweep: "optimizations", "replicas" or "payload".
+    pub sweep: &'static str,
+    pub label: String,
+    pub replicas: usize,
+    pub logs: usize,
+    pub batch_max: usize,
+    pub payload_bytes: usize,
+    pub clients: usize,
+    pub seconds: f64,
+    pub commands_per_s: f64,
+    /// Raft entries proposed per second, summed over the leaders.
+    pub entries_per_s: f64,
+    pub commands_per_entry: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub errors: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    machine_cpus: usize,
+    note: &'static str,
+    points: Vec<Point>,
+}
+
+struct Setup {
+    sweep: &'static str,
+    label: String,
+    replicas: usize,
+    logs: usize,
+    batch_max: usize,
+    payload_bytes: usize,
+}
+
+fn plan() -> Vec<Setup> {
+    let setup = |sweep, label: &str, replicas, logs, batch_max, payload_bytes| Setup {
+        sweep,
+        label: label.to_string(),
+        replicas,
+        logs,
+        batch_max,
+        payload_bytes,
+    };
+    let mut plan = vec![
+        setup("optimizations", "1 log, no batching", 3, 1, 1, 64),
+        setup("optimizations", "+ batching", 3, 1, 1024, 64),
+        setup("optimizations", "+ 8 logs", 3, 8, 1024, 64),
+    ];
+    for replicas in [1, 3, 5] {
+        plan.push(setup("replicas", &format!("{replicas} replicas"), replicas, 8, 1024, 64));
+    }
+    for payload in [0, 64, 256, 512] {
+        plan.push(setup("payload", &format!("{payload} B"), 3, 8, 1024, payload));
+    }
+    plan
+}
+
+pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
+    let seconds = args.duration_s.unwrap_or(if args.quick { 1.0 } else { 3.0 });
+    anyhow::ensure!(seconds > 0.0 && args.clients > 0, "--duration-s and --clients must be positive");
+    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut points = Vec::new();
+    for (index, setup) in plan().into_iter().enumerate() {
+        eprintln!("chorus bench raftlog: {} / {}", setup.sweep, setup.label);
+        let point = measure(chorus, &setup, index, args.clients, seconds, &stop)
+            .with_context(|| format!("{} / {}", setup.sweep, setup.label))?;
+        eprintln!(
+            "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us",
+            point.commands_per_s, point.entries_per_s, point.commands_per_entry, point.p50_us, point.p99_us
+        );
+        points.push(point);
+    }
+    let report = Report {
+        machine_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        note: "loopback, clients and every replica on one machine; data dirs on /dev/shm when present",
+        points,
+    };
+    let json = args.out.join("raftlog.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+    let png = args.out.join("raftlog.png");
+    plot(&report.points, &png)?;
+    print!("{}", table(&report.points));
+    println!("JSON: {}\nPNG: {}", json.display(), png.display());
+    Ok(0)
+}
+
+/// The table and the ratios the docs quote.
+pub fn table(points: &[Point]) -> String {
+    let mut text = String::new();
+    text.push_str(&format!(
+        "{:<14} {:<20} {:>12} {:>12} {:>9} {:>9} {:>9}\n",
+        "sweep", "configuration", "commands/s", "entries/s", "cmd/entry", "p50 us", "p99 us"
+    ));
+    for p in points {
+        text.push_str(&format!(
+            "{:<14} {:<20} {:>12.0} {:>12.0} {:>9.1} {:>9.0} {:>9.0}\n",
+            p.sweep, p.label, p.commands_per_s, p.entries_per_s, p.commands_per_entry, p.p50_us, p.p99_us
+        ));
+    }
+    let ladder: Vec<&Point> = points.iter().filter(|p| p.sweep == "optimizations").collect();
+    if let [none, batching, logs] = ladder.as_slice() {
+        text.push_str(&format!(
+            "ratios: batching x{:.2} over no batching, 8 logs x{:.2} over 1 log (commands/s)\n",
+            batching.commands_per_s / none.commands_per_s.max(1.0),
+            logs.commands_per_s / batching.commands_per_s.max(1.0)
+        ));
+    }
+    text
+}
+
+fn measure(
+    chorus: &Path,
+    setup: &Setup,
+    index: usize,
+    clients: usize,
+    seconds: f64,
+    stop: &AtomicBool,
+) -> anyhow::Result<Point> {
+    let dir = procs::scratch_root().join(format!("raftlog-{index}"));
+    let mut procs = Procs::new("raftlog", dir.clone())?;
+    let ports = procs::free_ports(2 * setup.replicas)?;
+    let client_addrs: Vec<SocketAddr> = (0..setup.replicas).map(|i| procs::localhost(ports[2 * i])).collect();
+    for (node, client_addr) in client_addrs.iter().enumerate() {
+        let mut command = Command::new(chorus);
+        command
+            .arg("node")
+            .args(["--node-id", &node.to_string()])
+            .args(["--protocol", "raftlog"])
+            .args(["--client-addr", &client_addr.to_string()])
+            .args(["--cluster-token", "bench"])
+            .args(["--data-dir", dir.join(format!("node-{node}")).to_str().expect("utf-8 path")])
+            .args(["--raftlog-logs", &setup.logs.to_string()])
+            .args(["--raftlog-batch-max", &setup.batch_max.to_string()])
+            .args(["--log-level", "warn"]);
+        for peer in 0..setup.replicas {
+            command.args(["--peer", &format!("{peer}={}", procs::localhost(ports[2 * peer + 1]))]);
+        }
+        procs.spawn(&format!("node-{node}"), command)?;
+    }
+    // Ready: every node answers a write (its logs have leaders).
+    for (node, addr) in client_addrs.iter().enumerate() {
+        let key = format!("ready-{node}");
+        procs::wait_until(&mut procs, "raftlog node", stop, || {
+            procs::resp_text(*addr, &[b"SET", key.as_bytes(), b"1"])
+                .is_ok_and(|reply| reply.starts_with("+OK"))
+        })?;
+    }
+    let warmup = Duration::from_millis(300);
+    let measured = Duration::from_secs_f64(seconds);
+    let value = vec![b'v'; setup.payload_bytes];
+    let workers: Vec<_> = (0..clients)
+        .map(|client| {
+            let addr = client_addrs[client % client_addrs.len()];
+            let value = value.clone();
+            std::thread::spawn(move || client_loop(addr, client, &value, warmup, measured))
+        })
+        .collect();
+    let started = Instant::now();
+    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+    let mut errors = 0;
+    while started.elapsed() < warmup {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let entries_at_warmup = entries_proposed(&client_addrs);
+    for worker in workers {
+        let (h, e) = worker.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
+        histogram.add(h).expect("same bounds");
+        errors += e;
+    }
+    let entries = entries_proposed(&client_addrs).saturating_sub(entries_at_warmup);
+    procs.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    let commands = histogram.len() as f64;
+    Ok(Point {
+        sweep: setup.sweep,
+        label: setup.label.clone(),
+        replicas: setup.replicas,
+        logs: setup.logs,
+        batch_max: setup.batch_max,
+        payload_bytes: setup.payload_bytes,
+        clients,
+        seconds,
+        commands_per_s: commands / seconds,
+        entries_per_s: entries as f64 / seconds,
+        commands_per_entry: if entries == 0 { 0.0 } else { commands / entries as f64 },
+        p50_us: histogram.value_at_quantile(0.5) as f64 / 1_000.0,
+        p99_us: histogram.value_at_quantile(0.99) as f64 / 1_000.0,
+        errors,
+    })
+}
+
+/// Sum of `raftlog_entries_proposed` over the nodes.
+fn entries_proposed(addrs: &[SocketAddr]) -> u64 {
+    addrs
+        .iter()
+        .filter_map(|addr| procs::resp_text(*addr, &[b"INFO"]).ok())
+        .flat_map(|info| {
+            info.lines()
+                .filter_map(|line| line.strip_prefix("raftlog_entries_proposed:"))
+                .filter_map(|value| value.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// One closed-loop client: SET random keys for `warmup + measured`, recording latencies
+/// (in ns) after the warm-up.
+fn client_loop(
+    addr: SocketAddr,
+    client: usize,
+    value: &[u8],
+    warmup: Duration,
+    measured: Duration,
+) -> (Histogram<u64>, u64) {
+    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+    let mut errors = 0;
+    let Ok(mut stream) = TcpStream::connect(addr) else { return (histogram, 1) };
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let started = Instant::now();
+    let mut state = (client as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut request = Vec::with_capacity(64 + value.len());
+    let mut reply = [0u8; 256];
+    while started.elapsed() < warmup + measured {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let key = format!("key:{}", state % 10_000);
+        request.clear();
+        request.extend_from_slice(
+            format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n", key.len(), value.len()).as_bytes(),
+        );
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
+        let sent = Instant::now();
+        if stream.write_all(&request).is_err() {
+            errors += 1;
+            break;
+        }
+        // A reply to SET is one short line: "+OK\r\n" or "-ERR ...\r\n".
+        let mut got = 0;
+        loop {
+            match stream.read(&mut reply[got..]) {
+                Ok(0) | Err(_) => return (histogram, errors + 1),
+                Ok(read) => got += read,
+            }
+            if reply[..got].ends_with(b"\r\n") || got == reply.len() {
+                break;
+            }
+        }
+        if reply[0] != b'+' {
+            errors += 1;
+            continue;
+        }
+        if started.elapsed() > warmup {
+            let _ = histogram.record(sent.elapsed().as_nanos() as u64);
+        }
+    }
+    (histogram, errors)
+}
+
+fn plot(points: &[Point], path: &Path) -> anyhow::Result<()> {
+    crate::plot::register_font_for_others();
+    let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((1, 3));
+    for (panel, (sweep, title)) in panels.iter().zip([
+        ("optimizations", "Optimizations (3 replicas, 64 B)"),
+        ("replicas", "Replicas (8 logs, batching, 64 B)"),
+        ("payload", "Payload (3 replicas, 8 logs, batching)"),
+    ]) {
+        let sweep_points: Vec<&Point> = points.iter().filter(|p| p.sweep == sweep).collect();
+        let top = sweep_points.iter().map(|p| p.commands_per_s).fold(1.0, f64::max) * 1.15;
+        let labels: Vec<String> = sweep_points.iter().map(|p| p.label.clone()).collect();
+        let mut chart = ChartBuilder::on(panel)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(-0.5f64..(sweep_points.len() as f64 - 0.5), 0f64..top)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(sweep_points.len().max(1))
+            .x_label_formatter(&|x| labels.get(x.round() as usize).cloned().unwrap_or_default())
+            .y_desc("commands/s")
+            .draw()?;
+        chart.draw_series(sweep_points.iter().enumerate().map(|(i, p)| {
+            let x = i as f64;
+            Rectangle::new([(x - 0.3, 0.0), (x + 0.3, p.commands_per_s)], RGBColor(31, 119, 180).filled())
+        }))?;
+        chart.draw_series(sweep_points.iter().enumerate().map(|(i, p)| {
+            Text::new(
+                format!("p50 {:.0} us", p.p50_us),
+                (i as f64 - 0.28, p.commands_per_s + top * 0.03),
+                ("sans-serif", 13),
+            )
+        }))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_covers_the_optimizations_replicas_and_payloads_of_the_issue() {
+        let plan = plan();
+        let ladder: Vec<(usize, usize)> =
+            plan.iter().filter(|s| s.sweep == "optimizations").map(|s| (s.logs, s.batch_max)).collect();
+        assert_eq!(ladder, vec![(1, 1), (1, 1024), (8, 1024)]);
+        let replicas: Vec<usize> =
+            plan.iter().filter(|s| s.sweep == "replicas").map(|s| s.replicas).collect();
+        assert_eq!(replicas, vec![1, 3, 5]);
+        let payloads: Vec<usize> =
+            plan.iter().filter(|s| s.sweep == "payload").map(|s| s.payload_bytes).collect();
+        assert_eq!((payloads.first(), payloads.last()), (Some(&0), Some(&512)));
+    }
+
+    #[test]
+    fn the_table_prints_the_ratios_between_the_steps() {
+        let point = |label: &str, commands_per_s| Point {
+            sweep: "optimizations",
+            label: label.to_string(),
+            replicas: 3,
+            logs: 1,
+            batch_max: 1,
+            payload_bytes: 64,
+            clients: 32,
+            seconds: 1.0,
+            commands_per_s,
+            entries_per_s: 1.0,
+            commands_per_entry: 1.0,
+            p50_us: 1.0,
+            p99_us: 2.0,
+            errors: 0,
+        };
+        let text = table(&[point("a", 100.0), point("b", 300.0), point("c", 150.0)]);
+        assert!(text.contains("batching x3.00"), "{text}");
+        assert!(text.contains("8 logs x0.50"), "{text}");
+    }
+}
