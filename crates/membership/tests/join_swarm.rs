@@ -1,0 +1,114 @@
+//! Joins under the simulator's swarm (Hermes §3.4 Recovery): every crashed replica restarts
+//! with its Raft state (its `membership.log`) but none of its data, rejoins as a shadow,
+//! copies the data in chunks while taking part in writes, and serves again. Every history is
+//! checked for linearizability, with crashes, partitions, loss and duplication as in
+//! `hermes_swarm.rs`.
+
+use chorus_core::{NodeId, NodeSet, Time};
+use chorus_hermes::{Hermes, HermesConfig};
+use chorus_membership::{Membership, MembershipConfig, WithMembership};
+use chorus_sim::checker::{check_history, CheckerConfig};
+use chorus_sim::simulator::{simulate_with_restarts, SimConfig};
+
+fn hermes_config(me: NodeId, replicas: NodeSet, seed: u64) -> HermesConfig {
+    let mut hermes = HermesConfig::new(me, replicas);
+    hermes.seed = seed;
+    hermes.message_loss_timeout = Time::from_millis(20);
+    // Small chunks, so a copy takes several round trips and writes land in between.
+    hermes.chunk_bytes_target = 64;
+    hermes
+}
+
+fn membership_config(me: NodeId, replicas: NodeSet) -> MembershipConfig {
+    let mut config = MembershipConfig::new(me, replicas);
+    // Nodes removed while alive (partitions) come back as shadows too.
+    config.rejoin = true;
+    config
+}
+
+fn build(me: NodeId, replicas: NodeSet, seed: u64) -> WithMembership<Hermes> {
+    let membership = Membership::new(membership_config(me, replicas), Time::ZERO);
+    WithMembership::new(Hermes::new(hermes_config(me, replicas, seed)), membership)
+}
+
+/// A restart keeps the Raft records (what `membership.log` holds) and loses the keys.
+fn restart(
+    me: NodeId,
+    replicas: NodeSet,
+    seed: u64,
+    now: Time,
+    crashed: &WithMembership<Hermes>,
+) -> WithMembership<Hermes> {
+    let records = crashed.membership().durable_records();
+    let mut config = membership_config(me, replicas);
+    config.join = Some(seed | 1);
+    let mut hermes = hermes_config(me, replicas, seed);
+    hermes.recovering = true;
+    WithMembership::new(Hermes::new(hermes), Membership::restore(config, now, &records))
+}
+
+pub struct JoinSweep {
+    pub restarts: u64,
+    pub recoveries: u64,
+    pub ops: usize,
+}
+
+fn swarm(replicas: usize, seeds: u64) {
+    let mut failures = Vec::new();
+    let (mut restarts, mut ops) = (0, 0);
+    for seed in 0..seeds {
+        let mut config = SimConfig::new(seed, replicas);
+        config.scripted_membership = false;
+        config.fault_phase_max = Time::from_millis(1_500);
+        config.restart_after = Some(Time::from_millis(300));
+        let run = simulate_with_restarts(&config, &mut build, &mut restart);
+        let report = check_history(&run.history, &CheckerConfig::default());
+        ops += report.ops_checked;
+        restarts += run.faults.restarts;
+        if !report.violations.is_empty() || !run.liveness_failures.is_empty() {
+            failures.push(format!(
+                "seed {seed}: {:?} {:?}",
+                report.violations.first().map(ToString::to_string),
+                run.liveness_failures.first()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failing seeds at {replicas} replicas; first: {}",
+        failures.len(),
+        failures[0]
+    );
+    assert!(restarts > seeds / 10, "too few restarts exercised: {restarts}");
+    assert!(ops as u64 > seeds * 50, "too few operations checked: {ops}");
+}
+
+#[test]
+fn restarted_replicas_rejoin_as_shadows_and_histories_stay_linearizable_with_3_replicas() {
+    swarm(3, 200);
+}
+
+#[test]
+fn restarted_replicas_rejoin_as_shadows_and_histories_stay_linearizable_with_5_replicas() {
+    swarm(5, 120);
+}
+
+#[test]
+#[ignore]
+fn debug_seed() {
+    let seed: u64 = std::env::var("SEED").unwrap().parse().unwrap();
+    let replicas: usize = std::env::var("REPLICAS").unwrap().parse().unwrap();
+    let mut config = SimConfig::new(seed, replicas);
+    config.scripted_membership = false;
+    config.fault_phase_max = Time::from_millis(1_500);
+    config.restart_after = Some(Time::from_millis(300));
+    config.trace = true;
+    let run = simulate_with_restarts(&config, &mut build, &mut restart);
+    for line in &run.trace {
+        if line.contains(&std::env::var("GREP").unwrap()) {
+            println!("{line}");
+        }
+    }
+    println!("{:?}", run.fault_plan);
+    println!("{:?}", run.liveness_failures.first());
+}
