@@ -5,13 +5,19 @@
 //! `hermes_swarm.rs`.
 
 use chorus_core::{NodeId, NodeSet, Time};
-use chorus_hermes::{Hermes, HermesConfig};
+use chorus_hermes::{Bug, Hermes, HermesConfig};
 use chorus_membership::{Membership, MembershipConfig, WithMembership};
 use chorus_sim::checker::{check_history, CheckerConfig};
 use chorus_sim::simulator::{simulate_with_restarts, SimConfig};
 
+thread_local! {
+    /// The broken variant the restarted replicas run with, if any.
+    static BUG: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
+}
+
 fn hermes_config(me: NodeId, replicas: NodeSet, seed: u64) -> HermesConfig {
     let mut hermes = HermesConfig::new(me, replicas);
+    hermes.bug = BUG.with(|bug| bug.get());
     hermes.seed = seed;
     hermes.message_loss_timeout = Time::from_millis(20);
     // Small chunks, so a copy takes several round trips and writes land in between.
@@ -47,21 +53,19 @@ fn restart(
     WithMembership::new(Hermes::new(hermes), Membership::restore(config, now, &records))
 }
 
-pub struct JoinSweep {
-    pub restarts: u64,
-    pub recoveries: u64,
-    pub ops: usize,
+fn sim_config(seed: u64, replicas: usize) -> SimConfig {
+    let mut config = SimConfig::new(seed, replicas);
+    config.scripted_membership = false;
+    config.fault_phase_max = Time::from_millis(1_500);
+    config.restart_after = Some(Time::from_millis(300));
+    config
 }
 
 fn swarm(replicas: usize, seeds: u64) {
     let mut failures = Vec::new();
     let (mut restarts, mut ops) = (0, 0);
     for seed in 0..seeds {
-        let mut config = SimConfig::new(seed, replicas);
-        config.scripted_membership = false;
-        config.fault_phase_max = Time::from_millis(1_500);
-        config.restart_after = Some(Time::from_millis(300));
-        let run = simulate_with_restarts(&config, &mut build, &mut restart);
+        let run = simulate_with_restarts(&sim_config(seed, replicas), &mut build, &mut restart);
         let report = check_history(&run.history, &CheckerConfig::default());
         ops += report.ops_checked;
         restarts += run.faults.restarts;
@@ -93,15 +97,32 @@ fn restarted_replicas_rejoin_as_shadows_and_histories_stay_linearizable_with_5_r
     swarm(5, 120);
 }
 
+/// How many seeds of `seeds` show a linearizability violation with `bug` on.
+fn seeds_caught(bug: Bug, replicas: usize, seeds: u64) -> usize {
+    BUG.with(|cell| cell.set(Some(bug)));
+    let caught = (0..seeds)
+        .filter(|seed| {
+            let run = simulate_with_restarts(&sim_config(*seed, replicas), &mut build, &mut restart);
+            !check_history(&run.history, &CheckerConfig::default()).violations.is_empty()
+        })
+        .count();
+    BUG.with(|cell| cell.set(None));
+    caught
+}
+
+#[test]
+fn the_checker_catches_a_shadow_that_serves_before_its_copy_is_complete() {
+    let caught = seeds_caught(Bug::ShadowServes, 3, 200);
+    assert!(caught > 0, "no seed caught a shadow serving early");
+}
+
+/// `SEED=.. REPLICAS=.. GREP=.. cargo test --test join_swarm debug_seed -- --ignored`
 #[test]
 #[ignore]
 fn debug_seed() {
     let seed: u64 = std::env::var("SEED").unwrap().parse().unwrap();
     let replicas: usize = std::env::var("REPLICAS").unwrap().parse().unwrap();
-    let mut config = SimConfig::new(seed, replicas);
-    config.scripted_membership = false;
-    config.fault_phase_max = Time::from_millis(1_500);
-    config.restart_after = Some(Time::from_millis(300));
+    let mut config = sim_config(seed, replicas);
     config.trace = true;
     let run = simulate_with_restarts(&config, &mut build, &mut restart);
     for line in &run.trace {
