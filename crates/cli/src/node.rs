@@ -55,6 +55,12 @@ pub struct NodeArgs {
     /// Largest key or value accepted from clients, in bytes (default 64 MiB).
     #[arg(long)]
     pub value_bytes_max: Option<usize>,
+    /// Join a running cluster (Hermes): this node starts as a shadow replica that takes part
+    /// in writes while it copies the data in chunks from ADDR (the peer address, or the id,
+    /// of a live replica), then serves. A node restarted with its data_dir rejoins the same
+    /// way without the flag.
+    #[arg(long, value_name = "ADDR")]
+    pub join: Option<String>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -93,6 +99,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         requirepass: args.requirepass,
         metrics_addr: args.metrics_addr,
         value_bytes_max: args.value_bytes_max,
+        join: args.join,
         ..RawConfig::default()
     };
     let config = file.merge(overrides).validate()?;

@@ -52,6 +52,9 @@ pub struct RawConfig {
     pub value_bytes_max: Option<usize>,
     pub peer_queue_bytes_max: Option<usize>,
     pub maxclients: Option<usize>,
+    /// Join a running cluster (Hermes §3.4 Recovery): the peer address of a live replica to
+    /// copy the data from. `chorus node --join ADDR`.
+    pub join: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +115,8 @@ pub struct NodeConfig {
     pub value_bytes_max: usize,
     pub peer_queue_bytes_max: usize,
     pub maxclients: usize,
+    /// Join a running cluster as a shadow, copying the data from this replica first.
+    pub join: Option<NodeId>,
 }
 
 pub const DEFAULT_CLIENT_ADDR: &str = "127.0.0.1:7379";
@@ -172,6 +177,7 @@ impl RawConfig {
             value_bytes_max: overrides.value_bytes_max.or(self.value_bytes_max),
             peer_queue_bytes_max: overrides.peer_queue_bytes_max.or(self.peer_queue_bytes_max),
             maxclients: overrides.maxclients.or(self.maxclients),
+            join: overrides.join.or(self.join),
         }
     }
 
@@ -259,6 +265,7 @@ impl RawConfig {
         if maxclients == 0 {
             return Err(field_error("maxclients", "must be positive"));
         }
+        let join = self.join.as_deref().map(|addr| join_donor(addr, node_id, protocol, &membership, &replicas)).transpose()?;
         Ok(NodeConfig {
             node_id,
             protocol,
@@ -274,8 +281,39 @@ impl RawConfig {
             value_bytes_max,
             peer_queue_bytes_max,
             maxclients,
+            join,
         })
     }
+}
+
+/// `--join ADDR`: which replica (by its peer address, or its id) the joiner copies from.
+fn join_donor(
+    addr: &str,
+    me: NodeId,
+    protocol: Protocol,
+    membership: &Option<MembershipTiming>,
+    replicas: &BTreeMap<NodeId, SocketAddr>,
+) -> Result<NodeId, ConfigError> {
+    if protocol != Protocol::Hermes {
+        return Err(field_error(
+            "join",
+            format!("{} cannot join a running cluster: only hermes copies state to a new replica", protocol.name()),
+        ));
+    }
+    if membership.is_none() {
+        return Err(field_error("join", "joining needs the membership service (membership = true)"));
+    }
+    let by_id = addr.parse::<u8>().ok().map(NodeId).filter(|node| replicas.contains_key(node));
+    let by_addr = addr.parse::<SocketAddr>().ok().and_then(|addr| {
+        replicas.iter().find(|(_, peer)| **peer == addr).map(|(node, _)| *node)
+    });
+    let donor = by_id.or(by_addr).ok_or_else(|| {
+        field_error("join", format!("{addr:?} is neither the peer address nor the id of a replica in [peers]"))
+    })?;
+    if donor == me {
+        return Err(field_error("join", "names this node; give a live replica to copy the data from"));
+    }
+    Ok(donor)
 }
 
 impl RawConfig {

@@ -147,6 +147,11 @@ impl ServedReplica for Hermes {
             ("inv_retransmits", s.inv_retransmits),
             ("messages_dropped_epoch", s.messages_dropped_epoch),
             ("views_installed", s.views_installed),
+            ("shadow", self.is_shadow() as u64),
+            ("chunks_received", s.chunks_received),
+            ("keys_copied", s.keys_copied),
+            ("chunks_served", s.chunks_served),
+            ("recoveries_completed", s.recoveries_completed),
         ]
     }
     fn updated_key(message: &chorus_hermes::Message) -> Option<&Key> {
