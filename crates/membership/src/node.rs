@@ -107,6 +107,18 @@ pub struct MembershipOutbox {
     pub events: Vec<MembershipEvent>,
 }
 
+/// Lease health, for INFO and for measuring the transport's priority lane.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MembershipStats {
+    /// Times this node's lease ran out while it was a live member.
+    pub lease_lapses: u64,
+    /// Heartbeats whose last acknowledgement arrived, and the slowest round trip.
+    pub heartbeats_acknowledged: u64,
+    pub heartbeat_round_trip_max: Time,
+    /// Round trips longer than a quarter of the lease.
+    pub heartbeats_slow: u64,
+}
+
 struct SentHeartbeat {
     seq: u64,
     sent_at: Time,
@@ -152,6 +164,8 @@ pub struct Membership {
     /// Raft-decided: the last join incarnation applied per node (a duplicate is ignored).
     joined_incarnation: [u64; NodeId::COUNT_MAX],
     join_proposed: [Option<(u64, Time)>; NodeId::COUNT_MAX],
+    stats: MembershipStats,
+    leased_at_last_tick: bool,
 }
 
 /// Raft ids must be non-zero.
@@ -238,6 +252,8 @@ impl Membership {
             left_proposed_at: None,
             joined_incarnation: [0; NodeId::COUNT_MAX],
             join_proposed: [None; NodeId::COUNT_MAX],
+            stats: MembershipStats::default(),
+            leased_at_last_tick: false,
             config,
         }
     }
@@ -297,7 +313,16 @@ impl Membership {
         self.raft.raft.state == StateRole::Leader
     }
 
+    pub fn stats(&self) -> MembershipStats {
+        self.stats
+    }
+
     pub fn on_tick(&mut self, now: Time, out: &mut MembershipOutbox) {
+        let leased = self.holds_lease(now);
+        if self.leased_at_last_tick && !leased && self.installed.live.contains(self.config.me) {
+            self.stats.lease_lapses += 1;
+        }
+        self.leased_at_last_tick = leased;
         while now >= self.next_raft_tick {
             self.raft.tick();
             self.next_raft_tick = self.next_raft_tick + self.config.raft_tick_period;
@@ -330,7 +355,7 @@ impl Membership {
                 let _ = self.raft.step(message);
             }
             MembershipMessage::Heartbeat { seq, epoch } => self.on_heartbeat(now, from, seq, epoch, out),
-            MembershipMessage::HeartbeatAck { seq } => self.on_heartbeat_ack(from, seq),
+            MembershipMessage::HeartbeatAck { seq } => self.on_heartbeat_ack(now, from, seq),
             MembershipMessage::JoinRequest { incarnation } => self.on_join_request(now, from, incarnation),
         }
         self.handle_ready(out);
@@ -375,9 +400,19 @@ impl Membership {
         out.messages.push((from, MembershipMessage::HeartbeatAck { seq }));
     }
 
-    fn on_heartbeat_ack(&mut self, from: NodeId, seq: u64) {
+    fn on_heartbeat_ack(&mut self, now: Time, from: NodeId, seq: u64) {
+        let others = self.installed.live.without(self.config.me);
         if let Some(sent) = self.heartbeats_sent.iter_mut().find(|sent| sent.seq == seq) {
+            let complete_before = sent.acks.is_superset_of(others);
             sent.acks.insert(from);
+            if !complete_before && sent.acks.is_superset_of(others) {
+                let round_trip = now.saturating_sub(sent.sent_at);
+                self.stats.heartbeats_acknowledged += 1;
+                self.stats.heartbeat_round_trip_max = self.stats.heartbeat_round_trip_max.max(round_trip);
+                if round_trip.as_nanos() * 4 > self.config.lease.as_nanos() {
+                    self.stats.heartbeats_slow += 1;
+                }
+            }
         }
         self.grant_lease_if_all_acknowledged(seq);
     }

@@ -38,6 +38,11 @@ where
     /// The key a peer message updates, if any: lets the node know every key that exists
     /// anywhere (FLUSHALL needs to enumerate them).
     fn updated_key(message: &Self::Message) -> Option<&Key>;
+    /// Messages that take the transport's priority lane (membership heartbeats and acks,
+    /// which keep leases alive and must not queue behind client traffic).
+    fn is_priority(_message: &Self::Message) -> bool {
+        false
+    }
     /// State that must be durable before this turn's messages leave (the membership
     /// service's Raft log and vote). Most cores have none.
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
@@ -72,6 +77,11 @@ where
         let membership = self.membership();
         counters.push(("membership_epoch", membership.view().epoch.0));
         counters.push(("membership_raft_leader", membership.is_raft_leader() as u64));
+        let stats = membership.stats();
+        counters.push(("membership_lease_lapses", stats.lease_lapses));
+        counters.push(("membership_heartbeats_acknowledged", stats.heartbeats_acknowledged));
+        counters.push(("membership_heartbeats_slow", stats.heartbeats_slow));
+        counters.push(("membership_heartbeat_round_trip_max_us", stats.heartbeat_round_trip_max.as_micros()));
         counters
     }
     fn updated_key(message: &Wire<P::Message>) -> Option<&Key> {
@@ -79,6 +89,11 @@ where
             Wire::Protocol(message) => P::updated_key(message),
             Wire::Membership(_) => None,
         }
+    }
+    /// The membership service's messages (heartbeats, acks, Raft) are few and small, and a
+    /// late acknowledgement costs a lease.
+    fn is_priority(message: &Self::Message) -> bool {
+        matches!(message, Wire::Membership(_))
     }
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.take_persist_records()
@@ -353,7 +368,7 @@ pub async fn run<R>(
     replica: R,
     transport: Transport<R::Message>,
     mut requests: mpsc::Receiver<EngineRequest>,
-    mut inbound: mpsc::Receiver<(NodeId, Vec<R::Message>)>,
+    mut inbound: chorus_net::Inbound<R::Message>,
     mut shutdown: watch::Receiver<bool>,
     durable_log: Option<std::fs::File>,
 ) where

@@ -67,6 +67,11 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         peers,
     );
     net.peer_queue_bytes_max = config.peer_queue_bytes_max;
+    // For measuring what the priority lane buys (docs/benchmarks.md); on by default.
+    if std::env::var_os("CHORUS_PRIORITY_LANE").is_some_and(|value| value == "off") {
+        warn!("CHORUS_PRIORITY_LANE=off: membership messages share the data connections");
+        net.priority_lane = false;
+    }
     // One message carries at most a key and a value, each bounded by the value limit.
     net.frame_payload_bytes_max = 2 * config.value_bytes_max + 64 * 1024;
 
@@ -203,7 +208,8 @@ impl Start {
         R: ServedReplica,
         R::Message: WireMessage + Send + 'static,
     {
-        let (transport, inbound, net_stats) = chorus_net::start(self.net).await?;
+        let (mut transport, inbound, net_stats) = chorus_net::start(self.net).await?;
+        transport.set_priority(R::is_priority);
         tokio::spawn(engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log));
         Ok(net_stats)
     }
