@@ -210,7 +210,21 @@ impl Start {
     {
         let (mut transport, inbound, net_stats) = chorus_net::start(self.net).await?;
         transport.set_priority(R::is_priority);
-        tokio::spawn(engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log));
+        let event_loop = engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log);
+        // The event loop gets its own thread, so that under a flood of client connections it
+        // is not queued behind hundreds of connection tasks on the shared workers: leases
+        // ride on it answering heartbeats in time (docs/benchmarks.md, "Membership under
+        // load").
+        std::thread::Builder::new()
+            .name("chorus-engine".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a current-thread runtime for the event loop");
+                runtime.block_on(event_loop);
+            })
+            .context("cannot start the event loop thread")?;
         Ok(net_stats)
     }
 }
