@@ -11,6 +11,8 @@ use chorus_sim::checker::{check_history, CheckerConfig};
 use chorus_sim::simulator::{simulate_with_restarts, SimConfig};
 
 thread_local! {
+    /// Partition-scale membership timing (see `membership_config`).
+    static FAST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The broken variant the restarted replicas run with, if any.
     static BUG: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
 }
@@ -27,6 +29,14 @@ fn hermes_config(me: NodeId, replicas: NodeSet, seed: u64) -> HermesConfig {
 
 fn membership_config(me: NodeId, replicas: NodeSet) -> MembershipConfig {
     let mut config = MembershipConfig::new(me, replicas);
+    if FAST.with(|fast| fast.get()) {
+        // Scaled to the simulator's partitions (5 to 300 ms): partitions remove live nodes,
+        // which then rejoin as shadows on their own.
+        config.heartbeat_period = Time::from_millis(10);
+        config.missed_heartbeats_max = 5;
+        config.lease = Time::from_millis(60);
+        config.drift_margin = Time::from_millis(5);
+    }
     // Nodes removed while alive (partitions) come back as shadows too.
     config.rejoin = true;
     config
@@ -97,6 +107,13 @@ fn restarted_replicas_rejoin_as_shadows_and_histories_stay_linearizable_with_5_r
     swarm(5, 120);
 }
 
+#[test]
+fn replicas_removed_by_partitions_rejoin_as_shadows_and_histories_stay_linearizable() {
+    FAST.with(|fast| fast.set(true));
+    swarm(3, 150);
+    swarm(5, 80);
+}
+
 /// How many seeds of `seeds` show a linearizability violation with `bug` on.
 fn seeds_caught(bug: Bug, replicas: usize, seeds: u64) -> usize {
     BUG.with(|cell| cell.set(Some(bug)));
@@ -122,6 +139,7 @@ fn the_checker_catches_a_shadow_that_serves_before_its_copy_is_complete() {
 fn debug_seed() {
     let seed: u64 = std::env::var("SEED").unwrap().parse().unwrap();
     let replicas: usize = std::env::var("REPLICAS").unwrap().parse().unwrap();
+    FAST.with(|fast| fast.set(std::env::var("FAST").is_ok()));
     let mut config = sim_config(seed, replicas);
     config.trace = true;
     let run = simulate_with_restarts(&config, &mut build, &mut restart);
@@ -132,4 +150,16 @@ fn debug_seed() {
     }
     println!("{:?}", run.fault_plan);
     println!("{:?}", run.liveness_failures.first());
+}
+
+/// A wider sweep than CI runs: `SEEDS=2000 cargo test --release --test join_swarm wide -- --ignored`.
+#[test]
+#[ignore]
+fn wide_sweep() {
+    let seeds: u64 = std::env::var("SEEDS").map_or(1000, |seeds| seeds.parse().unwrap());
+    for fast in [false, true] {
+        FAST.with(|cell| cell.set(fast));
+        swarm(3, seeds);
+        swarm(5, seeds / 2);
+    }
 }

@@ -76,6 +76,12 @@ pub struct Hermes {
     awaiting_join: bool,
     /// Copying the data (§3.4 Recovery): takes part in writes, serves no client.
     shadow: Option<Shadow>,
+    /// Added to every cid this incarnation picks. A rejoined replica has forgotten the
+    /// timestamps it created before; an update of its old incarnation may still sit,
+    /// uncommitted, at some replica that the donor did not hear from. Without the offset the
+    /// new incarnation could issue the same `[version, cid]` for another value, and a VAL
+    /// for one would validate the other (found by the join swarm, seed 19).
+    cid_offset: u32,
     /// §2.4: a replica serves reads only while its membership lease is valid. `Unlimited`
     /// when no membership service drives this replica (the simulator's scripted membership,
     /// tests), which then guarantees removal only after the replica is gone.
@@ -111,6 +117,7 @@ impl Hermes {
             retired: false,
             awaiting_join: config.recovering,
             shadow: None,
+            cid_offset: 0,
             lease: Lease::Unlimited,
             config,
         }
@@ -167,7 +174,7 @@ impl Hermes {
     /// O2: a fresh (virtual) coordinator id for a new update's timestamp.
     fn next_cid(&mut self) -> u32 {
         let per_node = self.config.optimizations.virtual_ids_per_node;
-        let base = self.config.me.0 as u32 * per_node;
+        let base = self.config.me.0 as u32 * per_node + self.cid_offset;
         if per_node == 1 {
             return base;
         }
@@ -610,6 +617,11 @@ impl Hermes {
         self.keys.clear();
         self.watched.clear();
         self.retired = false;
+        // The join view's epoch is unique to this incarnation: every node's ids for it lie in
+        // one block of `COUNT_MAX * per_node` cids that no other incarnation uses.
+        let block = NodeId::COUNT_MAX as u32 * self.config.optimizations.virtual_ids_per_node;
+        let incarnations = u32::MAX / block;
+        self.cid_offset = (self.view.epoch.0 % incarnations as u64) as u32 * block;
         self.awaiting_join = false;
         self.shadow = Some(Shadow { buckets_total: None, received: Vec::new(), asked: None, donor_turn: 0 });
         self.request_chunk_if_due(now, out);
