@@ -468,6 +468,10 @@ impl Membership {
         }
         joining.next_request = now + self.config.heartbeat_period;
         let incarnation = joining.incarnation;
+        if self.is_raft_leader() {
+            // Nobody else would propose it: requests go to the leader, and that is us.
+            self.on_join_request(now, self.config.me, incarnation);
+        }
         for member in self.config.members.without(self.config.me).iter() {
             out.messages.push((member, MembershipMessage::JoinRequest { incarnation }));
         }
