@@ -78,6 +78,9 @@ struct Joining {
 /// First byte of a join entry; removals are 9 bytes without a tag.
 const JOIN_ENTRY_TAG: u8 = 0x4A;
 const JOIN_ENTRY_BYTES: usize = 18;
+/// "This joined node has copied all the data": [tag, node, incarnation (8)].
+const CAUGHT_UP_ENTRY_TAG: u8 = 0x43;
+const CAUGHT_UP_ENTRY_BYTES: usize = 10;
 
 /// Something the runtime must act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,6 +167,13 @@ pub struct Membership {
     /// Raft-decided: the last join incarnation applied per node (a duplicate is ignored).
     joined_incarnation: [u64; NodeId::COUNT_MAX],
     join_proposed: [Option<(u64, Time)>; NodeId::COUNT_MAX],
+    /// Raft-decided: live members that hold all the data (every first member; a joined node
+    /// once its caught-up entry is applied). A removal that would leave none is refused:
+    /// the data would exist only on nodes outside the view.
+    complete: NodeSet,
+    /// Our join is installed and our protocol has caught up, but the log does not say so
+    /// yet: when to propose it again.
+    caught_up_proposed_at: Option<Time>,
     stats: MembershipStats,
     leased_at_last_tick: bool,
 }
@@ -252,6 +262,8 @@ impl Membership {
             left_proposed_at: None,
             joined_incarnation: [0; NodeId::COUNT_MAX],
             join_proposed: [None; NodeId::COUNT_MAX],
+            complete: config.members,
+            caught_up_proposed_at: None,
             stats: MembershipStats::default(),
             leased_at_last_tick: false,
             config,
@@ -509,6 +521,7 @@ impl Membership {
             return;
         }
         self.joined_incarnation[node.index()] = incarnation;
+        self.complete.remove(node);
         let mut live = self.decided.live;
         live.insert(node);
         self.decided = View { epoch: Epoch(epoch.0 + 1), live };
@@ -520,8 +533,41 @@ impl Membership {
         }
     }
 
+    /// Our protocol holds all the data: record it in the log (retried every heartbeat
+    /// period until applied), so removals may leave us as the view's only complete member.
+    pub fn note_caught_up(&mut self, now: Time) {
+        let me = self.config.me;
+        let incarnation = self.joined_incarnation[me.index()];
+        if self.joining.is_some() || self.complete.contains(me) || !self.decided.live.contains(me) {
+            return;
+        }
+        let due = self.caught_up_proposed_at.is_none_or(|at| now >= at + self.config.heartbeat_period);
+        if due {
+            let mut data = vec![CAUGHT_UP_ENTRY_TAG, me.0];
+            data.extend_from_slice(&incarnation.to_le_bytes());
+            // Followers forward proposals to the leader; a dropped one is retried.
+            let _ = self.raft.propose(vec![], data);
+            self.caught_up_proposed_at = Some(now);
+        }
+    }
+
+    fn apply_caught_up(&mut self, data: &[u8]) {
+        let node = NodeId(data[1]);
+        let incarnation = u64::from_le_bytes(data[2..10].try_into().expect("8 bytes"));
+        if node.index() < NodeId::COUNT_MAX
+            && self.decided.live.contains(node)
+            && self.joined_incarnation[node.index()] == incarnation
+        {
+            self.complete.insert(node);
+        }
+    }
+
     fn apply(&mut self, entry: &Entry) {
         if entry.get_entry_type() != EntryType::EntryNormal {
+            return;
+        }
+        if entry.data.len() == CAUGHT_UP_ENTRY_BYTES && entry.data[0] == CAUGHT_UP_ENTRY_TAG {
+            self.apply_caught_up(&entry.data);
             return;
         }
         if entry.data.len() == JOIN_ENTRY_BYTES && entry.data[0] == JOIN_ENTRY_TAG {
@@ -541,10 +587,14 @@ impl Membership {
         {
             return;
         }
-        // Checked when applied, so every member decides alike: never remove the last member.
-        if self.decided.live.len() <= 1 {
+        // Checked when applied, so every member decides alike: never remove the last member,
+        // nor the last one holding all the data (a joined node still copying does not).
+        let remaining = self.decided.live.without(node);
+        let complete_remaining = NodeSet::from_bits(remaining.bits() & self.complete.bits());
+        if self.decided.live.len() <= 1 || complete_remaining.is_empty() {
             return;
         }
+        self.complete.remove(node);
         self.decided = View { epoch: Epoch(epoch.0 + 1), live: self.decided.live.without(node) };
         let promised_until = self.promised_until[node.index()];
         self.to_install.push_back((self.decided, Change::Remove(node), promised_until));

@@ -660,11 +660,11 @@ impl Hermes {
         let shadow = self.shadow.as_mut().expect("shadow exists");
         shadow.donor_turn = turn;
         shadow.asked = Some((bucket, now + timeout));
-        match donor {
-            Some(donor) => out.send(donor, Message::ChunkRequest { epoch, bucket, buckets_total }),
-            // The only live replica: nothing to copy from, and nothing was written without
-            // us since we joined (every write needs our ACK).
-            None => self.finish_recovery(),
+        // Alone in the view there is no one to copy from: wait. (The membership never
+        // leaves a shadow alone: the replicas that hold the data stay until it has caught
+        // up, see `Replica::is_caught_up`.)
+        if let Some(donor) = donor {
+            out.send(donor, Message::ChunkRequest { epoch, bucket, buckets_total });
         }
     }
 
@@ -850,6 +850,10 @@ impl Replica for Hermes {
             self.watch(&key);
         }
         self.scratch_keys = keys;
+    }
+
+    fn is_caught_up(&self) -> bool {
+        self.participates() && self.shadow.is_none()
     }
 
     fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
