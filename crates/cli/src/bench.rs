@@ -22,6 +22,9 @@ enum BenchCommand {
     /// cost and tenants, chain (one host process serves everyone) vs Naïve (a process per
     /// tenant replica).
     Group(GroupBenchArgs),
+    /// Throughput over time across a failure (Hermes §6.6): 5 replicas, one SIGKILLed
+    /// after a few seconds, at 1%, 5% and 20% writes; JSON and a PNG plot.
+    Failover(chorus_bench::failover::FailoverArgs),
 }
 
 #[derive(clap::Args)]
@@ -57,5 +60,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
             chorus_bench::compare::run(args, &chorus)
         }
         BenchCommand::Group(args) => run_group(args),
+        BenchCommand::Failover(args) => {
+            let chorus = std::env::current_exe()?;
+            chorus_bench::failover::run(args, &chorus)
+        }
     }
 }
