@@ -128,7 +128,11 @@ fn start_cluster(chorus: &Path, args: &FailoverArgs, run: usize) -> anyhow::Resu
             if info.contains("chorus_operational:1") {
                 break;
             }
-            anyhow::ensure!(Instant::now() < deadline, "node {node} not serving after 60 s (logs in {})", dir.display());
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "node {node} not serving after 60 s (logs in {})",
+                dir.display()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -136,6 +140,7 @@ fn start_cluster(chorus: &Path, args: &FailoverArgs, run: usize) -> anyhow::Resu
 }
 
 /// One closed-loop client: counts completions per bucket, reconnects on errors.
+#[allow(clippy::too_many_arguments)]
 async fn client_loop(
     addr: SocketAddr,
     config: ClientConfig,
@@ -159,7 +164,11 @@ async fn client_loop(
         }
         let op = generator.next_op();
         let ops = [op];
-        let result = tokio::time::timeout(Duration::from_secs(5), client.as_mut().expect("connected").execute(&ops, &mut failed)).await;
+        let result = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.as_mut().expect("connected").execute(&ops, &mut failed),
+        )
+        .await;
         let ok = matches!(result, Ok(Ok(()))) && failed.iter().all(Option::is_none);
         failed.clear();
         generator.done(&ops[0]);
@@ -194,7 +203,13 @@ fn measure(chorus: &Path, args: &FailoverArgs, run: usize, write_ratio: f64) -> 
         value_bytes: args.value_bytes,
         distribution: Distribution::Uniform,
     };
-    let config = ClientConfig { api: Api::Resp, keyspace: Keyspace::Kv, value_bytes: args.value_bytes, wait: None, seed: 1 };
+    let config = ClientConfig {
+        api: Api::Resp,
+        keyspace: Keyspace::Kv,
+        value_bytes: args.value_bytes,
+        wait: None,
+        seed: 1,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let options = RunOptions {
         targets: survivors.clone(),
@@ -221,7 +236,8 @@ fn measure(chorus: &Path, args: &FailoverArgs, run: usize, write_ratio: f64) -> 
         .map(|(i, generator)| {
             let addr = survivors[i % survivors.len()];
             let (config, buckets, errors) = (config.clone(), buckets.clone(), errors.clone());
-            runtime.spawn(client_loop(addr, config, i as u64, generator, origin, end, buckets, bucket, errors))
+            runtime
+                .spawn(client_loop(addr, config, i as u64, generator, origin, end, buckets, bucket, errors))
         })
         .collect();
     let kill_at = Duration::from_secs_f64(args.kill_after_s);
@@ -237,17 +253,19 @@ fn measure(chorus: &Path, args: &FailoverArgs, run: usize, write_ratio: f64) -> 
         }
     });
     let per_s = 1e9 / bucket.as_nanos() as f64;
-    let ops_per_s: Vec<f64> = buckets.iter().map(|count| count.load(Ordering::Relaxed) as f64 * per_s).collect();
+    let ops_per_s: Vec<f64> =
+        buckets.iter().map(|count| count.load(Ordering::Relaxed) as f64 * per_s).collect();
     let kill_slot = (killed_at.as_nanos() / bucket.as_nanos()) as usize;
     let per_second = (1e9 / bucket.as_nanos() as f64) as usize;
     let before = median(&ops_per_s[kill_slot.saturating_sub(per_second)..kill_slot]);
     let after = median(&ops_per_s[slots.saturating_sub(2 * per_second).max(kill_slot)..]);
-    let recovered = ops_per_s[kill_slot..]
-        .iter()
-        .enumerate()
-        .skip(1)
-        .find(|(_, rate)| **rate >= after / 2.0)
-        .map(|(i, _)| (i as u64 * bucket.as_millis() as u64).saturating_sub((killed_at.as_millis() as u64) % bucket.as_millis() as u64));
+    let recovered =
+        ops_per_s[kill_slot..].iter().enumerate().skip(1).find(|(_, rate)| **rate >= after / 2.0).map(
+            |(i, _)| {
+                (i as u64 * bucket.as_millis() as u64)
+                    .saturating_sub((killed_at.as_millis() as u64) % bucket.as_millis() as u64)
+            },
+        );
     let zero_buckets = ops_per_s[kill_slot..].iter().filter(|rate| **rate == 0.0).count();
     Ok(RunReport {
         write_ratio,
@@ -264,7 +282,10 @@ fn measure(chorus: &Path, args: &FailoverArgs, run: usize, write_ratio: f64) -> 
 
 pub fn run(args: FailoverArgs, chorus: &Path) -> anyhow::Result<i32> {
     anyhow::ensure!(args.replicas >= 3, "--replicas must be at least 3");
-    anyhow::ensure!(args.kill_after_s > 1.0 && args.kill_after_s + 2.0 < args.duration_s, "--kill-after-s must leave a second before and two after");
+    anyhow::ensure!(
+        args.kill_after_s > 1.0 && args.kill_after_s + 2.0 < args.duration_s,
+        "--kill-after-s must leave a second before and two after"
+    );
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let stop = AtomicBool::new(false);
     let mut runs = Vec::new();
@@ -308,9 +329,14 @@ fn plot(report: &Report, path: &Path) -> anyhow::Result<()> {
     crate::plot::register_font();
     let root = BitMapBackend::new(path, (900, 480)).into_drawing_area();
     root.fill(&WHITE)?;
-    let duration = report.runs.iter().map(|run| run.ops_per_s.len() as f64 * run.bucket_ms as f64 / 1000.0).fold(1.0, f64::max);
+    let duration = report
+        .runs
+        .iter()
+        .map(|run| run.ops_per_s.len() as f64 * run.bucket_ms as f64 / 1000.0)
+        .fold(1.0, f64::max);
     let top = report.runs.iter().flat_map(|run| run.ops_per_s.iter().copied()).fold(1.0, f64::max) * 1.1;
-    let caption = format!("{} replicas ({}), one SIGKILLed: throughput over time", report.replicas, report.protocol);
+    let caption =
+        format!("{} replicas ({}), one SIGKILLed: throughput over time", report.replicas, report.protocol);
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 20))
         .margin(12)
@@ -324,17 +350,20 @@ fn plot(report: &Report, path: &Path) -> anyhow::Result<()> {
         .y_label_formatter(&|y| format!("{:.0}k", y / 1000.0))
         .label_style(("sans-serif", 13))
         .draw()?;
-    let colors = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(214, 39, 40), RGBColor(44, 160, 44)];
+    let colors =
+        [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(214, 39, 40), RGBColor(44, 160, 44)];
     for (i, run) in report.runs.iter().enumerate() {
         let color = colors[i % colors.len()];
         let width = run.bucket_ms as f64 / 1000.0;
-        let series: Vec<(f64, f64)> = run.ops_per_s.iter().enumerate().map(|(k, rate)| (k as f64 * width, *rate)).collect();
+        let series: Vec<(f64, f64)> =
+            run.ops_per_s.iter().enumerate().map(|(k, rate)| (k as f64 * width, *rate)).collect();
         chart
             .draw_series(LineSeries::new(series, color.stroke_width(2)))?
             .label(format!("{:.0}% writes", run.write_ratio * 100.0))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
         let kill = run.kill_at_s;
-        chart.draw_series(std::iter::once(PathElement::new(vec![(kill, 0.0), (kill, top)], BLACK.mix(0.4))))?;
+        chart
+            .draw_series(std::iter::once(PathElement::new(vec![(kill, 0.0), (kill, top)], BLACK.mix(0.4))))?;
     }
     chart
         .configure_series_labels()

@@ -234,7 +234,10 @@ fn fault_mix(protocol: &str) {
     assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
     assert!(completed > history.operations.len() / 2, "too few operations completed: {completed}");
     let serving = assert_survivors_serve_and_agree(&lab, replicas);
-    eprintln!("{protocol}: serving after the faults: {serving:?}, view epoch {}", view_epoch(&lab, serving[0]));
+    eprintln!(
+        "{protocol}: serving after the faults: {serving:?}, view epoch {}",
+        view_epoch(&lab, serving[0])
+    );
 }
 
 #[test]
@@ -289,8 +292,12 @@ fn after_a_sigkill_the_survivors_move_on_and_stay_linearizable() {
 fn restart_unsupported(protocol: &str) -> Option<&'static str> {
     match protocol {
         "hermes" => None,
-        "craq" | "zab" => Some("no state transfer: a restarted node refuses to start on its old membership state"),
-        "raftlog" => Some("raftlog keeps its logs in memory (no durability yet), so a restart loses its votes"),
+        "craq" | "zab" => {
+            Some("no state transfer: a restarted node refuses to start on its old membership state")
+        }
+        "raftlog" => {
+            Some("raftlog keeps its logs in memory (no durability yet), so a restart loses its votes")
+        }
         _ => Some("unknown protocol"),
     }
 }

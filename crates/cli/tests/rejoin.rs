@@ -49,7 +49,8 @@ fn a_killed_node_rejoins_with_join_catches_up_serves_and_the_cluster_survives_an
     // Writes made while n2 is down, which it must copy.
     let mut con = cluster.client(1);
     for i in 0..50 {
-        let _: () = redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
+        let _: () =
+            redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
     }
     let donor = cluster.nodes[0].peer.to_string();
     cluster.restart(2, &["--join", &donor]);

@@ -251,9 +251,11 @@ impl Membership {
                 now + config.lease + config.drift_margin
             }; NodeId::COUNT_MAX],
             removal_proposed: [None; NodeId::COUNT_MAX],
-            joining: config
-                .join
-                .map(|incarnation| Joining { incarnation, decided: false, next_request: now }),
+            joining: config.join.map(|incarnation| Joining {
+                incarnation,
+                decided: false,
+                next_request: now,
+            }),
             rejoins: 0,
             unsettled: NodeSet::EMPTY,
             joined_epoch: 0,
@@ -284,13 +286,19 @@ impl Membership {
         let first = store.first_index().expect("in-memory storage");
         let last = store.last_index().expect("in-memory storage");
         let entries = if last >= first {
-            store.entries(first, last + 1, None, raft::GetEntriesContext::empty(false)).expect("stored entries")
+            store
+                .entries(first, last + 1, None, raft::GetEntriesContext::empty(false))
+                .expect("stored entries")
         } else {
             Vec::new()
         };
         vec![
             PersistRecord::Entries(entries),
-            PersistRecord::HardState { term: hard_state.term, vote: hard_state.vote, commit: hard_state.commit },
+            PersistRecord::HardState {
+                term: hard_state.term,
+                vote: hard_state.vote,
+                commit: hard_state.commit,
+            },
         ]
     }
 

@@ -54,7 +54,11 @@ fn zab(ignore_lease: bool) -> impl FnMut(NodeId, NodeSet, u64) -> WithMembership
 }
 
 /// Seeds with a violation, seeds stuck (liveness), and operations checked.
-fn sweep<P>(build: &mut dyn FnMut(NodeId, NodeSet, u64) -> P, replicas: usize, seeds: u64) -> (Vec<String>, Vec<String>, usize)
+fn sweep<P>(
+    build: &mut dyn FnMut(NodeId, NodeSet, u64) -> P,
+    replicas: usize,
+    seeds: u64,
+) -> (Vec<String>, Vec<String>, usize)
 where
     P: Replica,
 {
@@ -77,7 +81,12 @@ where
 fn craq_with_real_membership_respects_leases_under_faults() {
     for replicas in [3, 5] {
         let (violations, stuck, ops) = sweep(&mut craq(false), replicas, 150);
-        assert!(violations.is_empty(), "{replicas} replicas: {} violations, first {}", violations.len(), violations[0]);
+        assert!(
+            violations.is_empty(),
+            "{replicas} replicas: {} violations, first {}",
+            violations.len(),
+            violations[0]
+        );
         assert!(stuck.is_empty(), "{replicas} replicas: {} stuck seeds, first {}", stuck.len(), stuck[0]);
         assert!(ops > 150 * 50, "too few operations checked: {ops}");
     }
@@ -87,7 +96,12 @@ fn craq_with_real_membership_respects_leases_under_faults() {
 fn zab_with_real_membership_respects_leases_under_faults() {
     for replicas in [3, 5] {
         let (violations, stuck, ops) = sweep(&mut zab(false), replicas, 150);
-        assert!(violations.is_empty(), "{replicas} replicas: {} violations, first {}", violations.len(), violations[0]);
+        assert!(
+            violations.is_empty(),
+            "{replicas} replicas: {} violations, first {}",
+            violations.len(),
+            violations[0]
+        );
         // Known and independent of leases (as many with `IgnoreLease`): with removals this
         // frequent, some ZAB seeds leave a request unanswered. Safety is what this checks.
         eprintln!("zab, {replicas} replicas: {} of 150 seeds left a request pending", stuck.len());
@@ -102,4 +116,3 @@ fn the_checker_catches_craq_and_zab_serving_without_a_lease() {
     let (zab_violations, _, _) = sweep(&mut zab(true), 3, 300);
     assert!(!zab_violations.is_empty(), "no seed caught ZAB ignoring its lease");
 }
-

@@ -163,7 +163,9 @@ impl Cluster {
     fn until_operational(&mut self, node: u8) -> Time {
         let start = self.now;
         for _ in 0..5_000 {
-            if self.node(node).protocol().is_operational() && self.node(node).membership().holds_lease(self.now) {
+            if self.node(node).protocol().is_operational()
+                && self.node(node).membership().holds_lease(self.now)
+            {
                 return self.now.saturating_sub(start);
             }
             self.run_for(STEP);

@@ -562,7 +562,10 @@ where
         Ok(Ok(frame)) => frame,
     };
     if frame.kind != kind::HELLO {
-        return Err(InboundError::Refused(format!("not a chorus peer (first frame has kind {})", frame.kind)));
+        return Err(InboundError::Refused(format!(
+            "not a chorus peer (first frame has kind {})",
+            frame.kind
+        )));
     }
     let hello = Hello::decode_exact(frame.payload)
         .map_err(|error| InboundError::Refused(format!("malformed handshake: {error}")))?;

@@ -265,7 +265,11 @@ impl RawConfig {
         if maxclients == 0 {
             return Err(field_error("maxclients", "must be positive"));
         }
-        let join = self.join.as_deref().map(|addr| join_donor(addr, node_id, protocol, &membership, &replicas)).transpose()?;
+        let join = self
+            .join
+            .as_deref()
+            .map(|addr| join_donor(addr, node_id, protocol, &membership, &replicas))
+            .transpose()?;
         Ok(NodeConfig {
             node_id,
             protocol,
@@ -297,18 +301,25 @@ fn join_donor(
     if protocol != Protocol::Hermes {
         return Err(field_error(
             "join",
-            format!("{} cannot join a running cluster: only hermes copies state to a new replica", protocol.name()),
+            format!(
+                "{} cannot join a running cluster: only hermes copies state to a new replica",
+                protocol.name()
+            ),
         ));
     }
     if membership.is_none() {
         return Err(field_error("join", "joining needs the membership service (membership = true)"));
     }
     let by_id = addr.parse::<u8>().ok().map(NodeId).filter(|node| replicas.contains_key(node));
-    let by_addr = addr.parse::<SocketAddr>().ok().and_then(|addr| {
-        replicas.iter().find(|(_, peer)| **peer == addr).map(|(node, _)| *node)
-    });
+    let by_addr = addr
+        .parse::<SocketAddr>()
+        .ok()
+        .and_then(|addr| replicas.iter().find(|(_, peer)| **peer == addr).map(|(node, _)| *node));
     let donor = by_id.or(by_addr).ok_or_else(|| {
-        field_error("join", format!("{addr:?} is neither the peer address nor the id of a replica in [peers]"))
+        field_error(
+            "join",
+            format!("{addr:?} is neither the peer address nor the id of a replica in [peers]"),
+        )
     })?;
     if donor == me {
         return Err(field_error("join", "names this node; give a live replica to copy the data from"));

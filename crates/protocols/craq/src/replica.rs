@@ -642,8 +642,12 @@ impl Replica for Craq {
         self.lease = Some(valid_until);
         if !was_leased && self.leased(now) && self.is_operational() {
             // Requests held for want of a lease can go now.
-            let mut waiting: Vec<Key> =
-                self.keys.iter().filter(|(_, entry)| !entry.waiting.is_empty()).map(|(key, _)| key.clone()).collect();
+            let mut waiting: Vec<Key> = self
+                .keys
+                .iter()
+                .filter(|(_, entry)| !entry.waiting.is_empty())
+                .map(|(key, _)| key.clone())
+                .collect();
             waiting.sort();
             for key in waiting {
                 self.drain(now, &key, out);

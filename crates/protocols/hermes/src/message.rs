@@ -99,7 +99,11 @@ impl WireMessage for Message {
         let epoch = reader.epoch()?;
         match tag {
             TAG_CHUNK_REQUEST => {
-                return Ok(Message::ChunkRequest { epoch, bucket: reader.u32()?, buckets_total: reader.u32()? })
+                return Ok(Message::ChunkRequest {
+                    epoch,
+                    bucket: reader.u32()?,
+                    buckets_total: reader.u32()?,
+                })
             }
             TAG_CHUNK => {
                 let (bucket, buckets_total) = (reader.u32()?, reader.u32()?);
@@ -167,7 +171,12 @@ mod tests {
                     3 => Message::ChunkRequest { epoch, bucket: cid, buckets_total: version as u32 },
                     _ => {
                         let entry = ChunkEntry { key, ts, value, rmw, valid: superseded };
-                        Message::Chunk { epoch, bucket: cid, buckets_total: 7, entries: vec![entry.clone(), entry] }
+                        Message::Chunk {
+                            epoch,
+                            bucket: cid,
+                            buckets_total: 7,
+                            entries: vec![entry.clone(), entry],
+                        }
                     }
                 }
             },
