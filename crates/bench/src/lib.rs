@@ -8,6 +8,7 @@ pub mod client;
 pub mod compare;
 pub mod driver;
 pub mod etcd;
+pub mod failover;
 pub mod generator;
 pub mod plot;
 pub mod procs;

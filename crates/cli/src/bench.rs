@@ -26,6 +26,9 @@ enum BenchCommand {
     /// raftlog's optimisations are added (1 log without batching, + batching, + 8 logs), vs
     /// replica count (1, 3, 5) and payload (0-512 B). JSON + PNG.
     Raftlog(chorus_bench::raftlog::RaftlogBenchArgs),
+    /// Throughput over time across a failure (Hermes §6.6): 5 replicas, one SIGKILLed
+    /// after a few seconds, at 1%, 5% and 20% writes; JSON and a PNG plot.
+    Failover(chorus_bench::failover::FailoverArgs),
 }
 
 #[derive(clap::Args)]
@@ -62,5 +65,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         }
         BenchCommand::Group(args) => run_group(args),
         BenchCommand::Raftlog(args) => chorus_bench::raftlog::run(args, &std::env::current_exe()?),
+        BenchCommand::Failover(args) => {
+            let chorus = std::env::current_exe()?;
+            chorus_bench::failover::run(args, &chorus)
+        }
     }
 }

@@ -73,6 +73,12 @@ pub struct NodeArgs {
     /// raftlog: coupled (execute after commit, default) or decoupled.
     #[arg(long)]
     pub raftlog_execution: Option<String>,
+    /// Join a running cluster (Hermes): this node starts as a shadow replica that takes part
+    /// in writes while it copies the data in chunks from ADDR (the peer address, or the id,
+    /// of a live replica), then serves. A node restarted with its data_dir rejoins the same
+    /// way without the flag.
+    #[arg(long, value_name = "ADDR")]
+    pub join: Option<String>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -117,6 +123,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_flush: args.raftlog_flush,
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
         raftlog_execution: args.raftlog_execution,
+        join: args.join,
         ..RawConfig::default()
     };
     let config = file.merge(overrides).validate()?;

@@ -129,6 +129,15 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                 .transpose()?,
             ..RawConfig::default()
         };
+        // Every `chorus up` starts a new cluster (new token, new id) and keys live in memory,
+        // so membership state left by an earlier run describes a cluster that is gone. A node
+        // restarted on it would wait to rejoin that cluster.
+        let stale = data_dir.join(format!("node-{}", replica.id)).join("membership.log");
+        match std::fs::remove_file(&stale) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error).with_context(|| format!("cannot remove {}", stale.display())),
+        }
         let path = data_dir.join(format!("node-{}.toml", replica.id));
         write_private(&path, &toml::to_string(&config)?)?;
         let log = std::fs::File::create(&replica.log)

@@ -109,4 +109,11 @@ pub trait Replica {
     /// as if its lease never expired. The default ignores leases: protocols whose reads
     /// depend on them must override it.
     fn on_lease(&mut self, _now: Time, _valid_until: Option<Time>, _out: &mut Outbox<Self::Message>) {}
+
+    /// Whether this replica holds all the data (Hermes §3.4 Recovery: a shadow replica does
+    /// not until it has copied every chunk). The membership service never leaves a view
+    /// without such a replica. Protocols without shadow replicas always do.
+    fn is_caught_up(&self) -> bool {
+        true
+    }
 }

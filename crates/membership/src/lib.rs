@@ -32,4 +32,6 @@ mod node;
 
 pub use managed::{Wire, WithMembership};
 pub use message::{decode_records, encode_records, MembershipMessage, PERSIST_FRAME_KIND};
-pub use node::{Membership, MembershipConfig, MembershipEvent, MembershipOutbox, PersistRecord};
+pub use node::{
+    Membership, MembershipConfig, MembershipEvent, MembershipOutbox, MembershipStats, PersistRecord,
+};

@@ -107,6 +107,9 @@ impl<P: Replica> Replica for WithMembership<P> {
         self.flush(now, out);
         self.protocol.on_lease(now, self.membership.lease_until(), &mut self.protocol_out);
         self.protocol.on_tick(now, &mut self.protocol_out);
+        if self.protocol.is_caught_up() {
+            self.membership.note_caught_up(now);
+        }
         self.flush(now, out);
     }
 

@@ -8,18 +8,26 @@ use protobuf::Message as _;
 pub enum MembershipMessage {
     /// A Raft message of the membership group, protobuf-encoded by the raft crate.
     Raft(raft::prelude::Message),
-    /// "I am alive": asks for a lease-granting acknowledgement.
+    /// "I am alive": asks for a lease-granting acknowledgement. `epoch`: the sender's
+    /// installed view, which tells a joined node when the sender's leases start to need it.
     Heartbeat {
         seq: u64,
+        epoch: u64,
     },
     HeartbeatAck {
         seq: u64,
+    },
+    /// §3.4 Recovery: "add me to the view" from a node that starts empty. `incarnation`
+    /// tells this start apart from earlier ones of the same node id.
+    JoinRequest {
+        incarnation: u64,
     },
 }
 
 const TAG_RAFT: u8 = 1;
 const TAG_HEARTBEAT: u8 = 2;
 const TAG_HEARTBEAT_ACK: u8 = 3;
+const TAG_JOIN_REQUEST: u8 = 4;
 
 impl WireMessage for MembershipMessage {
     fn encode(&self, buf: &mut BytesMut) {
@@ -29,9 +37,14 @@ impl WireMessage for MembershipMessage {
                 let bytes = message.write_to_bytes().expect("raft messages always encode");
                 buf.put_bytes_prefixed(&bytes);
             }
-            MembershipMessage::Heartbeat { seq } => {
+            MembershipMessage::Heartbeat { seq, epoch } => {
                 buf.put_u8(TAG_HEARTBEAT);
                 buf.put_u64_le(*seq);
+                buf.put_u64_le(*epoch);
+            }
+            MembershipMessage::JoinRequest { incarnation } => {
+                buf.put_u8(TAG_JOIN_REQUEST);
+                buf.put_u64_le(*incarnation);
             }
             MembershipMessage::HeartbeatAck { seq } => {
                 buf.put_u8(TAG_HEARTBEAT_ACK);
@@ -48,7 +61,8 @@ impl WireMessage for MembershipMessage {
                     .map_err(|_| DecodeError::Invalid("malformed raft message"))?;
                 MembershipMessage::Raft(message)
             }
-            TAG_HEARTBEAT => MembershipMessage::Heartbeat { seq: reader.u64()? },
+            TAG_HEARTBEAT => MembershipMessage::Heartbeat { seq: reader.u64()?, epoch: reader.u64()? },
+            TAG_JOIN_REQUEST => MembershipMessage::JoinRequest { incarnation: reader.u64()? },
             TAG_HEARTBEAT_ACK => MembershipMessage::HeartbeatAck { seq: reader.u64()? },
             tag => return Err(DecodeError::UnknownTag { what: "membership message", tag }),
         })
@@ -72,7 +86,8 @@ mod tests {
         let raft_message = raft::prelude::Message { from: 1, to: 2, term: 7, ..Default::default() };
         for message in [
             MembershipMessage::Raft(raft_message),
-            MembershipMessage::Heartbeat { seq: 9 },
+            MembershipMessage::Heartbeat { seq: 9, epoch: 4 },
+            MembershipMessage::JoinRequest { incarnation: 77 },
             MembershipMessage::HeartbeatAck { seq: u64::MAX },
         ] {
             let mut buf = BytesMut::new();

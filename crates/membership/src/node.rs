@@ -22,6 +22,13 @@ pub struct MembershipConfig {
     /// Added to every promise: covers clock-rate drift between nodes over one lease.
     pub drift_margin: Time,
     pub raft_tick_period: Time,
+    /// §3.4 Recovery: start by asking to be added to the view, as the node with this
+    /// incarnation (unique per start of this node id). A node that starts without its data
+    /// (a restart, a new machine) must join; the first nodes of a new cluster do not.
+    pub join: Option<u64>,
+    /// Ask to rejoin after being removed while alive (a partition, a long pause). Only for
+    /// protocols that recover as shadows (Hermes); others stay out once removed.
+    pub rejoin: bool,
 }
 
 impl MembershipConfig {
@@ -38,6 +45,8 @@ impl MembershipConfig {
             lease: Time::from_millis(600),
             drift_margin: Time::from_millis(30),
             raft_tick_period: Time::from_millis(10),
+            join: None,
+            rejoin: false,
         }
     }
 
@@ -49,6 +58,29 @@ impl MembershipConfig {
         detection.max(self.lease + self.drift_margin) + self.heartbeat_period
     }
 }
+
+/// How a decided view differs from the one before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    Remove(NodeId),
+    Join { node: NodeId, incarnation: u64 },
+}
+
+/// This node is asking to be added (§3.4 Recovery).
+#[derive(Clone, Copy, Debug)]
+struct Joining {
+    incarnation: u64,
+    /// The log has decided our join: stop asking.
+    decided: bool,
+    next_request: Time,
+}
+
+/// First byte of a join entry; removals are 9 bytes without a tag.
+const JOIN_ENTRY_TAG: u8 = 0x4A;
+const JOIN_ENTRY_BYTES: usize = 18;
+/// "This joined node has copied all the data": [tag, node, incarnation (8)].
+const CAUGHT_UP_ENTRY_TAG: u8 = 0x43;
+const CAUGHT_UP_ENTRY_BYTES: usize = 10;
 
 /// Something the runtime must act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +110,18 @@ pub struct MembershipOutbox {
     pub events: Vec<MembershipEvent>,
 }
 
+/// Lease health, for INFO and for measuring the transport's priority lane.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MembershipStats {
+    /// Times this node's lease ran out while it was a live member.
+    pub lease_lapses: u64,
+    /// Heartbeats whose last acknowledgement arrived, and the slowest round trip.
+    pub heartbeats_acknowledged: u64,
+    pub heartbeat_round_trip_max: Time,
+    /// Round trips longer than a quarter of the lease.
+    pub heartbeats_slow: u64,
+}
+
 struct SentHeartbeat {
     seq: u64,
     sent_at: Time,
@@ -92,7 +136,9 @@ pub struct Membership {
     decided: View,
     /// Views decided but not installed yet: each waits until this node's promise to the
     /// node it removes has run out.
-    to_install: VecDeque<(View, NodeId)>,
+    /// A removal carries this node's promise to the removed node as it stood when the removal
+    /// was decided: once a node rejoins, promises to its new incarnation concern later views.
+    to_install: VecDeque<(View, Change, Time)>,
     /// The view this node acts in.
     installed: View,
     lease_until: Option<Time>,
@@ -102,6 +148,34 @@ pub struct Membership {
     last_heard: [Time; NodeId::COUNT_MAX],
     promised_until: [Time; NodeId::COUNT_MAX],
     removal_proposed: [Option<(Epoch, Time)>; NodeId::COUNT_MAX],
+    /// Set while this node asks to be added, until it installs the view that adds it. Until
+    /// then the protocol hears of no view: it must not act in epochs before its join.
+    joining: Option<Joining>,
+    /// How many times this process has rejoined after being removed (new incarnations).
+    rejoins: u64,
+    /// Members of this node's join view it has not yet heard a heartbeat from sent in that
+    /// view or later. Such a member may still hold a lease granted before it knew of us, so
+    /// we never install its removal on our own promise alone (docs/membership.md, joins).
+    unsettled: NodeSet,
+    /// The epoch of the view that added this node (0: one of the cluster's first members).
+    joined_epoch: u64,
+    /// The highest installed epoch each node's heartbeats announced.
+    heard_epoch: [u64; NodeId::COUNT_MAX],
+    /// Since when the front of `to_install` has waited only on `unsettled`.
+    stuck_since: Option<Time>,
+    left_proposed_at: Option<Time>,
+    /// Raft-decided: the last join incarnation applied per node (a duplicate is ignored).
+    joined_incarnation: [u64; NodeId::COUNT_MAX],
+    join_proposed: [Option<(u64, Time)>; NodeId::COUNT_MAX],
+    /// Raft-decided: live members that hold all the data (every first member; a joined node
+    /// once its caught-up entry is applied). A removal that would leave none is refused:
+    /// the data would exist only on nodes outside the view.
+    complete: NodeSet,
+    /// Our join is installed and our protocol has caught up, but the log does not say so
+    /// yet: when to propose it again.
+    caught_up_proposed_at: Option<Time>,
+    stats: MembershipStats,
+    leased_at_last_tick: bool,
 }
 
 /// Raft ids must be non-zero.
@@ -177,8 +251,55 @@ impl Membership {
                 now + config.lease + config.drift_margin
             }; NodeId::COUNT_MAX],
             removal_proposed: [None; NodeId::COUNT_MAX],
+            joining: config.join.map(|incarnation| Joining {
+                incarnation,
+                decided: false,
+                next_request: now,
+            }),
+            rejoins: 0,
+            unsettled: NodeSet::EMPTY,
+            joined_epoch: 0,
+            heard_epoch: [0; NodeId::COUNT_MAX],
+            stuck_since: None,
+            left_proposed_at: None,
+            joined_incarnation: [0; NodeId::COUNT_MAX],
+            join_proposed: [None; NodeId::COUNT_MAX],
+            complete: config.members,
+            caught_up_proposed_at: None,
+            stats: MembershipStats::default(),
+            leased_at_last_tick: false,
             config,
         }
+    }
+
+    /// Still asking to be added, or added but not yet installed in the joining view.
+    pub fn is_joining(&self) -> bool {
+        self.joining.is_some()
+    }
+
+    /// What this node would find on disk if it crashed now: the Raft hard state and log
+    /// (the simulator restarts nodes from it).
+    pub fn durable_records(&self) -> Vec<PersistRecord> {
+        use raft::Storage as _;
+        let store = &self.raft.raft.raft_log.store;
+        let hard_state = store.rl().hard_state().clone();
+        let first = store.first_index().expect("in-memory storage");
+        let last = store.last_index().expect("in-memory storage");
+        let entries = if last >= first {
+            store
+                .entries(first, last + 1, None, raft::GetEntriesContext::empty(false))
+                .expect("stored entries")
+        } else {
+            Vec::new()
+        };
+        vec![
+            PersistRecord::Entries(entries),
+            PersistRecord::HardState {
+                term: hard_state.term,
+                vote: hard_state.vote,
+                commit: hard_state.commit,
+            },
+        ]
     }
 
     pub fn me(&self) -> NodeId {
@@ -212,7 +333,16 @@ impl Membership {
         self.raft.raft.state == StateRole::Leader
     }
 
+    pub fn stats(&self) -> MembershipStats {
+        self.stats
+    }
+
     pub fn on_tick(&mut self, now: Time, out: &mut MembershipOutbox) {
+        let leased = self.holds_lease(now);
+        if self.leased_at_last_tick && !leased && self.installed.live.contains(self.config.me) {
+            self.stats.lease_lapses += 1;
+        }
+        self.leased_at_last_tick = leased;
         while now >= self.next_raft_tick {
             self.raft.tick();
             self.next_raft_tick = self.next_raft_tick + self.config.raft_tick_period;
@@ -224,6 +354,7 @@ impl Membership {
         if self.is_raft_leader() {
             self.propose_removals(now);
         }
+        self.request_join_if_due(now, out);
         self.handle_ready(out);
         self.install_due_views(now, out);
     }
@@ -243,8 +374,9 @@ impl Membership {
                 // A malformed or stale message is the sender's problem, not a reason to stop.
                 let _ = self.raft.step(message);
             }
-            MembershipMessage::Heartbeat { seq } => self.on_heartbeat(now, from, seq, out),
-            MembershipMessage::HeartbeatAck { seq } => self.on_heartbeat_ack(from, seq),
+            MembershipMessage::Heartbeat { seq, epoch } => self.on_heartbeat(now, from, seq, epoch, out),
+            MembershipMessage::HeartbeatAck { seq } => self.on_heartbeat_ack(now, from, seq),
+            MembershipMessage::JoinRequest { incarnation } => self.on_join_request(now, from, incarnation),
         }
         self.handle_ready(out);
         self.install_due_views(now, out);
@@ -265,13 +397,19 @@ impl Membership {
             self.heartbeats_sent.pop_front();
         }
         for member in self.config.members.without(self.config.me).iter() {
-            out.messages.push((member, MembershipMessage::Heartbeat { seq }));
+            out.messages.push((member, MembershipMessage::Heartbeat { seq, epoch: self.installed.epoch.0 }));
         }
         self.grant_lease_if_all_acknowledged(seq);
     }
 
-    fn on_heartbeat(&mut self, now: Time, from: NodeId, seq: u64, out: &mut MembershipOutbox) {
+    fn on_heartbeat(&mut self, now: Time, from: NodeId, seq: u64, epoch: u64, out: &mut MembershipOutbox) {
         self.last_heard[from.index()] = now;
+        let heard = &mut self.heard_epoch[from.index()];
+        *heard = (*heard).max(epoch);
+        if self.joining.is_none() && epoch >= self.joined_epoch {
+            // `from` has installed our join view (or a later one): its leases need us now.
+            self.unsettled.remove(from);
+        }
         // Only a node that is still live in the newest decided view gets a promise: a node
         // being removed must let its lease run out, or the removal could never be installed.
         if !self.decided.live.contains(from) {
@@ -282,9 +420,19 @@ impl Membership {
         out.messages.push((from, MembershipMessage::HeartbeatAck { seq }));
     }
 
-    fn on_heartbeat_ack(&mut self, from: NodeId, seq: u64) {
+    fn on_heartbeat_ack(&mut self, now: Time, from: NodeId, seq: u64) {
+        let others = self.installed.live.without(self.config.me);
         if let Some(sent) = self.heartbeats_sent.iter_mut().find(|sent| sent.seq == seq) {
+            let complete_before = sent.acks.is_superset_of(others);
             sent.acks.insert(from);
+            if !complete_before && sent.acks.is_superset_of(others) {
+                let round_trip = now.saturating_sub(sent.sent_at);
+                self.stats.heartbeats_acknowledged += 1;
+                self.stats.heartbeat_round_trip_max = self.stats.heartbeat_round_trip_max.max(round_trip);
+                if round_trip.as_nanos() * 4 > self.config.lease.as_nanos() {
+                    self.stats.heartbeats_slow += 1;
+                }
+            }
         }
         self.grant_lease_if_all_acknowledged(seq);
     }
@@ -331,8 +479,110 @@ impl Membership {
         }
     }
 
+    // ------------------------------------------------------------------ joins (§3.4)
+
+    fn request_join_if_due(&mut self, now: Time, out: &mut MembershipOutbox) {
+        let Some(joining) = &mut self.joining else { return };
+        if joining.decided || now < joining.next_request {
+            return;
+        }
+        joining.next_request = now + self.config.heartbeat_period;
+        let incarnation = joining.incarnation;
+        if self.is_raft_leader() {
+            // Nobody else would propose it: requests go to the leader, and that is us.
+            self.on_join_request(now, self.config.me, incarnation);
+        }
+        for member in self.config.members.without(self.config.me).iter() {
+            out.messages.push((member, MembershipMessage::JoinRequest { incarnation }));
+        }
+    }
+
+    fn on_join_request(&mut self, now: Time, from: NodeId, incarnation: u64) {
+        if !self.is_raft_leader() || self.joined_incarnation[from.index()] == incarnation {
+            return;
+        }
+        // One proposal per heartbeat period: the joiner repeats its request until decided.
+        let recently = self.join_proposed[from.index()]
+            .is_some_and(|(proposed, at)| proposed == incarnation && now < at + self.config.heartbeat_period);
+        if recently {
+            return;
+        }
+        let mut data = vec![JOIN_ENTRY_TAG, from.0];
+        data.extend_from_slice(&self.decided.epoch.0.to_le_bytes());
+        data.extend_from_slice(&incarnation.to_le_bytes());
+        if self.raft.propose(vec![], data).is_ok() {
+            self.join_proposed[from.index()] = Some((incarnation, now));
+        }
+    }
+
+    fn apply_join(&mut self, data: &[u8]) {
+        let node = NodeId(data[1]);
+        let epoch = Epoch(u64::from_le_bytes(data[2..10].try_into().expect("8 bytes")));
+        let incarnation = u64::from_le_bytes(data[10..18].try_into().expect("8 bytes"));
+        // A proposal made against an older view is stale (a duplicate of an applied join is
+        // one too), exactly as for removals.
+        if epoch != self.decided.epoch
+            || node.index() >= NodeId::COUNT_MAX
+            || !self.config.members.contains(node)
+            || self.joined_incarnation[node.index()] == incarnation
+        {
+            return;
+        }
+        self.joined_incarnation[node.index()] = incarnation;
+        self.complete.remove(node);
+        let mut live = self.decided.live;
+        live.insert(node);
+        self.decided = View { epoch: Epoch(epoch.0 + 1), live };
+        self.to_install.push_back((self.decided, Change::Join { node, incarnation }, Time::ZERO));
+        if let Some(joining) = &mut self.joining {
+            if node == self.config.me && incarnation == joining.incarnation {
+                joining.decided = true;
+            }
+        }
+    }
+
+    /// Our protocol holds all the data: record it in the log (retried every heartbeat
+    /// period until applied), so removals may leave us as the view's only complete member.
+    pub fn note_caught_up(&mut self, now: Time) {
+        let me = self.config.me;
+        let incarnation = self.joined_incarnation[me.index()];
+        if self.joining.is_some() || self.complete.contains(me) || !self.decided.live.contains(me) {
+            return;
+        }
+        let due = self.caught_up_proposed_at.is_none_or(|at| now >= at + self.config.heartbeat_period);
+        if due {
+            let mut data = vec![CAUGHT_UP_ENTRY_TAG, me.0];
+            data.extend_from_slice(&incarnation.to_le_bytes());
+            // Followers forward proposals to the leader; a dropped one is retried.
+            let _ = self.raft.propose(vec![], data);
+            self.caught_up_proposed_at = Some(now);
+        }
+    }
+
+    fn apply_caught_up(&mut self, data: &[u8]) {
+        let node = NodeId(data[1]);
+        let incarnation = u64::from_le_bytes(data[2..10].try_into().expect("8 bytes"));
+        if node.index() < NodeId::COUNT_MAX
+            && self.decided.live.contains(node)
+            && self.joined_incarnation[node.index()] == incarnation
+        {
+            self.complete.insert(node);
+        }
+    }
+
     fn apply(&mut self, entry: &Entry) {
-        if entry.get_entry_type() != EntryType::EntryNormal || entry.data.len() != 9 {
+        if entry.get_entry_type() != EntryType::EntryNormal {
+            return;
+        }
+        if entry.data.len() == CAUGHT_UP_ENTRY_BYTES && entry.data[0] == CAUGHT_UP_ENTRY_TAG {
+            self.apply_caught_up(&entry.data);
+            return;
+        }
+        if entry.data.len() == JOIN_ENTRY_BYTES && entry.data[0] == JOIN_ENTRY_TAG {
+            self.apply_join(&entry.data);
+            return;
+        }
+        if entry.data.len() != 9 {
             return; // Leader no-ops and anything else carry no view change.
         }
         let node = NodeId(entry.data[0]);
@@ -345,22 +595,98 @@ impl Membership {
         {
             return;
         }
-        // Checked when applied, so every member decides alike: never remove the last member.
-        if self.decided.live.len() <= 1 {
+        // Checked when applied, so every member decides alike: never remove the last member,
+        // nor the last one holding all the data (a joined node still copying does not).
+        let remaining = self.decided.live.without(node);
+        let complete_remaining = NodeSet::from_bits(remaining.bits() & self.complete.bits());
+        if self.decided.live.len() <= 1 || complete_remaining.is_empty() {
             return;
         }
+        self.complete.remove(node);
         self.decided = View { epoch: Epoch(epoch.0 + 1), live: self.decided.live.without(node) };
-        self.to_install.push_back((self.decided, node));
+        let promised_until = self.promised_until[node.index()];
+        self.to_install.push_back((self.decided, Change::Remove(node), promised_until));
     }
 
     fn install_due_views(&mut self, now: Time, out: &mut MembershipOutbox) {
-        while let Some(&(view, removed)) = self.to_install.front() {
-            if removed != self.config.me && now < self.promised_until[removed.index()] {
-                break;
+        let me = self.config.me;
+        if self.joining.is_none() && !self.decided.live.contains(me) && self.installed.live.contains(me) {
+            // We are out: stop at once. Waiting on promises is for those who stay.
+            self.to_install.clear();
+            self.install(self.decided, None, out);
+        }
+        while let Some(&(view, change, promised_until)) = self.to_install.front() {
+            if let Change::Remove(removed) = change {
+                // A joining node installs every view before its own at once: it acts in none.
+                let waits = self.joining.is_none()
+                    && removed != me
+                    && (now < promised_until || self.unsettled.contains(removed));
+                if waits {
+                    self.escape_if_stuck(now, promised_until);
+                    break;
+                }
             }
+            self.stuck_since = None;
             self.to_install.pop_front();
-            self.installed = view;
+            self.install(view, Some(change), out);
+        }
+    }
+
+    fn install(&mut self, view: View, change: Option<Change>, out: &mut MembershipOutbox) {
+        let me = self.config.me;
+        self.installed = view;
+        if let Some(Change::Remove(removed)) = change {
+            self.unsettled.remove(removed);
+        }
+        if let Some(joining) = self.joining {
+            let mine = change == Some(Change::Join { node: me, incarnation: joining.incarnation });
+            if !mine {
+                return; // Not our epoch yet: the protocol hears of no view before its join.
+            }
+            self.joining = None;
+            self.left_proposed_at = None;
+            // Members that have not yet announced this view may hold leases granted before
+            // they knew of us; we learn otherwise from their heartbeats.
+            let installed_epoch = view.epoch.0;
+            self.joined_epoch = installed_epoch;
+            self.unsettled = view
+                .live
+                .without(me)
+                .iter()
+                .filter(|node| self.heard_epoch[node.index()] < installed_epoch)
+                .collect();
             out.events.push(MembershipEvent::ViewInstalled(view));
+            return;
+        }
+        out.events.push(MembershipEvent::ViewInstalled(view));
+        if !view.live.contains(me) {
+            self.lease_until = None;
+        }
+        if !view.live.contains(me) && self.config.rejoin {
+            // Removed while alive (a partition, a pause, or we asked): our data may be stale
+            // from now on, so come back the only safe way, as a new shadow (§3.4).
+            self.rejoins += 1;
+            let incarnation = self.config.join.unwrap_or(0) ^ (self.rejoins << 48) ^ 0x5EED;
+            self.joining = Some(Joining { incarnation, decided: false, next_request: Time::ZERO });
+        }
+    }
+
+    /// A removal that waits only because its node never announced our join view cannot
+    /// wait forever: that node may be dead. We leave instead (our own removal needs no
+    /// promise from us) and rejoin once the others have moved on without it.
+    fn escape_if_stuck(&mut self, now: Time, promised_until: Time) {
+        if now < promised_until {
+            return; // Still waiting on our own promise: normal.
+        }
+        let since = *self.stuck_since.get_or_insert(now);
+        let patience = self.config.lease + self.config.lease;
+        let asked_recently = self.left_proposed_at.is_some_and(|at| now < at + self.config.lease);
+        if now >= since + patience && !asked_recently && self.decided.live.contains(self.config.me) {
+            let mut data = vec![self.config.me.0];
+            data.extend_from_slice(&self.decided.epoch.0.to_le_bytes());
+            if self.raft.propose(vec![], data).is_ok() {
+                self.left_proposed_at = Some(now);
+            }
         }
     }
 

@@ -19,6 +19,11 @@
 //! * **Reconnect with backoff** from [`NetConfig::reconnect_backoff_min`] doubling to
 //!   [`NetConfig::reconnect_backoff_max`]. Frames queued while a link is down are dropped
 //!   (counted), so a reconnect never floods a peer with stale messages.
+//! * **Priority lane.** Messages the event loop marks as priority ([`Transport::set_priority`]:
+//!   the membership service's heartbeats, acks and Raft) travel on a second connection per
+//!   peer with its own writer, never wait for credits, and land in their own inbound queue,
+//!   which [`Inbound`] serves first. Under a saturating client load the data queues can hold
+//!   a second of work; a heartbeat acknowledgement stuck behind it would let a lease lapse.
 //! * **Handshake**: the dialer sends its node id, the cluster id, the protocol name and the
 //!   cluster token; the acceptor checks all four and answers WELCOME or REFUSE with a reason.
 //!   Strangers are refused with a clear log line; garbage closes that connection only.
@@ -28,7 +33,7 @@ pub mod stats;
 pub mod transport;
 
 pub use stats::{Histogram, NetStats, PeerStats, PeerStatsSnapshot};
-pub use transport::{start, NetConfig, NetError, Transport};
+pub use transport::{start, Inbound, NetConfig, NetError, Transport};
 
 /// Frame kinds on peer links.
 pub mod kind {
@@ -40,4 +45,7 @@ pub mod kind {
     pub const REFUSE: u8 = 3;
     /// A batch of protocol messages ([`chorus_core::codec::encode_batch`]).
     pub const BATCH: u8 = 4;
+    /// A batch of priority messages (membership heartbeats, acks, Raft), on the priority
+    /// lane: its own connection, its own inbound queue, read first by the event loop.
+    pub const PRIORITY_BATCH: u8 = 5;
 }

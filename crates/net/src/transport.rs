@@ -46,6 +46,11 @@ pub struct NetConfig {
     pub reconnect_backoff_max: Duration,
     /// Connect + handshake deadline, both directions.
     pub handshake_timeout: Duration,
+    /// Open the priority lane (a second connection per peer) for messages marked by
+    /// [`Transport::set_priority`]. Off, they share the data connection and its queues.
+    pub priority_lane: bool,
+    /// Received priority batches waiting for the event loop.
+    pub inbound_priority_batches_max: usize,
 }
 
 impl NetConfig {
@@ -70,6 +75,8 @@ impl NetConfig {
             reconnect_backoff_min: Duration::from_millis(20),
             reconnect_backoff_max: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(5),
+            priority_lane: true,
+            inbound_priority_batches_max: 1024,
         }
     }
 }
@@ -88,7 +95,30 @@ type QueuedFrame = (Bytes, u32);
 struct Link {
     node: NodeId,
     tx: mpsc::UnboundedSender<QueuedFrame>,
+    /// The priority lane's writer, when the lane is open.
+    priority_tx: Option<mpsc::UnboundedSender<QueuedFrame>>,
     stats: Arc<PeerStats>,
+}
+
+/// What peers sent, as the event loop receives it: priority batches first.
+pub struct Inbound<M> {
+    priority: mpsc::Receiver<(NodeId, Vec<M>)>,
+    data: mpsc::Receiver<(NodeId, Vec<M>)>,
+}
+
+impl<M> Inbound<M> {
+    /// The next batch, a priority one if any is waiting. `None` once every reader is gone.
+    pub async fn recv(&mut self) -> Option<(NodeId, Vec<M>)> {
+        tokio::select! {
+            biased;
+            Some(batch) = self.priority.recv() => Some(batch),
+            batch = self.data.recv() => batch,
+        }
+    }
+
+    pub fn try_recv(&mut self) -> Result<(NodeId, Vec<M>), mpsc::error::TryRecvError> {
+        self.priority.try_recv().or_else(|_| self.data.try_recv())
+    }
 }
 
 /// The event loop's sending side. Not `Clone`: one event loop owns it.
@@ -99,16 +129,16 @@ pub struct Transport<M> {
     peer_queue_bytes_max: u64,
     /// This turn's messages, each encoded once.
     arena: BytesMut,
-    spans: Vec<(NodeSet, usize, usize)>,
-    payload: BytesMut,
+    /// Destinations, byte range in `arena`, and whether the message is priority.
+    spans: Vec<(NodeSet, usize, usize, bool)>,
+    payload: std::cell::RefCell<BytesMut>,
+    priority: fn(&M) -> bool,
     _message: PhantomData<fn(M)>,
 }
 
 /// Start listening and dialing. Returns the sending handle, the stream of received batches
 /// (sender, messages) and the shared counters.
-pub async fn start<M>(
-    config: NetConfig,
-) -> Result<(Transport<M>, mpsc::Receiver<(NodeId, Vec<M>)>, Arc<NetStats>), NetError>
+pub async fn start<M>(config: NetConfig) -> Result<(Transport<M>, Inbound<M>, Arc<NetStats>), NetError>
 where
     M: WireMessage + Send + 'static,
 {
@@ -130,14 +160,21 @@ where
     });
     let config = Arc::new(config);
     let (inbound_tx, inbound_rx) = mpsc::channel(config.inbound_batches_max.max(1));
-    tokio::spawn(run_acceptor::<M>(listener, config.clone(), inbound_tx, stats.clone()));
+    let (priority_tx, priority_rx) = mpsc::channel(config.inbound_priority_batches_max.max(1));
+    let queues = InboundQueues { data: inbound_tx, priority: priority_tx };
+    tokio::spawn(run_acceptor::<M>(listener, config.clone(), queues, stats.clone()));
 
     let mut links = Vec::new();
     for (node, addr) in &config.peers {
         let (tx, rx) = mpsc::unbounded_channel();
         let peer_stats = stats.peers[node].clone();
-        tokio::spawn(run_writer(config.clone(), *node, *addr, rx, peer_stats.clone()));
-        links.push(Link { node: *node, tx, stats: peer_stats });
+        tokio::spawn(run_writer(config.clone(), *node, *addr, rx, peer_stats.clone(), "data"));
+        let priority_tx = config.priority_lane.then(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(run_writer(config.clone(), *node, *addr, rx, peer_stats.clone(), "priority"));
+            tx
+        });
+        links.push(Link { node: *node, tx, priority_tx, stats: peer_stats });
     }
     let transport = Transport {
         links,
@@ -146,15 +183,21 @@ where
         peer_queue_bytes_max: config.peer_queue_bytes_max as u64,
         arena: BytesMut::new(),
         spans: Vec::new(),
-        payload: BytesMut::new(),
+        payload: std::cell::RefCell::new(BytesMut::new()),
+        priority: |_| false,
         _message: PhantomData,
     };
-    Ok((transport, inbound_rx, stats))
+    Ok((transport, Inbound { priority: priority_rx, data: inbound_rx }, stats))
 }
 
 impl<M: WireMessage> Transport<M> {
     pub fn stats(&self) -> &Arc<NetStats> {
         &self.stats
+    }
+
+    /// Which messages take the priority lane (when [`NetConfig::priority_lane`] is on).
+    pub fn set_priority(&mut self, classify: fn(&M) -> bool) {
+        self.priority = classify;
     }
 
     /// Send every message one event-loop turn produced, draining `messages`. Each message is
@@ -169,49 +212,71 @@ impl<M: WireMessage> Transport<M> {
         self.spans.clear();
         for (destination, message) in messages.drain(..) {
             let start = self.arena.len();
+            let priority = (self.priority)(&message);
             message.encode(&mut self.arena);
-            self.spans.push((destination.nodes(), start, self.arena.len()));
+            self.spans.push((destination.nodes(), start, self.arena.len(), priority));
         }
         for link in &self.links {
-            let mut count = 0u32;
-            self.payload.clear();
-            self.payload.put_u32_le(0);
-            for &(nodes, start, end) in &self.spans {
-                if !nodes.contains(link.node) {
-                    continue;
-                }
-                let size = end - start;
-                if size + 4 > self.frame_payload_bytes_max {
-                    // Cannot happen when the server's value limit fits the frame limit.
-                    warn!(peer = %link.node, size, "message larger than the frame limit dropped");
-                    link.stats.messages_dropped.fetch_add(1, Relaxed);
-                    continue;
-                }
-                if count > 0 && self.payload.len() + size > self.frame_payload_bytes_max {
-                    enqueue(link, &mut self.payload, count, self.peer_queue_bytes_max);
-                    count = 0;
-                    self.payload.clear();
-                    self.payload.put_u32_le(0);
-                }
-                self.payload.extend_from_slice(&self.arena[start..end]);
-                count += 1;
+            // Priority messages first, on their own lane when it is open.
+            if let Some(tx) = &link.priority_tx {
+                let lane = Lane { tx, kind: kind::PRIORITY_BATCH, credits: false };
+                self.fill_lane(link, &lane, |priority| priority);
             }
-            if count > 0 {
-                enqueue(link, &mut self.payload, count, self.peer_queue_bytes_max);
+            let shared = link.priority_tx.is_none();
+            let lane = Lane { tx: &link.tx, kind: kind::BATCH, credits: true };
+            self.fill_lane(link, &lane, |priority| !priority || shared);
+        }
+    }
+
+    /// Queue for `link` every message of this turn that `takes` accepts, in batch frames.
+    fn fill_lane(&self, link: &Link, lane: &Lane, takes: impl Fn(bool) -> bool) {
+        let mut payload = self.payload.borrow_mut();
+        let mut count = 0u32;
+        payload.clear();
+        payload.put_u32_le(0);
+        for &(nodes, start, end, priority) in &self.spans {
+            if !nodes.contains(link.node) || !takes(priority) {
+                continue;
             }
+            let size = end - start;
+            if size + 4 > self.frame_payload_bytes_max {
+                // Cannot happen when the server's value limit fits the frame limit.
+                warn!(peer = %link.node, size, "message larger than the frame limit dropped");
+                link.stats.messages_dropped.fetch_add(1, Relaxed);
+                continue;
+            }
+            if count > 0 && payload.len() + size > self.frame_payload_bytes_max {
+                enqueue(link, lane, &mut payload, count, self.peer_queue_bytes_max);
+                count = 0;
+                payload.clear();
+                payload.put_u32_le(0);
+            }
+            payload.extend_from_slice(&self.arena[start..end]);
+            count += 1;
+        }
+        if count > 0 {
+            enqueue(link, lane, &mut payload, count, self.peer_queue_bytes_max);
         }
     }
 }
 
-/// Frame `payload` (a batch whose count placeholder is patched here) and queue it for `link`
+/// Where a batch frame goes: the data connection (credits apply) or the priority lane
+/// (small, rare messages that must not be dropped or delayed for credits).
+struct Lane<'a> {
+    tx: &'a mpsc::UnboundedSender<QueuedFrame>,
+    kind: u8,
+    credits: bool,
+}
+
+/// Frame `payload` (a batch whose count placeholder is patched here) and queue it on `lane`
 /// if it has credits.
-fn enqueue(link: &Link, payload: &mut BytesMut, count: u32, queue_bytes_max: u64) {
+fn enqueue(link: &Link, lane: &Lane, payload: &mut BytesMut, count: u32, queue_bytes_max: u64) {
     payload[..4].copy_from_slice(&count.to_le_bytes());
     let mut frame = BytesMut::with_capacity(payload.len() + codec::FRAME_HEADER_BYTES);
-    encode_frame(kind::BATCH, payload, &mut frame);
+    encode_frame(lane.kind, payload, &mut frame);
     let bytes = frame.len() as u64;
     let queued = link.stats.queued_bytes.load(Relaxed);
-    if queued > 0 && queued + bytes > queue_bytes_max {
+    if lane.credits && queued > 0 && queued + bytes > queue_bytes_max {
         link.stats.frames_dropped.fetch_add(1, Relaxed);
         link.stats.messages_dropped.fetch_add(count as u64, Relaxed);
         return;
@@ -219,7 +284,7 @@ fn enqueue(link: &Link, payload: &mut BytesMut, count: u32, queue_bytes_max: u64
     link.stats.queued_bytes.fetch_add(bytes, Relaxed);
     link.stats.queued_frames.fetch_add(1, Relaxed);
     link.stats.batch_messages.observe(count as u64);
-    if link.tx.send((frame.freeze(), count)).is_err() {
+    if lane.tx.send((frame.freeze(), count)).is_err() {
         // The writer task is gone (runtime shutting down); give the credits back.
         link.stats.queued_bytes.fetch_sub(bytes, Relaxed);
         link.stats.queued_frames.fetch_sub(1, Relaxed);
@@ -248,26 +313,33 @@ async fn run_writer(
     addr: SocketAddr,
     mut rx: mpsc::UnboundedReceiver<QueuedFrame>,
     stats: Arc<PeerStats>,
+    lane: &'static str,
 ) {
     let mut backoff = config.reconnect_backoff_min;
     let mut failures = 0u64;
     loop {
         match dial(&config, addr).await {
             Ok(stream) => {
-                info!(peer = %node, %addr, "peer link up");
-                stats.connected.store(true, Relaxed);
-                stats.connects.fetch_add(1, Relaxed);
+                info!(peer = %node, %addr, lane, "peer link up");
+                // The data lane's state is the link's state in INFO and metrics.
+                let data_lane = lane == "data";
+                if data_lane {
+                    stats.connected.store(true, Relaxed);
+                    stats.connects.fetch_add(1, Relaxed);
+                }
                 backoff = config.reconnect_backoff_min;
                 failures = 0;
                 let result = write_loop(stream, &mut rx, &stats).await;
-                stats.connected.store(false, Relaxed);
+                if data_lane {
+                    stats.connected.store(false, Relaxed);
+                }
                 match result {
                     Ok(()) => return, // the event loop dropped the transport
-                    Err(error) => warn!(peer = %node, %addr, "peer link lost: {error}; reconnecting"),
+                    Err(error) => warn!(peer = %node, %addr, lane, "peer link lost: {error}; reconnecting"),
                 }
             }
             Err(DialError::Refused(reason)) => {
-                error!(peer = %node, %addr, "peer refused this node: {reason}");
+                error!(peer = %node, %addr, lane, "peer refused this node: {reason}");
                 backoff = config.reconnect_backoff_max;
             }
             Err(DialError::Io(error)) => {
@@ -414,10 +486,22 @@ async fn read_frame(
 
 // ---------------------------------------------------------------------------- receiving side
 
+/// Where readers hand received batches: data and priority queues.
+struct InboundQueues<M> {
+    data: mpsc::Sender<(NodeId, Vec<M>)>,
+    priority: mpsc::Sender<(NodeId, Vec<M>)>,
+}
+
+impl<M> Clone for InboundQueues<M> {
+    fn clone(&self) -> Self {
+        InboundQueues { data: self.data.clone(), priority: self.priority.clone() }
+    }
+}
+
 async fn run_acceptor<M>(
     listener: TcpListener,
     config: Arc<NetConfig>,
-    tx: mpsc::Sender<(NodeId, Vec<M>)>,
+    tx: InboundQueues<M>,
     stats: Arc<NetStats>,
 ) where
     M: WireMessage + Send + 'static,
@@ -430,11 +514,11 @@ async fn run_acceptor<M>(
                 tokio::spawn(async move {
                     match serve_inbound::<M>(stream, &config, &tx, &stats).await {
                         Ok(node) => debug!(peer = %node, %remote, "inbound peer link closed"),
-                        Err(Inbound::Refused(reason)) => {
+                        Err(InboundError::Refused(reason)) => {
                             stats.connections_refused.fetch_add(1, Relaxed);
                             warn!(%remote, "refused peer connection: {reason}");
                         }
-                        Err(Inbound::Failed(node, error)) => {
+                        Err(InboundError::Failed(node, error)) => {
                             warn!(peer = %node, %remote, "closing inbound peer link: {error}");
                         }
                     }
@@ -449,7 +533,7 @@ async fn run_acceptor<M>(
     }
 }
 
-enum Inbound {
+enum InboundError {
     /// The handshake failed: a stranger, a misconfigured node or garbage.
     Refused(String),
     /// An accepted peer's link failed or carried a malformed frame.
@@ -459,9 +543,9 @@ enum Inbound {
 async fn serve_inbound<M>(
     mut stream: TcpStream,
     config: &NetConfig,
-    tx: &mpsc::Sender<(NodeId, Vec<M>)>,
+    tx: &InboundQueues<M>,
     stats: &NetStats,
-) -> Result<NodeId, Inbound>
+) -> Result<NodeId, InboundError>
 where
     M: WireMessage + Send,
 {
@@ -473,15 +557,18 @@ where
     )
     .await
     {
-        Err(_) => return Err(Inbound::Refused("no handshake in time".into())),
-        Ok(Err(error)) => return Err(Inbound::Refused(format!("not a chorus peer ({error})"))),
+        Err(_) => return Err(InboundError::Refused("no handshake in time".into())),
+        Ok(Err(error)) => return Err(InboundError::Refused(format!("not a chorus peer ({error})"))),
         Ok(Ok(frame)) => frame,
     };
     if frame.kind != kind::HELLO {
-        return Err(Inbound::Refused(format!("not a chorus peer (first frame has kind {})", frame.kind)));
+        return Err(InboundError::Refused(format!(
+            "not a chorus peer (first frame has kind {})",
+            frame.kind
+        )));
     }
     let hello = Hello::decode_exact(frame.payload)
-        .map_err(|error| Inbound::Refused(format!("malformed handshake: {error}")))?;
+        .map_err(|error| InboundError::Refused(format!("malformed handshake: {error}")))?;
     let is_peer = |node: NodeId| config.peers.contains_key(&node);
     let expect = Expectations {
         me: config.me,
@@ -494,11 +581,11 @@ where
     if let Err(reason) = handshake::check(&hello, &expect) {
         encode_frame(kind::REFUSE, reason.as_bytes(), &mut answer);
         let _ = tokio::time::timeout(config.handshake_timeout, stream.write_all(&answer)).await;
-        return Err(Inbound::Refused(format!("{reason} (claims to be {})", hello.node)));
+        return Err(InboundError::Refused(format!("{reason} (claims to be {})", hello.node)));
     }
     encode_frame(kind::WELCOME, &[], &mut answer);
     let node = hello.node;
-    let failed = |error: String| Inbound::Failed(node, error);
+    let failed = |error: String| InboundError::Failed(node, error);
     stream.write_all(&answer).await.map_err(|error| failed(error.to_string()))?;
     info!(peer = %node, "accepted inbound peer link");
     let peer_stats = stats.peers.get(&node).cloned();
@@ -509,16 +596,18 @@ where
                 Ok(None) => break,
                 Err(error) => return Err(failed(format!("malformed frame: {error}"))),
             };
-            if frame.kind != kind::BATCH {
-                return Err(failed(format!("unexpected frame kind {}", frame.kind)));
-            }
+            let queue = match frame.kind {
+                kind::BATCH => &tx.data,
+                kind::PRIORITY_BATCH => &tx.priority,
+                other => return Err(failed(format!("unexpected frame kind {other}"))),
+            };
             let messages = decode_batch::<M>(frame.payload)
                 .map_err(|error| failed(format!("malformed batch: {error}")))?;
             if let Some(peer) = &peer_stats {
                 peer.frames_received.fetch_add(1, Relaxed);
                 peer.messages_received.fetch_add(messages.len() as u64, Relaxed);
             }
-            if tx.send((node, messages)).await.is_err() {
+            if queue.send((node, messages)).await.is_err() {
                 return Ok(node); // the event loop is gone: shutting down
             }
         }

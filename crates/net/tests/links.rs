@@ -11,7 +11,6 @@ use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
 use chorus_core::{Destination, NodeId, NodeSet};
 use chorus_net::{start, NetConfig, NetStats, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Note(Bytes);
@@ -36,7 +35,7 @@ fn free_addr() -> SocketAddr {
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
-type Node = (Transport<Note>, mpsc::Receiver<(NodeId, Vec<Note>)>, std::sync::Arc<NetStats>);
+type Node = (Transport<Note>, chorus_net::Inbound<Note>, std::sync::Arc<NetStats>);
 
 async fn cluster(n: u8, token_of: impl Fn(u8) -> &'static str) -> Vec<Node> {
     let addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
@@ -138,4 +137,36 @@ async fn an_unreachable_peer_cannot_grow_memory_without_bound() {
         assert!(queued <= 4096 + 2000, "queue grew to {queued} bytes");
     }
     assert!(stats.peers[&NodeId(1)].frames_dropped.load(Relaxed) > 0);
+}
+
+/// The priority lane: marked messages travel on their own connection and are read before
+/// data that arrived earlier, so a heartbeat never waits behind a backlog.
+#[tokio::test]
+async fn priority_messages_overtake_queued_data() {
+    for lane in [true, false] {
+        let addrs = [free_addr(), free_addr()];
+        let mut nodes = Vec::new();
+        for me in 0..2u8 {
+            let other = 1 - me;
+            let peers = BTreeMap::from([(NodeId(other), addrs[other as usize])]);
+            let mut config = NetConfig::new(NodeId(me), "test", "secret", "notes", addrs[me as usize], peers);
+            config.priority_lane = lane;
+            nodes.push(start::<Note>(config).await.unwrap());
+        }
+        wait_connected(&nodes).await;
+        nodes[0].0.set_priority(|note| note.0.starts_with(b"hb"));
+        let received = nodes[1].2.peers[&NodeId(0)].clone();
+        for i in 0..50 {
+            nodes[0].0.send_turn(&mut vec![(Destination::Node(NodeId(1)), note(&format!("data-{i}")))]);
+        }
+        wait_until(|| received.messages_received.load(Relaxed) == 50).await;
+        nodes[0].0.send_turn(&mut vec![(Destination::Node(NodeId(1)), note("hb"))]);
+        wait_until(|| received.messages_received.load(Relaxed) == 51).await;
+        let (_, first) = tokio::time::timeout(DEADLINE, nodes[1].1.recv()).await.unwrap().unwrap();
+        if lane {
+            assert_eq!(first, vec![note("hb")], "the heartbeat is read first");
+        } else {
+            assert_eq!(first, vec![note("data-0")], "without the lane it waits its turn");
+        }
+    }
 }

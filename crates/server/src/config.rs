@@ -66,6 +66,9 @@ pub struct RawConfig {
     /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
     /// executes on arrival and releases the result at commit).
     pub raftlog_execution: Option<String>,
+    /// Join a running cluster (Hermes §3.4 Recovery): the peer address of a live replica to
+    /// copy the data from. `chorus node --join ADDR`.
+    pub join: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +132,8 @@ pub struct NodeConfig {
     pub value_bytes_max: usize,
     pub peer_queue_bytes_max: usize,
     pub maxclients: usize,
+    /// Join a running cluster as a shadow, copying the data from this replica first.
+    pub join: Option<NodeId>,
     /// Threads of the node's async runtime. 1 (the default) runs every task on one thread:
     /// a client's write crosses the connection, the event loop and the peer links without a
     /// cross-thread wake-up, which measured ~20% lower latency and ~1.6x the SET throughput of
@@ -224,6 +229,7 @@ impl RawConfig {
             raftlog_flush: overrides.raftlog_flush.or(self.raftlog_flush),
             raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
+            join: overrides.join.or(self.join),
         }
     }
 
@@ -317,6 +323,11 @@ impl RawConfig {
         if !(1..=256).contains(&worker_threads) {
             return Err(field_error("worker_threads", "must be between 1 and 256"));
         }
+        let join = self
+            .join
+            .as_deref()
+            .map(|addr| join_donor(addr, node_id, protocol, &membership, &replicas))
+            .transpose()?;
         Ok(NodeConfig {
             raftlog,
             node_id,
@@ -334,8 +345,46 @@ impl RawConfig {
             peer_queue_bytes_max,
             maxclients,
             worker_threads,
+            join,
         })
     }
+}
+
+/// `--join ADDR`: which replica (by its peer address, or its id) the joiner copies from.
+fn join_donor(
+    addr: &str,
+    me: NodeId,
+    protocol: Protocol,
+    membership: &Option<MembershipTiming>,
+    replicas: &BTreeMap<NodeId, SocketAddr>,
+) -> Result<NodeId, ConfigError> {
+    if protocol != Protocol::Hermes {
+        return Err(field_error(
+            "join",
+            format!(
+                "{} cannot join a running cluster: only hermes copies state to a new replica",
+                protocol.name()
+            ),
+        ));
+    }
+    if membership.is_none() {
+        return Err(field_error("join", "joining needs the membership service (membership = true)"));
+    }
+    let by_id = addr.parse::<u8>().ok().map(NodeId).filter(|node| replicas.contains_key(node));
+    let by_addr = addr
+        .parse::<SocketAddr>()
+        .ok()
+        .and_then(|addr| replicas.iter().find(|(_, peer)| **peer == addr).map(|(node, _)| *node));
+    let donor = by_id.or(by_addr).ok_or_else(|| {
+        field_error(
+            "join",
+            format!("{addr:?} is neither the peer address nor the id of a replica in [peers]"),
+        )
+    })?;
+    if donor == me {
+        return Err(field_error("join", "names this node; give a live replica to copy the data from"));
+    }
+    Ok(donor)
 }
 
 impl RawConfig {

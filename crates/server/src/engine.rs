@@ -16,7 +16,7 @@ use chorus_core::{
 };
 use chorus_craq::Craq;
 use chorus_hermes::Hermes;
-use chorus_membership::{PersistRecord, WithMembership};
+use chorus_membership::{PersistRecord, Wire, WithMembership};
 use chorus_net::Transport;
 use chorus_raftlog::disk::DurableRaftLog;
 use chorus_zab::Zab;
@@ -36,6 +36,11 @@ where
     fn keys(&self) -> Vec<Key>;
     /// Protocol counters for INFO and metrics, as (name, value).
     fn counters(&self) -> Vec<(&'static str, u64)>;
+    /// Messages that take the transport's priority lane (membership heartbeats and acks,
+    /// which keep leases alive and must not queue behind client traffic).
+    fn is_priority(_message: &Self::Message) -> bool {
+        false
+    }
     /// State that must be durable before this turn's messages leave (the membership
     /// service's Raft log and vote). Most cores have none.
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
@@ -93,7 +98,17 @@ where
         let membership = self.membership();
         counters.push(("membership_epoch", membership.view().epoch.0));
         counters.push(("membership_raft_leader", membership.is_raft_leader() as u64));
+        let stats = membership.stats();
+        counters.push(("membership_lease_lapses", stats.lease_lapses));
+        counters.push(("membership_heartbeats_acknowledged", stats.heartbeats_acknowledged));
+        counters.push(("membership_heartbeats_slow", stats.heartbeats_slow));
+        counters.push(("membership_heartbeat_round_trip_max_us", stats.heartbeat_round_trip_max.as_micros()));
         counters
+    }
+    /// The membership service's messages (heartbeats, acks, Raft) are few and small, and a
+    /// late acknowledgement costs a lease.
+    fn is_priority(message: &Self::Message) -> bool {
+        matches!(message, Wire::Membership(_))
     }
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.take_persist_records()
@@ -187,6 +202,11 @@ impl ServedReplica for Hermes {
             ("inv_retransmits", s.inv_retransmits),
             ("messages_dropped_epoch", s.messages_dropped_epoch),
             ("views_installed", s.views_installed),
+            ("shadow", self.is_shadow() as u64),
+            ("chunks_received", s.chunks_received),
+            ("keys_copied", s.keys_copied),
+            ("chunks_served", s.chunks_served),
+            ("recoveries_completed", s.recoveries_completed),
         ]
     }
 }
@@ -413,7 +433,7 @@ pub async fn run<R>(
     replica: R,
     transport: Transport<R::Message>,
     mut requests: mpsc::Receiver<EngineRequest>,
-    mut inbound: mpsc::Receiver<(NodeId, Vec<R::Message>)>,
+    mut inbound: chorus_net::Inbound<R::Message>,
     mut shutdown: watch::Receiver<bool>,
     durable_log: Option<std::fs::File>,
 ) where

@@ -67,6 +67,11 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         peers,
     );
     net.peer_queue_bytes_max = config.peer_queue_bytes_max;
+    // For measuring what the priority lane buys (docs/benchmarks.md); on by default.
+    if std::env::var_os("CHORUS_PRIORITY_LANE").is_some_and(|value| value == "off") {
+        warn!("CHORUS_PRIORITY_LANE=off: membership messages share the data connections");
+        net.priority_lane = false;
+    }
     // One message carries at most a key and a value, each bounded by the value limit.
     net.frame_payload_bytes_max = 2 * config.value_bytes_max + 64 * 1024;
 
@@ -83,9 +88,19 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (engine, requests) = engine::channel();
     let membership = config.membership.map(|timing| Managed::open(&config, timing)).transpose()?;
+    let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
     let start = Start { net, requests, shutdown: shutdown_rx, membership };
     let net_stats = match config.protocol {
-        Protocol::Hermes => start.spawn(Hermes::new(HermesConfig::new(me, replicas))).await?,
+        Protocol::Hermes => {
+            let mut hermes = HermesConfig::new(me, replicas);
+            // §3.4 Recovery: a joining node starts empty and copies the data as a shadow.
+            hermes.recovering = joining;
+            hermes.donor = config.join;
+            if joining {
+                info!(donor = ?config.join, "joining the cluster as a shadow replica");
+            }
+            start.spawn(Hermes::new(hermes)).await?
+        }
         Protocol::Craq => start.spawn(Craq::new(CraqConfig::new(me, replicas))).await?,
         Protocol::Zab(read_mode) => {
             let mut zab_config = ZabConfig::new(me, replicas);
@@ -194,8 +209,23 @@ impl Start {
         R: ServedReplica,
         R::Message: WireMessage + Send + 'static,
     {
-        let (transport, inbound, net_stats) = chorus_net::start(self.net).await?;
-        tokio::spawn(engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log));
+        let (mut transport, inbound, net_stats) = chorus_net::start(self.net).await?;
+        transport.set_priority(R::is_priority);
+        let event_loop = engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log);
+        // The event loop gets its own thread, so that under a flood of client connections it
+        // is not queued behind hundreds of connection tasks on the shared workers: leases
+        // ride on it answering heartbeats in time (docs/benchmarks.md, "Membership under
+        // load").
+        std::thread::Builder::new()
+            .name("chorus-engine".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a current-thread runtime for the event loop");
+                runtime.block_on(event_loop);
+            })
+            .context("cannot start the event loop thread")?;
         Ok(net_stats)
     }
 }
@@ -241,6 +271,14 @@ fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Durabl
     Ok(replica)
 }
 
+/// Tells this start of the node apart from every earlier one (join entries carry it).
+fn incarnation() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64);
+    nanos ^ ((std::process::id() as u64) << 40) | 1
+}
+
 /// The membership node, restored from the data directory's `membership.log`.
 struct Managed {
     membership: Membership,
@@ -276,6 +314,23 @@ impl Managed {
         membership_config.lease = Time::from_millis(timing.lease_ms);
         if !records.is_empty() {
             info!(records = records.len(), "membership state restored from {}", path.display());
+        }
+        let restarted = !records.is_empty();
+        if config.protocol == Protocol::Hermes {
+            // Keys live in memory: a restarted node has lost them, so it rejoins like a new
+            // one (docs/operations.md, "Replacing a node").
+            if restarted || config.join.is_some() {
+                membership_config.join = Some(incarnation());
+            }
+            membership_config.rejoin = true;
+        } else if restarted {
+            anyhow::bail!(
+                "{} holds membership state from an earlier run, but {} cannot rejoin a running \
+                 cluster (no state transfer; only hermes can): start every node with a fresh \
+                 data_dir to start a new cluster",
+                path.display(),
+                config.protocol.name()
+            );
         }
         // The event loop's clock starts at zero when it starts, right after this.
         let membership = Membership::restore(membership_config, Time::ZERO, &records);

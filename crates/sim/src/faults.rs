@@ -147,6 +147,8 @@ pub struct FaultCounts {
     pub crashes: u64,
     pub crashes_mid_broadcast: u64,
     pub views_installed: u64,
+    /// Crashed nodes brought back (`SimConfig::restart_after`).
+    pub restarts: u64,
 }
 
 impl FaultCounts {
@@ -168,5 +170,6 @@ impl FaultCounts {
         self.crashes += other.crashes;
         self.crashes_mid_broadcast += other.crashes_mid_broadcast;
         self.views_installed += other.views_installed;
+        self.restarts += other.restarts;
     }
 }

@@ -39,6 +39,10 @@ pub struct SimConfig {
     /// Play the membership service (after a crash, wait out the lease and install the next
     /// view everywhere). Off when the replicas run their own membership (`chorus-membership`).
     pub scripted_membership: bool,
+    /// Restart every crashed node about this long after its crash (Hermes §3.4 Recovery),
+    /// through the `restart` builder of [`simulate_with_restarts`]. `None`: crashed nodes
+    /// stay down.
+    pub restart_after: Option<Time>,
 }
 
 impl SimConfig {
@@ -53,6 +57,7 @@ impl SimConfig {
             faults: true,
             trace: false,
             scripted_membership: true,
+            restart_after: None,
         }
     }
 }
@@ -80,6 +85,7 @@ enum Event<M> {
     Tick(NodeId),
     ClientNext(u32),
     Crash(NodeId),
+    Restart(NodeId),
     /// From now on, crash the node partway through its next outbox with messages.
     ArmCrash(NodeId),
     InstallView(NodeId, View),
@@ -123,7 +129,11 @@ struct Client {
     ops_issued: usize,
 }
 
-struct Engine<P: Replica> {
+/// Builds a restarted node from the crashed one (whose durable state it may keep).
+pub type RestartFn<'a, P> = dyn FnMut(NodeId, NodeSet, u64, Time, &P) -> P + 'a;
+
+struct Engine<'a, P: Replica> {
+    restart: Option<&'a mut RestartFn<'a, P>>,
     config: SimConfig,
     now: Time,
     rng: Rng,
@@ -155,6 +165,33 @@ where
     P: Replica,
     P::Message: Debug,
 {
+    run_seed(config, build, None)
+}
+
+/// Like [`simulate`], and every crashed node comes back `config.restart_after` later, as
+/// `restart(node, replicas, seed, now, crashed_node)` builds it.
+pub fn simulate_with_restarts<'a, P>(
+    config: &SimConfig,
+    build: &mut dyn FnMut(NodeId, NodeSet, u64) -> P,
+    restart: &'a mut RestartFn<'a, P>,
+) -> SeedRun
+where
+    P: Replica,
+    P::Message: Debug,
+{
+    assert!(config.restart_after.is_some(), "restarts need restart_after");
+    run_seed(config, build, Some(restart))
+}
+
+fn run_seed<'a, P>(
+    config: &SimConfig,
+    build: &mut dyn FnMut(NodeId, NodeSet, u64) -> P,
+    restart: Option<&'a mut RestartFn<'a, P>>,
+) -> SeedRun
+where
+    P: Replica,
+    P::Message: Debug,
+{
     let mut rng = Rng::new(config.seed);
     let plan = if config.faults {
         FaultPlan::draw(&mut rng, config.replicas, config.fault_phase_max)
@@ -168,6 +205,7 @@ where
         .map(|client| Client { generator: CommandGenerator::new(client), ops_issued: 0 })
         .collect();
     let mut engine = Engine {
+        restart,
         config: config.clone(),
         now: Time::ZERO,
         rng,
@@ -194,7 +232,7 @@ where
     engine.finish(events)
 }
 
-impl<P> Engine<P>
+impl<P> Engine<'_, P>
 where
     P: Replica,
     P::Message: Debug,
@@ -259,6 +297,7 @@ where
             Event::Tick(node) => self.tick(node),
             Event::ClientNext(client) => self.client_next(client),
             Event::Crash(node) => self.crash(node),
+            Event::Restart(node) => self.restart(node),
             Event::ArmCrash(node) => {
                 if !self.quiescent {
                     self.crash_armed[node.index()] = true;
@@ -411,6 +450,10 @@ where
             let op = self.pending.remove(&request).expect("pending op");
             self.schedule_client_next(op.client);
         }
+        if let Some(after) = self.config.restart_after {
+            let jitter = Time::from_micros(self.rng.below(after.as_micros() / 2 + 1));
+            self.schedule(self.now + after + jitter, Event::Restart(node));
+        }
         if !self.config.scripted_membership {
             return; // The replicas' own membership service notices.
         }
@@ -422,6 +465,24 @@ where
             let delay = self.plan.lease_us + self.rng.below(self.plan.view_spread_us + 1);
             self.schedule(self.now + Time::from_micros(delay), Event::InstallView(survivor, view));
         }
+    }
+
+    /// A crashed node comes back with what it kept on disk (the restart builder decides).
+    /// Messages already in flight to it are delivered to the new incarnation.
+    fn restart(&mut self, node: NodeId) {
+        let Some(restart) = self.restart.as_mut() else { return };
+        if !self.crashed[node.index()] {
+            return;
+        }
+        let all: NodeSet = (0..self.config.replicas as u8).map(NodeId).collect();
+        let seed = self.rng.next_u64();
+        let fresh = restart(node, all, seed, self.now, &self.nodes[node.index()]);
+        self.nodes[node.index()] = fresh;
+        self.crashed[node.index()] = false;
+        self.crash_armed[node.index()] = false;
+        self.counts.restarts += 1;
+        self.trace(|| format!("{node} restarts"));
+        self.schedule(self.now + self.config.tick_period, Event::Tick(node));
     }
 
     fn install_view(&mut self, node: NodeId, view: View) {

@@ -16,6 +16,8 @@ pub struct Node {
     pub peer: SocketAddr,
     pub log: PathBuf,
     pub child: Option<Child>,
+    /// The `chorus` arguments it was started with, for restarts.
+    pub args: Vec<String>,
 }
 
 pub struct Cluster {
@@ -43,21 +45,25 @@ impl Cluster {
         for i in 0..replicas {
             let (client, peer) = (addrs[2 * i], addrs[2 * i + 1]);
             let log = dir.join(format!("node-{i}.log"));
-            let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
-            command
-                .arg("node")
-                .args(["--node-id", &i.to_string()])
-                .args(["--client-addr", &client.to_string()])
-                .args(["--cluster-token", "test-token"])
-                .args(["--data-dir", dir.join(format!("node-{i}")).to_str().unwrap()])
-                .args(["--log-level", "info"])
-                .args(extra_args);
+            let mut args: Vec<String> = vec![
+                "node".into(),
+                "--node-id".into(),
+                i.to_string(),
+                "--client-addr".into(),
+                client.to_string(),
+                "--cluster-token".into(),
+                "test-token".into(),
+                "--data-dir".into(),
+                dir.join(format!("node-{i}")).to_str().unwrap().into(),
+                "--log-level".into(),
+                "info".into(),
+            ];
+            args.extend(extra_args.iter().map(|arg| arg.to_string()));
             for j in 0..replicas {
-                command.args(["--peer", &format!("{j}={}", addrs[2 * j + 1])]);
+                args.extend(["--peer".to_string(), format!("{j}={}", addrs[2 * j + 1])]);
             }
-            command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
-            let child = command.spawn().expect("start chorus node");
-            cluster.nodes.push(Node { client, peer, log, child: Some(child) });
+            let child = spawn(&args, std::fs::File::create(&log).unwrap());
+            cluster.nodes.push(Node { client, peer, log, child: Some(child), args });
         }
         for i in 0..replicas {
             cluster.wait_ready(i, replicas - 1);
@@ -102,27 +108,22 @@ impl Cluster {
         self.try_client(i).unwrap_or_else(|error| panic!("connect to node {i}: {error}"))
     }
 
-    /// Start node `i` again (after [`Cluster::sigkill`]) with the same id, addresses and data
-    /// directory; its log goes to `node-<i>.restart-<n>.log`. Does not wait for readiness.
+    /// Start node `i` again with its data directory and `extra_args` (e.g. `--join ADDR`);
+    /// its log continues in the same file.
     pub fn restart(&mut self, i: usize, extra_args: &[&str]) {
         assert!(self.nodes[i].child.is_none(), "node {i} is still running");
-        let restarts = std::fs::read_dir(&self.dir).unwrap().count();
-        let log = self.dir.join(format!("node-{i}.restart-{restarts}.log"));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
-        command
-            .arg("node")
-            .args(["--node-id", &i.to_string()])
-            .args(["--client-addr", &self.nodes[i].client.to_string()])
-            .args(["--cluster-token", "test-token"])
-            .args(["--data-dir", self.dir.join(format!("node-{i}")).to_str().unwrap()])
-            .args(["--log-level", "info"])
-            .args(extra_args);
-        for (j, node) in self.nodes.iter().enumerate() {
-            command.args(["--peer", &format!("{j}={}", node.peer)]);
-        }
-        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
-        self.nodes[i].child = Some(command.spawn().expect("restart chorus node"));
-        self.nodes[i].log = log;
+        let mut args = self.nodes[i].args.clone();
+        args.extend(extra_args.iter().map(|arg| arg.to_string()));
+        let log = std::fs::OpenOptions::new().append(true).open(&self.nodes[i].log).unwrap();
+        self.nodes[i].child = Some(spawn(&args, log));
+    }
+
+    /// One line of node `i`'s INFO (e.g. `hermes_keys_copied`), as a number.
+    pub fn info_number(&self, i: usize, field: &str) -> Option<u64> {
+        let mut con = self.try_client(i).ok()?;
+        let info: String = redis::cmd("INFO").query(&mut con).ok()?;
+        let prefix = format!("{field}:");
+        info.lines().find_map(|line| line.strip_prefix(&prefix)).and_then(|value| value.trim().parse().ok())
     }
 
     pub fn sigkill(&mut self, i: usize) {
@@ -130,6 +131,16 @@ impl Cluster {
         child.kill().unwrap(); // SIGKILL on Unix
         child.wait().unwrap();
     }
+}
+
+fn spawn(args: &[String], log: std::fs::File) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start chorus node")
 }
 
 impl Drop for Cluster {

@@ -14,6 +14,9 @@ pub enum Bug {
     /// The head acknowledges a write to its origin as soon as it has assigned the version,
     /// before the tail committed it.
     AckAtHead,
+    /// Leases are ignored: a replica cut off from the others keeps answering reads (and the
+    /// tail version queries) from its own state until it is removed.
+    IgnoreLease,
 }
 
 #[derive(Clone, Debug)]

@@ -68,6 +68,10 @@ pub struct Craq {
     /// Set once this replica leaves a view: its copy may be stale from then on, so it never
     /// serves again (like Hermes, docs/decisions.md 3).
     retired: bool,
+    /// The membership lease (Hermes §2.4): `None` without a membership service (serve as if
+    /// it never expired), else until when this replica may answer from its own state. A
+    /// replica cut off from the others must stop serving before they remove it.
+    lease: Option<Option<Time>>,
 }
 
 impl Craq {
@@ -86,6 +90,7 @@ impl Craq {
             queries: BTreeMap::new(),
             stats: CraqStats::default(),
             retired: false,
+            lease: None,
         }
     }
 
@@ -167,7 +172,18 @@ impl Craq {
 
     /// Start this replica's waiting requests of `key` in order, as far as per-key FIFO allows:
     /// updates pipeline behind updates, reads behind reads, never across.
+    /// Whether this replica may answer from its own state now.
+    fn leased(&self, now: Time) -> bool {
+        let ignore = self.has_bug(Bug::IgnoreLease);
+        ignore || self.lease.is_none_or(|until| until.is_some_and(|until| now < until))
+    }
+
     fn drain(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        // Without a lease requests wait (like Hermes): a late answer beats an error, and if
+        // the replica is removed instead, leaving the view answers every waiter.
+        if !self.leased(now) {
+            return;
+        }
         loop {
             let Some(entry) = self.keys.get_mut(key) else { return };
             let Some(front) = entry.waiting.front() else { return };
@@ -577,7 +593,8 @@ impl Replica for Craq {
             return;
         }
         let key = command.key().clone();
-        if matches!(command, Command::Read { .. }) && !self.keys.contains_key(&key) {
+        let leased = self.leased(now);
+        if leased && matches!(command, Command::Read { .. }) && !self.keys.contains_key(&key) {
             // Never written as far as this replica knows, and no update of it is in flight
             // anywhere upstream that has reached us: a clean read of "absent".
             out.reply(request, Outcome::Value(None));
@@ -606,7 +623,9 @@ impl Replica for Craq {
             Message::Ack { key, version, .. } => self.on_ack(now, from, key, version, out),
             Message::Done { seq, outcome, .. } => self.complete_update(now, seq, outcome, out),
             Message::VersionQuery { key, query, .. } => {
-                if self.is_tail() {
+                // The tail's answer decides what a dirty read returns: it needs the lease as
+                // much as a local read does. The asker retransmits.
+                if self.is_tail() && self.leased(now) {
                     let version = self.keys.get(&key).map_or(0, |entry| entry.clean_version);
                     out.send(from, Message::VersionReply { epoch: self.view.epoch, key, query, version });
                 }
@@ -620,6 +639,24 @@ impl Replica for Craq {
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
         if self.is_operational() {
             self.retransmit(now, out);
+        }
+    }
+
+    fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
+        let was_leased = self.leased(now);
+        self.lease = Some(valid_until);
+        if !was_leased && self.leased(now) && self.is_operational() {
+            // Requests held for want of a lease can go now.
+            let mut waiting: Vec<Key> = self
+                .keys
+                .iter()
+                .filter(|(_, entry)| !entry.waiting.is_empty())
+                .map(|(key, _)| key.clone())
+                .collect();
+            waiting.sort();
+            for key in waiting {
+                self.drain(now, &key, out);
+            }
         }
     }
 

@@ -43,6 +43,11 @@ pub enum Bug {
     /// higher timestamp exists (Hermes with O1 off), and ACKs from replicas holding a higher
     /// timestamp are not told apart. An RMW can then be based on a value already replaced.
     ValidateSuperseded,
+    /// A copied chunk overwrites the shadow's copy of a key whatever the timestamps, so a
+    /// value copied before a concurrent write can replace that write (§3.4 Recovery).
+    ChunkOverwritesNewer,
+    /// A shadow serves clients before it has copied every chunk.
+    ShadowServes,
 }
 
 #[derive(Clone, Debug)]
@@ -59,6 +64,16 @@ pub struct HermesConfig {
     /// Seeds the replica's private PRNG (used to pick O2 virtual ids). Keeps the core
     /// deterministic: same seed, same inputs, same outputs.
     pub seed: u64,
+    /// §3.4 Recovery: this replica starts empty in a running cluster (a restart, or a new
+    /// node). It ignores everything until the membership installs a view that includes it,
+    /// then acts as a shadow: it takes part in writes as a follower while it copies the data
+    /// in chunks, and serves clients only once it has every chunk.
+    pub recovering: bool,
+    /// Whom a shadow asks for chunks first (`chorus node --join ADDR`); any live replica
+    /// otherwise, and the next one if the first stops answering.
+    pub donor: Option<NodeId>,
+    /// A donor splits its keys into chunks of about this many bytes.
+    pub chunk_bytes_target: usize,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
@@ -72,6 +87,9 @@ impl HermesConfig {
             message_loss_timeout: Time::from_millis(50),
             optimizations: Optimizations::default(),
             seed: me.0 as u64,
+            recovering: false,
+            donor: None,
+            chunk_bytes_target: 1024 * 1024,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }

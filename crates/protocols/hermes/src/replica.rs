@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::HermesConfig;
 use crate::key::{HoldersSeen, KeyEntry, KeyState, Update, UpdateClient, UpdateKind, Waiter};
-use crate::message::Message;
+use crate::message::{ChunkEntry, Message};
 
 use crate::config::Bug;
 
@@ -27,6 +27,34 @@ pub struct HermesStats {
     pub inv_retransmits: u64,
     pub messages_dropped_epoch: u64,
     pub views_installed: u64,
+    /// §3.4 Recovery: chunks this replica copied as a shadow, the keys they held, and the
+    /// chunks it served to shadows.
+    pub chunks_received: u64,
+    pub keys_copied: u64,
+    pub chunks_served: u64,
+    pub recoveries_completed: u64,
+}
+
+/// A shadow replica's progress copying the data (§3.4 Recovery).
+#[derive(Debug)]
+struct Shadow {
+    /// Fixed by the first chunk: every donor splits the keys the same way.
+    buckets_total: Option<u32>,
+    received: Vec<bool>,
+    /// The bucket asked for, and when to ask again (perhaps another donor).
+    asked: Option<(u32, Time)>,
+    /// Index into the live set of the donor asked last; rotates on timeouts.
+    donor_turn: usize,
+}
+
+/// Where a key's chunk lives: FNV-1a, so every replica splits keys alike.
+fn key_bucket(key: &[u8], buckets_total: u32) -> u32 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key {
+        hash ^= *byte as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    (hash % buckets_total as u64) as u32
 }
 
 pub struct Hermes {
@@ -39,10 +67,21 @@ pub struct Hermes {
     rng_state: u64,
     stats: HermesStats,
     scratch_keys: Vec<Key>,
-    /// Set once this replica leaves a view. Its data may be stale from then on, so it never
-    /// serves again, even if a later view lists it: rejoining needs the shadow-replica
-    /// recovery of §3.4 (copying the data from live replicas), which is not built yet.
+    /// Set once this replica leaves a view. Its data may be stale from then on, so it serves
+    /// again only after the membership re-adds it and it has copied the data afresh as a
+    /// shadow (§3.4 Recovery).
     retired: bool,
+    /// Recovering and no view including this replica has been installed yet: it ignores
+    /// every message (epochs before its join carry nothing it may acknowledge).
+    awaiting_join: bool,
+    /// Copying the data (§3.4 Recovery): takes part in writes, serves no client.
+    shadow: Option<Shadow>,
+    /// Added to every cid this incarnation picks. A rejoined replica has forgotten the
+    /// timestamps it created before; an update of its old incarnation may still sit,
+    /// uncommitted, at some replica that the donor did not hear from. Without the offset the
+    /// new incarnation could issue the same `[version, cid]` for another value, and a VAL
+    /// for one would validate the other (found by the join swarm, seed 19).
+    cid_offset: u32,
     /// §2.4: a replica serves reads only while its membership lease is valid. `Unlimited`
     /// when no membership service drives this replica (the simulator's scripted membership,
     /// tests), which then guarantees removal only after the replica is gone.
@@ -71,13 +110,16 @@ impl Hermes {
         Hermes {
             view: config.initial_view,
             rng_state: config.seed ^ 0x9E37_79B9_7F4A_7C15,
-            config,
             keys: FxHashMap::default(),
             watched: BTreeSet::new(),
             stats: HermesStats::default(),
             scratch_keys: Vec::new(),
             retired: false,
+            awaiting_join: config.recovering,
+            shadow: None,
+            cid_offset: 0,
             lease: Lease::Unlimited,
+            config,
         }
     }
 
@@ -89,9 +131,20 @@ impl Hermes {
         self.stats
     }
 
-    /// A replica serves clients only while it is live in its view (it holds a lease).
+    /// A replica serves clients only while it is live in its view (it holds a lease) and
+    /// has all the data (it is not a shadow).
     pub fn is_operational(&self) -> bool {
-        !self.retired && self.view.live.contains(self.config.me)
+        self.participates() && self.shadow.is_none()
+    }
+
+    /// Takes part in the protocol (as a full replica or a shadow): live in its view.
+    fn participates(&self) -> bool {
+        !self.retired && !self.awaiting_join && self.view.live.contains(self.config.me)
+    }
+
+    /// A shadow replica still copying the data (§3.4 Recovery).
+    pub fn is_shadow(&self) -> bool {
+        self.participates() && self.shadow.is_some()
     }
 
     /// The key's protocol state, timestamp and local value (for tests, INFO and tracing).
@@ -127,7 +180,7 @@ impl Hermes {
     /// O2: a fresh (virtual) coordinator id for a new update's timestamp.
     fn next_cid(&mut self) -> u32 {
         let per_node = self.config.optimizations.virtual_ids_per_node;
-        let base = self.config.me.0 as u32 * per_node;
+        let base = self.config.me.0 as u32 * per_node + self.cid_offset;
         if per_node == 1 {
             return base;
         }
@@ -560,6 +613,159 @@ impl Hermes {
         }
         replies
     }
+
+    // ---------------------------------------------------------------- recovery (§3.4)
+
+    /// The membership (re-)added this replica: start over as a shadow. Whatever it held is
+    /// dropped: it may be stale, and every value it needs comes from a donor or a new INV.
+    fn become_shadow(&mut self, now: Time, out: &mut Outbox<Message>) {
+        debug_assert!(self.watched.is_empty() || !self.retired);
+        self.keys.clear();
+        self.watched.clear();
+        self.retired = false;
+        // The join view's epoch is unique to this incarnation: every node's ids for it lie in
+        // one block of `COUNT_MAX * per_node` cids that no other incarnation uses.
+        let block = NodeId::COUNT_MAX as u32 * self.config.optimizations.virtual_ids_per_node;
+        let incarnations = u32::MAX / block;
+        self.cid_offset = (self.view.epoch.0 % incarnations as u64) as u32 * block;
+        self.awaiting_join = false;
+        self.shadow = Some(Shadow { buckets_total: None, received: Vec::new(), asked: None, donor_turn: 0 });
+        self.request_chunk_if_due(now, out);
+    }
+
+    /// The donor for the next request: the configured one while it is live, else the live
+    /// replicas in turn (rotating whenever a request times out).
+    fn pick_donor(&self, turn: usize) -> Option<NodeId> {
+        let others: Vec<NodeId> = self.peers().iter().collect();
+        if others.is_empty() {
+            return None;
+        }
+        match self.config.donor {
+            Some(donor) if turn == 0 && others.contains(&donor) => Some(donor),
+            _ => Some(others[turn % others.len()]),
+        }
+    }
+
+    fn request_chunk_if_due(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let timeout = Time::from_nanos(self.config.message_loss_timeout.as_nanos() * 4);
+        let epoch = self.view.epoch;
+        let Some(shadow) = &self.shadow else { return };
+        if shadow.asked.is_some_and(|(_, at)| now < at) {
+            return;
+        }
+        let timed_out = shadow.asked.is_some();
+        let turn = shadow.donor_turn + timed_out as usize;
+        let (bucket, buckets_total) = match shadow.buckets_total {
+            None => (0, 0),
+            Some(total) => {
+                let missing = shadow.received.iter().position(|got| !got);
+                (missing.expect("a shadow with every chunk has finished") as u32, total)
+            }
+        };
+        let donor = self.pick_donor(turn);
+        let shadow = self.shadow.as_mut().expect("shadow exists");
+        shadow.donor_turn = turn;
+        shadow.asked = Some((bucket, now + timeout));
+        // Alone in the view there is no one to copy from: wait. (The membership never
+        // leaves a shadow alone: the replicas that hold the data stay until it has caught
+        // up, see `Replica::is_caught_up`.)
+        if let Some(donor) = donor {
+            out.send(donor, Message::ChunkRequest { epoch, bucket, buckets_total });
+        }
+    }
+
+    /// Serve one chunk to a shadow. Only a replica with all the data answers, and only in the
+    /// shadow's epoch (checked by the caller): every write committed in an earlier epoch was
+    /// acknowledged here before this replica moved on, so the chunk holds it.
+    fn on_chunk_request(&mut self, from: NodeId, bucket: u32, buckets_total: u32, out: &mut Outbox<Message>) {
+        if !self.is_operational() {
+            return;
+        }
+        let buckets_total = if buckets_total == 0 { self.buckets_for_copy() } else { buckets_total };
+        if bucket >= buckets_total {
+            return; // Malformed: a shadow never asks past the end.
+        }
+        let entries: Vec<ChunkEntry> = self
+            .keys
+            .iter()
+            .filter(|(key, entry)| entry.ts != Timestamp::ZERO && key_bucket(key, buckets_total) == bucket)
+            .map(|(key, entry)| ChunkEntry {
+                key: key.clone(),
+                ts: entry.ts,
+                value: entry.value.clone(),
+                rmw: entry.rmw_flag,
+                valid: entry.state == KeyState::Valid,
+            })
+            .collect();
+        self.stats.chunks_served += 1;
+        out.send(from, Message::Chunk { epoch: self.view.epoch, bucket, buckets_total, entries });
+    }
+
+    /// How many chunks to split the keys into: about `chunk_bytes_target` each.
+    fn buckets_for_copy(&self) -> u32 {
+        let bytes: usize = self
+            .keys
+            .iter()
+            .map(|(key, entry)| key.len() + entry.value.as_ref().map_or(0, |value| value.len()) + 32)
+            .sum();
+        let target = self.config.chunk_bytes_target.max(1);
+        u32::try_from(bytes / target + 1).unwrap_or(u32::MAX).min(1 << 16)
+    }
+
+    /// A chunk arrived: keep, per key, whichever is newer of the copy and what INVs brought.
+    fn on_chunk(
+        &mut self,
+        now: Time,
+        bucket: u32,
+        buckets_total: u32,
+        entries: Vec<ChunkEntry>,
+        out: &mut Outbox<Message>,
+    ) {
+        let overwrite = self.has_bug(Bug::ChunkOverwritesNewer);
+        let Some(shadow) = &mut self.shadow else { return };
+        if buckets_total == 0 || buckets_total > 1 << 16 || bucket >= buckets_total {
+            return;
+        }
+        match shadow.buckets_total {
+            None => {
+                shadow.buckets_total = Some(buckets_total);
+                shadow.received = vec![false; buckets_total as usize];
+            }
+            Some(total) if total != buckets_total => return, // An answer to another split.
+            Some(_) => {}
+        }
+        if std::mem::replace(&mut shadow.received[bucket as usize], true) {
+            return; // A duplicate.
+        }
+        shadow.asked = None;
+        self.stats.chunks_received += 1;
+        self.stats.keys_copied += entries.len() as u64;
+        for copied in entries {
+            let entry = self.keys.entry(copied.key).or_default();
+            let newer = copied.ts > entry.ts || overwrite;
+            if newer {
+                entry.ts = copied.ts;
+                entry.value = copied.value;
+                entry.rmw_flag = copied.rmw;
+                entry.acks_seen = None;
+                entry.state = if copied.valid { KeyState::Valid } else { KeyState::Invalid };
+            } else if copied.ts == entry.ts && copied.valid && entry.state == KeyState::Invalid {
+                // We saw this update's INV but not its VAL; the donor saw it committed.
+                entry.state = KeyState::Valid;
+            }
+        }
+        let done = self.shadow.as_ref().is_some_and(|shadow| shadow.received.iter().all(|got| *got));
+        if done {
+            self.finish_recovery();
+        } else {
+            self.request_chunk_if_due(now, out);
+        }
+    }
+
+    fn finish_recovery(&mut self) {
+        self.shadow = None;
+        self.stats.recoveries_completed += 1;
+    }
 }
 
 impl Replica for Hermes {
@@ -576,8 +782,13 @@ impl Replica for Hermes {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
-        if !self.is_operational() {
-            out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
+        if !self.is_operational() && !self.has_bug(Bug::ShadowServes) {
+            let reason = if self.awaiting_join || self.is_shadow() {
+                "joining: copying the data from live replicas"
+            } else {
+                "not in the current view"
+            };
+            out.reply(request, Outcome::Error(CommandError::Unavailable(reason)));
             return;
         }
         let key = command.key().clone();
@@ -604,11 +815,19 @@ impl Replica for Hermes {
     }
 
     fn on_message(&mut self, now: Time, from: NodeId, message: Message, out: &mut Outbox<Message>) {
-        if message.epoch() != self.view.epoch || !self.is_operational() {
+        if message.epoch() != self.view.epoch || !self.participates() {
             self.stats.messages_dropped_epoch += 1;
             return;
         }
         let key = match message {
+            Message::ChunkRequest { bucket, buckets_total, .. } => {
+                self.on_chunk_request(from, bucket, buckets_total, out);
+                return;
+            }
+            Message::Chunk { bucket, buckets_total, entries, .. } => {
+                self.on_chunk(now, bucket, buckets_total, entries, out);
+                return;
+            }
             Message::Inv { key, ts, value, rmw, superseded, .. } => {
                 self.on_inv(now, from, key.clone(), ts, value, rmw, superseded, out);
                 key
@@ -626,9 +845,10 @@ impl Replica for Hermes {
     }
 
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
-        if !self.is_operational() {
+        if !self.participates() {
             return;
         }
+        self.request_chunk_if_due(now, out);
         let mut keys = std::mem::take(&mut self.scratch_keys);
         keys.extend(self.watched.iter().cloned());
         for key in keys.drain(..) {
@@ -636,6 +856,10 @@ impl Replica for Hermes {
             self.watch(&key);
         }
         self.scratch_keys = keys;
+    }
+
+    fn is_caught_up(&self) -> bool {
+        self.participates() && self.shadow.is_none()
     }
 
     fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
@@ -659,11 +883,25 @@ impl Replica for Hermes {
         }
         self.view = view;
         self.stats.views_installed += 1;
-        if !self.is_operational() {
-            for (request, outcome) in self.leave_service() {
-                out.reply(request, outcome);
+        let listed = view.live.contains(self.config.me);
+        if listed && (self.awaiting_join || self.retired) {
+            self.become_shadow(now, out);
+            return;
+        }
+        if !self.participates() {
+            if !self.retired {
+                for (request, outcome) in self.leave_service() {
+                    out.reply(request, outcome);
+                }
             }
             return;
+        }
+        if let Some(shadow) = &mut self.shadow {
+            // The donor may have left: ask again in the new epoch, at once.
+            if let Some((bucket, _)) = shadow.asked {
+                shadow.asked = Some((bucket, now));
+            }
+            self.request_chunk_if_due(now, out);
         }
         let keep_acks = self.has_bug(Bug::KeepAcksOnViewChange);
         let me = self.config.me;

@@ -34,6 +34,8 @@ enum Kind {
     Inv,
     Ack,
     Val,
+    /// State transfer to a shadow (§3.4 Recovery); these scenarios have no joins.
+    Chunk,
 }
 
 impl Envelope {
@@ -42,12 +44,14 @@ impl Envelope {
             Message::Inv { .. } => Kind::Inv,
             Message::Ack { .. } => Kind::Ack,
             Message::Val { .. } => Kind::Val,
+            Message::ChunkRequest { .. } | Message::Chunk { .. } => Kind::Chunk,
         }
     }
 
     fn ts(&self) -> Timestamp {
         match self.msg {
             Message::Inv { ts, .. } | Message::Ack { ts, .. } | Message::Val { ts, .. } => ts,
+            Message::ChunkRequest { .. } | Message::Chunk { .. } => Timestamp::ZERO,
         }
     }
 }

@@ -32,6 +32,9 @@ pub enum Bug {
     CommitWithoutQuorum,
     /// The leader answers reads from its latest proposed (uncommitted) state.
     LeaderReadsUncommitted,
+    /// Leases are ignored: a leader cut off from the others keeps answering reads (and sync
+    /// requests) from its own state until it is removed.
+    IgnoreLease,
 }
 
 #[derive(Clone, Debug)]

@@ -155,6 +155,10 @@ pub struct Zab {
     stats: ZabStats,
     /// Set once this replica leaves a view: it never serves again (docs/decisions.md 3).
     retired: bool,
+    /// The membership lease (Hermes §2.4): `None` without a membership service (serve as if
+    /// it never expired), else until when this replica may answer from its own state. A
+    /// replica cut off from the others must stop serving before they remove it.
+    lease: Option<Option<Time>>,
 }
 
 impl Zab {
@@ -182,6 +186,7 @@ impl Zab {
             queues: FxHashMap::default(),
             stats: ZabStats::default(),
             retired: false,
+            lease: None,
         };
         // The initial view starts like any other: its leader recovers (from empty histories)
         // before it broadcasts, so there is one code path for leadership. The first tick
@@ -367,7 +372,18 @@ impl Zab {
 
     /// Start this replica's waiting requests of `key` as far as per-key FIFO allows: updates
     /// pipeline behind updates, reads behind reads, never across.
+    /// Whether this replica may answer from its own state now.
+    fn leased(&self, now: Time) -> bool {
+        let ignore = self.has_bug(Bug::IgnoreLease);
+        ignore || self.lease.is_none_or(|until| until.is_some_and(|until| now < until))
+    }
+
     fn drain(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        // Without a lease requests wait (like Hermes): a late answer beats an error, and if
+        // the replica is removed instead, leaving the view answers every waiter.
+        if !self.leased(now) {
+            return;
+        }
         loop {
             let Some(queue) = self.queues.get_mut(key) else { return };
             let Some((_, command)) = queue.waiting.front() else {
@@ -1022,7 +1038,9 @@ impl Replica for Zab {
                 self.on_new_leader(now, from, prev_index, entries, commit_index, out)
             }
             // A recovering leader does not know the commit point yet: the follower asks again.
-            Message::Sync { nonce, .. } if self.is_established_leader() => {
+            // The leader's commit point answers sync reads: it needs the lease as much as a
+            // local read does. The asker retransmits.
+            Message::Sync { nonce, .. } if self.is_established_leader() && self.leased(now) => {
                 let commit_index = self.commit_index;
                 out.send(from, Message::SyncReply { epoch: self.view.epoch, nonce, commit_index });
             }
@@ -1034,6 +1052,24 @@ impl Replica for Zab {
             }
             // Leader-only messages from a replica that does not lead our view.
             _ => {}
+        }
+    }
+
+    fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
+        let was_leased = self.leased(now);
+        self.lease = Some(valid_until);
+        if !was_leased && self.leased(now) && self.is_operational() {
+            // Requests held for want of a lease can go now.
+            let mut waiting: Vec<Key> = self
+                .queues
+                .iter()
+                .filter(|(_, queue)| !queue.waiting.is_empty())
+                .map(|(key, _)| key.clone())
+                .collect();
+            waiting.sort();
+            for key in waiting {
+                self.drain(now, &key, out);
+            }
         }
     }
 
