@@ -53,7 +53,7 @@ fn killed_raftlog_nodes_rejoin_under_their_ids_and_lose_no_acknowledged_write() 
         thread::sleep(Duration::from_millis(400));
         cluster.sigkill(victim);
         thread::sleep(Duration::from_millis(150));
-        cluster.restart(victim, ARGS);
+        cluster.restart(victim, &[]);
         cluster.wait_ready(victim, 2);
     }
     let history = clients.join().unwrap();
@@ -97,7 +97,7 @@ fn killed_raftlog_nodes_rejoin_under_their_ids_and_lose_no_acknowledged_write() 
         cluster.sigkill(node);
     }
     for node in 0..3 {
-        cluster.restart(node, ARGS);
+        cluster.restart(node, &[]);
     }
     for node in 0..3 {
         cluster.wait_ready(node, 2);
