@@ -437,8 +437,9 @@ async fn throughput(
     Ok((total, started.elapsed()))
 }
 
-/// User + system CPU time, in microseconds, of `pids` and all their descendants (from /proc).
-fn tree_cpu_us(pids: &[u32]) -> Option<u64> {
+/// User + system CPU time, in microseconds, of `pids` and all their descendants (from
+/// /proc/<pid>/stat, clock ticks of 10 ms). Processes that already exited are not counted.
+pub fn tree_cpu_us(pids: &[u32]) -> Option<u64> {
     if pids.is_empty() {
         return None;
     }

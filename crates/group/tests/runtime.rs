@@ -312,6 +312,44 @@ fn a_host_killed_mid_stream_fails_the_operations_instead_of_hanging() {
     drop(hosts);
 }
 
+#[test]
+fn naive_polling_replicas_produce_identical_regions_and_spin() {
+    let dir = TestDir::new("polling");
+    let rt = runtime();
+    let mut children: Vec<ChildProcess> = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 0..3 {
+        let mut config = host_config(dir.host(i), HostMode::NaivePolling);
+        config.replica_command = Some(child_command());
+        config.worker_threads = 1;
+        let (addr, child) =
+            rt.block_on(spawn_child(&child_command(), &config, Duration::from_secs(10))).unwrap();
+        addrs.push(addr);
+        children.push(child);
+    }
+    let client = BlockingGroupClient::initialize(spec(&addrs, 256)).unwrap();
+    assert_ne!(client.client().data_addrs(), addrs.as_slice(), "redirected to polling replicas");
+    let expected = run_every_primitive(&client);
+    for file in region_files(&client) {
+        assert_eq!(file, expected);
+    }
+    // Busy-polling: the replicas (grandchildren of this test) burn CPU while no operation
+    // arrives. Wait, bounded, until they have used 300 ms of CPU between them.
+    let pids: Vec<u32> = children.iter().filter_map(ChildProcess::id).collect();
+    let start = chorus_group::bench::tree_cpu_us(&pids).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let used = chorus_group::bench::tree_cpu_us(&pids).unwrap() - start;
+        if used >= 300_000 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "idle polling replicas used only {used} us of CPU");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(client);
+    drop(children);
+}
+
 fn child_command() -> Vec<String> {
     vec![env!("CARGO_BIN_EXE_chorus-group-child").to_string()]
 }
