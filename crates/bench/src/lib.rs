@@ -3,14 +3,17 @@
 //!
 //! Benchmarks are commands that print and save results; nothing here asserts on timing.
 
+pub mod charts;
 pub mod cli;
 pub mod client;
 pub mod compare;
 pub mod driver;
 pub mod etcd;
 pub mod generator;
+pub mod group;
 pub mod plot;
 pub mod procs;
+pub mod protocols;
 pub mod report;
 pub mod resp;
 pub mod workload;

@@ -8,7 +8,7 @@ use plotters::prelude::*;
 
 use crate::compare::{Comparison, Point, SystemKind};
 
-fn register_font() {
+pub(crate) fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_err() {

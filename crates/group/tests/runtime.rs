@@ -418,3 +418,25 @@ fn the_microbenchmark_runs_with_hosts_as_processes() {
     assert!(report.hosts_are_processes);
     assert!(report.results.iter().all(|r| r.host_cpu_us_per_op.is_some()), "CPU time comes from /proc");
 }
+
+#[test]
+fn the_microbenchmark_repeats_every_point_under_the_background_load_and_stops_it() {
+    let dir = TestDir::new("bench-load");
+    let mut config = chorus_group::bench::BenchConfig::quick();
+    config.region_dir = Some(dir.0.clone());
+    config.modes = vec![HostMode::Chorus];
+    config.message_sizes = vec![256];
+    config.multi_tenant = vec![];
+    // A stand-in for stress-ng: a process group that must be gone when the run ends.
+    let marker = dir.0.join("load-ran");
+    let script = format!("echo $$ > {}; exec sleep 600", marker.display());
+    config.background_load_command = Some(vec!["sh".into(), "-c".into(), script]);
+    let report = chorus_group::bench::run(config).unwrap();
+    assert!(marker.exists(), "the load command ran");
+    let quiet = report.results.iter().filter(|r| !r.background_load).count();
+    let loaded = report.results.iter().filter(|r| r.background_load).count();
+    assert!(quiet > 0 && quiet == loaded, "every point twice: {quiet} quiet, {loaded} loaded");
+    let pid = std::fs::read_to_string(&marker).unwrap();
+    let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
+    assert!(!proc_dir.exists(), "the background load (pid {}) was stopped and reaped", pid.trim());
+}
