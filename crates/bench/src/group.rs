@@ -53,7 +53,7 @@ fn sizes_of(results: &[&BenchResult]) -> Vec<usize> {
 }
 
 fn size_name(bytes: usize) -> String {
-    if bytes >= 1024 && bytes % 1024 == 0 {
+    if bytes >= 1024 && bytes.is_multiple_of(1024) {
         format!("{}K", bytes / 1024)
     } else {
         format!("{bytes}")

@@ -292,6 +292,10 @@ pub fn run(args: ProtocolsArgs, chorus_exe: &Path) -> anyhow::Result<i32> {
     }
     bar.finish_and_clear();
     let _ = std::fs::remove_dir_all(&root);
+    // The per-process scratch root too, unless something else of this process still uses it.
+    if let Some(parent) = root.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
     let report = ProtocolsReport {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         quick,
