@@ -3,6 +3,7 @@
 //!
 //! Benchmarks are commands that print and save results; nothing here asserts on timing.
 
+pub mod charts;
 pub mod cli;
 pub mod client;
 pub mod compare;
@@ -10,8 +11,10 @@ pub mod driver;
 pub mod etcd;
 pub mod failover;
 pub mod generator;
+pub mod group;
 pub mod plot;
 pub mod procs;
+pub mod protocols;
 pub mod raftlog;
 pub mod report;
 pub mod resp;

@@ -2,6 +2,7 @@
 
 use chorus_bench::cli::{KvArgs, YcsbArgs};
 use chorus_bench::compare::CompareArgs;
+use chorus_bench::protocols::ProtocolsArgs;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -29,29 +30,96 @@ enum BenchCommand {
     /// Throughput over time across a failure (Hermes §6.6): 5 replicas, one SIGKILLed
     /// after a few seconds, at 1%, 5% and 20% writes; JSON and a PNG plot.
     Failover(chorus_bench::failover::FailoverArgs),
+    /// The Hermes paper's comparison (§6): Hermes, CRAQ and ZAB on the same store: throughput
+    /// vs write ratio (uniform, zipfian), latency vs throughput, read/write latency, 3/5/7
+    /// replicas. JSON, PNG figures and a summary with ratios to Hermes.
+    Protocols(ProtocolsArgs),
 }
 
 #[derive(clap::Args)]
 struct GroupBenchArgs {
-    /// A short run (one group size, two message sizes).
+    /// A few minutes instead of the paper's full plan: 4 message sizes, 1,000 operations per
+    /// latency point, 64 MiB (not 1 GB) per throughput point, shorter time caps.
     #[arg(long)]
     quick: bool,
-    /// Write the JSON report here.
+    /// Write the JSON report here; the PNG figures go next to it.
     #[arg(long, default_value = "bench-results/group.json")]
     json: std::path::PathBuf,
+    /// Also run everything with stress-ng loading every core (installed with apt-get when
+    /// missing and running as root).
+    #[arg(long)]
+    background_load: bool,
+    /// Modes, comma separated: chorus, naive (Naïve-Event), naive-polling.
+    #[arg(long, value_delimiter = ',')]
+    modes: Option<Vec<String>>,
+    /// Group sizes, comma separated (default 3,5,7).
+    #[arg(long, value_delimiter = ',')]
+    group_sizes: Option<Vec<usize>>,
+    /// Measure nothing: redraw the figures and the summary from a saved report (--json's file).
+    #[arg(long, value_name = "JSON")]
+    from_json: Option<std::path::PathBuf>,
+}
+
+/// stress-ng on every core, installing it when missing (as root); a clear error otherwise.
+fn stress_ng_command() -> anyhow::Result<Vec<String>> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let program = match chorus_bench::procs::find_program("stress-ng", &[]) {
+        Some(found) => found,
+        None if root => chorus_bench::procs::ensure_program("stress-ng", &[], "stress-ng", true)?,
+        None => anyhow::bail!(
+            "--background-load needs stress-ng, which is not installed, and installing it needs root: \
+             run `apt-get install stress-ng` as root, or drop --background-load"
+        ),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Ok(vec![
+        program.display().to_string(),
+        "--cpu".into(),
+        cores.to_string(),
+        "--timeout".into(),
+        "6h".into(),
+        "--quiet".into(),
+    ])
 }
 
 fn run_group(args: GroupBenchArgs) -> anyhow::Result<i32> {
-    let mut config = if args.quick { chorus_group::bench::BenchConfig::quick() } else { Default::default() };
-    let exe = std::env::current_exe()?.to_string_lossy().into_owned();
-    config.child_command = Some(vec![exe, "group-child".to_string()]);
-    if let Some(dir) = args.json.parent() {
-        std::fs::create_dir_all(dir)?;
+    if let Some(json) = &args.from_json {
+        let text = std::fs::read_to_string(json)?;
+        let report: chorus_group::bench::BenchReport = serde_json::from_str(&text)?;
+        print!("{}", chorus_bench::group::summary(&report));
+        let dir = json.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+        for plot in chorus_bench::group::plot_all(&report, &dir)? {
+            println!("plot: {}", plot.display());
+        }
+        return Ok(0);
     }
+    let mut config =
+        if args.quick { chorus_group::bench::BenchConfig::reduced() } else { Default::default() };
+    let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+    config.child_command = Some(vec![exe, "naive-replica".to_string()]);
+    if let Some(modes) = &args.modes {
+        config.modes =
+            modes.iter().map(|m| m.parse()).collect::<Result<_, String>>().map_err(anyhow::Error::msg)?;
+    }
+    if let Some(sizes) = &args.group_sizes {
+        config.group_sizes = sizes.clone();
+    }
+    if args.background_load {
+        let command = stress_ng_command()?;
+        println!("background load: {}", command.join(" "));
+        config.background_load_command = Some(command);
+    }
+    let dir = args.json.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    std::fs::create_dir_all(&dir)?;
     config.output = Some(args.json.clone());
     let report = chorus_group::bench::run(config)?;
     print!("{}", report.table());
-    println!("JSON report: {}", args.json.display());
+    print!("{}", chorus_bench::group::summary(&report));
+    println!("\nJSON report: {}", args.json.display());
+    for plot in chorus_bench::group::plot_all(&report, &dir)? {
+        println!("plot: {}", plot.display());
+    }
     Ok(0)
 }
 
@@ -68,6 +136,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         BenchCommand::Failover(args) => {
             let chorus = std::env::current_exe()?;
             chorus_bench::failover::run(args, &chorus)
+        }
+        BenchCommand::Protocols(args) => {
+            let chorus = std::env::current_exe()?;
+            chorus_bench::protocols::run(args, &chorus)
         }
     }
 }

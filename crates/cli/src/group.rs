@@ -21,7 +21,8 @@ pub struct GroupHostArgs {
     #[arg(long, default_value = "msync")]
     flush: String,
     /// chorus: this process performs every tenant's operations; naive: one replica process
-    /// per tenant (the baseline of HyperLoop §6).
+    /// per tenant replica (`chorus naive-replica`, the baseline of HyperLoop §6, Naïve-Event);
+    /// naive-polling: the same with busy-polling replicas (Naïve-Polling).
     #[arg(long, default_value = "chorus")]
     mode: String,
 }
@@ -40,20 +41,19 @@ pub fn run_host(args: GroupHostArgs) -> anyhow::Result<i32> {
     let region_dir = args.region_dir.unwrap_or_else(chorus_region::default_region_dir);
     let mut config = HostConfig::new(args.listen, region_dir, tenants);
     config.flush = args.flush.parse().map_err(|error| anyhow::anyhow!("--flush: {error}"))?;
-    config.mode = match args.mode.as_str() {
-        "chorus" => HostMode::Chorus,
-        "naive" => HostMode::Naive,
-        other => anyhow::bail!("--mode {other:?}: expected chorus or naive"),
-    };
-    if config.mode == HostMode::Naive {
+    config.mode = args.mode.parse::<HostMode>().map_err(|error| anyhow::anyhow!("--mode: {error}"))?;
+    if config.mode.is_naive() {
         let exe = std::env::current_exe()?.to_string_lossy().into_owned();
-        config.replica_command = Some(vec![exe, "group-child".to_string()]);
+        config.replica_command = Some(vec![exe, "naive-replica".to_string()]);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(chorus_group::runtime::serve_host(config))?;
     Ok(0)
 }
 
+/// A group host or Naïve replica started by another chorus process: its configuration (JSON,
+/// `chorus_group::runtime::HostConfig`) arrives on stdin; it prints `LISTENING <addr>` and
+/// serves until stdin closes (or, as a Naïve replica, until its group's caller leaves).
 pub fn run_child() -> anyhow::Result<i32> {
     chorus_group::runtime::child_main()?;
     Ok(0)

@@ -31,6 +31,11 @@ enum Subcommands {
     /// A group host or Naïve replica started by another chorus process (config on stdin).
     #[command(hide = true)]
     GroupChild,
+    /// A Naïve-baseline replica for one tenant replica (HyperLoop §6): receives, applies and
+    /// forwards group operations with its own CPU, event-driven or busy-polling. Started by
+    /// `chorus group-host --mode naive|naive-polling`, which writes its configuration (JSON)
+    /// to its stdin; it prints `LISTENING <addr>` and exits when its caller or parent leaves.
+    NaiveReplica,
 }
 
 fn main() {
@@ -41,7 +46,7 @@ fn main() {
         Subcommands::Sim(args) => sim::run(args),
         Subcommands::Bench(args) => bench::run(args),
         Subcommands::GroupHost(args) => group::run_host(args),
-        Subcommands::GroupChild => group::run_child(),
+        Subcommands::GroupChild | Subcommands::NaiveReplica => group::run_child(),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -9,7 +9,14 @@
 //! * a multi-tenant run: several tenants' groups on the same hosts at once (where a process
 //!   per tenant replica competes for the cores);
 //! * with hosts as child processes, the CPU time the hosts (and their Naïve replicas) used per
-//!   operation, from /proc.
+//!   operation, from /proc;
+//! * with `background_load_command` (stress-ng on every core), everything a second time under
+//!   that load, as the paper's §6.1 does.
+//!
+//! [`BenchConfig::default`] is the paper's plan (10,000 operations per point, 128 B to 8 KB,
+//! groups of 3, 5 and 7, 1 GB written in 1-64 KB messages), each point capped in time so a
+//! starved configuration (Naïve-Polling on a 2-core machine) cannot stall the run; a capped
+//! point says so (`truncated`).
 //!
 //! [`run`] is blocking and builds its own runtime; [`BenchReport`] serializes to JSON.
 
@@ -63,30 +70,66 @@ pub struct BenchConfig {
     pub region_dir: Option<PathBuf>,
     /// Write the report there as JSON.
     pub output: Option<PathBuf>,
+    /// A command that loads every core (e.g. `stress-ng --cpu N`): when set, the whole plan runs
+    /// once without and once with it running. Started in its own process group and stopped
+    /// (SIGTERM, then SIGKILL) when the loaded pass ends.
+    #[serde(default)]
+    pub background_load_command: Option<Vec<String>>,
+    /// Wall-clock cap of one latency point, seconds (the point keeps the operations done).
+    #[serde(default = "default_point_time_max_s")]
+    pub latency_time_max_s: f64,
+    /// Wall-clock cap of one throughput point, seconds (the point keeps the bytes written).
+    #[serde(default = "default_point_time_max_s")]
+    pub throughput_time_max_s: f64,
+}
+
+fn default_point_time_max_s() -> f64 {
+    30.0
 }
 
 impl Default for BenchConfig {
+    /// The paper's §6.1 plan.
     fn default() -> Self {
         BenchConfig {
-            modes: vec![HostMode::Chorus, HostMode::Naive],
+            modes: vec![HostMode::Chorus, HostMode::Naive, HostMode::NaivePolling],
             group_sizes: vec![3, 5, 7],
-            message_sizes: vec![64, 256, 1024, 4096, 16384, 65536],
-            latency_ops: 2000,
-            warmup_ops: 200,
-            throughput_bytes: 64 * 1024 * 1024,
-            throughput_message_sizes: vec![1024, 4096, 65536],
+            message_sizes: vec![128, 256, 512, 1024, 2048, 4096, 8192],
+            latency_ops: 10_000,
+            warmup_ops: 500,
+            throughput_bytes: 1 << 30,
+            throughput_message_sizes: vec![1024, 2048, 4096, 8192, 16384, 32768, 65536],
             window: 64,
-            flush_message_sizes: vec![64, 4096, 65536],
+            flush_message_sizes: vec![128, 8192],
             multi_tenant: vec![8],
             flush: "msync".to_string(),
             child_command: None,
             region_dir: None,
             output: None,
+            background_load_command: None,
+            latency_time_max_s: default_point_time_max_s(),
+            throughput_time_max_s: default_point_time_max_s(),
         }
     }
 }
 
 impl BenchConfig {
+    /// `chorus bench group --quick`: every figure's shape in a few minutes: fewer sizes, 1,000
+    /// operations per latency point, 64 MiB (not 1 GB) per throughput point.
+    pub fn reduced() -> BenchConfig {
+        BenchConfig {
+            message_sizes: vec![128, 512, 2048, 8192],
+            latency_ops: 1000,
+            warmup_ops: 50,
+            throughput_bytes: 64 << 20,
+            throughput_message_sizes: vec![1024, 8192, 65536],
+            flush_message_sizes: vec![1024],
+            multi_tenant: vec![4],
+            latency_time_max_s: 3.0,
+            throughput_time_max_s: 4.0,
+            ..BenchConfig::default()
+        }
+    }
+
     /// A run small enough for a smoke test.
     pub fn quick() -> BenchConfig {
         BenchConfig {
@@ -99,6 +142,9 @@ impl BenchConfig {
             window: 16,
             flush_message_sizes: vec![4096],
             multi_tenant: vec![2],
+            modes: vec![HostMode::Chorus, HostMode::Naive],
+            latency_time_max_s: 10.0,
+            throughput_time_max_s: 10.0,
             ..BenchConfig::default()
         }
     }
@@ -111,6 +157,13 @@ pub struct BenchReport {
     pub hosts_are_processes: bool,
     pub region_dir: String,
     pub results: Vec<BenchResult>,
+    /// /proc/cpuinfo's model name and the kernel release, for the record.
+    #[serde(default)]
+    pub cpu_model: String,
+    #[serde(default)]
+    pub kernel: String,
+    #[serde(default)]
+    pub elapsed_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -133,14 +186,24 @@ pub struct BenchResult {
     pub mib_per_s: f64,
     /// CPU time of the hosts and their replicas per operation (hosts as processes only).
     pub host_cpu_us_per_op: Option<f64>,
+    /// The same CPU time divided by the wall-clock time: cores the replicas kept busy.
+    #[serde(default)]
+    pub host_cpu_cores: Option<f64>,
+    /// Measured with the background load running.
+    #[serde(default)]
+    pub background_load: bool,
+    /// The point hit its time cap before its planned operations or bytes.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 impl BenchReport {
     /// One line per result, for the terminal.
     pub fn table(&self) -> String {
         let mut text = format!(
-            "{:<7} {:<10} {:<14} {:>2} {:>3} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
+            "{:<13} {:<4} {:<10} {:<14} {:>2} {:>3} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
             "mode",
+            "load",
             "kind",
             "primitive",
             "n",
@@ -156,8 +219,9 @@ impl BenchReport {
         );
         for r in &self.results {
             text.push_str(&format!(
-                "{:<7} {:<10} {:<14} {:>2} {:>3} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>9.1} {:>9}\n",
-                format!("{:?}", r.mode).to_lowercase(),
+                "{:<13} {:<4} {:<10} {:<14} {:>2} {:>3} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>9.1} {:>9}{}\n",
+                r.mode.name(),
+                if r.background_load { "bg" } else { "-" },
                 r.kind,
                 r.primitive,
                 r.group_size,
@@ -170,6 +234,7 @@ impl BenchReport {
                 r.ops_per_s,
                 r.mib_per_s,
                 r.host_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.1}")),
+                if r.truncated { " (time cap)" } else { "" },
             ));
         }
         text
@@ -220,8 +285,20 @@ pub fn run(config: BenchConfig) -> anyhow::Result<BenchReport> {
     let base = config.region_dir.clone().unwrap_or_else(default_region_dir);
     let dir = base.join(format!("bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let result = runtime.block_on(run_all(&config, flush, &dir));
+    let result = runtime.block_on(async {
+        let mut results = run_all(&config, flush, &dir.join("quiet"), false).await?;
+        if let Some(command) = &config.background_load_command {
+            let load = BackgroundLoad::start(command)?;
+            // Let the load spread over every core before measuring.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let loaded = run_all(&config, flush, &dir.join("loaded"), true).await;
+            load.stop();
+            results.extend(loaded?);
+        }
+        anyhow::Ok(results)
+    });
     let _ = std::fs::remove_dir_all(&dir);
     runtime.shutdown_timeout(Duration::from_secs(2));
     let report = BenchReport {
@@ -230,12 +307,70 @@ pub fn run(config: BenchConfig) -> anyhow::Result<BenchReport> {
         region_dir: dir.display().to_string(),
         results: result?,
         config,
+        cpu_model: cpu_model(),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+        elapsed_s: started.elapsed().as_secs_f64(),
     };
     if let Some(path) = &report.config.output {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(report)
+}
+
+fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines()
+        .find_map(|line| {
+            line.strip_prefix("model name").map(|rest| rest.trim_start_matches([' ', '\t', ':']))
+        })
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+/// A CPU hog on every core (stress-ng), in its own process group so stopping it stops its
+/// workers too. It also gets SIGKILL if this process dies (PR_SET_PDEATHSIG).
+struct BackgroundLoad {
+    child: std::process::Child,
+}
+
+impl BackgroundLoad {
+    fn start(command: &[String]) -> anyhow::Result<BackgroundLoad> {
+        use std::os::unix::process::CommandExt;
+        let (program, args) = command.split_first().context("empty background load command")?;
+        let mut builder = std::process::Command::new(program);
+        builder
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            builder.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = builder.spawn().with_context(|| format!("starting the background load {program}"))?;
+        Ok(BackgroundLoad { child })
+    }
+
+    fn stop(mut self) {
+        let group = self.child.id() as i32;
+        // SAFETY: signalling our own child's process group.
+        unsafe { libc::kill(-group, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                // Workers may outlive the parent by a moment.
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
 }
 
 async fn start_hosts(
@@ -340,7 +475,9 @@ async fn latency(
     size: usize,
     ops: usize,
     warmup: usize,
+    time_max: Duration,
 ) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    let deadline = Instant::now() + time_max;
     let mut tasks = Vec::new();
     for client in clients {
         let client = client.clone();
@@ -382,6 +519,9 @@ async fn latency(
                 if i >= warmup {
                     histogram.saturating_record(start.elapsed().as_nanos().max(1) as u64);
                 }
+                if i > warmup && Instant::now() > deadline {
+                    break;
+                }
             }
             anyhow::Ok((histogram, measured_from.elapsed()))
         }));
@@ -402,9 +542,11 @@ async fn throughput(
     size: usize,
     bytes: u64,
     window: usize,
+    time_max: Duration,
 ) -> anyhow::Result<(u64, Duration)> {
     let per_group = (bytes / size as u64).max(1);
     let started = Instant::now();
+    let deadline = started + time_max;
     let mut tasks = Vec::new();
     for client in clients {
         // Two submitters per group, each with half the window, so the pipeline never drains.
@@ -425,6 +567,9 @@ async fn throughput(
                         result?;
                     }
                     done += count;
+                    if Instant::now() > deadline {
+                        break;
+                    }
                 }
                 anyhow::Ok(done)
             }));
@@ -437,8 +582,9 @@ async fn throughput(
     Ok((total, started.elapsed()))
 }
 
-/// User + system CPU time, in microseconds, of `pids` and all their descendants (from /proc).
-fn tree_cpu_us(pids: &[u32]) -> Option<u64> {
+/// User + system CPU time, in microseconds, of `pids` and all their descendants (from
+/// /proc/<pid>/stat, clock ticks of 10 ms). Processes that already exited are not counted.
+pub fn tree_cpu_us(pids: &[u32]) -> Option<u64> {
     if pids.is_empty() {
         return None;
     }
@@ -519,6 +665,9 @@ fn result(
         ops_per_s: ops as f64 / seconds,
         mib_per_s: ops as f64 * size as f64 / seconds / (1024.0 * 1024.0),
         host_cpu_us_per_op: cpu_us.map(|us| us as f64 / ops.max(1) as f64),
+        host_cpu_cores: None,
+        background_load: false,
+        truncated: false,
     }
 }
 
@@ -526,13 +675,16 @@ async fn run_all(
     config: &BenchConfig,
     flush: FlushBackend,
     dir: &std::path::Path,
+    loaded: bool,
 ) -> anyhow::Result<Vec<BenchResult>> {
     let mut results = Vec::new();
+    let latency_cap = Duration::from_secs_f64(config.latency_time_max_s.max(0.1));
+    let throughput_cap = Duration::from_secs_f64(config.throughput_time_max_s.max(0.1));
     let smallest = *config.group_sizes.iter().min().unwrap_or(&3);
     let max_tenants = config.multi_tenant.iter().copied().max().unwrap_or(1).max(1);
     for &mode in &config.modes {
         for &n in &config.group_sizes {
-            let tag = format!("{mode:?}-{n}").to_lowercase();
+            let tag = format!("{}-{n}", mode.name());
             let (hosts, addrs) = start_hosts(config, flush, &dir.join(&tag), mode, n, max_tenants).await?;
             let clients = groups(&addrs, 1, config.window, &tag).await?;
             let pids = hosts.pids();
@@ -546,8 +698,9 @@ async fn run_all(
             }
             for (prim, size) in plan {
                 let before = tree_cpu_us(&pids);
+                let began = Instant::now();
                 let (histogram, elapsed) =
-                    latency(&clients, prim, size, config.latency_ops, config.warmup_ops).await?;
+                    latency(&clients, prim, size, config.latency_ops, config.warmup_ops, latency_cap).await?;
                 let cpu = tree_cpu_us(&pids).zip(before).map(|(after, before)| after.saturating_sub(before));
                 let ops = histogram.len();
                 let cpu_ops = if matches!(prim, Prim::FlushAfterWrite) { 2 } else { 1 }
@@ -555,24 +708,40 @@ async fn run_all(
                 let mut r =
                     result(mode, "latency", prim.name(), n, 1, size, Some(&histogram), ops, elapsed, None);
                 r.host_cpu_us_per_op = cpu.map(|us| us as f64 / cpu_ops.max(1) as f64);
+                r.host_cpu_cores = cpu.map(|us| us as f64 / 1e6 / began.elapsed().as_secs_f64().max(1e-9));
+                r.background_load = loaded;
+                r.truncated = ops < config.latency_ops as u64;
                 results.push(r);
             }
             if n == smallest {
                 for &size in &config.throughput_message_sizes {
                     let before = tree_cpu_us(&pids);
                     let (ops, elapsed) =
-                        throughput(&clients, size, config.throughput_bytes, config.window).await?;
+                        throughput(&clients, size, config.throughput_bytes, config.window, throughput_cap)
+                            .await?;
                     let cpu =
                         tree_cpu_us(&pids).zip(before).map(|(after, before)| after.saturating_sub(before));
-                    results.push(result(mode, "throughput", "gWRITE", n, 1, size, None, ops, elapsed, cpu));
+                    let mut r = result(mode, "throughput", "gWRITE", n, 1, size, None, ops, elapsed, cpu);
+                    r.host_cpu_cores = cpu.map(|us| us as f64 / 1e6 / elapsed.as_secs_f64().max(1e-9));
+                    r.background_load = loaded;
+                    r.truncated = ops < (config.throughput_bytes / size as u64).max(1);
+                    results.push(r);
                 }
                 drop(clients);
                 for &tenants in &config.multi_tenant {
                     let clients =
                         groups(&addrs, tenants, config.window, &format!("{tag}-mt{tenants}")).await?;
                     let before = tree_cpu_us(&pids);
-                    let (histogram, elapsed) =
-                        latency(&clients, Prim::Write, 1024, config.latency_ops, config.warmup_ops).await?;
+                    let began = Instant::now();
+                    let (histogram, elapsed) = latency(
+                        &clients,
+                        Prim::Write,
+                        1024,
+                        config.latency_ops,
+                        config.warmup_ops,
+                        latency_cap,
+                    )
+                    .await?;
                     let cpu =
                         tree_cpu_us(&pids).zip(before).map(|(after, before)| after.saturating_sub(before));
                     let ops = histogram.len();
@@ -590,6 +759,10 @@ async fn run_all(
                     );
                     let all_ops = ops + (config.warmup_ops * tenants) as u64;
                     r.host_cpu_us_per_op = cpu.map(|us| us as f64 / all_ops.max(1) as f64);
+                    r.host_cpu_cores =
+                        cpu.map(|us| us as f64 / 1e6 / began.elapsed().as_secs_f64().max(1e-9));
+                    r.background_load = loaded;
+                    r.truncated = ops < (config.latency_ops * tenants) as u64;
                     results.push(r);
                 }
             }

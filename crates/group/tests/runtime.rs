@@ -312,6 +312,44 @@ fn a_host_killed_mid_stream_fails_the_operations_instead_of_hanging() {
     drop(hosts);
 }
 
+#[test]
+fn naive_polling_replicas_produce_identical_regions_and_spin() {
+    let dir = TestDir::new("polling");
+    let rt = runtime();
+    let mut children: Vec<ChildProcess> = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 0..3 {
+        let mut config = host_config(dir.host(i), HostMode::NaivePolling);
+        config.replica_command = Some(child_command());
+        config.worker_threads = 1;
+        let (addr, child) =
+            rt.block_on(spawn_child(&child_command(), &config, Duration::from_secs(10))).unwrap();
+        addrs.push(addr);
+        children.push(child);
+    }
+    let client = BlockingGroupClient::initialize(spec(&addrs, 256)).unwrap();
+    assert_ne!(client.client().data_addrs(), addrs.as_slice(), "redirected to polling replicas");
+    let expected = run_every_primitive(&client);
+    for file in region_files(&client) {
+        assert_eq!(file, expected);
+    }
+    // Busy-polling: the replicas (grandchildren of this test) burn CPU while no operation
+    // arrives. Wait, bounded, until they have used 300 ms of CPU between them.
+    let pids: Vec<u32> = children.iter().filter_map(ChildProcess::id).collect();
+    let start = chorus_group::bench::tree_cpu_us(&pids).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let used = chorus_group::bench::tree_cpu_us(&pids).unwrap() - start;
+        if used >= 300_000 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "idle polling replicas used only {used} us of CPU");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(client);
+    drop(children);
+}
+
 fn child_command() -> Vec<String> {
     vec![env!("CARGO_BIN_EXE_chorus-group-child").to_string()]
 }
@@ -379,4 +417,26 @@ fn the_microbenchmark_runs_with_hosts_as_processes() {
     let report = chorus_group::bench::run(config).unwrap();
     assert!(report.hosts_are_processes);
     assert!(report.results.iter().all(|r| r.host_cpu_us_per_op.is_some()), "CPU time comes from /proc");
+}
+
+#[test]
+fn the_microbenchmark_repeats_every_point_under_the_background_load_and_stops_it() {
+    let dir = TestDir::new("bench-load");
+    let mut config = chorus_group::bench::BenchConfig::quick();
+    config.region_dir = Some(dir.0.clone());
+    config.modes = vec![HostMode::Chorus];
+    config.message_sizes = vec![256];
+    config.multi_tenant = vec![];
+    // A stand-in for stress-ng: a process group that must be gone when the run ends.
+    let marker = dir.0.join("load-ran");
+    let script = format!("echo $$ > {}; exec sleep 600", marker.display());
+    config.background_load_command = Some(vec!["sh".into(), "-c".into(), script]);
+    let report = chorus_group::bench::run(config).unwrap();
+    assert!(marker.exists(), "the load command ran");
+    let quiet = report.results.iter().filter(|r| !r.background_load).count();
+    let loaded = report.results.iter().filter(|r| r.background_load).count();
+    assert!(quiet > 0 && quiet == loaded, "every point twice: {quiet} quiet, {loaded} loaded");
+    let pid = std::fs::read_to_string(&marker).unwrap();
+    let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
+    assert!(!proc_dir.exists(), "the background load (pid {}) was stopped and reaped", pid.trim());
 }

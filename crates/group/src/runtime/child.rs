@@ -82,11 +82,8 @@ pub fn child_main() -> anyhow::Result<()> {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).context("reading the host configuration from stdin")?;
     let config: HostConfig = serde_json::from_str(line.trim()).context("parsing the host configuration")?;
-    let runtime = match config.worker_threads {
-        1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
-        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
-        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?,
-    };
+    let runtime = super::host::build_runtime(&config)?;
+    let busy_poll = config.busy_poll;
     // stdin closing (the parent is gone) ends the child. A plain thread, so a blocked read
     // never holds up the runtime's shutdown.
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
@@ -97,6 +94,9 @@ pub fn child_main() -> anyhow::Result<()> {
         let _ = closed_tx.send(());
     });
     let result = runtime.block_on(async move {
+        if busy_poll {
+            super::host::spawn_spinner();
+        }
         let handle = start_host(config).await?;
         {
             let mut stdout = std::io::stdout().lock();

@@ -55,7 +55,7 @@ const COALESCE_BYTES_MAX: usize = 1024 * 1024;
 
 /// Who does the work of a group member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum HostMode {
     /// HyperLoop's arrangement: this host process applies and forwards the operations of every
     /// tenant's groups (the NIC's role); tenants' processes are never on the critical path.
@@ -66,6 +66,37 @@ pub enum HostMode {
     /// command is configured) and redirects the caller to it; the replica receives, applies
     /// and forwards with its own CPU, woken by events (Naïve-Event).
     Naive,
+    /// The Naïve baseline with busy-polling replicas (the paper's Naïve-Polling, §6.2): as
+    /// [`HostMode::Naive`], but each replica's event loop never sleeps; it spins, checking its
+    /// sockets with a zero timeout between spins, and so keeps a core busy while it lives.
+    NaivePolling,
+}
+
+impl HostMode {
+    /// Either Naïve variant: a replica process per tenant replica does the work.
+    pub fn is_naive(self) -> bool {
+        matches!(self, HostMode::Naive | HostMode::NaivePolling)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HostMode::Chorus => "chorus",
+            HostMode::Naive => "naive",
+            HostMode::NaivePolling => "naive-polling",
+        }
+    }
+}
+
+impl std::str::FromStr for HostMode {
+    type Err = String;
+    fn from_str(text: &str) -> Result<HostMode, String> {
+        match text {
+            "chorus" => Ok(HostMode::Chorus),
+            "naive" | "naive-event" => Ok(HostMode::Naive),
+            "naive-polling" => Ok(HostMode::NaivePolling),
+            other => Err(format!("unknown mode {other:?}: expected chorus, naive or naive-polling")),
+        }
+    }
 }
 
 /// A tenant known to the host and its token (HyperLoop §7), 32 hexadecimal digits.
@@ -110,6 +141,10 @@ pub struct HostConfig {
     /// A Naïve replica exits once its group's caller has gone.
     #[serde(default)]
     pub exit_when_idle: bool,
+    /// Busy-poll: the event loop spins instead of sleeping (Naïve-Polling replicas). Only
+    /// honoured where the host builds its own runtime ([`super::child_main`], replica threads).
+    #[serde(default)]
+    pub busy_poll: bool,
 }
 
 fn default_io_timeout_ms() -> u64 {
@@ -145,6 +180,7 @@ impl HostConfig {
             io_timeout_ms: default_io_timeout_ms(),
             worker_threads: 0,
             exit_when_idle: false,
+            busy_poll: false,
         }
     }
 
@@ -199,7 +235,7 @@ pub async fn start_host(config: HostConfig) -> anyhow::Result<HostHandle> {
             .map_err(|e| anyhow::anyhow!("tenant {}: {e}", credential.tenant))?;
         tokens.insert(TenantId(credential.tenant), token);
     }
-    if config.mode == HostMode::Naive {
+    if config.mode.is_naive() {
         if let Some(command) = &config.replica_command {
             anyhow::ensure!(!command.is_empty(), "the Naïve replica command is empty");
         }
@@ -409,7 +445,7 @@ impl Host {
         match hello.role {
             Role::Caller => Ok(None),
             Role::Link { group, epoch, from_position } => {
-                if self.config.mode == HostMode::Naive {
+                if self.config.mode.is_naive() {
                     return Err("a Naïve dispatcher takes no links: link to the replica".into());
                 }
                 let slot = self.slot(hello.tenant, group).ok_or_else(|| {
@@ -577,7 +613,7 @@ impl Host {
                         .initialize(conn, tenant, init, caller)
                         .await
                         .map(|region_path| ControlReply::Initialized { id, region_path }),
-                    HostMode::Naive => self
+                    HostMode::Naive | HostMode::NaivePolling => self
                         .start_replica(tenant)
                         .await
                         .map(|addr| ControlReply::Redirect { id, addr: addr.to_string() }),
@@ -677,6 +713,7 @@ impl Host {
         config.io_timeout_ms = self.config.io_timeout_ms;
         config.worker_threads = 1;
         config.exit_when_idle = true;
+        config.busy_poll = self.config.mode == HostMode::NaivePolling;
         {
             let mut replicas = self.replicas.lock().unwrap_or_else(PoisonError::into_inner);
             replicas.retain_mut(Replica::is_running);
@@ -724,7 +761,8 @@ fn run_thread_replica(
     addr_tx: oneshot::Sender<Result<SocketAddr, String>>,
     stop_rx: oneshot::Receiver<()>,
 ) {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let busy_poll = config.busy_poll;
+    let runtime = match build_runtime(&config) {
         Ok(runtime) => runtime,
         Err(error) => {
             let _ = addr_tx.send(Err(format!("replica runtime: {error}")));
@@ -732,6 +770,9 @@ fn run_thread_replica(
         }
     };
     runtime.block_on(async move {
+        if busy_poll {
+            spawn_spinner();
+        }
         match start_host(config).await {
             Err(error) => {
                 let _ = addr_tx.send(Err(format!("{error:#}")));
@@ -744,6 +785,32 @@ fn run_thread_replica(
                 }
                 handle.shutdown();
             }
+        }
+    });
+}
+
+/// The runtime a host builds for itself: `worker_threads` as configured (0: one per core, 1:
+/// a single-threaded event loop); with `busy_poll`, one thread that checks for I/O on every
+/// scheduler tick, for [`spawn_spinner`] to keep busy.
+pub(crate) fn build_runtime(config: &HostConfig) -> io::Result<tokio::runtime::Runtime> {
+    if config.busy_poll {
+        return tokio::runtime::Builder::new_current_thread().event_interval(1).enable_all().build();
+    }
+    match config.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+    }
+}
+
+/// Busy-polling (Naïve-Polling): a task that is always ready, so the current-thread scheduler
+/// never parks in epoll with a timeout; between its polls the I/O driver is checked with a zero
+/// timeout. The replica's core stays at 100% whether or not operations arrive, as a polling
+/// RDMA receiver does. Ends with the runtime.
+pub(crate) fn spawn_spinner() {
+    tokio::spawn(async {
+        loop {
+            tokio::task::yield_now().await;
         }
     });
 }
