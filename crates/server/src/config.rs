@@ -134,11 +134,13 @@ pub struct NodeConfig {
     pub maxclients: usize,
     /// Join a running cluster as a shadow, copying the data from this replica first.
     pub join: Option<NodeId>,
-    /// Threads of the node's async runtime. 1 (the default) runs every task on one thread:
-    /// a client's write crosses the connection, the event loop and the peer links without a
-    /// cross-thread wake-up, which measured ~20% lower latency and ~1.6x the SET throughput of
-    /// a 2-thread runtime with three nodes on 2 cores (docs/benchmarks.md). More threads help
-    /// only when a node has cores to itself and many connections to parse.
+    /// Threads of the node's async runtime. 1 (the default) runs every task, the event loop
+    /// included, on one thread: a client's write crosses the connection, the event loop and
+    /// the peer links without a cross-thread wake-up, which measured ~20% lower latency and
+    /// ~1.6x the SET throughput of a 2-thread runtime with three nodes on 2 cores
+    /// (docs/benchmarks.md). With more, connections run on that many workers and the event
+    /// loop on a thread of its own: worth it only when a node has cores to itself and many
+    /// (pipelining) connections to parse.
     pub worker_threads: usize,
     pub raftlog: RaftlogOptions,
 }

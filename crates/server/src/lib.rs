@@ -89,7 +89,8 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
     let (engine, requests) = engine::channel();
     let membership = config.membership.map(|timing| Managed::open(&config, timing)).transpose()?;
     let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
-    let start = Start { net, requests, shutdown: shutdown_rx, membership };
+    let engine_thread = config.worker_threads > 1;
+    let start = Start { net, requests, shutdown: shutdown_rx, membership, engine_thread };
     let net_stats = match config.protocol {
         Protocol::Hermes => {
             let mut hermes = HermesConfig::new(me, replicas);
@@ -186,6 +187,8 @@ struct Start {
     requests: tokio::sync::mpsc::Receiver<EngineRequest>,
     shutdown: watch::Receiver<bool>,
     membership: Option<Managed>,
+    /// Run the event loop on a thread of its own rather than as a task of the node's runtime.
+    engine_thread: bool,
 }
 
 impl Start {
@@ -212,10 +215,17 @@ impl Start {
         let (mut transport, inbound, net_stats) = chorus_net::start(self.net).await?;
         transport.set_priority(R::is_priority);
         let event_loop = engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log);
-        // The event loop gets its own thread, so that under a flood of client connections it
-        // is not queued behind hundreds of connection tasks on the shared workers: leases
-        // ride on it answering heartbeats in time (docs/benchmarks.md, "Membership under
-        // load").
+        // With one worker thread (the default) the event loop is one more task on it: a
+        // request then crosses connection, event loop and peer links without a cross-thread
+        // wake-up (lower latency and more unpipelined throughput on 2 cores). With more
+        // workers it gets a thread of its own, so that under a flood of client connections it
+        // is not queued behind hundreds of connection tasks on the shared workers; leases
+        // ride on it answering heartbeats in time. Both keep leases under a saturating load
+        // (docs/benchmarks.md, "Membership under load").
+        if !self.engine_thread {
+            tokio::spawn(event_loop);
+            return Ok(net_stats);
+        }
         std::thread::Builder::new()
             .name("chorus-engine".into())
             .spawn(move || {
