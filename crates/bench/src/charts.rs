@@ -8,6 +8,8 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
+use crate::plot::log_range;
+
 /// One line of a panel. `dashed` lines are the second condition of a pair (e.g. with
 /// background load), drawn in the same color.
 #[derive(Clone, Debug)]
@@ -184,18 +186,6 @@ fn format_number(v: f64) -> String {
     } else {
         format!("{v:.1}")
     }
-}
-
-fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (mut lo, mut hi) = (f64::MAX, 0f64);
-    for v in values.filter(|v| *v > 0.0) {
-        lo = lo.min(v);
-        hi = hi.max(v);
-    }
-    if hi <= 0.0 {
-        return (1.0, 10.0);
-    }
-    (10f64.powf(lo.log10().floor()), 10f64.powf(hi.log10().ceil()).max(lo * 10.0))
 }
 
 #[cfg(test)]

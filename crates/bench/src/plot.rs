@@ -149,7 +149,8 @@ fn plot_throughput(points: &[Point], axes: &Axes, path: &Path) -> anyhow::Result
     Ok(())
 }
 
-fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+/// A log axis range covering every positive value, widened to whole decades.
+pub fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (mut lo, mut hi) = (f64::MAX, 0f64);
     for v in values.filter(|v| *v > 0.0) {
         lo = lo.min(v);
