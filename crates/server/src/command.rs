@@ -69,6 +69,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("client", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS),
     spec("wait", 3, &["noscript"], NO_KEYS),
     spec("cas", 4, &["write", "denyoom"], ONE_KEY),
+    spec("session", -5, &["write", "denyoom"], (4, 4, 1)),
     spec("multi", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
     spec("exec", 1, &["noscript", "loading", "stale", "skip_slowlog"], NO_KEYS),
     spec("discard", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
@@ -169,6 +170,14 @@ pub enum Request {
     },
     /// Start queueing commands for EXEC (atomic across keys with protocol raftlog only).
     Multi,
+    /// `SESSION client seq command...`: run a single-key command at most once for the
+    /// client's session (raftlog, Cyclone §3.4): a retry with the same `client` and `seq`, at
+    /// any replica, answers the saved outcome instead of running again.
+    Session {
+        client: u64,
+        seq: u64,
+        request: Box<Request>,
+    },
     Exec,
     Discard,
     Watch,
@@ -196,6 +205,28 @@ fn not_integer() -> Reply {
 fn parse_i64(arg: &[u8]) -> Result<i64, Reply> {
     let value = chorus_core::command::parse_integer(Some(&Bytes::copy_from_slice(arg)));
     value.map_err(|_| not_integer())
+}
+
+/// Session ids clients choose live in their own half of the id space, apart from the ids
+/// replicas use for their internal sessions.
+pub const EXTERNAL_SESSION_BIT: u64 = 1 << 63;
+
+fn parse_session(args: &[Bytes]) -> Result<Request, Reply> {
+    let number = |arg: &[u8], what: &str| {
+        std::str::from_utf8(arg)
+            .ok()
+            .and_then(|text| text.parse::<u64>().ok())
+            .filter(|n| n & EXTERNAL_SESSION_BIT == 0)
+            .ok_or_else(|| Reply::err(format!("SESSION {what} must be an integer from 0 to 2^63-1")))
+    };
+    let client = number(&args[1], "client id")? | EXTERNAL_SESSION_BIT;
+    let seq = number(&args[2], "sequence number")?;
+    let (_, inner) = parse(&args[3..]);
+    let request = inner?;
+    if single_key_command(&request).is_none() {
+        return Err(Reply::err("SESSION runs single-key commands (GET, SET, INCR, HSET, ...) only"));
+    }
+    Ok(Request::Session { client, seq, request: Box::new(request) })
 }
 
 fn printable(arg: &[u8]) -> String {
@@ -329,6 +360,7 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             Request::Wait
         }
         "cas" => Request::Cas { key: arg(1), expected: arg(2), new: arg(3) },
+        "session" => parse_session(args)?,
         "multi" => Request::Multi,
         "exec" => Request::Exec,
         "discard" => Request::Discard,

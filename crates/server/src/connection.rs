@@ -171,6 +171,13 @@ impl Connection {
             };
         }
         match request {
+            Request::Session { client, seq, request } => match command::single_key_command(&request) {
+                Some(Ok((command, shape))) => {
+                    command::shape_reply(shape, self.engine().execute_in_session(client, seq, command).await)
+                }
+                Some(Err(reply)) => reply,
+                None => unreachable!("parse_session admits single-key commands only"),
+            },
             Request::Ping(None) => Reply::Status("PONG"),
             Request::Ping(Some(message)) | Request::Echo(message) => Reply::Bulk(message),
             Request::Hello { protover, auth, setname } => self.hello(protover, auth, setname),

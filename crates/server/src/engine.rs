@@ -69,6 +69,22 @@ where
             );
         }
     }
+    /// Run `command` at most once for an external client session (`SESSION client seq ...`).
+    /// Only raftlog keeps sessions; the others refuse rather than run it unprotected.
+    fn on_session_command(
+        &mut self,
+        _now: Time,
+        request: ClientRequestId,
+        _client: u64,
+        _seq: u64,
+        _command: Command,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        out.reply(
+            request,
+            Outcome::Error(CommandError::Unavailable("at-most-once sessions need protocol raftlog")),
+        );
+    }
 }
 
 impl<P> ServedReplica for WithMembership<P>
@@ -142,6 +158,17 @@ impl ServedReplica for DurableRaftLog {
         out: &mut Outbox<chorus_raftlog::Message>,
     ) {
         self.core_mut().on_transaction(now, requests, out);
+    }
+    fn on_session_command(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        client: u64,
+        seq: u64,
+        command: Command,
+        out: &mut Outbox<chorus_raftlog::Message>,
+    ) {
+        self.core_mut().on_session_command(now, request, client, seq, command, out);
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.core().stats();
@@ -327,6 +354,13 @@ pub enum EngineRequest {
         command: Command,
         reply: oneshot::Sender<Outcome>,
     },
+    /// One command of an external at-most-once session ([`ServedReplica::on_session_command`]).
+    SessionCommand {
+        client: u64,
+        seq: u64,
+        command: Command,
+        reply: oneshot::Sender<Outcome>,
+    },
     Status {
         reply: oneshot::Sender<EngineStatus>,
     },
@@ -384,6 +418,13 @@ impl EngineHandle {
             outcomes.push(rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN)));
         }
         outcomes
+    }
+
+    /// Run `command` at most once for session `client`, request number `seq`.
+    pub async fn execute_in_session(&self, client: u64, seq: u64, command: Command) -> Outcome {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send(EngineRequest::SessionCommand { client, seq, command, reply }).await;
+        rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN))
     }
 
     pub async fn status(&self) -> Option<EngineStatus> {
@@ -510,6 +551,14 @@ where
                 }
                 let now = self.now();
                 self.replica.on_transaction(now, requests, &mut self.outbox);
+                self.complete_replies();
+            }
+            EngineRequest::SessionCommand { client, seq, command, reply } => {
+                let id = ClientRequestId(self.next_request);
+                self.next_request += 1;
+                self.pending.insert(id, reply);
+                let now = self.now();
+                self.replica.on_session_command(now, id, client, seq, command, &mut self.outbox);
                 self.complete_replies();
             }
             EngineRequest::Status { reply } => {
