@@ -46,6 +46,10 @@ pub struct TenantsArgs {
     /// and reported as such.
     #[arg(long, default_value_t = 100)]
     pub naive_tenants_max: usize,
+    /// Start the host processes (and so the Naïve replicas they fork) with this niceness,
+    /// e.g. -10 to rank replication above the background load (negative needs root).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub replica_nice: i32,
     /// Where tenants.json and the PNG figures go.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
@@ -85,6 +89,8 @@ pub fn config_of(
         config.warmup_s = config.warmup_s.min(seconds);
     }
     config.naive_tenants_max = args.naive_tenants_max;
+    anyhow::ensure!((-20..=19).contains(&args.replica_nice), "--replica-nice is -20 to 19");
+    config.replica_nice = args.replica_nice;
     config.child_command = Some(child_command);
     config.background_load_command = background_load_command;
     Ok(config)

@@ -69,6 +69,10 @@ pub struct TenantsConfig {
     pub region_dir: Option<PathBuf>,
     /// Also run every point under this load (e.g. stress-ng on every core).
     pub background_load_command: Option<Vec<String>>,
+    /// Niceness the host processes start with (through `nice -n`; negative needs root); Naïve
+    /// replicas inherit it from their host. 0: the same priority as the background load.
+    #[serde(default)]
+    pub replica_nice: i32,
 }
 
 impl Default for TenantsConfig {
@@ -87,6 +91,7 @@ impl Default for TenantsConfig {
             child_command: None,
             region_dir: None,
             background_load_command: None,
+            replica_nice: 0,
         }
     }
 }
@@ -283,7 +288,13 @@ fn start_hosts(
         host.io_timeout_ms = 30_000; // a starved Naïve replica is slow, not dead
         match &config.child_command {
             Some(command) => {
-                let (addr, child) = runtime.block_on(spawn_child(command, &host, Duration::from_secs(30)))?;
+                // Naïve replicas are forked by the host: they inherit its niceness.
+                let mut spawn = Vec::new();
+                if config.replica_nice != 0 {
+                    spawn.extend(["nice".to_string(), "-n".to_string(), config.replica_nice.to_string()]);
+                }
+                spawn.extend(command.iter().cloned());
+                let (addr, child) = runtime.block_on(spawn_child(&spawn, &host, Duration::from_secs(30)))?;
                 addrs.push(addr);
                 children.push(child);
             }
