@@ -18,4 +18,5 @@ pub mod protocols;
 pub mod raftlog;
 pub mod report;
 pub mod resp;
+pub mod tenants;
 pub mod workload;

@@ -34,6 +34,11 @@ enum BenchCommand {
     /// vs write ratio (uniform, zipfian), latency vs throughput, read/write latency, 3/5/7
     /// replicas. JSON, PNG figures and a summary with ratios to Hermes.
     Protocols(ProtocolsArgs),
+    /// The multi-tenant experiment (HyperLoop §2.2, §6.2): T tenants, each a chain of 3 on
+    /// the same 3 hosts, YCSB-A updates through the transaction API; chain (one host process
+    /// serves every tenant) vs Naïve (a replica process per tenant per host). Latency vs T,
+    /// replica CPU per operation, JSON + PNG and the target ratios at T=32 under load.
+    Tenants(chorus_bench::tenants::TenantsArgs),
 }
 
 #[derive(clap::Args)]
@@ -136,6 +141,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         BenchCommand::Failover(args) => {
             let chorus = std::env::current_exe()?;
             chorus_bench::failover::run(args, &chorus)
+        }
+        BenchCommand::Tenants(args) => {
+            let load = if args.background_load && args.from_json.is_none() {
+                let command = stress_ng_command()?;
+                println!("background load: {}", command.join(" "));
+                Some(command)
+            } else {
+                None
+            };
+            chorus_bench::tenants::run(args, &std::env::current_exe()?, load)
         }
         BenchCommand::Protocols(args) => {
             let chorus = std::env::current_exe()?;

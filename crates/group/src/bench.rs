@@ -244,7 +244,7 @@ impl BenchReport {
 const TOKEN_BASE: u8 = 0xb0;
 const REGION_BYTES: u64 = 4 * 1024 * 1024;
 
-fn tenant(t: usize) -> (TenantId, Token) {
+pub(crate) fn tenant(t: usize) -> (TenantId, Token) {
     (TenantId(1000 + t as u32), Token([TOKEN_BASE.wrapping_add(t as u8); 16]))
 }
 
@@ -318,7 +318,7 @@ pub fn run(config: BenchConfig) -> anyhow::Result<BenchReport> {
     Ok(report)
 }
 
-fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     info.lines()
         .find_map(|line| {
@@ -330,12 +330,12 @@ fn cpu_model() -> String {
 
 /// A CPU hog on every core (stress-ng), in its own process group so stopping it stops its
 /// workers too. It also gets SIGKILL if this process dies (PR_SET_PDEATHSIG).
-struct BackgroundLoad {
+pub(crate) struct BackgroundLoad {
     child: std::process::Child,
 }
 
 impl BackgroundLoad {
-    fn start(command: &[String]) -> anyhow::Result<BackgroundLoad> {
+    pub(crate) fn start(command: &[String]) -> anyhow::Result<BackgroundLoad> {
         use std::os::unix::process::CommandExt;
         let (program, args) = command.split_first().context("empty background load command")?;
         let mut builder = std::process::Command::new(program);
@@ -355,7 +355,7 @@ impl BackgroundLoad {
         Ok(BackgroundLoad { child })
     }
 
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let group = self.child.id() as i32;
         // SAFETY: signalling our own child's process group.
         unsafe { libc::kill(-group, libc::SIGTERM) };

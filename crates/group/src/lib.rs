@@ -27,6 +27,7 @@ pub mod op;
 pub mod outbox;
 pub mod runtime;
 pub mod sim;
+pub mod tenants;
 pub mod txn;
 
 pub use caller::{CallerConfig, CallerStats, GroupCaller};

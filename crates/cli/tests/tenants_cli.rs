@@ -1,0 +1,95 @@
+//! `chorus bench tenants` through the real binary (HyperLoop §2.2, §6.2): a tiny run of both
+//! arrangements (one `chorus group-host` per host for chain; `chorus naive-replica` processes
+//! per tenant for Naïve) writes a report with one point per protocol and tenant count, the
+//! replicas' CPU from /proc, and the two figures; `--from-json` redraws them; an unknown or
+//! unimplemented protocol is a clear error. Nothing here looks at how fast anything was.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("chorus-tenants-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn assert_pngs(dir: &std::path::Path) {
+    for figure in ["tenants-latency", "tenants-cpu"] {
+        let png = std::fs::read(dir.join(format!("{figure}.png"))).unwrap();
+        assert_eq!(&png[1..4], b"PNG", "{figure}");
+    }
+}
+
+#[test]
+fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures() {
+    let scratch = Scratch::new("run");
+    let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["bench", "tenants", "--tenants", "1,2", "--protocol", "chain,naive", "--measure-s", "0.5"])
+        .arg("--out")
+        .arg(&scratch.0)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("target (T=32, background load): not measured"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(scratch.0.join("tenants.json")).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "{results:?}");
+    for (mode, processes) in [("chorus", [3, 3]), ("naive", [6, 9])] {
+        for (t, expected) in [1, 2].into_iter().zip(processes) {
+            let r = results.iter().find(|r| r["mode"] == mode && r["tenants"] == t).expect("point");
+            assert!(r["updates"].as_u64().unwrap() > 0, "{r}");
+            assert!(r["reads"].as_u64().unwrap() > 0, "{r}");
+            let (avg, p95, p99) = (
+                r["update_mean_us"].as_f64().unwrap(),
+                r["update_p95_us"].as_f64().unwrap(),
+                r["update_p99_us"].as_f64().unwrap(),
+            );
+            assert!(avg > 0.0 && p95 > 0.0 && p99 >= p95, "{r}");
+            assert!(r["replica_cpu_us_per_op"].is_number(), "CPU per op from /proc: {r}");
+            assert_eq!(r["replica_processes"], expected, "{r}");
+            assert_eq!(r["background_load"], false);
+        }
+    }
+    assert_pngs(&scratch.0);
+
+    // Redraw from the saved report into another directory.
+    let again = Scratch::new("redraw");
+    std::fs::copy(scratch.0.join("tenants.json"), again.0.join("tenants.json")).unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["bench", "tenants", "--from-json"])
+        .arg(again.0.join("tenants.json"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_pngs(&again.0);
+}
+
+#[test]
+fn bench_tenants_refuses_unknown_protocols_clearly() {
+    for (protocol, expected) in [("hermes", "not implemented"), ("paxos", "unknown protocol")] {
+        let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(["bench", "tenants", "--tenants", "1", "--protocol", protocol, "--out"])
+            .arg(std::env::temp_dir().join("chorus-tenants-cli-never-written"))
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{protocol}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{protocol}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

@@ -1,0 +1,560 @@
+//! The multi-tenant experiment of HyperLoop §2.2 (Figure 2) and §6.2 (Figures 11-12) on
+//! loopback: `T` tenants, each a chain of 3 members on the same 3 hosts, each driven by one
+//! closed-loop YCSB-A client (50% reads, 50% updates of 1 KiB values) through the
+//! replicated-transaction API ([`crate::txn`]), the way the paper's MongoDB case study (§5.2)
+//! replicates: an update takes the group write lock (gCAS), appends a redo record (gWRITE +
+//! gFLUSH), executes it with ExecuteAndAdvance (gMEMCPY + gFLUSH, head gWRITE + gFLUSH) and
+//! releases the lock; a read is a lock-free read of the tail's database.
+//!
+//! * [`HostMode::Chorus`]: one host process per host serves every tenant's member;
+//! * [`HostMode::Naive`] (Naïve-Event) and [`HostMode::NaivePolling`]: every tenant replica is
+//!   its own process (T per host), which must be scheduled to receive, apply and forward.
+//!
+//! Optionally everything runs a second time with a background load (stress-ng on every core).
+//! Per (mode, T, load) point: update latency (average, p50, p95, p99, max), read latency,
+//! updates and operations per second, and the CPU time of the host process trees (hosts and
+//! their Naïve replicas) per operation, from /proc.
+//!
+//! On commodity hardware nothing is offloaded to a NIC: what differs between the modes is one
+//! process per host against one process per tenant per host under CPU contention.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use chorus_core::Time;
+use chorus_region::{default_region_dir, FlushBackend};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{cpu_model, tenant, tree_cpu_us, BackgroundLoad};
+use crate::caller::CallerConfig;
+use crate::op::GroupId;
+use crate::runtime::{
+    spawn_child, start_host, BlockingGroupClient, ChildProcess, GroupSpec, HostConfig, HostHandle, HostMode,
+    TenantCredential,
+};
+use crate::txn::{Txn, TxnLayout};
+
+/// Members per tenant group (the paper's replica sets of 3).
+pub const GROUP_SIZE: usize = 3;
+/// A write lock attempt that finds the lock taken retries this often before failing (one client
+/// per tenant: the lock is only ever taken by a stuck earlier attempt).
+const LOCK_ATTEMPTS_MAX: usize = 100;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TenantsConfig {
+    pub modes: Vec<HostMode>,
+    /// Tenant counts, one point each.
+    pub tenants: Vec<usize>,
+    /// Records per tenant (the database is `records * value_bytes`).
+    pub records: u64,
+    pub value_bytes: usize,
+    /// Fraction of operations that are reads (YCSB-A: 0.5).
+    pub read_fraction: f64,
+    /// Measured wall-clock time of one point, after the warm-up.
+    pub measure_s: f64,
+    pub warmup_s: f64,
+    /// The largest T run for the Naïve modes (T processes per host); larger T are skipped with
+    /// a note in the report.
+    pub naive_tenants_max: usize,
+    /// The hosts' flush backend ("msync", "clwb", "none").
+    pub flush: String,
+    /// Start hosts (and Naïve replicas) as processes with this command (ending in
+    /// [`crate::runtime::child_main`]). `None`: in this process (tests only; no CPU numbers).
+    pub child_command: Option<Vec<String>>,
+    pub region_dir: Option<PathBuf>,
+    /// Also run every point under this load (e.g. stress-ng on every core).
+    pub background_load_command: Option<Vec<String>>,
+    /// Niceness the host processes start with (through `nice -n`; negative needs root); Naïve
+    /// replicas inherit it from their host. 0: the same priority as the background load.
+    #[serde(default)]
+    pub replica_nice: i32,
+}
+
+impl Default for TenantsConfig {
+    /// Figure 2's tenant counts, 10 s per point.
+    fn default() -> Self {
+        TenantsConfig {
+            modes: vec![HostMode::Chorus, HostMode::Naive],
+            tenants: vec![1, 8, 32, 100],
+            records: 256,
+            value_bytes: 1024,
+            read_fraction: 0.5,
+            measure_s: 10.0,
+            warmup_s: 1.0,
+            naive_tenants_max: 100,
+            flush: "msync".to_string(),
+            child_command: None,
+            region_dir: None,
+            background_load_command: None,
+            replica_nice: 0,
+        }
+    }
+}
+
+impl TenantsConfig {
+    /// `--quick`: T = 1, 8, 32 and 2 s per point (about two minutes with the background load).
+    pub fn quick() -> TenantsConfig {
+        TenantsConfig { tenants: vec![1, 8, 32], measure_s: 2.0, warmup_s: 0.5, ..TenantsConfig::default() }
+    }
+
+    fn layout(&self) -> TxnLayout {
+        TxnLayout::new(64 * 1024, self.records * self.value_bytes as u64)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TenantsResult {
+    pub mode: HostMode,
+    pub tenants: usize,
+    pub background_load: bool,
+    /// Updates measured (all tenants).
+    pub updates: u64,
+    pub reads: u64,
+    pub update_mean_us: f64,
+    pub update_p50_us: f64,
+    pub update_p95_us: f64,
+    pub update_p99_us: f64,
+    pub update_max_us: f64,
+    pub read_mean_us: f64,
+    pub read_p99_us: f64,
+    pub updates_per_s: f64,
+    pub ops_per_s: f64,
+    /// CPU time of the hosts' process trees per operation (reads and updates), microseconds.
+    pub replica_cpu_us_per_op: Option<f64>,
+    /// The same CPU time over the wall-clock time: cores the replicas kept busy.
+    pub replica_cpu_cores: Option<f64>,
+    /// Processes serving the tenants (hosts plus Naïve replicas).
+    pub replica_processes: usize,
+    pub measured_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TenantsReport {
+    pub config: TenantsConfig,
+    pub cores: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub results: Vec<TenantsResult>,
+    /// Points not run, and why.
+    pub skipped: Vec<String>,
+    pub elapsed_s: f64,
+}
+
+impl TenantsReport {
+    pub fn find(&self, mode: HostMode, tenants: usize, loaded: bool) -> Option<&TenantsResult> {
+        self.results.iter().find(|r| r.mode == mode && r.tenants == tenants && r.background_load == loaded)
+    }
+
+    pub fn table(&self) -> String {
+        let mut text = format!(
+            "{:<13} {:<4} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6}\n",
+            "mode", "load", "T", "avg_us", "p95_us", "p99_us", "read_us", "updates/s", "cpu_us/op", "procs"
+        );
+        for r in &self.results {
+            text.push_str(&format!(
+                "{:<13} {:<4} {:>4} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>9} {:>6}\n",
+                r.mode.name(),
+                if r.background_load { "bg" } else { "-" },
+                r.tenants,
+                r.update_mean_us,
+                r.update_p95_us,
+                r.update_p99_us,
+                r.read_mean_us,
+                r.updates_per_s,
+                r.replica_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.0}")),
+                r.replica_processes,
+            ));
+        }
+        for note in &self.skipped {
+            text.push_str(&format!("skipped: {note}\n"));
+        }
+        text
+    }
+}
+
+/// Run the experiment. Blocking: tenants' clients are threads, each with its own runtime.
+pub fn run(config: TenantsConfig) -> anyhow::Result<TenantsReport> {
+    let flush: FlushBackend = config.flush.parse().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !config.tenants.is_empty() && config.tenants.iter().all(|&t| t >= 1),
+        "tenant counts are >= 1"
+    );
+    anyhow::ensure!(!config.modes.is_empty(), "no protocol to run");
+    anyhow::ensure!((0.0..=1.0).contains(&config.read_fraction), "read fraction is 0 to 1");
+    anyhow::ensure!(config.records >= 1 && config.value_bytes >= 8, "need records of at least 8 bytes");
+    let base = config.region_dir.clone().unwrap_or_else(default_region_dir);
+    let dir = base.join(format!("tenants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let started = Instant::now();
+    let mut results = Vec::new();
+    let mut skipped = Vec::new();
+    let outcome = (|| {
+        run_pass(&config, flush, &dir.join("quiet"), false, &mut results, &mut skipped)?;
+        if let Some(command) = &config.background_load_command {
+            let load = BackgroundLoad::start(command)?;
+            // Let the load spread over every core before measuring.
+            std::thread::sleep(Duration::from_secs(1));
+            let loaded = run_pass(&config, flush, &dir.join("loaded"), true, &mut results, &mut skipped);
+            load.stop();
+            loaded?;
+        }
+        anyhow::Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome?;
+    Ok(TenantsReport {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model: cpu_model(),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+        results,
+        skipped,
+        config,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn run_pass(
+    config: &TenantsConfig,
+    flush: FlushBackend,
+    dir: &std::path::Path,
+    loaded: bool,
+    results: &mut Vec<TenantsResult>,
+    skipped: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for &mode in &config.modes {
+        for &tenants in &config.tenants {
+            if mode.is_naive() && tenants > config.naive_tenants_max {
+                skipped.push(format!(
+                    "{} at T={tenants}{}: more than --naive-tenants-max={} tenants ({} replica processes)",
+                    mode.name(),
+                    if loaded { " (load)" } else { "" },
+                    config.naive_tenants_max,
+                    tenants * GROUP_SIZE
+                ));
+                continue;
+            }
+            let tag = format!("{}-t{tenants}", mode.name());
+            let point = run_point(config, flush, &dir.join(tag), mode, tenants, loaded)
+                .with_context(|| format!("{} with {tenants} tenants", mode.name()))?;
+            eprintln!(
+                "tenants: {} T={tenants}{}: update avg {:.0} us p99 {:.0} us, {:.0} updates/s",
+                mode.name(),
+                if loaded { " +load" } else { "" },
+                point.update_mean_us,
+                point.update_p99_us,
+                point.updates_per_s
+            );
+            results.push(point);
+        }
+    }
+    Ok(())
+}
+
+enum Hosts {
+    /// Kept until the point ends: dropping a handle stops its host.
+    InProcess(#[allow(dead_code)] Vec<HostHandle>),
+    Processes(Vec<ChildProcess>),
+}
+
+fn start_hosts(
+    runtime: &tokio::runtime::Runtime,
+    config: &TenantsConfig,
+    flush: FlushBackend,
+    dir: &std::path::Path,
+    mode: HostMode,
+    tenants: usize,
+) -> anyhow::Result<(Hosts, Vec<SocketAddr>)> {
+    let credentials: Vec<TenantCredential> = (0..tenants)
+        .map(|t| {
+            let (id, token) = tenant(t);
+            TenantCredential::new(id, &token)
+        })
+        .collect();
+    let mut addrs = Vec::new();
+    let mut handles = Vec::new();
+    let mut children = Vec::new();
+    for i in 0..GROUP_SIZE {
+        let mut host =
+            HostConfig::new("127.0.0.1:0".parse()?, dir.join(format!("host{i}")), credentials.clone());
+        host.flush = flush;
+        host.mode = mode;
+        host.replica_command = config.child_command.clone();
+        host.worker_threads = 1; // one event loop per host, like a NIC's one engine
+        host.io_timeout_ms = 30_000; // a starved Naïve replica is slow, not dead
+        match &config.child_command {
+            Some(command) => {
+                // Naïve replicas are forked by the host: they inherit its niceness.
+                let mut spawn = Vec::new();
+                if config.replica_nice != 0 {
+                    spawn.extend(["nice".to_string(), "-n".to_string(), config.replica_nice.to_string()]);
+                }
+                spawn.extend(command.iter().cloned());
+                let (addr, child) = runtime.block_on(spawn_child(&spawn, &host, Duration::from_secs(30)))?;
+                addrs.push(addr);
+                children.push(child);
+            }
+            None => {
+                let handle = runtime.block_on(start_host(host))?;
+                addrs.push(handle.local_addr());
+                handles.push(handle);
+            }
+        }
+    }
+    let hosts =
+        if config.child_command.is_some() { Hosts::Processes(children) } else { Hosts::InProcess(handles) };
+    Ok((hosts, addrs))
+}
+
+/// One tenant's measured run.
+struct TenantRun {
+    updates: Histogram<u64>,
+    reads: Histogram<u64>,
+}
+
+/// splitmix64: the tenants' key and operation choices, seeded per tenant (reproducible).
+fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn run_point(
+    config: &TenantsConfig,
+    flush: FlushBackend,
+    dir: &std::path::Path,
+    mode: HostMode,
+    tenants: usize,
+    loaded: bool,
+) -> anyhow::Result<TenantsResult> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let (hosts, addrs) = start_hosts(&runtime, config, flush, dir, mode, tenants)?;
+    let host_pids: Vec<u32> = match &hosts {
+        Hosts::Processes(children) => children.iter().filter_map(ChildProcess::id).collect(),
+        Hosts::InProcess(_) => Vec::new(),
+    };
+    let layout = config.layout();
+    // Everyone initializes and warms up, then all measure from the same instant.
+    let measure_start = Arc::new(Barrier::new(tenants + 1));
+    let measure = Duration::from_secs_f64(config.measure_s.max(0.05));
+    let warmup = Duration::from_secs_f64(config.warmup_s.max(0.0));
+    let mut threads = Vec::new();
+    for t in 0..tenants {
+        let barrier = measure_start.clone();
+        let addrs = addrs.clone();
+        let (records, value_bytes, read_fraction) =
+            (config.records, config.value_bytes, config.read_fraction);
+        let thread = std::thread::Builder::new()
+            .name(format!("tenant-{t}"))
+            .stack_size(512 * 1024)
+            .spawn(move || {
+                // Pass the barrier whatever happens, or the other tenants wait forever.
+                let prepared = prepare(&addrs, t, layout, warmup, records, value_bytes, read_fraction);
+                barrier.wait();
+                let (mut txn, mut rng) = prepared?;
+                drive(&mut txn, &mut rng, measure, records, value_bytes, read_fraction)
+            })
+            .context("spawning a tenant thread")?;
+        threads.push(thread);
+    }
+    measure_start.wait();
+    let cpu_before = tree_cpu_us(&host_pids);
+    let began = Instant::now();
+    let mut updates = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3)?;
+    let mut reads = updates.clone();
+    let mut first_error = None;
+    for thread in threads {
+        match thread.join() {
+            Ok(Ok(run)) => {
+                updates.add(&run.updates).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                reads.add(&run.reads).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            }
+            Ok(Err(error)) => {
+                first_error.get_or_insert(error);
+            }
+            Err(_) => {
+                first_error.get_or_insert(anyhow::anyhow!("a tenant thread panicked"));
+            }
+        }
+    }
+    let measured = began.elapsed();
+    let cpu_us = tree_cpu_us(&host_pids).zip(cpu_before).map(|(after, before)| after.saturating_sub(before));
+    let replica_processes = if mode.is_naive() { GROUP_SIZE * (tenants + 1) } else { GROUP_SIZE };
+    drop(hosts);
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    let seconds = measured.as_secs_f64().max(1e-9);
+    let ops = updates.len() + reads.len();
+    let micros = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(TenantsResult {
+        mode,
+        tenants,
+        background_load: loaded,
+        updates: updates.len(),
+        reads: reads.len(),
+        update_mean_us: updates.mean() / 1000.0,
+        update_p50_us: micros(&updates, 0.5),
+        update_p95_us: micros(&updates, 0.95),
+        update_p99_us: micros(&updates, 0.99),
+        update_max_us: updates.max() as f64 / 1000.0,
+        read_mean_us: reads.mean() / 1000.0,
+        read_p99_us: micros(&reads, 0.99),
+        updates_per_s: updates.len() as f64 / seconds,
+        ops_per_s: ops as f64 / seconds,
+        replica_cpu_us_per_op: cpu_us.map(|us| us as f64 / ops.max(1) as f64),
+        replica_cpu_cores: cpu_us.map(|us| us as f64 / 1e6 / seconds),
+        replica_processes,
+        measured_s: seconds,
+    })
+}
+
+/// Set up tenant `t`'s group and warm it up.
+fn prepare(
+    addrs: &[SocketAddr],
+    t: usize,
+    layout: TxnLayout,
+    warmup: Duration,
+    records: u64,
+    value_bytes: usize,
+    read_fraction: f64,
+) -> anyhow::Result<(Txn<BlockingGroupClient>, u64)> {
+    let (id, token) = tenant(t);
+    let mut spec = GroupSpec::new(
+        addrs.to_vec(),
+        id,
+        token,
+        GroupId(t as u64 + 1),
+        format!("tenant{t}"),
+        layout.region_bytes(),
+    );
+    // A starved Naïve replica answers late; it has not lost anything (TCP).
+    spec.caller = CallerConfig { retransmit_after: Time::from_millis(5000), attempts_max: 6, window_max: 16 };
+    spec.io_timeout = Duration::from_secs(30);
+    let client = BlockingGroupClient::initialize(spec).with_context(|| format!("tenant {t}: initialize"))?;
+    let mut txn = Txn::new(client, layout, t as u32 + 1);
+    let mut rng = 0x7e4a_4e75 ^ ((t as u64) << 32);
+    drive(&mut txn, &mut rng, warmup, records, value_bytes, read_fraction)?;
+    Ok((txn, rng))
+}
+
+/// The closed loop: YCSB-A operations on uniformly chosen records until `duration` is up.
+fn drive(
+    txn: &mut Txn<BlockingGroupClient>,
+    rng: &mut u64,
+    duration: Duration,
+    records: u64,
+    value_bytes: usize,
+    read_fraction: f64,
+) -> anyhow::Result<TenantRun> {
+    let mut run = TenantRun {
+        updates: Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3)?,
+        reads: Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3)?,
+    };
+    let tail = txn.executor().client().chain_len() - 1;
+    let deadline = Instant::now() + duration;
+    let mut value = vec![0u8; value_bytes];
+    while Instant::now() < deadline {
+        let record = next_random(rng) % records;
+        let offset = record * value_bytes as u64;
+        let is_read = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64 <= read_fraction;
+        let start = Instant::now();
+        if is_read {
+            txn.read(tail, offset, value_bytes as u64)?;
+            run.reads.saturating_record(start.elapsed().as_nanos().max(1) as u64);
+        } else {
+            value[..8].copy_from_slice(&next_random(rng).to_le_bytes());
+            update(txn, offset, Bytes::copy_from_slice(&value))?;
+            run.updates.saturating_record(start.elapsed().as_nanos().max(1) as u64);
+        }
+    }
+    Ok(run)
+}
+
+/// One replicated update, the MongoDB case study's shape (HyperLoop §5.2): write lock, Append
+/// of the redo record, ExecuteAndAdvance, unlock.
+fn update(txn: &mut Txn<BlockingGroupClient>, offset: u64, value: Bytes) -> anyhow::Result<()> {
+    let mut locked = false;
+    for _ in 0..LOCK_ATTEMPTS_MAX {
+        if txn.wr_lock()? {
+            locked = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    anyhow::ensure!(locked, "the group write lock stayed taken");
+    let applied = (|| {
+        txn.append(&[(offset, value)])?;
+        while txn.execute_and_advance()?.is_some() {}
+        anyhow::Ok(())
+    })();
+    let unlocked = txn.wr_unlock();
+    applied?;
+    unlocked?;
+    Ok(())
+}
+
+/// Point 4 of the issue, at `tenants` under load: Naïve-Event p99 over the chain's p99, and
+/// how much smaller the chain's (p99 - average) gap is, in percent. `None` when a point is
+/// missing.
+pub fn target_ratios(report: &TenantsReport, tenants: usize, loaded: bool) -> Option<(f64, f64)> {
+    let chain = report.find(HostMode::Chorus, tenants, loaded)?;
+    let naive = report.find(HostMode::Naive, tenants, loaded)?;
+    let p99_ratio = naive.update_p99_us / chain.update_p99_us.max(1e-9);
+    let chain_gap = chain.update_p99_us - chain.update_mean_us;
+    let naive_gap = naive.update_p99_us - naive.update_mean_us;
+    let gap_reduction = if naive_gap > 0.0 { (1.0 - chain_gap / naive_gap) * 100.0 } else { 0.0 };
+    Some((p99_ratio, gap_reduction))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both arrangements run end to end in one process (hosts as tasks, Naïve replicas as
+    /// threads): every tenant's updates and reads complete through the transaction API.
+    #[test]
+    fn in_process_points_complete_for_every_tenant() {
+        let config = TenantsConfig {
+            tenants: vec![2],
+            records: 16,
+            measure_s: 0.3,
+            warmup_s: 0.05,
+            flush: "none".to_string(),
+            region_dir: Some(
+                std::env::temp_dir().join(format!("chorus-tenants-test-{}", std::process::id())),
+            ),
+            ..TenantsConfig::default()
+        };
+        let report = run(config).unwrap();
+        assert_eq!(report.results.len(), 2);
+        for r in &report.results {
+            assert!(r.updates > 0 && r.reads > 0, "{r:?}");
+            assert!(r.update_p99_us >= r.update_p50_us && r.update_p50_us > 0.0, "{r:?}");
+            assert!(r.replica_cpu_us_per_op.is_none(), "in-process hosts have no process tree");
+        }
+        assert!(target_ratios(&report, 2, false).is_some());
+        assert!(target_ratios(&report, 2, true).is_none());
+    }
+
+    #[test]
+    fn naive_points_over_the_cap_are_skipped_with_a_note() {
+        let config = TenantsConfig {
+            modes: vec![HostMode::Naive],
+            tenants: vec![5],
+            naive_tenants_max: 4,
+            ..TenantsConfig::default()
+        };
+        let report = run(config).unwrap();
+        assert!(report.results.is_empty());
+        assert_eq!(report.skipped.len(), 1);
+        assert!(report.skipped[0].contains("T=5"), "{}", report.skipped[0]);
+    }
+}
