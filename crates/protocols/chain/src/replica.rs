@@ -597,10 +597,21 @@ impl Chain {
         let mut items = Vec::new();
         let mut overlay: FxHashMap<Key, Option<Value>> = FxHashMap::default();
         while let Some((_, command)) = coordinator.queue.front() {
-            // A hash update's new value is the current hash plus its pairs.
-            let current_bytes = match overlay.get(command.key()) {
-                Some(value) => value.as_ref().map_or(0, |v| v.len()),
-                None => mirror.value(region, command.key()).ok().flatten().map_or(0, |v| v.len()),
+            // A hash update's new value is the current hash plus its pairs; only hash updates
+            // need the current value's size, so only they read it here.
+            let is_hash_update = matches!(
+                command,
+                Command::Rmw {
+                    op: chorus_core::RmwOp::HashSet { .. } | chorus_core::RmwOp::HashDelete(_),
+                    ..
+                }
+            );
+            let current_bytes = if !is_hash_update {
+                0
+            } else if let Some(value) = overlay.get(command.key()) {
+                value.as_ref().map_or(0, |v| v.len())
+            } else {
+                mirror.value(region, command.key()).ok().flatten().map_or(0, |v| v.len())
             };
             let bound = update_bytes_bound(command, current_bytes);
             if !items.is_empty() && used + bound > cap {
