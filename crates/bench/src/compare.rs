@@ -441,34 +441,7 @@ fn start(
 
 fn start_chorus(exe: &Path, dir: PathBuf, stop: &AtomicBool) -> anyhow::Result<System> {
     let mut procs = Procs::new("chorus", dir)?;
-    let ports = procs::free_ports(6)?;
-    let token = format!("bench-{}-{:x}", std::process::id(), Instant::now().elapsed().as_nanos() ^ 0x5eed);
-    let mut targets = Vec::new();
-    for i in 0..3 {
-        let mut command = Command::new(exe);
-        command
-            .arg("node")
-            .args(["--node-id", &i.to_string()])
-            .args(["--client-addr", &localhost(ports[i]).to_string()])
-            .args(["--cluster-token", &token])
-            .args(["--cluster-id", &format!("chorus-bench-{}", std::process::id())])
-            .arg("--data-dir")
-            .arg(procs.dir().join(format!("node-{i}")))
-            .args(["--log-level", "warn"]);
-        for j in 0..3 {
-            command.args(["--peer", &format!("{j}={}", localhost(ports[3 + j]))]);
-        }
-        procs.spawn(&format!("node-{i}"), command)?;
-        targets.push(localhost(ports[i]));
-    }
-    for target in &targets {
-        let target = *target;
-        procs::wait_until(&mut procs, "chorus node", stop, || {
-            procs::resp_text(target, &[b"INFO", b"replication"]).is_ok_and(|info| {
-                info.contains("chorus_peers_connected:2") && info.contains("chorus_operational:1")
-            })
-        })?;
-    }
+    let targets = procs::start_chorus_cluster(&mut procs, exe, "hermes", 3, 0, stop)?;
     Ok(System { kind: SystemKind::Chorus, procs, targets, api: Api::Resp, wait: None })
 }
 

@@ -36,6 +36,11 @@ impl Procs {
         &self.dir
     }
 
+    /// The process ids of the running children.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(|(_, child, _)| child.id()).collect()
+    }
+
     /// Starts `command` with its output in `<dir>/<label>.log`.
     pub fn spawn(&mut self, label: &str, mut command: Command) -> anyhow::Result<()> {
         let log = self.dir.join(format!("{label}.log"));
@@ -76,6 +81,55 @@ impl Procs {
         self.children.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Start `replicas` `chorus node --protocol <protocol>` processes on 127.0.0.1 (free ports,
+/// data under `procs`' directory, niceness `nice` when not 0) and wait until every one has its
+/// peers connected and serves. Returns their client addresses.
+pub fn start_chorus_cluster(
+    procs: &mut Procs,
+    exe: &Path,
+    protocol: &str,
+    replicas: usize,
+    nice: i32,
+    stop: &AtomicBool,
+) -> anyhow::Result<Vec<SocketAddr>> {
+    let ports = free_ports(2 * replicas)?;
+    let token = format!("bench-{}-{:x}", std::process::id(), Instant::now().elapsed().as_nanos() ^ 0x5eed);
+    let cluster_id = format!("chorus-bench-{}-{}", std::process::id(), procs.name);
+    let mut targets = Vec::new();
+    for i in 0..replicas {
+        let mut command = if nice == 0 {
+            Command::new(exe)
+        } else {
+            let mut nice_command = Command::new("nice");
+            nice_command.args(["-n", &nice.to_string()]).arg(exe);
+            nice_command
+        };
+        command
+            .arg("node")
+            .args(["--node-id", &i.to_string()])
+            .args(["--protocol", protocol])
+            .args(["--client-addr", &localhost(ports[i]).to_string()])
+            .args(["--cluster-token", &token])
+            .args(["--cluster-id", &cluster_id])
+            .arg("--data-dir")
+            .arg(procs.dir().join(format!("node-{i}")))
+            .args(["--log-level", "warn"]);
+        for j in 0..replicas {
+            command.args(["--peer", &format!("{j}={}", localhost(ports[replicas + j]))]);
+        }
+        procs.spawn(&format!("node-{i}"), command)?;
+        targets.push(localhost(ports[i]));
+    }
+    let peers = format!("chorus_peers_connected:{}", replicas - 1);
+    for &target in &targets {
+        wait_until(procs, &format!("{protocol} node"), stop, || {
+            resp_text(target, &[b"INFO", b"replication"])
+                .is_ok_and(|info| info.contains(&peers) && info.contains("chorus_operational:1"))
+        })?;
+    }
+    Ok(targets)
 }
 
 impl Drop for Procs {

@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +35,7 @@ use crate::client::{Api, ClientConfig, Keyspace};
 use crate::compare::{machine, Machine};
 use crate::driver::{self, RunOptions};
 use crate::generator::Distribution;
-use crate::procs::{self, localhost, Procs};
+use crate::procs::{self, Procs};
 use crate::report::Report;
 use crate::workload::{KvSpec, OpGen};
 
@@ -383,35 +382,7 @@ fn start_cluster(
     stop: &AtomicBool,
 ) -> anyhow::Result<Cluster> {
     let mut procs = Procs::new(&format!("{protocol}-{n}"), root.join(format!("{protocol}-{n}")))?;
-    let ports = procs::free_ports(2 * n)?;
-    let token = format!("bench-protocols-{}", std::process::id());
-    let mut targets = Vec::new();
-    for i in 0..n {
-        let mut command = Command::new(exe);
-        command
-            .arg("node")
-            .args(["--node-id", &i.to_string()])
-            .args(["--protocol", protocol])
-            .args(["--client-addr", &localhost(ports[i]).to_string()])
-            .args(["--cluster-token", &token])
-            .args(["--cluster-id", &format!("chorus-protocols-{}-{protocol}-{n}", std::process::id())])
-            .arg("--data-dir")
-            .arg(procs.dir().join(format!("node-{i}")))
-            .args(["--log-level", "warn"]);
-        for j in 0..n {
-            command.args(["--peer", &format!("{j}={}", localhost(ports[n + j]))]);
-        }
-        procs.spawn(&format!("node-{i}"), command)?;
-        targets.push(localhost(ports[i]));
-    }
-    let peers = format!("chorus_peers_connected:{}", n - 1);
-    for target in &targets {
-        let target = *target;
-        procs::wait_until(&mut procs, &format!("{protocol} node"), stop, || {
-            procs::resp_text(target, &[b"INFO", b"replication"])
-                .is_ok_and(|info| info.contains(&peers) && info.contains("chorus_operational:1"))
-        })?;
-    }
+    let targets = procs::start_chorus_cluster(&mut procs, exe, protocol, n, 0, stop)?;
     Ok(Cluster { protocol: protocol.to_string(), procs, targets })
 }
 

@@ -11,8 +11,18 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use chorus_group::runtime::HostMode;
-use chorus_group::tenants::{target_ratios, TenantsConfig, TenantsReport, TenantsResult};
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::AtomicBool;
+
+use anyhow::Context as _;
+use chorus_group::tenants::{
+    measure_point, target_ratios, PointSpec, Replicas, TenantClient, TenantsConfig, TenantsMode,
+    TenantsReport, TenantsResult,
+};
+
+use crate::procs::{self, Procs};
+use crate::resp::{self, Reply};
 
 use crate::charts::{draw_grid, palette, Panel, Series};
 
@@ -29,7 +39,8 @@ pub struct TenantsArgs {
     #[arg(long, value_delimiter = ',')]
     pub tenants: Option<Vec<usize>>,
     /// Protocols, comma separated: chain (one group host per host serves every tenant),
-    /// naive (Naïve-Event: a replica process per tenant per host), naive-polling.
+    /// naive (Naïve-Event: a replica process per tenant per host), naive-polling, hermes (one
+    /// `chorus node --protocol hermes` per host serves every tenant's keys through RESP).
     #[arg(long, value_delimiter = ',', default_value = "chain,naive")]
     pub protocol: Vec<String>,
     /// Also run every point with stress-ng loading every core (installed with apt-get when
@@ -58,16 +69,13 @@ pub struct TenantsArgs {
     pub from_json: Option<PathBuf>,
 }
 
-fn parse_protocol(name: &str) -> anyhow::Result<HostMode> {
+fn parse_protocol(name: &str) -> anyhow::Result<TenantsMode> {
     match name {
-        "chain" | "chorus" => Ok(HostMode::Chorus),
-        "naive" | "naive-event" => Ok(HostMode::Naive),
-        "naive-polling" => Ok(HostMode::NaivePolling),
-        "hermes" => anyhow::bail!(
-            "--protocol hermes is not implemented for `bench tenants` (it would need T Hermes clusters of \
-             3 `chorus node` processes); use chain, naive or naive-polling"
-        ),
-        other => anyhow::bail!("unknown protocol {other:?}: expected chain, naive or naive-polling"),
+        "chain" | "chorus" => Ok(TenantsMode::Chorus),
+        "naive" | "naive-event" => Ok(TenantsMode::Naive),
+        "naive-polling" => Ok(TenantsMode::NaivePolling),
+        "hermes" => Ok(TenantsMode::Hermes),
+        other => anyhow::bail!("unknown protocol {other:?}: expected chain, naive, naive-polling or hermes"),
     }
 }
 
@@ -108,7 +116,9 @@ pub fn run(
         None => {
             let child = vec![chorus.display().to_string(), "naive-replica".to_string()];
             let config = config_of(&args, child, background_load_command)?;
-            let report = chorus_group::tenants::run(config)?;
+            let stop = AtomicBool::new(false);
+            let mut hermes = |point: &PointSpec| hermes_point(chorus, point, &stop);
+            let report = chorus_group::tenants::run_with(config, &mut hermes)?;
             std::fs::create_dir_all(&args.out)?;
             std::fs::write(&json, serde_json::to_vec_pretty(&report)?)?;
             report
@@ -129,25 +139,105 @@ pub fn run(
     Ok(0)
 }
 
-fn mode_color(mode: HostMode) -> plotters::style::RGBColor {
+fn mode_color(mode: TenantsMode) -> plotters::style::RGBColor {
     match mode {
-        HostMode::Chorus => palette(0),
-        HostMode::Naive => palette(1),
-        HostMode::NaivePolling => palette(2),
+        TenantsMode::Chorus => palette(0),
+        TenantsMode::Naive => palette(1),
+        TenantsMode::NaivePolling => palette(2),
+        TenantsMode::Hermes => palette(3),
     }
 }
 
-fn label(mode: HostMode, loaded: bool) -> String {
+fn label(mode: TenantsMode, loaded: bool) -> String {
     let name = match mode {
-        HostMode::Chorus => "chain",
-        HostMode::Naive => "naive-event",
-        HostMode::NaivePolling => "naive-polling",
+        TenantsMode::Chorus => "chain",
+        TenantsMode::Naive => "naive-event",
+        TenantsMode::NaivePolling => "naive-polling",
+        TenantsMode::Hermes => "hermes",
     };
     if loaded {
         format!("{name} +load")
     } else {
         name.to_string()
     }
+}
+
+/// Records per Hermes tenant are keys `tenant<t>:<record>`.
+struct HermesTenant {
+    stream: TcpStream,
+    tenant: usize,
+    request: Vec<u8>,
+    reply: Vec<u8>,
+}
+
+impl HermesTenant {
+    /// Tenant `t` talks to node `t mod 3`: every node coordinates a third of the tenants' writes
+    /// (Hermes writes from any replica) and serves their reads locally.
+    fn connect(targets: &[SocketAddr], t: usize) -> anyhow::Result<HermesTenant> {
+        let target = targets[t % targets.len()];
+        let stream = TcpStream::connect(target).with_context(|| format!("connecting to {target}"))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+        Ok(HermesTenant { stream, tenant: t, request: Vec::new(), reply: Vec::with_capacity(4096) })
+    }
+
+    fn call(&mut self, args: &[&[u8]]) -> anyhow::Result<Reply> {
+        self.request.clear();
+        resp::encode(&mut self.request, args);
+        self.stream.write_all(&self.request)?;
+        self.reply.clear();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some((reply, _)) = resp::parse(&self.reply)? {
+                return match reply {
+                    Reply::Error(error) => Err(anyhow::anyhow!("tenant {}: {error}", self.tenant)),
+                    reply => Ok(reply),
+                };
+            }
+            let read = self.stream.read(&mut chunk)?;
+            anyhow::ensure!(read > 0, "tenant {}: the node closed the connection", self.tenant);
+            self.reply.extend_from_slice(&chunk[..read]);
+        }
+    }
+
+    fn key(&self, record: u64) -> Vec<u8> {
+        format!("tenant{}:{record}", self.tenant).into_bytes()
+    }
+}
+
+impl TenantClient for HermesTenant {
+    /// A local read at the tenant's node (Hermes: any replica, linearizable).
+    fn read(&mut self, record: u64) -> anyhow::Result<()> {
+        let key = self.key(record);
+        self.call(&[b"GET", &key]).map(drop)
+    }
+
+    /// A replicated write coordinated by the tenant's node: INV to the others, VAL after
+    /// their ACKs (Hermes §3.2).
+    fn update(&mut self, record: u64, value: &[u8]) -> anyhow::Result<()> {
+        let key = self.key(record);
+        self.call(&[b"SET", &key, value]).map(drop)
+    }
+}
+
+/// One Hermes point: a fresh 3-node cluster (one `chorus node` per host, at the hosts'
+/// niceness) serving every tenant.
+fn hermes_point(chorus: &Path, point: &PointSpec, stop: &AtomicBool) -> anyhow::Result<TenantsResult> {
+    let tag = format!("tenants-hermes-t{}{}", point.tenants, if point.loaded { "-load" } else { "" });
+    let mut procs = Procs::new(&tag, procs::scratch_root().join(&tag))?;
+    let targets = procs::start_chorus_cluster(
+        &mut procs,
+        chorus,
+        "hermes",
+        chorus_group::tenants::GROUP_SIZE,
+        point.config.replica_nice,
+        stop,
+    )?;
+    let pids = procs.pids();
+    let replicas = Replicas { pids: &pids, processes: pids.len() };
+    measure_point(point.config, point.mode, point.tenants, point.loaded, replicas, |t| {
+        HermesTenant::connect(&targets, t)
+    })
 }
 
 fn tenant_counts(report: &TenantsReport) -> Vec<usize> {
@@ -160,7 +250,7 @@ fn tenant_counts(report: &TenantsReport) -> Vec<usize> {
 type Pick = fn(&TenantsResult) -> f64;
 
 fn series_by_tenants(report: &TenantsReport, counts: &[usize], pick: Pick) -> Vec<Series> {
-    let mut modes: Vec<HostMode> = Vec::new();
+    let mut modes: Vec<TenantsMode> = Vec::new();
     for r in &report.results {
         if !modes.contains(&r.mode) {
             modes.push(r.mode);
@@ -222,49 +312,70 @@ pub fn plot_all(report: &TenantsReport, dir: &Path) -> anyhow::Result<Vec<PathBu
     Ok(written)
 }
 
-/// The issue's point-4 ratios and whether they are met, plus Naïve/chain ratios per point.
+fn ratios(r: &TenantsResult, reference: &TenantsResult) -> String {
+    format!(
+        "{:<14} avg {:.2}x  p95 {:.2}x  p99 {:.2}x  cpu/op {}",
+        label(r.mode, false),
+        r.update_mean_us / reference.update_mean_us.max(1e-9),
+        r.update_p95_us / reference.update_p95_us.max(1e-9),
+        r.update_p99_us / reference.update_p99_us.max(1e-9),
+        match (r.replica_cpu_us_per_op, reference.replica_cpu_us_per_op) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+            _ => "-".to_string(),
+        }
+    )
+}
+
+/// The issue's point-4 ratios and whether they are met, plus the Naïve modes' ratios to each
+/// Chorus arrangement (chain, Hermes) per point.
 pub fn summary(report: &TenantsReport) -> String {
     let mut text = String::new();
-    let _ = writeln!(text, "\nratios to chain (update latency; > 1: chain lower)");
-    for loaded in [false, true] {
-        for t in tenant_counts(report) {
-            let Some(chain) = report.find(HostMode::Chorus, t, loaded) else { continue };
-            for mode in [HostMode::Naive, HostMode::NaivePolling] {
-                if let Some(r) = report.find(mode, t, loaded) {
-                    let _ = writeln!(
-                        text,
-                        "  T={t:<4}{:<6} {:<14} avg {:.2}x  p95 {:.2}x  p99 {:.2}x  cpu/op {}",
-                        if loaded { " +load" } else { "" },
-                        label(mode, false),
-                        r.update_mean_us / chain.update_mean_us.max(1e-9),
-                        r.update_p95_us / chain.update_p95_us.max(1e-9),
-                        r.update_p99_us / chain.update_p99_us.max(1e-9),
-                        match (r.replica_cpu_us_per_op, chain.replica_cpu_us_per_op) {
-                            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
-                            _ => "-".to_string(),
-                        }
-                    );
+    for chorus in [TenantsMode::Chorus, TenantsMode::Hermes] {
+        if !report.results.iter().any(|r| r.mode == chorus) {
+            continue;
+        }
+        let name = label(chorus, false);
+        let _ = writeln!(text, "\nratios to {name} (update latency; > 1: {name} lower)");
+        for loaded in [false, true] {
+            for t in tenant_counts(report) {
+                let Some(reference) = report.find(chorus, t, loaded) else { continue };
+                for mode in [TenantsMode::Naive, TenantsMode::NaivePolling, TenantsMode::Hermes] {
+                    if mode == chorus {
+                        continue;
+                    }
+                    if let Some(r) = report.find(mode, t, loaded) {
+                        let _ = writeln!(
+                            text,
+                            "  T={t:<4}{:<6} {}",
+                            if loaded { " +load" } else { "" },
+                            ratios(r, reference)
+                        );
+                    }
                 }
             }
         }
     }
-    match target_ratios(report, TARGET_TENANTS, true) {
-        Some((p99_ratio, gap_reduction)) => {
-            let met = p99_ratio >= TARGET_P99_RATIO && gap_reduction >= TARGET_GAP_REDUCTION_PCT;
-            let _ = writeln!(
-                text,
-                "target (T={TARGET_TENANTS}, background load): Naïve-Event p99 / chain p99 = {p99_ratio:.2}x \
-                 (want >= {TARGET_P99_RATIO}x); reduction of the (p99 - avg) gap {gap_reduction:.0}% \
-                 (want >= {TARGET_GAP_REDUCTION_PCT}%; negative: the chain's gap is larger): {}",
-                if met { "MET on this machine" } else { "NOT met on this machine" }
-            );
-        }
-        None => {
-            let _ = writeln!(
-                text,
-                "target (T={TARGET_TENANTS}, background load): not measured (needs chain and naive at \
-                 T={TARGET_TENANTS} with --background-load)"
-            );
+    for chorus in [TenantsMode::Chorus, TenantsMode::Hermes] {
+        let name = label(chorus, false);
+        match target_ratios(report, chorus, TARGET_TENANTS, true) {
+            Some((p99_ratio, gap_reduction)) => {
+                let met = p99_ratio >= TARGET_P99_RATIO && gap_reduction >= TARGET_GAP_REDUCTION_PCT;
+                let _ = writeln!(
+                    text,
+                    "target (T={TARGET_TENANTS}, background load): Naïve-Event p99 / {name} p99 = {p99_ratio:.2}x \
+                     (want >= {TARGET_P99_RATIO}x); reduction of the (p99 - avg) gap {gap_reduction:.0}% \
+                     (want >= {TARGET_GAP_REDUCTION_PCT}%; negative: {name}'s gap is larger): {}",
+                    if met { "MET on this machine" } else { "NOT met on this machine" }
+                );
+            }
+            None if report.results.iter().any(|r| r.mode == chorus) => {
+                let _ = writeln!(
+                    text,
+                    "target (T={TARGET_TENANTS}, background load) for {name}: not measured (needs {name} and \
+                     naive at T={TARGET_TENANTS} with --background-load)"
+                );
+            }
+            None => {}
         }
     }
     text

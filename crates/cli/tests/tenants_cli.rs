@@ -1,8 +1,9 @@
-//! `chorus bench tenants` through the real binary (HyperLoop §2.2, §6.2): a tiny run of both
-//! arrangements (one `chorus group-host` per host for chain; `chorus naive-replica` processes
-//! per tenant for Naïve) writes a report with one point per protocol and tenant count, the
-//! replicas' CPU from /proc, and the two figures; `--from-json` redraws them; an unknown or
-//! unimplemented protocol is a clear error. Nothing here looks at how fast anything was.
+//! `chorus bench tenants` through the real binary (HyperLoop §2.2, §6.2): a tiny run of every
+//! arrangement (one `chorus group-host` per host for chain; `chorus naive-replica` processes
+//! per tenant for Naïve; one `chorus node --protocol hermes` per host for Hermes) writes a
+//! report with one point per protocol and tenant count, the replicas' CPU from /proc, and the
+//! two figures; `--from-json` redraws them; an unknown protocol is a clear error. Nothing here
+//! looks at how fast anything was.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -35,7 +36,16 @@ fn assert_pngs(dir: &std::path::Path) {
 fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures() {
     let scratch = Scratch::new("run");
     let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
-        .args(["bench", "tenants", "--tenants", "1,2", "--protocol", "chain,naive", "--measure-s", "0.5"])
+        .args([
+            "bench",
+            "tenants",
+            "--tenants",
+            "1,2",
+            "--protocol",
+            "chain,naive,hermes",
+            "--measure-s",
+            "0.5",
+        ])
         .arg("--out")
         .arg(&scratch.0)
         .stderr(Stdio::inherit())
@@ -43,12 +53,16 @@ fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures(
         .unwrap();
     assert!(output.status.success());
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("target (T=32, background load): not measured"), "{stdout}");
+    for name in ["chain", "hermes"] {
+        let expected = format!("target (T=32, background load) for {name}: not measured");
+        assert!(stdout.contains(&expected), "{stdout}");
+        assert!(stdout.contains(&format!("ratios to {name}")), "{stdout}");
+    }
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(scratch.0.join("tenants.json")).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
-    assert_eq!(results.len(), 4, "{results:?}");
-    for (mode, processes) in [("chorus", [3, 3]), ("naive", [6, 9])] {
+    assert_eq!(results.len(), 6, "{results:?}");
+    for (mode, processes) in [("chorus", [3, 3]), ("naive", [6, 9]), ("hermes", [3, 3])] {
         for (t, expected) in [1, 2].into_iter().zip(processes) {
             let r = results.iter().find(|r| r["mode"] == mode && r["tenants"] == t).expect("point");
             assert!(r["updates"].as_u64().unwrap() > 0, "{r}");
@@ -81,7 +95,7 @@ fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures(
 
 #[test]
 fn bench_tenants_refuses_unknown_protocols_clearly() {
-    for (protocol, expected) in [("hermes", "not implemented"), ("paxos", "unknown protocol")] {
+    for (protocol, expected) in [("paxos", "unknown protocol"), ("chain,raft", "unknown protocol")] {
         let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
             .args(["bench", "tenants", "--tenants", "1", "--protocol", protocol, "--out"])
             .arg(std::env::temp_dir().join("chorus-tenants-cli-never-written"))
