@@ -13,9 +13,9 @@ pub enum Bug {
     ReadWithoutLock,
     /// The coordinator executes records without taking the group write lock.
     NoWriteLock,
-    /// A joining member is linked into the chain as soon as the copy of the region has been
-    /// sent, without waiting for the joiner to acknowledge it (§5.1 says: only after the
-    /// catch-up phase), so the new member can serve a region that is still partly stale.
+    /// A joining member is linked into the chain as soon as it accepted the copy group, before
+    /// any chunk of the copy was acknowledged (§5.1 says: only after the catch-up phase), so
+    /// the new member serves a region that is empty or stale.
     LinkBeforeCopyCompletes,
 }
 

@@ -514,6 +514,11 @@ impl Chain {
             }
             return;
         }
+        // Updates this node forwarded to the previous head of this view (a node that turned
+        // out to be joining, so it coordinated nothing) are answered, not re-sent to itself.
+        for (_, pending) in std::mem::take(&mut self.outstanding) {
+            out.reply(pending.request, Outcome::Error(CommandError::OutcomeUnknown));
+        }
         self.coordinator = Some(Coordinator {
             caller: None,
             copier: None,
@@ -716,13 +721,22 @@ impl Chain {
     /// joiner, then its lock word (0) with gFLUSH, then link it.
     fn pump_copy(&mut self, now: Time, gout: &mut GroupOutbox, out: &mut Outbox<Message>) {
         let early_link = self.has_bug(Bug::LinkBeforeCopyCompletes);
+        if early_link {
+            // The broken variant: link at once, as if the copy had been acknowledged.
+            let coordinator = self.coordinator.as_mut().expect("coordinating");
+            let joiner = coordinator.copy.as_ref().expect("copying").joiner;
+            let mut chain = coordinator.caller_chain();
+            chain.push(joiner);
+            self.start_configuring(now, false, chain, AfterConfig::Link { joiner }, out);
+            return;
+        }
         let chunk_bytes = self.config.copy_chunk_bytes.max(8);
         let region_bytes = self.config.layout.region_bytes();
         let region = self.member.as_ref().expect("the coordinator is a member").memory();
         let coordinator = self.coordinator.as_mut().expect("coordinating");
         let copier = coordinator.copier.as_mut().expect("copying");
         let copy = coordinator.copy.as_mut().expect("copying");
-        while (copy.in_flight < COPY_WINDOW || early_link) && copy.next_offset < region_bytes {
+        while copy.in_flight < COPY_WINDOW && copy.next_offset < region_bytes {
             let len = chunk_bytes.min(region_bytes - copy.next_offset);
             let data = region.read_vec(copy.next_offset, len).expect("within the region");
             let request = RequestId(coordinator.next_request);
@@ -734,7 +748,7 @@ impl Chain {
             copy.in_flight += 1;
         }
         let sent = copy.next_offset == region_bytes;
-        if sent && !copy.flush_sent && (copy.in_flight == 0 || early_link) {
+        if sent && !copy.flush_sent && copy.in_flight == 0 {
             // The joiner's lock word starts free; the gFLUSH makes the whole copy durable.
             let request = RequestId(coordinator.next_request);
             coordinator.next_request += 1;
@@ -743,7 +757,7 @@ impl Chain {
             copy.flush_sent = true;
             copy.in_flight += 1;
         }
-        if copy.flush_sent && (copy.in_flight == 0 || early_link) && matches!(coordinator.phase, Phase::Copying) {
+        if copy.flush_sent && copy.in_flight == 0 {
             let joiner = copy.joiner;
             let mut chain = coordinator.caller_chain();
             chain.push(joiner);
@@ -921,6 +935,8 @@ impl Chain {
                 }
             }
             (OpKind::Undo | OpKind::Unlock, _) => {}
+            // The rest of a batch that failed (only a new configuration repairs the group).
+            (_, Phase::Broken) => {}
             (kind, _) => debug_assert!(false, "completion of {kind:?} in an unexpected phase"),
         }
     }
