@@ -593,7 +593,13 @@ impl Chain {
     }
 
     /// A member's `ChainMember` takes the configuration. Returns whether it is installed now.
-    fn install_configuration(&mut self, from: NodeId, group_epoch: u64, copy: bool, chain: Vec<NodeId>) -> bool {
+    fn install_configuration(
+        &mut self,
+        from: NodeId,
+        group_epoch: u64,
+        copy: bool,
+        chain: Vec<NodeId>,
+    ) -> bool {
         let Some(member) = self.member.as_mut() else { return false };
         if group_epoch < member.config().epoch {
             return false; // an older configuration, overtaken
@@ -633,7 +639,8 @@ impl Chain {
                     }
                     None => {
                         coordinator.caller = Some(
-                            GroupCaller::new(config, COORDINATOR, caller_config).expect("a valid configuration"),
+                            GroupCaller::new(config, COORDINATOR, caller_config)
+                                .expect("a valid configuration"),
                         );
                     }
                 }
@@ -649,7 +656,11 @@ impl Chain {
                     AfterConfig::Recover => self.start_recovery(now, out),
                     AfterConfig::Copy { .. } => unreachable!("handled below"),
                     AfterConfig::Link { joiner } => {
-                        debug_assert_eq!(configuring.chain.last(), Some(&joiner), "a joiner becomes the tail");
+                        debug_assert_eq!(
+                            configuring.chain.last(),
+                            Some(&joiner),
+                            "a joiner becomes the tail"
+                        );
                         self.stats.joins_linked += 1;
                         let coordinator = self.coordinator.as_mut().expect("coordinating");
                         coordinator.phase = Phase::Idle;
@@ -659,8 +670,9 @@ impl Chain {
             }
             AfterConfig::Copy { joiner } => {
                 let config = group_config(COPY_GROUP, group_epoch, vec![joiner], &layout);
-                coordinator.copier =
-                    Some(GroupCaller::new(config, COORDINATOR, caller_config).expect("a valid configuration"));
+                coordinator.copier = Some(
+                    GroupCaller::new(config, COORDINATOR, caller_config).expect("a valid configuration"),
+                );
                 coordinator.copy =
                     Some(CopyProgress { joiner, next_offset: 8, in_flight: 0, flush_sent: false });
                 coordinator.phase = Phase::Copying;
@@ -753,7 +765,12 @@ impl Chain {
             let request = RequestId(coordinator.next_request);
             coordinator.next_request += 1;
             coordinator.ops.insert(request, OpKind::Copy);
-            copier.submit(now, request, Operation::write(LOCK_OFFSET, 0u64.to_le_bytes().to_vec()).durable(), gout);
+            copier.submit(
+                now,
+                request,
+                Operation::write(LOCK_OFFSET, 0u64.to_le_bytes().to_vec()).durable(),
+                gout,
+            );
             copy.flush_sent = true;
             copy.in_flight += 1;
         }
@@ -1220,7 +1237,8 @@ impl Chain {
     /// copied to once the chain without it has recovered.
     fn on_need_copy(&mut self, now: Time, from: NodeId, group_epoch: u64, out: &mut Outbox<Message>) {
         let Some(coordinator) = self.coordinator.as_ref() else { return };
-        let current = coordinator.configuring.as_ref().is_some_and(|c| c.group_epoch == group_epoch && !c.copy);
+        let current =
+            coordinator.configuring.as_ref().is_some_and(|c| c.group_epoch == group_epoch && !c.copy);
         if !current {
             return;
         }
@@ -1261,7 +1279,9 @@ impl Chain {
             return;
         }
         if !self.caught_up {
-            debug_assert!(self.copied_in == Some(self.view.epoch) || self.has_bug(Bug::LinkBeforeCopyCompletes));
+            debug_assert!(
+                self.copied_in == Some(self.view.epoch) || self.has_bug(Bug::LinkBeforeCopyCompletes)
+            );
             self.caught_up = true;
             self.joining_sent_at = None;
         }

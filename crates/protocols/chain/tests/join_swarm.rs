@@ -68,7 +68,11 @@ fn run(config: &SimConfig, options: Options) -> SeedRun {
     // A restart keeps the Raft records (what `membership.log` holds) and the region file:
     // empty for even seeds (a replacement machine), the crashed node's for odd ones (a
     // restart on its data directory). Either way the node joins and is copied to.
-    let mut restart = move |me: NodeId, replicas: NodeSet, seed: u64, now: Time, crashed: &WithMembership<Chain>| {
+    let mut restart = move |me: NodeId,
+                            replicas: NodeSet,
+                            seed: u64,
+                            now: Time,
+                            crashed: &WithMembership<Chain>| {
         let stats = crashed.protocol().stats();
         JOINS_SEEN.with(|seen| {
             let (copies, links) = seen.get();
@@ -136,12 +140,14 @@ fn swarm(replicas: usize, seeds: u64, slow: bool) {
 }
 
 #[test]
-fn restarted_and_partitioned_nodes_are_copied_to_and_linked_and_histories_stay_linearizable_with_3_replicas() {
+fn restarted_and_partitioned_nodes_are_copied_to_and_linked_and_histories_stay_linearizable_with_3_replicas()
+{
     swarm(3, 200, false);
 }
 
 #[test]
-fn restarted_and_partitioned_nodes_are_copied_to_and_linked_and_histories_stay_linearizable_with_5_replicas() {
+fn restarted_and_partitioned_nodes_are_copied_to_and_linked_and_histories_stay_linearizable_with_5_replicas()
+{
     swarm(5, 100, false);
 }
 
@@ -168,7 +174,33 @@ fn the_checker_catches_a_joiner_linked_before_its_copy_is_acknowledged() {
     assert!(caught > 0, "no seed caught a joiner linked before its copy completed");
 }
 
-/// `SEED=.. REPLICAS=.. GREP=.. cargo test -p chorus-chain --test join_swarm debug_seed -- --ignored`
+#[test]
+fn a_joiner_refuses_clients_with_a_clear_reason_until_it_is_linked() {
+    use chorus_core::{ClientRequestId, Command, CommandError, Outbox, Outcome, Replica};
+    let replicas: NodeSet = (0..3).map(NodeId).collect();
+    let options = Options { seed: 1, slow: false, bug: None };
+    let mut config = chain_config(NodeId(0), replicas, options);
+    config.joining = true;
+    let mut joiner = Chain::new(config);
+    let mut out = Outbox::default();
+    joiner.on_view(
+        Time::from_millis(5),
+        chorus_core::View { epoch: chorus_core::Epoch(3), live: replicas },
+        &mut out,
+    );
+    assert!(!joiner.is_caught_up() && !joiner.is_operational());
+    assert!(joiner.chain_order().is_empty(), "a joiner lists no linked member");
+    let read = Command::Read { key: bytes::Bytes::from_static(b"k") };
+    joiner.on_client(Time::from_millis(6), ClientRequestId(1), read, &mut out);
+    let Some((_, Outcome::Error(CommandError::Unavailable(reason)))) = out.replies.first() else {
+        panic!("{:?}", out.replies)
+    };
+    assert!(reason.starts_with("joining:"), "{reason}");
+    // It announces itself so members that still list it as linked drop it.
+    assert!(out.messages.iter().any(|(_, message)| matches!(message, chorus_chain::Message::Joining { .. })));
+}
+
+/// `SEED=.. REPLICAS=.. cargo test -p chorus-chain --test join_swarm debug_seed -- --ignored`
 #[test]
 #[ignore]
 fn debug_seed() {
