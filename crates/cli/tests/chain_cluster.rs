@@ -163,9 +163,12 @@ fn a_fresh_node_joins_the_chain_after_a_member_is_sigkilled_mid_load() {
     // Ready means operational: linked into the chain, so caught up.
     cluster.wait_ready(0, 2);
     eprintln!("n0 restarted to linked in {:?} (the first GET was refused: {refused:?})", restarted.elapsed());
-    assert_eq!(cluster.info_number(0, "chain_copies_received"), Some(1), "{}", cluster.log(0));
+    let copies = cluster.info_number(0, "chain_copies_received");
+    assert_eq!(copies, Some(1), "copies received by n0");
     let linked = cluster.info_number(1, "chain_joins_linked").unwrap();
     assert_eq!(linked, 1, "n1, the new head, copied to and linked n0");
+    let pause_us = cluster.info_number(1, "chain_last_join_pause_us").unwrap();
+    eprintln!("writes paused {:.1} ms for the copy and the link", pause_us as f64 / 1000.0);
     let copied = cluster.info_number(1, "chain_copy_bytes_sent").unwrap();
     assert!(copied > 64 * 1024 * 1024, "the whole region is copied: {copied} bytes");
     let mut con = cluster.client(0);

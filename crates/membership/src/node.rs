@@ -370,7 +370,17 @@ impl Membership {
             return; // Not one of ours: the transport's handshake should have refused it.
         }
         match message {
-            MembershipMessage::Raft(message) => {
+            MembershipMessage::Raft(mut message) => {
+                // A replacement machine that lost `membership.log` has an empty Raft log, and a
+                // leader that still counts its old progress sends heartbeats committing past
+                // its end, on which raft-rs panics. A heartbeat commits nothing the log does
+                // not hold: clamp it (the leader re-probes once it hears the join request).
+                let last_index = self.raft.raft.raft_log.last_index();
+                if message.get_msg_type() == raft::prelude::MessageType::MsgHeartbeat
+                    && message.get_commit() > last_index
+                {
+                    message.set_commit(last_index);
+                }
                 // A malformed or stale message is the sender's problem, not a reason to stop.
                 let _ = self.raft.step(message);
             }
@@ -506,6 +516,13 @@ impl Membership {
             .is_some_and(|(proposed, at)| proposed == incarnation && now < at + self.config.heartbeat_period);
         if recently {
             return;
+        }
+        // A new incarnation may have lost its Raft log (a replacement machine): forget what it
+        // matched and probe from its real end. Only lowers what the leader counts, so commits
+        // can only be later, never wrong.
+        if let Some(progress) = self.raft.raft.mut_prs().get_mut(raft_id(from)) {
+            progress.matched = 0;
+            progress.become_probe();
         }
         let mut data = vec![JOIN_ENTRY_TAG, from.0];
         data.extend_from_slice(&self.decided.epoch.0.to_le_bytes());

@@ -337,6 +337,7 @@ impl ServedReplica for chorus_chain::Chain {
             ("joins_linked", s.joins_linked),
             ("copy_bytes_sent", s.copy_bytes_sent),
             ("copies_received", s.copies_received),
+            ("last_join_pause_us", s.last_join_pause_us),
         ]
     }
 }

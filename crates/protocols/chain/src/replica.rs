@@ -91,6 +91,9 @@ pub struct ChainStats {
     pub copy_bytes_sent: u64,
     /// Copies of the region this node received as a joiner.
     pub copies_received: u64,
+    /// How long writes paused for the last join this node coordinated: from the copy's
+    /// configuration to the link's acknowledgement by every member.
+    pub last_join_pause_us: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -176,6 +179,8 @@ struct Coordinator {
     unlinked: NodeSet,
     linked_epoch: u64,
     linked_sent_at: Time,
+    /// When the join in progress paused writes.
+    join_started_at: Option<Time>,
     mirror: Option<Mirror>,
     phase: Phase,
     queue: VecDeque<(Origin, Command)>,
@@ -527,6 +532,7 @@ impl Chain {
             unlinked: NodeSet::EMPTY,
             linked_epoch: 0,
             linked_sent_at: now,
+            join_started_at: None,
             mirror: None,
             phase: Phase::Configuring,
             queue,
@@ -663,6 +669,9 @@ impl Chain {
                         );
                         self.stats.joins_linked += 1;
                         let coordinator = self.coordinator.as_mut().expect("coordinating");
+                        if let Some(started) = coordinator.join_started_at.take() {
+                            self.stats.last_join_pause_us = now.saturating_sub(started).as_micros();
+                        }
                         coordinator.phase = Phase::Idle;
                         self.drive(now, GroupOutbox::default(), out);
                     }
@@ -827,6 +836,9 @@ impl Chain {
             if gout.messages.is_empty() && gout.completions.is_empty() {
                 if let Some(joiner) = self.joiner_to_copy() {
                     // §5.1: writes pause while the joiner catches up.
+                    if let Some(coordinator) = self.coordinator.as_mut() {
+                        coordinator.join_started_at.get_or_insert(now);
+                    }
                     self.start_configuring(now, true, vec![joiner], AfterConfig::Copy { joiner }, out);
                     continue;
                 }
@@ -1211,7 +1223,9 @@ impl Chain {
                 return;
             }
             self.copied_in = Some(epoch);
-            self.stats.copies_received += 1;
+            if self.member.as_ref().is_some_and(|member| member.config().epoch < group_epoch) {
+                self.stats.copies_received += 1; // not a retransmitted configuration
+            }
         } else if self.copied_in != Some(epoch) && !self.has_bug(Bug::LinkBeforeCopyCompletes) {
             // Listed as linked (it restarted before the others noticed), but its region is
             // stale: it must be copied to first.
