@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 
 use chorus_core::{Epoch, NodeId, NodeSet, Time, View};
-use raft::prelude::{ConfState, Entry, EntryType};
+use raft::prelude::{ConfState, Entry, EntryType, MessageType};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
 
@@ -374,12 +374,23 @@ impl Membership {
                 // A replacement machine that lost `membership.log` has an empty Raft log, and a
                 // leader that still counts its old progress sends heartbeats committing past
                 // its end, on which raft-rs panics. A heartbeat commits nothing the log does
-                // not hold: clamp it (the leader re-probes once it hears the join request).
+                // not hold: clamp it.
                 let last_index = self.raft.raft.raft_log.last_index();
-                if message.get_msg_type() == raft::prelude::MessageType::MsgHeartbeat
-                    && message.get_commit() > last_index
-                {
+                if message.get_msg_type() == MessageType::MsgHeartbeat && message.get_commit() > last_index {
                     message.set_commit(last_index);
+                }
+                // The leader hears of the loss as a rejection hinting at a log shorter than
+                // what the follower had acknowledged, which raft-rs takes for a stale message
+                // and ignores forever. Forget the lost part and probe from the real end (only
+                // lowers what the leader counts: commits can be later, never wrong).
+                if message.get_msg_type() == MessageType::MsgAppendResponse && message.get_reject() {
+                    let hint = message.get_reject_hint();
+                    if let Some(progress) = self.raft.raft.mut_prs().get_mut(message.get_from()) {
+                        if hint < progress.matched {
+                            progress.matched = hint;
+                            progress.become_probe();
+                        }
+                    }
                 }
                 // A malformed or stale message is the sender's problem, not a reason to stop.
                 let _ = self.raft.step(message);
@@ -516,13 +527,6 @@ impl Membership {
             .is_some_and(|(proposed, at)| proposed == incarnation && now < at + self.config.heartbeat_period);
         if recently {
             return;
-        }
-        // A new incarnation may have lost its Raft log (a replacement machine): forget what it
-        // matched and probe from its real end. Only lowers what the leader counts, so commits
-        // can only be later, never wrong.
-        if let Some(progress) = self.raft.raft.mut_prs().get_mut(raft_id(from)) {
-            progress.matched = 0;
-            progress.become_probe();
         }
         let mut data = vec![JOIN_ENTRY_TAG, from.0];
         data.extend_from_slice(&self.decided.epoch.0.to_le_bytes());

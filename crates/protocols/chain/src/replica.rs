@@ -225,6 +225,9 @@ pub struct Chain {
     /// The last configuration generation this node used as coordinator in the current view.
     generation: u64,
     joining_sent_at: Option<Time>,
+    /// Live nodes heard announcing `Joining` in this view: ready to be copied to (a joiner
+    /// that has not installed its join view yet would ignore the copy while writes wait).
+    joiners_heard: NodeSet,
     /// Set when the region could not be used; the replica serves nothing.
     region_error: Option<String>,
     coordinator: Option<Coordinator>,
@@ -307,6 +310,7 @@ impl Chain {
             configured_by: None,
             generation: 0,
             joining_sent_at: None,
+            joiners_heard: NodeSet::EMPTY,
             region_error,
             coordinator: None,
             sessions: FxHashMap::default(),
@@ -735,7 +739,8 @@ impl Chain {
         if !idle {
             return None;
         }
-        self.view.live.iter().find(|node| !coordinator.caller_chain().contains(node))
+        let chain = coordinator.caller_chain();
+        self.view.live.iter().find(|node| !chain.contains(node) && self.joiners_heard.contains(*node))
     }
 
     /// §5.1 catch-up: keep up to `COPY_WINDOW` chunks of the head's region in flight to the
@@ -844,7 +849,10 @@ impl Chain {
                 }
                 let joiner_waits = self.coordinator.as_ref().is_some_and(|c| {
                     let chain = c.caller_chain();
-                    self.view.live.iter().any(|node| !chain.contains(&node))
+                    self.view
+                        .live
+                        .iter()
+                        .any(|node| !chain.contains(&node) && self.joiners_heard.contains(node))
                 });
                 if self
                     .coordinator
@@ -1165,6 +1173,7 @@ impl Chain {
         self.generation = 0;
         self.configured_by = None;
         self.joining_sent_at = None;
+        self.joiners_heard = NodeSet::EMPTY;
         if !view.live.contains(self.config.me) {
             // Removed: whatever this node holds may go stale from now on. If it comes back
             // (a join view), it is copied to like a new node.
@@ -1263,7 +1272,10 @@ impl Chain {
     /// `from` is joining in this view: if this node still lists it as linked (it restarted
     /// before anyone noticed), it is not any more.
     fn on_joining(&mut self, now: Time, from: NodeId, out: &mut Outbox<Message>) {
+        self.joiners_heard.insert(from);
         if !self.caught_up || !self.order.contains(&from) {
+            // Not listed as linked here: a coordinator may copy to it now.
+            self.drive(now, GroupOutbox::default(), out);
             return;
         }
         // A configuration of this view that includes `from` was acknowledged by it after a
