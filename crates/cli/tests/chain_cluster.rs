@@ -1,13 +1,15 @@
 //! Process-level tests of `--protocol chain` (the key-value store on the HyperLoop group
 //! primitives, docs/protocols/chain.md): three real `chorus node` processes on loopback,
 //! concurrent clients, and the simulator's linearizability checker on the recorded history;
-//! the same RESP commands as the other protocols; a member SIGKILLed mid-load. No timing
+//! the same RESP commands as the other protocols; a member SIGKILLed mid-load, and a fresh
+//! node joining in its place (§5.1: copied to by the head, then linked). No timing
 //! assertions: every wait has a generous deadline that only guards against hangs.
 
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use chorus_sim::checker::{check_history, CheckerConfig};
-use support::loopback::{assert_concurrent_clients_linearizable, Cluster};
+use support::loopback::{assert_concurrent_clients_linearizable, Cluster, DEADLINE};
 use support::workload::{self, Workload};
 
 mod support;
@@ -99,4 +101,101 @@ fn chain_survives_a_sigkill_of_the_head_mid_load() {
     let mut tail = cluster.client(2);
     let read: Option<String> = redis::cmd("GET").arg("after").query(&mut tail).unwrap();
     assert_eq!(read.as_deref(), Some("kill"));
+}
+
+const BULK_KEYS: usize = 200;
+
+fn wait_until(what: &str, cluster: &Cluster, node: usize, mut done: impl FnMut(&Cluster) -> bool) {
+    let started = Instant::now();
+    while !done(cluster) {
+        assert!(started.elapsed() < DEADLINE, "{what}:\n{}", cluster.log(node));
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// HyperLoop §5.1 with real processes: the head is SIGKILLed while six clients run; the
+/// survivors re-chain without it. A fresh node with the same id and an empty data directory
+/// starts with `--join`; the new head pauses writes, copies its log and database region to it
+/// (gWRITE chunks + gFLUSH), links it as the new tail, and resumes. The joiner refuses clients
+/// until then, serves the latest values after, and the whole history (before, during and after
+/// the kill and the join) is linearizable: no acknowledged write is lost.
+#[test]
+fn a_fresh_node_joins_the_chain_after_a_member_is_sigkilled_mid_load() {
+    let mut cluster = Cluster::start(3, &["--protocol", "chain"]);
+    let mut con = cluster.client(0);
+    for i in 0..BULK_KEYS {
+        let _: () = redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("v{i}")).query(&mut con).unwrap();
+    }
+    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
+    let load = thread::spawn(move || {
+        workload::run(Workload {
+            targets,
+            clients: 6,
+            ops_per_client: 600,
+            reply_timeout: Duration::from_secs(10),
+            think: Duration::from_millis(5),
+        })
+    });
+    thread::sleep(Duration::from_millis(300));
+    cluster.sigkill(0);
+    wait_until("survivors remove n0", &cluster, 1, |c| {
+        c.info_number(1, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
+    });
+    // Writes the joiner must get from the copy.
+    let mut con = cluster.client(1);
+    for i in 0..50 {
+        let _: () =
+            redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
+    }
+    // A replacement machine: nothing of the old node's data directory survives.
+    let data_dir = cluster.dir.join("node-0");
+    std::fs::remove_dir_all(&data_dir).unwrap();
+    let donor = cluster.nodes[1].peer.to_string();
+    let restarted = Instant::now();
+    cluster.restart(0, &["--join", &donor]);
+    // Until it is linked, the joiner refuses clients with a clear reason.
+    let refused = cluster.try_client(0).ok().and_then(|mut con| {
+        redis::cmd("GET").arg("bulk:0").query::<Option<String>>(&mut con).err().map(|error| error.to_string())
+    });
+    if let Some(error) = &refused {
+        assert!(error.contains("replica is not serving"), "{error}");
+    }
+    // Ready means operational: linked into the chain, so caught up.
+    cluster.wait_ready(0, 2);
+    eprintln!("n0 restarted to linked in {:?} (the first GET was refused: {refused:?})", restarted.elapsed());
+    let copies = cluster.info_number(0, "chain_copies_received");
+    assert_eq!(copies, Some(1), "copies received by n0");
+    let linked = cluster.info_number(1, "chain_joins_linked").unwrap();
+    assert_eq!(linked, 1, "n1, the new head, copied to and linked n0");
+    let pause_us = cluster.info_number(1, "chain_last_join_pause_us").unwrap();
+    eprintln!("writes paused {:.1} ms for the copy and the link", pause_us as f64 / 1000.0);
+    let copied = cluster.info_number(1, "chain_copy_bytes_sent").unwrap();
+    assert!(copied > 64 * 1024 * 1024, "the whole region is copied: {copied} bytes");
+    let mut con = cluster.client(0);
+    for i in 0..BULK_KEYS {
+        let value: Option<String> = redis::cmd("GET").arg(format!("bulk:{i}")).query(&mut con).unwrap();
+        let expected = if i < 50 { format!("down{i}") } else { format!("v{i}") };
+        assert_eq!(value.as_deref(), Some(expected.as_str()), "bulk:{i} at the joined n0");
+    }
+    let history = load.join().unwrap();
+
+    // n0 is a full member now, at the tail: a write through it reaches every replica.
+    let _: () = redis::cmd("SET").arg("after").arg("join").query(&mut con).unwrap();
+    for node in [1, 2] {
+        let mut con = cluster.client(node);
+        let value: Option<String> = redis::cmd("GET").arg("after").query(&mut con).unwrap();
+        assert_eq!(value.as_deref(), Some("join"), "at n{node}");
+    }
+    let info: String = redis::cmd("INFO").query(&mut con).unwrap();
+    assert!(info.contains("chorus_view_live:0,1,2"), "n0 was not added back:\n{info}");
+
+    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
+    let report = check_history(&history, &CheckerConfig::default());
+    eprintln!(
+        "chain with a killed and replaced head: {} operations ({completed} completed), inconclusive: {:?}",
+        history.operations.len(),
+        report.inconclusive_keys
+    );
+    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
+    assert!(completed > 1_000, "too few operations completed: {completed}");
 }

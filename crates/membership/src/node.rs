@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 
 use chorus_core::{Epoch, NodeId, NodeSet, Time, View};
-use raft::prelude::{ConfState, Entry, EntryType};
+use raft::prelude::{ConfState, Entry, EntryType, MessageType};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, StateRole};
 
@@ -370,7 +370,28 @@ impl Membership {
             return; // Not one of ours: the transport's handshake should have refused it.
         }
         match message {
-            MembershipMessage::Raft(message) => {
+            MembershipMessage::Raft(mut message) => {
+                // A replacement machine that lost `membership.log` has an empty Raft log, and a
+                // leader that still counts its old progress sends heartbeats committing past
+                // its end, on which raft-rs panics. A heartbeat commits nothing the log does
+                // not hold: clamp it.
+                let last_index = self.raft.raft.raft_log.last_index();
+                if message.get_msg_type() == MessageType::MsgHeartbeat && message.get_commit() > last_index {
+                    message.set_commit(last_index);
+                }
+                // The leader hears of the loss as a rejection hinting at a log shorter than
+                // what the follower had acknowledged, which raft-rs takes for a stale message
+                // and ignores forever. Forget the lost part and probe from the real end (only
+                // lowers what the leader counts: commits can be later, never wrong).
+                if message.get_msg_type() == MessageType::MsgAppendResponse && message.get_reject() {
+                    let hint = message.get_reject_hint();
+                    if let Some(progress) = self.raft.raft.mut_prs().get_mut(message.get_from()) {
+                        if hint < progress.matched {
+                            progress.matched = hint;
+                            progress.become_probe();
+                        }
+                    }
+                }
                 // A malformed or stale message is the sender's problem, not a reason to stop.
                 let _ = self.raft.step(message);
             }

@@ -110,6 +110,12 @@ impl Protocol {
             Protocol::Chain => "chain",
         }
     }
+
+    /// Whether a node can join a running cluster (`--join`, or a restart on its data
+    /// directory): the protocol copies the data to it before it serves.
+    pub fn can_join(self) -> bool {
+        matches!(self, Protocol::Hermes | Protocol::Chain)
+    }
 }
 
 /// A validated node configuration.
@@ -360,11 +366,11 @@ fn join_donor(
     membership: &Option<MembershipTiming>,
     replicas: &BTreeMap<NodeId, SocketAddr>,
 ) -> Result<NodeId, ConfigError> {
-    if protocol != Protocol::Hermes {
+    if !protocol.can_join() {
         return Err(field_error(
             "join",
             format!(
-                "{} cannot join a running cluster: only hermes copies state to a new replica",
+                "{} cannot join a running cluster: only hermes and chain copy state to a new replica",
                 protocol.name()
             ),
         ));

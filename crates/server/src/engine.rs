@@ -333,6 +333,11 @@ impl ServedReplica for chorus_chain::Chain {
             ("lock_failures", s.lock_failures),
             ("forward_retransmits", s.forward_retransmits),
             ("views_installed", s.views_installed),
+            ("configurations", s.configurations),
+            ("joins_linked", s.joins_linked),
+            ("copy_bytes_sent", s.copy_bytes_sent),
+            ("copies_received", s.copies_received),
+            ("last_join_pause_us", s.last_join_pause_us),
         ]
     }
 }

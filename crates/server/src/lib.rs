@@ -109,7 +109,7 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
             start.spawn(Zab::new(zab_config)).await?
         }
         Protocol::Raftlog => start.spawn(open_raftlog(&config, replicas)?).await?,
-        Protocol::Chain => start.spawn(open_chain(&config, replicas)?).await?,
+        Protocol::Chain => start.spawn(open_chain(&config, replicas, joining)?).await?,
     };
 
     let metrics = Arc::new(Metrics::default());
@@ -242,11 +242,17 @@ impl Start {
 
 /// The chain store's region: `<data_dir>/regions/tenant-0/chain.region` (mmap'd, msync on
 /// gFLUSH), reopened with its contents after a restart (docs/protocols/chain.md).
-fn open_chain(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<chorus_chain::Chain> {
+fn open_chain(config: &NodeConfig, replicas: NodeSet, joining: bool) -> anyhow::Result<chorus_chain::Chain> {
     let dir = config.data_dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("chorus-node-{}-{}", config.node_id.0, std::process::id()))
     });
-    let chain_config = chorus_chain::ChainConfig::server(config.node_id, replicas);
+    let mut chain_config = chorus_chain::ChainConfig::server(config.node_id, replicas);
+    // §5.1: a joining node serves nothing until the head has copied its region over this one
+    // (empty or stale) and linked it into the chain.
+    chain_config.joining = joining;
+    if joining {
+        info!("joining the chain: waiting for the head to copy the log and the database region");
+    }
     let store = chorus_region::RegionStore::open(dir.join("regions"), chorus_region::FlushBackend::Msync)
         .with_context(|| format!("cannot open the chain region directory under {}", dir.display()))?;
     let region = store
@@ -326,9 +332,10 @@ impl Managed {
             info!(records = records.len(), "membership state restored from {}", path.display());
         }
         let restarted = !records.is_empty();
-        if config.protocol == Protocol::Hermes {
-            // Keys live in memory: a restarted node has lost them, so it rejoins like a new
-            // one (docs/operations.md, "Replacing a node").
+        if config.protocol.can_join() {
+            // Hermes keys live in memory: a restarted node has lost them; a chain region may
+            // have missed writes while the node was down. Either way it rejoins like a new
+            // one and is copied to (docs/operations.md, "Replacing a node").
             if restarted || config.join.is_some() {
                 membership_config.join = Some(incarnation());
             }
@@ -336,7 +343,7 @@ impl Managed {
         } else if restarted {
             anyhow::bail!(
                 "{} holds membership state from an earlier run, but {} cannot rejoin a running \
-                 cluster (no state transfer; only hermes can): start every node with a fresh \
+                 cluster (no state transfer; only hermes and chain can): start every node with a fresh \
                  data_dir to start a new cluster",
                 path.display(),
                 config.protocol.name()

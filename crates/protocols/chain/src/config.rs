@@ -13,6 +13,10 @@ pub enum Bug {
     ReadWithoutLock,
     /// The coordinator executes records without taking the group write lock.
     NoWriteLock,
+    /// A joining member is linked into the chain as soon as it accepted the copy group, before
+    /// any chunk of the copy was acknowledged (§5.1 says: only after the catch-up phase), so
+    /// the new member serves a region that is empty or stale.
+    LinkBeforeCopyCompletes,
 }
 
 #[derive(Clone, Debug)]
@@ -25,6 +29,12 @@ pub struct ChainConfig {
     pub retransmit_timeout: Time,
     /// Group operations in flight at most.
     pub window_max: usize,
+    /// This node starts without the data (a restart, a replacement machine: `chorus node
+    /// --join`): it serves nothing until the coordinator has copied the log and the database
+    /// region to it and linked it into the chain (§5.1).
+    pub joining: bool,
+    /// The coordinator copies the region to a joiner in gWRITEs of this many bytes.
+    pub copy_chunk_bytes: u64,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
@@ -39,6 +49,8 @@ impl ChainConfig {
             layout: ChainLayout::new(64 * 1024, 4096, 1024 * 1024).expect("default layout is valid"),
             retransmit_timeout: Time::from_millis(20),
             window_max: 256,
+            joining: false,
+            copy_chunk_bytes: 4096,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }
@@ -51,6 +63,8 @@ impl ChainConfig {
         config.layout =
             ChainLayout::new(4 * 1024 * 1024, 65_536, 64 * 1024 * 1024).expect("server layout is valid");
         config.retransmit_timeout = Time::from_millis(50);
+        // 69 MiB in 1,104 frames, well under the peer frame limit.
+        config.copy_chunk_bytes = 64 * 1024;
         config
     }
 }

@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
-use chorus_core::{Command, Epoch, Outcome};
+use chorus_core::{Command, Epoch, NodeId, Outcome};
 use chorus_group::GroupMessage;
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -16,11 +16,37 @@ pub enum Message {
     Forward { epoch: Epoch, seq: u64, done_below: u64, command: Command },
     /// The coordinator's answer to a forwarded update.
     Done { epoch: Epoch, seq: u64, outcome: Outcome },
+    /// The coordinator (on the head's node) configures the group in view `epoch`: the data
+    /// path's chain (`copy` false), or a one-member copy group with a joiner (`copy` true).
+    /// `group_epoch` orders every configuration, also within one view.
+    Configure { epoch: Epoch, group_epoch: u64, copy: bool, chain: Vec<NodeId> },
+    /// A member installed the configuration `group_epoch`.
+    Configured { epoch: Epoch, group_epoch: u64 },
+    /// A joiner refuses a data-path configuration that includes it: it has not been copied
+    /// to in this view, so its region may be stale (§5.1: copy first, then join).
+    NeedCopy { epoch: Epoch, group_epoch: u64 },
+    /// A member without the data announces that it is joining in view `epoch` (sent until
+    /// the coordinator starts copying to it), so members that still list it as linked (it
+    /// restarted before anyone noticed) drop it.
+    Joining { epoch: Epoch },
+    /// Every member of configuration `group_epoch` installed it: a joiner in its chain now
+    /// holds all the data and is linked (it may serve and count as caught up).
+    Linked { epoch: Epoch, group_epoch: u64 },
+    /// The answer to `Linked`.
+    LinkedAck { epoch: Epoch, group_epoch: u64 },
 }
 
 const TAG_GROUP: u8 = 1;
 const TAG_FORWARD: u8 = 2;
 const TAG_DONE: u8 = 3;
+const TAG_CONFIGURE: u8 = 4;
+const TAG_CONFIGURED: u8 = 5;
+const TAG_NEED_COPY: u8 = 6;
+const TAG_JOINING: u8 = 7;
+const TAG_LINKED: u8 = 8;
+const TAG_LINKED_ACK: u8 = 9;
+/// More than any group can hold (`chorus_group::CHAIN_MEMBERS_MAX`); a bound for decoding.
+const CHAIN_NODES_MAX: u8 = 64;
 
 impl WireMessage for Message {
     fn encode(&self, buf: &mut BytesMut) {
@@ -42,6 +68,25 @@ impl WireMessage for Message {
                 buf.put_u64_le(*seq);
                 outcome.encode(buf);
             }
+            Message::Configure { epoch, group_epoch, copy, chain } => {
+                buf.put_u8(TAG_CONFIGURE);
+                buf.put_epoch(*epoch);
+                buf.put_u64_le(*group_epoch);
+                buf.put_bool(*copy);
+                debug_assert!(chain.len() <= CHAIN_NODES_MAX as usize);
+                buf.put_u8(chain.len() as u8);
+                for node in chain {
+                    buf.put_u8(node.0);
+                }
+            }
+            Message::Configured { epoch, group_epoch } => put_pair(buf, TAG_CONFIGURED, *epoch, *group_epoch),
+            Message::NeedCopy { epoch, group_epoch } => put_pair(buf, TAG_NEED_COPY, *epoch, *group_epoch),
+            Message::Joining { epoch } => {
+                buf.put_u8(TAG_JOINING);
+                buf.put_epoch(*epoch);
+            }
+            Message::Linked { epoch, group_epoch } => put_pair(buf, TAG_LINKED, *epoch, *group_epoch),
+            Message::LinkedAck { epoch, group_epoch } => put_pair(buf, TAG_LINKED_ACK, *epoch, *group_epoch),
         }
     }
 
@@ -59,9 +104,35 @@ impl WireMessage for Message {
                 seq: reader.u64()?,
                 outcome: Outcome::decode(reader)?,
             },
+            TAG_CONFIGURE => {
+                let epoch = reader.epoch()?;
+                let group_epoch = reader.u64()?;
+                let copy = match reader.u8()? {
+                    0 => false,
+                    1 => true,
+                    tag => return Err(DecodeError::UnknownTag { what: "chain copy flag", tag }),
+                };
+                let len = reader.u8()?;
+                if len == 0 || len > CHAIN_NODES_MAX {
+                    return Err(DecodeError::UnknownTag { what: "chain length", tag: len });
+                }
+                let chain = (0..len).map(|_| reader.u8().map(NodeId)).collect::<Result<_, _>>()?;
+                Message::Configure { epoch, group_epoch, copy, chain }
+            }
+            TAG_CONFIGURED => Message::Configured { epoch: reader.epoch()?, group_epoch: reader.u64()? },
+            TAG_NEED_COPY => Message::NeedCopy { epoch: reader.epoch()?, group_epoch: reader.u64()? },
+            TAG_JOINING => Message::Joining { epoch: reader.epoch()? },
+            TAG_LINKED => Message::Linked { epoch: reader.epoch()?, group_epoch: reader.u64()? },
+            TAG_LINKED_ACK => Message::LinkedAck { epoch: reader.epoch()?, group_epoch: reader.u64()? },
             tag => return Err(DecodeError::UnknownTag { what: "chain message", tag }),
         })
     }
+}
+
+fn put_pair(buf: &mut BytesMut, tag: u8, epoch: Epoch, group_epoch: u64) {
+    buf.put_u8(tag);
+    buf.put_epoch(epoch);
+    buf.put_u64_le(group_epoch);
 }
 
 #[cfg(test)]
@@ -80,6 +151,18 @@ mod tests {
                 command: Command::Rmw { key: Bytes::from("k"), op: RmwOp::IncrementBy(-2) },
             },
             Message::Done { epoch: Epoch(1), seq: 2, outcome: Outcome::Integer(5) },
+            Message::Configure {
+                epoch: Epoch(4),
+                group_epoch: 7,
+                copy: false,
+                chain: vec![NodeId(1), NodeId(0), NodeId(2)],
+            },
+            Message::Configure { epoch: Epoch(4), group_epoch: 6, copy: true, chain: vec![NodeId(0)] },
+            Message::Configured { epoch: Epoch(4), group_epoch: 7 },
+            Message::NeedCopy { epoch: Epoch(4), group_epoch: 7 },
+            Message::Joining { epoch: Epoch(5) },
+            Message::Linked { epoch: Epoch(4), group_epoch: 7 },
+            Message::LinkedAck { epoch: Epoch(4), group_epoch: 7 },
             Message::Group(GroupMessage::Ack {
                 group: chorus_group::GroupId(1),
                 epoch: 2,
@@ -92,7 +175,7 @@ mod tests {
             message.encode(&mut buf);
             assert_eq!(Message::decode_exact(buf.freeze()).unwrap(), message);
         }
-        for bytes in [&b""[..], &[9u8][..], &[2u8, 1, 2][..]] {
+        for bytes in [&b""[..], &[99u8][..], &[2u8, 1, 2][..], &[4u8, 1, 0, 0, 0, 0, 0, 0, 0][..]] {
             assert!(Message::decode_exact(Bytes::copy_from_slice(bytes)).is_err());
         }
     }

@@ -18,12 +18,21 @@
 //! fences reads everywhere, redoes from its own log the last executed record and the pending
 //! one (re-appended verbatim, then executed), and unlocks. Upstream members have applied a
 //! superset of what downstream ones did, so the head's log holds everything any survivor has.
+//!
+//! Joins (§5.1, "a new member in the chain copies the log and the database ... writes are
+//! paused for a short duration of catch-up phase. Only then does it formally join the
+//! chain"): the chain is not the view's live set but the *linked* members, in the order they
+//! were linked, as the coordinator configured them (`Message::Configure`). A live node that is
+//! not linked gets the head's whole region (log, index, heap, header words) by gWRITE in
+//! chunks + gFLUSH through a one-member copy group while batches wait, is then configured as
+//! the new tail, and serves (and counts as caught up) only once every member installed that.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use chorus_core::{
-    ClientRequestId, Command, CommandError, Key, NodeId, Outbox, Outcome, Replica, Time, Value, View,
+    ClientRequestId, Command, CommandError, Epoch, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time,
+    Value, View,
 };
 use chorus_group::txn::WRITER_BIT;
 use chorus_group::{
@@ -45,6 +54,16 @@ use crate::mirror::Mirror;
 /// has; its messages never cross the network: it lives on the head's node.
 pub const COORDINATOR: NodeId = NodeId(u8::MAX);
 const GROUP: GroupId = GroupId(1);
+/// The one-member group through which the coordinator copies its region to a joiner.
+const COPY_GROUP: GroupId = GroupId(2);
+/// Group epochs carry the view epoch in the high bits and the coordinator's configuration
+/// generation within the view in the low ones, so a reconfiguration inside one view (a copy,
+/// a link) still raises the epoch every member checks.
+const GENERATION_BITS: u32 = 24;
+/// Copy chunks in flight at most (each is `copy_chunk_bytes`).
+const COPY_WINDOW: usize = 16;
+/// Why a member without the data refuses clients.
+const JOINING: &str = "joining: the log and the database are being copied from the head";
 const TENANT: TenantId = TenantId(0);
 /// Peer links are already authenticated with the cluster token; the group token only keeps
 /// the group core's §7 check meaningful within one cluster.
@@ -64,6 +83,17 @@ pub struct ChainStats {
     pub lock_failures: u64,
     pub forward_retransmits: u64,
     pub views_installed: u64,
+    /// Chain configurations this node installed as coordinator (recovery, copy, link).
+    pub configurations: u64,
+    /// Members this node copied its region to and linked as coordinator.
+    pub joins_linked: u64,
+    /// Region bytes sent to joiners as coordinator.
+    pub copy_bytes_sent: u64,
+    /// Copies of the region this node received as a joiner.
+    pub copies_received: u64,
+    /// How long writes paused for the last join this node coordinated: from the copy's
+    /// configuration to the link's acknowledgement by every member.
+    pub last_join_pause_us: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -80,9 +110,14 @@ enum OpKind {
     Append,
     Execute,
     Unlock,
+    Copy,
 }
 
 enum Phase {
+    /// Waiting for every member of a new configuration to install it.
+    Configuring,
+    /// Copying the region to a joiner; batches wait (§5.1: writes pause).
+    Copying,
     /// Waiting for `waiting` recovery operations.
     Recovering {
         waiting: usize,
@@ -104,8 +139,48 @@ struct Batch {
     record: Option<Record>,
 }
 
+/// What the coordinator does once every member installed a configuration.
+#[derive(Clone, Copy, Debug)]
+enum AfterConfig {
+    Recover,
+    Copy { joiner: NodeId },
+    Link { joiner: NodeId },
+}
+
+struct Configuring {
+    group_epoch: u64,
+    copy: bool,
+    chain: Vec<NodeId>,
+    /// Members that have not acknowledged it yet.
+    missing: NodeSet,
+    sent_at: Time,
+    then: AfterConfig,
+}
+
+struct CopyProgress {
+    joiner: NodeId,
+    /// The next region offset to send (the lock word at 0 is not copied: readers at the head
+    /// count themselves in it).
+    next_offset: u64,
+    in_flight: usize,
+    /// The final gWRITE of the joiner's lock word with gFLUSH was submitted.
+    flush_sent: bool,
+}
+
 struct Coordinator {
-    caller: GroupCaller,
+    /// The data path's caller, once its first configuration is installed everywhere.
+    caller: Option<GroupCaller>,
+    /// The copy group's caller while a joiner is being copied to.
+    copier: Option<GroupCaller>,
+    configuring: Option<Configuring>,
+    copy: Option<CopyProgress>,
+    /// Members of the installed data configuration `linked_epoch` that have not acknowledged
+    /// `Linked` yet.
+    unlinked: NodeSet,
+    linked_epoch: u64,
+    linked_sent_at: Time,
+    /// When the join in progress paused writes.
+    join_started_at: Option<Time>,
     mirror: Option<Mirror>,
     phase: Phase,
     queue: VecDeque<(Origin, Command)>,
@@ -134,7 +209,25 @@ struct Outstanding {
 pub struct Chain {
     config: ChainConfig,
     view: View,
+    /// This node's group member over its region; `None` only when the region is unusable.
     member: Option<ChainMember<Region>>,
+    /// The linked members in chain order as last configured (empty while joining). Members
+    /// are appended when linked, so any two members' orders agree on who comes first: the
+    /// head is the first one that is live.
+    order: Vec<NodeId>,
+    /// This node holds all the data and is linked into the chain: it may serve.
+    caught_up: bool,
+    /// The view in which this (joining) node accepted a copy of the head's region.
+    copied_in: Option<Epoch>,
+    /// The node of the coordinator whose configuration this node installed last: where the
+    /// group acknowledgements go.
+    configured_by: Option<NodeId>,
+    /// The last configuration generation this node used as coordinator in the current view.
+    generation: u64,
+    joining_sent_at: Option<Time>,
+    /// Live nodes heard announcing `Joining` in this view: ready to be copied to (a joiner
+    /// that has not installed its join view yet would ignore the copy while writes wait).
+    joiners_heard: NodeSet,
     /// Set when the region could not be used; the replica serves nothing.
     region_error: Option<String>,
     coordinator: Option<Coordinator>,
@@ -148,17 +241,26 @@ pub struct Chain {
     stats: ChainStats,
 }
 
-fn group_config(view: View, layout: &ChainLayout) -> GroupConfig {
+fn group_config(group: GroupId, epoch: u64, chain: Vec<NodeId>, layout: &ChainLayout) -> GroupConfig {
     GroupConfig {
-        group: GROUP,
+        group,
         tenant: TENANT,
         token: TOKEN,
-        epoch: view.epoch.0,
-        chain: view.live.iter().collect(),
+        epoch,
+        chain,
         caller: COORDINATOR,
         region_bytes: layout.region_bytes(),
         start_seq: 1,
     }
+}
+
+fn group_epoch(view: Epoch, generation: u64) -> u64 {
+    debug_assert!(generation < 1 << GENERATION_BITS);
+    (view.0 << GENERATION_BITS) | generation
+}
+
+fn view_of(group_epoch: u64) -> u64 {
+    group_epoch >> GENERATION_BITS
 }
 
 impl Chain {
@@ -175,10 +277,20 @@ impl Chain {
     pub fn with_region(config: ChainConfig, region: Region) -> Chain {
         assert!(config.retransmit_timeout > Time::ZERO, "retransmit_timeout must be positive");
         assert!(config.window_max > 0, "window_max must be positive");
-        let view = config.initial_view;
+        let me = config.me;
+        let joining = config.joining || !config.initial_view.live.contains(me);
+        // A joiner acts in no view before the one the membership service hands it (its join
+        // view), and its region is stale until copied to: it starts unconfigured.
+        let view = if joining { View { epoch: Epoch(0), live: NodeSet::EMPTY } } else { config.initial_view };
+        let order: Vec<NodeId> = if joining { Vec::new() } else { view.live.iter().collect() };
+        let initial = if joining {
+            group_config(GROUP, 0, vec![me], &config.layout)
+        } else {
+            group_config(GROUP, group_epoch(view.epoch, 0), order.clone(), &config.layout)
+        };
         let mut region_error = config.layout.check_region(&region).err();
-        let member = if view.live.contains(config.me) && region_error.is_none() {
-            match ChainMember::new(group_config(view, &config.layout), config.me, TENANT, region) {
+        let member = if region_error.is_none() {
+            match ChainMember::new(initial, me, TENANT, region) {
                 Ok(member) => Some(member),
                 Err(error) => {
                     region_error = Some(error.to_string());
@@ -188,10 +300,17 @@ impl Chain {
         } else {
             None
         };
-        let mut chain = Chain {
+        Chain {
             config,
             view,
             member,
+            order,
+            caught_up: !joining,
+            copied_in: None,
+            configured_by: None,
+            generation: 0,
+            joining_sent_at: None,
+            joiners_heard: NodeSet::EMPTY,
             region_error,
             coordinator: None,
             sessions: FxHashMap::default(),
@@ -201,12 +320,7 @@ impl Chain {
             lease: None,
             now: Time::ZERO,
             stats: ChainStats::default(),
-        };
-        let mut out = Outbox::default();
-        chain.become_coordinator_if_head(Time::ZERO, &mut out);
-        debug_assert!(out.replies.is_empty());
-        // The first recovery's messages are all local or retransmitted by the caller's timer.
-        chain
+        }
     }
 
     pub fn view(&self) -> View {
@@ -218,12 +332,17 @@ impl Chain {
     pub fn layout(&self) -> ChainLayout {
         self.config.layout
     }
+    /// Serves clients: its region is usable, it is in the view and linked into the chain.
     pub fn is_operational(&self) -> bool {
-        self.member.is_some()
+        self.member.is_some() && self.caught_up && self.view.live.contains(self.config.me)
     }
     /// Whether the coordinator (on the head) has recovered and accepts batches.
     pub fn is_coordinating(&self) -> bool {
         self.coordinator.as_ref().is_some_and(|c| c.mirror.is_some())
+    }
+    /// The linked members in chain order, as this node last learned them.
+    pub fn chain_order(&self) -> &[NodeId] {
+        &self.order
     }
     pub fn region(&self) -> Option<&Region> {
         self.member.as_ref().map(|member| member.memory())
@@ -244,11 +363,22 @@ impl Chain {
         Mirror::rebuild(region, self.config.layout).map(|mirror| mirror.keys()).unwrap_or_default()
     }
 
+    /// The first live linked member. Orders only ever differ by members appended at their
+    /// end (a link some members did not hear of), so every linked member names the same head.
     fn head(&self) -> Option<NodeId> {
-        self.view.live.iter().next()
+        self.order.iter().copied().find(|node| self.view.live.contains(*node))
     }
+    fn live_order(&self) -> Vec<NodeId> {
+        self.order.iter().copied().filter(|node| self.view.live.contains(*node)).collect()
+    }
+    /// The tail of the data path's configuration installed in this view.
     fn is_tail(&self) -> bool {
-        self.view.live.iter().last() == Some(self.config.me)
+        self.member.as_ref().is_some_and(|member| {
+            let group = member.config();
+            group.group == GROUP
+                && view_of(group.epoch) == self.view.epoch.0
+                && group.chain.last() == Some(&self.config.me)
+        })
     }
 
     #[inline(always)]
@@ -375,30 +505,295 @@ impl Chain {
     // ------------------------------------------------------------------ the coordinator
 
     fn become_coordinator_if_head(&mut self, now: Time, out: &mut Outbox<Message>) {
-        if self.head() != Some(self.config.me) || self.member.is_none() {
+        self.become_coordinator_with(now, VecDeque::new(), out);
+    }
+
+    /// Take over as coordinator if this node is the head (keeping `queue`, updates not yet
+    /// in any record), or answer the queued updates if it is not.
+    fn become_coordinator_with(
+        &mut self,
+        now: Time,
+        queue: VecDeque<(Origin, Command)>,
+        out: &mut Outbox<Message>,
+    ) {
+        let is_head = self.head() == Some(self.config.me) && self.caught_up && self.member.is_some();
+        if self.coordinator.is_some() || !is_head || !self.view.live.contains(self.config.me) {
+            for (origin, _) in queue {
+                self.answer(origin, Outcome::Error(CommandError::OutcomeUnknown), out);
+            }
             return;
         }
-        let caller_config = CallerConfig {
-            retransmit_after: self.config.retransmit_timeout,
-            // Never give up: a dead member is the membership service's to remove (§5.1), and
-            // the next view reconfigures the chain.
-            attempts_max: u32::MAX,
-            window_max: self.config.window_max,
-        };
-        let caller =
-            GroupCaller::new(group_config(self.view, &self.config.layout), COORDINATOR, caller_config)
-                .expect("the group configuration is valid");
+        // Updates this node forwarded to the previous head of this view (a node that turned
+        // out to be joining, so it coordinated nothing) are answered, not re-sent to itself.
+        for (_, pending) in std::mem::take(&mut self.outstanding) {
+            out.reply(pending.request, Outcome::Error(CommandError::OutcomeUnknown));
+        }
         self.coordinator = Some(Coordinator {
-            caller,
+            caller: None,
+            copier: None,
+            configuring: None,
+            copy: None,
+            unlinked: NodeSet::EMPTY,
+            linked_epoch: 0,
+            linked_sent_at: now,
+            join_started_at: None,
             mirror: None,
-            phase: Phase::Recovering { waiting: 0 },
-            queue: VecDeque::new(),
+            phase: Phase::Configuring,
+            queue,
             batch: None,
             ops: FxHashMap::default(),
             next_request: 0,
             log_tail: 0,
         });
-        self.start_recovery(now, out);
+        let chain = self.live_order();
+        self.start_configuring(now, false, chain, AfterConfig::Recover, out);
+    }
+
+    /// Start over as coordinator within the view (a member turned out to need a copy): the
+    /// batch in flight has an unknown outcome (the recovery redoes it if it was appended),
+    /// queued updates wait for the new configuration.
+    fn restart_coordinator(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let Some(old) = self.coordinator.take() else { return };
+        if let Some(batch) = old.batch {
+            for (origin, _) in batch.items {
+                self.answer(origin, Outcome::Error(CommandError::OutcomeUnknown), out);
+            }
+        }
+        self.become_coordinator_with(now, old.queue, out);
+    }
+
+    fn caller_config(&self) -> CallerConfig {
+        CallerConfig {
+            retransmit_after: self.config.retransmit_timeout,
+            // Never give up: a dead member is the membership service's to remove (§5.1), and
+            // the next view reconfigures the chain.
+            attempts_max: u32::MAX,
+            window_max: self.config.window_max,
+        }
+    }
+
+    /// Send a new configuration to every member of `chain` (this node installs its own at
+    /// once) and wait for all of them before going on with `then`.
+    fn start_configuring(
+        &mut self,
+        now: Time,
+        copy: bool,
+        chain: Vec<NodeId>,
+        then: AfterConfig,
+        out: &mut Outbox<Message>,
+    ) {
+        assert!(!chain.is_empty(), "a configuration has a member");
+        self.generation += 1;
+        let group_epoch = group_epoch(self.view.epoch, self.generation);
+        self.stats.configurations += 1;
+        let me = self.config.me;
+        let missing: NodeSet = chain.iter().copied().filter(|node| *node != me).collect();
+        let message = Message::Configure { epoch: self.view.epoch, group_epoch, copy, chain: chain.clone() };
+        for node in missing.iter() {
+            out.send(node, message.clone());
+        }
+        if chain.contains(&me) {
+            debug_assert!(!copy, "the coordinator never copies to itself");
+            self.install_configuration(me, group_epoch, false, chain.clone());
+        }
+        let coordinator = self.coordinator.as_mut().expect("coordinating");
+        coordinator.phase = Phase::Configuring;
+        coordinator.configuring = Some(Configuring { group_epoch, copy, chain, missing, sent_at: now, then });
+        self.configured_if_complete(now, out);
+    }
+
+    /// A member's `ChainMember` takes the configuration. Returns whether it is installed now.
+    fn install_configuration(
+        &mut self,
+        from: NodeId,
+        group_epoch: u64,
+        copy: bool,
+        chain: Vec<NodeId>,
+    ) -> bool {
+        let Some(member) = self.member.as_mut() else { return false };
+        if group_epoch < member.config().epoch {
+            return false; // an older configuration, overtaken
+        }
+        let group = if copy { COPY_GROUP } else { GROUP };
+        let config = group_config(group, group_epoch, chain.clone(), &self.config.layout);
+        if group_epoch > member.config().epoch {
+            if let Err(error) = member.on_config(self.now, config, &mut GroupOutbox::default()) {
+                debug_assert!(false, "a coordinator's configuration is valid: {error}");
+                return false;
+            }
+            if !copy {
+                self.order = chain;
+            }
+        }
+        self.configured_by = Some(from);
+        true
+    }
+
+    fn configured_if_complete(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let coordinator = self.coordinator.as_mut().expect("coordinating");
+        if coordinator.configuring.as_ref().is_none_or(|configuring| !configuring.missing.is_empty()) {
+            return;
+        }
+        let configuring = coordinator.configuring.take().expect("checked");
+        let layout = self.config.layout;
+        let caller_config = self.caller_config();
+        let coordinator = self.coordinator.as_mut().expect("coordinating");
+        let group_epoch = configuring.group_epoch;
+        match configuring.then {
+            AfterConfig::Recover | AfterConfig::Link { .. } => {
+                let config = group_config(GROUP, group_epoch, configuring.chain.clone(), &layout);
+                let mut gout = GroupOutbox::default();
+                match coordinator.caller.as_mut() {
+                    Some(caller) => {
+                        caller.on_config(now, config, &mut gout).expect("a newer configuration");
+                    }
+                    None => {
+                        coordinator.caller = Some(
+                            GroupCaller::new(config, COORDINATOR, caller_config)
+                                .expect("a valid configuration"),
+                        );
+                    }
+                }
+                debug_assert!(gout.is_empty(), "nothing was pending at the caller");
+                coordinator.copier = None;
+                coordinator.copy = None;
+                // Every member installed it: a joiner in it is linked and may serve.
+                coordinator.unlinked =
+                    configuring.chain.iter().copied().filter(|node| *node != self.config.me).collect();
+                coordinator.linked_epoch = group_epoch;
+                self.send_linked(now, out);
+                match configuring.then {
+                    AfterConfig::Recover => self.start_recovery(now, out),
+                    AfterConfig::Copy { .. } => unreachable!("handled below"),
+                    AfterConfig::Link { joiner } => {
+                        debug_assert_eq!(
+                            configuring.chain.last(),
+                            Some(&joiner),
+                            "a joiner becomes the tail"
+                        );
+                        self.stats.joins_linked += 1;
+                        let coordinator = self.coordinator.as_mut().expect("coordinating");
+                        if let Some(started) = coordinator.join_started_at.take() {
+                            self.stats.last_join_pause_us = now.saturating_sub(started).as_micros();
+                        }
+                        coordinator.phase = Phase::Idle;
+                        self.drive(now, GroupOutbox::default(), out);
+                    }
+                }
+            }
+            AfterConfig::Copy { joiner } => {
+                let config = group_config(COPY_GROUP, group_epoch, vec![joiner], &layout);
+                coordinator.copier = Some(
+                    GroupCaller::new(config, COORDINATOR, caller_config).expect("a valid configuration"),
+                );
+                coordinator.copy =
+                    Some(CopyProgress { joiner, next_offset: 8, in_flight: 0, flush_sent: false });
+                coordinator.phase = Phase::Copying;
+                let mut gout = GroupOutbox::default();
+                self.pump_copy(now, &mut gout, out);
+                self.drive(now, gout, out);
+            }
+        }
+    }
+
+    fn retransmit_configuration(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let epoch = self.view.epoch;
+        let timeout = self.config.retransmit_timeout;
+        let Some(coordinator) = self.coordinator.as_mut() else { return };
+        if let Some(configuring) = coordinator.configuring.as_mut() {
+            if now.saturating_sub(configuring.sent_at) >= timeout {
+                configuring.sent_at = now;
+                let message = Message::Configure {
+                    epoch,
+                    group_epoch: configuring.group_epoch,
+                    copy: configuring.copy,
+                    chain: configuring.chain.clone(),
+                };
+                for node in configuring.missing.iter() {
+                    out.send(node, message.clone());
+                }
+            }
+        }
+        if !coordinator.unlinked.is_empty() && now.saturating_sub(coordinator.linked_sent_at) >= timeout {
+            self.send_linked(now, out);
+        }
+    }
+
+    fn send_linked(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let epoch = self.view.epoch;
+        let Some(coordinator) = self.coordinator.as_mut() else { return };
+        coordinator.linked_sent_at = now;
+        let group_epoch = coordinator.linked_epoch;
+        for node in coordinator.unlinked.iter() {
+            out.send(node, Message::Linked { epoch, group_epoch });
+        }
+    }
+
+    /// A live node that is not linked, if the coordinator is free to copy to it: idle, with
+    /// nothing in flight (the head's region is then exactly what every member executed).
+    fn joiner_to_copy(&self) -> Option<NodeId> {
+        let coordinator = self.coordinator.as_ref()?;
+        let idle = matches!(coordinator.phase, Phase::Idle)
+            && coordinator.batch.is_none()
+            && coordinator.caller.as_ref().is_some_and(|caller| caller.pending() == 0);
+        if !idle {
+            return None;
+        }
+        let chain = coordinator.caller_chain();
+        self.view.live.iter().find(|node| !chain.contains(node) && self.joiners_heard.contains(*node))
+    }
+
+    /// §5.1 catch-up: keep up to `COPY_WINDOW` chunks of the head's region in flight to the
+    /// joiner, then its lock word (0) with gFLUSH, then link it.
+    fn pump_copy(&mut self, now: Time, gout: &mut GroupOutbox, out: &mut Outbox<Message>) {
+        let early_link = self.has_bug(Bug::LinkBeforeCopyCompletes);
+        if early_link {
+            // The broken variant: link at once, as if the copy had been acknowledged.
+            let coordinator = self.coordinator.as_mut().expect("coordinating");
+            let joiner = coordinator.copy.as_ref().expect("copying").joiner;
+            let mut chain = coordinator.caller_chain();
+            chain.push(joiner);
+            self.start_configuring(now, false, chain, AfterConfig::Link { joiner }, out);
+            return;
+        }
+        let chunk_bytes = self.config.copy_chunk_bytes.max(8);
+        let region_bytes = self.config.layout.region_bytes();
+        let region = self.member.as_ref().expect("the coordinator is a member").memory();
+        let coordinator = self.coordinator.as_mut().expect("coordinating");
+        let copier = coordinator.copier.as_mut().expect("copying");
+        let copy = coordinator.copy.as_mut().expect("copying");
+        while copy.in_flight < COPY_WINDOW && copy.next_offset < region_bytes {
+            let len = chunk_bytes.min(region_bytes - copy.next_offset);
+            let data = region.read_vec(copy.next_offset, len).expect("within the region");
+            let request = RequestId(coordinator.next_request);
+            coordinator.next_request += 1;
+            coordinator.ops.insert(request, OpKind::Copy);
+            copier.submit(now, request, Operation::write(copy.next_offset, data), gout);
+            self.stats.copy_bytes_sent += len;
+            copy.next_offset += len;
+            copy.in_flight += 1;
+        }
+        let sent = copy.next_offset == region_bytes;
+        if sent && !copy.flush_sent && copy.in_flight == 0 {
+            // The joiner's lock word starts free; the gFLUSH makes the whole copy durable.
+            let request = RequestId(coordinator.next_request);
+            coordinator.next_request += 1;
+            coordinator.ops.insert(request, OpKind::Copy);
+            copier.submit(
+                now,
+                request,
+                Operation::write(LOCK_OFFSET, 0u64.to_le_bytes().to_vec()).durable(),
+                gout,
+            );
+            copy.flush_sent = true;
+            copy.in_flight += 1;
+        }
+        if copy.flush_sent && copy.in_flight == 0 {
+            let joiner = copy.joiner;
+            let mut chain = coordinator.caller_chain();
+            chain.push(joiner);
+            self.start_configuring(now, false, chain, AfterConfig::Link { joiner }, out);
+        }
     }
 
     /// §5.1: fence reads at every member, redo the last executed and the pending record from
@@ -444,10 +839,25 @@ impl Chain {
         let mut applied = false;
         loop {
             if gout.messages.is_empty() && gout.completions.is_empty() {
+                if let Some(joiner) = self.joiner_to_copy() {
+                    // §5.1: writes pause while the joiner catches up.
+                    if let Some(coordinator) = self.coordinator.as_mut() {
+                        coordinator.join_started_at.get_or_insert(now);
+                    }
+                    self.start_configuring(now, true, vec![joiner], AfterConfig::Copy { joiner }, out);
+                    continue;
+                }
+                let joiner_waits = self.coordinator.as_ref().is_some_and(|c| {
+                    let chain = c.caller_chain();
+                    self.view
+                        .live
+                        .iter()
+                        .any(|node| !chain.contains(&node) && self.joiners_heard.contains(node))
+                });
                 if self
                     .coordinator
                     .as_ref()
-                    .is_some_and(|c| matches!(c.phase, Phase::Idle) && !c.queue.is_empty())
+                    .is_some_and(|c| matches!(c.phase, Phase::Idle) && !c.queue.is_empty() && !joiner_waits)
                 {
                     self.start_batch(now, &mut gout, out);
                     if gout.is_empty() {
@@ -461,14 +871,15 @@ impl Chain {
             for (to, message) in messages {
                 let for_caller = !matches!(message, GroupMessage::Op { .. });
                 if for_caller {
-                    // The tail's ack or a refusal, addressed to the coordinator.
-                    match self.head() {
-                        Some(head) if head == me => {
+                    // The tail's ack or a refusal, addressed to the coordinator whose
+                    // configuration this member runs.
+                    match self.configured_by {
+                        Some(node) if node == me => {
                             if let Some(coordinator) = self.coordinator.as_mut() {
-                                coordinator.caller.on_message(now, me, message, &mut gout);
+                                coordinator.on_caller_message(now, me, message, &mut gout);
                             }
                         }
-                        Some(head) => out.send(head, Message::Group(message)),
+                        Some(node) => out.send(node, Message::Group(message)),
                         None => {}
                     }
                 } else if to == me {
@@ -510,7 +921,14 @@ impl Chain {
                 return;
             }
         };
-        let all = coordinator.caller.group().all_members();
+        if kind == OpKind::Copy {
+            if let (Some(copy), Phase::Copying) = (coordinator.copy.as_mut(), &coordinator.phase) {
+                copy.in_flight -= 1;
+                self.pump_copy(now, gout, out);
+            }
+            return;
+        }
+        let all = coordinator.all_members();
         match (kind, &mut coordinator.phase) {
             (OpKind::Recovery, Phase::Recovering { waiting }) => {
                 *waiting -= 1;
@@ -554,6 +972,8 @@ impl Chain {
                 }
             }
             (OpKind::Undo | OpKind::Unlock, _) => {}
+            // The rest of a batch that failed (only a new configuration repairs the group).
+            (_, Phase::Broken) => {}
             (kind, _) => debug_assert!(false, "completion of {kind:?} in an unexpected phase"),
         }
     }
@@ -688,7 +1108,7 @@ impl Chain {
         let mut operations = execute_operations(&record);
         let mut kinds = vec![OpKind::Execute; operations.len()];
         if !no_lock {
-            let all = coordinator.caller.group().all_members();
+            let all = coordinator.all_members();
             operations.insert(0, Operation::cas(LOCK_OFFSET, 0, WRITER_BIT | OWNER, all));
             kinds.insert(0, OpKind::Lock);
         }
@@ -706,7 +1126,7 @@ impl Chain {
             coordinator.log_tail = record.end;
         }
         if !no_lock {
-            let all = coordinator.caller.group().all_members();
+            let all = coordinator.all_members();
             coordinator.submit(
                 now,
                 OpKind::Unlock,
@@ -750,22 +1170,148 @@ impl Chain {
         for (_, pending) in std::mem::take(&mut self.outstanding) {
             out.reply(pending.request, Outcome::Error(CommandError::OutcomeUnknown));
         }
+        self.generation = 0;
+        self.configured_by = None;
+        self.joining_sent_at = None;
+        self.joiners_heard = NodeSet::EMPTY;
         if !view.live.contains(self.config.me) {
-            self.member = None;
+            // Removed: whatever this node holds may go stale from now on. If it comes back
+            // (a join view), it is copied to like a new node.
+            self.caught_up = false;
+            self.order.clear();
+            self.copied_in = None;
             for (request, _) in std::mem::take(&mut self.parked_reads) {
                 out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
             }
             return;
         }
-        let Some(member) = self.member.as_mut() else { return };
-        let mut gout = GroupOutbox::default();
-        if let Err(error) = member.on_config(now, group_config(view, &self.config.layout), &mut gout) {
-            self.region_error = Some(error.to_string());
-            self.member = None;
-            return;
+        if self.caught_up {
+            self.order.retain(|node| view.live.contains(*node));
+        } else {
+            self.order.clear();
+            self.announce_joining(now, out);
         }
         self.become_coordinator_if_head(now, out);
         self.retry_parked_reads(now, out);
+    }
+
+    /// A node without the data tells every member it is joining in this view, until the
+    /// coordinator starts copying to it.
+    fn announce_joining(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let me = self.config.me;
+        if self.caught_up || self.copied_in == Some(self.view.epoch) || !self.view.live.contains(me) {
+            return;
+        }
+        if self.joining_sent_at.is_some_and(|at| now.saturating_sub(at) < self.config.retransmit_timeout) {
+            return;
+        }
+        self.joining_sent_at = Some(now);
+        out.broadcast(self.view.live.without(me), Message::Joining { epoch: self.view.epoch });
+    }
+
+    fn on_configure(
+        &mut self,
+        from: NodeId,
+        group_epoch: u64,
+        copy: bool,
+        chain: Vec<NodeId>,
+        out: &mut Outbox<Message>,
+    ) {
+        let me = self.config.me;
+        let epoch = self.view.epoch;
+        if view_of(group_epoch) != epoch.0 || !chain.contains(&me) || self.coordinator.is_some() {
+            return;
+        }
+        if self.caught_up {
+            // A linked member follows the head; it is never copied to (its region is whole).
+            if copy || Some(from) != self.head() {
+                return;
+            }
+        } else if copy {
+            if chain != [me] {
+                return;
+            }
+            self.copied_in = Some(epoch);
+            if self.member.as_ref().is_some_and(|member| member.config().epoch < group_epoch) {
+                self.stats.copies_received += 1; // not a retransmitted configuration
+            }
+        } else if self.copied_in != Some(epoch) && !self.has_bug(Bug::LinkBeforeCopyCompletes) {
+            // Listed as linked (it restarted before the others noticed), but its region is
+            // stale: it must be copied to first.
+            out.send(from, Message::NeedCopy { epoch, group_epoch });
+            return;
+        }
+        if self.install_configuration(from, group_epoch, copy, chain) {
+            out.send(from, Message::Configured { epoch, group_epoch });
+        }
+    }
+
+    fn on_configured(&mut self, now: Time, from: NodeId, group_epoch: u64, out: &mut Outbox<Message>) {
+        let Some(coordinator) = self.coordinator.as_mut() else { return };
+        let Some(configuring) = coordinator.configuring.as_mut() else { return };
+        if configuring.group_epoch != group_epoch {
+            return;
+        }
+        configuring.missing.remove(from);
+        self.configured_if_complete(now, out);
+    }
+
+    /// `from` needs a copy before it can be in the chain: drop it and configure again; it is
+    /// copied to once the chain without it has recovered.
+    fn on_need_copy(&mut self, now: Time, from: NodeId, group_epoch: u64, out: &mut Outbox<Message>) {
+        let Some(coordinator) = self.coordinator.as_ref() else { return };
+        let current =
+            coordinator.configuring.as_ref().is_some_and(|c| c.group_epoch == group_epoch && !c.copy);
+        if !current {
+            return;
+        }
+        self.order.retain(|node| *node != from);
+        self.restart_coordinator(now, out);
+    }
+
+    /// `from` is joining in this view: if this node still lists it as linked (it restarted
+    /// before anyone noticed), it is not any more.
+    fn on_joining(&mut self, now: Time, from: NodeId, out: &mut Outbox<Message>) {
+        self.joiners_heard.insert(from);
+        if !self.caught_up || !self.order.contains(&from) {
+            // Not listed as linked here: a coordinator may copy to it now.
+            self.drive(now, GroupOutbox::default(), out);
+            return;
+        }
+        // A configuration of this view that includes `from` was acknowledged by it after a
+        // copy in this view: the announcement is an old duplicate.
+        let configured_with = self.member.as_ref().is_some_and(|member| {
+            let group = member.config();
+            view_of(group.epoch) == self.view.epoch.0 && group.chain.contains(&from)
+        });
+        if configured_with {
+            return;
+        }
+        self.order.retain(|node| *node != from);
+        if self.coordinator.is_some() {
+            self.restart_coordinator(now, out);
+        } else {
+            self.become_coordinator_if_head(now, out);
+        }
+    }
+
+    fn on_linked(&mut self, from: NodeId, group_epoch: u64, out: &mut Outbox<Message>) {
+        let me = self.config.me;
+        let installed = self.member.as_ref().is_some_and(|member| {
+            let group = member.config();
+            group.group == GROUP && group.epoch == group_epoch && group.chain.contains(&me)
+        });
+        if !installed || Some(from) != self.configured_by {
+            return;
+        }
+        if !self.caught_up {
+            debug_assert!(
+                self.copied_in == Some(self.view.epoch) || self.has_bug(Bug::LinkBeforeCopyCompletes)
+            );
+            self.caught_up = true;
+            self.joining_sent_at = None;
+        }
+        out.send(from, Message::LinkedAck { epoch: self.view.epoch, group_epoch });
     }
 }
 
@@ -774,7 +1320,29 @@ impl Coordinator {
         let request = RequestId(self.next_request);
         self.next_request += 1;
         self.ops.insert(request, kind);
-        self.caller.submit(now, request, operation, gout);
+        self.caller.as_mut().expect("the data path is configured").submit(now, request, operation, gout);
+    }
+
+    fn all_members(&self) -> u64 {
+        self.caller.as_ref().expect("the data path is configured").group().all_members()
+    }
+
+    /// The data path's chain as installed everywhere (empty before the first configuration).
+    fn caller_chain(&self) -> Vec<NodeId> {
+        self.caller.as_ref().map(|caller| caller.group().chain.clone()).unwrap_or_default()
+    }
+
+    fn on_caller_message(&mut self, now: Time, from: NodeId, message: GroupMessage, gout: &mut GroupOutbox) {
+        let caller = if message.group() == COPY_GROUP { self.copier.as_mut() } else { self.caller.as_mut() };
+        if let Some(caller) = caller {
+            caller.on_message(now, from, message, gout);
+        }
+    }
+
+    fn on_tick(&mut self, now: Time, gout: &mut GroupOutbox) {
+        for caller in [self.caller.as_mut(), self.copier.as_mut()].into_iter().flatten() {
+            caller.on_tick(now, gout);
+        }
     }
 }
 
@@ -827,12 +1395,17 @@ impl Replica for Chain {
         out: &mut Outbox<Message>,
     ) {
         self.now = now;
-        if self.member.is_none() {
-            let reason = if self.region_error.is_some() {
-                "the chain region is unusable"
-            } else {
-                "not in the current view"
-            };
+        self.become_coordinator_if_head(now, out);
+        let reason = if self.member.is_none() {
+            Some("the chain region is unusable")
+        } else if !self.view.live.contains(self.config.me) {
+            Some("not in the current view")
+        } else if !self.caught_up {
+            Some(JOINING)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
             out.reply(request, Outcome::Error(CommandError::Unavailable(reason)));
             return;
         }
@@ -859,12 +1432,21 @@ impl Replica for Chain {
 
     fn on_message(&mut self, now: Time, from: NodeId, message: Message, out: &mut Outbox<Message>) {
         self.now = now;
+        self.become_coordinator_if_head(now, out);
         match message {
             Message::Group(message) => {
                 let mut gout = GroupOutbox::default();
                 match message {
                     GroupMessage::Op { .. } => {
                         if let Some(member) = self.member.as_mut() {
+                            // The head of a group hears from the coordinator, which lives on
+                            // another node only for the copy group (its one member is the
+                            // joiner).
+                            let from = if member.position() == 0 && Some(from) == self.configured_by {
+                                COORDINATOR
+                            } else {
+                                from
+                            };
                             member.on_message(now, from, message, &mut gout);
                         }
                         self.drive(now, gout, out);
@@ -872,9 +1454,41 @@ impl Replica for Chain {
                     }
                     _ => {
                         if let Some(coordinator) = self.coordinator.as_mut() {
-                            coordinator.caller.on_message(now, from, message, &mut gout);
+                            coordinator.on_caller_message(now, from, message, &mut gout);
                             self.drive(now, gout, out);
                         }
+                    }
+                }
+            }
+            Message::Configure { epoch, group_epoch, copy, chain } => {
+                if epoch == self.view.epoch {
+                    self.on_configure(from, group_epoch, copy, chain, out);
+                }
+            }
+            Message::Configured { epoch, group_epoch } => {
+                if epoch == self.view.epoch {
+                    self.on_configured(now, from, group_epoch, out);
+                }
+            }
+            Message::NeedCopy { epoch, group_epoch } => {
+                if epoch == self.view.epoch {
+                    self.on_need_copy(now, from, group_epoch, out);
+                }
+            }
+            Message::Joining { epoch } => {
+                if epoch == self.view.epoch && self.view.live.contains(from) {
+                    self.on_joining(now, from, out);
+                }
+            }
+            Message::Linked { epoch, group_epoch } => {
+                if epoch == self.view.epoch {
+                    self.on_linked(from, group_epoch, out);
+                }
+            }
+            Message::LinkedAck { epoch, group_epoch } => {
+                if let Some(coordinator) = self.coordinator.as_mut() {
+                    if epoch == self.view.epoch && group_epoch == coordinator.linked_epoch {
+                        coordinator.unlinked.remove(from);
                     }
                 }
             }
@@ -901,9 +1515,12 @@ impl Replica for Chain {
         if let Some(member) = self.member.as_mut() {
             member.on_tick(now, &mut gout);
         }
+        self.become_coordinator_if_head(now, out);
+        self.announce_joining(now, out);
         if let Some(coordinator) = self.coordinator.as_mut() {
-            coordinator.caller.on_tick(now, &mut gout);
+            coordinator.on_tick(now, &mut gout);
         }
+        self.retransmit_configuration(now, out);
         self.drive(now, gout, out);
         let due: Vec<u64> = self
             .outstanding
@@ -919,6 +1536,12 @@ impl Replica for Chain {
             self.send_forward(seq, out);
         }
         self.retry_parked_reads(now, out);
+    }
+
+    /// A joiner is caught up once it is linked into the chain (§5.1): the membership service
+    /// then counts it as holding all the data.
+    fn is_caught_up(&self) -> bool {
+        self.caught_up
     }
 
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Message>) {
