@@ -110,6 +110,15 @@ impl Protocol {
             Protocol::Chain => "chain",
         }
     }
+
+    /// Whether a node of this protocol can start empty and join a running cluster (a
+    /// restart, `--join`, or coming back after a removal): its core transfers the state.
+    pub fn can_join(self) -> bool {
+        match self {
+            Protocol::Hermes | Protocol::Zab(_) => true,
+            Protocol::Craq | Protocol::Raftlog | Protocol::Chain => false,
+        }
+    }
 }
 
 /// A validated node configuration.
@@ -360,13 +369,10 @@ fn join_donor(
     membership: &Option<MembershipTiming>,
     replicas: &BTreeMap<NodeId, SocketAddr>,
 ) -> Result<NodeId, ConfigError> {
-    if protocol != Protocol::Hermes {
+    if !protocol.can_join() {
         return Err(field_error(
             "join",
-            format!(
-                "{} cannot join a running cluster: only hermes copies state to a new replica",
-                protocol.name()
-            ),
+            format!("{} cannot join a running cluster: it has no state transfer", protocol.name()),
         ));
     }
     if membership.is_none() {

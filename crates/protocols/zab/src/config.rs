@@ -36,7 +36,7 @@ pub enum Bug {
     /// requests) from its own state until it is removed.
     IgnoreLease,
     /// A replica that restarted empty answers reads from its own state before it has been
-    /// synchronised (before its snapshot and the history after it are in).
+    /// synchronised (before the join view, its snapshot and the history after it are in).
     JoinerServesEarly,
 }
 

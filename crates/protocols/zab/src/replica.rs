@@ -27,6 +27,11 @@ pub struct ZabStats {
     pub retransmits: u64,
     pub messages_dropped_epoch: u64,
     pub views_installed: u64,
+    /// Snapshot chunks (ZooKeeper's SNAP) this replica served and received.
+    pub snapshot_chunks_served: u64,
+    pub snapshot_chunks_received: u64,
+    /// Snapshots this replica installed (with the history after them).
+    pub snapshots_installed: u64,
 }
 
 /// A follower's answer to NEWEPOCH.
@@ -290,6 +295,11 @@ impl Zab {
 
     pub fn key_count(&self) -> usize {
         self.store.len()
+    }
+
+    /// Whether this replica answers clients: operational and, after a restart, synchronised.
+    pub fn serves_clients(&self) -> bool {
+        self.is_operational() && self.complete
     }
 
     /// Whether this replica holds a history it lost nothing from (see `ZabConfig::recovering`).
@@ -800,7 +810,7 @@ impl Zab {
             return;
         }
         if self.my_info().snapshot_base + 1 == from_index && from_index > 1 {
-            self.install_snapshot();
+            self.install_snapshot(now, out);
         }
         if from_index != self.applied_index + 1 {
             return;
@@ -976,7 +986,7 @@ impl Zab {
             return;
         }
         if self.my_info().snapshot_base == prev_index && prev_index > 0 {
-            self.install_snapshot();
+            self.install_snapshot(now, out);
         }
         if prev_index != self.applied_index {
             // Built on a FollowerInfo that no longer describes us: describe us again.
@@ -1118,6 +1128,7 @@ impl Zab {
         let base_zxid = self.entry(base_index).map_or(self.compacted_zxid, |entry| entry.zxid);
         debug_assert!(base_index + 1 >= self.log_start, "applied entries are never compacted early");
         let epoch = self.view.epoch;
+        self.stats.snapshot_chunks_served += 1;
         out.send(to, Message::SnapshotChunk { epoch, after_key, base_index, base_zxid, pairs, applied_seq, last });
     }
 
@@ -1170,6 +1181,7 @@ impl Zab {
             pull.after_key = Some(key.clone());
         }
         pull.store.extend(chunk.pairs);
+        self.stats.snapshot_chunks_received += 1;
         pull.requested_at = now;
         if !chunk.last {
             out.send(from, Message::SnapshotRequest { epoch, after_key: pull.after_key.clone() });
@@ -1200,10 +1212,11 @@ impl Zab {
 
     /// Replace our state by the pulled snapshot: the history after its base comes next.
     /// Only done together with taking that history, so we never hold a snapshot without it.
-    fn install_snapshot(&mut self) {
+    fn install_snapshot(&mut self, now: Time, out: &mut Outbox<Message>) {
         let Some(pull) = self.pull.take() else { return };
         let Some((base_index, base_zxid)) = pull.base else { return };
         assert!(pull.done, "only a complete snapshot is installed");
+        self.stats.snapshots_installed += 1;
         self.store = pull.store;
         self.applied_seq = pull.applied_seq.into_iter().collect();
         self.log.clear();
@@ -1211,6 +1224,18 @@ impl Zab {
         self.compacted_zxid = base_zxid;
         self.applied_index = base_index;
         self.commit_index = self.commit_index.max(base_index);
+        // Our updates the snapshot already holds were applied where its entries were
+        // forgotten: a write's outcome is always `Written`; an RMW's went with its entry.
+        let me = self.me();
+        let applied_seq = self.applied_seq.get(&me).copied().unwrap_or(0);
+        let covered: Vec<u64> = self.outstanding.range(..=applied_seq).map(|(seq, _)| *seq).collect();
+        for seq in covered {
+            let outcome = match self.outstanding[&seq].command {
+                Command::Write { .. } => Outcome::Written,
+                _ => Outcome::Error(CommandError::OutcomeUnknown),
+            };
+            self.complete_update(now, seq, outcome, out);
+        }
     }
 }
 
@@ -1228,15 +1253,16 @@ impl Replica for Zab {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
+        let is_read = matches!(command, Command::Read { .. });
+        if !self.complete && is_read && self.has_bug(Bug::JoinerServesEarly) {
+            out.reply(request, Outcome::Value(self.store.get(command.key()).cloned()));
+            return;
+        }
         if !self.is_operational() {
             out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
             return;
         }
         if !self.complete {
-            if self.has_bug(Bug::JoinerServesEarly) && matches!(command, Command::Read { .. }) {
-                out.reply(request, Outcome::Value(self.store.get(command.key()).cloned()));
-                return;
-            }
             let why = "joining: taking a snapshot and the history from the leader";
             out.reply(request, Outcome::Error(CommandError::Unavailable(why)));
             return;
