@@ -296,9 +296,7 @@ fn restart_unsupported(protocol: &str) -> Option<&'static str> {
     match protocol {
         "hermes" => None,
         "zab" => None,
-        "craq" => {
-            Some("no state transfer: a restarted node refuses to start on its old membership state")
-        }
+        "craq" => Some("no state transfer: a restarted node refuses to start on its old membership state"),
         "raftlog" => {
             Some("raftlog keeps its logs in memory (no durability yet), so a restart loses its votes")
         }

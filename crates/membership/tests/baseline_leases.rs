@@ -47,7 +47,10 @@ fn zab(ignore_lease: bool) -> impl FnMut(NodeId, NodeSet, u64) -> WithMembership
     zab_with_rejoin(ignore_lease, true)
 }
 
-fn zab_with_rejoin(ignore_lease: bool, rejoin: bool) -> impl FnMut(NodeId, NodeSet, u64) -> WithMembership<Zab> {
+fn zab_with_rejoin(
+    ignore_lease: bool,
+    rejoin: bool,
+) -> impl FnMut(NodeId, NodeSet, u64) -> WithMembership<Zab> {
     move |me, replicas, _seed| {
         let mut config = ZabConfig::new(me, replicas);
         config.read_mode = ReadMode::Sync;

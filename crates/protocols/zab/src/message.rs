@@ -379,11 +379,13 @@ impl WireMessage for Message {
                 let base_zxid = zxid(reader)?;
                 // A pair is at least its two length prefixes.
                 let pair_count = count(reader, 8)?;
-                let pairs =
-                    (0..pair_count).map(|_| Ok((reader.bytes()?, reader.bytes()?))).collect::<Result<_, _>>()?;
+                let pairs = (0..pair_count)
+                    .map(|_| Ok((reader.bytes()?, reader.bytes()?)))
+                    .collect::<Result<_, _>>()?;
                 let origin_count = count(reader, 9)?;
-                let applied_seq =
-                    (0..origin_count).map(|_| Ok((node(reader)?, reader.u64()?))).collect::<Result<_, _>>()?;
+                let applied_seq = (0..origin_count)
+                    .map(|_| Ok((node(reader)?, reader.u64()?)))
+                    .collect::<Result<_, _>>()?;
                 Message::SnapshotChunk {
                     epoch,
                     after_key,
@@ -457,11 +459,13 @@ mod tests {
         let epoch = any::<u64>().prop_map(Epoch);
         let entries = proptest::collection::vec(arb_entry(), 0..4);
         prop_oneof![
-            (epoch.clone(), any::<(u64, u64)>(), arb_bytes()).prop_map(|(epoch, (seq, floor), key)| Message::Forward {
-                epoch,
-                seq,
-                floor,
-                command: Command::Rmw { key, op: RmwOp::IncrementBy(1) }
+            (epoch.clone(), any::<(u64, u64)>(), arb_bytes()).prop_map(|(epoch, (seq, floor), key)| {
+                Message::Forward {
+                    epoch,
+                    seq,
+                    floor,
+                    command: Command::Rmw { key, op: RmwOp::IncrementBy(1) },
+                }
             }),
             (epoch.clone(), any::<u64>(), entries.clone(), any::<u64>()).prop_map(
                 |(epoch, first_index, entries, commit_index)| Message::Propose {
@@ -489,7 +493,8 @@ mod tests {
                         snapshot_base,
                     }
                 }),
-            (epoch.clone(), any::<u64>()).prop_map(|(epoch, log_start)| Message::TakeSnapshot { epoch, log_start }),
+            (epoch.clone(), any::<u64>())
+                .prop_map(|(epoch, log_start)| Message::TakeSnapshot { epoch, log_start }),
             (epoch.clone(), proptest::option::of(arb_bytes()))
                 .prop_map(|(epoch, after_key)| Message::SnapshotRequest { epoch, after_key }),
             (

@@ -805,7 +805,8 @@ impl Zab {
         entries: Vec<Entry>,
         out: &mut Outbox<Message>,
     ) {
-        let fetching = matches!(&self.role, Role::Leader(state) if state.phase == (Phase::Fetching { best: from }));
+        let fetching =
+            matches!(&self.role, Role::Leader(state) if state.phase == (Phase::Fetching { best: from }));
         if !fetching {
             return;
         }
@@ -1129,14 +1130,19 @@ impl Zab {
         debug_assert!(base_index + 1 >= self.log_start, "applied entries are never compacted early");
         let epoch = self.view.epoch;
         self.stats.snapshot_chunks_served += 1;
-        out.send(to, Message::SnapshotChunk { epoch, after_key, base_index, base_zxid, pairs, applied_seq, last });
+        out.send(
+            to,
+            Message::SnapshotChunk { epoch, after_key, base_index, base_zxid, pairs, applied_seq, last },
+        );
     }
 
     /// `from` (our leader, or the best history we fetch as leader) no longer holds the
     /// entries after our applied point: pull its snapshot, unless we have one already.
     fn on_take_snapshot(&mut self, now: Time, from: NodeId, log_start: u64, out: &mut Outbox<Message>) {
-        let from_leader = self.leader() == Some(from) && matches!(self.role, Role::Follower { synced: false });
-        let from_best = matches!(&self.role, Role::Leader(state) if state.phase == (Phase::Fetching { best: from }));
+        let from_leader =
+            self.leader() == Some(from) && matches!(self.role, Role::Follower { synced: false });
+        let from_best =
+            matches!(&self.role, Role::Leader(state) if state.phase == (Phase::Fetching { best: from }));
         if !from_leader && !from_best {
             return;
         }
@@ -1297,7 +1303,12 @@ impl Replica for Zab {
             }
             Message::NewEpoch { .. } if from_leader => self.send_info(from, out),
             Message::FollowerInfo {
-                current_epoch, last_zxid, applied_index, complete, snapshot_base, ..
+                current_epoch,
+                last_zxid,
+                applied_index,
+                complete,
+                snapshot_base,
+                ..
             } => {
                 let info = FollowerInfo { current_epoch, last_zxid, applied_index, complete, snapshot_base };
                 self.on_follower_info(now, from, info, out)

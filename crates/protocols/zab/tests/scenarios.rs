@@ -4,7 +4,8 @@
 
 use bytes::Bytes;
 use chorus_core::{
-    ClientRequestId, Command, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, View,
+    ClientRequestId, Command, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time,
+    View,
 };
 use chorus_zab::{Message, ReadMode, Zab, ZabConfig};
 
