@@ -166,3 +166,15 @@ fn debug_seed() {
     println!("{:?}", run.liveness_failures);
     println!("{:?}", check_history(&run.history, &CheckerConfig::default()).violations.first());
 }
+
+/// A wider sweep than CI runs: `SEEDS=1000 cargo test --test zab_join_swarm wide -- --ignored`.
+#[test]
+#[ignore]
+fn wide_sweep() {
+    let seeds: u64 = std::env::var("SEEDS").map_or(1000, |seeds| seeds.parse().unwrap());
+    for fast in [false, true] {
+        FAST.with(|cell| cell.set(fast));
+        swarm(3, seeds);
+        swarm(5, seeds / 2);
+    }
+}

@@ -934,6 +934,12 @@ impl Zab {
             self.stats.retransmits += 1;
             self.send_new_leader(peer, out);
         }
+        // The leader forgets what every live replica applied, like its followers: otherwise
+        // its log grows without bound. A replica that needs forgotten entries later (one
+        // removed meanwhile, or restarted) gets a snapshot; while a live replica is not
+        // synchronised, `compact_index` is 0, so a snapshot's base stays replayable.
+        let compact_index = self.compact_index();
+        self.compact(compact_index);
     }
 
     // ---------------------------------------------------------------- follower
@@ -1103,8 +1109,9 @@ impl Zab {
     }
 
     /// The keys after `after_key` in key order, up to about `snapshot_chunk_bytes_target`.
-    /// The leader keeps every entry after its applied point while a peer is not synchronised
-    /// (it never compacts its own log), so the receiver can replay them over the chunks.
+    /// The leader keeps every entry after its applied point while a live peer is not
+    /// synchronised (`compact_index` is 0 then), so the receiver can replay them over the
+    /// chunks. Each chunk sorts the keys left to send: O(n log n) per chunk.
     fn send_snapshot_chunk(&mut self, to: NodeId, after_key: Option<Key>, out: &mut Outbox<Message>) {
         let mut keys: Vec<&Key> =
             self.store.keys().filter(|key| after_key.as_ref().is_none_or(|after| *key > after)).collect();
