@@ -86,3 +86,65 @@ fn a_killed_node_rejoins_with_join_catches_up_serves_and_the_cluster_survives_an
     assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
     assert!(completed > 500, "too few operations completed: {completed}");
 }
+
+/// ZAB (ZooKeeper's SNAP, docs/protocols/zab.md "Joining"): the leader n0 is killed, n1 leads
+/// and commits more; n0 restarts empty with `--join` and, as the lowest id, leads the next
+/// view. The followers forgot the early entries (they compact what every live replica
+/// applied), so n0 takes a snapshot from the best follower plus the history after it before
+/// it counts in a quorum or serves. Then n1 dies and {n0, n2} carry on.
+#[test]
+fn a_killed_zab_leader_rejoins_through_a_snapshot_serves_and_the_cluster_survives_another_failure() {
+    let mut cluster = Cluster::start(3, &["--protocol", "zab"]);
+    let mut con = cluster.client(0);
+    for i in 0..BULK_KEYS {
+        let _: () = redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("v{i}")).query(&mut con).unwrap();
+    }
+    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
+    let clients = thread::spawn(move || {
+        workload::run(Workload {
+            targets,
+            clients: 6,
+            ops_per_client: 300,
+            reply_timeout: Duration::from_secs(5),
+            think: Duration::from_millis(8),
+        })
+    });
+
+    thread::sleep(Duration::from_millis(500));
+    cluster.sigkill(0);
+    wait_until("survivors remove n0", &cluster, 1, |c| {
+        c.info_number(1, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
+    });
+    let mut con = cluster.client(1);
+    for i in 0..50 {
+        let _: () =
+            redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
+    }
+    let donor = cluster.nodes[1].peer.to_string();
+    cluster.restart(0, &["--join", &donor]);
+    cluster.wait_ready(0, 2);
+    assert_eq!(cluster.info_number(0, "zab_complete"), Some(1), "{}", cluster.log(0));
+    let installed = cluster.info_number(0, "zab_snapshots_installed").unwrap();
+    assert!(installed >= 1, "n0 installed no snapshot:\n{}", cluster.log(0));
+    let mut con = cluster.client(0);
+    for i in 0..BULK_KEYS {
+        let value: Option<String> = redis::cmd("GET").arg(format!("bulk:{i}")).query(&mut con).unwrap();
+        let expected = if i < 50 { format!("down{i}") } else { format!("v{i}") };
+        assert_eq!(value.as_deref(), Some(expected.as_str()), "bulk:{i} at the rejoined n0");
+    }
+
+    // The rejoined node counts in quorums: losing n1 leaves {n0, n2}, a majority of 3.
+    cluster.sigkill(1);
+    let history = clients.join().unwrap();
+    let mut con = cluster.client(2);
+    let _: () = redis::cmd("SET").arg("after").arg("both-failures").query(&mut con).unwrap();
+    let mut con = cluster.client(0);
+    let value: Option<String> = redis::cmd("GET").arg("after").query(&mut con).unwrap();
+    assert_eq!(value.as_deref(), Some("both-failures"));
+
+    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
+    let report = check_history(&history, &CheckerConfig::default());
+    eprintln!("zab: {} operations, {completed} completed", history.operations.len());
+    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
+    assert!(completed > 400, "too few operations completed: {completed}");
+}

@@ -111,10 +111,14 @@ impl Protocol {
         }
     }
 
-    /// Whether a node can join a running cluster (`--join`, or a restart on its data
-    /// directory): the protocol copies the data to it before it serves.
+    /// Whether a node of this protocol can start empty (or stale) and join a running cluster (a
+    /// restart, `--join`, or coming back after a removal): its core copies the data to it before
+    /// it serves (docs/membership.md, "Joining").
     pub fn can_join(self) -> bool {
-        matches!(self, Protocol::Hermes | Protocol::Chain)
+        match self {
+            Protocol::Hermes | Protocol::Zab(_) | Protocol::Chain => true,
+            Protocol::Craq | Protocol::Raftlog => false,
+        }
     }
 }
 
@@ -369,10 +373,7 @@ fn join_donor(
     if !protocol.can_join() {
         return Err(field_error(
             "join",
-            format!(
-                "{} cannot join a running cluster: only hermes and chain copy state to a new replica",
-                protocol.name()
-            ),
+            format!("{} cannot join a running cluster: it has no state transfer", protocol.name()),
         ));
     }
     if membership.is_none() {

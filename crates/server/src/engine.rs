@@ -280,7 +280,7 @@ impl ServedReplica for Zab {
         self.view()
     }
     fn operational(&self) -> bool {
-        self.is_operational()
+        self.serves_clients()
     }
     fn keys_with_values(&self) -> usize {
         self.key_count()
@@ -299,6 +299,10 @@ impl ServedReplica for Zab {
             ("retransmits", s.retransmits),
             ("messages_dropped_epoch", s.messages_dropped_epoch),
             ("views_installed", s.views_installed),
+            ("complete", self.is_complete() as u64),
+            ("snapshot_chunks_served", s.snapshot_chunks_served),
+            ("snapshot_chunks_received", s.snapshot_chunks_received),
+            ("snapshots_installed", s.snapshots_installed),
         ]
     }
 }

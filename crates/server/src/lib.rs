@@ -106,6 +106,12 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         Protocol::Zab(read_mode) => {
             let mut zab_config = ZabConfig::new(me, replicas);
             zab_config.read_mode = read_mode;
+            // A joining node starts empty: it takes a snapshot and the history from the
+            // leader (ZooKeeper's SNAP) and serves nobody until then.
+            zab_config.recovering = joining;
+            if joining {
+                info!("joining the cluster: will synchronise from the ZAB leader");
+            }
             start.spawn(Zab::new(zab_config)).await?
         }
         Protocol::Raftlog => start.spawn(open_raftlog(&config, replicas)?).await?,
@@ -333,8 +339,8 @@ impl Managed {
         }
         let restarted = !records.is_empty();
         if config.protocol.can_join() {
-            // Hermes keys live in memory: a restarted node has lost them; a chain region may
-            // have missed writes while the node was down. Either way it rejoins like a new
+            // Hermes and ZAB keys live in memory: a restarted node has lost them; a chain region
+            // may have missed writes while the node was down. Either way it rejoins like a new
             // one and is copied to (docs/operations.md, "Replacing a node").
             if restarted || config.join.is_some() {
                 membership_config.join = Some(incarnation());
@@ -343,7 +349,7 @@ impl Managed {
         } else if restarted {
             anyhow::bail!(
                 "{} holds membership state from an earlier run, but {} cannot rejoin a running \
-                 cluster (no state transfer; only hermes and chain can): start every node with a fresh \
+                 cluster (no state transfer): start every node with a fresh \
                  data_dir to start a new cluster",
                 path.display(),
                 config.protocol.name()

@@ -35,6 +35,9 @@ pub enum Bug {
     /// Leases are ignored: a leader cut off from the others keeps answering reads (and sync
     /// requests) from its own state until it is removed.
     IgnoreLease,
+    /// A replica that restarted empty answers reads from its own state before it has been
+    /// synchronised (before the join view, its snapshot and the history after it are in).
+    JoinerServesEarly,
 }
 
 #[derive(Clone, Debug)]
@@ -50,6 +53,12 @@ pub struct ZabConfig {
     pub retransmit_timeout: Time,
     /// Most entries one proposal message carries when a follower catches up.
     pub catch_up_entries_max: usize,
+    /// This replica restarted without its data (in memory, so lost): it joins through the
+    /// membership service, takes a snapshot and the history after it from the leader
+    /// (ZooKeeper's SNAP), and counts in no quorum and serves no client until then.
+    pub recovering: bool,
+    /// A snapshot chunk carries keys until it holds about this many bytes (at least one key).
+    pub snapshot_chunk_bytes_target: usize,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
@@ -63,6 +72,8 @@ impl ZabConfig {
             read_mode: ReadMode::Sync,
             retransmit_timeout: Time::from_millis(50),
             catch_up_entries_max: 256,
+            recovering: false,
+            snapshot_chunk_bytes_target: 64 * 1024,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }

@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
-use chorus_core::{Command, Epoch, NodeId, Outcome};
+use chorus_core::{Command, Epoch, Key, NodeId, Outcome, Value};
 
 use crate::log::{Entry, Zxid};
 
@@ -11,10 +11,13 @@ use crate::log::{Entry, Zxid};
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Message {
     /// A client update that entered at the sender, on its way to the leader. The leader
-    /// proposes each sender's updates once each, in `seq` order.
+    /// proposes each sender's updates once each, in `seq` order. `floor`: the sender's lowest
+    /// unanswered `seq`; it gave up on the ones below it that it has not applied (it left a
+    /// view and answered them `OutcomeUnknown`), so the leader must not wait for them.
     Forward {
         epoch: Epoch,
         seq: u64,
+        floor: u64,
         command: Command,
     },
     /// Entries `first_index ..` of the leader's history, and its commit point. One entry in
@@ -44,12 +47,17 @@ pub enum Message {
         epoch: Epoch,
     },
     /// The follower's answer (ACK-E): the epoch of the last history it synchronised to, its
-    /// last zxid, and how far it has applied.
+    /// last zxid, and how far it has applied. `complete` is false for a replica that lost its
+    /// history (restarted empty) and has not been synchronised since: it does not count in a
+    /// discovery quorum. `snapshot_base` (0: none) is the index of a snapshot it has pulled
+    /// and holds aside, ready to take the history after it.
     FollowerInfo {
         epoch: Epoch,
         current_epoch: Epoch,
         last_zxid: Zxid,
         applied_index: u64,
+        complete: bool,
+        snapshot_base: u64,
     },
     /// The leader adopts the sender's history: send entries from `from_index` on.
     FetchHistory {
@@ -68,6 +76,29 @@ pub enum Message {
         prev_index: u64,
         entries: Vec<Entry>,
         commit_index: u64,
+    },
+    /// ZooKeeper's SNAP: the sender's history starts at `log_start`, after what the receiver
+    /// holds, so the receiver must pull a snapshot of the sender's applied state first.
+    TakeSnapshot {
+        epoch: Epoch,
+        log_start: u64,
+    },
+    /// The next snapshot chunk: keys after `after_key` (`None`: the first chunk).
+    SnapshotRequest {
+        epoch: Epoch,
+        after_key: Option<Key>,
+    },
+    /// Keys after `after_key`, in key order. `base_index`/`base_zxid`: the sender's applied
+    /// point when it served the chunk (the receiver keeps the first chunk's). `applied_seq`
+    /// (in the last chunk): the highest applied `seq` per origin.
+    SnapshotChunk {
+        epoch: Epoch,
+        after_key: Option<Key>,
+        base_index: u64,
+        base_zxid: Zxid,
+        pairs: Vec<(Key, Value)>,
+        applied_seq: Vec<(NodeId, u64)>,
+        last: bool,
     },
     /// A linearizable read asks for the leader's commit point.
     Sync {
@@ -93,6 +124,9 @@ impl Message {
             | Message::FetchHistory { epoch, .. }
             | Message::History { epoch, .. }
             | Message::NewLeader { epoch, .. }
+            | Message::TakeSnapshot { epoch, .. }
+            | Message::SnapshotRequest { epoch, .. }
+            | Message::SnapshotChunk { epoch, .. }
             | Message::Sync { epoch, .. }
             | Message::SyncReply { epoch, .. } => *epoch,
         }
@@ -110,6 +144,9 @@ const TAG_HISTORY: u8 = 8;
 const TAG_NEW_LEADER: u8 = 9;
 const TAG_SYNC: u8 = 10;
 const TAG_SYNC_REPLY: u8 = 11;
+const TAG_TAKE_SNAPSHOT: u8 = 12;
+const TAG_SNAPSHOT_REQUEST: u8 = 13;
+const TAG_SNAPSHOT_CHUNK: u8 = 14;
 
 impl WireMessage for Entry {
     fn encode(&self, buf: &mut BytesMut) {
@@ -158,6 +195,51 @@ fn put_entries(buf: &mut BytesMut, entries: &[Entry]) {
     }
 }
 
+fn put_optional_key(buf: &mut BytesMut, key: &Option<Key>) {
+    match key {
+        None => buf.put_u8(0),
+        Some(key) => {
+            buf.put_u8(1);
+            buf.put_bytes_prefixed(key);
+        }
+    }
+}
+
+fn optional_key(reader: &mut Reader) -> Result<Option<Key>, DecodeError> {
+    match reader.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(reader.bytes()?)),
+        tag => Err(DecodeError::UnknownTag { what: "zab optional key", tag }),
+    }
+}
+
+fn put_zxid(buf: &mut BytesMut, zxid: Zxid) {
+    buf.put_u64_le(zxid.epoch);
+    buf.put_u64_le(zxid.counter);
+}
+
+fn zxid(reader: &mut Reader) -> Result<Zxid, DecodeError> {
+    Ok(Zxid { epoch: reader.u64()?, counter: reader.u64()? })
+}
+
+fn node(reader: &mut Reader) -> Result<NodeId, DecodeError> {
+    let node = reader.u8()?;
+    if node as usize >= NodeId::COUNT_MAX {
+        return Err(DecodeError::Invalid("node id out of range"));
+    }
+    Ok(NodeId(node))
+}
+
+/// A count read from the wire, refused if the payload cannot hold that many items of at least
+/// `item_bytes_min` bytes (before anything is allocated).
+fn count(reader: &mut Reader, item_bytes_min: usize) -> Result<usize, DecodeError> {
+    let count = reader.u32()? as usize;
+    if count.saturating_mul(item_bytes_min) > reader.remaining() {
+        return Err(DecodeError::Invalid("item count exceeds payload"));
+    }
+    Ok(count)
+}
+
 fn entries(reader: &mut Reader) -> Result<Vec<Entry>, DecodeError> {
     let count = reader.u32()? as usize;
     // Every entry takes well over one byte: a larger count is a lie, refused before allocating.
@@ -170,9 +252,10 @@ fn entries(reader: &mut Reader) -> Result<Vec<Entry>, DecodeError> {
 impl WireMessage for Message {
     fn encode(&self, buf: &mut BytesMut) {
         match self {
-            Message::Forward { epoch, seq, command } => {
+            Message::Forward { epoch, seq, floor, command } => {
                 put_header(buf, TAG_FORWARD, *epoch);
                 buf.put_u64_le(*seq);
+                buf.put_u64_le(*floor);
                 command.encode(buf);
             }
             Message::Propose { epoch, first_index, entries, commit_index } => {
@@ -192,12 +275,45 @@ impl WireMessage for Message {
                 buf.put_u64_le(*compact_index);
             }
             Message::NewEpoch { epoch } => put_header(buf, TAG_NEW_EPOCH, *epoch),
-            Message::FollowerInfo { epoch, current_epoch, last_zxid, applied_index } => {
+            Message::FollowerInfo {
+                epoch,
+                current_epoch,
+                last_zxid,
+                applied_index,
+                complete,
+                snapshot_base,
+            } => {
                 put_header(buf, TAG_FOLLOWER_INFO, *epoch);
                 buf.put_epoch(*current_epoch);
-                buf.put_u64_le(last_zxid.epoch);
-                buf.put_u64_le(last_zxid.counter);
+                put_zxid(buf, *last_zxid);
                 buf.put_u64_le(*applied_index);
+                buf.put_u8(u8::from(*complete));
+                buf.put_u64_le(*snapshot_base);
+            }
+            Message::TakeSnapshot { epoch, log_start } => {
+                put_header(buf, TAG_TAKE_SNAPSHOT, *epoch);
+                buf.put_u64_le(*log_start);
+            }
+            Message::SnapshotRequest { epoch, after_key } => {
+                put_header(buf, TAG_SNAPSHOT_REQUEST, *epoch);
+                put_optional_key(buf, after_key);
+            }
+            Message::SnapshotChunk { epoch, after_key, base_index, base_zxid, pairs, applied_seq, last } => {
+                put_header(buf, TAG_SNAPSHOT_CHUNK, *epoch);
+                put_optional_key(buf, after_key);
+                buf.put_u64_le(*base_index);
+                put_zxid(buf, *base_zxid);
+                buf.put_u32_le(u32::try_from(pairs.len()).expect("pair count over u32"));
+                for (key, value) in pairs {
+                    buf.put_bytes_prefixed(key);
+                    buf.put_bytes_prefixed(value);
+                }
+                buf.put_u32_le(u32::try_from(applied_seq.len()).expect("origin count over u32"));
+                for (origin, seq) in applied_seq {
+                    buf.put_u8(origin.0);
+                    buf.put_u64_le(*seq);
+                }
+                buf.put_u8(u8::from(*last));
             }
             Message::FetchHistory { epoch, from_index } => {
                 put_header(buf, TAG_FETCH, *epoch);
@@ -230,7 +346,12 @@ impl WireMessage for Message {
         let tag = reader.u8()?;
         let epoch = reader.epoch()?;
         Ok(match tag {
-            TAG_FORWARD => Message::Forward { epoch, seq: reader.u64()?, command: Command::decode(reader)? },
+            TAG_FORWARD => Message::Forward {
+                epoch,
+                seq: reader.u64()?,
+                floor: reader.u64()?,
+                command: Command::decode(reader)?,
+            },
             TAG_PROPOSE => Message::Propose {
                 epoch,
                 first_index: reader.u64()?,
@@ -245,9 +366,36 @@ impl WireMessage for Message {
             TAG_FOLLOWER_INFO => Message::FollowerInfo {
                 epoch,
                 current_epoch: reader.epoch()?,
-                last_zxid: Zxid { epoch: reader.u64()?, counter: reader.u64()? },
+                last_zxid: zxid(reader)?,
                 applied_index: reader.u64()?,
+                complete: flag(reader)?,
+                snapshot_base: reader.u64()?,
             },
+            TAG_TAKE_SNAPSHOT => Message::TakeSnapshot { epoch, log_start: reader.u64()? },
+            TAG_SNAPSHOT_REQUEST => Message::SnapshotRequest { epoch, after_key: optional_key(reader)? },
+            TAG_SNAPSHOT_CHUNK => {
+                let after_key = optional_key(reader)?;
+                let base_index = reader.u64()?;
+                let base_zxid = zxid(reader)?;
+                // A pair is at least its two length prefixes.
+                let pair_count = count(reader, 8)?;
+                let pairs = (0..pair_count)
+                    .map(|_| Ok((reader.bytes()?, reader.bytes()?)))
+                    .collect::<Result<_, _>>()?;
+                let origin_count = count(reader, 9)?;
+                let applied_seq = (0..origin_count)
+                    .map(|_| Ok((node(reader)?, reader.u64()?)))
+                    .collect::<Result<_, _>>()?;
+                Message::SnapshotChunk {
+                    epoch,
+                    after_key,
+                    base_index,
+                    base_zxid,
+                    pairs,
+                    applied_seq,
+                    last: flag(reader)?,
+                }
+            }
             TAG_FETCH => Message::FetchHistory { epoch, from_index: reader.u64()? },
             TAG_HISTORY => Message::History { epoch, from_index: reader.u64()?, entries: entries(reader)? },
             TAG_NEW_LEADER => Message::NewLeader {
@@ -260,6 +408,14 @@ impl WireMessage for Message {
             TAG_SYNC_REPLY => Message::SyncReply { epoch, nonce: reader.u64()?, commit_index: reader.u64()? },
             tag => return Err(DecodeError::UnknownTag { what: "zab message", tag }),
         })
+    }
+}
+
+fn flag(reader: &mut Reader) -> Result<bool, DecodeError> {
+    match reader.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        tag => Err(DecodeError::UnknownTag { what: "zab flag", tag }),
     }
 }
 
@@ -303,10 +459,13 @@ mod tests {
         let epoch = any::<u64>().prop_map(Epoch);
         let entries = proptest::collection::vec(arb_entry(), 0..4);
         prop_oneof![
-            (epoch.clone(), any::<u64>(), arb_bytes()).prop_map(|(epoch, seq, key)| Message::Forward {
-                epoch,
-                seq,
-                command: Command::Rmw { key, op: RmwOp::IncrementBy(1) }
+            (epoch.clone(), any::<(u64, u64)>(), arb_bytes()).prop_map(|(epoch, (seq, floor), key)| {
+                Message::Forward {
+                    epoch,
+                    seq,
+                    floor,
+                    command: Command::Rmw { key, op: RmwOp::IncrementBy(1) },
+                }
             }),
             (epoch.clone(), any::<u64>(), entries.clone(), any::<u64>()).prop_map(
                 |(epoch, first_index, entries, commit_index)| Message::Propose {
@@ -323,14 +482,40 @@ mod tests {
                 Message::Commit { epoch, commit_index, compact_index }
             }),
             epoch.clone().prop_map(|epoch| Message::NewEpoch { epoch }),
-            (epoch.clone(), any::<u64>(), any::<(u64, u64)>(), any::<u64>()).prop_map(
-                |(epoch, current, (e, c), applied_index)| Message::FollowerInfo {
-                    epoch,
-                    current_epoch: Epoch(current),
-                    last_zxid: Zxid { epoch: e, counter: c },
-                    applied_index
-                }
-            ),
+            (epoch.clone(), any::<u64>(), any::<(u64, u64)>(), any::<u64>(), any::<bool>(), any::<u64>())
+                .prop_map(|(epoch, current, (e, c), applied_index, complete, snapshot_base)| {
+                    Message::FollowerInfo {
+                        epoch,
+                        current_epoch: Epoch(current),
+                        last_zxid: Zxid { epoch: e, counter: c },
+                        applied_index,
+                        complete,
+                        snapshot_base,
+                    }
+                }),
+            (epoch.clone(), any::<u64>())
+                .prop_map(|(epoch, log_start)| Message::TakeSnapshot { epoch, log_start }),
+            (epoch.clone(), proptest::option::of(arb_bytes()))
+                .prop_map(|(epoch, after_key)| Message::SnapshotRequest { epoch, after_key }),
+            (
+                epoch.clone(),
+                proptest::option::of(arb_bytes()),
+                any::<(u64, u64, u64)>(),
+                proptest::collection::vec((arb_bytes(), arb_bytes()), 0..4),
+                proptest::collection::vec((0u8..64, any::<u64>()), 0..4),
+                any::<bool>()
+            )
+                .prop_map(|(epoch, after_key, (base_index, e, c), pairs, seqs, last)| {
+                    Message::SnapshotChunk {
+                        epoch,
+                        after_key,
+                        base_index,
+                        base_zxid: Zxid { epoch: e, counter: c },
+                        pairs,
+                        applied_seq: seqs.into_iter().map(|(node, seq)| (NodeId(node), seq)).collect(),
+                        last,
+                    }
+                }),
             (epoch.clone(), any::<u64>())
                 .prop_map(|(epoch, from_index)| Message::FetchHistory { epoch, from_index }),
             (epoch.clone(), any::<u64>(), entries.clone())

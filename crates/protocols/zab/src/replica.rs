@@ -27,6 +27,11 @@ pub struct ZabStats {
     pub retransmits: u64,
     pub messages_dropped_epoch: u64,
     pub views_installed: u64,
+    /// Snapshot chunks (ZooKeeper's SNAP) this replica served and received.
+    pub snapshot_chunks_served: u64,
+    pub snapshot_chunks_received: u64,
+    /// Snapshots this replica installed (with the history after them).
+    pub snapshots_installed: u64,
 }
 
 /// A follower's answer to NEWEPOCH.
@@ -35,6 +40,27 @@ struct FollowerInfo {
     current_epoch: Epoch,
     last_zxid: Zxid,
     applied_index: u64,
+    /// Holds a history no acknowledged entry was lost from: counts in a discovery quorum.
+    complete: bool,
+    /// A pulled snapshot waits at this index (0: none) for the history after it.
+    snapshot_base: u64,
+}
+
+/// A snapshot being pulled (ZooKeeper's SNAP), kept aside from the replica's own state until
+/// the history after it arrives: until then the replica keeps the history it reported.
+#[derive(Debug)]
+struct SnapshotPull {
+    source: NodeId,
+    /// The last key received; the next request asks for keys after it.
+    after_key: Option<Key>,
+    /// The source's applied point when it served the first chunk. Later chunks may reflect
+    /// later applied states (the snapshot is fuzzy, like ZooKeeper's); the entries after the
+    /// base are idempotent writes, so replaying them over it yields the exact state.
+    base: Option<(u64, Zxid)>,
+    store: FxHashMap<Key, Value>,
+    applied_seq: Vec<(NodeId, u64)>,
+    done: bool,
+    requested_at: Time,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +96,8 @@ struct LeaderState {
     pending_values: FxHashMap<Key, (u64, Option<Value>)>,
     /// Forwards waiting for recovery to finish, or for an earlier `seq` of their origin.
     forwards: BTreeMap<(NodeId, u64), Command>,
+    /// The highest `floor` each origin announced (see `Message::Forward`).
+    floors: FxHashMap<NodeId, u64>,
 }
 
 impl LeaderState {
@@ -87,6 +115,7 @@ impl LeaderState {
             proposed_seq: FxHashMap::default(),
             pending_values: FxHashMap::default(),
             forwards: BTreeMap::new(),
+            floors: FxHashMap::default(),
         }
     }
 }
@@ -159,6 +188,10 @@ pub struct Zab {
     /// it never expired), else until when this replica may answer from its own state. A
     /// replica cut off from the others must stop serving before they remove it.
     lease: Option<Option<Time>>,
+    /// This replica's history lost no entry it acknowledged: false after a restart (state is
+    /// in memory) until it has been synchronised to a leader's history.
+    complete: bool,
+    pull: Option<SnapshotPull>,
 }
 
 impl Zab {
@@ -167,6 +200,7 @@ impl Zab {
         assert!(config.catch_up_entries_max > 0, "catch_up_entries_max must be positive");
         let view = config.initial_view;
         let me = config.me;
+        let recovering = config.recovering;
         let mut zab = Zab {
             config,
             view,
@@ -185,13 +219,17 @@ impl Zab {
             syncs: BTreeMap::new(),
             queues: FxHashMap::default(),
             stats: ZabStats::default(),
-            retired: false,
+            // A restarted replica acts in no view until the membership service hands it the
+            // one that adds it back.
+            retired: recovering,
             lease: None,
+            complete: !recovering,
+            pull: None,
         };
         // The initial view starts like any other: its leader recovers (from empty histories)
         // before it broadcasts, so there is one code path for leadership. The first tick
         // sends what recovery needs.
-        if zab.view.live.contains(me) {
+        if zab.view.live.contains(me) && !recovering {
             zab.start_epoch();
         }
         zab
@@ -259,6 +297,16 @@ impl Zab {
         self.store.len()
     }
 
+    /// Whether this replica answers clients: operational and, after a restart, synchronised.
+    pub fn serves_clients(&self) -> bool {
+        self.is_operational() && self.complete
+    }
+
+    /// Whether this replica holds a history it lost nothing from (see `ZabConfig::recovering`).
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
     #[inline(always)]
     fn has_bug(&self, _bug: Bug) -> bool {
         #[cfg(feature = "broken-variants")]
@@ -283,11 +331,32 @@ impl Zab {
     }
 
     fn my_info(&self) -> FollowerInfo {
+        let snapshot_base = match &self.pull {
+            Some(SnapshotPull { done: true, base: Some((base, _)), .. }) => *base,
+            _ => 0,
+        };
         FollowerInfo {
             current_epoch: self.current_epoch,
             last_zxid: self.last_zxid(),
             applied_index: self.applied_index,
+            complete: self.complete,
+            snapshot_base,
         }
+    }
+
+    fn send_info(&self, to: NodeId, out: &mut Outbox<Message>) {
+        let info = self.my_info();
+        out.send(
+            to,
+            Message::FollowerInfo {
+                epoch: self.view.epoch,
+                current_epoch: info.current_epoch,
+                last_zxid: info.last_zxid,
+                applied_index: info.applied_index,
+                complete: info.complete,
+                snapshot_base: info.snapshot_base,
+            },
+        );
     }
 
     /// Entries `from ..= to` (clamped to what we hold).
@@ -480,11 +549,12 @@ impl Zab {
         outstanding.sent_at = now;
         let command = outstanding.command.clone();
         let leader = self.leader().expect("an operational replica has a leader");
+        let floor = self.outstanding.keys().next().copied().expect("this update is outstanding");
         if leader == self.me() {
             let me = self.me();
-            self.on_forward(now, me, seq, command, out);
+            self.on_forward(now, me, seq, floor, command, out);
         } else {
-            out.send(leader, Message::Forward { epoch: self.view.epoch, seq, command });
+            out.send(leader, Message::Forward { epoch: self.view.epoch, seq, floor, command });
         }
     }
 
@@ -502,10 +572,13 @@ impl Zab {
         now: Time,
         origin: NodeId,
         seq: u64,
+        floor: u64,
         command: Command,
         out: &mut Outbox<Message>,
     ) {
         let Some(state) = self.leader_state() else { return };
+        let given_up = state.floors.entry(origin).or_default();
+        *given_up = (*given_up).max(floor);
         if seq <= state.proposed_seq.get(&origin).copied().unwrap_or(0) && state.phase == Phase::Established {
             return; // Proposed already: it commits (or did) through the history.
         }
@@ -519,6 +592,12 @@ impl Zab {
             let Some(state) = self.leader_state() else { return };
             if state.phase != Phase::Established {
                 return;
+            }
+            // An origin that left a view gave up on its unanswered updates: numbers below
+            // its floor that are not in our history never come, so they leave no gap.
+            for (origin, floor) in state.floors.iter() {
+                let proposed = state.proposed_seq.entry(*origin).or_default();
+                *proposed = (*proposed).max(floor.saturating_sub(1));
             }
             let mut next = None;
             let mut stale = Vec::new();
@@ -659,6 +738,8 @@ impl Zab {
 
     /// Enter the current view's epoch: lead it (recovery first) or follow its leader.
     fn start_epoch(&mut self) {
+        // A snapshot pulled in an older epoch may come from a history this epoch discards.
+        self.pull = None;
         if self.leader() == Some(self.me()) {
             let mut state = LeaderState::new();
             state.infos.insert(self.me(), self.my_info());
@@ -689,17 +770,21 @@ impl Zab {
     fn choose_history(&mut self, now: Time, out: &mut Outbox<Message>) {
         let quorum = self.config.quorum();
         let me = self.me();
-        let from_index = self.applied_index + 1;
+        let from_index = self.fetch_from_index();
         let epoch = self.view.epoch;
         let timeout = self.config.retransmit_timeout;
         let Some(state) = self.leader_state() else { return };
-        if state.phase != Phase::Discovery || state.infos.len() < quorum {
+        // A replica that restarted empty may have acknowledged entries it no longer holds: a
+        // quorum of such replicas could miss a committed entry. Only complete ones count.
+        let complete = state.infos.values().filter(|info| info.complete).count();
+        if state.phase != Phase::Discovery || complete < quorum {
             return;
         }
         let rank = |node: NodeId, info: &FollowerInfo| (info.current_epoch, info.last_zxid, node == me);
         let best = state
             .infos
             .iter()
+            .filter(|(_, info)| info.complete)
             .max_by_key(|(node, info)| rank(**node, info))
             .map(|(node, _)| *node)
             .expect("a quorum is not empty");
@@ -720,11 +805,18 @@ impl Zab {
         entries: Vec<Entry>,
         out: &mut Outbox<Message>,
     ) {
-        let applied = self.applied_index;
-        let Some(state) = self.leader_state() else { return };
-        if state.phase != (Phase::Fetching { best: from }) || from_index != applied + 1 {
+        let fetching =
+            matches!(&self.role, Role::Leader(state) if state.phase == (Phase::Fetching { best: from }));
+        if !fetching {
             return;
         }
+        if self.my_info().snapshot_base + 1 == from_index && from_index > 1 {
+            self.install_snapshot(now, out);
+        }
+        if from_index != self.applied_index + 1 {
+            return;
+        }
+        let applied = self.applied_index;
         // Our unapplied tail may differ from the best history: replace it.
         self.truncate_after(applied);
         let appended = self.append(from_index, entries);
@@ -735,6 +827,8 @@ impl Zab {
     /// Our log is now the epoch's history. ZAB phase 2: synchronise the followers we heard.
     fn adopt_history(&mut self, now: Time, out: &mut Outbox<Message>) {
         self.current_epoch = self.view.epoch;
+        // Adopted from a quorum of complete histories: nothing committed is missing.
+        self.become_complete();
         let quorum = self.config.quorum();
         let me = self.me();
         let Some(state) = self.leader_state() else { return };
@@ -754,9 +848,13 @@ impl Zab {
         let Role::Leader(state) = &self.role else { return };
         let Some(info) = state.infos.get(&follower) else { return };
         // The follower's applied entries are committed, hence in our history at the same
-        // indices: send only what follows them.
-        let prev_index = info.applied_index;
-        debug_assert!(prev_index + 1 >= self.log_start, "follower needs compacted entries");
+        // indices: send only what follows them (or its pulled snapshot).
+        let prev_index = if info.snapshot_base > 0 { info.snapshot_base } else { info.applied_index };
+        if prev_index + 1 < self.log_start {
+            // We forgot entries it lacks (a restarted replica lacks all): SNAP first.
+            out.send(follower, Message::TakeSnapshot { epoch, log_start: self.log_start });
+            return;
+        }
         let entries = self.entries(prev_index + 1, last);
         out.send(follower, Message::NewLeader { epoch, prev_index, entries, commit_index });
     }
@@ -789,7 +887,8 @@ impl Zab {
         let epoch = self.view.epoch;
         let timeout = self.config.retransmit_timeout;
         let batch = self.config.catch_up_entries_max as u64;
-        let (commit_index, last, applied) = (self.commit_index, self.last_index(), self.applied_index);
+        let (commit_index, last) = (self.commit_index, self.last_index());
+        let fetch_from = self.fetch_from_index();
         let peers = self.peers();
         let commit = self.commit_message();
         let mut catch_up = Vec::new();
@@ -798,7 +897,7 @@ impl Zab {
         if let Phase::Fetching { best } = state.phase {
             if now >= state.fetch_resend_at {
                 state.fetch_resend_at = now + timeout;
-                out.send(best, Message::FetchHistory { epoch, from_index: applied + 1 });
+                out.send(best, Message::FetchHistory { epoch, from_index: fetch_from });
             }
         }
         for peer in peers.iter() {
@@ -835,6 +934,12 @@ impl Zab {
             self.stats.retransmits += 1;
             self.send_new_leader(peer, out);
         }
+        // The leader forgets what every live replica applied, like its followers: otherwise
+        // its log grows without bound. A replica that needs forgotten entries later (one
+        // removed meanwhile, or restarted) gets a snapshot; while a live replica is not
+        // synchronised, `compact_index` is 0, so a snapshot's base stays replayable.
+        let compact_index = self.compact_index();
+        self.compact(compact_index);
     }
 
     // ---------------------------------------------------------------- follower
@@ -887,19 +992,12 @@ impl Zab {
             self.send_ack(from, out); // Our ACK was lost; the history is already ours.
             return;
         }
+        if self.my_info().snapshot_base == prev_index && prev_index > 0 {
+            self.install_snapshot(now, out);
+        }
         if prev_index != self.applied_index {
             // Built on a FollowerInfo that no longer describes us: describe us again.
-            let info = self.my_info();
-            let epoch = self.view.epoch;
-            out.send(
-                from,
-                Message::FollowerInfo {
-                    epoch,
-                    current_epoch: info.current_epoch,
-                    last_zxid: info.last_zxid,
-                    applied_index: info.applied_index,
-                },
-            );
+            self.send_info(from, out);
             return;
         }
         self.truncate_after(prev_index);
@@ -907,6 +1005,7 @@ impl Zab {
         debug_assert!(appended);
         self.current_epoch = self.view.epoch;
         self.role = Role::Follower { synced: true };
+        self.become_complete();
         // Commit points only ever cover committed entries, which keep their indices in every
         // later history, so one heard in an older epoch still holds.
         self.commit_index = self.commit_index.max(commit_index);
@@ -958,6 +1057,201 @@ impl Zab {
     }
 }
 
+/// A received snapshot chunk (the fields of `Message::SnapshotChunk`).
+struct Chunk {
+    after_key: Option<Key>,
+    base_index: u64,
+    base_zxid: Zxid,
+    pairs: Vec<(Key, Value)>,
+    applied_seq: Vec<(NodeId, u64)>,
+    last: bool,
+}
+
+// -------------------------------------------------------------------- snapshots (SNAP)
+
+impl Zab {
+    /// Where a leader fetching the best history needs it from: after its pulled snapshot, or
+    /// after what it applied.
+    fn fetch_from_index(&self) -> u64 {
+        match self.my_info().snapshot_base {
+            0 => self.applied_index + 1,
+            base => base + 1,
+        }
+    }
+
+    /// We now hold a history a leader synchronised us to (or adopted from a quorum of complete
+    /// ones): we count in quorums and may serve. Our update numbers continue after the
+    /// highest of ours in it, since the leader proposes each origin's numbers in order.
+    fn become_complete(&mut self) {
+        self.pull = None;
+        if self.complete {
+            return;
+        }
+        self.complete = true;
+        let me = self.me();
+        let in_log = self.log.iter().filter(|entry| entry.origin == me).map(|entry| entry.seq).max();
+        let highest = in_log.unwrap_or(0).max(self.applied_seq.get(&me).copied().unwrap_or(0));
+        assert!(self.outstanding.is_empty(), "an incomplete replica issued no update");
+        self.next_seq = self.next_seq.max(highest + 1);
+    }
+
+    /// Snapshots are served by a recovered leader to its followers, and by a follower that
+    /// has not synchronised to this epoch yet to its leader (its state is frozen then). Only
+    /// from a complete history.
+    fn serves_snapshots_to(&self, from: NodeId) -> bool {
+        let recovered_leader = matches!(
+            &self.role,
+            Role::Leader(state) if matches!(state.phase, Phase::Syncing | Phase::Established)
+        );
+        let fetched_by_leader =
+            self.leader() == Some(from) && matches!(self.role, Role::Follower { synced: false });
+        self.complete && (recovered_leader || fetched_by_leader)
+    }
+
+    /// The keys after `after_key` in key order, up to about `snapshot_chunk_bytes_target`.
+    /// The leader keeps every entry after its applied point while a live peer is not
+    /// synchronised (`compact_index` is 0 then), so the receiver can replay them over the
+    /// chunks. Each chunk sorts the keys left to send: O(n log n) per chunk.
+    fn send_snapshot_chunk(&mut self, to: NodeId, after_key: Option<Key>, out: &mut Outbox<Message>) {
+        let mut keys: Vec<&Key> =
+            self.store.keys().filter(|key| after_key.as_ref().is_none_or(|after| *key > after)).collect();
+        keys.sort_unstable();
+        let (mut pairs, mut size_bytes) = (Vec::new(), 0);
+        for key in &keys {
+            if !pairs.is_empty() && size_bytes >= self.config.snapshot_chunk_bytes_target {
+                break;
+            }
+            let value = self.store.get(*key).expect("listed key exists").clone();
+            size_bytes += key.len() + value.len();
+            pairs.push(((*key).clone(), value));
+        }
+        let last = pairs.len() == keys.len();
+        let mut applied_seq: Vec<(NodeId, u64)> = if last {
+            self.applied_seq.iter().map(|(origin, seq)| (*origin, *seq)).collect()
+        } else {
+            Vec::new()
+        };
+        applied_seq.sort_unstable();
+        let base_index = self.applied_index;
+        let base_zxid = self.entry(base_index).map_or(self.compacted_zxid, |entry| entry.zxid);
+        debug_assert!(base_index + 1 >= self.log_start, "applied entries are never compacted early");
+        let epoch = self.view.epoch;
+        self.stats.snapshot_chunks_served += 1;
+        out.send(
+            to,
+            Message::SnapshotChunk { epoch, after_key, base_index, base_zxid, pairs, applied_seq, last },
+        );
+    }
+
+    /// `from` (our leader, or the best history we fetch as leader) no longer holds the
+    /// entries after our applied point: pull its snapshot, unless we have one already.
+    fn on_take_snapshot(&mut self, now: Time, from: NodeId, log_start: u64, out: &mut Outbox<Message>) {
+        let from_leader =
+            self.leader() == Some(from) && matches!(self.role, Role::Follower { synced: false });
+        let from_best =
+            matches!(&self.role, Role::Leader(state) if state.phase == (Phase::Fetching { best: from }));
+        if !from_leader && !from_best {
+            return;
+        }
+        let base = self.my_info().snapshot_base;
+        let have = if base > 0 { base } else { self.applied_index };
+        if have + 1 >= log_start {
+            // The sender worked from an old description of us.
+            if from_leader {
+                self.send_info(from, out);
+            } else {
+                let from_index = self.fetch_from_index();
+                out.send(from, Message::FetchHistory { epoch: self.view.epoch, from_index });
+            }
+            return;
+        }
+        if self.pull.as_ref().is_some_and(|pull| pull.source == from) {
+            return; // Pulling already; our own timer re-sends lost requests.
+        }
+        self.pull = Some(SnapshotPull {
+            source: from,
+            after_key: None,
+            base: None,
+            store: FxHashMap::default(),
+            applied_seq: Vec::new(),
+            done: false,
+            requested_at: now,
+        });
+        out.send(from, Message::SnapshotRequest { epoch: self.view.epoch, after_key: None });
+    }
+
+    fn on_snapshot_chunk(&mut self, now: Time, from: NodeId, chunk: Chunk, out: &mut Outbox<Message>) {
+        let epoch = self.view.epoch;
+        let Some(pull) = &mut self.pull else { return };
+        if pull.source != from || pull.done || pull.after_key != chunk.after_key {
+            return; // Late or duplicated.
+        }
+        if pull.base.is_none() {
+            assert!(chunk.after_key.is_none(), "the first chunk answers the first request");
+            pull.base = Some((chunk.base_index, chunk.base_zxid));
+        }
+        if let Some((key, _)) = chunk.pairs.last() {
+            pull.after_key = Some(key.clone());
+        }
+        pull.store.extend(chunk.pairs);
+        self.stats.snapshot_chunks_received += 1;
+        pull.requested_at = now;
+        if !chunk.last {
+            out.send(from, Message::SnapshotRequest { epoch, after_key: pull.after_key.clone() });
+            return;
+        }
+        pull.done = true;
+        pull.applied_seq = chunk.applied_seq;
+        // Ask for the history after the snapshot.
+        if matches!(self.role, Role::Leader(_)) {
+            let from_index = self.fetch_from_index();
+            out.send(from, Message::FetchHistory { epoch, from_index });
+        } else {
+            self.send_info(from, out);
+        }
+    }
+
+    fn retransmit_snapshot_request(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let timeout = self.config.retransmit_timeout;
+        let epoch = self.view.epoch;
+        let Some(pull) = &mut self.pull else { return };
+        if pull.done || now < pull.requested_at + timeout {
+            return;
+        }
+        pull.requested_at = now;
+        self.stats.retransmits += 1;
+        out.send(pull.source, Message::SnapshotRequest { epoch, after_key: pull.after_key.clone() });
+    }
+
+    /// Replace our state by the pulled snapshot: the history after its base comes next.
+    /// Only done together with taking that history, so we never hold a snapshot without it.
+    fn install_snapshot(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let Some(pull) = self.pull.take() else { return };
+        let Some((base_index, base_zxid)) = pull.base else { return };
+        assert!(pull.done, "only a complete snapshot is installed");
+        self.stats.snapshots_installed += 1;
+        self.store = pull.store;
+        self.applied_seq = pull.applied_seq.into_iter().collect();
+        self.log.clear();
+        self.log_start = base_index + 1;
+        self.compacted_zxid = base_zxid;
+        self.applied_index = base_index;
+        self.commit_index = self.commit_index.max(base_index);
+        // Our updates the snapshot already holds were applied where its entries were
+        // forgotten: a write's outcome is always `Written`; an RMW's went with its entry.
+        let me = self.me();
+        let applied_seq = self.applied_seq.get(&me).copied().unwrap_or(0);
+        let covered: Vec<u64> = self.outstanding.range(..=applied_seq).map(|(seq, _)| *seq).collect();
+        for seq in covered {
+            let outcome = match self.outstanding[&seq].command {
+                Command::Write { .. } => Outcome::Written,
+                _ => Outcome::Error(CommandError::OutcomeUnknown),
+            };
+            self.complete_update(now, seq, outcome, out);
+        }
+    }
+}
+
 impl Replica for Zab {
     type Message = Message;
 
@@ -972,8 +1266,18 @@ impl Replica for Zab {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
+        let is_read = matches!(command, Command::Read { .. });
+        if !self.complete && is_read && self.has_bug(Bug::JoinerServesEarly) {
+            out.reply(request, Outcome::Value(self.store.get(command.key()).cloned()));
+            return;
+        }
         if !self.is_operational() {
             out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
+            return;
+        }
+        if !self.complete {
+            let why = "joining: taking a snapshot and the history from the leader";
+            out.reply(request, Outcome::Error(CommandError::Unavailable(why)));
             return;
         }
         let key = command.key().clone();
@@ -988,8 +1292,8 @@ impl Replica for Zab {
         }
         let from_leader = self.leader() == Some(from);
         match message {
-            Message::Forward { seq, command, .. } if command.is_update() => {
-                self.on_forward(now, from, seq, command, out);
+            Message::Forward { seq, floor, command, .. } if command.is_update() && floor <= seq => {
+                self.on_forward(now, from, seq, floor, command, out);
             }
             Message::Propose { first_index, entries, commit_index, .. } if from_leader => {
                 self.on_propose(now, from, first_index, entries, commit_index, out)
@@ -1004,32 +1308,38 @@ impl Replica for Zab {
                 self.apply_committed(now, out);
                 self.compact(compact_index);
             }
-            Message::NewEpoch { .. } if from_leader => {
-                let info = self.my_info();
-                let epoch = self.view.epoch;
-                out.send(
-                    from,
-                    Message::FollowerInfo {
-                        epoch,
-                        current_epoch: info.current_epoch,
-                        last_zxid: info.last_zxid,
-                        applied_index: info.applied_index,
-                    },
-                );
-            }
-            Message::FollowerInfo { current_epoch, last_zxid, applied_index, .. } => {
-                let info = FollowerInfo { current_epoch, last_zxid, applied_index };
+            Message::NewEpoch { .. } if from_leader => self.send_info(from, out),
+            Message::FollowerInfo {
+                current_epoch,
+                last_zxid,
+                applied_index,
+                complete,
+                snapshot_base,
+                ..
+            } => {
+                let info = FollowerInfo { current_epoch, last_zxid, applied_index, complete, snapshot_base };
                 self.on_follower_info(now, from, info, out)
             }
             // Only before we synchronise to this epoch's history: our log is still what we
-            // reported in FollowerInfo.
+            // reported in FollowerInfo. What we forgot comes as a snapshot first.
             Message::FetchHistory { from_index, .. }
-                if from_leader
-                    && matches!(self.role, Role::Follower { synced: false })
-                    && from_index >= self.log_start =>
+                if from_leader && matches!(self.role, Role::Follower { synced: false }) =>
             {
-                let entries = self.entries(from_index, self.last_index());
-                out.send(from, Message::History { epoch: self.view.epoch, from_index, entries });
+                let epoch = self.view.epoch;
+                if from_index >= self.log_start {
+                    let entries = self.entries(from_index, self.last_index());
+                    out.send(from, Message::History { epoch, from_index, entries });
+                } else {
+                    out.send(from, Message::TakeSnapshot { epoch, log_start: self.log_start });
+                }
+            }
+            Message::TakeSnapshot { log_start, .. } => self.on_take_snapshot(now, from, log_start, out),
+            Message::SnapshotRequest { after_key, .. } if self.serves_snapshots_to(from) => {
+                self.send_snapshot_chunk(from, after_key, out)
+            }
+            Message::SnapshotChunk { after_key, base_index, base_zxid, pairs, applied_seq, last, .. } => {
+                let chunk = Chunk { after_key, base_index, base_zxid, pairs, applied_seq, last };
+                self.on_snapshot_chunk(now, from, chunk, out)
             }
             Message::History { from_index, entries, .. } => {
                 self.on_history(now, from, from_index, entries, out)
@@ -1053,6 +1363,12 @@ impl Replica for Zab {
             // Leader-only messages from a replica that does not lead our view.
             _ => {}
         }
+    }
+
+    /// Until a restarted replica has been synchronised, the membership service must not count
+    /// it as holding the data.
+    fn is_caught_up(&self) -> bool {
+        self.complete
     }
 
     fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
@@ -1083,6 +1399,7 @@ impl Replica for Zab {
             self.choose_history(now, out);
         }
         self.retransmit_requests(now, out);
+        self.retransmit_snapshot_request(now, out);
     }
 
     /// A new view is a new ZAB epoch with the lowest live id as leader. Messages of the old
@@ -1094,10 +1411,16 @@ impl Replica for Zab {
         }
         self.view = view;
         self.stats.views_installed += 1;
-        if !self.is_operational() {
-            self.leave_service(out);
+        if !view.live.contains(self.me()) {
+            if !self.retired {
+                self.leave_service(out);
+            }
             return;
         }
+        // Back in a view (the membership service added us again): we keep the history we
+        // have (it is still ours: nothing we acknowledged is lost) and this epoch's recovery
+        // brings it up to date before we serve.
+        self.retired = false;
         self.start_epoch();
         // Our history may be truncated by the recovery: every unapplied update is forwarded
         // again (the new leader proposes each origin's `seq` once).

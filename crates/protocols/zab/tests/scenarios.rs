@@ -4,7 +4,8 @@
 
 use bytes::Bytes;
 use chorus_core::{
-    ClientRequestId, Command, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, View,
+    ClientRequestId, Command, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time,
+    View,
 };
 use chorus_zab::{Message, ReadMode, Zab, ZabConfig};
 
@@ -38,6 +39,8 @@ impl Cluster {
                 let mut config = ZabConfig::new(NodeId(i), all);
                 config.retransmit_timeout = TIMEOUT;
                 config.read_mode = read_mode;
+                // Snapshots (served by the source) then take several chunks.
+                config.snapshot_chunk_bytes_target = 16;
                 Zab::new(config)
             })
             .collect();
@@ -248,4 +251,136 @@ fn messages_of_an_older_epoch_are_dropped() {
     cluster.nodes[2].on_message(cluster.now, NodeId(stale.from), stale.msg, &mut out);
     assert!(out.is_empty());
     assert_eq!(cluster.nodes[2].stats().messages_dropped_epoch, 1);
+}
+
+impl Cluster {
+    /// `node` comes back empty (its state was in memory) and every live replica installs the
+    /// view that adds it back, as the membership service would after its join.
+    fn restart_and_install(&mut self, node: u8, epoch: u64) {
+        let all: NodeSet = (0..self.nodes.len() as u8).map(NodeId).collect();
+        let mut config = ZabConfig::new(NodeId(node), all);
+        config.retransmit_timeout = TIMEOUT;
+        config.recovering = true;
+        config.snapshot_chunk_bytes_target = 16;
+        self.nodes[node as usize] = Zab::new(config);
+        self.crashed[node as usize] = false;
+        let live: NodeSet =
+            (0..self.nodes.len() as u8).filter(|i| !self.crashed[*i as usize]).map(NodeId).collect();
+        for i in live.iter() {
+            let mut out = Outbox::default();
+            self.nodes[i.index()].on_view(self.now, View { epoch: Epoch(epoch), live }, &mut out);
+            self.collect(i.0, out);
+        }
+    }
+
+    /// Writes `count` keys through `node`, then lets heartbeats carry the compaction point.
+    fn write_keys(&mut self, node: u8, prefix: &str, count: usize) {
+        for i in 0..count {
+            let write = self.client(node, set(&format!("{prefix}{i:02}"), &format!("v{i}")));
+            self.settle();
+            assert_eq!(self.reply(write), Some(&Outcome::Written));
+        }
+        for _ in 0..3 {
+            self.tick(TIMEOUT);
+            self.settle();
+        }
+    }
+}
+
+fn snapshot_chunks(cluster: &Cluster, node: u8) -> u64 {
+    cluster.nodes[node as usize].stats().snapshot_chunks_received
+}
+
+/// Zab §IV-B phase 2 (synchronisation) with ZooKeeper's SNAP: a replica that restarted empty
+/// joins while the others have forgotten the entries it lacks. As the new view's leader it
+/// pulls the best follower's snapshot in chunks and the history after it; as a follower it
+/// pulls the leader's. Until then it counts in no quorum and serves nobody.
+#[test]
+fn restarted_replicas_take_snapshots_in_chunks_as_leader_and_as_follower() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    cluster.write_keys(0, "a", 10);
+    assert!(cluster.nodes[1].entry(1).is_none(), "followers compacted what every replica applied");
+    // n0 dies; n1 leads epoch 2 and commits more.
+    cluster.crash_and_install(0, 2);
+    cluster.tick(TIMEOUT);
+    cluster.settle();
+    assert!(cluster.nodes[1].is_established_leader());
+    cluster.write_keys(1, "b", 5);
+    // n0 restarts empty and leads epoch 3 (lowest id): the others no longer hold entry 1.
+    cluster.restart_and_install(0, 3);
+    let early = cluster.client(0, get("a00"));
+    assert!(
+        matches!(cluster.reply(early), Some(Outcome::Error(CommandError::Unavailable(why))) if why.starts_with("joining")),
+        "{:?}",
+        cluster.reply(early)
+    );
+    cluster.tick(TIMEOUT);
+    cluster.settle();
+    assert!(cluster.nodes[0].is_established_leader());
+    assert!(cluster.nodes[0].is_complete());
+    assert!(snapshot_chunks(&cluster, 0) >= 3, "15 keys in 16-byte chunks: {}", snapshot_chunks(&cluster, 0));
+    assert_eq!(cluster.nodes[0].value(b"a03"), Some(&b("v3")));
+    assert_eq!(cluster.nodes[0].value(b"b04"), Some(&b("v4")));
+    // n2 restarts empty as a follower of n0, whose history starts after its snapshot.
+    cluster.write_keys(0, "c", 3);
+    cluster.crashed[2] = true;
+    cluster.net.retain(|envelope| envelope.from != 2 && envelope.to != 2);
+    cluster.restart_and_install(2, 4);
+    cluster.tick(TIMEOUT);
+    cluster.settle();
+    assert!(cluster.nodes[2].is_complete());
+    assert!(snapshot_chunks(&cluster, 2) >= 3);
+    let read = cluster.client(2, get("c02"));
+    cluster.settle();
+    assert_eq!(cluster.reply(read), Some(&Outcome::Value(Some(b("v2")))));
+    // The joiner counts in quorums again: with n1 gone, n0 and n2 commit.
+    cluster.crash_and_install(1, 5);
+    cluster.tick(TIMEOUT);
+    cluster.settle();
+    let write = cluster.client(2, set("after", "joins"));
+    cluster.settle();
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written));
+}
+
+/// A replica that restarted empty may have acknowledged entries it no longer holds, so its
+/// FollowerInfo does not count toward the discovery quorum: with one complete replica of
+/// three live, the leader waits rather than adopt a history that may miss committed entries.
+#[test]
+fn an_empty_replica_does_not_count_in_a_discovery_quorum() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    cluster.write_keys(0, "k", 2);
+    // n1 and n2 both restart empty (two amnesiacs of three: data the cluster cannot vouch for).
+    cluster.crashed[1] = true;
+    cluster.crashed[2] = true;
+    cluster.net.clear();
+    cluster.restart_and_install(1, 2);
+    cluster.restart_and_install(2, 3);
+    cluster.tick(TIMEOUT);
+    cluster.settle();
+    assert!(!cluster.nodes[0].is_established_leader(), "two empty replicas are no quorum");
+    assert!(!cluster.nodes[1].is_complete() && !cluster.nodes[2].is_complete());
+}
+
+/// An origin that left a view answered its unapplied updates `OutcomeUnknown` and gave up
+/// on their numbers; after it is added back, its next update must not wait for them.
+#[test]
+fn an_origin_back_in_the_view_is_not_blocked_by_the_updates_it_gave_up() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    // n2's forward is lost, then n2 is removed: its update's outcome is unknown.
+    let lost = cluster.client(2, set("x", "1"));
+    cluster.net.clear();
+    let view = |live: &[u8]| live.iter().copied().map(NodeId).collect::<NodeSet>();
+    for (epoch, live) in [(2, view(&[0, 1])), (3, view(&[0, 1, 2]))] {
+        for node in 0..3u8 {
+            let mut out = Outbox::default();
+            cluster.nodes[node as usize].on_view(cluster.now, View { epoch: Epoch(epoch), live }, &mut out);
+            cluster.collect(node, out);
+        }
+        cluster.tick(TIMEOUT);
+        cluster.settle();
+    }
+    assert_eq!(cluster.reply(lost), Some(&Outcome::Error(CommandError::OutcomeUnknown)));
+    let write = cluster.client(2, set("x", "2"));
+    cluster.settle();
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written), "the leader waited for the abandoned number");
 }
