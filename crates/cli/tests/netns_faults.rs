@@ -297,10 +297,8 @@ fn after_a_sigkill_the_survivors_move_on_and_stay_linearizable() {
 /// Why `protocol` cannot restart a node into a running cluster, if it cannot.
 fn restart_unsupported(protocol: &str) -> Option<&'static str> {
     match protocol {
-        "hermes" => None,
-        "craq" | "zab" => {
-            Some("no state transfer: a restarted node refuses to start on its old membership state")
-        }
+        "hermes" | "craq" => None,
+        "zab" => Some("no state transfer: a restarted node refuses to start on its old membership state"),
         "raftlog" => {
             Some("raftlog keeps its logs in memory (no durability yet), so a restart loses its votes")
         }

@@ -110,6 +110,13 @@ impl Protocol {
             Protocol::Chain => "chain",
         }
     }
+
+    /// Whether a node of this protocol can join a running cluster, or come back into it after
+    /// a restart or a removal: its core copies the data to a joining replica
+    /// (docs/membership.md, "Joining").
+    pub fn can_join(self) -> bool {
+        matches!(self, Protocol::Hermes | Protocol::Craq)
+    }
 }
 
 /// A validated node configuration.
@@ -360,11 +367,11 @@ fn join_donor(
     membership: &Option<MembershipTiming>,
     replicas: &BTreeMap<NodeId, SocketAddr>,
 ) -> Result<NodeId, ConfigError> {
-    if protocol != Protocol::Hermes {
+    if !protocol.can_join() {
         return Err(field_error(
             "join",
             format!(
-                "{} cannot join a running cluster: only hermes copies state to a new replica",
+                "{} cannot join a running cluster: it has no state transfer to a new replica",
                 protocol.name()
             ),
         ));

@@ -102,7 +102,15 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
             }
             start.spawn(Hermes::new(hermes)).await?
         }
-        Protocol::Craq => start.spawn(Craq::new(CraqConfig::new(me, replicas))).await?,
+        Protocol::Craq => {
+            let mut craq = CraqConfig::new(me, replicas);
+            // A joining node starts empty and copies its chain neighbour's state.
+            craq.recovering = joining;
+            if joining {
+                info!("joining the cluster: copying the chain neighbour's state");
+            }
+            start.spawn(Craq::new(craq)).await?
+        }
         Protocol::Zab(read_mode) => {
             let mut zab_config = ZabConfig::new(me, replicas);
             zab_config.read_mode = read_mode;
@@ -326,7 +334,7 @@ impl Managed {
             info!(records = records.len(), "membership state restored from {}", path.display());
         }
         let restarted = !records.is_empty();
-        if config.protocol == Protocol::Hermes {
+        if config.protocol.can_join() {
             // Keys live in memory: a restarted node has lost them, so it rejoins like a new
             // one (docs/operations.md, "Replacing a node").
             if restarted || config.join.is_some() {
@@ -336,8 +344,8 @@ impl Managed {
         } else if restarted {
             anyhow::bail!(
                 "{} holds membership state from an earlier run, but {} cannot rejoin a running \
-                 cluster (no state transfer; only hermes can): start every node with a fresh \
-                 data_dir to start a new cluster",
+                 cluster (no state transfer): start every node with a fresh data_dir to start a \
+                 new cluster",
                 path.display(),
                 config.protocol.name()
             );
