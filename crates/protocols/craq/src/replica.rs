@@ -38,6 +38,29 @@ impl Copy {
     fn is_complete(&self) -> bool {
         self.buckets_total.is_some() && self.received.iter().all(|got| *got)
     }
+
+    /// Whether a chunk is the next piece of this copy, and if so mark it received. Only the
+    /// donor asked (see `Craq::donor`) has state that fits this chain position; each bucket
+    /// is taken once, since the keys may have moved on since a duplicate was sent.
+    fn take(&mut self, from: NodeId, bucket: u32, buckets_total: u32) -> bool {
+        debug_assert!(bucket < buckets_total && buckets_total <= BUCKETS_MAX);
+        if self.asked != Some(from) {
+            return false;
+        }
+        match self.buckets_total {
+            None => {
+                self.buckets_total = Some(buckets_total);
+                self.received = vec![false; buckets_total as usize];
+            }
+            Some(total) if total != buckets_total => return false, // An answer to another split.
+            Some(_) => {}
+        }
+        if std::mem::replace(&mut self.received[bucket as usize], true) {
+            return false;
+        }
+        self.retry_at = None;
+        true
+    }
 }
 
 /// Counters for INFO, the simulator's summary and benchmarks.
@@ -828,23 +851,8 @@ impl Craq {
         }
         // After the copy, a chunk is a late duplicate: the keys have moved on since.
         let Some(copy) = &mut self.copy else { return };
-        // Only the current donor's state fits this chain position (see `donor`).
-        if copy.asked != Some(from) {
+        if !copy.take(from, bucket, buckets_total) {
             return;
-        }
-        {
-            match copy.buckets_total {
-                None => {
-                    copy.buckets_total = Some(buckets_total);
-                    copy.received = vec![false; buckets_total as usize];
-                }
-                Some(total) if total != buckets_total => return, // An answer to another split.
-                Some(_) => {}
-            }
-            if std::mem::replace(&mut copy.received[bucket as usize], true) {
-                return; // A duplicate: the keys may have moved on since.
-            }
-            copy.retry_at = None;
         }
         self.stats.chunks_received += 1;
         self.stats.keys_copied += keys.len() as u64;
