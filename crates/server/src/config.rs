@@ -523,6 +523,26 @@ client_addr = "127.0.0.1:7380"
     }
 
     #[test]
+    fn join_is_accepted_exactly_for_protocols_that_copy_data_to_a_joiner() {
+        assert!(Protocol::Hermes.can_join() && Protocol::Craq.can_join());
+        for name in PROTOCOL_NAMES.iter().filter(|name| **name != "raftlog") {
+            let text = format!("protocol = \"{name}\"\njoin = \"127.0.0.1:8379\"\n{GOOD}");
+            match RawConfig::parse(&text).unwrap().validate() {
+                Ok(config) => {
+                    assert!(config.protocol.can_join(), "{name} accepted --join");
+                    assert_eq!(config.join, Some(NodeId(0)), "{name}: the donor by peer address");
+                }
+                Err(ConfigError(message)) => {
+                    let plain = format!("protocol = \"{name}\"\n{GOOD}");
+                    let protocol = RawConfig::parse(&plain).unwrap().validate().unwrap().protocol;
+                    assert!(!protocol.can_join(), "{name}: {message}");
+                    assert!(message.contains("cannot join a running cluster"), "{name}: {message}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn flags_override_the_file() {
         let overrides = RawConfig { client_addr: Some("127.0.0.1:9999".into()), ..RawConfig::default() };
         let config = RawConfig::parse(GOOD).unwrap().merge(overrides).validate().unwrap();
