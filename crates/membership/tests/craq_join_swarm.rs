@@ -234,14 +234,16 @@ fn bug_rate() {
 }
 
 /// A wider sweep than CI runs:
-/// `SEEDS=2000 cargo test --release --test craq_join_swarm wide -- --ignored --nocapture`.
+/// `SEEDS=2000 [REPLICAS=3,5,7] cargo test --release --test craq_join_swarm wide -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn wide_sweep() {
     let seeds: u64 = std::env::var("SEEDS").map_or(1000, |seeds| seeds.parse().unwrap());
+    let sizes: Vec<usize> = std::env::var("REPLICAS")
+        .map_or(vec![3, 5], |sizes| sizes.split(',').map(|size| size.parse().unwrap()).collect());
     for fast in [false, true] {
         FAST.with(|cell| cell.set(fast));
-        for replicas in [3, 5] {
+        for &replicas in &sizes {
             let result = sweep(replicas, 0..seeds);
             println!(
                 "fast={fast} replicas={replicas}: {} failing of {seeds}, {} restarts, {} ops, {} served by rejoined",
