@@ -73,10 +73,10 @@ pub struct NodeArgs {
     /// raftlog: coupled (execute after commit, default) or decoupled.
     #[arg(long)]
     pub raftlog_execution: Option<String>,
-    /// Join a running cluster (Hermes): this node starts as a shadow replica that takes part
-    /// in writes while it copies the data in chunks from ADDR (the peer address, or the id,
-    /// of a live replica), then serves. A node restarted with its data_dir rejoins the same
-    /// way without the flag.
+    /// Join a running cluster (hermes, craq): this node starts as a shadow replica that takes
+    /// part in writes while it copies the data in chunks from ADDR (the peer address, or the
+    /// id, of a live replica; craq copies from its chain predecessor instead), then serves. A
+    /// node restarted with its data_dir rejoins the same way without the flag.
     #[arg(long, value_name = "ADDR")]
     pub join: Option<String>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive.

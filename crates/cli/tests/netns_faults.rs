@@ -3,10 +3,12 @@
 //! SIGCONT), while concurrent clients record a history that must be linearizable, and the
 //! cluster must serve every node again once the faults end.
 //!
-//! Every protocol runs the fault mix: hermes, craq and zab with the membership service
-//! (partitioned nodes are removed; hermes nodes rejoin as shadows, zab nodes as followers), raftlog with its own Raft
-//! failover. Kill-and-restart runs for hermes and zab, the protocols that can rejoin (§3.4
-//! Recovery; ZooKeeper's SNAP for zab); the others skip it and say why.
+//! Every protocol runs the fault mix: hermes, craq, zab and chain with the membership service
+//! (partitioned nodes are removed and rejoin: hermes and craq nodes copy the data afresh, zab
+//! nodes are synchronised as followers, chain nodes are copied the head's region), raftlog
+//! with its own Raft failover. Kill-and-restart with `--join` runs for every protocol with the
+//! membership service (§3.4 Recovery; ZooKeeper's SNAP for zab; HyperLoop §5.1 for chain);
+//! raftlog skips it and says why.
 //!
 //! Runs as root (CI and `scripts/test.sh` are); elsewhere it prints why it skipped.
 
@@ -176,6 +178,11 @@ fn partitions_loss_and_pauses_across_namespaces_keep_zab_linearizable() {
 }
 
 #[test]
+fn partitions_loss_and_pauses_across_namespaces_keep_chain_linearizable() {
+    fault_mix("chain");
+}
+
+#[test]
 fn partitions_loss_and_pauses_across_namespaces_keep_raftlog_linearizable() {
     fault_mix("raftlog");
 }
@@ -294,12 +301,11 @@ fn after_a_sigkill_the_survivors_move_on_and_stay_linearizable() {
 /// Why `protocol` cannot restart a node into a running cluster, if it cannot.
 fn restart_unsupported(protocol: &str) -> Option<&'static str> {
     match protocol {
-        "hermes" => None,
-        "zab" => None,
-        "craq" => Some("no state transfer: a restarted node refuses to start on its old membership state"),
-        "raftlog" => {
-            Some("raftlog keeps its logs in memory (no durability yet), so a restart loses its votes")
-        }
+        "hermes" | "craq" | "zab" | "chain" => None,
+        "raftlog" => Some(
+            "raftlog has no membership views to check (its own Raft failover); a restarted raftlog node \
+             recovers from its durable log instead of joining, as tests/raftlog_restart.rs shows",
+        ),
         _ => Some("unknown protocol"),
     }
 }
@@ -310,7 +316,7 @@ fn kill_and_restart_with_join_for_every_protocol() {
         eprintln!("SKIPPED network-namespace fault injection: {reason}");
         return;
     }
-    for protocol in ["hermes", "craq", "zab", "raftlog"] {
+    for protocol in ["hermes", "craq", "zab", "chain", "raftlog"] {
         match restart_unsupported(protocol) {
             Some(reason) => eprintln!("SKIPPED kill-and-restart for {protocol}: {reason}"),
             None => kill_and_restart(protocol),

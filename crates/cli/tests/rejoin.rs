@@ -1,8 +1,9 @@
 //! A node killed with SIGKILL and restarted with `chorus node --join` (Hermes §3.4
-//! Recovery): it rejoins as a shadow, copies the data in chunks from a live replica while
-//! clients keep writing, then serves; the recorded history stays linearizable, and the
-//! cluster survives losing another node afterwards. Real processes on loopback; waits have
-//! generous deadlines that only guard against hangs, nothing asserts a duration.
+//! Recovery): it rejoins (Hermes: as a shadow; CRAQ: linked back into the chain), copies the
+//! data in chunks from a live replica while clients keep writing, then serves; the recorded
+//! history stays linearizable, and the cluster survives losing another node afterwards. Real
+//! processes on loopback; waits have generous deadlines that only guard against hangs,
+//! nothing asserts a duration.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -25,7 +26,19 @@ fn wait_until(what: &str, cluster: &Cluster, node: usize, mut done: impl FnMut(&
 
 #[test]
 fn a_killed_node_rejoins_with_join_catches_up_serves_and_the_cluster_survives_another_failure() {
-    let mut cluster = Cluster::start(3, &["--protocol", "hermes"]);
+    kill_rejoin_and_survive("hermes", 2);
+}
+
+/// CRAQ's middle replica: it copies from its predecessor n0, and after n0 dies it is the head.
+#[test]
+fn a_killed_craq_node_rejoins_the_chain_catches_up_serves_and_the_cluster_survives_another_failure() {
+    kill_rejoin_and_survive("craq", 1);
+}
+
+fn kill_rejoin_and_survive(protocol: &str, victim: usize) {
+    assert!(victim != 0, "n0 dies second");
+    let survivor = 3 - victim; // The node other than n0 and the victim.
+    let mut cluster = Cluster::start(3, &["--protocol", protocol]);
     let mut con = cluster.client(0);
     for i in 0..BULK_KEYS {
         let _: () = redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("v{i}")).query(&mut con).unwrap();
@@ -42,44 +55,45 @@ fn a_killed_node_rejoins_with_join_catches_up_serves_and_the_cluster_survives_an
     });
 
     thread::sleep(Duration::from_millis(500));
-    cluster.sigkill(2);
-    wait_until("survivors remove n2", &cluster, 0, |c| {
+    cluster.sigkill(victim);
+    wait_until("survivors remove the victim", &cluster, 0, |c| {
         c.info_number(0, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
     });
-    // Writes made while n2 is down, which it must copy.
-    let mut con = cluster.client(1);
+    // Writes made while the victim is down, which it must copy.
+    let mut con = cluster.client(survivor);
     for i in 0..50 {
         let _: () =
             redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
     }
     let donor = cluster.nodes[0].peer.to_string();
-    cluster.restart(2, &["--join", &donor]);
-    cluster.wait_ready(2, 2);
-    assert_eq!(cluster.info_number(2, "hermes_recoveries_completed"), Some(1), "{}", cluster.log(2));
-    let copied = cluster.info_number(2, "hermes_keys_copied").unwrap();
-    assert!(copied >= BULK_KEYS as u64, "n2 copied {copied} keys");
-    let mut con = cluster.client(2);
+    cluster.restart(victim, &["--join", &donor]);
+    cluster.wait_ready(victim, 2);
+    let recoveries = cluster.info_number(victim, &format!("{protocol}_recoveries_completed"));
+    assert_eq!(recoveries, Some(1), "{}", cluster.log(victim));
+    let copied = cluster.info_number(victim, &format!("{protocol}_keys_copied")).unwrap();
+    assert!(copied >= BULK_KEYS as u64, "the victim copied {copied} keys");
+    let mut con = cluster.client(victim);
     for i in 0..BULK_KEYS {
         let value: Option<String> = redis::cmd("GET").arg(format!("bulk:{i}")).query(&mut con).unwrap();
         let expected = if i < 50 { format!("down{i}") } else { format!("v{i}") };
-        assert_eq!(value.as_deref(), Some(expected.as_str()), "bulk:{i} at the rejoined n2");
+        assert_eq!(value.as_deref(), Some(expected.as_str()), "bulk:{i} at the rejoined node");
     }
 
-    // The rejoined node counts as a full member: losing n0 leaves {n1, n2} serving.
+    // The rejoined node counts as a full member: losing n0 leaves it and the survivor serving.
     cluster.sigkill(0);
     let history = clients.join().unwrap();
-    let mut con = cluster.client(2);
+    let mut con = cluster.client(victim);
     let _: () = redis::cmd("SET").arg("after").arg("both-failures").query(&mut con).unwrap();
-    let mut con = cluster.client(1);
+    let mut con = cluster.client(survivor);
     let value: Option<String> = redis::cmd("GET").arg("after").query(&mut con).unwrap();
     assert_eq!(value.as_deref(), Some("both-failures"));
-    let live = cluster.info_number(1, "chorus_view_epoch").unwrap();
-    assert!(live >= 4, "views: remove n2, add n2, remove n0 (epoch {live})");
+    let live = cluster.info_number(survivor, "chorus_view_epoch").unwrap();
+    assert!(live >= 4, "views: remove the victim, add it back, remove n0 (epoch {live})");
 
     let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
     let report = check_history(&history, &CheckerConfig::default());
     eprintln!(
-        "{} operations, {completed} completed, inconclusive keys: {:?}",
+        "{protocol}: {} operations, {completed} completed, inconclusive keys: {:?}",
         history.operations.len(),
         report.inconclusive_keys
     );

@@ -27,7 +27,8 @@ pub struct MembershipConfig {
     /// (a restart, a new machine) must join; the first nodes of a new cluster do not.
     pub join: Option<u64>,
     /// Ask to rejoin after being removed while alive (a partition, a long pause). Only for
-    /// protocols that recover as shadows (Hermes); others stay out once removed.
+    /// protocols whose cores copy the data to a joiner (Hermes, CRAQ); others stay out once
+    /// removed.
     pub rejoin: bool,
 }
 

@@ -116,8 +116,8 @@ impl Protocol {
     /// it serves (docs/membership.md, "Joining").
     pub fn can_join(self) -> bool {
         match self {
-            Protocol::Hermes | Protocol::Zab(_) | Protocol::Chain => true,
-            Protocol::Craq | Protocol::Raftlog => false,
+            Protocol::Hermes | Protocol::Craq | Protocol::Zab(_) | Protocol::Chain => true,
+            Protocol::Raftlog => false,
         }
     }
 }
@@ -519,6 +519,26 @@ client_addr = "127.0.0.1:7380"
         );
         for name in PROTOCOL_NAMES {
             RawConfig::parse(&format!("protocol = \"{name}\"\n{GOOD}")).unwrap().validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn join_is_accepted_exactly_for_protocols_that_copy_data_to_a_joiner() {
+        assert!(Protocol::Hermes.can_join() && Protocol::Craq.can_join());
+        for name in PROTOCOL_NAMES.iter().filter(|name| **name != "raftlog") {
+            let text = format!("protocol = \"{name}\"\njoin = \"127.0.0.1:8379\"\n{GOOD}");
+            match RawConfig::parse(&text).unwrap().validate() {
+                Ok(config) => {
+                    assert!(config.protocol.can_join(), "{name} accepted --join");
+                    assert_eq!(config.join, Some(NodeId(0)), "{name}: the donor by peer address");
+                }
+                Err(ConfigError(message)) => {
+                    let plain = format!("protocol = \"{name}\"\n{GOOD}");
+                    let protocol = RawConfig::parse(&plain).unwrap().validate().unwrap().protocol;
+                    assert!(!protocol.can_join(), "{name}: {message}");
+                    assert!(message.contains("cannot join a running cluster"), "{name}: {message}");
+                }
+            }
         }
     }
 

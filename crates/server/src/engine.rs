@@ -265,6 +265,13 @@ impl ServedReplica for Craq {
             ("forward_retransmits", s.forward_retransmits),
             ("messages_dropped_epoch", s.messages_dropped_epoch),
             ("views_installed", s.views_installed),
+            ("joining", self.is_joining() as u64),
+            ("chunks_received", s.chunks_received),
+            ("keys_copied", s.keys_copied),
+            ("chunks_served", s.chunks_served),
+            ("chunks_refused", s.chunks_refused),
+            ("copies_restarted", s.copies_restarted),
+            ("recoveries_completed", s.recoveries_completed),
         ]
     }
 }

@@ -102,7 +102,15 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
             }
             start.spawn(Hermes::new(hermes)).await?
         }
-        Protocol::Craq => start.spawn(Craq::new(CraqConfig::new(me, replicas))).await?,
+        Protocol::Craq => {
+            let mut craq = CraqConfig::new(me, replicas);
+            // A joining node starts empty and copies its chain neighbour's state.
+            craq.recovering = joining;
+            if joining {
+                info!("joining the cluster: copying the chain neighbour's state");
+            }
+            start.spawn(Craq::new(craq)).await?
+        }
         Protocol::Zab(read_mode) => {
             let mut zab_config = ZabConfig::new(me, replicas);
             zab_config.read_mode = read_mode;
@@ -339,7 +347,7 @@ impl Managed {
         }
         let restarted = !records.is_empty();
         if config.protocol.can_join() {
-            // Hermes and ZAB keys live in memory: a restarted node has lost them; a chain region
+            // Hermes, CRAQ and ZAB keys live in memory: a restarted node has lost them; a chain region
             // may have missed writes while the node was down. Either way it rejoins like a new
             // one and is copied to (docs/operations.md, "Replacing a node").
             if restarted || config.join.is_some() {

@@ -17,6 +17,11 @@ pub enum Bug {
     /// Leases are ignored: a replica cut off from the others keeps answering reads (and the
     /// tail version queries) from its own state until it is removed.
     IgnoreLease,
+    /// A joiner serves clients before it has copied every chunk (from whatever it holds).
+    JoinerServes,
+    /// A replica removed while alive comes back with the data it had (no copy), as if it
+    /// had never left: what was written meanwhile is missing from its clean versions.
+    RejoinWithoutCopy,
 }
 
 #[derive(Clone, Debug)]
@@ -28,6 +33,13 @@ pub struct CraqConfig {
     /// A write not acknowledged by the successor in this long is sent down the chain again;
     /// a forward not seen in the chain, or a version query not answered, is sent again.
     pub retransmit_timeout: Time,
+    /// Joining (Hermes §3.4 Recovery): this replica starts empty in a running cluster (a
+    /// restart, or a new node). It ignores everything until the membership installs a view
+    /// that includes it, then copies the state of its chain neighbour in chunks while linked
+    /// into the chain, and serves clients only once it has every chunk.
+    pub recovering: bool,
+    /// A donor splits its keys into chunks of about this many bytes.
+    pub chunk_bytes_target: usize,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
@@ -39,6 +51,8 @@ impl CraqConfig {
             me,
             initial_view: View { epoch: Epoch(1), live: replicas },
             retransmit_timeout: Time::from_millis(50),
+            recovering: false,
+            chunk_bytes_target: 1024 * 1024,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }

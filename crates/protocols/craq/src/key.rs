@@ -84,15 +84,44 @@ pub struct Waiter {
 
 /// What replicas remember about one origin's updates, so a retransmitted forward is executed
 /// once: every `seq` below `done_below` is answered at the origin; `seen` holds the numbers
-/// at or above it that this replica has seen in the chain (`None`) or, at the head, answered
-/// without a version (`Some(outcome)`, an RMW that decided not to write).
+/// at or above it that this replica has seen in the chain (`answer: None`) or, at the head,
+/// answered without a version (`Some(outcome)`, an RMW that decided not to write).
 #[derive(Debug, Default)]
 pub struct Session {
     pub done_below: u64,
     /// The smallest `seq >= done_below` not in `seen`: the head executes the origin's updates
     /// in `seq` order, so two pipelined updates of one key keep their order.
     pub next: u64,
-    pub seen: BTreeMap<u64, Option<Outcome>>,
+    pub seen: BTreeMap<u64, Seen>,
+}
+
+/// One update of an origin that this replica has seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub answer: Option<Outcome>,
+    /// `key_hash` of the update's key: a donor hands a joiner only the entries of the keys in
+    /// the chunk it copies, so the joiner never believes it saw an update it does not hold.
+    pub key_hash: u64,
+}
+
+/// FNV-1a of a key: every replica splits keys into the same copy chunks with it.
+pub fn key_hash(key: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key {
+        hash ^= *byte as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    hash
+}
+
+/// The copy chunk (of `buckets_total`) a key belongs to.
+pub fn key_bucket(key: &[u8], buckets_total: u32) -> u32 {
+    bucket_of_hash(key_hash(key), buckets_total)
+}
+
+pub fn bucket_of_hash(hash: u64, buckets_total: u32) -> u32 {
+    debug_assert!(buckets_total > 0);
+    (hash % buckets_total as u64) as u32
 }
 
 impl Session {
@@ -105,9 +134,9 @@ impl Session {
         }
     }
 
-    pub fn record(&mut self, seq: u64, answer: Option<Outcome>) {
+    pub fn record(&mut self, seq: u64, answer: Option<Outcome>, key_hash: u64) {
         if seq >= self.done_below {
-            self.seen.insert(seq, answer);
+            self.seen.insert(seq, Seen { answer, key_hash });
             self.skip_seen();
         }
     }

@@ -33,6 +33,48 @@ pub enum Message {
     VersionQuery { epoch: Epoch, key: Key, query: u64 },
     /// The tail's answer: `version` is the newest committed version of `key`.
     VersionReply { epoch: Epoch, key: Key, query: u64, version: u64 },
+    /// Joining (Hermes §3.4 Recovery, chain replication's "copy the predecessor's state"):
+    /// a joiner asks its donor for chunk `bucket` of `buckets_total` (0: the donor picks the
+    /// split, from its data size).
+    ChunkRequest { epoch: Epoch, bucket: u32, buckets_total: u32 },
+    /// The donor's state for every key of one chunk, and what it knows of every origin's
+    /// updates to those keys (so a joiner that becomes head executes no update twice).
+    Chunk { epoch: Epoch, bucket: u32, buckets_total: u32, keys: Vec<ChunkKey>, sessions: Vec<ChunkSession> },
+    /// The asked replica is joining too and has no complete state to give.
+    ChunkRefused { epoch: Epoch },
+}
+
+/// One key as a donor holds it: the clean version and the dirty ones above it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ChunkKey {
+    pub key: Key,
+    pub clean_version: u64,
+    pub clean_value: Option<Value>,
+    pub dirty: Vec<ChunkVersion>,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ChunkVersion {
+    pub version: u64,
+    pub value: Option<Value>,
+    pub origin: NodeId,
+    pub seq: u64,
+    pub outcome: Outcome,
+}
+
+/// A donor's session of one origin, limited to the updates of the chunk's keys.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ChunkSession {
+    pub origin: NodeId,
+    pub done_below: u64,
+    pub seen: Vec<ChunkSeen>,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ChunkSeen {
+    pub seq: u64,
+    pub key_hash: u64,
+    pub answer: Option<Outcome>,
 }
 
 impl Message {
@@ -43,7 +85,10 @@ impl Message {
             | Message::Ack { epoch, .. }
             | Message::Done { epoch, .. }
             | Message::VersionQuery { epoch, .. }
-            | Message::VersionReply { epoch, .. } => *epoch,
+            | Message::VersionReply { epoch, .. }
+            | Message::ChunkRequest { epoch, .. }
+            | Message::Chunk { epoch, .. }
+            | Message::ChunkRefused { epoch } => *epoch,
         }
     }
 }
@@ -54,6 +99,9 @@ const TAG_ACK: u8 = 3;
 const TAG_DONE: u8 = 4;
 const TAG_QUERY: u8 = 5;
 const TAG_REPLY: u8 = 6;
+const TAG_CHUNK_REQUEST: u8 = 7;
+const TAG_CHUNK: u8 = 8;
+const TAG_CHUNK_REFUSED: u8 = 9;
 
 impl WireMessage for Message {
     fn encode(&self, buf: &mut BytesMut) {
@@ -101,6 +149,37 @@ impl WireMessage for Message {
                 buf.put_u64_le(*query);
                 buf.put_u64_le(*version);
             }
+            Message::ChunkRequest { epoch, bucket, buckets_total } => {
+                buf.put_u8(TAG_CHUNK_REQUEST);
+                buf.put_epoch(*epoch);
+                buf.put_u32_le(*bucket);
+                buf.put_u32_le(*buckets_total);
+            }
+            Message::Chunk { epoch, bucket, buckets_total, keys, sessions } => {
+                buf.put_u8(TAG_CHUNK);
+                buf.put_epoch(*epoch);
+                buf.put_u32_le(*bucket);
+                buf.put_u32_le(*buckets_total);
+                put_count(buf, keys.len());
+                for key in keys {
+                    encode_chunk_key(key, buf);
+                }
+                put_count(buf, sessions.len());
+                for session in sessions {
+                    buf.put_u8(session.origin.0);
+                    buf.put_u64_le(session.done_below);
+                    put_count(buf, session.seen.len());
+                    for seen in &session.seen {
+                        buf.put_u64_le(seen.seq);
+                        buf.put_u64_le(seen.key_hash);
+                        put_optional_outcome(buf, seen.answer.as_ref());
+                    }
+                }
+            }
+            Message::ChunkRefused { epoch } => {
+                buf.put_u8(TAG_CHUNK_REFUSED);
+                buf.put_epoch(*epoch);
+            }
         }
     }
 
@@ -138,9 +217,72 @@ impl WireMessage for Message {
                 query: reader.u64()?,
                 version: reader.u64()?,
             },
+            TAG_CHUNK_REQUEST => {
+                Message::ChunkRequest { epoch, bucket: reader.u32()?, buckets_total: reader.u32()? }
+            }
+            TAG_CHUNK => {
+                let (bucket, buckets_total) = (reader.u32()?, reader.u32()?);
+                let keys = reader.list(decode_chunk_key)?;
+                let sessions = reader.list(|reader| {
+                    let origin = node_id(reader)?;
+                    let done_below = reader.u64()?;
+                    let seen = reader.list(|reader| {
+                        Ok(ChunkSeen {
+                            seq: reader.u64()?,
+                            key_hash: reader.u64()?,
+                            answer: optional_outcome(reader)?,
+                        })
+                    })?;
+                    Ok(ChunkSession { origin, done_below, seen })
+                })?;
+                Message::Chunk { epoch, bucket, buckets_total, keys, sessions }
+            }
+            TAG_CHUNK_REFUSED => Message::ChunkRefused { epoch },
             tag => return Err(DecodeError::UnknownTag { what: "craq message", tag }),
         })
     }
+}
+
+fn put_count(buf: &mut BytesMut, count: usize) {
+    buf.put_u32_le(u32::try_from(count).expect("a chunk's item count fits u32"));
+}
+
+fn put_optional_outcome(buf: &mut BytesMut, outcome: Option<&Outcome>) {
+    match outcome {
+        Some(outcome) => {
+            buf.put_u8(1);
+            outcome.encode(buf);
+        }
+        None => buf.put_u8(0),
+    }
+}
+
+fn optional_outcome(reader: &mut Reader) -> Result<Option<Outcome>, DecodeError> {
+    Ok(if reader.bool()? { Some(Outcome::decode(reader)?) } else { None })
+}
+
+fn encode_chunk_key(key: &ChunkKey, buf: &mut BytesMut) {
+    buf.put_bytes_prefixed(&key.key);
+    buf.put_u64_le(key.clean_version);
+    buf.put_optional_bytes(key.clean_value.as_ref());
+    put_count(buf, key.dirty.len());
+    for version in &key.dirty {
+        buf.put_u64_le(version.version);
+        buf.put_optional_bytes(version.value.as_ref());
+        buf.put_u8(version.origin.0);
+        buf.put_u64_le(version.seq);
+        version.outcome.encode(buf);
+    }
+}
+
+fn decode_chunk_key(reader: &mut Reader) -> Result<ChunkKey, DecodeError> {
+    let (key, clean_version, clean_value) = (reader.bytes()?, reader.u64()?, reader.optional_bytes()?);
+    let dirty = reader.list(|reader| {
+        let (version, value) = (reader.u64()?, reader.optional_bytes()?);
+        let origin = node_id(reader)?;
+        Ok(ChunkVersion { version, value, origin, seq: reader.u64()?, outcome: Outcome::decode(reader)? })
+    })?;
+    Ok(ChunkKey { key, clean_version, clean_value, dirty })
 }
 
 fn node_id(reader: &mut Reader) -> Result<NodeId, DecodeError> {
@@ -179,6 +321,36 @@ mod tests {
                 .prop_map(|(key, value)| Command::Write { key, value }),
             (arb_bytes(), any::<i64>()).prop_map(|(key, d)| Command::Rmw { key, op: RmwOp::IncrementBy(d) }),
         ]
+    }
+
+    fn arb_chunk_key() -> impl Strategy<Value = ChunkKey> {
+        let version = (any::<u64>(), proptest::option::of(arb_bytes()), 0u8..64, any::<u64>(), arb_outcome())
+            .prop_map(|(version, value, origin, seq, outcome)| ChunkVersion {
+                version,
+                value,
+                origin: NodeId(origin),
+                seq,
+                outcome,
+            });
+        (
+            arb_bytes(),
+            any::<u64>(),
+            proptest::option::of(arb_bytes()),
+            proptest::collection::vec(version, 0..3),
+        )
+            .prop_map(|(key, clean_version, clean_value, dirty)| ChunkKey {
+                key,
+                clean_version,
+                clean_value,
+                dirty,
+            })
+    }
+
+    fn arb_chunk_session() -> impl Strategy<Value = ChunkSession> {
+        let seen = (any::<u64>(), any::<u64>(), proptest::option::of(arb_outcome()))
+            .prop_map(|(seq, key_hash, answer)| ChunkSeen { seq, key_hash, answer });
+        (0u8..64, any::<u64>(), proptest::collection::vec(seen, 0..3))
+            .prop_map(|(origin, done_below, seen)| ChunkSession { origin: NodeId(origin), done_below, seen })
     }
 
     fn arb_message() -> impl Strategy<Value = Message> {
@@ -221,9 +393,27 @@ mod tests {
             }),
             (epoch.clone(), arb_bytes(), any::<u64>())
                 .prop_map(|(epoch, key, query)| Message::VersionQuery { epoch, key, query }),
-            (epoch, arb_bytes(), any::<u64>(), any::<u64>()).prop_map(|(epoch, key, query, version)| {
-                Message::VersionReply { epoch, key, query, version }
+            (epoch.clone(), arb_bytes(), any::<u64>(), any::<u64>()).prop_map(
+                |(epoch, key, query, version)| { Message::VersionReply { epoch, key, query, version } }
+            ),
+            (epoch.clone(), any::<u32>(), any::<u32>()).prop_map(|(epoch, bucket, buckets_total)| {
+                Message::ChunkRequest { epoch, bucket, buckets_total }
             }),
+            (
+                epoch.clone(),
+                any::<u32>(),
+                any::<u32>(),
+                proptest::collection::vec(arb_chunk_key(), 0..3),
+                proptest::collection::vec(arb_chunk_session(), 0..3)
+            )
+                .prop_map(|(epoch, bucket, buckets_total, keys, sessions)| Message::Chunk {
+                    epoch,
+                    bucket,
+                    buckets_total,
+                    keys,
+                    sessions
+                }),
+            epoch.prop_map(|epoch| Message::ChunkRefused { epoch }),
         ]
     }
 

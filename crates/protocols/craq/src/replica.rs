@@ -1,17 +1,67 @@
 //! The CRAQ replica: the chain write path (head orders, tail commits, ACKs flow back), clean
-//! and dirty versions, reads with version queries, retransmission by timers, and re-linking
-//! the chain on a view change.
+//! and dirty versions, reads with version queries, retransmission by timers, re-linking the
+//! chain on a view change, and joining (copying a chain neighbour's state while linked in).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use chorus_core::{
-    ClientRequestId, Command, CommandError, Key, NodeId, Outbox, Outcome, Replica, Time, Value, View,
+    ClientRequestId, Command, CommandError, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time, Value, View,
 };
 use rustc_hash::FxHashMap;
 
 use crate::config::{Bug, CraqConfig};
-use crate::key::{KeyEntry, Session, Version, Waiter};
-use crate::message::Message;
+use crate::key::{bucket_of_hash, key_bucket, key_hash, KeyEntry, Session, Version, Waiter};
+use crate::message::{ChunkKey, ChunkSeen, ChunkSession, ChunkVersion, Message};
+
+/// A donor never splits its keys into more chunks than this (a joiner tracks one flag each).
+const BUCKETS_MAX: u32 = 1 << 16;
+/// A joiner's update numbers start at `join epoch << SEQ_EPOCH_SHIFT`, above every number an
+/// earlier incarnation of the same node used (each gets 2^40 updates), so replicas that
+/// remember the old incarnation's updates never mistake a new one for a duplicate.
+const SEQ_EPOCH_SHIFT: u32 = 40;
+
+/// A joiner's progress copying its donor's state (Hermes §3.4 Recovery).
+#[derive(Debug, Default)]
+struct Copy {
+    /// Fixed by the first chunk: every later request names the same split.
+    buckets_total: Option<u32>,
+    received: Vec<bool>,
+    /// Whom the last request went to, and when to ask again if no chunk came.
+    asked: Option<NodeId>,
+    retry_at: Option<Time>,
+    /// Successors that answered that they are joining too (only a joining head asks
+    /// successors); cleared on every view.
+    refused: NodeSet,
+}
+
+impl Copy {
+    fn is_complete(&self) -> bool {
+        self.buckets_total.is_some() && self.received.iter().all(|got| *got)
+    }
+
+    /// Whether a chunk is the next piece of this copy, and if so mark it received. Only the
+    /// donor asked (see `Craq::donor`) has state that fits this chain position; each bucket
+    /// is taken once, since the keys may have moved on since a duplicate was sent.
+    fn take(&mut self, from: NodeId, bucket: u32, buckets_total: u32) -> bool {
+        debug_assert!(bucket < buckets_total && buckets_total <= BUCKETS_MAX);
+        if self.asked != Some(from) {
+            return false;
+        }
+        match self.buckets_total {
+            None => {
+                self.buckets_total = Some(buckets_total);
+                self.received = vec![false; buckets_total as usize];
+            }
+            Some(total) if total != buckets_total => return false, // An answer to another split.
+            Some(_) => {}
+        }
+        if std::mem::replace(&mut self.received[bucket as usize], true) {
+            return false;
+        }
+        self.retry_at = None;
+        true
+    }
+}
 
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,6 +78,14 @@ pub struct CraqStats {
     pub forward_retransmits: u64,
     pub messages_dropped_epoch: u64,
     pub views_installed: u64,
+    /// Joining: chunks copied, keys they held, chunks served to joiners, requests refused
+    /// while joining, copies started over (a view changed the donor), and copies completed.
+    pub chunks_received: u64,
+    pub keys_copied: u64,
+    pub chunks_served: u64,
+    pub chunks_refused: u64,
+    pub copies_restarted: u64,
+    pub recoveries_completed: u64,
 }
 
 /// An update this replica's client issued, forwarded to the head and not yet answered.
@@ -65,9 +123,14 @@ pub struct Craq {
     next_query: u64,
     queries: BTreeMap<u64, Query>,
     stats: CraqStats,
-    /// Set once this replica leaves a view: its copy may be stale from then on, so it never
-    /// serves again (like Hermes, docs/decisions.md 3).
+    /// Set once this replica leaves a view: its copy may be stale from then on, so it serves
+    /// again only after the membership re-adds it and it has copied the state afresh.
     retired: bool,
+    /// Started empty in a running cluster, and no view including this replica has been
+    /// installed yet: it ignores every message (it must not act in epochs before its join).
+    awaiting_join: bool,
+    /// Joining: linked into the chain, copying its donor's state; serves no client.
+    copy: Option<Copy>,
     /// The membership lease (Hermes §2.4): `None` without a membership service (serve as if
     /// it never expired), else until when this replica may answer from its own state. A
     /// replica cut off from the others must stop serving before they remove it.
@@ -77,6 +140,7 @@ pub struct Craq {
 impl Craq {
     pub fn new(config: CraqConfig) -> Craq {
         assert!(config.retransmit_timeout > Time::ZERO, "retransmit_timeout must be positive");
+        let recovering = config.recovering;
         Craq {
             view: config.initial_view,
             config,
@@ -90,6 +154,8 @@ impl Craq {
             queries: BTreeMap::new(),
             stats: CraqStats::default(),
             retired: false,
+            awaiting_join: recovering,
+            copy: None,
             lease: None,
         }
     }
@@ -102,8 +168,31 @@ impl Craq {
         self.stats
     }
 
+    /// Serves clients: live in its view, with all the data (not joining).
     pub fn is_operational(&self) -> bool {
-        !self.retired && self.view.live.contains(self.config.me)
+        self.participates() && self.copy.is_none()
+    }
+
+    /// Takes part in the chain (fully, or as a joiner still copying): live in its view.
+    fn participates(&self) -> bool {
+        !self.retired && !self.awaiting_join && self.view.live.contains(self.config.me)
+    }
+
+    /// Waiting to be added, or added and still copying.
+    pub fn is_joining(&self) -> bool {
+        self.awaiting_join || (self.participates() && self.copy.is_some())
+    }
+
+    /// Whether this replica holds `key` as its chain position requires: always, unless it is
+    /// joining and has not copied the key's chunk yet. Until then it drops every version,
+    /// ACK and version query of the key; the senders retransmit.
+    fn is_copied(&self, key: &[u8]) -> bool {
+        match &self.copy {
+            None => true,
+            Some(copy) => {
+                copy.buckets_total.is_some_and(|total| copy.received[key_bucket(key, total) as usize])
+            }
+        }
     }
 
     /// The key's clean version, its value, and how many dirty versions sit above it.
@@ -160,6 +249,14 @@ impl Craq {
     fn has_bug(&self, _bug: Bug) -> bool {
         #[cfg(feature = "broken-variants")]
         return self.config.bug == Some(_bug);
+        #[cfg(not(feature = "broken-variants"))]
+        false
+    }
+
+    /// Whether any deliberately broken variant is on (never without the feature).
+    fn is_broken(&self) -> bool {
+        #[cfg(feature = "broken-variants")]
+        return self.config.bug.is_some();
         #[cfg(not(feature = "broken-variants"))]
         false
     }
@@ -278,15 +375,17 @@ impl Craq {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
-        if !self.is_head() {
-            return; // A forward meant for the head of another view.
+        if !self.is_head() || self.copy.is_some() {
+            // A forward meant for the head of another view, or a joining head that does not
+            // know every key's latest version yet: the origin sends it again.
+            return;
         }
         let session = self.sessions.entry(origin).or_default();
         session.advance_done_below(done_below);
         if session.is_duplicate(seq) {
             // Seen in the chain: the chain will answer it. Answered here without a version:
             // that answer was lost, send it again.
-            if let Some(Some(outcome)) = session.seen.get(&seq) {
+            if let Some(Some(outcome)) = session.seen.get(&seq).map(|seen| &seen.answer) {
                 let outcome = outcome.clone();
                 self.send_done(now, origin, seq, outcome, out);
             }
@@ -321,7 +420,12 @@ impl Craq {
                     // Decided not to write, on a clean key: nothing newer exists anywhere
                     // (the head orders every update), so the answer is linearizable now.
                     None if entry.is_clean() => {
-                        self.sessions.entry(origin).or_default().record(seq, Some(effect.outcome.clone()));
+                        let hash = key_hash(&key);
+                        self.sessions.entry(origin).or_default().record(
+                            seq,
+                            Some(effect.outcome.clone()),
+                            hash,
+                        );
                         self.send_done(now, origin, seq, effect.outcome, out);
                         return;
                     }
@@ -363,7 +467,7 @@ impl Craq {
     /// it on: down the chain, or, at the tail, commit it.
     fn append_version(&mut self, now: Time, key: Key, version: Version, out: &mut Outbox<Message>) {
         let me = self.me();
-        self.sessions.entry(version.origin).or_default().record(version.seq, None);
+        self.sessions.entry(version.origin).or_default().record(version.seq, None, key_hash(&key));
         if version.origin == me {
             if let Some(outstanding) = self.outstanding.get_mut(&version.seq) {
                 outstanding.in_chain = true;
@@ -486,7 +590,8 @@ impl Craq {
             match entry.value_of(version) {
                 Some(value) => value.cloned(),
                 None => {
-                    debug_assert!(false, "the tail committed version {version} that we never saw");
+                    // Only a broken variant (a replica back with stale data) gets here.
+                    debug_assert!(self.is_broken(), "the tail committed version {version} that we never saw");
                     return;
                 }
             }
@@ -554,6 +659,14 @@ impl Craq {
     /// updates may still commit through the chain, so their outcome is unknown.
     fn leave_service(&mut self, out: &mut Outbox<Message>) {
         self.retired = true;
+        self.copy = None;
+        self.fail_client_requests(out);
+        self.head_buffer.clear();
+    }
+
+    /// Answer every request of this replica's clients that has not been answered: it will
+    /// not be, from this state.
+    fn fail_client_requests(&mut self, out: &mut Outbox<Message>) {
         for entry in self.keys.values_mut() {
             for waiter in entry.waiting.drain(..) {
                 out.reply(
@@ -570,7 +683,305 @@ impl Craq {
         for (_, outstanding) in std::mem::take(&mut self.outstanding) {
             out.reply(outstanding.request, Outcome::Error(CommandError::OutcomeUnknown));
         }
+    }
+
+    // ---------------------------------------------------------------- joining (§3.4 Recovery)
+
+    /// The membership (re-)added this replica: start over, empty, as a joiner. Whatever it
+    /// held may be stale; everything it needs comes from its donor or down the chain.
+    fn become_joiner(&mut self, now: Time, out: &mut Outbox<Message>) {
+        debug_assert!(self.outstanding.is_empty() && self.queries.is_empty());
+        assert!(self.view.epoch.0 < 1 << (64 - SEQ_EPOCH_SHIFT), "epoch overflows the update numbering");
+        let keep_data = self.has_bug(Bug::RejoinWithoutCopy);
+        if !keep_data {
+            self.clear_data();
+        }
+        self.outstanding.clear();
+        self.queries.clear();
+        self.retired = false;
+        self.awaiting_join = false;
+        // The join epoch is unique to this incarnation: its update numbers are too.
+        self.next_seq = self.next_seq.max(self.view.epoch.0 << SEQ_EPOCH_SHIFT);
+        if keep_data {
+            return;
+        }
+        self.copy = Some(Copy::default());
+        self.request_chunk_if_due(now, out);
+    }
+
+    fn clear_data(&mut self) {
+        self.keys.clear();
+        self.dirty_keys.clear();
+        self.sessions.clear();
         self.head_buffer.clear();
+    }
+
+    /// Whom a joiner copies from. Chain replication's rule: the predecessor, whose state
+    /// includes everything the rest of the chain holds (versions reach us only through it),
+    /// so versions it sends after the copy land exactly on top of it. A joining head has no
+    /// predecessor: it copies from the first successor that is not joining itself. Every
+    /// version anywhere passed through that one, and the joiners before it hold nothing
+    /// (they copy only from their predecessor, which is still copying).
+    fn donor(&self) -> Option<NodeId> {
+        if let Some(predecessor) = self.predecessor() {
+            return Some(predecessor);
+        }
+        let refused = self.copy.as_ref().map_or(NodeSet::EMPTY, |copy| copy.refused);
+        let me = self.me();
+        self.view.live.iter().find(|node| *node > me && !refused.contains(*node))
+    }
+
+    fn request_chunk_if_due(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let timeout = Time::from_nanos(self.config.retransmit_timeout.as_nanos() * 4);
+        let donor = self.donor();
+        let epoch = self.view.epoch;
+        let Some(copy) = &mut self.copy else { return };
+        if copy.retry_at.is_some_and(|at| now < at) {
+            return;
+        }
+        copy.retry_at = Some(now + timeout);
+        let Some(donor) = donor else {
+            // Every successor said it is joining: ask them all again after a while. (The
+            // membership keeps a member with all the data in every view.)
+            copy.refused = NodeSet::EMPTY;
+            copy.asked = None;
+            return;
+        };
+        let (bucket, buckets_total) = match copy.buckets_total {
+            None => (0, 0),
+            Some(total) => {
+                let missing = copy.received.iter().position(|got| !got);
+                (missing.expect("a finished copy is dropped") as u32, total)
+            }
+        };
+        copy.asked = Some(donor);
+        out.send(donor, Message::ChunkRequest { epoch, bucket, buckets_total });
+    }
+
+    /// Serve one chunk: this replica's state for the chunk's keys. Only a replica with all
+    /// the data answers, and only in the joiner's epoch (checked by the caller).
+    fn on_chunk_request(&mut self, from: NodeId, bucket: u32, buckets_total: u32, out: &mut Outbox<Message>) {
+        let epoch = self.view.epoch;
+        if self.copy.is_some() {
+            self.stats.chunks_refused += 1;
+            out.send(from, Message::ChunkRefused { epoch });
+            return;
+        }
+        let buckets_total = if buckets_total == 0 { self.buckets_for_copy() } else { buckets_total };
+        if buckets_total > BUCKETS_MAX || bucket >= buckets_total {
+            return; // Malformed: a joiner never asks past the end.
+        }
+        let keys: Vec<ChunkKey> = self
+            .keys
+            .iter()
+            .filter(|(key, entry)| entry.latest_version() > 0 && key_bucket(key, buckets_total) == bucket)
+            .map(|(key, entry)| ChunkKey {
+                key: key.clone(),
+                clean_version: entry.clean_version,
+                clean_value: entry.clean_value.clone(),
+                dirty: entry
+                    .dirty
+                    .iter()
+                    .map(|version| ChunkVersion {
+                        version: version.version,
+                        value: version.value.clone(),
+                        origin: version.origin,
+                        seq: version.seq,
+                        outcome: version.outcome.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let mut sessions: Vec<ChunkSession> = self
+            .sessions
+            .iter()
+            .map(|(origin, session)| ChunkSession {
+                origin: *origin,
+                done_below: session.done_below,
+                seen: session
+                    .seen
+                    .iter()
+                    .filter(|(_, seen)| bucket_of_hash(seen.key_hash, buckets_total) == bucket)
+                    .map(|(seq, seen)| ChunkSeen {
+                        seq: *seq,
+                        key_hash: seen.key_hash,
+                        answer: seen.answer.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        sessions.sort_by_key(|session| session.origin);
+        self.stats.chunks_served += 1;
+        out.send(from, Message::Chunk { epoch, bucket, buckets_total, keys, sessions });
+    }
+
+    /// How many chunks to split the keys into: about `chunk_bytes_target` each.
+    fn buckets_for_copy(&self) -> u32 {
+        let bytes: usize = self
+            .keys
+            .iter()
+            .map(|(key, entry)| {
+                let dirty: usize = entry
+                    .dirty
+                    .iter()
+                    .map(|version| version.value.as_ref().map_or(0, |value| value.len()) + 48)
+                    .sum();
+                key.len() + entry.clean_value.as_ref().map_or(0, |value| value.len()) + 32 + dirty
+            })
+            .sum();
+        let target = self.config.chunk_bytes_target.max(1);
+        u32::try_from(bytes / target + 1).unwrap_or(u32::MAX).min(BUCKETS_MAX)
+    }
+
+    /// A chunk from the donor: take its keys as they stand there, then pass their dirty
+    /// versions on down the chain (or, at the tail, commit them).
+    #[allow(clippy::too_many_arguments)]
+    fn on_chunk(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        bucket: u32,
+        buckets_total: u32,
+        keys: Vec<ChunkKey>,
+        sessions: Vec<ChunkSession>,
+        out: &mut Outbox<Message>,
+    ) {
+        if buckets_total == 0 || buckets_total > BUCKETS_MAX || bucket >= buckets_total {
+            return;
+        }
+        // After the copy, a chunk is a late duplicate: the keys have moved on since.
+        let Some(copy) = &mut self.copy else { return };
+        if !copy.take(from, bucket, buckets_total) {
+            return;
+        }
+        self.stats.chunks_received += 1;
+        self.stats.keys_copied += keys.len() as u64;
+        for copied in keys {
+            if key_bucket(&copied.key, buckets_total) == bucket {
+                self.install_copied_key(now, copied, out);
+            }
+        }
+        for copied in sessions {
+            let session = self.sessions.entry(copied.origin).or_default();
+            session.advance_done_below(copied.done_below);
+            for seen in copied.seen {
+                if bucket_of_hash(seen.key_hash, buckets_total) == bucket {
+                    session.record(seen.seq, seen.answer, seen.key_hash);
+                }
+            }
+        }
+        if self.copy.as_ref().is_some_and(Copy::is_complete) {
+            self.copy = None;
+            self.stats.recoveries_completed += 1;
+        } else {
+            self.request_chunk_if_due(now, out);
+        }
+    }
+
+    fn install_copied_key(&mut self, now: Time, copied: ChunkKey, out: &mut Outbox<Message>) {
+        let contiguous = copied
+            .dirty
+            .iter()
+            .enumerate()
+            .all(|(index, version)| version.version == copied.clean_version + 1 + index as u64);
+        if !contiguous {
+            return; // Malformed: a donor's dirty versions sit right above its clean one.
+        }
+        let key = copied.key;
+        let hash = key_hash(&key);
+        let entry = self.keys.entry(key.clone()).or_default();
+        let latest = copied.dirty.last().map_or(copied.clean_version, |version| version.version);
+        if entry.latest_version() >= latest {
+            // Never newer: a joiner holds nothing of a key before its chunk. Kept as a guard
+            // so that no copy can take a key backwards.
+            return;
+        }
+        entry.clean_version = copied.clean_version;
+        entry.clean_value = copied.clean_value;
+        entry.dirty = copied
+            .dirty
+            .into_iter()
+            .map(|version| Version {
+                version: version.version,
+                value: version.value,
+                origin: version.origin,
+                seq: version.seq,
+                outcome: version.outcome,
+            })
+            .collect::<VecDeque<_>>();
+        entry.retransmit_at = None;
+        let stamps: Vec<(NodeId, u64)> =
+            entry.dirty.iter().map(|version| (version.origin, version.seq)).collect();
+        let clean = entry.dirty.is_empty();
+        let dirty_count = entry.dirty.len() as u64;
+        for (origin, seq) in stamps {
+            self.sessions.entry(origin).or_default().record(seq, None, hash);
+        }
+        if clean {
+            self.dirty_keys.remove(&key);
+        } else if self.is_tail() {
+            // Every replica before us holds these versions (the donor, our predecessor, got
+            // them from its own): as tail we commit them, like a tail after a view change.
+            self.stats.versions_committed += dirty_count;
+            self.clean_up_to(now, &key, latest, out);
+            if let Some(predecessor) = self.predecessor() {
+                out.send(predecessor, Message::Ack { epoch: self.view.epoch, key, version: latest });
+            }
+        } else {
+            self.resend_dirty(now, &key, out);
+        }
+    }
+
+    /// Send every dirty version of `key` to the successor, and time the next retransmission.
+    fn resend_dirty(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
+        let Some(successor) = self.successor() else { return };
+        for version in &self.keys[key].dirty {
+            out.send(successor, self.write_message(key, version));
+        }
+        self.keys.get_mut(key).expect("dirty key exists").retransmit_at =
+            Some(now + self.config.retransmit_timeout);
+        if !self.dirty_keys.contains(key) {
+            self.dirty_keys.insert(key.clone());
+        }
+    }
+
+    /// The asked donor is joining too. A joining head moves on to the next successor at
+    /// once; anyone else waits for its predecessor, which answers once it has caught up.
+    fn on_chunk_refused(&mut self, now: Time, from: NodeId, out: &mut Outbox<Message>) {
+        let head = self.predecessor().is_none();
+        let Some(copy) = &mut self.copy else { return };
+        if copy.asked != Some(from) || !head {
+            return;
+        }
+        copy.refused.insert(from);
+        copy.retry_at = None;
+        self.request_chunk_if_due(now, out);
+    }
+
+    /// A new view while copying. What was copied stays valid only if the donor is the same
+    /// replica (same incarnation) with the same place in the chain: the view only removed
+    /// others, and not our predecessor. A view that adds a node, or re-adds one (a restart
+    /// keeps the live set and only moves the epoch), may have put a new, empty incarnation
+    /// before us; keeping a copy then could leave us holding versions a joining head skips.
+    fn on_view_while_copying(
+        &mut self,
+        now: Time,
+        previous: View,
+        previous_predecessor: Option<NodeId>,
+        out: &mut Outbox<Message>,
+    ) {
+        let only_removals = previous.live.is_superset_of(self.view.live) && previous.live != self.view.live;
+        if !only_removals || self.predecessor() != previous_predecessor {
+            // Nothing to answer unless a broken variant served clients while copying.
+            self.fail_client_requests(out);
+            self.clear_data();
+            self.copy = Some(Copy::default());
+            self.stats.copies_restarted += 1;
+        }
+        let copy = self.copy.as_mut().expect("copying");
+        copy.refused = NodeSet::EMPTY;
+        copy.retry_at = None;
+        self.request_chunk_if_due(now, out);
     }
 }
 
@@ -588,8 +999,14 @@ impl Replica for Craq {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
-        if !self.is_operational() {
-            out.reply(request, Outcome::Error(CommandError::Unavailable("not in the current view")));
+        let serves_early = self.has_bug(Bug::JoinerServes) && self.participates();
+        if !self.is_operational() && !serves_early {
+            let reason = if self.is_joining() {
+                "joining: copying the data from a chain neighbour"
+            } else {
+                "not in the current view"
+            };
+            out.reply(request, Outcome::Error(CommandError::Unavailable(reason)));
             return;
         }
         let key = command.key().clone();
@@ -606,7 +1023,7 @@ impl Replica for Craq {
     }
 
     fn on_message(&mut self, now: Time, from: NodeId, message: Message, out: &mut Outbox<Message>) {
-        if message.epoch() != self.view.epoch || !self.is_operational() {
+        if message.epoch() != self.view.epoch || !self.participates() {
             self.stats.messages_dropped_epoch += 1;
             return;
         }
@@ -617,15 +1034,21 @@ impl Replica for Craq {
                 }
             }
             Message::Write { key, version, value, origin, seq, done_below, outcome, .. } => {
-                let version = Version { version, value, origin, seq, outcome };
-                self.on_write(now, from, key, version, done_below, out);
+                if self.is_copied(&key) {
+                    let version = Version { version, value, origin, seq, outcome };
+                    self.on_write(now, from, key, version, done_below, out);
+                }
             }
-            Message::Ack { key, version, .. } => self.on_ack(now, from, key, version, out),
+            Message::Ack { key, version, .. } => {
+                if self.is_copied(&key) {
+                    self.on_ack(now, from, key, version, out);
+                }
+            }
             Message::Done { seq, outcome, .. } => self.complete_update(now, seq, outcome, out),
             Message::VersionQuery { key, query, .. } => {
                 // The tail's answer decides what a dirty read returns: it needs the lease as
                 // much as a local read does. The asker retransmits.
-                if self.is_tail() && self.leased(now) {
+                if self.is_tail() && self.leased(now) && self.is_copied(&key) {
                     let version = self.keys.get(&key).map_or(0, |entry| entry.clean_version);
                     out.send(from, Message::VersionReply { epoch: self.view.epoch, key, query, version });
                 }
@@ -633,13 +1056,26 @@ impl Replica for Craq {
             Message::VersionReply { key, query, version, .. } => {
                 self.on_version_reply(now, key, query, version, out)
             }
+            Message::ChunkRequest { bucket, buckets_total, .. } => {
+                self.on_chunk_request(from, bucket, buckets_total, out)
+            }
+            Message::Chunk { bucket, buckets_total, keys, sessions, .. } => {
+                self.on_chunk(now, from, bucket, buckets_total, keys, sessions, out)
+            }
+            Message::ChunkRefused { .. } => self.on_chunk_refused(now, from, out),
         }
     }
 
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
-        if self.is_operational() {
+        if self.participates() {
+            self.request_chunk_if_due(now, out);
             self.retransmit(now, out);
         }
+    }
+
+    /// A joiner has caught up once it holds every chunk (Hermes §3.4 Recovery).
+    fn is_caught_up(&self) -> bool {
+        self.participates() && self.copy.is_none()
     }
 
     fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
@@ -669,11 +1105,21 @@ impl Replica for Craq {
         if view.epoch <= self.view.epoch {
             return; // Views only move forward; a late m-update is stale.
         }
+        let (previous, previous_predecessor) = (self.view, self.predecessor());
         self.view = view;
         self.stats.views_installed += 1;
-        if !self.is_operational() {
-            self.leave_service(out);
+        if view.live.contains(self.me()) && (self.awaiting_join || self.retired) {
+            self.become_joiner(now, out);
             return;
+        }
+        if !self.participates() {
+            if !self.retired && !self.awaiting_join {
+                self.leave_service(out);
+            }
+            return;
+        }
+        if self.copy.is_some() {
+            self.on_view_while_copying(now, previous, previous_predecessor, out);
         }
         if !self.is_head() {
             self.head_buffer.clear();

@@ -4,7 +4,8 @@
 
 use bytes::Bytes;
 use chorus_core::{
-    ClientRequestId, Command, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, View,
+    ClientRequestId, Command, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time,
+    View,
 };
 use chorus_craq::{Craq, CraqConfig, Message};
 
@@ -37,6 +38,8 @@ impl Cluster {
             .map(|i| {
                 let mut config = CraqConfig::new(NodeId(i), all);
                 config.retransmit_timeout = TIMEOUT;
+                // Donors split their keys into small chunks: a copy takes several round trips.
+                config.chunk_bytes_target = 64;
                 Craq::new(config)
             })
             .collect();
@@ -115,6 +118,11 @@ impl Cluster {
     fn crash_and_install(&mut self, node: u8, epoch: u64) {
         self.crashed[node as usize] = true;
         self.net.retain(|envelope| envelope.from != node && envelope.to != node);
+        self.install_live(epoch);
+    }
+
+    /// Install the view of every node not crashed, at `epoch`, on each of them.
+    fn install_live(&mut self, epoch: u64) {
         let live: NodeSet =
             (0..self.nodes.len() as u8).filter(|i| !self.crashed[*i as usize]).map(NodeId).collect();
         for i in live.iter() {
@@ -122,6 +130,30 @@ impl Cluster {
             self.nodes[i.index()].on_view(self.now, View { epoch: Epoch(epoch), live }, &mut out);
             self.collect(i.0, out);
         }
+    }
+
+    /// `node` comes back empty (a restart loses the keys) and the membership adds it in
+    /// `epoch` (Hermes §3.4 Recovery): it joins the chain at its id's place and copies.
+    fn restart_and_join(&mut self, node: u8, epoch: u64) {
+        self.net.retain(|envelope| envelope.from != node && envelope.to != node);
+        let all: NodeSet = (0..self.nodes.len() as u8).map(NodeId).collect();
+        let mut config = CraqConfig::new(NodeId(node), all);
+        config.retransmit_timeout = TIMEOUT;
+        config.recovering = true;
+        // Small chunks: a copy takes several round trips.
+        config.chunk_bytes_target = 64;
+        self.nodes[node as usize] = Craq::new(config);
+        self.crashed[node as usize] = false;
+        self.install_live(epoch);
+    }
+
+    /// Deliver, and tick past every retransmission and chunk-request timeout, for a while.
+    fn settle_with_ticks(&mut self) {
+        for _ in 0..20 {
+            self.settle();
+            self.tick(TIMEOUT);
+        }
+        self.settle();
     }
 }
 
@@ -281,4 +313,138 @@ fn messages_of_another_epoch_are_dropped() {
     cluster.nodes[1].on_message(cluster.now, NodeId(stale.from), stale.msg, &mut out);
     assert!(out.is_empty());
     assert_eq!(cluster.nodes[1].stats().messages_dropped_epoch, 1);
+}
+
+// ---------------------------------------------------------------- joining (Hermes §3.4 Recovery)
+
+fn is_chunk(e: &Envelope) -> bool {
+    matches!(e.msg, Message::Chunk { .. })
+}
+
+fn value(cluster: &Cluster, node: u8, key: &str) -> Option<Bytes> {
+    cluster.nodes[node as usize].key_state(key.as_bytes()).and_then(|(_, value, _)| value.cloned())
+}
+
+/// A restarted middle replica is linked back in at once: it copies its predecessor's state in
+/// chunks while writes keep passing through it, refuses clients until done, then serves the
+/// latest values. Chain replication's rule: the predecessor's state covers everything
+/// downstream, so versions it sends after a chunk land on top of the copy.
+#[test]
+fn a_restarted_middle_replica_copies_its_predecessor_in_chunks_while_writes_flow_then_serves() {
+    let mut cluster = Cluster::new(3);
+    for i in 0..20 {
+        cluster.client(0, set(&format!("k{i}"), "old"));
+    }
+    cluster.settle();
+    cluster.crash_and_install(1, 2);
+    for i in 0..5 {
+        cluster.client(2, set(&format!("k{i}"), "while-down"));
+    }
+    cluster.settle_with_ticks();
+    cluster.restart_and_join(1, 3);
+    assert!(!cluster.nodes[1].is_caught_up() && cluster.nodes[1].is_joining());
+    let refused = cluster.client(1, get("k0"));
+    let joining =
+        Outcome::Error(CommandError::Unavailable("joining: copying the data from a chain neighbour"));
+    assert_eq!(cluster.reply(refused), Some(&joining));
+    // The first chunk, then writes through the joiner before the rest of the copy.
+    cluster.deliver(|e| matches!(e.msg, Message::ChunkRequest { .. }) && e.to == 0);
+    cluster.deliver(is_chunk);
+    let during: Vec<ClientRequestId> =
+        (0..20).map(|i| cluster.client(2, set(&format!("k{i}"), "during"))).collect();
+    cluster.settle_with_ticks();
+    assert!(cluster.nodes[1].is_caught_up() && cluster.nodes[1].is_operational());
+    let stats = cluster.nodes[1].stats();
+    assert!(stats.chunks_received > 2, "copied in several chunks: {stats:?}");
+    assert_eq!(stats.recoveries_completed, 1);
+    for request in during {
+        assert_eq!(cluster.reply(request), Some(&Outcome::Written), "no write stalls for good");
+    }
+    for i in 0..20 {
+        let key = format!("k{i}");
+        for node in 0..3 {
+            assert_eq!(value(&cluster, node, &key), Some(b("during")), "{key} at n{node}");
+        }
+        let read = cluster.client(1, get(&key));
+        assert_eq!(cluster.reply(read), Some(&Outcome::Value(Some(b("during")))), "{key} read at n1");
+    }
+}
+
+/// Until a key's chunk arrives, a joiner drops its versions (the predecessor re-sends them),
+/// so no chunk ever lands under a newer version; and a chunk that comes again later (a
+/// duplicate, or a late answer) never takes a key backwards.
+#[test]
+fn a_late_copy_of_a_chunk_never_takes_a_key_backwards() {
+    let mut cluster = Cluster::new(2);
+    cluster.client(0, set("k", "v1"));
+    cluster.settle();
+    cluster.restart_and_join(1, 2);
+    cluster.deliver(|e| matches!(e.msg, Message::ChunkRequest { .. }));
+    let chunk = cluster.net.iter().find(|e| is_chunk(e)).cloned().expect("a chunk in flight");
+    let write = cluster.client(0, set("k", "v2"));
+    cluster.settle_with_ticks();
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written));
+    assert!(cluster.nodes[1].is_caught_up());
+    cluster.net.push(chunk);
+    cluster.settle();
+    assert_eq!(cluster.nodes[1].key_state(b"k"), Some((2, Some(&b("v2")), 0)), "still the newer version");
+    let read = cluster.client(1, get("k"));
+    assert_eq!(cluster.reply(read), Some(&Outcome::Value(Some(b("v2")))));
+}
+
+/// A tail restarted before anyone noticed (the join view keeps the live set, only the epoch
+/// moves): its old incarnation committed a version whose ACK never reached the predecessor.
+/// The new tail copies it, still dirty, from the predecessor and commits it, so the write is
+/// answered and a read at the predecessor sees it.
+#[test]
+fn a_tail_restarted_in_place_commits_what_its_predecessor_still_holds_dirty() {
+    let mut cluster = Cluster::new(3);
+    let write = cluster.client(0, set("k", "v"));
+    cluster.deliver(|e| is_write(e) && e.to == 1);
+    cluster.deliver(|e| is_write(e) && e.to == 2);
+    assert_eq!(cluster.drop_matching(is_ack), 1, "the old tail's ACK is lost with it");
+    cluster.restart_and_join(2, 2);
+    cluster.settle_with_ticks();
+    assert!(cluster.nodes[2].is_caught_up());
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written));
+    assert_eq!(cluster.nodes[2].key_state(b"k"), Some((1, Some(&b("v")), 0)));
+    let read = cluster.client(1, get("k"));
+    assert_eq!(cluster.reply(read), Some(&Outcome::Value(Some(b("v")))));
+}
+
+/// A joining head has no predecessor: it copies from the first successor that is not itself
+/// joining (a joining successor answers `ChunkRefused` and holds nothing yet). The joining
+/// successor waits for its predecessor, the head, to finish, then copies from it.
+#[test]
+fn a_joining_head_skips_a_joining_successor_and_both_catch_up() {
+    let mut cluster = Cluster::new(3);
+    for i in 0..10 {
+        cluster.client(2, set(&format!("k{i}"), "v"));
+    }
+    cluster.settle();
+    cluster.crash_and_install(0, 2);
+    cluster.crash_and_install(1, 3);
+    let last = cluster.client(2, set("k0", "latest"));
+    cluster.settle_with_ticks();
+    assert_eq!(cluster.reply(last), Some(&Outcome::Written));
+    // n1 comes back first; n0 comes back before n1 has copied anything.
+    cluster.restart_and_join(1, 4);
+    cluster.net.retain(|e| !matches!(e.msg, Message::ChunkRequest { .. }));
+    cluster.restart_and_join(0, 5);
+    cluster.settle_with_ticks();
+    let (head, second) = (cluster.nodes[0].stats(), cluster.nodes[1].stats());
+    assert!(head.chunks_received > 0 && second.chunks_received > 0, "{head:?}\n{second:?}");
+    assert!(cluster.nodes[1].stats().chunks_refused > 0, "n1 refused the joining head");
+    for node in 0..3 {
+        assert!(cluster.nodes[node as usize].is_operational(), "n{node}");
+        assert_eq!(value(&cluster, node, "k0"), Some(b("latest")), "k0 at n{node}");
+        assert_eq!(value(&cluster, node, "k9"), Some(b("v")), "k9 at n{node}");
+    }
+    // The rejoined head orders new writes on top of the copied versions.
+    let write = cluster.client(1, Command::Rmw { key: b("n"), op: RmwOp::IncrementBy(2) });
+    let overwrite = cluster.client(2, set("k0", "after"));
+    cluster.settle_with_ticks();
+    assert_eq!(cluster.reply(write), Some(&Outcome::Integer(2)));
+    assert_eq!(cluster.reply(overwrite), Some(&Outcome::Written));
+    assert_eq!(cluster.nodes[2].key_state(b"k0"), Some((3, Some(&b("after")), 0)));
 }
