@@ -61,6 +61,10 @@ pub struct TenantsArgs {
     /// e.g. -10 to rank replication above the background load (negative needs root).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub replica_nice: i32,
+    /// Run the tenants' client threads at this niceness, e.g. -10: the paper's clients run on
+    /// other machines, away from the background load (negative needs root).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub client_nice: i32,
     /// Where tenants.json and the PNG figures go.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
@@ -99,6 +103,8 @@ pub fn config_of(
     config.naive_tenants_max = args.naive_tenants_max;
     anyhow::ensure!((-20..=19).contains(&args.replica_nice), "--replica-nice is -20 to 19");
     config.replica_nice = args.replica_nice;
+    anyhow::ensure!((-20..=19).contains(&args.client_nice), "--client-nice is -20 to 19");
+    config.client_nice = args.client_nice;
     config.child_command = Some(child_command);
     config.background_load_command = background_load_command;
     Ok(config)

@@ -124,6 +124,12 @@ pub struct TenantsConfig {
     /// replicas inherit it from their host. 0: the same priority as the background load.
     #[serde(default)]
     pub replica_nice: i32,
+    /// Niceness of the tenants' client threads (negative needs root). The paper's clients run
+    /// on other machines, out of the background load's way; on one machine, a negative value
+    /// keeps the clients' own scheduling delays out of the measured latency. 0: the same
+    /// priority as the background load.
+    #[serde(default)]
+    pub client_nice: i32,
 }
 
 impl Default for TenantsConfig {
@@ -143,6 +149,7 @@ impl Default for TenantsConfig {
             region_dir: None,
             background_load_command: None,
             replica_nice: 0,
+            client_nice: 0,
         }
     }
 }
@@ -429,6 +436,7 @@ pub fn measure_point<C: TenantClient>(
                 .name(format!("tenant-{t}"))
                 .stack_size(512 * 1024)
                 .spawn_scoped(scope, move || {
+                    set_thread_nice(config.client_nice);
                     let mut rng = 0x7e4a_4e75 ^ ((t as u64) << 32);
                     // Pass the barrier whatever happens, or the other tenants wait forever.
                     let prepared =
@@ -480,6 +488,22 @@ pub fn measure_point<C: TenantClient>(
         replica_processes: replicas.processes,
         measured_s: seconds,
     })
+}
+
+/// Linux niceness is per thread: set this thread's. Best effort (an unprivileged process
+/// cannot lower it; the run goes on at the inherited priority).
+fn set_thread_nice(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: gettid and setpriority on the calling thread; no memory is passed.
+    let result = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+    };
+    if result != 0 {
+        eprintln!("tenants: cannot set client niceness {nice}: {}", std::io::Error::last_os_error());
+    }
 }
 
 /// The closed loop: YCSB-A operations on uniformly chosen records until `duration` is up.
