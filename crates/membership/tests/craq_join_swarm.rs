@@ -5,6 +5,8 @@
 //! flowing past it, and serves again. With partition-scale timing, replicas removed while
 //! alive come back the same way. Every history is checked for linearizability.
 
+mod support;
+
 use chorus_core::{NodeId, NodeSet, Time};
 use chorus_craq::{Bug, Craq, CraqConfig};
 use chorus_membership::{Membership, MembershipConfig, WithMembership};
@@ -28,17 +30,7 @@ fn craq_config(me: NodeId, replicas: NodeSet) -> CraqConfig {
 }
 
 fn membership_config(me: NodeId, replicas: NodeSet) -> MembershipConfig {
-    let mut config = MembershipConfig::new(me, replicas);
-    if FAST.with(|fast| fast.get()) {
-        // Scaled to the simulator's partitions (5 to 300 ms): partitions remove live nodes,
-        // which then rejoin on their own.
-        config.heartbeat_period = Time::from_millis(10);
-        config.missed_heartbeats_max = 5;
-        config.lease = Time::from_millis(60);
-        config.drift_margin = Time::from_millis(5);
-    }
-    config.rejoin = true;
-    config
+    support::swarm_membership_config(me, replicas, FAST.with(|fast| fast.get()))
 }
 
 fn build(me: NodeId, replicas: NodeSet, _seed: u64) -> WithMembership<Craq> {
@@ -54,12 +46,10 @@ fn restart(
     now: Time,
     crashed: &WithMembership<Craq>,
 ) -> WithMembership<Craq> {
-    let records = crashed.membership().durable_records();
-    let mut config = membership_config(me, replicas);
-    config.join = Some(seed | 1);
+    let membership = support::restarted_membership(crashed, membership_config(me, replicas), seed, now);
     let mut craq = craq_config(me, replicas);
     craq.recovering = true;
-    WithMembership::new(Craq::new(craq), Membership::restore(config, now, &records))
+    WithMembership::new(Craq::new(craq), membership)
 }
 
 fn sim_config(seed: u64, replicas: usize) -> SimConfig {

@@ -4,6 +4,8 @@
 //! checked for linearizability, with crashes, partitions, loss and duplication as in
 //! `hermes_swarm.rs`.
 
+mod support;
+
 use chorus_core::{NodeId, NodeSet, Time};
 use chorus_hermes::{Bug, Hermes, HermesConfig};
 use chorus_membership::{Membership, MembershipConfig, WithMembership};
@@ -28,18 +30,7 @@ fn hermes_config(me: NodeId, replicas: NodeSet, seed: u64) -> HermesConfig {
 }
 
 fn membership_config(me: NodeId, replicas: NodeSet) -> MembershipConfig {
-    let mut config = MembershipConfig::new(me, replicas);
-    if FAST.with(|fast| fast.get()) {
-        // Scaled to the simulator's partitions (5 to 300 ms): partitions remove live nodes,
-        // which then rejoin as shadows on their own.
-        config.heartbeat_period = Time::from_millis(10);
-        config.missed_heartbeats_max = 5;
-        config.lease = Time::from_millis(60);
-        config.drift_margin = Time::from_millis(5);
-    }
-    // Nodes removed while alive (partitions) come back as shadows too.
-    config.rejoin = true;
-    config
+    support::swarm_membership_config(me, replicas, FAST.with(|fast| fast.get()))
 }
 
 fn build(me: NodeId, replicas: NodeSet, seed: u64) -> WithMembership<Hermes> {
@@ -55,12 +46,10 @@ fn restart(
     now: Time,
     crashed: &WithMembership<Hermes>,
 ) -> WithMembership<Hermes> {
-    let records = crashed.membership().durable_records();
-    let mut config = membership_config(me, replicas);
-    config.join = Some(seed | 1);
+    let membership = support::restarted_membership(crashed, membership_config(me, replicas), seed, now);
     let mut hermes = hermes_config(me, replicas, seed);
     hermes.recovering = true;
-    WithMembership::new(Hermes::new(hermes), Membership::restore(config, now, &records))
+    WithMembership::new(Hermes::new(hermes), membership)
 }
 
 fn sim_config(seed: u64, replicas: usize) -> SimConfig {

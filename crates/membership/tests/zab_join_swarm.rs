@@ -5,6 +5,8 @@
 //! serves. Replicas removed by partitions rejoin with the history they kept. Every history is
 //! checked for linearizability and every request must complete once the faults heal.
 
+mod support;
+
 use chorus_core::{NodeId, NodeSet, Time};
 use chorus_membership::{Membership, MembershipConfig, WithMembership};
 use chorus_sim::checker::{check_history, CheckerConfig};
@@ -33,16 +35,7 @@ fn zab_config(me: NodeId, replicas: NodeSet, recovering: bool) -> ZabConfig {
 }
 
 fn membership_config(me: NodeId, replicas: NodeSet) -> MembershipConfig {
-    let mut config = MembershipConfig::new(me, replicas);
-    if FAST.with(|fast| fast.get()) {
-        // Scaled to the simulator's partitions (5 to 300 ms): partitions remove live nodes.
-        config.heartbeat_period = Time::from_millis(10);
-        config.missed_heartbeats_max = 5;
-        config.lease = Time::from_millis(60);
-        config.drift_margin = Time::from_millis(5);
-    }
-    config.rejoin = true;
-    config
+    support::swarm_membership_config(me, replicas, FAST.with(|fast| fast.get()))
 }
 
 fn build(me: NodeId, replicas: NodeSet, _seed: u64) -> WithMembership<Zab> {
@@ -59,11 +52,9 @@ fn restart(
     now: Time,
     crashed: &WithMembership<Zab>,
 ) -> WithMembership<Zab> {
-    let records = crashed.membership().durable_records();
-    let mut config = membership_config(me, replicas);
-    config.join = Some(seed | 1);
+    let membership = support::restarted_membership(crashed, membership_config(me, replicas), seed, now);
     let zab = Zab::new(zab_config(me, replicas, true));
-    WithMembership::new(zab, Membership::restore(config, now, &records))
+    WithMembership::new(zab, membership)
 }
 
 fn sim_config(seed: u64, replicas: usize) -> SimConfig {
