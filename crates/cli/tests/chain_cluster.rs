@@ -9,7 +9,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use chorus_sim::checker::{check_history, CheckerConfig};
-use support::loopback::{assert_concurrent_clients_linearizable, Cluster, DEADLINE};
+use support::loopback::{
+    assert_concurrent_clients_linearizable, background_clients, Bulk, Cluster, DEADLINE,
+};
 use support::workload::{self, Workload};
 
 mod support;
@@ -103,7 +105,7 @@ fn chain_survives_a_sigkill_of_the_head_mid_load() {
     assert_eq!(read.as_deref(), Some("kill"));
 }
 
-const BULK_KEYS: usize = 200;
+const BULK: Bulk = Bulk { keys: 200 };
 
 fn wait_until(what: &str, cluster: &Cluster, node: usize, mut done: impl FnMut(&Cluster) -> bool) {
     let started = Instant::now();
@@ -122,31 +124,15 @@ fn wait_until(what: &str, cluster: &Cluster, node: usize, mut done: impl FnMut(&
 #[test]
 fn a_fresh_node_joins_the_chain_after_a_member_is_sigkilled_mid_load() {
     let mut cluster = Cluster::start(3, &["--protocol", "chain"]);
-    let mut con = cluster.client(0);
-    for i in 0..BULK_KEYS {
-        let _: () = redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("v{i}")).query(&mut con).unwrap();
-    }
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let load = thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 6,
-            ops_per_client: 600,
-            reply_timeout: Duration::from_secs(10),
-            think: Duration::from_millis(5),
-        })
-    });
+    BULK.write_initial(&cluster, 0);
+    let load = background_clients(&cluster, 600, Duration::from_secs(10), Duration::from_millis(5));
     thread::sleep(Duration::from_millis(300));
     cluster.sigkill(0);
     wait_until("survivors remove n0", &cluster, 1, |c| {
         c.info_number(1, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
     });
     // Writes the joiner must get from the copy.
-    let mut con = cluster.client(1);
-    for i in 0..50 {
-        let _: () =
-            redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
-    }
+    BULK.overwrite_while_down(&cluster, 1);
     // A replacement machine: nothing of the old node's data directory survives.
     let data_dir = cluster.dir.join("node-0");
     std::fs::remove_dir_all(&data_dir).unwrap();
@@ -171,12 +157,8 @@ fn a_fresh_node_joins_the_chain_after_a_member_is_sigkilled_mid_load() {
     eprintln!("writes paused {:.1} ms for the copy and the link", pause_us as f64 / 1000.0);
     let copied = cluster.info_number(1, "chain_copy_bytes_sent").unwrap();
     assert!(copied > 64 * 1024 * 1024, "the whole region is copied: {copied} bytes");
+    BULK.assert_latest_at(&cluster, 0);
     let mut con = cluster.client(0);
-    for i in 0..BULK_KEYS {
-        let value: Option<String> = redis::cmd("GET").arg(format!("bulk:{i}")).query(&mut con).unwrap();
-        let expected = if i < 50 { format!("down{i}") } else { format!("v{i}") };
-        assert_eq!(value.as_deref(), Some(expected.as_str()), "bulk:{i} at the joined n0");
-    }
     let history = load.join().unwrap();
 
     // n0 is a full member now, at the tail: a write through it reaches every replica.

@@ -9,12 +9,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use chorus_sim::checker::{check_history, CheckerConfig};
-use support::loopback::{Cluster, DEADLINE};
-use support::workload::{self, Workload};
+use support::loopback::{background_clients, Bulk, Cluster, DEADLINE};
 
 mod support;
 
-const BULK_KEYS: usize = 300;
+const BULK: Bulk = Bulk { keys: 300 };
 
 fn wait_until(what: &str, cluster: &Cluster, node: usize, mut done: impl FnMut(&Cluster) -> bool) {
     let started = Instant::now();
@@ -39,20 +38,8 @@ fn kill_rejoin_and_survive(protocol: &str, victim: usize) {
     assert!(victim != 0, "n0 dies second");
     let survivor = 3 - victim; // The node other than n0 and the victim.
     let mut cluster = Cluster::start(3, &["--protocol", protocol]);
-    let mut con = cluster.client(0);
-    for i in 0..BULK_KEYS {
-        let _: () = redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("v{i}")).query(&mut con).unwrap();
-    }
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let clients = thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 6,
-            ops_per_client: 400,
-            reply_timeout: Duration::from_secs(5),
-            think: Duration::from_millis(8),
-        })
-    });
+    BULK.write_initial(&cluster, 0);
+    let clients = background_clients(&cluster, 400, Duration::from_secs(5), Duration::from_millis(8));
 
     thread::sleep(Duration::from_millis(500));
     cluster.sigkill(victim);
@@ -60,24 +47,15 @@ fn kill_rejoin_and_survive(protocol: &str, victim: usize) {
         c.info_number(0, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
     });
     // Writes made while the victim is down, which it must copy.
-    let mut con = cluster.client(survivor);
-    for i in 0..50 {
-        let _: () =
-            redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
-    }
+    BULK.overwrite_while_down(&cluster, survivor);
     let donor = cluster.nodes[0].peer.to_string();
     cluster.restart(victim, &["--join", &donor]);
     cluster.wait_ready(victim, 2);
     let recoveries = cluster.info_number(victim, &format!("{protocol}_recoveries_completed"));
     assert_eq!(recoveries, Some(1), "{}", cluster.log(victim));
     let copied = cluster.info_number(victim, &format!("{protocol}_keys_copied")).unwrap();
-    assert!(copied >= BULK_KEYS as u64, "the victim copied {copied} keys");
-    let mut con = cluster.client(victim);
-    for i in 0..BULK_KEYS {
-        let value: Option<String> = redis::cmd("GET").arg(format!("bulk:{i}")).query(&mut con).unwrap();
-        let expected = if i < 50 { format!("down{i}") } else { format!("v{i}") };
-        assert_eq!(value.as_deref(), Some(expected.as_str()), "bulk:{i} at the rejoined node");
-    }
+    assert!(copied >= BULK.keys as u64, "the victim copied {copied} keys");
+    BULK.assert_latest_at(&cluster, victim);
 
     // The rejoined node counts as a full member: losing n0 leaves it and the survivor serving.
     cluster.sigkill(0);
@@ -109,43 +87,22 @@ fn kill_rejoin_and_survive(protocol: &str, victim: usize) {
 #[test]
 fn a_killed_zab_leader_rejoins_through_a_snapshot_serves_and_the_cluster_survives_another_failure() {
     let mut cluster = Cluster::start(3, &["--protocol", "zab"]);
-    let mut con = cluster.client(0);
-    for i in 0..BULK_KEYS {
-        let _: () = redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("v{i}")).query(&mut con).unwrap();
-    }
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let clients = thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 6,
-            ops_per_client: 300,
-            reply_timeout: Duration::from_secs(5),
-            think: Duration::from_millis(8),
-        })
-    });
+    BULK.write_initial(&cluster, 0);
+    let clients = background_clients(&cluster, 300, Duration::from_secs(5), Duration::from_millis(8));
 
     thread::sleep(Duration::from_millis(500));
     cluster.sigkill(0);
     wait_until("survivors remove n0", &cluster, 1, |c| {
         c.info_number(1, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
     });
-    let mut con = cluster.client(1);
-    for i in 0..50 {
-        let _: () =
-            redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
-    }
+    BULK.overwrite_while_down(&cluster, 1);
     let donor = cluster.nodes[1].peer.to_string();
     cluster.restart(0, &["--join", &donor]);
     cluster.wait_ready(0, 2);
     assert_eq!(cluster.info_number(0, "zab_complete"), Some(1), "{}", cluster.log(0));
     let installed = cluster.info_number(0, "zab_snapshots_installed").unwrap();
     assert!(installed >= 1, "n0 installed no snapshot:\n{}", cluster.log(0));
-    let mut con = cluster.client(0);
-    for i in 0..BULK_KEYS {
-        let value: Option<String> = redis::cmd("GET").arg(format!("bulk:{i}")).query(&mut con).unwrap();
-        let expected = if i < 50 { format!("down{i}") } else { format!("v{i}") };
-        assert_eq!(value.as_deref(), Some(expected.as_str()), "bulk:{i} at the rejoined n0");
-    }
+    BULK.assert_latest_at(&cluster, 0);
 
     // The rejoined node counts in quorums: losing n1 leaves {n0, n2}, a majority of 3.
     cluster.sigkill(1);

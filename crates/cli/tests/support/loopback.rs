@@ -186,3 +186,59 @@ pub fn assert_concurrent_clients_linearizable(protocol: &str) {
     assert_eq!(report.keys_checked, 4);
     assert!(completed > 0);
 }
+
+/// Keys the kill-and-rejoin tests write: `bulk:<i>` = `v<i>` before the failure, then the
+/// first [`Bulk::OVERWRITTEN`] overwritten with `down<i>` while a node is down, which a
+/// rejoined node must have copied.
+pub struct Bulk {
+    pub keys: usize,
+}
+
+impl Bulk {
+    pub const OVERWRITTEN: usize = 50;
+
+    pub fn write_initial(&self, cluster: &Cluster, node: usize) {
+        let mut con = cluster.client(node);
+        for i in 0..self.keys {
+            let _: () =
+                redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("v{i}")).query(&mut con).unwrap();
+        }
+    }
+
+    pub fn overwrite_while_down(&self, cluster: &Cluster, node: usize) {
+        let mut con = cluster.client(node);
+        for i in 0..Self::OVERWRITTEN {
+            let _: () =
+                redis::cmd("SET").arg(format!("bulk:{i}")).arg(format!("down{i}")).query(&mut con).unwrap();
+        }
+    }
+
+    /// `node` serves the latest value of every key.
+    pub fn assert_latest_at(&self, cluster: &Cluster, node: usize) {
+        let mut con = cluster.client(node);
+        for i in 0..self.keys {
+            let value: Option<String> = redis::cmd("GET").arg(format!("bulk:{i}")).query(&mut con).unwrap();
+            let expected = if i < Self::OVERWRITTEN { format!("down{i}") } else { format!("v{i}") };
+            assert_eq!(value.as_deref(), Some(expected.as_str()), "bulk:{i} at n{node}");
+        }
+    }
+}
+
+/// Six recording clients spread over every node, in the background.
+pub fn background_clients(
+    cluster: &Cluster,
+    ops_per_client: usize,
+    reply_timeout: Duration,
+    think: Duration,
+) -> thread::JoinHandle<chorus_sim::history::History> {
+    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
+    thread::spawn(move || {
+        super::workload::run(super::workload::Workload {
+            targets,
+            clients: 6,
+            ops_per_client,
+            reply_timeout,
+            think,
+        })
+    })
+}
