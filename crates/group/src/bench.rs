@@ -248,7 +248,7 @@ pub(crate) fn tenant(t: usize) -> (TenantId, Token) {
     (TenantId(1000 + t as u32), Token([TOKEN_BASE.wrapping_add(t as u8); 16]))
 }
 
-enum Hosts {
+pub(crate) enum Hosts {
     /// Kept until the run ends: dropping a handle stops its host.
     InProcess {
         _handles: Vec<HostHandle>,
@@ -257,7 +257,7 @@ enum Hosts {
 }
 
 impl Hosts {
-    fn pids(&self) -> Vec<u32> {
+    pub(crate) fn pids(&self) -> Vec<u32> {
         match self {
             Hosts::InProcess { .. } => Vec::new(),
             Hosts::Processes(children) => children.iter().filter_map(ChildProcess::id).collect(),
@@ -373,15 +373,23 @@ impl BackgroundLoad {
     }
 }
 
-async fn start_hosts(
-    config: &BenchConfig,
-    flush: FlushBackend,
-    dir: &std::path::Path,
-    mode: HostMode,
-    n: usize,
-    tenants: usize,
-) -> anyhow::Result<(Hosts, Vec<SocketAddr>)> {
-    let credentials: Vec<TenantCredential> = (0..tenants)
+/// How one run starts its hosts.
+pub(crate) struct HostsPlan<'a> {
+    /// Start each host as a process with this command (ending in
+    /// [`crate::runtime::child_main`]; it may start with `nice -n N`); `None`: in this process.
+    pub command: Option<&'a [String]>,
+    pub flush: FlushBackend,
+    pub dir: &'a std::path::Path,
+    pub mode: HostMode,
+    pub hosts: usize,
+    pub tenants: usize,
+    /// The hosts' I/O timeout, when not the default.
+    pub io_timeout_ms: Option<u64>,
+    pub start_timeout: Duration,
+}
+
+pub(crate) async fn start_hosts(plan: HostsPlan<'_>) -> anyhow::Result<(Hosts, Vec<SocketAddr>)> {
+    let credentials: Vec<TenantCredential> = (0..plan.tenants)
         .map(|t| {
             let (id, token) = tenant(t);
             TenantCredential::new(id, &token)
@@ -390,16 +398,19 @@ async fn start_hosts(
     let mut addrs = Vec::new();
     let mut handles = Vec::new();
     let mut children = Vec::new();
-    for i in 0..n {
+    for i in 0..plan.hosts {
         let mut host =
-            HostConfig::new("127.0.0.1:0".parse()?, dir.join(format!("host{i}")), credentials.clone());
-        host.flush = flush;
-        host.mode = mode;
-        host.replica_command = config.child_command.clone();
+            HostConfig::new("127.0.0.1:0".parse()?, plan.dir.join(format!("host{i}")), credentials.clone());
+        host.flush = plan.flush;
+        host.mode = plan.mode;
+        host.replica_command = plan.command.map(<[String]>::to_vec);
         host.worker_threads = 1; // a host's event loop: one thread, like a NIC's one engine
-        match &config.child_command {
+        if let Some(timeout_ms) = plan.io_timeout_ms {
+            host.io_timeout_ms = timeout_ms;
+        }
+        match plan.command {
             Some(command) => {
-                let (addr, child) = spawn_child(command, &host, Duration::from_secs(10)).await?;
+                let (addr, child) = spawn_child(command, &host, plan.start_timeout).await?;
                 addrs.push(addr);
                 children.push(child);
             }
@@ -410,7 +421,7 @@ async fn start_hosts(
             }
         }
     }
-    let hosts = if config.child_command.is_some() {
+    let hosts = if plan.command.is_some() {
         Hosts::Processes(children)
     } else {
         Hosts::InProcess { _handles: handles }
@@ -685,7 +696,17 @@ async fn run_all(
     for &mode in &config.modes {
         for &n in &config.group_sizes {
             let tag = format!("{}-{n}", mode.name());
-            let (hosts, addrs) = start_hosts(config, flush, &dir.join(&tag), mode, n, max_tenants).await?;
+            let (hosts, addrs) = start_hosts(HostsPlan {
+                command: config.child_command.as_deref(),
+                flush,
+                dir: &dir.join(&tag),
+                mode,
+                hosts: n,
+                tenants: max_tenants,
+                io_timeout_ms: None,
+                start_timeout: Duration::from_secs(10),
+            })
+            .await?;
             let clients = groups(&addrs, 1, config.window, &tag).await?;
             let pids = hosts.pids();
             let mut plan: Vec<(Prim, usize)> =

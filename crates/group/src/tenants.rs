@@ -30,13 +30,10 @@ use chorus_region::{default_region_dir, FlushBackend};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{cpu_model, tenant, tree_cpu_us, BackgroundLoad};
+use crate::bench::{cpu_model, start_hosts, tenant, tree_cpu_us, BackgroundLoad, HostsPlan};
 use crate::caller::CallerConfig;
 use crate::op::GroupId;
-use crate::runtime::{
-    spawn_child, start_host, BlockingGroupClient, ChildProcess, GroupSpec, HostConfig, HostHandle, HostMode,
-    TenantCredential,
-};
+use crate::runtime::{BlockingGroupClient, GroupSpec, HostMode};
 use crate::txn::{GroupExecutor as _, Txn, TxnLayout};
 
 /// Members per tenant group (the paper's replica sets of 3).
@@ -327,61 +324,6 @@ fn run_pass(
     Ok(())
 }
 
-enum Hosts {
-    /// Kept until the point ends: dropping a handle stops its host.
-    InProcess(#[allow(dead_code)] Vec<HostHandle>),
-    Processes(Vec<ChildProcess>),
-}
-
-fn start_hosts(
-    runtime: &tokio::runtime::Runtime,
-    config: &TenantsConfig,
-    flush: FlushBackend,
-    dir: &std::path::Path,
-    mode: HostMode,
-    tenants: usize,
-) -> anyhow::Result<(Hosts, Vec<SocketAddr>)> {
-    let credentials: Vec<TenantCredential> = (0..tenants)
-        .map(|t| {
-            let (id, token) = tenant(t);
-            TenantCredential::new(id, &token)
-        })
-        .collect();
-    let mut addrs = Vec::new();
-    let mut handles = Vec::new();
-    let mut children = Vec::new();
-    for i in 0..GROUP_SIZE {
-        let mut host =
-            HostConfig::new("127.0.0.1:0".parse()?, dir.join(format!("host{i}")), credentials.clone());
-        host.flush = flush;
-        host.mode = mode;
-        host.replica_command = config.child_command.clone();
-        host.worker_threads = 1; // one event loop per host, like a NIC's one engine
-        host.io_timeout_ms = 30_000; // a starved Naïve replica is slow, not dead
-        match &config.child_command {
-            Some(command) => {
-                // Naïve replicas are forked by the host: they inherit its niceness.
-                let mut spawn = Vec::new();
-                if config.replica_nice != 0 {
-                    spawn.extend(["nice".to_string(), "-n".to_string(), config.replica_nice.to_string()]);
-                }
-                spawn.extend(command.iter().cloned());
-                let (addr, child) = runtime.block_on(spawn_child(&spawn, &host, Duration::from_secs(30)))?;
-                addrs.push(addr);
-                children.push(child);
-            }
-            None => {
-                let handle = runtime.block_on(start_host(host))?;
-                addrs.push(handle.local_addr());
-                handles.push(handle);
-            }
-        }
-    }
-    let hosts =
-        if config.child_command.is_some() { Hosts::Processes(children) } else { Hosts::InProcess(handles) };
-    Ok((hosts, addrs))
-}
-
 /// One tenant's closed-loop client: what a read and an update of a record are in one mode.
 pub trait TenantClient {
     fn read(&mut self, record: u64) -> anyhow::Result<()>;
@@ -541,11 +483,23 @@ fn run_point(
     loaded: bool,
 ) -> anyhow::Result<TenantsResult> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let (hosts, addrs) = start_hosts(&runtime, config, flush, dir, mode, tenants)?;
-    let host_pids: Vec<u32> = match &hosts {
-        Hosts::Processes(children) => children.iter().filter_map(ChildProcess::id).collect(),
-        Hosts::InProcess(_) => Vec::new(),
-    };
+    // Naïve replicas are forked by their host: they inherit its niceness.
+    let command: Option<Vec<String>> = config.child_command.as_ref().map(|command| {
+        let nice = ["nice".to_string(), "-n".to_string(), config.replica_nice.to_string()];
+        let prefix: &[String] = if config.replica_nice != 0 { &nice } else { &[] };
+        prefix.iter().chain(command).cloned().collect()
+    });
+    let (hosts, addrs) = runtime.block_on(start_hosts(HostsPlan {
+        command: command.as_deref(),
+        flush,
+        dir,
+        mode,
+        hosts: GROUP_SIZE,
+        tenants,
+        io_timeout_ms: Some(30_000), // a starved Naïve replica is slow, not dead
+        start_timeout: Duration::from_secs(30),
+    }))?;
+    let host_pids = hosts.pids();
     let processes = if mode.is_naive() { GROUP_SIZE * (tenants + 1) } else { GROUP_SIZE };
     let tenants_mode = match mode {
         HostMode::Chorus => TenantsMode::Chorus,
