@@ -3,8 +3,9 @@
 //! smoke runs of `chorus bench group` and `chorus bench protocols` that check the JSON and PNG
 //! files appear. Nothing here looks at how fast anything was.
 
+mod support;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,26 +14,10 @@ use chorus_group::runtime::{BlockingGroupClient, GroupSpec};
 use chorus_group::txn::{Txn, TxnLayout};
 use chorus_group::{GroupId, Token};
 use chorus_region::TenantId;
+use support::scratch::Scratch;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const TOKEN_HEX: &str = "00112233445566778899aabbccddeeff";
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("chorus-group-cli-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 struct Hosts(Vec<Child>);
 
@@ -84,7 +69,7 @@ fn token() -> Token {
 #[test]
 fn group_hosts_serve_the_transaction_api_in_every_mode() {
     for mode in ["chorus", "naive", "naive-polling"] {
-        let scratch = Scratch::new(mode);
+        let scratch = Scratch::new(&format!("group-cli-{mode}"));
         let (hosts, addrs) = start_hosts(mode, &scratch);
         let layout = TxnLayout::new(1024, 256);
         let spec =
@@ -116,7 +101,7 @@ fn group_hosts_serve_the_transaction_api_in_every_mode() {
 
 #[test]
 fn bench_group_writes_json_and_the_paper_shaped_figures() {
-    let scratch = Scratch::new("bench-group");
+    let scratch = Scratch::new("group-cli-bench-group");
     let json = scratch.0.join("group.json");
     let status = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args(["bench", "group", "--quick", "--modes", "chorus", "--group-sizes", "3"])
@@ -142,7 +127,7 @@ fn bench_group_writes_json_and_the_paper_shaped_figures() {
 
 #[test]
 fn bench_protocols_runs_end_to_end_on_a_tiny_plan() {
-    let scratch = Scratch::new("bench-protocols");
+    let scratch = Scratch::new("group-cli-bench-protocols");
     let status = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args([
             "bench",

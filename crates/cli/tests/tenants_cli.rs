@@ -5,25 +5,10 @@
 //! two figures; `--from-json` redraws them; an unknown protocol is a clear error. Nothing here
 //! looks at how fast anything was.
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::{Command, Stdio};
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("chorus-tenants-cli-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::scratch::Scratch;
 
 fn assert_pngs(dir: &std::path::Path) {
     for figure in ["tenants-latency", "tenants-cpu"] {
@@ -34,7 +19,7 @@ fn assert_pngs(dir: &std::path::Path) {
 
 #[test]
 fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures() {
-    let scratch = Scratch::new("run");
+    let scratch = Scratch::new("tenants-cli-run");
     let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args([
             "bench",
@@ -81,7 +66,7 @@ fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures(
     assert_pngs(&scratch.0);
 
     // Redraw from the saved report into another directory.
-    let again = Scratch::new("redraw");
+    let again = Scratch::new("tenants-cli-redraw");
     std::fs::copy(scratch.0.join("tenants.json"), again.0.join("tenants.json")).unwrap();
     let status = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args(["bench", "tenants", "--from-json"])

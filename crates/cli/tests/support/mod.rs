@@ -4,4 +4,5 @@
 
 pub mod loopback;
 pub mod netns;
+pub mod scratch;
 pub mod workload;
