@@ -369,37 +369,43 @@ pub fn measure_point<C: TenantClient>(
     replicas: Replicas,
     connect: impl Fn(usize) -> anyhow::Result<C> + Sync,
 ) -> anyhow::Result<TenantsResult> {
+    // Two barriers: every tenant has warmed up, then (after the CPU counters are read, with
+    // the tenants idle) every tenant starts measuring. Reading /proc for 3T + 3 processes
+    // takes long on a loaded machine; read inside the window, it once left half of a quick
+    // point's operations out of the CPU time and halved Naïve's CPU per operation.
+    let warmed_up = Barrier::new(tenants + 1);
     let measure_start = Barrier::new(tenants + 1);
     let measure = Duration::from_secs_f64(config.measure_s.max(0.05));
     let warmup = Duration::from_secs_f64(config.warmup_s.max(0.0));
     let (runs, measured, cpu_us) = std::thread::scope(|scope| {
         let mut threads = Vec::new();
         for t in 0..tenants {
-            let (barrier, connect) = (&measure_start, &connect);
+            let (warmed_up, measure_start, connect) = (&warmed_up, &measure_start, &connect);
             let thread = std::thread::Builder::new()
                 .name(format!("tenant-{t}"))
                 .stack_size(512 * 1024)
                 .spawn_scoped(scope, move || {
                     set_thread_nice(config.client_nice);
                     let mut rng = 0x7e4a_4e75 ^ ((t as u64) << 32);
-                    // Pass the barrier whatever happens, or the other tenants wait forever.
+                    // Pass the barriers whatever happens, or the other tenants wait forever.
                     let prepared =
                         connect(t).with_context(|| format!("tenant {t}: connect")).and_then(|mut client| {
                             drive(&mut client, &mut rng, warmup, config)?;
                             anyhow::Ok(client)
                         });
-                    barrier.wait();
+                    warmed_up.wait();
+                    measure_start.wait();
                     drive(&mut prepared?, &mut rng, measure, config)
                 })
                 .context("spawning a tenant thread")?;
             threads.push(thread);
         }
-        // The CPU window opens at the barrier. Reading /proc for 3T + 3 processes can take
-        // long on a loaded machine, so it is read after the clock starts, and the clock that
-        // divides rates is each tenant's own (below), never this thread's.
+        warmed_up.wait();
+        let cpu_before = tree_cpu_us(replicas.pids);
         measure_start.wait();
         let cpu_window = Instant::now();
-        let cpu_before = tree_cpu_us(replicas.pids);
+        // Rates divide by each tenant's own measured time (below), not by this thread's
+        // clock, which also covers the joins and the last /proc read.
         let runs: Vec<_> = threads.into_iter().map(|thread| thread.join()).collect();
         let cpu_us =
             tree_cpu_us(replicas.pids).zip(cpu_before).map(|(after, before)| after.saturating_sub(before));
