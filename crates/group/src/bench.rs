@@ -248,6 +248,13 @@ pub(crate) fn tenant(t: usize) -> (TenantId, Token) {
     (TenantId(1000 + t as u32), Token([TOKEN_BASE.wrapping_add(t as u8); 16]))
 }
 
+/// Tenant `t`'s group on `addrs`: its credentials, group id `t + 1`, a region of
+/// `region_bytes` named `name`. Callers set the caller and I/O timeouts their runs need.
+pub(crate) fn tenant_spec(addrs: &[SocketAddr], t: usize, name: String, region_bytes: u64) -> GroupSpec {
+    let (id, token) = tenant(t);
+    GroupSpec::new(addrs.to_vec(), id, token, GroupId(t as u64 + 1), name, region_bytes)
+}
+
 pub(crate) enum Hosts {
     /// Kept until the run ends: dropping a handle stops its host.
     InProcess {
@@ -437,15 +444,7 @@ async fn groups(
 ) -> anyhow::Result<Vec<Arc<GroupClient>>> {
     let mut clients = Vec::new();
     for t in 0..tenants {
-        let (id, token) = tenant(t);
-        let mut spec = GroupSpec::new(
-            addrs.to_vec(),
-            id,
-            token,
-            GroupId(t as u64 + 1),
-            format!("{tag}-t{t}"),
-            REGION_BYTES,
-        );
+        let mut spec = tenant_spec(addrs, t, format!("{tag}-t{t}"), REGION_BYTES);
         spec.caller =
             CallerConfig { retransmit_after: Time::from_millis(2000), attempts_max: 5, window_max: window };
         clients.push(Arc::new(GroupClient::initialize(spec).await?));

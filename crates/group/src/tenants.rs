@@ -30,10 +30,9 @@ use chorus_region::{default_region_dir, FlushBackend};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{cpu_model, start_hosts, tenant, tree_cpu_us, BackgroundLoad, HostsPlan};
+use crate::bench::{cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostsPlan};
 use crate::caller::CallerConfig;
-use crate::op::GroupId;
-use crate::runtime::{BlockingGroupClient, GroupSpec, HostMode};
+use crate::runtime::{BlockingGroupClient, HostMode};
 use crate::txn::{GroupExecutor as _, Txn, TxnLayout};
 
 /// Members per tenant group (the paper's replica sets of 3).
@@ -548,15 +547,7 @@ impl ChainTenant {
         layout: TxnLayout,
         value_bytes: usize,
     ) -> anyhow::Result<Self> {
-        let (id, token) = tenant(t);
-        let mut spec = GroupSpec::new(
-            addrs.to_vec(),
-            id,
-            token,
-            GroupId(t as u64 + 1),
-            format!("tenant{t}"),
-            layout.region_bytes(),
-        );
+        let mut spec = tenant_spec(addrs, t, format!("tenant{t}"), layout.region_bytes());
         // A starved Naïve replica answers late; it has not lost anything (TCP).
         spec.caller =
             CallerConfig { retransmit_after: Time::from_millis(5000), attempts_max: 6, window_max: 16 };
