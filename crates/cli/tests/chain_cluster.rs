@@ -9,9 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use chorus_sim::checker::{check_history, CheckerConfig};
-use support::loopback::{
-    assert_concurrent_clients_linearizable, background_clients, Bulk, Cluster, DEADLINE,
-};
+use support::loopback::{assert_concurrent_clients_linearizable, background_clients, Bulk, Cluster};
 use support::workload::{self, Workload};
 
 mod support;
@@ -107,14 +105,6 @@ fn chain_survives_a_sigkill_of_the_head_mid_load() {
 
 const BULK: Bulk = Bulk { keys: 200 };
 
-fn wait_until(what: &str, cluster: &Cluster, node: usize, mut done: impl FnMut(&Cluster) -> bool) {
-    let started = Instant::now();
-    while !done(cluster) {
-        assert!(started.elapsed() < DEADLINE, "{what}:\n{}", cluster.log(node));
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// HyperLoop §5.1 with real processes: the head is SIGKILLed while six clients run; the
 /// survivors re-chain without it. A fresh node with the same id and an empty data directory
 /// starts with `--join`; the new head pauses writes, copies its log and database region to it
@@ -128,7 +118,7 @@ fn a_fresh_node_joins_the_chain_after_a_member_is_sigkilled_mid_load() {
     let load = background_clients(&cluster, 600, Duration::from_secs(10), Duration::from_millis(5));
     thread::sleep(Duration::from_millis(300));
     cluster.sigkill(0);
-    wait_until("survivors remove n0", &cluster, 1, |c| {
+    cluster.wait_until("survivors remove n0", 1, |c| {
         c.info_number(1, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
     });
     // Writes the joiner must get from the copy.

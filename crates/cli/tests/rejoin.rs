@@ -6,22 +6,14 @@
 //! nothing asserts a duration.
 
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chorus_sim::checker::{check_history, CheckerConfig};
-use support::loopback::{background_clients, Bulk, Cluster, DEADLINE};
+use support::loopback::{background_clients, Bulk, Cluster};
 
 mod support;
 
 const BULK: Bulk = Bulk { keys: 300 };
-
-fn wait_until(what: &str, cluster: &Cluster, node: usize, mut done: impl FnMut(&Cluster) -> bool) {
-    let started = Instant::now();
-    while !done(cluster) {
-        assert!(started.elapsed() < DEADLINE, "{what}:\n{}", cluster.log(node));
-        thread::sleep(Duration::from_millis(20));
-    }
-}
 
 #[test]
 fn a_killed_node_rejoins_with_join_catches_up_serves_and_the_cluster_survives_another_failure() {
@@ -43,7 +35,7 @@ fn kill_rejoin_and_survive(protocol: &str, victim: usize) {
 
     thread::sleep(Duration::from_millis(500));
     cluster.sigkill(victim);
-    wait_until("survivors remove the victim", &cluster, 0, |c| {
+    cluster.wait_until("survivors remove the victim", 0, |c| {
         c.info_number(0, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
     });
     // Writes made while the victim is down, which it must copy.
@@ -92,7 +84,7 @@ fn a_killed_zab_leader_rejoins_through_a_snapshot_serves_and_the_cluster_survive
 
     thread::sleep(Duration::from_millis(500));
     cluster.sigkill(0);
-    wait_until("survivors remove n0", &cluster, 1, |c| {
+    cluster.wait_until("survivors remove n0", 1, |c| {
         c.info_number(1, "chorus_view_epoch").is_some_and(|epoch| epoch >= 2)
     });
     BULK.overwrite_while_down(&cluster, 1);

@@ -126,6 +126,16 @@ impl Cluster {
         info.lines().find_map(|line| line.strip_prefix(&prefix)).and_then(|value| value.trim().parse().ok())
     }
 
+    /// Poll `done` every 20 ms until it holds; past [`DEADLINE`], fail with `what` and node
+    /// `node`'s log.
+    pub fn wait_until(&self, what: &str, node: usize, mut done: impl FnMut(&Cluster) -> bool) {
+        let started = Instant::now();
+        while !done(self) {
+            assert!(started.elapsed() < DEADLINE, "{what}:\n{}", self.log(node));
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn sigkill(&mut self, i: usize) {
         let mut child = self.nodes[i].child.take().unwrap();
         child.kill().unwrap(); // SIGKILL on Unix
