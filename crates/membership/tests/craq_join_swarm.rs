@@ -156,12 +156,9 @@ fn craq_replicas_removed_by_partitions_rejoin_and_histories_stay_linearizable() 
 fn seeds_caught(bug: Bug, replicas: usize, seeds: u64, fast: bool) -> usize {
     BUG.with(|cell| cell.set(Some(bug)));
     FAST.with(|cell| cell.set(fast));
-    let caught = (0..seeds)
-        .filter(|seed| {
-            let run = simulate_with_restarts(&sim_config(*seed, replicas), &mut build, &mut restart);
-            !check_history(&run.history, &CheckerConfig::default()).violations.is_empty()
-        })
-        .count();
+    let caught = support::seeds_with_violations(seeds, |seed| {
+        simulate_with_restarts(&sim_config(seed, replicas), &mut build, &mut restart)
+    });
     BUG.with(|cell| cell.set(None));
     caught
 }
@@ -191,16 +188,7 @@ fn debug_seed() {
     let mut config = sim_config(seed, replicas);
     config.trace = true;
     let run = simulate_with_restarts(&config, &mut build, &mut restart);
-    let grep = std::env::var("GREP").unwrap_or_default();
-    for line in &run.trace {
-        if line.contains(&grep) {
-            println!("{line}");
-        }
-    }
-    println!("{:?}", run.fault_plan);
-    println!("{:?}", run.liveness_failures.first());
-    let report = check_history(&run.history, &CheckerConfig::default());
-    println!("{:?}", report.violations.first().map(ToString::to_string));
+    support::print_seed_run(&run, &std::env::var("GREP").unwrap_or_default());
 }
 
 /// How often a broken variant is caught: `BUG=.. SEEDS=.. cargo test --test craq_join_swarm bug_rate -- --ignored --nocapture`.

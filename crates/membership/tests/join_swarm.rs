@@ -106,12 +106,9 @@ fn replicas_removed_by_partitions_rejoin_as_shadows_and_histories_stay_lineariza
 /// How many seeds of `seeds` show a linearizability violation with `bug` on.
 fn seeds_caught(bug: Bug, replicas: usize, seeds: u64) -> usize {
     BUG.with(|cell| cell.set(Some(bug)));
-    let caught = (0..seeds)
-        .filter(|seed| {
-            let run = simulate_with_restarts(&sim_config(*seed, replicas), &mut build, &mut restart);
-            !check_history(&run.history, &CheckerConfig::default()).violations.is_empty()
-        })
-        .count();
+    let caught = support::seeds_with_violations(seeds, |seed| {
+        simulate_with_restarts(&sim_config(seed, replicas), &mut build, &mut restart)
+    });
     BUG.with(|cell| cell.set(None));
     caught
 }
@@ -132,13 +129,7 @@ fn debug_seed() {
     let mut config = sim_config(seed, replicas);
     config.trace = true;
     let run = simulate_with_restarts(&config, &mut build, &mut restart);
-    for line in &run.trace {
-        if line.contains(&std::env::var("GREP").unwrap()) {
-            println!("{line}");
-        }
-    }
-    println!("{:?}", run.fault_plan);
-    println!("{:?}", run.liveness_failures.first());
+    support::print_seed_run(&run, &std::env::var("GREP").unwrap_or_default());
 }
 
 /// A wider sweep than CI runs: `SEEDS=2000 cargo test --release --test join_swarm wide -- --ignored`.

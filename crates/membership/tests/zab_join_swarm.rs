@@ -150,12 +150,7 @@ fn debug_seed() {
     let mut config = sim_config(seed, replicas);
     config.trace = true;
     let run = simulate_with_restarts(&config, &mut build, &mut restart);
-    for line in run.trace.iter().filter(|line| line.contains(&grep)) {
-        println!("{line}");
-    }
-    println!("{:?}", run.fault_plan);
-    println!("{:?}", run.liveness_failures);
-    println!("{:?}", check_history(&run.history, &CheckerConfig::default()).violations.first());
+    support::print_seed_run(&run, &grep);
 }
 
 /// A wider sweep than CI runs: `SEEDS=1000 cargo test --test zab_join_swarm wide -- --ignored`.
