@@ -47,6 +47,17 @@ struct Shadow {
     donor_turn: usize,
 }
 
+/// Whether `command`, first in its key's queue, may be served now: a read needs a Valid key
+/// (§3.1) and the lease; a write or an RMW also needs no update in flight (§3.2). An RMW reads
+/// locally too, so it needs the lease as much as a read does.
+fn servable_now(entry: &KeyEntry, command: &Command, leased: bool, read_in_any_state: bool) -> bool {
+    let valid = entry.state == KeyState::Valid;
+    match command {
+        Command::Read { .. } => (valid || read_in_any_state) && leased,
+        Command::Write { .. } | Command::Rmw { .. } => valid && entry.update.is_none() && leased,
+    }
+}
+
 /// Where a key's chunk lives: FNV-1a, so every replica splits keys alike.
 fn key_bucket(key: &[u8], buckets_total: u32) -> u32 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -210,16 +221,16 @@ impl Hermes {
         loop {
             let entry = self.keys.get_mut(key).expect("drained key exists");
             let Some(front) = entry.waiting.front() else { break };
-            let servable_read = (entry.state == KeyState::Valid || read_in_any_state) && leased;
-            // An RMW reads locally too, so it needs the lease as much as a read does.
-            let can_update = entry.state == KeyState::Valid && entry.update.is_none() && leased;
+            if !servable_now(entry, &front.command, leased, read_in_any_state) {
+                break;
+            }
             match &front.command {
-                Command::Read { .. } if servable_read => {
+                Command::Read { .. } => {
                     let waiter = entry.waiting.pop_front().expect("front exists");
                     out.reply(waiter.request, Outcome::Value(entry.value.clone()));
                     self.stats.reads_local += 1;
                 }
-                Command::Write { value, .. } if can_update => {
+                Command::Write { value, .. } => {
                     let value = value.clone();
                     let waiter = entry.waiting.pop_front().expect("front exists");
                     let client = UpdateClient {
@@ -229,7 +240,7 @@ impl Hermes {
                     };
                     self.start_client_update(now, key, value, false, client, out);
                 }
-                Command::Rmw { op, .. } if can_update => {
+                Command::Rmw { op, .. } => {
                     let effect = op.apply(entry.value.as_ref());
                     let waiter = entry.waiting.pop_front().expect("front exists");
                     match effect.write {
@@ -246,7 +257,6 @@ impl Hermes {
                         }
                     }
                 }
-                _ => break,
             }
         }
         let entry = self.keys.get_mut(key).expect("drained key exists");
@@ -281,23 +291,28 @@ impl Hermes {
             }
             return Some(command);
         };
-        if !entry.waiting.is_empty() || entry.replay_at.is_some() {
+        let leased = true; // The caller checked.
+        if !entry.waiting.is_empty()
+            || entry.replay_at.is_some()
+            || !servable_now(entry, &command, leased, read_in_any_state)
+        {
             return Some(command);
         }
         match &command {
-            Command::Read { .. } if entry.state == KeyState::Valid || read_in_any_state => {
+            Command::Read { .. } => {
                 out.reply(request, Outcome::Value(entry.value.clone()));
                 self.stats.reads_local += 1;
                 None
             }
-            Command::Write { value, .. } if entry.state == KeyState::Valid && entry.update.is_none() => {
+            Command::Write { value, .. } => {
                 let value = value.clone();
                 let client = UpdateClient { request, reply: Outcome::Written, command };
                 self.start_client_update(now, key, value, false, client, out);
                 self.watch(key);
                 None
             }
-            _ => Some(command),
+            // An RMW's effect is computed in one place, `drain`.
+            Command::Rmw { .. } => Some(command),
         }
     }
 
