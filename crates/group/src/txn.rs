@@ -17,6 +17,10 @@
 //!   (read locks are not group-wide), incompatible with the write lock;
 //! * [`Txn::read`]: a lock-free read of the database at one member (the head or the tail).
 //!
+//! [`TxnCore`] is the coordinator without I/O (the operations of each call and what their
+//! results mean); [`Txn`] runs it on a synchronous [`GroupExecutor`], and the multi-tenant
+//! benchmark's event loop runs it on the async [`crate::runtime::GroupClient`].
+//!
 //! Record format in the log: `lsn u64 | entries u32 | body_bytes u32`, then per entry
 //! `db_offset u64 | len u32 | 0 u32 | data`. All integers little-endian. A record never
 //! straddles the end of the log: it starts at the log's beginning instead.
@@ -86,7 +90,7 @@ pub enum TxnError {
 /// member's region (the tenant maps its region; HyperLoop's one-sided read).
 pub trait GroupExecutor {
     /// Submit `operations` in order, pipelined, and wait for every one.
-    fn execute(&mut self, operations: Vec<Operation>) -> Vec<Result<OpOutcome, GroupError>>;
+    fn execute(&mut self, operations: Vec<Operation>) -> Results;
     fn read(&mut self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError>;
     fn chain_len(&self) -> usize;
 }
@@ -117,16 +121,35 @@ impl GroupExecutor for crate::sim::SimCluster {
     }
 }
 
-struct Appended {
+/// A record appended to every member's log and not yet executed.
+#[derive(Debug)]
+pub struct Appended {
     lsn: u64,
     end: u64,
     /// (source in the region, destination in the region, length)
     copies: Vec<(u64, u64, u64)>,
 }
 
-/// A transaction coordinator on one group.
-pub struct Txn<E: GroupExecutor> {
-    executor: E,
+/// Results of one batch of group operations, in submission order.
+pub type Results = Vec<Result<OpOutcome, GroupError>>;
+
+/// What a write-lock gCAS found.
+#[derive(Debug)]
+pub enum WriteLockAttempt {
+    /// Every member's lock word now holds this coordinator's writer word.
+    Held,
+    /// Some member's word was taken and no member swapped: nothing to undo.
+    Taken,
+    /// Some members swapped and some did not: run `undo` (a gCAS back on exactly the members
+    /// in `swapped`), then check it with [`TxnCore::undone`].
+    Undo { undo: Operation, swapped: u64 },
+}
+
+/// The transaction coordinator without I/O: the operations each call needs and what their
+/// results mean. [`Txn`] runs it on a synchronous [`GroupExecutor`]; an event loop can run it
+/// on an async group client with the same state transitions.
+#[derive(Debug)]
+pub struct TxnCore {
     layout: TxnLayout,
     owner: u32,
     head: u64,
@@ -134,35 +157,32 @@ pub struct Txn<E: GroupExecutor> {
     records: VecDeque<Appended>,
 }
 
-fn one(mut results: Vec<Result<OpOutcome, GroupError>>) -> Result<OpOutcome, TxnError> {
+fn one(mut results: Results) -> Result<OpOutcome, TxnError> {
     results.pop().ok_or_else(|| TxnError::Protocol("no result".to_string()))?.map_err(TxnError::from)
 }
 
-impl<E: GroupExecutor> Txn<E> {
+/// The member bitmap of a chain of `chain_len`.
+fn all_members(chain_len: usize) -> u64 {
+    if chain_len >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << chain_len) - 1
+    }
+}
+
+impl TxnCore {
     /// `owner` identifies this coordinator in the write-lock word (non-zero).
-    pub fn new(executor: E, layout: TxnLayout, owner: u32) -> Txn<E> {
-        Txn { executor, layout, owner, head: 0, tail: 0, records: VecDeque::new() }
+    pub fn new(layout: TxnLayout, owner: u32) -> TxnCore {
+        TxnCore { layout, owner, head: 0, tail: 0, records: VecDeque::new() }
     }
 
-    pub fn executor(&self) -> &E {
-        &self.executor
-    }
-    pub fn executor_mut(&mut self) -> &mut E {
-        &mut self.executor
-    }
     pub fn layout(&self) -> TxnLayout {
         self.layout
     }
-    /// Log sequence numbers: the head (oldest unexecuted byte) and the tail.
-    pub fn log_bounds(&self) -> (u64, u64) {
-        (self.head, self.tail)
-    }
-    pub fn unexecuted_records(&self) -> usize {
-        self.records.len()
-    }
 
-    /// Append a redo record to every member's log, durably. Returns its log sequence number.
-    pub fn append(&mut self, entries: &[(u64, Bytes)]) -> Result<u64, TxnError> {
+    /// The durable gWRITE that appends a redo record of `entries` to every member's log; pass
+    /// its results and the [`Appended`] to [`TxnCore::appended`].
+    pub fn append_operation(&self, entries: &[(u64, Bytes)]) -> Result<(Operation, Appended), TxnError> {
         let log_bytes = self.layout.log_bytes;
         let mut len = RECORD_HEADER_BYTES;
         for (offset, data) in entries {
@@ -198,64 +218,160 @@ impl<E: GroupExecutor> Txn<E> {
             copies.push((base + record.len() as u64, self.layout.db_offset + offset, data.len() as u64));
             record.put_slice(data);
         }
-        one(self.executor.execute(vec![Operation::write(base, record.freeze()).durable()]))?;
-        self.tail = end;
-        self.records.push_back(Appended { lsn: start, end, copies });
-        Ok(start)
+        let operation = Operation::write(base, record.freeze()).durable();
+        Ok((operation, Appended { lsn: start, end, copies }))
     }
 
-    /// Execute the oldest unexecuted record on every member and advance the log head.
-    /// Returns the record's log sequence number, or `None` when the log is empty.
-    pub fn execute_and_advance(&mut self) -> Result<Option<u64>, TxnError> {
-        let Some(record) = self.records.front() else { return Ok(None) };
+    /// The append's gWRITE completed: the record is in the log. Returns its sequence number.
+    pub fn appended(&mut self, appended: Appended, results: Results) -> Result<u64, TxnError> {
+        one(results)?;
+        self.tail = appended.end;
+        let lsn = appended.lsn;
+        self.records.push_back(appended);
+        Ok(lsn)
+    }
+
+    /// ExecuteAndAdvance of the oldest unexecuted record: a durable gMEMCPY per entry, then the
+    /// log head's durable gWRITE. `None`: nothing to execute.
+    pub fn execute_operations(&self) -> Option<Vec<Operation>> {
+        let record = self.records.front()?;
         let mut operations: Vec<Operation> =
             record.copies.iter().map(|&(src, dst, len)| Operation::memcpy(src, dst, len).durable()).collect();
-        let new_head = record.end;
-        operations.push(Operation::write(self.layout.head_offset, new_head.to_le_bytes().to_vec()).durable());
-        for result in self.executor.execute(operations) {
+        operations
+            .push(Operation::write(self.layout.head_offset, record.end.to_le_bytes().to_vec()).durable());
+        Some(operations)
+    }
+
+    /// The oldest record's execution completed: advance the head. Returns its sequence number.
+    pub fn executed(&mut self, results: Results) -> Result<Option<u64>, TxnError> {
+        for result in results {
             result?;
         }
-        let lsn = record.lsn;
-        self.records.pop_front();
-        self.head = if self.records.is_empty() { self.tail } else { new_head };
-        Ok(Some(lsn))
+        let Some(record) = self.records.pop_front() else { return Ok(None) };
+        self.head = if self.records.is_empty() { self.tail } else { record.end };
+        Ok(Some(record.lsn))
     }
 
     fn writer_word(&self) -> u64 {
         WRITER_BIT | self.owner as u64
     }
 
-    /// Try to take the group write lock. `Ok(false)`: some member's lock word was taken (by a
-    /// writer or readers); the members that did swap were rolled back.
-    pub fn wr_lock(&mut self) -> Result<bool, TxnError> {
-        let all = self.all_members();
-        let word = self.writer_word();
-        let outcome =
-            one(self.executor.execute(vec![Operation::cas(self.layout.lock_offset, 0, word, all)]))?;
-        let swapped = outcome.swapped_map(0);
-        if swapped == all {
-            return Ok(true);
-        }
-        if swapped != 0 {
-            // Undo the partial success (HyperLoop §4.2): swap back exactly where it swapped.
-            let undo =
-                one(self.executor.execute(vec![Operation::cas(self.layout.lock_offset, word, 0, swapped)]))?;
-            if undo.swapped_map(word) != swapped {
-                return Err(TxnError::Protocol(format!("undo of a partial write lock touched {undo:?}")));
-            }
-        }
-        Ok(false)
+    /// The gCAS that takes the group write lock on a chain of `chain_len`.
+    pub fn wr_lock_operation(&self, chain_len: usize) -> Operation {
+        Operation::cas(self.layout.lock_offset, 0, self.writer_word(), all_members(chain_len))
     }
 
-    pub fn wr_unlock(&mut self) -> Result<(), TxnError> {
-        let all = self.all_members();
+    pub fn wr_lock_attempt(&self, chain_len: usize, results: Results) -> Result<WriteLockAttempt, TxnError> {
+        let all = all_members(chain_len);
         let word = self.writer_word();
-        let outcome =
-            one(self.executor.execute(vec![Operation::cas(self.layout.lock_offset, word, 0, all)]))?;
-        if outcome.swapped_map(word) != all {
+        let swapped = one(results)?.swapped_map(0);
+        Ok(if swapped == all {
+            WriteLockAttempt::Held
+        } else if swapped == 0 {
+            WriteLockAttempt::Taken
+        } else {
+            // Undo the partial success (HyperLoop §4.2): swap back exactly where it swapped.
+            WriteLockAttempt::Undo {
+                undo: Operation::cas(self.layout.lock_offset, word, 0, swapped),
+                swapped,
+            }
+        })
+    }
+
+    /// The undo of a partial write lock completed: it must have swapped back everywhere it did.
+    pub fn undone(&self, swapped: u64, results: Results) -> Result<(), TxnError> {
+        let undo = one(results)?;
+        if undo.swapped_map(self.writer_word()) != swapped {
+            return Err(TxnError::Protocol(format!("undo of a partial write lock touched {undo:?}")));
+        }
+        Ok(())
+    }
+
+    pub fn wr_unlock_operation(&self, chain_len: usize) -> Operation {
+        Operation::cas(self.layout.lock_offset, self.writer_word(), 0, all_members(chain_len))
+    }
+
+    pub fn wr_unlocked(&self, chain_len: usize, results: Results) -> Result<(), TxnError> {
+        let outcome = one(results)?;
+        if outcome.swapped_map(self.writer_word()) != all_members(chain_len) {
             return Err(TxnError::LockNotHeld(format!("write lock words were {:?}", outcome.result_map)));
         }
         Ok(())
+    }
+
+    /// Where `len` database bytes at `offset` are in a member's region.
+    pub fn db_range(&self, offset: u64, len: u64) -> Result<u64, TxnError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.layout.db_bytes) {
+            return Err(TxnError::EntryOutOfBounds { offset, len, db_bytes: self.layout.db_bytes });
+        }
+        Ok(self.layout.db_offset + offset)
+    }
+}
+
+/// A transaction coordinator on one group: [`TxnCore`] on a synchronous executor.
+pub struct Txn<E: GroupExecutor> {
+    executor: E,
+    core: TxnCore,
+}
+
+impl<E: GroupExecutor> Txn<E> {
+    /// `owner` identifies this coordinator in the write-lock word (non-zero).
+    pub fn new(executor: E, layout: TxnLayout, owner: u32) -> Txn<E> {
+        Txn { executor, core: TxnCore::new(layout, owner) }
+    }
+
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+    pub fn executor_mut(&mut self) -> &mut E {
+        &mut self.executor
+    }
+    pub fn layout(&self) -> TxnLayout {
+        self.core.layout
+    }
+    /// Log sequence numbers: the head (oldest unexecuted byte) and the tail.
+    pub fn log_bounds(&self) -> (u64, u64) {
+        (self.core.head, self.core.tail)
+    }
+    pub fn unexecuted_records(&self) -> usize {
+        self.core.records.len()
+    }
+
+    /// Append a redo record to every member's log, durably. Returns its log sequence number.
+    pub fn append(&mut self, entries: &[(u64, Bytes)]) -> Result<u64, TxnError> {
+        let (operation, appended) = self.core.append_operation(entries)?;
+        let results = self.executor.execute(vec![operation]);
+        self.core.appended(appended, results)
+    }
+
+    /// Execute the oldest unexecuted record on every member and advance the log head.
+    /// Returns the record's log sequence number, or `None` when the log is empty.
+    pub fn execute_and_advance(&mut self) -> Result<Option<u64>, TxnError> {
+        let Some(operations) = self.core.execute_operations() else { return Ok(None) };
+        let results = self.executor.execute(operations);
+        self.core.executed(results)
+    }
+
+    /// Try to take the group write lock. `Ok(false)`: some member's lock word was taken (by a
+    /// writer or readers); the members that did swap were rolled back.
+    pub fn wr_lock(&mut self) -> Result<bool, TxnError> {
+        let chain_len = self.executor.chain_len();
+        let results = self.executor.execute(vec![self.core.wr_lock_operation(chain_len)]);
+        match self.core.wr_lock_attempt(chain_len, results)? {
+            WriteLockAttempt::Held => Ok(true),
+            WriteLockAttempt::Taken => Ok(false),
+            WriteLockAttempt::Undo { undo, swapped } => {
+                let results = self.executor.execute(vec![undo]);
+                self.core.undone(swapped, results)?;
+                Ok(false)
+            }
+        }
+    }
+
+    pub fn wr_unlock(&mut self) -> Result<(), TxnError> {
+        let chain_len = self.executor.chain_len();
+        let results = self.executor.execute(vec![self.core.wr_unlock_operation(chain_len)]);
+        self.core.wr_unlocked(chain_len, results)
     }
 
     /// Take a read lock at the member at `position` only. `Ok(false)`: it is write-locked.
@@ -265,8 +381,8 @@ impl<E: GroupExecutor> Txn<E> {
         for _ in 0..READ_LOCK_ATTEMPTS_MAX {
             let next =
                 guess.checked_add(1).ok_or_else(|| TxnError::Protocol("reader count overflow".into()))?;
-            let outcome =
-                one(self.executor.execute(vec![Operation::cas(self.layout.lock_offset, guess, next, bit)]))?;
+            let lock_offset = self.core.layout.lock_offset;
+            let outcome = one(self.executor.execute(vec![Operation::cas(lock_offset, guess, next, bit)]))?;
             let original = outcome.result_map.get(position).copied().flatten().unwrap_or(guess);
             if original == guess {
                 return Ok(true);
@@ -283,12 +399,9 @@ impl<E: GroupExecutor> Txn<E> {
         let bit = self.member_bit(position)?;
         let mut guess = 1u64;
         for _ in 0..READ_LOCK_ATTEMPTS_MAX {
-            let outcome = one(self.executor.execute(vec![Operation::cas(
-                self.layout.lock_offset,
-                guess,
-                guess - 1,
-                bit,
-            )]))?;
+            let lock_offset = self.core.layout.lock_offset;
+            let outcome =
+                one(self.executor.execute(vec![Operation::cas(lock_offset, guess, guess - 1, bit)]))?;
             let original = outcome.result_map.get(position).copied().flatten().unwrap_or(guess);
             if original == guess {
                 return Ok(());
@@ -303,19 +416,8 @@ impl<E: GroupExecutor> Txn<E> {
 
     /// Lock-free read of `len` database bytes at `offset`, at the member at `position`.
     pub fn read(&mut self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError> {
-        if offset.checked_add(len).is_none_or(|end| end > self.layout.db_bytes) {
-            return Err(TxnError::EntryOutOfBounds { offset, len, db_bytes: self.layout.db_bytes });
-        }
-        self.executor.read(position, self.layout.db_offset + offset, len)
-    }
-
-    fn all_members(&self) -> u64 {
-        let n = self.executor.chain_len();
-        if n >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << n) - 1
-        }
+        let at = self.core.db_range(offset, len)?;
+        self.executor.read(position, at, len)
     }
 
     fn member_bit(&self, position: usize) -> Result<u64, TxnError> {
