@@ -441,7 +441,7 @@ fn start(
 
 fn start_chorus(exe: &Path, dir: PathBuf, stop: &AtomicBool) -> anyhow::Result<System> {
     let mut procs = Procs::new("chorus", dir)?;
-    let targets = procs::start_chorus_cluster(&mut procs, exe, "hermes", 3, 0, stop)?;
+    let targets = procs::start_chorus_cluster(&mut procs, exe, "hermes", 3, &[], stop)?;
     Ok(System { kind: SystemKind::Chorus, procs, targets, api: Api::Resp, wait: None })
 }
 

@@ -84,14 +84,14 @@ impl Procs {
 }
 
 /// Start `replicas` `chorus node --protocol <protocol>` processes on 127.0.0.1 (free ports,
-/// data under `procs`' directory, niceness `nice` when not 0) and wait until every one has its
-/// peers connected and serves. Returns their client addresses.
+/// data under `procs`' directory, each command line after `prefix`, e.g. `nice -n -10`) and
+/// wait until every one has its peers connected and serves. Returns their client addresses.
 pub fn start_chorus_cluster(
     procs: &mut Procs,
     exe: &Path,
     protocol: &str,
     replicas: usize,
-    nice: i32,
+    prefix: &[String],
     stop: &AtomicBool,
 ) -> anyhow::Result<Vec<SocketAddr>> {
     let ports = free_ports(2 * replicas)?;
@@ -99,12 +99,13 @@ pub fn start_chorus_cluster(
     let cluster_id = format!("chorus-bench-{}-{}", std::process::id(), procs.name);
     let mut targets = Vec::new();
     for i in 0..replicas {
-        let mut command = if nice == 0 {
-            Command::new(exe)
-        } else {
-            let mut nice_command = Command::new("nice");
-            nice_command.args(["-n", &nice.to_string()]).arg(exe);
-            nice_command
+        let mut command = match prefix.split_first() {
+            None => Command::new(exe),
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(exe);
+                command
+            }
         };
         command
             .arg("node")

@@ -382,7 +382,7 @@ fn start_cluster(
     stop: &AtomicBool,
 ) -> anyhow::Result<Cluster> {
     let mut procs = Procs::new(&format!("{protocol}-{n}"), root.join(format!("{protocol}-{n}")))?;
-    let targets = procs::start_chorus_cluster(&mut procs, exe, protocol, n, 0, stop)?;
+    let targets = procs::start_chorus_cluster(&mut procs, exe, protocol, n, &[], stop)?;
     Ok(Cluster { protocol: protocol.to_string(), procs, targets })
 }
 

@@ -11,11 +11,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::Context as _;
 use chorus_group::tenants::{
     measure_point, target_ratios, PointSpec, Replicas, TenantClient, TenantsConfig, TenantsMode,
     TenantsReport, TenantsResult,
@@ -65,6 +63,12 @@ pub struct TenantsArgs {
     /// other machines, away from the background load (negative needs root).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub client_nice: i32,
+    /// Run the replicas (hosts, Naïve replicas, Hermes nodes) and the tenants' client event
+    /// loop under SCHED_FIFO priority 1, the background load under the default class: the
+    /// paper's NIC data path and remote clients are never descheduled by the tenants' load
+    /// (needs root; the niceness options do not apply).
+    #[arg(long)]
+    pub fifo: bool,
     /// Where tenants.json and the PNG figures go.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
@@ -105,6 +109,7 @@ pub fn config_of(
     config.replica_nice = args.replica_nice;
     anyhow::ensure!((-20..=19).contains(&args.client_nice), "--client-nice is -20 to 19");
     config.client_nice = args.client_nice;
+    config.fifo = args.fifo;
     config.child_command = Some(child_command);
     config.background_load_command = background_load_command;
     Ok(config)
@@ -168,66 +173,45 @@ fn label(mode: TenantsMode, loaded: bool) -> String {
     }
 }
 
-/// Records per Hermes tenant are keys `tenant<t>:<record>`.
+/// A Hermes tenant: its records are the keys `tenant<t>:<record>`, on one RESP connection.
 struct HermesTenant {
-    stream: TcpStream,
+    conn: resp::RespConn,
     tenant: usize,
-    request: Vec<u8>,
-    reply: Vec<u8>,
 }
 
 impl HermesTenant {
     /// Tenant `t` talks to node `t mod 3`: every node coordinates a third of the tenants' writes
     /// (Hermes writes from any replica) and serves their reads locally.
-    fn connect(targets: &[SocketAddr], t: usize) -> anyhow::Result<HermesTenant> {
-        let target = targets[t % targets.len()];
-        let stream = TcpStream::connect(target).with_context(|| format!("connecting to {target}"))?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
-        Ok(HermesTenant { stream, tenant: t, request: Vec::new(), reply: Vec::with_capacity(4096) })
+    async fn connect(targets: &[SocketAddr], t: usize) -> anyhow::Result<HermesTenant> {
+        let conn = resp::RespConn::connect(targets[t % targets.len()]).await?;
+        Ok(HermesTenant { conn, tenant: t })
     }
 
-    fn call(&mut self, args: &[&[u8]]) -> anyhow::Result<Reply> {
-        self.request.clear();
-        resp::encode(&mut self.request, args);
-        self.stream.write_all(&self.request)?;
-        self.reply.clear();
-        let mut chunk = [0u8; 4096];
-        loop {
-            if let Some((reply, _)) = resp::parse(&self.reply)? {
-                return match reply {
-                    Reply::Error(error) => Err(anyhow::anyhow!("tenant {}: {error}", self.tenant)),
-                    reply => Ok(reply),
-                };
-            }
-            let read = self.stream.read(&mut chunk)?;
-            anyhow::ensure!(read > 0, "tenant {}: the node closed the connection", self.tenant);
-            self.reply.extend_from_slice(&chunk[..read]);
+    async fn call(&mut self, args: &[&[u8]]) -> anyhow::Result<()> {
+        match self.conn.call(args).await? {
+            Reply::Error(error) => Err(anyhow::anyhow!("tenant {}: {error}", self.tenant)),
+            _ => Ok(()),
         }
-    }
-
-    fn key(&self, record: u64) -> Vec<u8> {
-        format!("tenant{}:{record}", self.tenant).into_bytes()
     }
 }
 
 impl TenantClient for HermesTenant {
     /// A local read at the tenant's node (Hermes: any replica, linearizable).
-    fn read(&mut self, record: u64) -> anyhow::Result<()> {
-        let key = self.key(record);
-        self.call(&[b"GET", &key]).map(drop)
+    async fn read(&mut self, record: u64) -> anyhow::Result<()> {
+        let key = format!("tenant{}:{record}", self.tenant);
+        self.call(&[b"GET", key.as_bytes()]).await
     }
 
     /// A replicated write coordinated by the tenant's node: INV to the others, VAL after
     /// their ACKs (Hermes §3.2).
-    fn update(&mut self, record: u64, value: &[u8]) -> anyhow::Result<()> {
-        let key = self.key(record);
-        self.call(&[b"SET", &key, value]).map(drop)
+    async fn update(&mut self, record: u64, value: &[u8]) -> anyhow::Result<()> {
+        let key = format!("tenant{}:{record}", self.tenant);
+        self.call(&[b"SET", key.as_bytes(), value]).await
     }
 }
 
 /// One Hermes point: a fresh 3-node cluster (one `chorus node` per host, at the hosts'
-/// niceness) serving every tenant.
+/// niceness or class) serving every tenant.
 fn hermes_point(chorus: &Path, point: &PointSpec, stop: &AtomicBool) -> anyhow::Result<TenantsResult> {
     let tag = format!("tenants-hermes-t{}{}", point.tenants, if point.loaded { "-load" } else { "" });
     let mut procs = Procs::new(&tag, procs::scratch_root().join(&tag))?;
@@ -236,13 +220,14 @@ fn hermes_point(chorus: &Path, point: &PointSpec, stop: &AtomicBool) -> anyhow::
         chorus,
         "hermes",
         chorus_group::tenants::GROUP_SIZE,
-        point.config.replica_nice,
+        &point.config.replica_command_prefix(),
         stop,
     )?;
     let pids = procs.pids();
     let replicas = Replicas { pids: &pids, processes: pids.len() };
+    let targets = &targets;
     measure_point(point.config, point.mode, point.tenants, point.loaded, replicas, |t| {
-        HermesTenant::connect(&targets, t)
+        HermesTenant::connect(targets, t)
     })
 }
 

@@ -20,7 +20,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -32,8 +31,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::bench::{cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostsPlan};
 use crate::caller::CallerConfig;
-use crate::runtime::{BlockingGroupClient, HostMode};
-use crate::txn::{GroupExecutor as _, Txn, TxnLayout};
+use crate::runtime::{GroupClient, HostMode};
+use crate::txn::{TxnCore, TxnLayout, WriteLockAttempt};
 
 /// Members per tenant group (the paper's replica sets of 3).
 pub const GROUP_SIZE: usize = 3;
@@ -126,6 +125,13 @@ pub struct TenantsConfig {
     /// priority as the background load.
     #[serde(default)]
     pub client_nice: i32,
+    /// Run the replicas (host processes, the Naïve replicas they fork, Hermes nodes) and the
+    /// tenants' client event loop under SCHED_FIFO priority 1 (needs root); the background
+    /// load stays SCHED_OTHER. HyperLoop's data path runs in the NICs and its clients on other
+    /// machines, so the tenants' CPU load never deschedules either; on one machine, a
+    /// real-time class is how they keep out of its way. Niceness does not apply then.
+    #[serde(default)]
+    pub fifo: bool,
 }
 
 impl Default for TenantsConfig {
@@ -146,6 +152,7 @@ impl Default for TenantsConfig {
             background_load_command: None,
             replica_nice: 0,
             client_nice: 0,
+            fifo: false,
         }
     }
 }
@@ -154,6 +161,24 @@ impl TenantsConfig {
     /// `--quick`: T = 1, 8, 32 and 2 s per point (about two minutes with the background load).
     pub fn quick() -> TenantsConfig {
         TenantsConfig { tenants: vec![1, 8, 32], measure_s: 2.0, warmup_s: 0.5, ..TenantsConfig::default() }
+    }
+
+    /// What the replica processes' command lines start with: `chrt -f 1` under
+    /// [`TenantsConfig::fifo`], else `nice -n N` for a non-zero [`TenantsConfig::replica_nice`].
+    /// Processes they fork (Naïve replicas) inherit either.
+    pub fn replica_command_prefix(&self) -> Vec<String> {
+        let words: &[&str] = if self.fifo {
+            &["chrt", "-f", "1"]
+        } else if self.replica_nice != 0 {
+            &["nice", "-n"]
+        } else {
+            &[]
+        };
+        let mut prefix: Vec<String> = words.iter().map(|word| word.to_string()).collect();
+        if !self.fifo && self.replica_nice != 0 {
+            prefix.push(self.replica_nice.to_string());
+        }
+        prefix
     }
 
     fn layout(&self) -> TxnLayout {
@@ -323,12 +348,6 @@ fn run_pass(
     Ok(())
 }
 
-/// One tenant's closed-loop client: what a read and an update of a record are in one mode.
-pub trait TenantClient {
-    fn read(&mut self, record: u64) -> anyhow::Result<()>;
-    fn update(&mut self, record: u64, value: &[u8]) -> anyhow::Result<()>;
-}
-
 /// One tenant's measured run.
 struct TenantRun {
     updates: Histogram<u64>,
@@ -358,62 +377,21 @@ pub struct Replicas<'a> {
     pub processes: usize,
 }
 
-/// Measure one point: `tenants` closed-loop YCSB-A clients, each made by `connect(t)` on its
-/// own thread, warm up, then all measure from the same instant for `config.measure_s`.
-pub fn measure_point<C: TenantClient>(
-    config: &TenantsConfig,
+/// One point's result from its tenants' runs, the window the CPU counters covered and the
+/// replicas' CPU time in it.
+fn summarize(
     mode: TenantsMode,
     tenants: usize,
     loaded: bool,
-    replicas: Replicas,
-    connect: impl Fn(usize) -> anyhow::Result<C> + Sync,
+    replicas: &Replicas,
+    runs: Vec<anyhow::Result<TenantRun>>,
+    measured: Duration,
+    cpu_us: Option<u64>,
 ) -> anyhow::Result<TenantsResult> {
-    // Two barriers: every tenant has warmed up, then (after the CPU counters are read, with
-    // the tenants idle) every tenant starts measuring. Reading /proc for 3T + 3 processes
-    // takes long on a loaded machine; read inside the window, it once left half of a quick
-    // point's operations out of the CPU time and halved Naïve's CPU per operation.
-    let warmed_up = Barrier::new(tenants + 1);
-    let measure_start = Barrier::new(tenants + 1);
-    let measure = Duration::from_secs_f64(config.measure_s.max(0.05));
-    let warmup = Duration::from_secs_f64(config.warmup_s.max(0.0));
-    let (runs, measured, cpu_us) = std::thread::scope(|scope| {
-        let mut threads = Vec::new();
-        for t in 0..tenants {
-            let (warmed_up, measure_start, connect) = (&warmed_up, &measure_start, &connect);
-            let thread = std::thread::Builder::new()
-                .name(format!("tenant-{t}"))
-                .stack_size(512 * 1024)
-                .spawn_scoped(scope, move || {
-                    set_thread_nice(config.client_nice);
-                    let mut rng = 0x7e4a_4e75 ^ ((t as u64) << 32);
-                    // Pass the barriers whatever happens, or the other tenants wait forever.
-                    let prepared =
-                        connect(t).with_context(|| format!("tenant {t}: connect")).and_then(|mut client| {
-                            drive(&mut client, &mut rng, warmup, config)?;
-                            anyhow::Ok(client)
-                        });
-                    warmed_up.wait();
-                    measure_start.wait();
-                    drive(&mut prepared?, &mut rng, measure, config)
-                })
-                .context("spawning a tenant thread")?;
-            threads.push(thread);
-        }
-        warmed_up.wait();
-        let cpu_before = tree_cpu_us(replicas.pids);
-        measure_start.wait();
-        let cpu_window = Instant::now();
-        // Rates divide by each tenant's own measured time (below), not by this thread's
-        // clock, which also covers the joins and the last /proc read.
-        let runs: Vec<_> = threads.into_iter().map(|thread| thread.join()).collect();
-        let cpu_us =
-            tree_cpu_us(replicas.pids).zip(cpu_before).map(|(after, before)| after.saturating_sub(before));
-        anyhow::Ok((runs, cpu_window.elapsed(), cpu_us))
-    })?;
     let (mut updates, mut reads) = (latency_histogram(), latency_histogram());
     let mut elapsed_sum = Duration::ZERO;
     for run in runs {
-        let run = run.map_err(|_| anyhow::anyhow!("a tenant thread panicked"))??;
+        let run = run?;
         updates.add(&run.updates).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         reads.add(&run.reads).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         elapsed_sum += run.elapsed;
@@ -445,49 +423,152 @@ pub fn measure_point<C: TenantClient>(
     })
 }
 
-/// Linux niceness is per thread: set this thread's. Best effort (an unprivileged process
-/// cannot lower it; the run goes on at the inherited priority).
-fn set_thread_nice(nice: i32) {
-    if nice == 0 {
-        return;
-    }
-    // SAFETY: gettid and setpriority on the calling thread; no memory is passed.
-    let result = unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+/// One tenant's closed-loop client, a task of the tenants' event loop ([`measure_point`]):
+/// what a read and an update of a record are in one mode.
+pub trait TenantClient: 'static {
+    fn read(&mut self, record: u64) -> impl std::future::Future<Output = anyhow::Result<()>>;
+    fn update(&mut self, record: u64, value: &[u8]) -> impl std::future::Future<Output = anyhow::Result<()>>;
+}
+
+/// What a tenant's closed loop does (copied out of the config so that tasks own it).
+#[derive(Clone, Copy)]
+struct Workload {
+    records: u64,
+    read_fraction: f64,
+    value_bytes: usize,
+}
+
+/// Measure one point: `tenants` closed-loop YCSB-A clients, each made by `connect(t)`, warm
+/// up, then all measure from the same instant for `config.measure_s`.
+///
+/// Every client is a task of one event loop on one thread (at the clients' niceness or
+/// scheduling class), the way a load generator on another machine drives many connections:
+/// the client side costs one thread's wake-ups per batch of replies, not a thread per tenant.
+/// With a thread per tenant, 32 tenants' client threads took a third of the CPU the
+/// replicas got, and at SCHED_FIFO they ran the machine into the real-time throttle.
+pub fn measure_point<C, F, Fut>(
+    config: &TenantsConfig,
+    mode: TenantsMode,
+    tenants: usize,
+    loaded: bool,
+    replicas: Replicas,
+    connect: F,
+) -> anyhow::Result<TenantsResult>
+where
+    C: TenantClient,
+    F: Fn(usize) -> Fut + Sync,
+    Fut: std::future::Future<Output = anyhow::Result<C>>,
+{
+    let measure = Duration::from_secs_f64(config.measure_s.max(0.05));
+    let warmup = Duration::from_secs_f64(config.warmup_s.max(0.0));
+    let workload = Workload {
+        records: config.records,
+        read_fraction: config.read_fraction,
+        value_bytes: config.value_bytes,
     };
-    if result != 0 {
-        eprintln!("tenants: cannot set client niceness {nice}: {}", std::io::Error::last_os_error());
+    let (runs, measured, cpu_us) = std::thread::scope(|scope| {
+        let thread =
+            std::thread::Builder::new().name("tenants-loop".to_string()).spawn_scoped(scope, || {
+                schedule_client_thread(config);
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                let local = tokio::task::LocalSet::new();
+                local.block_on(&runtime, async {
+                    let mut clients = Vec::with_capacity(tenants);
+                    for t in 0..tenants {
+                        let client = connect(t).await.with_context(|| format!("tenant {t}: connect"))?;
+                        clients.push((client, 0x7e4a_4e75 ^ ((t as u64) << 32)));
+                    }
+                    let warmed = drive_all(clients, warmup, workload).await?;
+                    // Every tenant is idle here: the /proc reads stay outside the window.
+                    let cpu_before = tree_cpu_us(replicas.pids);
+                    let cpu_window = Instant::now();
+                    let clients = warmed.into_iter().map(|(client, rng, _)| (client, rng)).collect();
+                    let done = drive_all(clients, measure, workload).await?;
+                    let cpu_us = tree_cpu_us(replicas.pids)
+                        .zip(cpu_before)
+                        .map(|(after, before)| after.saturating_sub(before));
+                    let runs: Vec<TenantRun> = done.into_iter().map(|(_, _, run)| run).collect();
+                    anyhow::Ok((runs, cpu_window.elapsed(), cpu_us))
+                })
+            })?;
+        thread.join().map_err(|_| anyhow::anyhow!("the tenants' event loop panicked"))?
+    })?;
+    summarize(mode, tenants, loaded, &replicas, runs.into_iter().map(Ok).collect(), measured, cpu_us)
+}
+
+/// Run every tenant's closed loop for `duration`, concurrently on the current `LocalSet`;
+/// hands the clients (and their random states) back for the next phase.
+async fn drive_all<C: TenantClient>(
+    clients: Vec<(C, u64)>,
+    duration: Duration,
+    workload: Workload,
+) -> anyhow::Result<Vec<(C, u64, TenantRun)>> {
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|(mut client, mut rng)| {
+            tokio::task::spawn_local(async move {
+                let run = drive_loop(&mut client, &mut rng, duration, workload).await;
+                run.map(|run| (client, rng, run))
+            })
+        })
+        .collect();
+    let mut done = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        done.push(task.await.map_err(|e| anyhow::anyhow!("a tenant task failed: {e}"))??);
     }
+    Ok(done)
 }
 
 /// The closed loop: YCSB-A operations on uniformly chosen records until `duration` is up.
-fn drive(
+async fn drive_loop(
     client: &mut impl TenantClient,
     rng: &mut u64,
     duration: Duration,
-    config: &TenantsConfig,
+    workload: Workload,
 ) -> anyhow::Result<TenantRun> {
     let began = Instant::now();
     let mut run =
         TenantRun { updates: latency_histogram(), reads: latency_histogram(), elapsed: Duration::ZERO };
     let deadline = began + duration;
-    let mut value = vec![0u8; config.value_bytes];
+    let mut value = vec![0u8; workload.value_bytes];
     while Instant::now() < deadline {
-        let record = next_random(rng) % config.records;
-        let is_read = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64 <= config.read_fraction;
+        let record = next_random(rng) % workload.records;
+        let is_read = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64 <= workload.read_fraction;
         let start = Instant::now();
         if is_read {
-            client.read(record)?;
+            client.read(record).await?;
             run.reads.saturating_record(start.elapsed().as_nanos().max(1) as u64);
         } else {
             value[..8].copy_from_slice(&next_random(rng).to_le_bytes());
-            client.update(record, &value)?;
+            client.update(record, &value).await?;
             run.updates.saturating_record(start.elapsed().as_nanos().max(1) as u64);
         }
     }
     run.elapsed = began.elapsed();
     Ok(run)
+}
+
+/// Put the calling (client) thread in the clients' scheduling class: SCHED_FIFO under
+/// [`TenantsConfig::fifo`], else `client_nice` (Linux niceness is per thread). Best effort: an
+/// unprivileged process cannot raise either, and the run goes on at the inherited priority.
+fn schedule_client_thread(config: &TenantsConfig) {
+    // SAFETY: gettid, sched_setscheduler and setpriority on the calling thread; the only
+    // memory passed is a sched_param that outlives the call.
+    let (result, what) = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::pid_t;
+        if config.fifo {
+            let param = libc::sched_param { sched_priority: 1 };
+            (libc::sched_setscheduler(tid, libc::SCHED_FIFO, &param), "SCHED_FIFO".to_string())
+        } else if config.client_nice != 0 {
+            let nice = config.client_nice;
+            (libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice), format!("niceness {nice}"))
+        } else {
+            return;
+        }
+    };
+    if result != 0 {
+        eprintln!("tenants: cannot set the clients' {what}: {}", std::io::Error::last_os_error());
+    }
 }
 
 fn run_point(
@@ -499,12 +580,11 @@ fn run_point(
     loaded: bool,
 ) -> anyhow::Result<TenantsResult> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    // Naïve replicas are forked by their host: they inherit its niceness.
-    let command: Option<Vec<String>> = config.child_command.as_ref().map(|command| {
-        let nice = ["nice".to_string(), "-n".to_string(), config.replica_nice.to_string()];
-        let prefix: &[String] = if config.replica_nice != 0 { &nice } else { &[] };
-        prefix.iter().chain(command).cloned().collect()
-    });
+    // Naïve replicas are forked by their host: they inherit its niceness or class.
+    let command: Option<Vec<String>> = config
+        .child_command
+        .as_ref()
+        .map(|command| [config.replica_command_prefix(), command.clone()].concat());
     let (hosts, addrs) = runtime.block_on(start_hosts(HostsPlan {
         command: command.as_deref(),
         flush,
@@ -524,24 +604,28 @@ fn run_point(
     };
     let replicas = Replicas { pids: &host_pids, processes };
     let layout = config.layout();
+    let addrs = &addrs;
     let result = measure_point(config, tenants_mode, tenants, loaded, replicas, |t| {
-        ChainTenant::initialize(&addrs, t, layout, config.value_bytes)
+        ChainTenant::initialize(addrs, t, layout, config.value_bytes)
     });
     drop(hosts);
     runtime.shutdown_timeout(Duration::from_secs(2));
     result
 }
 
-/// A tenant of the chain: records at `record * value_bytes` of its region's database.
+/// A tenant of the chain: records at `record * value_bytes` of its region's database. The
+/// coordinator is [`TxnCore`] on the async [`GroupClient`], so that every tenant is a task of
+/// the clients' event loop.
 struct ChainTenant {
-    txn: Txn<BlockingGroupClient>,
+    client: GroupClient,
+    core: TxnCore,
     tail: usize,
     value_bytes: u64,
 }
 
 impl ChainTenant {
     /// Set up tenant `t`'s group.
-    fn initialize(
+    async fn initialize(
         addrs: &[SocketAddr],
         t: usize,
         layout: TxnLayout,
@@ -552,45 +636,67 @@ impl ChainTenant {
         spec.caller =
             CallerConfig { retransmit_after: Time::from_millis(5000), attempts_max: 6, window_max: 16 };
         spec.io_timeout = Duration::from_secs(30);
-        let client = BlockingGroupClient::initialize(spec)?;
+        let client = GroupClient::initialize(spec).await?;
         let tail = client.chain_len() - 1;
-        Ok(ChainTenant { txn: Txn::new(client, layout, t as u32 + 1), tail, value_bytes: value_bytes as u64 })
+        let core = TxnCore::new(layout, t as u32 + 1);
+        Ok(ChainTenant { client, core, tail, value_bytes: value_bytes as u64 })
+    }
+
+    /// [`crate::txn::Txn::wr_lock`] on the event loop.
+    async fn wr_lock(&mut self) -> anyhow::Result<bool> {
+        let chain_len = self.client.chain_len();
+        let results = self.client.execute(vec![self.core.wr_lock_operation(chain_len)]).await;
+        Ok(match self.core.wr_lock_attempt(chain_len, results)? {
+            WriteLockAttempt::Held => true,
+            WriteLockAttempt::Taken => false,
+            WriteLockAttempt::Undo { undo, swapped } => {
+                let results = self.client.execute(vec![undo]).await;
+                self.core.undone(swapped, results)?;
+                false
+            }
+        })
+    }
+
+    async fn append_and_execute(&mut self, offset: u64, value: Bytes) -> anyhow::Result<()> {
+        let (operation, appended) = self.core.append_operation(&[(offset, value)])?;
+        let results = self.client.execute(vec![operation]).await;
+        self.core.appended(appended, results)?;
+        while let Some(operations) = self.core.execute_operations() {
+            let results = self.client.execute(operations).await;
+            self.core.executed(results)?;
+        }
+        Ok(())
     }
 }
 
 impl TenantClient for ChainTenant {
     /// A lock-free read of the tail's database.
-    fn read(&mut self, record: u64) -> anyhow::Result<()> {
-        self.txn.read(self.tail, record * self.value_bytes, self.value_bytes)?;
+    async fn read(&mut self, record: u64) -> anyhow::Result<()> {
+        let at = self.core.db_range(record * self.value_bytes, self.value_bytes)?;
+        self.client.read(self.tail, at, self.value_bytes).await?;
         Ok(())
     }
 
-    fn update(&mut self, record: u64, value: &[u8]) -> anyhow::Result<()> {
-        update(&mut self.txn, record * self.value_bytes, Bytes::copy_from_slice(value))
-    }
-}
-
-/// One replicated update, the MongoDB case study's shape (HyperLoop §5.2): write lock, Append
-/// of the redo record, ExecuteAndAdvance, unlock.
-fn update(txn: &mut Txn<BlockingGroupClient>, offset: u64, value: Bytes) -> anyhow::Result<()> {
-    let mut locked = false;
-    for _ in 0..LOCK_ATTEMPTS_MAX {
-        if txn.wr_lock()? {
-            locked = true;
-            break;
+    /// One replicated update, the MongoDB case study's shape (HyperLoop §5.2): write lock,
+    /// Append of the redo record, ExecuteAndAdvance, unlock.
+    async fn update(&mut self, record: u64, value: &[u8]) -> anyhow::Result<()> {
+        let mut locked = false;
+        for _ in 0..LOCK_ATTEMPTS_MAX {
+            if self.wr_lock().await? {
+                locked = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        anyhow::ensure!(locked, "the group write lock stayed taken");
+        let applied = self.append_and_execute(record * self.value_bytes, Bytes::copy_from_slice(value)).await;
+        let chain_len = self.client.chain_len();
+        let results = self.client.execute(vec![self.core.wr_unlock_operation(chain_len)]).await;
+        let unlocked = self.core.wr_unlocked(chain_len, results);
+        applied?;
+        unlocked?;
+        Ok(())
     }
-    anyhow::ensure!(locked, "the group write lock stayed taken");
-    let applied = (|| {
-        txn.append(&[(offset, value)])?;
-        while txn.execute_and_advance()?.is_some() {}
-        anyhow::Ok(())
-    })();
-    let unlocked = txn.wr_unlock();
-    applied?;
-    unlocked?;
-    Ok(())
 }
 
 /// Point 4 of the issue, at `tenants` under load: Naïve-Event p99 over `chorus`' p99 (the
