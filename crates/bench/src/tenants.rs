@@ -69,6 +69,10 @@ pub struct TenantsArgs {
     /// (needs root; the niceness options do not apply).
     #[arg(long)]
     pub fifo: bool,
+    /// Measure every point this many times (interleaved, fresh replicas each time) and report
+    /// each statistic's median, e.g. `--tenants 32 --rounds 5` for the target.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// Where tenants.json and the PNG figures go.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
@@ -110,6 +114,8 @@ pub fn config_of(
     anyhow::ensure!((-20..=19).contains(&args.client_nice), "--client-nice is -20 to 19");
     config.client_nice = args.client_nice;
     config.fifo = args.fifo;
+    anyhow::ensure!(args.rounds >= 1, "--rounds is at least 1");
+    config.rounds = args.rounds;
     config.child_command = Some(child_command);
     config.background_load_command = background_load_command;
     Ok(config)
@@ -320,7 +326,20 @@ fn ratios(r: &TenantsResult, reference: &TenantsResult) -> String {
 /// The issue's point-4 ratios and whether they are met, plus the Naïve modes' ratios to each
 /// Chorus arrangement (chain, Hermes) per point.
 pub fn summary(report: &TenantsReport) -> String {
-    let mut text = String::new();
+    let config = &report.config;
+    let mut text = if config.fifo {
+        "\nscheduling: replicas and the clients' event loop SCHED_FIFO 1, background load SCHED_OTHER"
+            .to_string()
+    } else {
+        format!(
+            "\nscheduling: replicas nice {}, clients nice {}, background load nice 0",
+            config.replica_nice, config.client_nice
+        )
+    };
+    if config.rounds > 1 {
+        let _ = write!(text, "; every point the median of {} interleaved rounds", config.rounds);
+    }
+    text.push('\n');
     for chorus in [TenantsMode::Chorus, TenantsMode::Hermes] {
         if !report.results.iter().any(|r| r.mode == chorus) {
             continue;
@@ -358,6 +377,19 @@ pub fn summary(report: &TenantsReport) -> String {
                      (want >= {TARGET_GAP_REDUCTION_PCT}%; negative: {name}'s gap is larger): {}",
                     if met { "MET on this machine" } else { "NOT met on this machine" }
                 );
+                let naive = report.find(TenantsMode::Naive, TARGET_TENANTS, true);
+                let reference = report.find(chorus, TARGET_TENANTS, true);
+                if let (Some(naive), Some(reference)) = (naive, reference) {
+                    if reference.update_p99_rounds_us.len() > 1 {
+                        let per_round: Vec<String> = naive
+                            .update_p99_rounds_us
+                            .iter()
+                            .zip(&reference.update_p99_rounds_us)
+                            .map(|(n, c)| format!("{:.2}x", n / c.max(1e-9)))
+                            .collect();
+                        let _ = writeln!(text, "  per round: {}", per_round.join(", "));
+                    }
+                }
             }
             None if report.results.iter().any(|r| r.mode == chorus) => {
                 let _ = writeln!(

@@ -132,6 +132,14 @@ pub struct TenantsConfig {
     /// real-time class is how they keep out of its way. Niceness does not apply then.
     #[serde(default)]
     pub fifo: bool,
+    /// Times every point is measured (each on fresh replicas, the rounds interleaved so that
+    /// a noisy minute touches every mode); the report holds each statistic's median.
+    #[serde(default = "one_round")]
+    pub rounds: usize,
+}
+
+fn one_round() -> usize {
+    1
 }
 
 impl Default for TenantsConfig {
@@ -153,6 +161,7 @@ impl Default for TenantsConfig {
             replica_nice: 0,
             client_nice: 0,
             fifo: false,
+            rounds: 1,
         }
     }
 }
@@ -210,6 +219,55 @@ pub struct TenantsResult {
     /// Processes serving the tenants (hosts plus Naïve replicas).
     pub replica_processes: usize,
     pub measured_s: f64,
+    /// Rounds behind this point: every statistic above is their median (counts: their sum).
+    #[serde(default = "one_round")]
+    pub rounds: usize,
+    /// Each round's update p99 (µs), to show the spread behind the median.
+    #[serde(default)]
+    pub update_p99_rounds_us: Vec<f64>,
+}
+
+impl TenantsResult {
+    /// The point of several rounds of one (mode, T, load): the median of every statistic,
+    /// the sum of the counts.
+    fn median_of(rounds: Vec<TenantsResult>) -> TenantsResult {
+        let median = |pick: &dyn Fn(&TenantsResult) -> f64| {
+            let mut values: Vec<f64> = rounds.iter().map(pick).collect();
+            values.sort_by(f64::total_cmp);
+            let middle = values.len() / 2;
+            if values.len() % 2 == 0 {
+                (values[middle - 1] + values[middle]) / 2.0
+            } else {
+                values[middle]
+            }
+        };
+        let median_some = |pick: &dyn Fn(&TenantsResult) -> Option<f64>| {
+            rounds.iter().all(|r| pick(r).is_some()).then(|| median(&|r| pick(r).unwrap_or(0.0)))
+        };
+        let first = &rounds[0];
+        TenantsResult {
+            mode: first.mode,
+            tenants: first.tenants,
+            background_load: first.background_load,
+            updates: rounds.iter().map(|r| r.updates).sum(),
+            reads: rounds.iter().map(|r| r.reads).sum(),
+            update_mean_us: median(&|r| r.update_mean_us),
+            update_p50_us: median(&|r| r.update_p50_us),
+            update_p95_us: median(&|r| r.update_p95_us),
+            update_p99_us: median(&|r| r.update_p99_us),
+            update_max_us: median(&|r| r.update_max_us),
+            read_mean_us: median(&|r| r.read_mean_us),
+            read_p99_us: median(&|r| r.read_p99_us),
+            updates_per_s: median(&|r| r.updates_per_s),
+            ops_per_s: median(&|r| r.ops_per_s),
+            replica_cpu_us_per_op: median_some(&|r| r.replica_cpu_us_per_op),
+            replica_cpu_cores: median_some(&|r| r.replica_cpu_cores),
+            replica_processes: first.replica_processes,
+            measured_s: median(&|r| r.measured_s),
+            rounds: rounds.len(),
+            update_p99_rounds_us: rounds.iter().map(|r| r.update_p99_us).collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -316,6 +374,7 @@ fn run_pass(
     results: &mut Vec<TenantsResult>,
     skipped: &mut Vec<String>,
 ) -> anyhow::Result<()> {
+    let mut points: Vec<(TenantsMode, usize)> = Vec::new();
     for &mode in &config.modes {
         for &tenants in &config.tenants {
             if mode.is_naive() && tenants > config.naive_tenants_max {
@@ -326,25 +385,34 @@ fn run_pass(
                     config.naive_tenants_max,
                     tenants * GROUP_SIZE
                 ));
-                continue;
+            } else {
+                points.push((mode, tenants));
             }
-            let tag = format!("{}-t{tenants}", mode.name());
+        }
+    }
+    let rounds = config.rounds.max(1);
+    let mut measured: Vec<Vec<TenantsResult>> = vec![Vec::with_capacity(rounds); points.len()];
+    for round in 0..rounds {
+        for (&(mode, tenants), runs) in points.iter().zip(&mut measured) {
+            let tag = format!("{}-t{tenants}-r{round}", mode.name());
             let point = match mode.host_mode() {
                 Some(host_mode) => run_point(config, flush, &dir.join(tag), host_mode, tenants, loaded),
                 None => external(&PointSpec { config, mode, tenants, loaded }),
             }
             .with_context(|| format!("{} with {tenants} tenants", mode.name()))?;
             eprintln!(
-                "tenants: {} T={tenants}{}: update avg {:.0} us p99 {:.0} us, {:.0} updates/s",
+                "tenants: {} T={tenants}{}{}: update avg {:.0} us p99 {:.0} us, {:.0} updates/s",
                 mode.name(),
                 if loaded { " +load" } else { "" },
+                if rounds > 1 { format!(" (round {}/{rounds})", round + 1) } else { String::new() },
                 point.update_mean_us,
                 point.update_p99_us,
                 point.updates_per_s
             );
-            results.push(point);
+            runs.push(point);
         }
     }
+    results.extend(measured.into_iter().map(TenantsResult::median_of));
     Ok(())
 }
 
@@ -420,6 +488,8 @@ fn summarize(
         replica_cpu_cores: cpu_us.map(|us| us as f64 / 1e6 / cpu_seconds),
         replica_processes: replicas.processes,
         measured_s: seconds,
+        rounds: 1,
+        update_p99_rounds_us: vec![micros(&updates, 0.99)],
     })
 }
 
@@ -739,6 +809,7 @@ mod tests {
         let report = run(config).unwrap();
         assert_eq!(report.results.len(), 2);
         for r in &report.results {
+            assert_eq!((r.rounds, r.update_p99_rounds_us.len()), (1, 1), "{r:?}");
             assert!(r.updates > 0 && r.reads > 0, "{r:?}");
             assert!(r.update_p99_us >= r.update_p50_us && r.update_p50_us > 0.0, "{r:?}");
             assert!(r.replica_cpu_us_per_op.is_none(), "in-process hosts have no process tree");
@@ -750,6 +821,71 @@ mod tests {
         assert!(target_ratios(&report, TenantsMode::Chorus, 2, false).is_some());
         assert!(target_ratios(&report, TenantsMode::Chorus, 2, true).is_none());
         assert!(target_ratios(&report, TenantsMode::Hermes, 2, false).is_none());
+    }
+
+    /// Two rounds of every point, interleaved: one median point per (mode, T), with both
+    /// rounds' p99s and their operations.
+    #[test]
+    fn rounds_of_a_point_become_one_median_point() {
+        let config = TenantsConfig {
+            modes: vec![TenantsMode::Chorus],
+            tenants: vec![1],
+            records: 8,
+            measure_s: 0.1,
+            warmup_s: 0.0,
+            rounds: 2,
+            flush: "none".to_string(),
+            region_dir: Some(
+                std::env::temp_dir().join(format!("chorus-tenants-rounds-{}", std::process::id())),
+            ),
+            ..TenantsConfig::default()
+        };
+        let report = run(config).unwrap();
+        assert_eq!(report.results.len(), 1);
+        let point = &report.results[0];
+        assert_eq!((point.rounds, point.update_p99_rounds_us.len()), (2, 2), "{point:?}");
+        let (low, high) = (point.update_p99_rounds_us[0], point.update_p99_rounds_us[1]);
+        assert_eq!(point.update_p99_us, (low + high) / 2.0, "the median of two is their mean");
+    }
+
+    #[test]
+    fn the_median_of_rounds_is_per_statistic_and_counts_add_up() {
+        let round = |p99: f64, updates: u64, cpu: Option<f64>| TenantsResult {
+            mode: TenantsMode::Naive,
+            tenants: 32,
+            background_load: true,
+            updates,
+            reads: updates,
+            update_mean_us: p99 / 2.0,
+            update_p50_us: p99 / 3.0,
+            update_p95_us: p99 / 1.5,
+            update_p99_us: p99,
+            update_max_us: p99 * 2.0,
+            read_mean_us: 1.0,
+            read_p99_us: 2.0,
+            updates_per_s: updates as f64,
+            ops_per_s: 2.0 * updates as f64,
+            replica_cpu_us_per_op: cpu,
+            replica_cpu_cores: cpu,
+            replica_processes: 99,
+            measured_s: 10.0,
+            rounds: 1,
+            update_p99_rounds_us: vec![p99],
+        };
+        let point = TenantsResult::median_of(vec![
+            round(9_000.0, 30, Some(3.0)),
+            round(1_000.0, 10, Some(1.0)),
+            round(4_000.0, 20, Some(2.0)),
+        ]);
+        assert_eq!(
+            (point.update_p99_us, point.update_mean_us, point.updates_per_s),
+            (4_000.0, 2_000.0, 20.0)
+        );
+        assert_eq!((point.updates, point.reads, point.rounds), (60, 60, 3));
+        assert_eq!(point.replica_cpu_us_per_op, Some(2.0));
+        assert_eq!(point.update_p99_rounds_us, vec![9_000.0, 1_000.0, 4_000.0], "in round order");
+        let unknown_cpu = TenantsResult::median_of(vec![round(1.0, 1, None), round(2.0, 1, Some(1.0))]);
+        assert_eq!(unknown_cpu.replica_cpu_us_per_op, None, "a round without CPU time: no median");
     }
 
     #[test]
