@@ -61,6 +61,7 @@ fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures(
             assert!(r["replica_cpu_us_per_op"].is_number(), "CPU per op from /proc: {r}");
             assert_eq!(r["replica_processes"], expected, "{r}");
             assert_eq!(r["background_load"], false);
+            assert_eq!(r["replicas_fifo"], false, "the default class without --fifo: {r}");
         }
     }
     assert_pngs(&scratch.0);
@@ -76,6 +77,47 @@ fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures(
         .unwrap();
     assert!(status.success());
     assert_pngs(&again.0);
+}
+
+/// `--fifo` starts every replica (group hosts, which fork the Naïve replicas, and Hermes
+/// nodes) under SCHED_FIFO, seen in /proc while measuring; `--rounds 2` makes one median
+/// point of two. Needs root (a real-time class); skipped otherwise.
+#[test]
+fn bench_tenants_fifo_runs_the_replicas_real_time_and_rounds_take_medians() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: SCHED_FIFO needs root");
+        return;
+    }
+    let scratch = Scratch::new("tenants-cli-fifo");
+    let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args([
+            "bench",
+            "tenants",
+            "--tenants",
+            "1",
+            "--protocol",
+            "chain,naive,hermes",
+            "--measure-s",
+            "0.3",
+        ])
+        .args(["--fifo", "--rounds", "2", "--out"])
+        .arg(&scratch.0)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("SCHED_FIFO") && stdout.contains("median of 2"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(scratch.0.join("tenants.json")).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3, "one point per protocol: {results:?}");
+    for r in results {
+        assert_eq!(r["replicas_fifo"], true, "{r}");
+        assert_eq!(r["rounds"], 2, "{r}");
+        assert_eq!(r["update_p99_rounds_us"].as_array().unwrap().len(), 2, "{r}");
+    }
 }
 
 #[test]

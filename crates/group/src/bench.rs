@@ -636,6 +636,23 @@ pub fn tree_cpu_us(pids: &[u32]) -> Option<u64> {
     Some(total)
 }
 
+/// Whether every process in `pids` runs under SCHED_FIFO (policy, field 41 of
+/// /proc/<pid>/stat). `None` without processes or when one cannot be read.
+pub fn all_sched_fifo(pids: &[u32]) -> Option<bool> {
+    if pids.is_empty() {
+        return None;
+    }
+    let mut all = true;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = stat.rsplit_once(')')?.1;
+        // rest starts at field 3 (state): field 41 is at index 38.
+        let policy: u32 = rest.split_whitespace().nth(38)?.parse().ok()?;
+        all &= policy == libc::SCHED_FIFO as u32;
+    }
+    Some(all)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn result(
     mode: HostMode,

@@ -29,7 +29,9 @@ use chorus_region::{default_region_dir, FlushBackend};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostsPlan};
+use crate::bench::{
+    all_sched_fifo, cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostsPlan,
+};
 use crate::caller::CallerConfig;
 use crate::runtime::{GroupClient, HostMode};
 use crate::txn::{TxnCore, TxnLayout, WriteLockAttempt};
@@ -225,6 +227,10 @@ pub struct TenantsResult {
     /// Each round's update p99 (µs), to show the spread behind the median.
     #[serde(default)]
     pub update_p99_rounds_us: Vec<f64>,
+    /// Whether every replica process (hosts, Hermes nodes) was seen under SCHED_FIFO while
+    /// measuring; `None` for in-process hosts.
+    #[serde(default)]
+    pub replicas_fifo: Option<bool>,
 }
 
 impl TenantsResult {
@@ -235,7 +241,7 @@ impl TenantsResult {
             let mut values: Vec<f64> = rounds.iter().map(pick).collect();
             values.sort_by(f64::total_cmp);
             let middle = values.len() / 2;
-            if values.len() % 2 == 0 {
+            if values.len().is_multiple_of(2) {
                 (values[middle - 1] + values[middle]) / 2.0
             } else {
                 values[middle]
@@ -266,6 +272,11 @@ impl TenantsResult {
             measured_s: median(&|r| r.measured_s),
             rounds: rounds.len(),
             update_p99_rounds_us: rounds.iter().map(|r| r.update_p99_us).collect(),
+            replicas_fifo: rounds
+                .iter()
+                .map(|r| r.replicas_fifo)
+                .collect::<Option<Vec<bool>>>()
+                .map(|each| each.into_iter().all(|fifo| fifo)),
         }
     }
 }
@@ -490,6 +501,7 @@ fn summarize(
         measured_s: seconds,
         rounds: 1,
         update_p99_rounds_us: vec![micros(&updates, 0.99)],
+        replicas_fifo: None,
     })
 }
 
@@ -536,7 +548,7 @@ where
         read_fraction: config.read_fraction,
         value_bytes: config.value_bytes,
     };
-    let (runs, measured, cpu_us) = std::thread::scope(|scope| {
+    let (runs, measured, cpu_us, replicas_fifo) = std::thread::scope(|scope| {
         let thread =
             std::thread::Builder::new().name("tenants-loop".to_string()).spawn_scoped(scope, || {
                 schedule_client_thread(config);
@@ -550,6 +562,7 @@ where
                     }
                     let warmed = drive_all(clients, warmup, workload).await?;
                     // Every tenant is idle here: the /proc reads stay outside the window.
+                    let replicas_fifo = all_sched_fifo(replicas.pids);
                     let cpu_before = tree_cpu_us(replicas.pids);
                     let cpu_window = Instant::now();
                     let clients = warmed.into_iter().map(|(client, rng, _)| (client, rng)).collect();
@@ -558,12 +571,14 @@ where
                         .zip(cpu_before)
                         .map(|(after, before)| after.saturating_sub(before));
                     let runs: Vec<TenantRun> = done.into_iter().map(|(_, _, run)| run).collect();
-                    anyhow::Ok((runs, cpu_window.elapsed(), cpu_us))
+                    anyhow::Ok((runs, cpu_window.elapsed(), cpu_us, replicas_fifo))
                 })
             })?;
         thread.join().map_err(|_| anyhow::anyhow!("the tenants' event loop panicked"))?
     })?;
-    summarize(mode, tenants, loaded, &replicas, runs.into_iter().map(Ok).collect(), measured, cpu_us)
+    let runs = runs.into_iter().map(Ok).collect();
+    let result = summarize(mode, tenants, loaded, &replicas, runs, measured, cpu_us)?;
+    Ok(TenantsResult { replicas_fifo, ..result })
 }
 
 /// Run every tenant's closed loop for `duration`, concurrently on the current `LocalSet`;
@@ -871,6 +886,7 @@ mod tests {
             measured_s: 10.0,
             rounds: 1,
             update_p99_rounds_us: vec![p99],
+            replicas_fifo: Some(true),
         };
         let point = TenantsResult::median_of(vec![
             round(9_000.0, 30, Some(3.0)),
