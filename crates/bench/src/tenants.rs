@@ -69,6 +69,11 @@ pub struct TenantsArgs {
     /// (needs root; the niceness options do not apply).
     #[arg(long)]
     pub fifo: bool,
+    /// Run the background load under SCHED_IDLE (`chrt -i 0`): it keeps every core busy but
+    /// yields at once to any replica or client, which keep the default class (no privilege
+    /// needed; nothing real-time to starve the kernel's own threads, unlike --fifo).
+    #[arg(long)]
+    pub idle_load: bool,
     /// Measure every point this many times (interleaved, fresh replicas each time) and report
     /// each statistic's median, e.g. `--tenants 32 --rounds 5` for the target.
     #[arg(long, default_value_t = 1)]
@@ -117,7 +122,12 @@ pub fn config_of(
     anyhow::ensure!(args.rounds >= 1, "--rounds is at least 1");
     config.rounds = args.rounds;
     config.child_command = Some(child_command);
-    config.background_load_command = background_load_command;
+    config.idle_load = args.idle_load;
+    let idle = ["chrt", "-i", "0"].map(String::from);
+    config.background_load_command = match background_load_command {
+        Some(command) if args.idle_load => Some([idle.to_vec(), command].concat()),
+        command => command,
+    };
     Ok(config)
 }
 
@@ -327,12 +337,12 @@ fn ratios(r: &TenantsResult, reference: &TenantsResult) -> String {
 /// Chorus arrangement (chain, Hermes) per point.
 pub fn summary(report: &TenantsReport) -> String {
     let config = &report.config;
+    let load = if config.idle_load { "SCHED_IDLE" } else { "nice 0" };
     let mut text = if config.fifo {
-        "\nscheduling: replicas and the clients' event loop SCHED_FIFO 1, background load SCHED_OTHER"
-            .to_string()
+        format!("\nscheduling: replicas and the clients' event loop SCHED_FIFO 1, background load {load}")
     } else {
         format!(
-            "\nscheduling: replicas nice {}, clients nice {}, background load nice 0",
+            "\nscheduling: replicas nice {}, clients nice {}, background load {load}",
             config.replica_nice, config.client_nice
         )
     };
@@ -402,4 +412,49 @@ pub fn summary(report: &TenantsReport) -> String {
         }
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TenantsArgs,
+    }
+
+    fn config(flags: &[&str]) -> anyhow::Result<TenantsConfig> {
+        let cli = Cli::try_parse_from(std::iter::once("tenants").chain(flags.iter().copied()))?;
+        let load = ["stress-ng", "--cpu", "2"].map(String::from).to_vec();
+        config_of(&cli.args, vec!["chorus".into(), "naive-replica".into()], Some(load))
+    }
+
+    /// How each option schedules the replicas, the clients and the background load.
+    #[test]
+    fn scheduling_options_shape_the_commands() {
+        let plain = config(&[]).unwrap();
+        assert_eq!(plain.background_load_command.as_deref().unwrap(), ["stress-ng", "--cpu", "2"]);
+        assert!(plain.replica_command_prefix().is_empty());
+        assert_eq!((plain.fifo, plain.idle_load, plain.rounds), (false, false, 1));
+
+        let idle = config(&["--idle-load", "--rounds", "5"]).unwrap();
+        assert_eq!(
+            idle.background_load_command.as_deref().unwrap(),
+            ["chrt", "-i", "0", "stress-ng", "--cpu", "2"]
+        );
+        assert!(idle.replica_command_prefix().is_empty(), "replicas keep the default class");
+        assert_eq!((idle.idle_load, idle.rounds), (true, 5));
+
+        let nice = config(&["--replica-nice", "-10", "--client-nice", "-10"]).unwrap();
+        assert_eq!(nice.replica_command_prefix(), ["nice", "-n", "-10"]);
+        assert_eq!(nice.client_nice, -10);
+
+        let fifo = config(&["--fifo", "--replica-nice", "-10"]).unwrap();
+        assert_eq!(fifo.replica_command_prefix(), ["chrt", "-f", "1"], "niceness does not apply");
+
+        let error = config(&["--rounds", "0"]).unwrap_err();
+        assert!(error.to_string().contains("--rounds is at least 1"), "{error}");
+    }
 }

@@ -134,6 +134,13 @@ pub struct TenantsConfig {
     /// real-time class is how they keep out of its way. Niceness does not apply then.
     #[serde(default)]
     pub fifo: bool,
+    /// Run the background load under SCHED_IDLE: it keeps every core busy but yields to any
+    /// other thread at once (the scheduler preempts an idle-class task on every wake-up),
+    /// the way the paper's NIC data path never waits for the tenants' CPU work. Every replica
+    /// and client keeps the default class, so kernel threads (softirqs) are never starved
+    /// behind them, as they can be under [`TenantsConfig::fifo`]. Needs no privilege.
+    #[serde(default)]
+    pub idle_load: bool,
     /// Times every point is measured (each on fresh replicas, the rounds interleaved so that
     /// a noisy minute touches every mode); the report holds each statistic's median.
     #[serde(default = "one_round")]
@@ -163,6 +170,7 @@ impl Default for TenantsConfig {
             replica_nice: 0,
             client_nice: 0,
             fifo: false,
+            idle_load: false,
             rounds: 1,
         }
     }
@@ -806,21 +814,22 @@ pub fn target_ratios(
 mod tests {
     use super::*;
 
+    /// In-process hosts without flushes, regions in a scratch directory named after `name`.
+    fn quick_config(name: &str) -> TenantsConfig {
+        let dir = std::env::temp_dir().join(format!("chorus-tenants-{name}-{}", std::process::id()));
+        TenantsConfig {
+            warmup_s: 0.05,
+            flush: "none".to_string(),
+            region_dir: Some(dir),
+            ..TenantsConfig::default()
+        }
+    }
+
     /// Both arrangements run end to end in one process (hosts as tasks, Naïve replicas as
     /// threads): every tenant's updates and reads complete through the transaction API.
     #[test]
     fn in_process_points_complete_for_every_tenant() {
-        let config = TenantsConfig {
-            tenants: vec![2],
-            records: 16,
-            measure_s: 0.3,
-            warmup_s: 0.05,
-            flush: "none".to_string(),
-            region_dir: Some(
-                std::env::temp_dir().join(format!("chorus-tenants-test-{}", std::process::id())),
-            ),
-            ..TenantsConfig::default()
-        };
+        let config = TenantsConfig { tenants: vec![2], records: 16, measure_s: 0.3, ..quick_config("test") };
         let report = run(config).unwrap();
         assert_eq!(report.results.len(), 2);
         for r in &report.results {
@@ -847,13 +856,8 @@ mod tests {
             tenants: vec![1],
             records: 8,
             measure_s: 0.1,
-            warmup_s: 0.0,
             rounds: 2,
-            flush: "none".to_string(),
-            region_dir: Some(
-                std::env::temp_dir().join(format!("chorus-tenants-rounds-{}", std::process::id())),
-            ),
-            ..TenantsConfig::default()
+            ..quick_config("rounds")
         };
         let report = run(config).unwrap();
         assert_eq!(report.results.len(), 1);
