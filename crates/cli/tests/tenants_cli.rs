@@ -17,34 +17,31 @@ fn assert_pngs(dir: &std::path::Path) {
     }
 }
 
-#[test]
-fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures() {
-    let scratch = Scratch::new("tenants-cli-run");
+/// `chorus bench tenants` with every protocol and `args`, its report in `out`: the summary it
+/// printed and the report it saved.
+fn run_bench(args: &[&str], out: &std::path::Path) -> (String, serde_json::Value) {
     let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
-        .args([
-            "bench",
-            "tenants",
-            "--tenants",
-            "1,2",
-            "--protocol",
-            "chain,naive,hermes",
-            "--measure-s",
-            "0.5",
-        ])
+        .args(["bench", "tenants", "--protocol", "chain,naive,hermes"])
+        .args(args)
         .arg("--out")
-        .arg(&scratch.0)
+        .arg(out)
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
     assert!(output.status.success());
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = serde_json::from_slice(&std::fs::read(out.join("tenants.json")).unwrap()).unwrap();
+    (String::from_utf8_lossy(&output.stdout).into_owned(), report)
+}
+
+#[test]
+fn bench_tenants_writes_one_point_per_protocol_and_tenant_count_and_the_figures() {
+    let scratch = Scratch::new("tenants-cli-run");
+    let (stdout, report) = run_bench(&["--tenants", "1,2", "--measure-s", "0.5"], &scratch.0);
     for name in ["chain", "hermes"] {
         let expected = format!("target (T=32, background load) for {name}: not measured");
         assert!(stdout.contains(&expected), "{stdout}");
         assert!(stdout.contains(&format!("ratios to {name}")), "{stdout}");
     }
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(scratch.0.join("tenants.json")).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
     assert_eq!(results.len(), 6, "{results:?}");
     for (mode, processes) in [("chorus", [3, 3]), ("naive", [6, 9]), ("hermes", [3, 3])] {
@@ -90,27 +87,9 @@ fn bench_tenants_fifo_runs_the_replicas_real_time_and_rounds_take_medians() {
         return;
     }
     let scratch = Scratch::new("tenants-cli-fifo");
-    let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
-        .args([
-            "bench",
-            "tenants",
-            "--tenants",
-            "1",
-            "--protocol",
-            "chain,naive,hermes",
-            "--measure-s",
-            "0.3",
-        ])
-        .args(["--fifo", "--rounds", "2", "--out"])
-        .arg(&scratch.0)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let args = ["--tenants", "1", "--measure-s", "0.3", "--fifo", "--rounds", "2"];
+    let (stdout, report) = run_bench(&args, &scratch.0);
     assert!(stdout.contains("SCHED_FIFO") && stdout.contains("median of 2"), "{stdout}");
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(scratch.0.join("tenants.json")).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
     assert_eq!(results.len(), 3, "one point per protocol: {results:?}");
     for r in results {
