@@ -383,8 +383,13 @@ impl BackgroundLoad {
 /// How one run starts its hosts.
 pub(crate) struct HostsPlan<'a> {
     /// Start each host as a process with this command (ending in
-    /// [`crate::runtime::child_main`]; it may start with `nice -n N`); `None`: in this process.
+    /// [`crate::runtime::child_main`]); `None`: in this process. Naïve replicas start with it
+    /// too, from their host.
     pub command: Option<&'a [String]>,
+    /// What only the hosts' command line starts with (`nice -n N`, `chrt -f 1`). Naïve
+    /// replicas inherit the host's niceness and class by fork; starting them with the prefix
+    /// again would apply a relative `nice -n` twice.
+    pub host_prefix: &'a [String],
     pub flush: FlushBackend,
     pub dir: &'a std::path::Path,
     pub mode: HostMode,
@@ -417,7 +422,8 @@ pub(crate) async fn start_hosts(plan: HostsPlan<'_>) -> anyhow::Result<(Hosts, V
         }
         match plan.command {
             Some(command) => {
-                let (addr, child) = spawn_child(command, &host, plan.start_timeout).await?;
+                let command = [plan.host_prefix, command].concat();
+                let (addr, child) = spawn_child(&command, &host, plan.start_timeout).await?;
                 addrs.push(addr);
                 children.push(child);
             }
@@ -592,65 +598,76 @@ async fn throughput(
     Ok((total, started.elapsed()))
 }
 
-/// User + system CPU time, in microseconds, of `pids` and all their descendants (from
-/// /proc/<pid>/stat, clock ticks of 10 ms). Processes that already exited are not counted.
-pub fn tree_cpu_us(pids: &[u32]) -> Option<u64> {
-    if pids.is_empty() {
-        return None;
-    }
+/// One process, from /proc/<pid>/stat.
+struct ProcStat {
+    ppid: u32,
+    /// User + system CPU time.
+    cpu_us: u64,
+    /// Scheduling policy (SCHED_OTHER 0, SCHED_FIFO 1, ...).
+    policy: u32,
+}
+
+/// Every process now (those that exit while being read are left out).
+fn process_table() -> Option<BTreeMap<u32, ProcStat>> {
     let ticks = 100u64; // USER_HZ on Linux
-    let mut parent: BTreeMap<u32, u32> = BTreeMap::new();
-    let mut cpu: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut table = BTreeMap::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
         // Fields after the command name (which may contain spaces) start after the last ')'.
         let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else { continue };
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        // rest[0] = state (field 3), ppid = field 4, utime = 14, stime = 15.
-        let (Some(ppid), Some(utime), Some(stime)) = (fields.get(1), fields.get(11), fields.get(12)) else {
-            continue;
-        };
-        let (Ok(ppid), Ok(utime), Ok(stime)) =
-            (ppid.parse::<u32>(), utime.parse::<u64>(), stime.parse::<u64>())
+        // fields[0] is field 3 (state): ppid is field 4, utime 14, stime 15, policy 41.
+        let number = |field: usize| fields.get(field - 3).and_then(|value| value.parse::<u64>().ok());
+        let (Some(ppid), Some(utime), Some(stime), Some(policy)) =
+            (number(4), number(14), number(15), number(41))
         else {
             continue;
         };
-        parent.insert(pid, ppid);
-        cpu.insert(pid, (utime + stime) * 1_000_000 / ticks);
+        let cpu_us = (utime + stime) * 1_000_000 / ticks;
+        table.insert(pid, ProcStat { ppid: ppid as u32, cpu_us, policy: policy as u32 });
     }
-    let mut total = 0;
-    for (pid, us) in &cpu {
-        let mut at = *pid;
-        for _ in 0..64 {
-            if pids.contains(&at) {
-                total += us;
-                break;
-            }
-            match parent.get(&at) {
-                Some(&p) if p != 0 && p != at => at = p,
-                _ => break,
-            }
-        }
-    }
-    Some(total)
+    Some(table)
 }
 
-/// Whether every process in `pids` runs under SCHED_FIFO (policy, field 41 of
-/// /proc/<pid>/stat). `None` without processes or when one cannot be read.
+/// Whether `pid` is one of `roots` or descends from one.
+fn in_trees(table: &BTreeMap<u32, ProcStat>, roots: &[u32], pid: u32) -> bool {
+    let mut at = pid;
+    for _ in 0..64 {
+        if roots.contains(&at) {
+            return true;
+        }
+        match table.get(&at) {
+            Some(process) if process.ppid != 0 && process.ppid != at => at = process.ppid,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// User + system CPU time, in microseconds, of `pids` and all their descendants (from
+/// /proc/<pid>/stat, clock ticks of 10 ms). Processes that already exited are not counted.
+pub fn tree_cpu_us(pids: &[u32]) -> Option<u64> {
+    if pids.is_empty() {
+        return None;
+    }
+    let table = process_table()?;
+    Some(
+        table.iter().filter(|(&pid, _)| in_trees(&table, pids, pid)).map(|(_, process)| process.cpu_us).sum(),
+    )
+}
+
+/// Whether `pids` and every process descending from them (Naïve replicas, forked by their
+/// host) run under SCHED_FIFO. `None` without processes or when /proc cannot be read.
 pub fn all_sched_fifo(pids: &[u32]) -> Option<bool> {
     if pids.is_empty() {
         return None;
     }
-    let mut all = true;
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let rest = stat.rsplit_once(')')?.1;
-        // rest starts at field 3 (state): field 41 is at index 38.
-        let policy: u32 = rest.split_whitespace().nth(38)?.parse().ok()?;
-        all &= policy == libc::SCHED_FIFO as u32;
-    }
-    Some(all)
+    let table = process_table()?;
+    let fifo = libc::SCHED_FIFO as u32;
+    let mut tree = table.iter().filter(|(&pid, _)| in_trees(&table, pids, pid)).peekable();
+    tree.peek()?;
+    Some(tree.all(|(_, process)| process.policy == fifo))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -714,6 +731,7 @@ async fn run_all(
             let tag = format!("{}-{n}", mode.name());
             let (hosts, addrs) = start_hosts(HostsPlan {
                 command: config.child_command.as_deref(),
+                host_prefix: &[],
                 flush,
                 dir: &dir.join(&tag),
                 mode,

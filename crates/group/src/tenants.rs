@@ -239,6 +239,10 @@ pub struct TenantsResult {
     /// measuring; `None` for in-process hosts.
     #[serde(default)]
     pub replicas_fifo: Option<bool>,
+    /// Cores the clients' event loop kept busy (its thread's CPU time over the window): near
+    /// 1.0, the clients themselves were the bottleneck. `None` in older reports.
+    #[serde(default)]
+    pub client_cpu_cores: Option<f64>,
 }
 
 impl TenantsResult {
@@ -285,6 +289,7 @@ impl TenantsResult {
                 .map(|r| r.replicas_fifo)
                 .collect::<Option<Vec<bool>>>()
                 .map(|each| each.into_iter().all(|fifo| fifo)),
+            client_cpu_cores: median_some(&|r| r.client_cpu_cores),
         }
     }
 }
@@ -333,7 +338,7 @@ impl TenantsReport {
     }
 }
 
-/// Run the experiment. Blocking: tenants' clients are threads, each with its own runtime.
+/// Run the experiment. Blocking: the tenants' clients run on an event loop of their own thread.
 /// Modes without a group host ([`TenantsMode::Hermes`]) are refused: use [`run_with`].
 pub fn run(config: TenantsConfig) -> anyhow::Result<TenantsReport> {
     run_with(config, &mut |point: &PointSpec| {
@@ -483,7 +488,7 @@ fn summarize(
         reads.add(&run.reads).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         elapsed_sum += run.elapsed;
     }
-    // Every tenant measures for the same duration from the barrier: their mean is the window.
+    // Every tenant measures for the same duration from the same instant: their mean is the window.
     let seconds = (elapsed_sum.as_secs_f64() / tenants.max(1) as f64).max(1e-9);
     let cpu_seconds = measured.as_secs_f64().max(1e-9);
     let ops = updates.len() + reads.len();
@@ -510,6 +515,7 @@ fn summarize(
         rounds: 1,
         update_p99_rounds_us: vec![micros(&updates, 0.99)],
         replicas_fifo: None,
+        client_cpu_cores: None,
     })
 }
 
@@ -556,7 +562,7 @@ where
         read_fraction: config.read_fraction,
         value_bytes: config.value_bytes,
     };
-    let (runs, measured, cpu_us, replicas_fifo) = std::thread::scope(|scope| {
+    let measured = std::thread::scope(|scope| {
         let thread =
             std::thread::Builder::new().name("tenants-loop".to_string()).spawn_scoped(scope, || {
                 schedule_client_thread(config);
@@ -572,21 +578,49 @@ where
                     // Every tenant is idle here: the /proc reads stay outside the window.
                     let replicas_fifo = all_sched_fifo(replicas.pids);
                     let cpu_before = tree_cpu_us(replicas.pids);
-                    let cpu_window = Instant::now();
+                    let client_cpu_before = thread_cpu_us();
+                    let window = Instant::now();
                     let clients = warmed.into_iter().map(|(client, rng, _)| (client, rng)).collect();
                     let done = drive_all(clients, measure, workload).await?;
+                    let client_cpu_us = thread_cpu_us().saturating_sub(client_cpu_before);
+                    let window = window.elapsed();
                     let cpu_us = tree_cpu_us(replicas.pids)
                         .zip(cpu_before)
                         .map(|(after, before)| after.saturating_sub(before));
                     let runs: Vec<TenantRun> = done.into_iter().map(|(_, _, run)| run).collect();
-                    anyhow::Ok((runs, cpu_window.elapsed(), cpu_us, replicas_fifo))
+                    anyhow::Ok(Measured { runs, window, cpu_us, replicas_fifo, client_cpu_us })
                 })
             })?;
         thread.join().map_err(|_| anyhow::anyhow!("the tenants' event loop panicked"))?
     })?;
-    let runs = runs.into_iter().map(Ok).collect();
-    let result = summarize(mode, tenants, loaded, &replicas, runs, measured, cpu_us)?;
-    Ok(TenantsResult { replicas_fifo, ..result })
+    let runs = measured.runs.into_iter().map(Ok).collect();
+    let result = summarize(mode, tenants, loaded, &replicas, runs, measured.window, measured.cpu_us)?;
+    let client_cpu_cores =
+        Some(measured.client_cpu_us as f64 / 1e6 / measured.window.as_secs_f64().max(1e-9));
+    Ok(TenantsResult { replicas_fifo: measured.replicas_fifo, client_cpu_cores, ..result })
+}
+
+/// What the client event loop brings back from one point.
+struct Measured {
+    runs: Vec<TenantRun>,
+    /// From the CPU counters' first read to the last tenant's end.
+    window: Duration,
+    /// The replicas' CPU time in the window.
+    cpu_us: Option<u64>,
+    replicas_fifo: Option<bool>,
+    /// The event loop's own CPU time in the window.
+    client_cpu_us: u64,
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu_us() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec, which lives for the call.
+    let result = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if result != 0 {
+        return 0;
+    }
+    now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
 }
 
 /// Run every tenant's closed loop for `duration`, concurrently on the current `LocalSet`;
@@ -674,12 +708,10 @@ fn run_point(
 ) -> anyhow::Result<TenantsResult> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     // Naïve replicas are forked by their host: they inherit its niceness or class.
-    let command: Option<Vec<String>> = config
-        .child_command
-        .as_ref()
-        .map(|command| [config.replica_command_prefix(), command.clone()].concat());
+    let host_prefix = config.replica_command_prefix();
     let (hosts, addrs) = runtime.block_on(start_hosts(HostsPlan {
-        command: command.as_deref(),
+        command: config.child_command.as_deref(),
+        host_prefix: &host_prefix,
         flush,
         dir,
         mode,
@@ -837,6 +869,7 @@ mod tests {
             assert!(r.updates > 0 && r.reads > 0, "{r:?}");
             assert!(r.update_p99_us >= r.update_p50_us && r.update_p50_us > 0.0, "{r:?}");
             assert!(r.replica_cpu_us_per_op.is_none(), "in-process hosts have no process tree");
+            assert!(r.client_cpu_cores.is_some_and(|cores| cores > 0.0), "the client loop's CPU: {r:?}");
             // Every tenant runs until its own deadline: rates divide by at least that window
             // (a window read by the coordinating thread once ran short on a loaded machine
             // and inflated updates/s by 6x).
@@ -891,6 +924,7 @@ mod tests {
             rounds: 1,
             update_p99_rounds_us: vec![p99],
             replicas_fifo: Some(true),
+            client_cpu_cores: cpu,
         };
         let point = TenantsResult::median_of(vec![
             round(9_000.0, 30, Some(3.0)),
