@@ -122,6 +122,10 @@ pub fn config_of(
     anyhow::ensure!(args.rounds >= 1, "--rounds is at least 1");
     config.rounds = args.rounds;
     config.child_command = Some(child_command);
+    anyhow::ensure!(
+        !args.idle_load || background_load_command.is_some(),
+        "--idle-load sets the background load's class: it needs --background-load"
+    );
     config.idle_load = args.idle_load;
     let idle = ["chrt", "-i", "0"].map(String::from);
     config.background_load_command = match background_load_command {
@@ -189,6 +193,9 @@ fn label(mode: TenantsMode, loaded: bool) -> String {
     }
 }
 
+/// How long a Hermes tenant waits for one reply (the chain's tenants: their group I/O timeout).
+const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A Hermes tenant: its records are the keys `tenant<t>:<record>`, on one RESP connection.
 struct HermesTenant {
     conn: resp::RespConn,
@@ -203,8 +210,13 @@ impl HermesTenant {
         Ok(HermesTenant { conn, tenant: t })
     }
 
+    /// One command and its reply. A node that stays silent fails the point after
+    /// [`REPLY_TIMEOUT`] instead of hanging the run (a starved node is slow, not dead).
     async fn call(&mut self, args: &[&[u8]]) -> anyhow::Result<()> {
-        match self.conn.call(args).await? {
+        let reply = tokio::time::timeout(REPLY_TIMEOUT, self.conn.call(args)).await.map_err(|_| {
+            anyhow::anyhow!("tenant {}: no reply from its node in {} s", self.tenant, REPLY_TIMEOUT.as_secs())
+        })??;
+        match reply {
             Reply::Error(error) => Err(anyhow::anyhow!("tenant {}: {error}", self.tenant)),
             _ => Ok(()),
         }
@@ -453,6 +465,10 @@ mod tests {
 
         let fifo = config(&["--fifo", "--replica-nice", "-10"]).unwrap();
         assert_eq!(fifo.replica_command_prefix(), ["chrt", "-f", "1"], "niceness does not apply");
+
+        let cli = Cli::try_parse_from(["tenants", "--idle-load"]).unwrap();
+        let error = config_of(&cli.args, vec!["chorus".into()], None).unwrap_err();
+        assert!(error.to_string().contains("needs --background-load"), "{error}");
 
         let error = config(&["--rounds", "0"]).unwrap_err();
         assert!(error.to_string().contains("--rounds is at least 1"), "{error}");
