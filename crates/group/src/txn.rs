@@ -224,6 +224,13 @@ impl TxnCore {
 
     /// The append's gWRITE completed: the record is in the log. Returns its sequence number.
     pub fn appended(&mut self, appended: Appended, results: Results) -> Result<u64, TxnError> {
+        // One append at a time: a second record planned before this one landed would overlap it.
+        assert!(
+            appended.lsn >= self.tail,
+            "record {} planned before the tail {} moved",
+            appended.lsn,
+            self.tail
+        );
         one(results)?;
         self.tail = appended.end;
         let lsn = appended.lsn;
