@@ -532,6 +532,23 @@ mod tests {
         assert_eq!((word_at(&group, 0), word_at(&group, 1), word_at(&group, 2)), (0, 0, 0));
     }
 
+    /// The event-loop driver runs `TxnCore` by hand: planning a second append before the first
+    /// one's results are in would write two records at the same log position. That is a bug in
+    /// the driver, caught where the second lands.
+    #[test]
+    #[should_panic(expected = "planned before the tail")]
+    fn a_second_append_planned_before_the_first_lands_is_refused() {
+        let layout = TxnLayout::new(256, 64);
+        let mut group = cluster(3, layout, NetFaults::none());
+        let mut core = TxnCore::new(layout, 1);
+        let (first, first_record) = core.append_operation(&[(0, Bytes::from_static(b"first"))]).unwrap();
+        let (second, second_record) = core.append_operation(&[(8, Bytes::from_static(b"second"))]).unwrap();
+        let first_results = group.execute(vec![first]);
+        core.appended(first_record, first_results).unwrap();
+        let second_results = group.execute(vec![second]);
+        let _ = core.appended(second_record, second_results);
+    }
+
     #[test]
     fn a_write_lock_that_races_a_writer_at_one_member_is_rolled_back() {
         // Member 2's lock word is held by owner 9 (e.g. a coordinator whose undo is pending).
