@@ -221,19 +221,23 @@ impl HermesTenant {
             _ => Ok(()),
         }
     }
+
+    fn key(&self, record: u64) -> String {
+        format!("tenant{}:{record}", self.tenant)
+    }
 }
 
 impl TenantClient for HermesTenant {
     /// A local read at the tenant's node (Hermes: any replica, linearizable).
     async fn read(&mut self, record: u64) -> anyhow::Result<()> {
-        let key = format!("tenant{}:{record}", self.tenant);
+        let key = self.key(record);
         self.call(&[b"GET", key.as_bytes()]).await
     }
 
     /// A replicated write coordinated by the tenant's node: INV to the others, VAL after
     /// their ACKs (Hermes §3.2).
     async fn update(&mut self, record: u64, value: &[u8]) -> anyhow::Result<()> {
-        let key = format!("tenant{}:{record}", self.tenant);
+        let key = self.key(record);
         self.call(&[b"SET", key.as_bytes(), value]).await
     }
 }

@@ -186,18 +186,13 @@ impl TenantsConfig {
     /// [`TenantsConfig::fifo`], else `nice -n N` for a non-zero [`TenantsConfig::replica_nice`].
     /// Processes they fork (Naïve replicas) inherit either.
     pub fn replica_command_prefix(&self) -> Vec<String> {
-        let words: &[&str] = if self.fifo {
-            &["chrt", "-f", "1"]
+        if self.fifo {
+            ["chrt", "-f", "1"].map(String::from).to_vec()
         } else if self.replica_nice != 0 {
-            &["nice", "-n"]
+            vec!["nice".into(), "-n".into(), self.replica_nice.to_string()]
         } else {
-            &[]
-        };
-        let mut prefix: Vec<String> = words.iter().map(|word| word.to_string()).collect();
-        if !self.fifo && self.replica_nice != 0 {
-            prefix.push(self.replica_nice.to_string());
+            Vec::new()
         }
-        prefix
     }
 
     fn layout(&self) -> TxnLayout {
@@ -476,14 +471,13 @@ fn summarize(
     tenants: usize,
     loaded: bool,
     replicas: &Replicas,
-    runs: Vec<anyhow::Result<TenantRun>>,
+    runs: Vec<TenantRun>,
     measured: Duration,
     cpu_us: Option<u64>,
 ) -> anyhow::Result<TenantsResult> {
     let (mut updates, mut reads) = (latency_histogram(), latency_histogram());
     let mut elapsed_sum = Duration::ZERO;
     for run in runs {
-        let run = run?;
         updates.add(&run.updates).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         reads.add(&run.reads).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         elapsed_sum += run.elapsed;
@@ -593,8 +587,8 @@ where
             })?;
         thread.join().map_err(|_| anyhow::anyhow!("the tenants' event loop panicked"))?
     })?;
-    let runs = measured.runs.into_iter().map(Ok).collect();
-    let result = summarize(mode, tenants, loaded, &replicas, runs, measured.window, measured.cpu_us)?;
+    let result =
+        summarize(mode, tenants, loaded, &replicas, measured.runs, measured.window, measured.cpu_us)?;
     let client_cpu_cores =
         Some(measured.client_cpu_us as f64 / 1e6 / measured.window.as_secs_f64().max(1e-9));
     Ok(TenantsResult { replicas_fifo: measured.replicas_fifo, client_cpu_cores, ..result })
