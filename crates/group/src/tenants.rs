@@ -520,6 +520,9 @@ pub trait TenantClient: 'static {
     fn update(&mut self, record: u64, value: &[u8]) -> impl std::future::Future<Output = anyhow::Result<()>>;
 }
 
+/// How long past its phase a tenant's last operation may take before the point fails.
+const STALL_MAX: Duration = Duration::from_secs(30);
+
 /// What a tenant's closed loop does (copied out of the config so that tasks own it).
 #[derive(Clone, Copy)]
 struct Workload {
@@ -633,9 +636,16 @@ async fn drive_all<C: TenantClient>(
             })
         })
         .collect();
+    // A tenant checks its deadline between operations, so each task ends at most one operation
+    // after `duration`. A replica that stays silent (a starved one is slow, not dead) fails the
+    // point here instead of hanging the run, in every mode.
+    let deadline = tokio::time::Instant::now() + duration + STALL_MAX;
     let mut done = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        done.push(task.await.map_err(|e| anyhow::anyhow!("a tenant task failed: {e}"))??);
+    for (t, task) in tasks.into_iter().enumerate() {
+        let finished = tokio::time::timeout_at(deadline, task).await.map_err(|_| {
+            anyhow::anyhow!("tenant {t}: no operation completed in {} s", STALL_MAX.as_secs())
+        })?;
+        done.push(finished.map_err(|e| anyhow::anyhow!("a tenant task failed: {e}"))??);
     }
     Ok(done)
 }
