@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# How much of a real client's own test suite passes against Chorus.
+#
+# Fetches redis-py's source distribution from PyPI (it ships its tests), runs its
+# tests/test_commands.py against a local Redis and then against a 3-replica `chorus up`, and
+# prints how many of the tests that pass on Redis also pass on Chorus, with the failures
+# grouped by cause. Results go to --out (default bench-results/compat): junit XML of both runs
+# and summary.json.
+#
+#   scripts/compat.sh [--protocol hermes] [--redis-py 5.2.1] [--out DIR] [-- PYTEST ARGS]
+#
+# Needs python3 with venv, and redis-server (installed with apt-get when run as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+protocol=hermes
+redis_py=5.2.1
+out=bench-results/compat
+redis_port=6390
+chorus_port=7690
+pytest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --protocol) protocol=$2; shift 2 ;;
+    --redis-py) redis_py=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --) shift; pytest_args=("$@"); break ;;
+    *) echo "scripts/compat.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+say() { echo "compat: $*" >&2; }
+
+if ! command -v redis-server >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing redis-server (the reference the suite is counted against)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null
+  else
+    say "redis-server is missing and this is not root: install it (apt-get install redis-server)"
+    exit 1
+  fi
+fi
+
+mkdir -p target/compat "$out"
+cache=$(realpath target/compat)
+src="$cache/redis-$redis_py"
+if [ ! -d "$src/tests" ]; then
+  say "fetching redis-py $redis_py's source distribution from PyPI"
+  python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$cache" "redis==$redis_py"
+  tar -xzf "$cache/redis-$redis_py.tar.gz" -C "$cache"
+fi
+venv="$cache/venv"
+if [ ! -x "$venv/bin/pytest" ]; then
+  say "creating a virtualenv with pytest in $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet pytest packaging
+fi
+out=$(realpath "$out")
+
+say "building chorus (release)"
+cargo build --release --locked -p chorus >/dev/null 2>&1 || cargo build --release --locked -p chorus
+chorus=$(realpath target/release/chorus)
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+wait_for_port() {
+  for _ in $(seq 1 200); do
+    if redis-cli -p "$1" ping >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  say "nothing answers PING on port $1"; return 1
+}
+
+# The suite imports `redis` from the source tree it ships with, so it runs from there.
+run_suite() { # name port
+  (cd "$src" && "$venv/bin/pytest" tests/test_commands.py -q -p no:cacheprovider \
+      --redis-url="redis://127.0.0.1:$2/0" --junitxml="$out/$1.xml" "${pytest_args[@]}" \
+      >"$out/$1.log" 2>&1) || true
+  say "$1: $(tail -n 1 "$out/$1.log")"
+}
+
+say "redis-server on port $redis_port"
+redis-server --port "$redis_port" --save "" --appendonly no --daemonize no >"$out/redis-server.log" 2>&1 &
+pids+=($!)
+wait_for_port "$redis_port"
+run_suite redis "$redis_port"
+
+say "chorus up --protocol $protocol on ports $chorus_port-$((chorus_port + 2))"
+"$chorus" up --protocol "$protocol" --port "$chorus_port" >"$out/chorus-up.log" 2>&1 &
+pids+=($!)
+wait_for_port "$chorus_port"
+run_suite chorus "$chorus_port"
+
+"$venv/bin/python" - "$out" "$protocol" "$redis_py" <<'PY'
+import collections, json, re, sys
+import xml.etree.ElementTree as ET
+
+out, protocol, redis_py = sys.argv[1:4]
+
+def results(path):
+    """test id -> (outcome, first line of the failure message)"""
+    tests = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = tag
+                message = (node.get("message") or node.text or "").strip().splitlines()
+                message = message[0] if message else ""
+                break
+        tests[name] = (outcome, message)
+    return tests
+
+def cause(message):
+    """Groups failures: the server's error with names and numbers kept, values dropped."""
+    found = re.search(r"unknown command '([^']+)'", message, re.I)
+    if found:
+        return f"unknown command {found.group(1).upper()}"
+    found = re.search(r"(ResponseError|ConnectionError|TimeoutError|DataError): (.*)", message)
+    if found:
+        return f"{found.group(1)}: {found.group(2)[:80]}"
+    return re.sub(r"\d+", "N", message)[:100] or "(no message)"
+
+def outcomes_of(name):
+    """test id -> (outcome, message) for one run; a run whose conftest failed left no XML,
+    and every test then fails with the suite's last line as its cause."""
+    try:
+        tests = results(f"{out}/{name}.xml")
+    except FileNotFoundError:
+        lines = open(f"{out}/{name}.log").read().strip().splitlines() or ["no output"]
+        print(f"the suite did not start against {name}: {lines[-1]}")
+        return {}, ("error", f"suite did not start: {lines[-1]}")
+    return tests, ("missing", "not run")
+
+redis, _ = outcomes_of("redis")
+chorus, chorus_default = outcomes_of("chorus")
+reference = sorted(t for t, (outcome, _) in redis.items() if outcome == "passed")
+on_chorus = lambda test: chorus.get(test, chorus_default)
+passed = [t for t in reference if on_chorus(t)[0] == "passed"]
+causes = collections.Counter(
+    cause(on_chorus(t)[1]) for t in reference if t not in passed)
+summary = {
+    "suite": f"redis-py {redis_py} tests/test_commands.py",
+    "protocol": protocol,
+    "passed_on_redis": len(reference),
+    "passed_on_chorus": len(passed),
+    "ratio": round(len(passed) / max(1, len(reference)), 4),
+    "failure_causes": dict(causes.most_common()),
+}
+with open(f"{out}/summary.json", "w") as f:
+    json.dump(summary, f, indent=2)
+print(f"{len(passed)} of the {len(reference)} tests that pass on Redis pass on Chorus "
+      f"({100 * summary['ratio']:.1f}%), protocol {protocol}")
+print("failures by cause:")
+for text, count in causes.most_common(40):
+    print(f"  {count:4}  {text}")
+print(json.dumps({k: summary[k] for k in ("protocol", "passed_on_redis", "passed_on_chorus", "ratio")}))
+PY
