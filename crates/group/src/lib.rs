@@ -21,6 +21,7 @@
 
 pub mod bench;
 pub mod caller;
+pub mod kernel;
 pub mod member;
 pub mod message;
 pub mod op;
