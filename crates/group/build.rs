@@ -22,7 +22,7 @@ fn main() {
     let outcome = compile(&object);
     let generated = match &outcome {
         Ok(()) => format!(
-            "/// The compiled XDP object.\npub const OBJECT: Result<&[u8], &str> = Ok(include_bytes!({:?}));\n",
+            "/// The compiled XDP object.\npub const OBJECT: Result<&[u8], &str> = Ok(aya::include_bytes_aligned!({:?}));\n",
             object.display().to_string()
         ),
         Err(reason) => {

@@ -35,11 +35,20 @@
 #define AF_INET 2
 #endif
 
+// Map values get BTF types (not bare value sizes), which aya's loader needs.
+struct ck_slot {
+	__u8 bytes[CK_SLOT_BYTES];
+};
+
+struct ck_chunk {
+	__u8 bytes[CK_CHUNK_MAX];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__uint(value_size, CK_SLOT_BYTES);
+	__type(value, struct ck_slot);
 	__uint(max_entries, CK_SLOTS_DEFAULT); // user space may change it before loading
 } ck_regions SEC(".maps");
 
@@ -68,7 +77,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__uint(value_size, CK_CHUNK_MAX);
+	__type(value, struct ck_chunk);
 	__uint(max_entries, 1);
 } ck_scratch SEC(".maps");
 
@@ -209,10 +218,14 @@ static __always_inline int send_on(struct xdp_md *ctx, __u32 from_ip, __u16 from
 	fib.tot_len = bpf_ntohs(ip->tot_len);
 	fib.ipv4_src = from_ip;
 	fib.ipv4_dst = to_ip;
+	// The kernel's forwarding lookup from the ingress interface (the host's namespace must
+	// have IPv4 forwarding on: the datagram is forwarded, not delivered).
 	fib.ifindex = ctx->ingress_ifindex;
 	long rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
-		count(rc == BPF_FIB_LKUP_RET_NO_NEIGH ? CK_STAT_NO_NEIGHBOUR : CK_STAT_NO_ROUTE);
+		count(rc == BPF_FIB_LKUP_RET_NO_NEIGH	  ? CK_STAT_NO_NEIGHBOUR
+		      : rc == BPF_FIB_LKUP_RET_FWD_DISABLED ? CK_STAT_FORWARDING_OFF
+							    : CK_STAT_NO_ROUTE);
 		return XDP_DROP;
 	}
 	__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);

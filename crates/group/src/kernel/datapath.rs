@@ -107,7 +107,7 @@ impl KernelDatapath {
         let mut ebpf = EbpfLoader::new()
             .set_max_entries("ck_regions", slots)
             .load(object)
-            .map_err(|e| format!("loading the XDP program: {e}"))?;
+            .map_err(|e| format!("loading the XDP program: {e:?}"))?;
         let interfaces = if interfaces.is_empty() { local_interfaces()? } else { interfaces.to_vec() };
         if interfaces.is_empty() {
             return Err("no network interface but lo in this namespace to attach to".into());

@@ -114,7 +114,7 @@ unsafe impl aya::Pod for GroupState {}
 unsafe impl aya::Pod for Config {}
 
 /// The program's counters (`enum ck_stat`), in order.
-pub const STAT_NAMES: [&str; 15] = [
+pub const STAT_NAMES: [&str; 16] = [
     "applied",
     "rejected",
     "forwarded",
@@ -130,6 +130,7 @@ pub const STAT_NAMES: [&str; 15] = [
     "no_route",
     "no_neighbour",
     "injected_loss",
+    "forwarding_off",
 ];
 
 #[cfg(test)]

@@ -33,8 +33,8 @@ impl NetLab {
         if unsafe { libc::geteuid() } != 0 {
             return Some("not running as root (network namespaces need CAP_NET_ADMIN)".into());
         }
-        for (tool, package) in [("ip", "iproute2"), ("ethtool", "ethtool")] {
-            if !Command::new(tool).arg("-V").output().is_ok_and(|out| out.status.success()) {
+        for (tool, version, package) in [("ip", "-V", "iproute2"), ("ethtool", "--version", "ethtool")] {
+            if !Command::new(tool).arg(version).output().is_ok_and(|out| out.status.success()) {
                 return Some(format!("`{tool}` not found (install {package}; scripts/test.sh does so as root)"));
             }
         }
@@ -82,6 +82,8 @@ impl NetLab {
             let namespace = self.namespace(host);
             run("ip", &["netns", "add", &namespace])?;
             run("ip", &["-n", &namespace, "link", "set", "lo", "up"])?;
+            // The XDP program forwards through the kernel's forwarding lookup.
+            run("ip", &["netns", "exec", &namespace, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"])?;
             // The caller's veth: `<prefix>r<h>` here, `ckr` in the host's namespace.
             let outside = format!("{}r{host}", self.prefix);
             run("ip", &["link", "add", &outside, "type", "veth", "peer", "name", "ckr", "netns", &namespace])?;

@@ -25,14 +25,17 @@ use chorus_region::TenantId;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
-use super::host::{dial, write_loop};
+use super::host::{dial, write_loop, Datapath};
+use crate::kernel::layout::{CHAIN_MAX, RING};
+use crate::kernel::packet::{self, GroupAddress};
+use tokio::net::UdpSocket;
 use super::wire::{
     frame_of, group_frames, read_frame, ControlReply, ControlRequest, Hello, Role, FRAME_BYTES_MAX,
     FRAME_KIND_CONTROL, FRAME_KIND_REPLY,
 };
 use crate::caller::{CallerConfig, GroupCaller};
 use crate::message::{GroupMessage, FRAME_KIND_GROUP};
-use crate::op::{GroupConfig, GroupError, GroupId, OpOutcome, Operation, Token, CHAIN_MEMBERS_MAX};
+use crate::op::{GroupConfig, GroupError, GroupId, OpError, OpOutcome, Operation, Token, CHAIN_MEMBERS_MAX};
 use crate::outbox::{GroupOutbox, RequestId};
 use crate::txn::{GroupExecutor, TxnError};
 
@@ -52,6 +55,24 @@ pub struct GroupSpec {
     pub caller: CallerConfig,
     /// Deadline of connects, handshakes and control requests.
     pub io_timeout: Duration,
+    /// Ask the hosts for the kernel data path ([`Datapath::Kernel`]): operations then travel as
+    /// UDP datagrams that the hosts' XDP programs apply and forward. Falls back to the user
+    /// path when any member cannot serve it.
+    pub datapath: Datapath,
+    /// The caller's timing on the kernel path, where datagrams can be lost: retransmit soon.
+    pub kernel_caller: CallerConfig,
+    /// Faults injected into the datagrams this caller sends (tests of the kernel path).
+    pub wire_faults: Option<WireFaults>,
+}
+
+/// Loss, duplication and reordering of the caller's datagrams, drawn from `seed`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WireFaults {
+    pub seed: u64,
+    pub drop_per_million: u32,
+    pub duplicate_per_million: u32,
+    /// Held back and sent after the next datagram.
+    pub reorder_per_million: u32,
 }
 
 impl GroupSpec {
@@ -80,6 +101,13 @@ impl GroupSpec {
                 window_max: 128,
             },
             io_timeout: Duration::from_secs(5),
+            datapath: Datapath::User,
+            kernel_caller: CallerConfig {
+                retransmit_after: Time::from_millis(10),
+                attempts_max: 200,
+                window_max: 128,
+            },
+            wire_faults: None,
         }
     }
 }
@@ -92,6 +120,8 @@ enum Command {
 
 enum Inbound {
     Messages(NodeId, Vec<GroupMessage>),
+    /// Acknowledgements that arrived as datagrams (the kernel path).
+    KernelAcks(Vec<packet::Ack>),
     Lost(usize, String),
 }
 
@@ -204,13 +234,27 @@ pub struct GroupClient {
     group: GroupId,
     io_timeout: Duration,
     next_control: AtomicU64,
+    datapath: Datapath,
     driver: tokio::task::AbortHandle,
+    receiver: Option<tokio::task::AbortHandle>,
 }
 
 impl Drop for GroupClient {
     fn drop(&mut self) {
         self.driver.abort();
+        if let Some(receiver) = &self.receiver {
+            receiver.abort();
+        }
     }
+}
+
+/// What initializing every member produced.
+struct Members {
+    conns: Vec<Conn>,
+    data_addrs: Vec<SocketAddr>,
+    region_paths: Vec<String>,
+    /// Each member's UDP data port if it is on the kernel path.
+    kernel_ports: Vec<Option<u16>>,
 }
 
 impl GroupClient {
@@ -222,6 +266,28 @@ impl GroupClient {
         if n == 0 || n > CHAIN_MEMBERS_MAX {
             bail!("a chain has 1 to {CHAIN_MEMBERS_MAX} members, not {n}");
         }
+        let (inbound_tx, inbound_rx) = mpsc::unbounded_channel();
+        let next_control = AtomicU64::new(1);
+        let socket = match spec.datapath {
+            Datapath::Kernel if n <= CHAIN_MAX && spec.kernel_caller.window_max <= RING => {
+                Some(UdpSocket::bind(("0.0.0.0", 0)).await.context("binding the caller's datagram socket")?)
+            }
+            _ => None,
+        };
+        let caller_port = match &socket {
+            Some(socket) => socket.local_addr()?.port(),
+            None => 0,
+        };
+        let mut members = initialize_members(&spec, caller_port, &inbound_tx, &next_control).await?;
+        let on_kernel = members.kernel_ports.iter().all(Option::is_some);
+        if caller_port != 0 && !on_kernel {
+            // Some member cannot serve the kernel path: every member goes to the user path
+            // (closing the first connections drops what was installed).
+            tracing::info!("a member is not on the kernel data path: the group uses the user-space path");
+            drop(members);
+            members = initialize_members(&spec, 0, &inbound_tx, &next_control).await?;
+        }
+        let datapath = if caller_port != 0 && on_kernel { Datapath::Kernel } else { Datapath::User };
         let config = GroupConfig {
             group: spec.group,
             tenant: spec.tenant,
@@ -232,71 +298,39 @@ impl GroupClient {
             region_bytes: spec.region_bytes,
             start_seq: spec.start_seq,
         };
-        let caller = GroupCaller::new(config, NodeId(0), spec.caller.clone()).map_err(anyhow::Error::msg)?;
-        let (inbound_tx, inbound_rx) = mpsc::unbounded_channel();
-        let next_control = AtomicU64::new(1);
-        let mut conns: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
-        let mut data_addrs: Vec<Option<SocketAddr>> = vec![None; n];
-        let mut region_paths = vec![String::new(); n];
-        for position in (0..n).rev() {
-            let next = if position + 1 < n { data_addrs[position + 1].map(|a| a.to_string()) } else { None };
-            let mut addr = spec.hosts[position];
-            let mut redirects = 0;
-            loop {
-                let conn = Conn::open(addr, &spec, position, inbound_tx.clone())
-                    .await
-                    .with_context(|| format!("member {position} at {addr}"))?;
-                let request = ControlRequest::Initialize {
-                    id: next_control.fetch_add(1, Relaxed),
-                    group: spec.group,
-                    epoch: spec.epoch,
-                    start_seq: spec.start_seq,
-                    region: spec.region.clone(),
-                    region_bytes: spec.region_bytes,
-                    chain_len: n as u8,
-                    position: position as u8,
-                    next: next.clone(),
-                };
-                let reply = conn
-                    .control(request, spec.io_timeout)
-                    .await
-                    .with_context(|| format!("initializing member {position} at {addr}"))?;
-                match reply {
-                    ControlReply::Initialized { region_path, .. } => {
-                        conn.active.store(true, Relaxed);
-                        conns[position] = Some(conn);
-                        data_addrs[position] = Some(addr);
-                        region_paths[position] = region_path;
-                        break;
-                    }
-                    ControlReply::Redirect { addr: to, .. } if redirects == 0 => {
-                        redirects += 1;
-                        addr = to.parse().with_context(|| format!("redirect to {to:?}"))?;
-                    }
-                    ControlReply::Error { message, .. } => {
-                        bail!("member {position} at {addr} refused Initialize: {message}")
-                    }
-                    other => bail!("member {position} at {addr} answered Initialize with {other:?}"),
-                }
+        let caller_config = if datapath == Datapath::Kernel { &spec.kernel_caller } else { &spec.caller };
+        let caller = GroupCaller::new(config, NodeId(0), caller_config.clone()).map_err(anyhow::Error::msg)?;
+        let tick = Duration::from_nanos(caller_config.retransmit_after.as_nanos() / 4).max(Duration::from_millis(1));
+        let (transport, receiver) = match (datapath, socket) {
+            (Datapath::Kernel, Some(socket)) => {
+                let socket = Arc::new(socket);
+                let head = SocketAddr::new(members.data_addrs[0].ip(), members.kernel_ports[0].unwrap_or(0));
+                let address = GroupAddress { tenant: spec.tenant, group: spec.group, epoch: spec.epoch, token: spec.token };
+                let receiver = tokio::spawn(receive_acks(socket.clone(), address, n, inbound_tx.clone()));
+                let sender = KernelSender::new(socket, head, address, spec.region_bytes, n, spec.wire_faults);
+                (Transport::Kernel(Box::new(sender)), Some(receiver.abort_handle()))
             }
-        }
-        let conns: Vec<Conn> = conns.into_iter().flatten().collect();
-        let data_addrs: Vec<SocketAddr> = data_addrs.into_iter().flatten().collect();
+            _ => (Transport::Tcp(members.conns[0].tx.clone()), None),
+        };
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
-        let head = conns[0].tx.clone();
-        let tick =
-            Duration::from_nanos(spec.caller.retransmit_after.as_nanos() / 4).max(Duration::from_millis(1));
-        let driver = tokio::spawn(drive(caller, commands_rx, inbound_rx, head, tick));
+        let driver = tokio::spawn(drive(caller, commands_rx, inbound_rx, transport, tick));
         Ok(GroupClient {
             commands: commands_tx,
-            conns,
-            region_paths,
-            data_addrs,
+            conns: members.conns,
+            region_paths: members.region_paths,
+            data_addrs: members.data_addrs,
             group: spec.group,
             io_timeout: spec.io_timeout,
             next_control,
+            datapath,
             driver: driver.abort_handle(),
+            receiver,
         })
+    }
+
+    /// The data path this group's operations take.
+    pub fn datapath(&self) -> Datapath {
+        self.datapath
     }
 
     pub fn chain_len(&self) -> usize {
@@ -363,17 +397,252 @@ impl GroupClient {
     }
 }
 
+/// HyperLoop §5 `Initialize` on every member, tail first (each member links to the next one),
+/// following a Naïve dispatcher's redirect to the replica it started.
+async fn initialize_members(
+    spec: &GroupSpec,
+    caller_port: u16,
+    inbound_tx: &mpsc::UnboundedSender<Inbound>,
+    next_control: &AtomicU64,
+) -> anyhow::Result<Members> {
+    let n = spec.hosts.len();
+    let mut conns: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
+    let mut data_addrs: Vec<Option<SocketAddr>> = vec![None; n];
+    let mut region_paths = vec![String::new(); n];
+    let mut kernel_ports = vec![None; n];
+    for position in (0..n).rev() {
+        let next = if position + 1 < n { data_addrs[position + 1].map(|a| a.to_string()) } else { None };
+        let mut addr = spec.hosts[position];
+        let mut redirects = 0;
+        loop {
+            let conn = Conn::open(addr, spec, position, inbound_tx.clone())
+                .await
+                .with_context(|| format!("member {position} at {addr}"))?;
+            let request = ControlRequest::Initialize {
+                id: next_control.fetch_add(1, Relaxed),
+                group: spec.group,
+                epoch: spec.epoch,
+                start_seq: spec.start_seq,
+                region: spec.region.clone(),
+                region_bytes: spec.region_bytes,
+                chain_len: n as u8,
+                position: position as u8,
+                next: next.clone(),
+                caller_port,
+            };
+            let reply = conn
+                .control(request, spec.io_timeout)
+                .await
+                .with_context(|| format!("initializing member {position} at {addr}"))?;
+            let (region_path, kernel_port) = match reply {
+                ControlReply::Initialized { region_path, .. } => (region_path, None),
+                ControlReply::InitializedKernel { region_path, data_port, .. } => (region_path, Some(data_port)),
+                ControlReply::Redirect { addr: to, .. } if redirects == 0 => {
+                    redirects += 1;
+                    addr = to.parse().with_context(|| format!("redirect to {to:?}"))?;
+                    continue;
+                }
+                ControlReply::Error { message, .. } => {
+                    bail!("member {position} at {addr} refused Initialize: {message}")
+                }
+                other => bail!("member {position} at {addr} answered Initialize with {other:?}"),
+            };
+            conn.active.store(true, Relaxed);
+            conns[position] = Some(conn);
+            data_addrs[position] = Some(addr);
+            region_paths[position] = region_path;
+            kernel_ports[position] = kernel_port;
+            break;
+        }
+    }
+    Ok(Members {
+        conns: conns.into_iter().flatten().collect(),
+        data_addrs: data_addrs.into_iter().flatten().collect(),
+        region_paths,
+        kernel_ports,
+    })
+}
+
+/// Where the driver sends operations for the head.
+enum Transport {
+    /// Batch frames on the caller connection to the head.
+    Tcp(mpsc::Sender<Bytes>),
+    /// Datagrams to the head's XDP program.
+    Kernel(Box<KernelSender>),
+}
+
+/// The kernel path's sender: one datagram per operation, the caller's own verdicts kept to
+/// report them when the tail acknowledges, and optional injected faults.
+struct KernelSender {
+    socket: Arc<UdpSocket>,
+    head: SocketAddr,
+    address: GroupAddress,
+    region_bytes: u64,
+    chain_len: usize,
+    /// Operations the caller found malformed, by sequence number, until acknowledged.
+    rejected: HashMap<u64, OpError>,
+    buf: Vec<u8>,
+    faults: Option<(WireFaults, u64)>,
+    held: Option<Vec<u8>>,
+}
+
+impl KernelSender {
+    fn new(
+        socket: Arc<UdpSocket>,
+        head: SocketAddr,
+        address: GroupAddress,
+        region_bytes: u64,
+        chain_len: usize,
+        faults: Option<WireFaults>,
+    ) -> KernelSender {
+        KernelSender {
+            socket,
+            head,
+            address,
+            region_bytes,
+            chain_len,
+            rejected: HashMap::new(),
+            buf: Vec::with_capacity(2048),
+            faults: faults.map(|f| (f, f.seed)),
+            held: None,
+        }
+    }
+
+    /// Operations larger than a datagram become several (see [`packet::split`]); a malformed
+    /// one stays whole, to be rejected.
+    fn pieces(&self, operation: Operation) -> Vec<Operation> {
+        match operation.validate(self.region_bytes, self.chain_len) {
+            Ok(()) => packet::split(&operation),
+            Err(_) => vec![operation],
+        }
+    }
+
+    async fn send(&mut self, message: &GroupMessage) {
+        let GroupMessage::Op { seq, operation, .. } = message else { return };
+        let verdict = operation.validate(self.region_bytes, self.chain_len).err();
+        if let Some(error) = verdict {
+            self.rejected.insert(*seq, error);
+        }
+        packet::encode_op(&self.address, *seq, operation, verdict.is_some(), &mut self.buf);
+        let datagram = std::mem::take(&mut self.buf);
+        self.send_datagram(&datagram).await;
+        self.buf = datagram;
+    }
+
+    async fn send_datagram(&mut self, datagram: &[u8]) {
+        let Some((faults, state)) = &mut self.faults else {
+            let _ = self.socket.send_to(datagram, self.head).await;
+            return;
+        };
+        let roll = |state: &mut u64, per_million: u32| splitmix64(state) % 1_000_000 < u64::from(per_million);
+        let faults = *faults;
+        if roll(state, faults.drop_per_million) {
+            return;
+        }
+        if self.held.is_none() && roll(state, faults.reorder_per_million) {
+            self.held = Some(datagram.to_vec());
+            return;
+        }
+        let copies = if roll(state, faults.duplicate_per_million) { 2 } else { 1 };
+        for _ in 0..copies {
+            let _ = self.socket.send_to(datagram, self.head).await;
+        }
+        if let Some(held) = self.held.take() {
+            let _ = self.socket.send_to(&held, self.head).await;
+        }
+    }
+
+    /// Send whatever was held back for reordering (the end of a turn).
+    async fn flush_held(&mut self) {
+        if let Some(held) = self.held.take() {
+            let _ = self.socket.send_to(&held, self.head).await;
+        }
+    }
+
+    /// The acknowledgement as the caller core expects it.
+    fn ack_message(&mut self, ack: packet::Ack) -> GroupMessage {
+        let own = self.rejected.remove(&ack.seq);
+        let outcome = match (ack.verdict, own) {
+            (0, _) => Ok(ack.results),
+            (_, Some(error)) => Err(error),
+            // The kernel rejected what the caller found valid: only a verdict of its own
+            // (never expected; reported as out of bounds rather than invented precisely).
+            (_, None) => Err(OpError::OutOfBounds { offset: 0, len: 0, region_bytes: self.region_bytes }),
+        };
+        GroupMessage::Ack { group: ack.group, epoch: ack.epoch, seq: ack.seq, outcome }
+    }
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Read the tail's acknowledgements for this group off the caller's datagram socket.
+async fn receive_acks(
+    socket: Arc<UdpSocket>,
+    address: GroupAddress,
+    chain_len: usize,
+    inbound: mpsc::UnboundedSender<Inbound>,
+) {
+    let mut buf = vec![0u8; 2048];
+    loop {
+        let Ok(len) = socket.recv(&mut buf).await else { return };
+        let mut acks = Vec::new();
+        let mut keep = |datagram: &[u8]| {
+            if let Some(ack) = packet::decode_ack(datagram, chain_len) {
+                if ack.tenant == address.tenant && ack.group == address.group {
+                    acks.push(ack);
+                }
+            }
+        };
+        keep(&buf[..len]);
+        while let Ok(len) = socket.try_recv(&mut buf) {
+            keep(&buf[..len]);
+        }
+        if !acks.is_empty() && inbound.send(Inbound::KernelAcks(acks)).is_err() {
+            return;
+        }
+    }
+}
+
 struct Batch {
     results: Vec<Option<Result<OpOutcome, GroupError>>>,
+    /// Per operation, the pieces (datagram-sized operations) not completed yet.
+    pieces_left: Vec<usize>,
     remaining: usize,
     reply: Option<oneshot::Sender<Results>>,
+}
+
+impl Batch {
+    /// One piece of operation `index` completed: the operation's result is its first error,
+    /// or its first piece's outcome (a gCAS is never split).
+    fn complete(&mut self, index: usize, result: Result<OpOutcome, GroupError>) {
+        let (Some(slot), Some(left)) = (self.results.get_mut(index), self.pieces_left.get_mut(index)) else {
+            return;
+        };
+        if *left == 0 {
+            return;
+        }
+        match (&slot, &result) {
+            (None, _) | (Some(Ok(_)), Err(_)) => *slot = Some(result),
+            _ => {}
+        }
+        *left -= 1;
+        if *left == 0 {
+            self.remaining -= 1;
+        }
+    }
 }
 
 async fn drive(
     mut caller: GroupCaller,
     mut commands: mpsc::UnboundedReceiver<Command>,
     mut inbound: mpsc::UnboundedReceiver<Inbound>,
-    head: mpsc::Sender<Bytes>,
+    mut transport: Transport,
     tick: Duration,
 ) {
     let origin = Instant::now();
@@ -385,52 +654,70 @@ async fn drive(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut out = GroupOutbox::default();
     let mut to_head = Vec::new();
+    let tail = NodeId(caller.group().chain.len() as u8);
     loop {
-        let mut submit = |command: Command, out: &mut GroupOutbox, caller: &mut GroupCaller| {
+        let mut submit = |command: Command, out: &mut GroupOutbox, caller: &mut GroupCaller, transport: &Transport| {
             let Command::Execute { operations, reply } = command;
             let batch = next_batch;
             next_batch += 1;
+            let pieces: Vec<Vec<Operation>> = operations
+                .into_iter()
+                .map(|operation| match transport {
+                    Transport::Kernel(sender) => sender.pieces(operation),
+                    Transport::Tcp(_) => vec![operation],
+                })
+                .collect();
             batches.insert(
                 batch,
                 Batch {
-                    results: (0..operations.len()).map(|_| None).collect(),
-                    remaining: operations.len(),
+                    results: (0..pieces.len()).map(|_| None).collect(),
+                    pieces_left: pieces.iter().map(Vec::len).collect(),
+                    remaining: pieces.len(),
                     reply: Some(reply),
                 },
             );
             let at = now();
-            for (index, operation) in operations.into_iter().enumerate() {
+            for (index, operation) in pieces.into_iter().enumerate().flat_map(|(i, ps)| ps.into_iter().map(move |p| (i, p))) {
                 let request = RequestId(next_request);
                 next_request += 1;
                 requests.insert(request, (batch, index));
                 caller.submit(at, request, operation, out);
             }
         };
-        let handle_inbound = |item: Inbound, out: &mut GroupOutbox, caller: &mut GroupCaller| match item {
-            Inbound::Messages(from, messages) => {
-                let at = now();
-                for message in messages {
-                    caller.on_message(at, from, message, out);
+        let handle_inbound =
+            |item: Inbound, out: &mut GroupOutbox, caller: &mut GroupCaller, transport: &mut Transport| match item {
+                Inbound::Messages(from, messages) => {
+                    let at = now();
+                    for message in messages {
+                        caller.on_message(at, from, message, out);
+                    }
                 }
-            }
-            Inbound::Lost(position, reason) => {
-                tracing::debug!(position, "group connection lost: {reason}");
-                caller.on_link_lost(reason, out);
-            }
-        };
+                Inbound::KernelAcks(acks) => {
+                    let at = now();
+                    if let Transport::Kernel(sender) = transport {
+                        for ack in acks {
+                            caller.on_message(at, tail, sender.ack_message(ack), out);
+                        }
+                    }
+                }
+                Inbound::Lost(position, reason) => {
+                    tracing::debug!(position, "group connection lost: {reason}");
+                    caller.on_link_lost(reason, out);
+                }
+            };
         tokio::select! {
             command = commands.recv() => {
                 let Some(command) = command else { break };
-                submit(command, &mut out, &mut caller);
+                submit(command, &mut out, &mut caller, &transport);
                 while let Ok(command) = commands.try_recv() {
-                    submit(command, &mut out, &mut caller);
+                    submit(command, &mut out, &mut caller, &transport);
                 }
             }
             item = inbound.recv() => {
                 let Some(item) = item else { break };
-                handle_inbound(item, &mut out, &mut caller);
+                handle_inbound(item, &mut out, &mut caller, &mut transport);
                 while let Ok(item) = inbound.try_recv() {
-                    handle_inbound(item, &mut out, &mut caller);
+                    handle_inbound(item, &mut out, &mut caller, &mut transport);
                 }
             }
             _ = ticker.tick() => caller.on_tick(now(), &mut out),
@@ -441,21 +728,26 @@ async fn drive(
                 to_head.push(message);
             }
         }
-        for frame in group_frames(&to_head) {
-            if head.send(frame).await.is_err() {
-                caller.on_link_lost("the connection to the head is closed".into(), &mut out);
-                break;
+        match &mut transport {
+            Transport::Tcp(head) => {
+                for frame in group_frames(&to_head) {
+                    if head.send(frame).await.is_err() {
+                        caller.on_link_lost("the connection to the head is closed".into(), &mut out);
+                        break;
+                    }
+                }
+            }
+            Transport::Kernel(sender) => {
+                for message in &to_head {
+                    sender.send(message).await;
+                }
+                sender.flush_held().await;
             }
         }
         for (request, result) in out.completions.drain(..) {
             let Some((batch_id, index)) = requests.remove(&request) else { continue };
             let Some(batch) = batches.get_mut(&batch_id) else { continue };
-            if let Some(slot) = batch.results.get_mut(index) {
-                if slot.is_none() {
-                    *slot = Some(result);
-                    batch.remaining -= 1;
-                }
-            }
+            batch.complete(index, result);
             if batch.remaining == 0 {
                 if let Some(batch) = batches.remove(&batch_id) {
                     let results = batch

@@ -42,6 +42,7 @@ use super::wire::{
     FRAME_BYTES_MAX, FRAME_KIND_CONTROL, FRAME_KIND_HELLO, FRAME_KIND_REFUSE, FRAME_KIND_REPLY,
     FRAME_KIND_WELCOME, HELLO_BYTES_MAX,
 };
+use crate::kernel::KernelDatapath;
 use crate::member::ChainMember;
 use crate::message::{GroupMessage, FRAME_KIND_GROUP};
 use crate::op::{GroupConfig, GroupId, Refusal, Token, CHAIN_MEMBERS_MAX};
@@ -99,6 +100,56 @@ impl std::str::FromStr for HostMode {
     }
 }
 
+/// Where a host applies and forwards its members' operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Datapath {
+    /// This process: a [`ChainMember`] per group over TCP links.
+    #[default]
+    User,
+    /// The kernel's packet path (XDP, [`crate::kernel`]) for every group that fits it (IPv4,
+    /// a region of at most 1 MiB, a chain of at most 8, a caller that asks for it); the others,
+    /// and everything when the kernel path cannot load, fall back to the user path.
+    Kernel,
+}
+
+impl Datapath {
+    pub fn name(self) -> &'static str {
+        match self {
+            Datapath::User => "user",
+            Datapath::Kernel => "kernel",
+        }
+    }
+}
+
+impl std::str::FromStr for Datapath {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Datapath, String> {
+        match text {
+            "user" => Ok(Datapath::User),
+            "kernel" => Ok(Datapath::Kernel),
+            other => Err(format!("unknown data path {other:?}: expected kernel or user")),
+        }
+    }
+}
+
+/// What one tenant may hold on one host (issue 22: a tenant cannot exhaust a shared host).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantQuotas {
+    /// Distinct regions registered.
+    pub regions_max: usize,
+    /// Their total size.
+    pub region_bytes_max: u64,
+    /// Naïve replicas running at once.
+    pub naive_replicas_max: usize,
+}
+
+impl Default for TenantQuotas {
+    fn default() -> Self {
+        TenantQuotas { regions_max: 64, region_bytes_max: 1 << 30, naive_replicas_max: 128 }
+    }
+}
+
 /// A tenant known to the host and its token (HyperLoop §7), 32 hexadecimal digits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantCredential {
@@ -145,6 +196,23 @@ pub struct HostConfig {
     /// honoured where the host builds its own runtime ([`super::child_main`], replica threads).
     #[serde(default)]
     pub busy_poll: bool,
+    #[serde(default)]
+    pub datapath: Datapath,
+    /// Kernel path: the interfaces to attach to (empty: every one but `lo`).
+    #[serde(default)]
+    pub kernel_interfaces: Vec<String>,
+    /// Kernel path: region slots of 1 MiB (0: 64).
+    #[serde(default)]
+    pub kernel_slots: u32,
+    /// Kernel path: drop this share of arriving datagrams (tests: loss on the wire).
+    #[serde(default)]
+    pub kernel_loss_per_million: u32,
+    #[serde(default)]
+    pub quotas: TenantQuotas,
+    /// The other group hosts: a member's next hop must have one of their IP addresses (or a
+    /// loopback address), so no tenant can make this host send to anyone else.
+    #[serde(default)]
+    pub peers: Vec<std::net::IpAddr>,
 }
 
 fn default_io_timeout_ms() -> u64 {
@@ -181,6 +249,12 @@ impl HostConfig {
             worker_threads: 0,
             exit_when_idle: false,
             busy_poll: false,
+            datapath: Datapath::User,
+            kernel_interfaces: Vec::new(),
+            kernel_slots: 0,
+            kernel_loss_per_million: 0,
+            quotas: TenantQuotas::default(),
+            peers: Vec::new(),
         }
     }
 
@@ -245,7 +319,10 @@ pub async fn start_host(config: HostConfig) -> anyhow::Result<HostHandle> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen for group connections on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
+    let kernel = start_kernel(&config, addr.port());
     let host = Arc::new(Host {
+        kernel,
+        usage: Mutex::new(HashMap::new()),
         io_timeout: config.io_timeout(),
         config,
         store,
@@ -262,8 +339,36 @@ pub async fn start_host(config: HostConfig) -> anyhow::Result<HostHandle> {
     });
     let accepting = host.clone();
     host.spawn(async move { accepting.accept_loop(listener).await });
-    info!(%addr, mode = ?host.config.mode, backend = %host.config.flush, "group host listening");
+    info!(%addr, mode = ?host.config.mode, backend = %host.config.flush, datapath = host.datapath().name(), "group host listening");
     Ok(HostHandle { addr, host })
+}
+
+/// The kernel data path if asked for and available; otherwise the reason, loudly, and `None`
+/// (every group is then served by the user-space path).
+fn start_kernel(config: &HostConfig, port: u16) -> Option<KernelDatapath> {
+    if config.datapath != Datapath::Kernel {
+        return None;
+    }
+    if config.mode.is_naive() {
+        warn!("the Naïve baseline has no kernel data path: its replicas do the work");
+        return None;
+    }
+    match KernelDatapath::start(port, &config.kernel_interfaces, config.kernel_slots) {
+        Ok(kernel) => {
+            if config.kernel_loss_per_million > 0 {
+                if let Err(error) = kernel.set_loss_per_million(config.kernel_loss_per_million) {
+                    warn!("could not inject loss on the kernel path: {error}");
+                }
+            }
+            info!(interfaces = ?kernel.interfaces(), port, "kernel data path attached (XDP)");
+            Some(kernel)
+        }
+        Err(reason) => {
+            warn!("kernel data path unavailable, serving on the user-space path: {reason}");
+            eprintln!("chorus group host: kernel data path unavailable ({reason}); using the user-space path");
+            None
+        }
+    }
 }
 
 /// Run a group host until the process is interrupted (Ctrl-C / SIGINT). Prints the address it
@@ -277,14 +382,35 @@ pub async fn serve_host(config: HostConfig) -> anyhow::Result<()> {
 }
 
 struct GroupSlot {
+    tenant: TenantId,
     group: GroupId,
     epoch: u64,
     position: usize,
-    member: Mutex<ChainMember<Region>>,
+    member: SlotMember,
     /// The connection of the caller that initialized the group: acknowledgements and refusals.
     caller: mpsc::Sender<Bytes>,
     caller_conn: u64,
     downstream: Option<mpsc::Sender<Bytes>>,
+}
+
+/// Who applies this member's operations.
+enum SlotMember {
+    User(Mutex<ChainMember<Region>>),
+    /// The XDP program, on region slot `slot` of the kernel's regions map.
+    Kernel { slot: u32 },
+}
+
+/// What a tenant holds on this host, against its [`TenantQuotas`].
+#[derive(Default)]
+struct TenantUsage {
+    regions: HashMap<String, u64>,
+}
+
+/// The addresses of a caller's connection, as this host sees them.
+#[derive(Clone, Copy)]
+struct CallerAddrs {
+    peer: SocketAddr,
+    local: SocketAddr,
 }
 
 enum Replica {
@@ -302,13 +428,15 @@ impl Replica {
 }
 
 struct Host {
+    kernel: Option<KernelDatapath>,
+    usage: Mutex<HashMap<TenantId, TenantUsage>>,
     config: HostConfig,
     io_timeout: Duration,
     store: RegionStore,
     tokens: HashMap<TenantId, Token>,
     groups: Mutex<HashMap<(TenantId, GroupId), Arc<GroupSlot>>>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
-    replicas: Mutex<Vec<Replica>>,
+    replicas: Mutex<Vec<(TenantId, Replica)>>,
     idle: Notify,
     served_a_group: AtomicBool,
     stopped: AtomicBool,
@@ -318,6 +446,14 @@ struct Host {
 }
 
 impl Host {
+    fn datapath(&self) -> Datapath {
+        if self.kernel.is_some() {
+            Datapath::Kernel
+        } else {
+            Datapath::User
+        }
+    }
+
     fn spawn<F>(self: &Arc<Self>, future: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
@@ -381,6 +517,10 @@ impl Host {
 
     async fn serve_connection(self: Arc<Self>, stream: TcpStream) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
+        let addrs = CallerAddrs {
+            peer: stream.peer_addr().map_err(|e| e.to_string())?,
+            local: stream.local_addr().map_err(|e| e.to_string())?,
+        };
         let (mut reader, mut writer) = stream.into_split();
         let mut buf = BytesMut::with_capacity(64 * 1024);
         let frame =
@@ -420,7 +560,7 @@ impl Host {
                 self.spawn(async move {
                     let _ = write_loop(writer, rx, None, timeout).await;
                 });
-                let result = self.clone().serve_caller(conn, hello.tenant, reader, buf, tx).await;
+                let result = self.clone().serve_caller(conn, hello.tenant, addrs, reader, buf, tx).await;
                 self.caller_closed(conn);
                 result
             }
@@ -467,6 +607,7 @@ impl Host {
         self: Arc<Self>,
         conn: u64,
         tenant: TenantId,
+        addrs: CallerAddrs,
         mut reader: OwnedReadHalf,
         mut buf: BytesMut,
         tx: mpsc::Sender<Bytes>,
@@ -499,7 +640,7 @@ impl Host {
                 FRAME_KIND_CONTROL => {
                     let request = ControlRequest::decode_exact(frame.payload)
                         .map_err(|e| format!("malformed control request: {e}"))?;
-                    let reply = self.control(conn, tenant, request, &tx).await;
+                    let reply = self.control(conn, tenant, addrs, request, &tx).await;
                     if tx.send(frame_of(FRAME_KIND_REPLY, &reply)).await.is_err() {
                         return Ok(());
                     }
@@ -534,10 +675,14 @@ impl Host {
     /// Apply a received batch under the member's lock, then send what it produced: one batch
     /// frame per destination.
     async fn deliver(&self, slot: &GroupSlot, from: NodeId, messages: Vec<GroupMessage>) {
+        let SlotMember::User(member) = &slot.member else {
+            debug!(group = slot.group.0, "operations over TCP for a kernel-path member dropped");
+            return;
+        };
         let now = self.now();
         let mut out = GroupOutbox::default();
         {
-            let mut member = slot.member.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut member = member.lock().unwrap_or_else(PoisonError::into_inner);
             for message in messages {
                 member.on_message(now, from, message, &mut out);
             }
@@ -563,7 +708,13 @@ impl Host {
 
     fn caller_closed(&self, conn: u64) {
         let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
-        groups.retain(|_, slot| slot.caller_conn != conn);
+        groups.retain(|_, slot| {
+            let keep = slot.caller_conn != conn;
+            if let (false, SlotMember::Kernel { .. }, Some(kernel)) = (keep, &slot.member, &self.kernel) {
+                kernel.remove(slot.tenant, slot.group);
+            }
+            keep
+        });
         let empty = groups.is_empty();
         drop(groups);
         if empty {
@@ -575,6 +726,7 @@ impl Host {
         self: &Arc<Self>,
         conn: u64,
         tenant: TenantId,
+        addrs: CallerAddrs,
         request: ControlRequest,
         caller: &mpsc::Sender<Bytes>,
     ) -> ControlReply {
@@ -583,18 +735,18 @@ impl Host {
             ControlRequest::Ping { id } => Ok(ControlReply::Pong { id }),
             ControlRequest::Read { id, group, offset, len } => match self.slot(tenant, group) {
                 None => Err(format!("group {} is not initialized here", group.0)),
-                Some(slot) => {
-                    let member = slot.member.lock().unwrap_or_else(PoisonError::into_inner);
-                    if len > crate::op::OP_BYTES_MAX {
-                        Err(format!("a read is at most {} bytes", crate::op::OP_BYTES_MAX))
-                    } else {
-                        member
-                            .memory()
-                            .read_vec(offset, len)
-                            .map(|bytes| ControlReply::Data { id, bytes: Bytes::from(bytes) })
-                            .map_err(|e| e.to_string())
-                    }
+                Some(_) if len > crate::op::OP_BYTES_MAX => {
+                    Err(format!("a read is at most {} bytes", crate::op::OP_BYTES_MAX))
                 }
+                Some(slot) => match (&slot.member, &self.kernel) {
+                    (SlotMember::User(member), _) => {
+                        let member = member.lock().unwrap_or_else(PoisonError::into_inner);
+                        member.memory().read_vec(offset, len).map_err(|e| e.to_string())
+                    }
+                    (SlotMember::Kernel { slot }, Some(kernel)) => kernel.read(*slot, offset, len),
+                    (SlotMember::Kernel { .. }, None) => Err("no kernel data path".to_string()),
+                }
+                .map(|bytes| ControlReply::Data { id, bytes: Bytes::from(bytes) }),
             },
             ControlRequest::Initialize {
                 id,
@@ -606,13 +758,16 @@ impl Host {
                 chain_len,
                 position,
                 next,
+                caller_port,
             } => {
-                let init = Init { group, epoch, start_seq, region, region_bytes, chain_len, position, next };
+                let init = Init { group, epoch, start_seq, region, region_bytes, chain_len, position, next, caller_port };
                 match self.config.mode {
-                    HostMode::Chorus => self
-                        .initialize(conn, tenant, init, caller)
-                        .await
-                        .map(|region_path| ControlReply::Initialized { id, region_path }),
+                    HostMode::Chorus => self.initialize(conn, tenant, addrs, init, caller).await.map(
+                        |(region_path, kernel)| match kernel {
+                            false => ControlReply::Initialized { id, region_path },
+                            true => ControlReply::InitializedKernel { id, region_path, data_port: self.addr.port() },
+                        },
+                    ),
                     HostMode::Naive | HostMode::NaivePolling => self
                         .start_replica(tenant)
                         .await
@@ -627,9 +782,10 @@ impl Host {
         self: &Arc<Self>,
         conn: u64,
         tenant: TenantId,
+        addrs: CallerAddrs,
         init: Init,
         caller: &mpsc::Sender<Bytes>,
-    ) -> Result<String, String> {
+    ) -> Result<(String, bool), String> {
         let chain_len = init.chain_len as usize;
         let position = init.position as usize;
         if chain_len == 0 || chain_len > CHAIN_MEMBERS_MAX || position >= chain_len {
@@ -639,9 +795,15 @@ impl Host {
             return Err("every member but the tail needs the next member's address".into());
         }
         let token = *self.tokens.get(&tenant).ok_or("unknown tenant")?;
-        let region =
-            self.store.register(tenant, &init.region, init.region_bytes).map_err(|e| e.to_string())?;
-        let region_path = region.path().map(|p| p.display().to_string()).unwrap_or_default();
+        let next: Option<SocketAddr> = match &init.next {
+            None => None,
+            Some(next) => Some(next.parse().map_err(|e| format!("next member address {next:?}: {e}"))?),
+        };
+        if let Some(next) = next {
+            self.check_next_hop(next)?;
+        }
+        self.charge_region(tenant, &init.region, init.region_bytes)?;
+        let kernel = self.kernel_for(&init, addrs, next);
         let config = GroupConfig {
             group: init.group,
             tenant,
@@ -652,53 +814,152 @@ impl Host {
             region_bytes: init.region_bytes,
             start_seq: init.start_seq,
         };
-        let member = ChainMember::new(config, NodeId(position as u8 + 1), tenant, region)
-            .map_err(|e| e.to_string())?;
-        let downstream = match &init.next {
-            None => None,
-            Some(next) => {
-                let addr: SocketAddr =
-                    next.parse().map_err(|e| format!("next member address {next:?}: {e}"))?;
-                let hello = Hello {
-                    role: Role::Link { group: init.group, epoch: init.epoch, from_position: position as u8 },
-                    tenant,
-                    token,
-                };
-                let stream = dial(addr, &hello, self.io_timeout).await?;
-                let (probe, writer) = stream.into_split();
-                let (tx, rx) = mpsc::channel(WRITER_QUEUE_FRAMES);
-                let failed = caller.clone();
-                let (group, epoch, timeout) = (init.group, init.epoch, self.io_timeout);
-                self.spawn(async move {
-                    if let Err(error) = write_loop(writer, rx, Some(probe), timeout).await {
-                        // The next member is gone or stuck: the chain is broken. Tell the caller
-                        // now rather than letting its retransmissions run out.
-                        let refusal = Refusal::MemberFailed {
-                            position: position as u8 + 1,
-                            reason: format!("link from member {position} lost: {error}"),
-                        };
-                        let message = GroupMessage::Refused { group, epoch, seq: 0, refusal };
-                        for frame in group_frames(&[message]) {
-                            let _ = failed.send(frame).await;
-                        }
-                    }
-                });
-                Some(tx)
+        config.check()?;
+        let (member, region_path) = match kernel {
+            Some(kernel) => {
+                let slot = kernel.register_region(tenant, &init.region, init.region_bytes)?;
+                (SlotMember::Kernel { slot }, format!("bpf:ck_regions[{slot}]"))
+            }
+            None => {
+                let region =
+                    self.store.register(tenant, &init.region, init.region_bytes).map_err(|e| e.to_string())?;
+                let path = region.path().map(|p| p.display().to_string()).unwrap_or_default();
+                let member = ChainMember::new(config, NodeId(position as u8 + 1), tenant, region)
+                    .map_err(|e| e.to_string())?;
+                (SlotMember::User(Mutex::new(member)), path)
             }
         };
+        let (downstream, link_local) = match next {
+            None => (None, None),
+            Some(addr) => {
+                let (tx, local) = self.link_to_next(addr, tenant, token, &init, caller).await?;
+                (Some(tx), Some(local))
+            }
+        };
+        if let (Some(kernel), SlotMember::Kernel { slot }) = (kernel, &member) {
+            // The tail sends to the caller's UDP port from the address the caller reached it
+            // on; the others to the next member from the address of their link to it.
+            let port = self.addr.port();
+            let (from, to) = match (next, link_local) {
+                (Some(next), Some(local)) => (SocketAddr::new(local.ip(), port), next),
+                _ => (SocketAddr::new(addrs.local.ip(), port), SocketAddr::new(addrs.peer.ip(), init.caller_port)),
+            };
+            let (SocketAddr::V4(from), SocketAddr::V4(to)) = (from, to) else {
+                return Err("the kernel data path is IPv4 only".into());
+            };
+            kernel.install(&crate::kernel::MemberInstall {
+                tenant,
+                group: init.group,
+                epoch: init.epoch,
+                token,
+                start_seq: init.start_seq,
+                slot: *slot,
+                region_bytes: init.region_bytes,
+                position,
+                chain_len,
+                from,
+                to,
+            })?;
+        }
         let slot = Arc::new(GroupSlot {
+            tenant,
             group: init.group,
             epoch: init.epoch,
             position,
-            member: Mutex::new(member),
+            member,
             caller: caller.clone(),
             caller_conn: conn,
             downstream,
         });
-        debug!(group = slot.group.0, %tenant, position, "group member initialized");
+        debug!(group = slot.group.0, %tenant, position, kernel = kernel.is_some(), "group member initialized");
         self.groups.lock().unwrap_or_else(PoisonError::into_inner).insert((tenant, init.group), slot);
         self.served_a_group.store(true, Relaxed);
-        Ok(region_path)
+        Ok((region_path, kernel.is_some()))
+    }
+
+    /// The kernel data path, if this group can use it: the caller asked (it gave a UDP port),
+    /// the path is loaded, the group fits it, and every address is IPv4.
+    fn kernel_for(&self, init: &Init, addrs: CallerAddrs, next: Option<SocketAddr>) -> Option<&KernelDatapath> {
+        let kernel = self.kernel.as_ref()?;
+        if init.caller_port == 0 {
+            return None;
+        }
+        if let Err(reason) = KernelDatapath::fits(init.region_bytes, init.chain_len as usize) {
+            info!(group = init.group.0, "serving on the user-space path: {reason}");
+            return None;
+        }
+        let all_v4 = addrs.peer.is_ipv4() && addrs.local.is_ipv4() && next.is_none_or(|n| n.is_ipv4());
+        all_v4.then_some(kernel)
+    }
+
+    /// Issue 22: a tenant names its chain, but this host only ever sends to other group hosts.
+    fn check_next_hop(&self, next: SocketAddr) -> Result<(), String> {
+        if next.ip().is_loopback() || self.config.peers.contains(&next.ip()) {
+            return Ok(());
+        }
+        Err(format!("next member {next} is not one of this host's configured peers"))
+    }
+
+    /// Count the tenant's region against its quotas (a region registered before is free).
+    fn charge_region(&self, tenant: TenantId, name: &str, region_bytes: u64) -> Result<(), String> {
+        let quotas = self.config.quotas;
+        let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        let usage = usage.entry(tenant).or_default();
+        if usage.regions.contains_key(name) {
+            return Ok(());
+        }
+        if usage.regions.len() >= quotas.regions_max {
+            return Err(format!("{tenant} already has {} regions here (quota)", usage.regions.len()));
+        }
+        let total: u64 = usage.regions.values().sum();
+        if total.saturating_add(region_bytes) > quotas.region_bytes_max {
+            return Err(format!(
+                "{tenant} would hold {} region bytes here, over its quota of {}",
+                total.saturating_add(region_bytes),
+                quotas.region_bytes_max
+            ));
+        }
+        usage.regions.insert(name.to_string(), region_bytes);
+        Ok(())
+    }
+
+    /// Dial the link to the next member (authenticated, bound to the group); a link that
+    /// breaks tells the caller at once. Returns the link's queue and its local address.
+    async fn link_to_next(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        tenant: TenantId,
+        token: Token,
+        init: &Init,
+        caller: &mpsc::Sender<Bytes>,
+    ) -> Result<(mpsc::Sender<Bytes>, SocketAddr), String> {
+        let position = init.position as usize;
+        let hello = Hello {
+            role: Role::Link { group: init.group, epoch: init.epoch, from_position: position as u8 },
+            tenant,
+            token,
+        };
+        let stream = dial(addr, &hello, self.io_timeout).await?;
+        let local = stream.local_addr().map_err(|e| e.to_string())?;
+        let (probe, writer) = stream.into_split();
+        let (tx, rx) = mpsc::channel(WRITER_QUEUE_FRAMES);
+        let failed = caller.clone();
+        let (group, epoch, timeout) = (init.group, init.epoch, self.io_timeout);
+        self.spawn(async move {
+            if let Err(error) = write_loop(writer, rx, Some(probe), timeout).await {
+                // The next member is gone or stuck: the chain is broken. Tell the caller now
+                // rather than letting its retransmissions run out.
+                let refusal = Refusal::MemberFailed {
+                    position: position as u8 + 1,
+                    reason: format!("link from member {position} lost: {error}"),
+                };
+                let message = GroupMessage::Refused { group, epoch, seq: 0, refusal };
+                for frame in group_frames(&[message]) {
+                    let _ = failed.send(frame).await;
+                }
+            }
+        });
+        Ok((tx, local))
     }
 
     /// Naïve mode: start a replica dedicated to one tenant replica and return its address.
@@ -714,9 +975,15 @@ impl Host {
         config.worker_threads = 1;
         config.exit_when_idle = true;
         config.busy_poll = self.config.mode == HostMode::NaivePolling;
+        config.peers = self.config.peers.clone();
+        config.quotas = self.config.quotas;
         {
             let mut replicas = self.replicas.lock().unwrap_or_else(PoisonError::into_inner);
-            replicas.retain_mut(Replica::is_running);
+            replicas.retain_mut(|(_, replica)| replica.is_running());
+            let running = replicas.iter().filter(|(owner, _)| *owner == tenant).count();
+            if running >= self.config.quotas.naive_replicas_max {
+                return Err(format!("{tenant} already has {running} Naïve replicas here (quota)"));
+            }
         }
         let (addr, replica) = match &self.config.replica_command {
             Some(command) => {
@@ -738,7 +1005,7 @@ impl Host {
                 (addr, Replica::Thread { _stop: stop_tx })
             }
         };
-        self.replicas.lock().unwrap_or_else(PoisonError::into_inner).push(replica);
+        self.replicas.lock().unwrap_or_else(PoisonError::into_inner).push((tenant, replica));
         Ok(addr)
     }
 }
@@ -752,6 +1019,7 @@ struct Init {
     chain_len: u8,
     position: u8,
     next: Option<String>,
+    caller_port: u16,
 }
 
 /// A Naïve replica as a thread: its own single-threaded event loop, stopped when the

@@ -13,6 +13,6 @@ pub mod host;
 pub mod wire;
 
 pub use child::{child_main, spawn_child, ChildProcess};
-pub use client::{BlockingGroupClient, GroupClient, GroupSpec};
-pub use host::{serve_host, start_host, HostConfig, HostHandle, HostMode, TenantCredential};
+pub use client::{BlockingGroupClient, GroupClient, GroupSpec, WireFaults};
+pub use host::{serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, TenantCredential, TenantQuotas};
 pub use wire::{format_token, parse_token};

@@ -117,6 +117,9 @@ pub enum ControlRequest {
         position: u8,
         /// The data address of the member at `position + 1` (absent at the tail).
         next: Option<String>,
+        /// The caller's UDP port for the kernel data path's acknowledgements (0: the caller
+        /// uses the user-space path over this connection).
+        caller_port: u16,
     },
     /// A one-sided read of the member's region (HyperLoop's lock-free read at head or tail).
     Read {
@@ -153,6 +156,7 @@ impl WireMessage for ControlRequest {
                 chain_len,
                 position,
                 next,
+                caller_port,
             } => {
                 buf.put_u8(1);
                 buf.put_u64_le(*id);
@@ -164,6 +168,7 @@ impl WireMessage for ControlRequest {
                 buf.put_u8(*chain_len);
                 buf.put_u8(*position);
                 buf.put_optional_bytes(next.as_ref().map(|n| Bytes::copy_from_slice(n.as_bytes())).as_ref());
+                buf.put_u16_le(*caller_port);
             }
             ControlRequest::Read { id, group, offset, len } => {
                 buf.put_u8(2);
@@ -191,6 +196,7 @@ impl WireMessage for ControlRequest {
                 chain_len: reader.u8()?,
                 position: reader.u8()?,
                 next: reader.optional_bytes()?.map(utf8).transpose()?,
+                caller_port: reader.u16()?,
             },
             2 => ControlRequest::Read {
                 id: reader.u64()?,
@@ -233,6 +239,13 @@ pub enum ControlReply {
         id: u64,
         message: String,
     },
+    /// The member is bound on the kernel data path: operations go as UDP datagrams to this
+    /// host's `data_port`; the region is a slot of the host's BPF regions map.
+    InitializedKernel {
+        id: u64,
+        region_path: String,
+        data_port: u16,
+    },
 }
 
 impl ControlReply {
@@ -242,7 +255,8 @@ impl ControlReply {
             | ControlReply::Redirect { id, .. }
             | ControlReply::Data { id, .. }
             | ControlReply::Pong { id }
-            | ControlReply::Error { id, .. } => *id,
+            | ControlReply::Error { id, .. }
+            | ControlReply::InitializedKernel { id, .. } => *id,
         }
     }
 }
@@ -274,6 +288,12 @@ impl WireMessage for ControlReply {
                 buf.put_u64_le(*id);
                 buf.put_bytes_prefixed(message.as_bytes());
             }
+            ControlReply::InitializedKernel { id, region_path, data_port } => {
+                buf.put_u8(6);
+                buf.put_u64_le(*id);
+                buf.put_bytes_prefixed(region_path.as_bytes());
+                buf.put_u16_le(*data_port);
+            }
         }
     }
 
@@ -286,6 +306,11 @@ impl WireMessage for ControlReply {
             5 => ControlReply::Error {
                 id: reader.u64()?,
                 message: String::from_utf8_lossy(&reader.bytes()?).into_owned(),
+            },
+            6 => ControlReply::InitializedKernel {
+                id: reader.u64()?,
+                region_path: utf8(reader.bytes()?)?,
+                data_port: reader.u16()?,
             },
             tag => return Err(DecodeError::UnknownTag { what: "group control reply", tag }),
         })
@@ -396,6 +421,7 @@ mod tests {
                 chain_len: 3,
                 position: 1,
                 next: Some("127.0.0.1:9".into()),
+                caller_port: 4242,
             },
             ControlRequest::Read { id: 2, group: GroupId(2), offset: 8, len: 16 },
             ControlRequest::Ping { id: 3 },
@@ -411,6 +437,7 @@ mod tests {
             ControlReply::Data { id: 2, bytes: Bytes::from_static(b"abc") },
             ControlReply::Pong { id: 3 },
             ControlReply::Error { id: 4, message: "no".into() },
+            ControlReply::InitializedKernel { id: 5, region_path: "bpf slot 3".into(), data_port: 7000 },
         ];
         for reply in replies {
             let mut buf = BytesMut::new();
