@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # The test command named in README.md: every unit, simulator and process-level test.
-# Needs the Rust toolchain. As root it also installs iproute2 and nftables (when missing) for
-# the network-namespace fault-injection tests, which otherwise skip and say why.
-# On a 2-core machine it finishes well under 15 minutes.
+# Needs the Rust toolchain. As root it also installs (when missing):
+# - iproute2 and nftables for the network-namespace fault-injection tests;
+# - clang, llvm, libbpf-dev, bpftool and ethtool for the kernel data path (crates/group/bpf:
+#   build.rs compiles the XDP program with clang; its tests run chains in namespaces).
+# Without them those tests skip and say why. On a 2-core machine it finishes well under 15 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "$(id -u)" = 0 ] && ! { command -v nft >/dev/null && command -v ip >/dev/null; }; then
-  echo "scripts/test.sh: installing iproute2 and nftables for the fault-injection tests" >&2
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables) >/dev/null \
-    || echo "scripts/test.sh: could not install them; the namespace tests will skip" >&2
+missing=()
+command -v nft >/dev/null || missing+=(nftables)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v clang >/dev/null || missing+=(clang llvm)
+[ -e /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
+command -v bpftool >/dev/null || missing+=(bpftool)
+command -v ethtool >/dev/null || missing+=(ethtool)
+if [ "$(id -u)" = 0 ] && [ ${#missing[@]} -gt 0 ]; then
+  echo "scripts/test.sh: installing ${missing[*]} for the namespace and kernel data path tests" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null \
+    || echo "scripts/test.sh: could not install them; the namespace and kernel-path tests will skip" >&2
 fi
 
 cargo test --workspace --locked "$@"

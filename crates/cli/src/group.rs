@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use chorus_group::runtime::{HostConfig, HostMode, TenantCredential};
+use chorus_group::runtime::{HostConfig, HostMode, TenantCredential, TenantQuotas};
 
 #[derive(clap::Args)]
 pub struct GroupHostArgs {
@@ -25,6 +25,26 @@ pub struct GroupHostArgs {
     /// naive-polling: the same with busy-polling replicas (Naïve-Polling).
     #[arg(long, default_value = "chorus")]
     mode: String,
+    /// kernel: apply and forward operations in the kernel's packet path (XDP, needs root and
+    /// a build with clang; falls back to user, saying why); user: in this process.
+    #[arg(long, default_value = "user")]
+    datapath: String,
+    /// Kernel path: attach to this interface (repeat; default every interface but lo).
+    #[arg(long = "kernel-interface", value_name = "IFACE")]
+    kernel_interfaces: Vec<String>,
+    /// Another group host's IP address: members may forward to it (repeat). Loopback
+    /// addresses are always allowed; nothing else is unless listed.
+    #[arg(long = "peer", value_name = "IP")]
+    peers: Vec<std::net::IpAddr>,
+    /// Per tenant: regions at most.
+    #[arg(long, default_value_t = TenantQuotas::default().regions_max)]
+    tenant_regions_max: usize,
+    /// Per tenant: total region bytes at most.
+    #[arg(long, default_value_t = TenantQuotas::default().region_bytes_max)]
+    tenant_region_bytes_max: u64,
+    /// Per tenant: Naïve replicas running at once at most.
+    #[arg(long, default_value_t = TenantQuotas::default().naive_replicas_max)]
+    tenant_naive_replicas_max: usize,
 }
 
 pub fn run_host(args: GroupHostArgs) -> anyhow::Result<i32> {
@@ -42,6 +62,14 @@ pub fn run_host(args: GroupHostArgs) -> anyhow::Result<i32> {
     let mut config = HostConfig::new(args.listen, region_dir, tenants);
     config.flush = args.flush.parse().map_err(|error| anyhow::anyhow!("--flush: {error}"))?;
     config.mode = args.mode.parse::<HostMode>().map_err(|error| anyhow::anyhow!("--mode: {error}"))?;
+    config.datapath = args.datapath.parse().map_err(|error| anyhow::anyhow!("--datapath: {error}"))?;
+    config.kernel_interfaces = args.kernel_interfaces;
+    config.peers = args.peers;
+    config.quotas = TenantQuotas {
+        regions_max: args.tenant_regions_max,
+        region_bytes_max: args.tenant_region_bytes_max,
+        naive_replicas_max: args.tenant_naive_replicas_max,
+    };
     if config.mode.is_naive() {
         let exe = std::env::current_exe()?.to_string_lossy().into_owned();
         config.replica_command = Some(vec![exe, "naive-replica".to_string()]);

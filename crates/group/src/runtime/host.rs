@@ -274,6 +274,14 @@ impl HostHandle {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+    /// The data path this host serves on (kernel only if it loaded).
+    pub fn datapath(&self) -> Datapath {
+        self.host.datapath()
+    }
+    /// The kernel path's counters (empty on the user path).
+    pub fn kernel_stats(&self) -> Vec<(&'static str, u64)> {
+        self.host.kernel.as_ref().map(|kernel| kernel.stats()).unwrap_or_default()
+    }
     /// Groups with a member on this host.
     pub fn group_count(&self) -> usize {
         self.host.groups.lock().unwrap_or_else(PoisonError::into_inner).len()
@@ -375,7 +383,7 @@ fn start_kernel(config: &HostConfig, port: u16) -> Option<KernelDatapath> {
 /// listens on. What `chorus group-host` calls.
 pub async fn serve_host(config: HostConfig) -> anyhow::Result<()> {
     let handle = start_host(config).await?;
-    println!("group host listening on {}", handle.local_addr());
+    println!("group host listening on {} (datapath {})", handle.local_addr(), handle.datapath().name());
     tokio::signal::ctrl_c().await?;
     handle.shutdown();
     Ok(())
