@@ -39,7 +39,9 @@ fn compile(object: &Path) -> Result<(), String> {
         // A path that does not exist makes cargo rerun this script on every build, so the
         // object is built once clang is installed.
         println!("cargo:rerun-if-changed=/usr/bin/clang");
-        return Err(format!("clang missing ({clang} not found; scripts/test.sh installs clang and libbpf-dev)"));
+        return Err(format!(
+            "clang missing ({clang} not found; scripts/test.sh installs clang and libbpf-dev)"
+        ));
     };
     println!("cargo:rerun-if-changed={}", clang_path.display());
     let headers = ["/usr/include/bpf/bpf_helpers.h", "/usr/include/linux/bpf.h"];
@@ -47,7 +49,8 @@ fn compile(object: &Path) -> Result<(), String> {
         println!("cargo:rerun-if-changed={missing}");
         return Err(format!("{missing} missing (install libbpf-dev and linux-libc-dev)"));
     }
-    let arch_include = format!("/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default());
+    let arch_include =
+        format!("/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default());
     let output = Command::new(&clang_path)
         .args(["-O2", "-g", "-target", "bpf", "-mcpu=v3", "-Wall", "-Werror"])
         .arg(format!("-I{arch_include}"))

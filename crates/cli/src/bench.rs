@@ -91,7 +91,7 @@ fn stress_ng_command() -> anyhow::Result<Vec<String>> {
 fn run_group(args: GroupBenchArgs) -> anyhow::Result<i32> {
     if let Some(json) = &args.from_json {
         let text = std::fs::read_to_string(json)?;
-        let report: chorus_group::bench::BenchReport = serde_json::from_str(&text)?;
+        let report: chorus_bench::group::BenchReport = serde_json::from_str(&text)?;
         print!("{}", chorus_bench::group::summary(&report));
         let dir = json.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
         for plot in chorus_bench::group::plot_all(&report, &dir)? {
@@ -100,7 +100,7 @@ fn run_group(args: GroupBenchArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     let mut config =
-        if args.quick { chorus_group::bench::BenchConfig::reduced() } else { Default::default() };
+        if args.quick { chorus_bench::group::BenchConfig::reduced() } else { Default::default() };
     let exe = std::env::current_exe()?.to_string_lossy().into_owned();
     config.child_command = Some(vec![exe, "naive-replica".to_string()]);
     if let Some(modes) = &args.modes {
@@ -118,7 +118,7 @@ fn run_group(args: GroupBenchArgs) -> anyhow::Result<i32> {
     let dir = args.json.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
     std::fs::create_dir_all(&dir)?;
     config.output = Some(args.json.clone());
-    let report = chorus_group::bench::run(config)?;
+    let report = chorus_bench::group::run::run(config)?;
     print!("{}", report.table());
     print!("{}", chorus_bench::group::summary(&report));
     println!("\nJSON report: {}", args.json.display());

@@ -14,12 +14,14 @@
 //! * [`txn`]: the replicated-transaction API of §5 (Append, ExecuteAndAdvance, locks).
 //! * [`sim`]: a seeded simulator with network faults and a checker against a reference model.
 //! * [`runtime`]: the TCP runtime: the group host (and the Naïve baseline) and the client.
-//! * [`bench`]: the §6.1 microbenchmarks over that runtime on loopback.
+//! * [`kernel`]: the kernel data path: the XDP program that applies and forwards operations
+//!   in the packet path, and what the host needs to run it.
+//!
+//! The benchmarks over these (§6.1, §6.2) live in `chorus-bench` (`group`, `tenants`).
 //!
 //! Both cores are sans-I/O: messages and ticks in, sends and completions out
 //! ([`GroupOutbox`]).
 
-pub mod bench;
 pub mod caller;
 pub mod kernel;
 pub mod member;
@@ -28,7 +30,6 @@ pub mod op;
 pub mod outbox;
 pub mod runtime;
 pub mod sim;
-pub mod tenants;
 pub mod txn;
 
 pub use caller::{CallerConfig, CallerStats, GroupCaller};

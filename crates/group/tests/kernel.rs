@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus_group::kernel::netlab::NetLab;
-use chorus_group::runtime::{spawn_child, ChildProcess, Datapath, GroupClient, GroupSpec, HostConfig, TenantCredential, WireFaults};
+use chorus_group::runtime::{
+    spawn_child, ChildProcess, Datapath, GroupClient, GroupSpec, HostConfig, TenantCredential, WireFaults,
+};
 use chorus_group::sim::{draw_workload, NetFaults, SimCluster};
 use chorus_group::{CallerConfig, GroupId, Operation, Token};
 use chorus_region::{FlushBackend, TenantId};
@@ -57,7 +59,11 @@ impl Drop for TempDir {
 
 async fn start_chain(members: usize, loss_per_million: u32) -> Chain {
     let lab = NetLab::create(members).expect("building the namespaces");
-    let dir = TempDir(std::env::temp_dir().join(format!("ck-kernel-test-{}-{}", std::process::id(), lab.namespace(0))));
+    let dir = TempDir(std::env::temp_dir().join(format!(
+        "ck-kernel-test-{}-{}",
+        std::process::id(),
+        lab.namespace(0)
+    )));
     let peers: Vec<_> = (0..members).map(|h| lab.host_ip(h).into()).collect();
     let mut hosts = Vec::new();
     let mut addrs = Vec::new();
@@ -73,7 +79,8 @@ async fn start_chain(members: usize, loss_per_million: u32) -> Chain {
         config.peers = peers.clone();
         config.worker_threads = 1;
         let command = lab.command_in(host, &[env!("CARGO_BIN_EXE_chorus-group-child").to_string()]);
-        let (addr, child) = spawn_child(&command, &config, Duration::from_secs(20)).await.expect("starting a host");
+        let (addr, child) =
+            spawn_child(&command, &config, Duration::from_secs(20)).await.expect("starting a host");
         addrs.push(addr);
         hosts.push(child);
     }
@@ -81,7 +88,14 @@ async fn start_chain(members: usize, loss_per_million: u32) -> Chain {
 }
 
 fn spec(chain: &Chain, group: u64, faults: Option<WireFaults>) -> GroupSpec {
-    let mut spec = GroupSpec::new(chain.addrs.clone(), TENANT, TOKEN, GroupId(group), format!("diff-{group}"), REGION_BYTES);
+    let mut spec = GroupSpec::new(
+        chain.addrs.clone(),
+        TENANT,
+        TOKEN,
+        GroupId(group),
+        format!("diff-{group}"),
+        REGION_BYTES,
+    );
     spec.datapath = Datapath::Kernel;
     spec.wire_faults = faults;
     spec
@@ -126,7 +140,12 @@ async fn differential(chain: &Chain, seed: u64, rounds: usize, faults: Option<Wi
         let expected = model.execute(operations.clone());
         let got = client.execute(operations.clone()).await;
         for (i, (got, expected)) in got.iter().zip(&expected).enumerate() {
-            assert_eq!(got, expected, "seed {seed} round {round} operation {i}: {}", describe(&operations[i]));
+            assert_eq!(
+                got,
+                expected,
+                "seed {seed} round {round} operation {i}: {}",
+                describe(&operations[i])
+            );
         }
     }
     for position in 0..3 {
@@ -168,8 +187,12 @@ fn kernel_path_matches_the_model_under_loss_duplication_and_reordering() {
         // duplicated and reordered.
         let chain = start_chain(3, 30_000).await;
         for seed in 10..=12 {
-            let faults =
-                WireFaults { seed, drop_per_million: 30_000, duplicate_per_million: 50_000, reorder_per_million: 100_000 };
+            let faults = WireFaults {
+                seed,
+                drop_per_million: 30_000,
+                duplicate_per_million: 50_000,
+                reorder_per_million: 100_000,
+            };
             differential(&chain, seed, 4, Some(faults)).await;
         }
     });

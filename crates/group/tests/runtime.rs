@@ -336,10 +336,10 @@ fn naive_polling_replicas_produce_identical_regions_and_spin() {
     // Busy-polling: the replicas (grandchildren of this test) burn CPU while no operation
     // arrives. Wait, bounded, until they have used 300 ms of CPU between them.
     let pids: Vec<u32> = children.iter().filter_map(ChildProcess::id).collect();
-    let start = chorus_group::bench::tree_cpu_us(&pids).unwrap();
+    let start = tree_cpu_us(&pids);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let used = chorus_group::bench::tree_cpu_us(&pids).unwrap() - start;
+        let used = tree_cpu_us(&pids) - start;
         if used >= 300_000 {
             break;
         }
@@ -383,60 +383,31 @@ fn hosts_and_naive_replicas_as_processes() {
     drop(children);
 }
 
-#[test]
-fn the_microbenchmark_runs_chain_and_naive_in_process() {
-    let dir = TestDir::new("bench");
-    let mut config = chorus_group::bench::BenchConfig::quick();
-    config.region_dir = Some(dir.0.clone());
-    config.output = Some(dir.0.join("report.json"));
-    let report = chorus_group::bench::run(config).unwrap();
-    for mode in [HostMode::Chorus, HostMode::Naive] {
-        for primitive in ["gWRITE", "gWRITE+gFLUSH", "gFLUSH", "gMEMCPY", "gCAS"] {
-            assert!(
-                report.results.iter().any(|r| r.mode == mode && r.primitive == primitive && r.ops > 0),
-                "{mode:?} {primitive}"
-            );
-        }
-        assert!(report.results.iter().any(|r| r.mode == mode && r.kind == "throughput" && r.mib_per_s > 0.0));
-        assert!(report.results.iter().any(|r| r.mode == mode && r.tenants == 2));
+/// CPU time (user + system, microseconds) of these processes and all their descendants,
+/// from /proc (clock ticks of 10 ms).
+fn tree_cpu_us(roots: &[u32]) -> u64 {
+    let mut stats = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // Fields after the command (which may hold spaces): state ppid ... utime(14) stime(15).
+        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ppid: u32 = fields[1].parse().unwrap_or(0);
+        let ticks: u64 = fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+        stats.push((pid, ppid, ticks));
     }
-    let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.0.join("report.json")).unwrap()).unwrap();
-    assert!(json["results"].as_array().is_some_and(|r| !r.is_empty()));
-    assert!(!report.table().is_empty());
-}
-
-#[test]
-fn the_microbenchmark_runs_with_hosts_as_processes() {
-    let dir = TestDir::new("bench-procs");
-    let mut config = chorus_group::bench::BenchConfig::quick();
-    config.region_dir = Some(dir.0.clone());
-    config.child_command = Some(child_command());
-    config.message_sizes = vec![1024];
-    config.multi_tenant = vec![];
-    let report = chorus_group::bench::run(config).unwrap();
-    assert!(report.hosts_are_processes);
-    assert!(report.results.iter().all(|r| r.host_cpu_us_per_op.is_some()), "CPU time comes from /proc");
-}
-
-#[test]
-fn the_microbenchmark_repeats_every_point_under_the_background_load_and_stops_it() {
-    let dir = TestDir::new("bench-load");
-    let mut config = chorus_group::bench::BenchConfig::quick();
-    config.region_dir = Some(dir.0.clone());
-    config.modes = vec![HostMode::Chorus];
-    config.message_sizes = vec![256];
-    config.multi_tenant = vec![];
-    // A stand-in for stress-ng: a process group that must be gone when the run ends.
-    let marker = dir.0.join("load-ran");
-    let script = format!("echo $$ > {}; exec sleep 600", marker.display());
-    config.background_load_command = Some(vec!["sh".into(), "-c".into(), script]);
-    let report = chorus_group::bench::run(config).unwrap();
-    assert!(marker.exists(), "the load command ran");
-    let quiet = report.results.iter().filter(|r| !r.background_load).count();
-    let loaded = report.results.iter().filter(|r| r.background_load).count();
-    assert!(quiet > 0 && quiet == loaded, "every point twice: {quiet} quiet, {loaded} loaded");
-    let pid = std::fs::read_to_string(&marker).unwrap();
-    let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
-    assert!(!proc_dir.exists(), "the background load (pid {}) was stopped and reaped", pid.trim());
+    let mut members: Vec<u32> = roots.to_vec();
+    loop {
+        let before = members.len();
+        for (pid, ppid, _) in &stats {
+            if members.contains(ppid) && !members.contains(pid) {
+                members.push(*pid);
+            }
+        }
+        if members.len() == before {
+            break;
+        }
+    }
+    stats.iter().filter(|(pid, _, _)| members.contains(pid)).map(|(_, _, ticks)| ticks * 10_000).sum()
 }

@@ -14,8 +14,8 @@ use aya::{Ebpf, EbpfLoader};
 use chorus_region::TenantId;
 
 use super::layout::{
-    Config, GroupKey, GroupState, Remembered, CHAIN_MAX, REGION_BYTES_MAX, RING, SLOTS_DEFAULT,
-    SLOT_BYTES, STAT_NAMES,
+    Config, GroupKey, GroupState, Remembered, CHAIN_MAX, REGION_BYTES_MAX, RING, SLOTS_DEFAULT, SLOT_BYTES,
+    STAT_NAMES,
 };
 use crate::op::{GroupId, Token};
 
@@ -133,7 +133,13 @@ impl KernelDatapath {
         let stats = take(&mut ebpf, "ck_stats")?.try_into().map_err(|e| format!("ck_stats: {e}"))?;
         let regions = map_regions(take(&mut ebpf, "ck_regions")?, slots)?;
         Ok(KernelDatapath {
-            maps: Mutex::new(Maps { groups, config, stats, slots: HashMap::new(), free: (0..slots).rev().collect() }),
+            maps: Mutex::new(Maps {
+                groups,
+                config,
+                stats,
+                slots: HashMap::new(),
+                free: (0..slots).rev().collect(),
+            }),
             regions,
             interfaces,
             _ebpf: ebpf,
@@ -152,7 +158,9 @@ impl KernelDatapath {
     /// user-space path.)
     pub fn fits(region_bytes: u64, chain_len: usize) -> Result<(), String> {
         if region_bytes > REGION_BYTES_MAX {
-            return Err(format!("a {region_bytes}-byte region exceeds the kernel path's {REGION_BYTES_MAX}-byte slots"));
+            return Err(format!(
+                "a {region_bytes}-byte region exceeds the kernel path's {REGION_BYTES_MAX}-byte slots"
+            ));
         }
         if chain_len > CHAIN_MAX {
             return Err(format!("a chain of {chain_len} exceeds the kernel path's {CHAIN_MAX} members"));
@@ -180,7 +188,10 @@ impl KernelDatapath {
     pub fn install(&self, member: &MemberInstall) -> Result<(), String> {
         Self::fits(member.region_bytes, member.chain_len)?;
         if member.position >= member.chain_len || member.start_seq == 0 {
-            return Err(format!("position {} of {} / start {}", member.position, member.chain_len, member.start_seq));
+            return Err(format!(
+                "position {} of {} / start {}",
+                member.position, member.chain_len, member.start_seq
+            ));
         }
         let key = GroupKey { tenant: member.tenant.0, reserved: 0, group: member.group.0 };
         let state = GroupState {
@@ -229,7 +240,9 @@ impl KernelDatapath {
         }
         // SAFETY: in bounds of the live mapping; the bytes may change under us (the packet
         // path writes them), which a u8 slice tolerates as a region file's mapping does.
-        Ok(unsafe { std::slice::from_raw_parts(self.regions.base.add(start as usize), REGION_BYTES_MAX as usize) })
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.regions.base.add(start as usize), REGION_BYTES_MAX as usize)
+        })
     }
 
     /// Zero a region (a fresh registration in tests).

@@ -21,7 +21,11 @@ pub struct NetLab {
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
     let output = Command::new(program).args(args).output().map_err(|e| format!("{program}: {e}"))?;
     if !output.status.success() {
-        return Err(format!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim()));
+        return Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
     }
     Ok(())
 }
@@ -35,7 +39,9 @@ impl NetLab {
         }
         for (tool, version, package) in [("ip", "-V", "iproute2"), ("ethtool", "--version", "ethtool")] {
             if !Command::new(tool).arg(version).output().is_ok_and(|out| out.status.success()) {
-                return Some(format!("`{tool}` not found (install {package}; scripts/test.sh does so as root)"));
+                return Some(format!(
+                    "`{tool}` not found (install {package}; scripts/test.sh does so as root)"
+                ));
             }
         }
         None
@@ -46,7 +52,8 @@ impl NetLab {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         assert!((1..=16).contains(&hosts), "a lab has 1 to 16 hosts");
         let run_id = std::process::id().wrapping_mul(16).wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
-        let lab = NetLab { prefix: format!("ck{:05x}", run_id & 0xfffff), subnet: (run_id % 250) as u8 + 1, hosts };
+        let lab =
+            NetLab { prefix: format!("ck{:05x}", run_id & 0xfffff), subnet: (run_id % 250) as u8 + 1, hosts };
         lab.build()?;
         Ok(lab)
     }
@@ -86,7 +93,10 @@ impl NetLab {
             run("ip", &["netns", "exec", &namespace, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"])?;
             // The caller's veth: `<prefix>r<h>` here, `ckr` in the host's namespace.
             let outside = format!("{}r{host}", self.prefix);
-            run("ip", &["link", "add", &outside, "type", "veth", "peer", "name", "ckr", "netns", &namespace])?;
+            run(
+                "ip",
+                &["link", "add", &outside, "type", "veth", "peer", "name", "ckr", "netns", &namespace],
+            )?;
             let me = format!("{}", self.host_ip(host));
             run("ip", &["addr", "add", &format!("{caller}/32"), "dev", &outside])?;
             run("ip", &["link", "set", &outside, "up"])?;
@@ -94,20 +104,33 @@ impl NetLab {
             run("ethtool", &["-K", &outside, "gro", "on"])?;
             run("ip", &["-n", &namespace, "addr", "add", &format!("{me}/32"), "dev", "ckr"])?;
             run("ip", &["-n", &namespace, "link", "set", "ckr", "up"])?;
-            run("ip", &["-n", &namespace, "route", "add", &format!("{caller}/32"), "dev", "ckr", "src", &me])?;
+            run(
+                "ip",
+                &["-n", &namespace, "route", "add", &format!("{caller}/32"), "dev", "ckr", "src", &me],
+            )?;
         }
         for a in 0..self.hosts {
             for b in a + 1..self.hosts {
                 let (ns_a, ns_b) = (self.namespace(a), self.namespace(b));
                 let (to_b, to_a) = (format!("ckh{b}"), format!("ckh{a}"));
-                run("ip", &["-n", &ns_a, "link", "add", &to_b, "type", "veth", "peer", "name", &to_a, "netns", &ns_b])?;
-                for (namespace, device, me, peer) in
-                    [(&ns_a, &to_b, self.host_ip(a), self.host_ip(b)), (&ns_b, &to_a, self.host_ip(b), self.host_ip(a))]
-                {
+                run(
+                    "ip",
+                    &[
+                        "-n", &ns_a, "link", "add", &to_b, "type", "veth", "peer", "name", &to_a, "netns",
+                        &ns_b,
+                    ],
+                )?;
+                for (namespace, device, me, peer) in [
+                    (&ns_a, &to_b, self.host_ip(a), self.host_ip(b)),
+                    (&ns_b, &to_a, self.host_ip(b), self.host_ip(a)),
+                ] {
                     let (me, peer) = (me.to_string(), peer.to_string());
                     run("ip", &["-n", namespace, "addr", "add", &format!("{me}/32"), "dev", device])?;
                     run("ip", &["-n", namespace, "link", "set", device, "up"])?;
-                    run("ip", &["-n", namespace, "route", "add", &format!("{peer}/32"), "dev", device, "src", &me])?;
+                    run(
+                        "ip",
+                        &["-n", namespace, "route", "add", &format!("{peer}/32"), "dev", device, "src", &me],
+                    )?;
                 }
             }
         }

@@ -96,9 +96,8 @@ pub fn decode_ack(datagram: &[u8], chain_len: usize) -> Option<Ack> {
     if header.magic != MAGIC || header.kind != KIND_ACK {
         return None;
     }
-    let results = (0..chain_len)
-        .map(|i| (header.present >> i & 1 == 1).then_some(header.results[i]))
-        .collect();
+    let results =
+        (0..chain_len).map(|i| (header.present >> i & 1 == 1).then_some(header.results[i])).collect();
     Some(Ack {
         tenant: TenantId(header.tenant),
         group: GroupId(header.group),
@@ -160,13 +159,17 @@ mod tests {
 
     #[test]
     fn split_pieces_do_what_the_whole_does() {
-        for (src, dst, len) in [(0u64, 100u64, 5000u64), (100, 0, 5000), (0, 1024, 4096), (7, 7, 3000), (0, 9000, 2048)] {
+        for (src, dst, len) in
+            [(0u64, 100u64, 5000u64), (100, 0, 5000), (0, 1024, 4096), (7, 7, 3000), (0, 9000, 2048)]
+        {
             let mut seed: Vec<u8> = (0..12_000u32).map(|i| (i * 31 % 251) as u8).collect();
             let mut whole = seed.clone();
             let operation = Operation::memcpy(src, dst, len).durable();
             model_apply(&mut whole, &operation);
             let pieces = split(&operation);
-            assert!(pieces.iter().all(|p| matches!(p.primitive, Primitive::Memcpy { len, .. } if len <= CHUNK_BYTES_MAX)));
+            assert!(pieces
+                .iter()
+                .all(|p| matches!(p.primitive, Primitive::Memcpy { len, .. } if len <= CHUNK_BYTES_MAX)));
             assert_eq!(pieces.iter().filter(|p| p.flush).count(), 1);
             assert!(pieces.last().unwrap().flush);
             for piece in &pieces {
@@ -197,7 +200,10 @@ mod tests {
         buf[88..96].copy_from_slice(&0b100u64.to_le_bytes());
         buf[96 + 16..96 + 24].copy_from_slice(&77u64.to_le_bytes());
         let ack = decode_ack(&buf, 3).unwrap();
-        assert_eq!((ack.tenant, ack.group, ack.epoch, ack.seq, ack.verdict), (TenantId(3), GroupId(9), 2, 41, 1));
+        assert_eq!(
+            (ack.tenant, ack.group, ack.epoch, ack.seq, ack.verdict),
+            (TenantId(3), GroupId(9), 2, 41, 1)
+        );
         assert_eq!(ack.results, vec![None, None, Some(77)]);
         assert_eq!(decode_ack(&buf[..100], 3), None);
         assert_eq!(decode_ack(&[0u8; 400], 3), None);

@@ -26,18 +26,18 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
 use super::host::{dial, write_loop, Datapath};
-use crate::kernel::layout::{CHAIN_MAX, RING};
-use crate::kernel::packet::{self, GroupAddress};
-use tokio::net::UdpSocket;
 use super::wire::{
     frame_of, group_frames, read_frame, ControlReply, ControlRequest, Hello, Role, FRAME_BYTES_MAX,
     FRAME_KIND_CONTROL, FRAME_KIND_REPLY,
 };
 use crate::caller::{CallerConfig, GroupCaller};
+use crate::kernel::layout::{CHAIN_MAX, RING};
+use crate::kernel::packet::{self, GroupAddress};
 use crate::message::{GroupMessage, FRAME_KIND_GROUP};
 use crate::op::{GroupConfig, GroupError, GroupId, OpError, OpOutcome, Operation, Token, CHAIN_MEMBERS_MAX};
 use crate::outbox::{GroupOutbox, RequestId};
 use crate::txn::{GroupExecutor, TxnError};
+use tokio::net::UdpSocket;
 
 /// How to set up a group.
 #[derive(Clone, Debug)]
@@ -299,13 +299,20 @@ impl GroupClient {
             start_seq: spec.start_seq,
         };
         let caller_config = if datapath == Datapath::Kernel { &spec.kernel_caller } else { &spec.caller };
-        let caller = GroupCaller::new(config, NodeId(0), caller_config.clone()).map_err(anyhow::Error::msg)?;
-        let tick = Duration::from_nanos(caller_config.retransmit_after.as_nanos() / 4).max(Duration::from_millis(1));
+        let caller =
+            GroupCaller::new(config, NodeId(0), caller_config.clone()).map_err(anyhow::Error::msg)?;
+        let tick =
+            Duration::from_nanos(caller_config.retransmit_after.as_nanos() / 4).max(Duration::from_millis(1));
         let (transport, receiver) = match (datapath, socket) {
             (Datapath::Kernel, Some(socket)) => {
                 let socket = Arc::new(socket);
                 let head = SocketAddr::new(members.data_addrs[0].ip(), members.kernel_ports[0].unwrap_or(0));
-                let address = GroupAddress { tenant: spec.tenant, group: spec.group, epoch: spec.epoch, token: spec.token };
+                let address = GroupAddress {
+                    tenant: spec.tenant,
+                    group: spec.group,
+                    epoch: spec.epoch,
+                    token: spec.token,
+                };
                 let receiver = tokio::spawn(receive_acks(socket.clone(), address, n, inbound_tx.clone()));
                 let sender = KernelSender::new(socket, head, address, spec.region_bytes, n, spec.wire_faults);
                 (Transport::Kernel(Box::new(sender)), Some(receiver.abort_handle()))
@@ -436,7 +443,9 @@ async fn initialize_members(
                 .with_context(|| format!("initializing member {position} at {addr}"))?;
             let (region_path, kernel_port) = match reply {
                 ControlReply::Initialized { region_path, .. } => (region_path, None),
-                ControlReply::InitializedKernel { region_path, data_port, .. } => (region_path, Some(data_port)),
+                ControlReply::InitializedKernel { region_path, data_port, .. } => {
+                    (region_path, Some(data_port))
+                }
                 ControlReply::Redirect { addr: to, .. } if redirects == 0 => {
                     redirects += 1;
                     addr = to.parse().with_context(|| format!("redirect to {to:?}"))?;
@@ -656,55 +665,60 @@ async fn drive(
     let mut to_head = Vec::new();
     let tail = NodeId(caller.group().chain.len() as u8);
     loop {
-        let mut submit = |command: Command, out: &mut GroupOutbox, caller: &mut GroupCaller, transport: &Transport| {
-            let Command::Execute { operations, reply } = command;
-            let batch = next_batch;
-            next_batch += 1;
-            let pieces: Vec<Vec<Operation>> = operations
-                .into_iter()
-                .map(|operation| match transport {
-                    Transport::Kernel(sender) => sender.pieces(operation),
-                    Transport::Tcp(_) => vec![operation],
-                })
-                .collect();
-            batches.insert(
-                batch,
-                Batch {
-                    results: (0..pieces.len()).map(|_| None).collect(),
-                    pieces_left: pieces.iter().map(Vec::len).collect(),
-                    remaining: pieces.len(),
-                    reply: Some(reply),
-                },
-            );
-            let at = now();
-            for (index, operation) in pieces.into_iter().enumerate().flat_map(|(i, ps)| ps.into_iter().map(move |p| (i, p))) {
-                let request = RequestId(next_request);
-                next_request += 1;
-                requests.insert(request, (batch, index));
-                caller.submit(at, request, operation, out);
-            }
-        };
-        let handle_inbound =
-            |item: Inbound, out: &mut GroupOutbox, caller: &mut GroupCaller, transport: &mut Transport| match item {
-                Inbound::Messages(from, messages) => {
-                    let at = now();
-                    for message in messages {
-                        caller.on_message(at, from, message, out);
-                    }
-                }
-                Inbound::KernelAcks(acks) => {
-                    let at = now();
-                    if let Transport::Kernel(sender) = transport {
-                        for ack in acks {
-                            caller.on_message(at, tail, sender.ack_message(ack), out);
-                        }
-                    }
-                }
-                Inbound::Lost(position, reason) => {
-                    tracing::debug!(position, "group connection lost: {reason}");
-                    caller.on_link_lost(reason, out);
+        let mut submit =
+            |command: Command, out: &mut GroupOutbox, caller: &mut GroupCaller, transport: &Transport| {
+                let Command::Execute { operations, reply } = command;
+                let batch = next_batch;
+                next_batch += 1;
+                let pieces: Vec<Vec<Operation>> = operations
+                    .into_iter()
+                    .map(|operation| match transport {
+                        Transport::Kernel(sender) => sender.pieces(operation),
+                        Transport::Tcp(_) => vec![operation],
+                    })
+                    .collect();
+                batches.insert(
+                    batch,
+                    Batch {
+                        results: (0..pieces.len()).map(|_| None).collect(),
+                        pieces_left: pieces.iter().map(Vec::len).collect(),
+                        remaining: pieces.len(),
+                        reply: Some(reply),
+                    },
+                );
+                let at = now();
+                for (index, operation) in
+                    pieces.into_iter().enumerate().flat_map(|(i, ps)| ps.into_iter().map(move |p| (i, p)))
+                {
+                    let request = RequestId(next_request);
+                    next_request += 1;
+                    requests.insert(request, (batch, index));
+                    caller.submit(at, request, operation, out);
                 }
             };
+        let handle_inbound = |item: Inbound,
+                              out: &mut GroupOutbox,
+                              caller: &mut GroupCaller,
+                              transport: &mut Transport| match item {
+            Inbound::Messages(from, messages) => {
+                let at = now();
+                for message in messages {
+                    caller.on_message(at, from, message, out);
+                }
+            }
+            Inbound::KernelAcks(acks) => {
+                let at = now();
+                if let Transport::Kernel(sender) = transport {
+                    for ack in acks {
+                        caller.on_message(at, tail, sender.ack_message(ack), out);
+                    }
+                }
+            }
+            Inbound::Lost(position, reason) => {
+                tracing::debug!(position, "group connection lost: {reason}");
+                caller.on_link_lost(reason, out);
+            }
+        };
         tokio::select! {
             command = commands.recv() => {
                 let Some(command) = command else { break };

@@ -373,7 +373,9 @@ fn start_kernel(config: &HostConfig, port: u16) -> Option<KernelDatapath> {
         }
         Err(reason) => {
             warn!("kernel data path unavailable, serving on the user-space path: {reason}");
-            eprintln!("chorus group host: kernel data path unavailable ({reason}); using the user-space path");
+            eprintln!(
+                "chorus group host: kernel data path unavailable ({reason}); using the user-space path"
+            );
             None
         }
     }
@@ -403,9 +405,11 @@ struct GroupSlot {
 
 /// Who applies this member's operations.
 enum SlotMember {
-    User(Mutex<ChainMember<Region>>),
+    User(Box<Mutex<ChainMember<Region>>>),
     /// The XDP program, on region slot `slot` of the kernel's regions map.
-    Kernel { slot: u32 },
+    Kernel {
+        slot: u32,
+    },
 }
 
 /// What a tenant holds on this host, against its [`TenantQuotas`].
@@ -768,12 +772,26 @@ impl Host {
                 next,
                 caller_port,
             } => {
-                let init = Init { group, epoch, start_seq, region, region_bytes, chain_len, position, next, caller_port };
+                let init = Init {
+                    group,
+                    epoch,
+                    start_seq,
+                    region,
+                    region_bytes,
+                    chain_len,
+                    position,
+                    next,
+                    caller_port,
+                };
                 match self.config.mode {
                     HostMode::Chorus => self.initialize(conn, tenant, addrs, init, caller).await.map(
                         |(region_path, kernel)| match kernel {
                             false => ControlReply::Initialized { id, region_path },
-                            true => ControlReply::InitializedKernel { id, region_path, data_port: self.addr.port() },
+                            true => ControlReply::InitializedKernel {
+                                id,
+                                region_path,
+                                data_port: self.addr.port(),
+                            },
                         },
                     ),
                     HostMode::Naive | HostMode::NaivePolling => self
@@ -829,12 +847,14 @@ impl Host {
                 (SlotMember::Kernel { slot }, format!("bpf:ck_regions[{slot}]"))
             }
             None => {
-                let region =
-                    self.store.register(tenant, &init.region, init.region_bytes).map_err(|e| e.to_string())?;
+                let region = self
+                    .store
+                    .register(tenant, &init.region, init.region_bytes)
+                    .map_err(|e| e.to_string())?;
                 let path = region.path().map(|p| p.display().to_string()).unwrap_or_default();
                 let member = ChainMember::new(config, NodeId(position as u8 + 1), tenant, region)
                     .map_err(|e| e.to_string())?;
-                (SlotMember::User(Mutex::new(member)), path)
+                (SlotMember::User(Box::new(Mutex::new(member))), path)
             }
         };
         let (downstream, link_local) = match next {
@@ -850,7 +870,10 @@ impl Host {
             let port = self.addr.port();
             let (from, to) = match (next, link_local) {
                 (Some(next), Some(local)) => (SocketAddr::new(local.ip(), port), next),
-                _ => (SocketAddr::new(addrs.local.ip(), port), SocketAddr::new(addrs.peer.ip(), init.caller_port)),
+                _ => (
+                    SocketAddr::new(addrs.local.ip(), port),
+                    SocketAddr::new(addrs.peer.ip(), init.caller_port),
+                ),
             };
             let (SocketAddr::V4(from), SocketAddr::V4(to)) = (from, to) else {
                 return Err("the kernel data path is IPv4 only".into());
@@ -887,7 +910,12 @@ impl Host {
 
     /// The kernel data path, if this group can use it: the caller asked (it gave a UDP port),
     /// the path is loaded, the group fits it, and every address is IPv4.
-    fn kernel_for(&self, init: &Init, addrs: CallerAddrs, next: Option<SocketAddr>) -> Option<&KernelDatapath> {
+    fn kernel_for(
+        &self,
+        init: &Init,
+        addrs: CallerAddrs,
+        next: Option<SocketAddr>,
+    ) -> Option<&KernelDatapath> {
         let kernel = self.kernel.as_ref()?;
         if init.caller_port == 0 {
             return None;

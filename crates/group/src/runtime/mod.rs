@@ -14,5 +14,7 @@ pub mod wire;
 
 pub use child::{child_main, spawn_child, ChildProcess};
 pub use client::{BlockingGroupClient, GroupClient, GroupSpec, WireFaults};
-pub use host::{serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, TenantCredential, TenantQuotas};
+pub use host::{
+    serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, TenantCredential, TenantQuotas,
+};
 pub use wire::{format_token, parse_token};

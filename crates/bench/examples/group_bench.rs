@@ -1,18 +1,18 @@
 //! Run the §6.1 microbenchmarks without the `chorus` CLI:
 //!
 //! ```text
-//! cargo run --release -p chorus-group --example group_bench -- [quick] [out.json]
+//! cargo run --release -p chorus-bench --example group_bench -- [quick] [out.json]
 //! ```
 //!
-//! Hosts and Naïve replicas run as child processes of this crate's `chorus-group-child`
+//! Hosts and Naïve replicas run as child processes of chorus-group's `chorus-group-child`
 //! binary, which must have been built next to this example (same target directory).
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut config = if args.iter().any(|a| a == "quick") {
-        chorus_group::bench::BenchConfig::quick()
+        chorus_bench::group::BenchConfig::quick()
     } else {
-        chorus_group::bench::BenchConfig::default()
+        chorus_bench::group::BenchConfig::default()
     };
     config.output = args.iter().find(|a| a.ends_with(".json")).map(Into::into);
     let exe = std::env::current_exe()?;
@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
         Some(child) if child.exists() => config.child_command = Some(vec![child.display().to_string()]),
         _ => eprintln!("chorus-group-child not found next to the example: hosts run in-process"),
     }
-    let report = chorus_group::bench::run(config)?;
+    let report = chorus_bench::group::run::run(config)?;
     print!("{}", report.table());
     Ok(())
 }

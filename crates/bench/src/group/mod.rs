@@ -1,5 +1,5 @@
 //! Figures and summary of `chorus bench group` (HyperLoop §6.1, run by
-//! [`chorus_group::bench`]), shaped like the paper's:
+//! [`run`]), shaped like the paper's:
 //!
 //! * `group-fig8-latency.png`: gWRITE and gMEMCPY latency (average, p95, p99) vs message size,
 //!   group of 3 (Figure 8);
@@ -14,8 +14,10 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use chorus_group::bench::{BenchReport, BenchResult};
+pub mod run;
+
 use chorus_group::runtime::HostMode;
+pub use run::{BenchConfig, BenchReport, BenchResult};
 
 use crate::charts::{draw_grid, palette, Panel, Series};
 

@@ -1,5 +1,5 @@
 //! `chorus bench tenants`: the multi-tenant experiment of HyperLoop §2.2 and §6.2 (run by
-//! [`chorus_group::tenants`]), with its figures and the target ratios:
+//! [`run`]), with its figures and the target ratios:
 //!
 //! * `tenants-latency.png`: update latency (average, p95, p99) vs the number of tenants, one
 //!   panel per statistic (the shape of Figure 2(a) and Figures 11-12);
@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 
-use chorus_group::tenants::{
+pub mod run;
+
+use run::{
     measure_point, target_ratios, PointSpec, Replicas, TenantClient, TenantsConfig, TenantsMode,
     TenantsReport, TenantsResult,
 };
@@ -149,7 +151,7 @@ pub fn run(
             let config = config_of(&args, child, background_load_command)?;
             let stop = AtomicBool::new(false);
             let mut hermes = |point: &PointSpec| hermes_point(chorus, point, &stop);
-            let report = chorus_group::tenants::run_with(config, &mut hermes)?;
+            let report = run::run_with(config, &mut hermes)?;
             std::fs::create_dir_all(&args.out)?;
             std::fs::write(&json, serde_json::to_vec_pretty(&report)?)?;
             report
@@ -245,7 +247,7 @@ fn hermes_point(chorus: &Path, point: &PointSpec, stop: &AtomicBool) -> anyhow::
         &mut procs,
         chorus,
         "hermes",
-        chorus_group::tenants::GROUP_SIZE,
+        run::GROUP_SIZE,
         &point.config.replica_command_prefix(),
         stop,
     )?;

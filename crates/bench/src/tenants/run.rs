@@ -1,7 +1,7 @@
 //! The multi-tenant experiment of HyperLoop §2.2 (Figure 2) and §6.2 (Figures 11-12) on
 //! loopback: `T` tenants, each a chain of 3 members on the same 3 hosts, each driven by one
 //! closed-loop YCSB-A client (50% reads, 50% updates of 1 KiB values) through the
-//! replicated-transaction API ([`crate::txn`]), the way the paper's MongoDB case study (§5.2)
+//! replicated-transaction API ([`chorus_group::txn`]), the way the paper's MongoDB case study (§5.2)
 //! replicates: an update takes the group write lock (gCAS), appends a redo record (gWRITE +
 //! gFLUSH), executes it with ExecuteAndAdvance (gMEMCPY + gFLUSH, head gWRITE + gFLUSH) and
 //! releases the lock; a read is a lock-free read of the tail's database.
@@ -29,12 +29,12 @@ use chorus_region::{default_region_dir, FlushBackend};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{
+use crate::group::run::{
     all_sched_fifo, cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostsPlan,
 };
-use crate::caller::CallerConfig;
-use crate::runtime::{GroupClient, HostMode};
-use crate::txn::{TxnCore, TxnLayout, WriteLockAttempt};
+use chorus_group::runtime::{GroupClient, HostMode};
+use chorus_group::txn::{TxnCore, TxnLayout, WriteLockAttempt};
+use chorus_group::CallerConfig;
 
 /// Members per tenant group (the paper's replica sets of 3).
 pub const GROUP_SIZE: usize = 3;
@@ -112,7 +112,7 @@ pub struct TenantsConfig {
     /// The hosts' flush backend ("msync", "clwb", "none").
     pub flush: String,
     /// Start hosts (and Naïve replicas) as processes with this command (ending in
-    /// [`crate::runtime::child_main`]). `None`: in this process (tests only; no CPU numbers).
+    /// [`chorus_group::runtime::child_main`]). `None`: in this process (tests only; no CPU numbers).
     pub child_command: Option<Vec<String>>,
     pub region_dir: Option<PathBuf>,
     /// Also run every point under this load (e.g. stress-ng on every core).
@@ -771,7 +771,7 @@ impl ChainTenant {
         Ok(ChainTenant { client, core, tail, value_bytes: value_bytes as u64 })
     }
 
-    /// [`crate::txn::Txn::wr_lock`] on the event loop.
+    /// [`chorus_group::txn::Txn::wr_lock`] on the event loop.
     async fn wr_lock(&mut self) -> anyhow::Result<bool> {
         let chain_len = self.client.chain_len();
         let results = self.client.execute(vec![self.core.wr_lock_operation(chain_len)]).await;

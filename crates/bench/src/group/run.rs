@@ -33,12 +33,11 @@ use chorus_region::{default_region_dir, FlushBackend, TenantId};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::caller::CallerConfig;
-use crate::op::{GroupId, Operation, Token};
-use crate::runtime::{
+use chorus_group::runtime::{
     spawn_child, start_host, ChildProcess, GroupClient, GroupSpec, HostConfig, HostHandle, HostMode,
     TenantCredential,
 };
+use chorus_group::{CallerConfig, GroupId, Operation, Token};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchConfig {
@@ -383,7 +382,7 @@ impl BackgroundLoad {
 /// How one run starts its hosts.
 pub(crate) struct HostsPlan<'a> {
     /// Start each host as a process with this command (ending in
-    /// [`crate::runtime::child_main`]); `None`: in this process. Naïve replicas start with it
+    /// [`chorus_group::runtime::child_main`]); `None`: in this process. Naïve replicas start with it
     /// too, from their host.
     pub command: Option<&'a [String]>,
     /// What only the hosts' command line starts with (`nice -n N`, `chrt -f 1`). Naïve
