@@ -42,7 +42,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
         "zab" => ProtocolSetup::zab(ReadMode::Sync),
         "raftlog" => ProtocolSetup::Raftlog,
         "zab-local" => ProtocolSetup::zab(ReadMode::Local),
-        "chain" => chorus_chain::sim_setup(None),
+        "chain" => chorus_chain::sim::setup(None),
         other => {
             bail!("unknown protocol '{other}' (available: hermes, craq, zab, zab-local, raftlog, chain)")
         }

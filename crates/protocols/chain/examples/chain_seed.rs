@@ -8,7 +8,7 @@ fn main() {
     let seed: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(0);
     let mut config = SimConfig::new(seed, replicas);
     config.trace = args.get(3).is_some();
-    let verdict = check_seed(&chorus_chain::sim_setup(None), &config);
+    let verdict = check_seed(&chorus_chain::sim::setup(None), &config);
     for line in &verdict.run.trace {
         println!("{line}");
     }

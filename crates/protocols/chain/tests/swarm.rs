@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use chorus_chain::{sim_setup, Bug};
+use chorus_chain::sim::setup as sim_setup;
+use chorus_chain::Bug;
 use chorus_sim::runner::{assert_swarm_passes, check_seed, describe_failure, sweep};
 use chorus_sim::simulator::SimConfig;
 
