@@ -12,6 +12,11 @@
 #define CK_MAGIC 0x31474b43u
 #define CK_KIND_OP 1
 #define CK_KIND_ACK 2
+// A one-sided read (HyperLoop's lock-free read at one member): the request carries `c` bytes
+// of padding that the member overwrites with its region's bytes at `a`, and it comes back as
+// CK_KIND_DATA to whoever sent it.
+#define CK_KIND_READ 3
+#define CK_KIND_DATA 4
 
 #define CK_WRITE 0
 #define CK_CAS 1
@@ -117,6 +122,7 @@ enum ck_stat {
 	CK_STAT_NO_NEIGHBOUR,
 	CK_STAT_INJECTED_LOSS,
 	CK_STAT_FORWARDING_OFF,
+	CK_STAT_READS,
 	CK_STAT_COUNT,
 };
 

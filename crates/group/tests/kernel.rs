@@ -7,6 +7,7 @@
 //! the model (`sim::SimCluster`: `GroupCaller` + `ChainMember`s, no faults), and every result
 //! and every member's region must match byte for byte: with a clean wire, and with loss at
 //! every host's ingress plus loss, duplication and reordering of the caller's datagrams.
+//! One-sided reads (answered by the members' XDP programs) are checked against the model too.
 //!
 //! Needs root, BPF and the compiled program; otherwise each test prints why it skips.
 
@@ -153,6 +154,14 @@ async fn differential(chain: &Chain, seed: u64, rounds: usize, faults: Option<Wi
         let want = model.members[position].memory().bytes();
         let first = region.iter().zip(want).position(|(a, b)| a != b);
         assert!(first.is_none(), "seed {seed}: member {position} differs from the model at byte {first:?}");
+        // One-sided reads of a datagram or less are answered by the member's XDP program.
+        for (offset, len) in [(0u64, 1024u64), (1000, 8), (REGION_BYTES - 1024, 1024)] {
+            let bytes = client.read(position, offset, len).await.expect("kernel read");
+            assert_eq!(bytes, &want[offset as usize..(offset + len) as usize], "read {len} at {offset}");
+        }
+    }
+    if faults.is_none() {
+        assert_eq!(client.kernel_reads_served(), 9, "every small read answered in the kernel");
     }
 }
 

@@ -5,6 +5,9 @@
 pub const MAGIC: u32 = 0x3147_4b43;
 pub const KIND_OP: u8 = 1;
 pub const KIND_ACK: u8 = 2;
+/// A one-sided read request (padded with the bytes it asks for) and its answer.
+pub const KIND_READ: u8 = 3;
+pub const KIND_DATA: u8 = 4;
 
 pub const PRIMITIVE_WRITE: u8 = 0;
 pub const PRIMITIVE_CAS: u8 = 1;
@@ -114,7 +117,7 @@ unsafe impl aya::Pod for GroupState {}
 unsafe impl aya::Pod for Config {}
 
 /// The program's counters (`enum ck_stat`), in order.
-pub const STAT_NAMES: [&str; 16] = [
+pub const STAT_NAMES: [&str; 17] = [
     "applied",
     "rejected",
     "forwarded",
@@ -131,6 +134,7 @@ pub const STAT_NAMES: [&str; 16] = [
     "no_neighbour",
     "injected_loss",
     "forwarding_off",
+    "reads",
 ];
 
 #[cfg(test)]

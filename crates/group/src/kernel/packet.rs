@@ -6,8 +6,8 @@
 use bytes::Bytes;
 
 use super::layout::{
-    Header, CHAIN_MAX, CHUNK_BYTES_MAX, FLAG_FLUSH, HEADER_BYTES, KIND_ACK, KIND_OP, MAGIC, PRIMITIVE_CAS,
-    PRIMITIVE_FLUSH, PRIMITIVE_MEMCPY, PRIMITIVE_WRITE, VERDICT_BY_CALLER,
+    Header, CHAIN_MAX, CHUNK_BYTES_MAX, FLAG_FLUSH, HEADER_BYTES, KIND_ACK, KIND_DATA, KIND_OP, KIND_READ,
+    MAGIC, PRIMITIVE_CAS, PRIMITIVE_FLUSH, PRIMITIVE_MEMCPY, PRIMITIVE_WRITE, VERDICT_BY_CALLER,
 };
 use crate::op::{GroupId, Operation, Primitive, Token};
 use chorus_region::TenantId;
@@ -66,6 +66,68 @@ pub fn encode_op(to: &GroupAddress, seq: u64, operation: &Operation, rejected: b
     buf.extend_from_slice(data);
 }
 
+/// A one-sided read of `len` (1 to [`CHUNK_BYTES_MAX`]) bytes at `offset`, numbered `id`:
+/// padded with `len` bytes that the member overwrites.
+pub fn encode_read(to: &GroupAddress, id: u64, offset: u64, len: u64, buf: &mut Vec<u8>) {
+    debug_assert!((1..=CHUNK_BYTES_MAX).contains(&len));
+    let header = Header {
+        magic: MAGIC,
+        kind: KIND_READ,
+        tenant: to.tenant.0,
+        group: to.group.0,
+        epoch: to.epoch,
+        token: to.token.0,
+        seq: id,
+        a: offset,
+        c: len,
+        ..Header::default()
+    };
+    buf.clear();
+    buf.extend_from_slice(header_bytes(&header));
+    buf.resize(HEADER_BYTES + len as usize, 0);
+}
+
+/// What comes back to a caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Ack(Ack),
+    /// The bytes of read `id`.
+    Data {
+        tenant: TenantId,
+        group: GroupId,
+        id: u64,
+        bytes: Vec<u8>,
+    },
+}
+
+/// Parse an acknowledgement or a read's answer; anything else is `None`.
+pub fn decode_reply(datagram: &[u8], chain_len: usize) -> Option<Reply> {
+    if let Some(ack) = decode_ack(datagram, chain_len) {
+        return Some(Reply::Ack(ack));
+    }
+    let header = read_header(datagram)?;
+    let len = header.c as usize;
+    if header.kind != KIND_DATA || datagram.len() != HEADER_BYTES + len {
+        return None;
+    }
+    Some(Reply::Data {
+        tenant: TenantId(header.tenant),
+        group: GroupId(header.group),
+        id: header.seq,
+        bytes: datagram[HEADER_BYTES..].to_vec(),
+    })
+}
+
+fn read_header(datagram: &[u8]) -> Option<Header> {
+    if datagram.len() < HEADER_BYTES {
+        return None;
+    }
+    // SAFETY: at least HEADER_BYTES are there, `Header` accepts any bit pattern, and the read
+    // is unaligned-safe.
+    let header: Header = unsafe { std::ptr::read_unaligned(datagram.as_ptr().cast::<Header>()) };
+    (header.magic == MAGIC).then_some(header)
+}
+
 fn header_bytes(header: &Header) -> &[u8] {
     // SAFETY: `Header` is `#[repr(C)]` plain integers with no padding (160 bytes, checked in
     // layout's tests); viewing it as bytes reads only initialized memory.
@@ -87,13 +149,11 @@ pub struct Ack {
 
 /// Parse an acknowledgement; anything else (short, wrong magic, not an ack) is `None`.
 pub fn decode_ack(datagram: &[u8], chain_len: usize) -> Option<Ack> {
-    if datagram.len() < HEADER_BYTES || chain_len > CHAIN_MAX {
+    if chain_len > CHAIN_MAX {
         return None;
     }
-    // SAFETY: at least HEADER_BYTES are there, `Header` accepts any bit pattern, and the read
-    // is unaligned-safe.
-    let header: Header = unsafe { std::ptr::read_unaligned(datagram.as_ptr().cast::<Header>()) };
-    if header.magic != MAGIC || header.kind != KIND_ACK {
+    let header = read_header(datagram)?;
+    if header.kind != KIND_ACK {
         return None;
     }
     let results =

@@ -31,7 +31,7 @@ use super::wire::{
     FRAME_KIND_CONTROL, FRAME_KIND_REPLY,
 };
 use crate::caller::{CallerConfig, GroupCaller};
-use crate::kernel::layout::{CHAIN_MAX, RING};
+use crate::kernel::layout::{CHAIN_MAX, CHUNK_BYTES_MAX, RING};
 use crate::kernel::packet::{self, GroupAddress};
 use crate::message::{GroupMessage, FRAME_KIND_GROUP};
 use crate::op::{GroupConfig, GroupError, GroupId, OpError, OpOutcome, Operation, Token, CHAIN_MEMBERS_MAX};
@@ -237,6 +237,47 @@ pub struct GroupClient {
     datapath: Datapath,
     driver: tokio::task::AbortHandle,
     receiver: Option<tokio::task::AbortHandle>,
+    /// One-sided reads as datagrams (kernel path only).
+    kernel_reads: Option<KernelReads>,
+}
+
+type PendingReads = Arc<Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>>;
+
+/// One-sided reads served by the members' XDP programs (no host process woken).
+struct KernelReads {
+    socket: Arc<UdpSocket>,
+    /// Each member's datagram address.
+    members: Vec<SocketAddr>,
+    address: GroupAddress,
+    pending: PendingReads,
+    next_id: AtomicU64,
+    /// Reads the members' XDP programs answered.
+    served: AtomicU64,
+}
+
+/// Reads are retried this often, this long apart, before falling back to the control connection.
+const KERNEL_READ_ATTEMPTS: u32 = 5;
+const KERNEL_READ_TIMEOUT: Duration = Duration::from_millis(20);
+
+impl KernelReads {
+    async fn read(&self, position: usize, offset: u64, len: u64) -> Option<Vec<u8>> {
+        let to = *self.members.get(position)?;
+        let mut buf = Vec::new();
+        for _ in 0..KERNEL_READ_ATTEMPTS {
+            let id = self.next_id.fetch_add(1, Relaxed);
+            let (tx, rx) = oneshot::channel();
+            self.pending.lock().unwrap_or_else(PoisonError::into_inner).insert(id, tx);
+            packet::encode_read(&self.address, id, offset, len, &mut buf);
+            let sent = self.socket.send_to(&buf, to).await.is_ok();
+            let answer = if sent { tokio::time::timeout(KERNEL_READ_TIMEOUT, rx).await.ok() } else { None };
+            self.pending.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+            if let Some(Ok(bytes)) = answer {
+                self.served.fetch_add(1, Relaxed);
+                return Some(bytes);
+            }
+        }
+        None
+    }
 }
 
 impl Drop for GroupClient {
@@ -303,21 +344,46 @@ impl GroupClient {
             GroupCaller::new(config, NodeId(0), caller_config.clone()).map_err(anyhow::Error::msg)?;
         let tick =
             Duration::from_nanos(caller_config.retransmit_after.as_nanos() / 4).max(Duration::from_millis(1));
-        let (transport, receiver) = match (datapath, socket) {
+        let (transport, receiver, kernel_reads) = match (datapath, socket) {
             (Datapath::Kernel, Some(socket)) => {
                 let socket = Arc::new(socket);
-                let head = SocketAddr::new(members.data_addrs[0].ip(), members.kernel_ports[0].unwrap_or(0));
+                let kernel_addrs: Vec<SocketAddr> = (0..n)
+                    .map(|i| {
+                        SocketAddr::new(members.data_addrs[i].ip(), members.kernel_ports[i].unwrap_or(0))
+                    })
+                    .collect();
                 let address = GroupAddress {
                     tenant: spec.tenant,
                     group: spec.group,
                     epoch: spec.epoch,
                     token: spec.token,
                 };
-                let receiver = tokio::spawn(receive_acks(socket.clone(), address, n, inbound_tx.clone()));
-                let sender = KernelSender::new(socket, head, address, spec.region_bytes, n, spec.wire_faults);
-                (Transport::Kernel(Box::new(sender)), Some(receiver.abort_handle()))
+                let pending: PendingReads = Arc::default();
+                let receiver = tokio::spawn(receive_replies(
+                    socket.clone(),
+                    address,
+                    n,
+                    inbound_tx.clone(),
+                    pending.clone(),
+                ));
+                let sender = KernelSender::new(
+                    socket.clone(),
+                    kernel_addrs[0],
+                    address,
+                    spec.region_bytes,
+                    n,
+                    spec.wire_faults,
+                );
+                let reads = KernelReads {
+                    socket,
+                    members: kernel_addrs,
+                    address,
+                    pending,
+                    next_id: AtomicU64::new(1),
+                };
+                (Transport::Kernel(Box::new(sender)), Some(receiver.abort_handle()), Some(reads))
             }
-            _ => (Transport::Tcp(members.conns[0].tx.clone()), None),
+            _ => (Transport::Tcp(members.conns[0].tx.clone()), None, None),
         };
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let driver = tokio::spawn(drive(caller, commands_rx, inbound_rx, transport, tick));
@@ -332,7 +398,13 @@ impl GroupClient {
             datapath,
             driver: driver.abort_handle(),
             receiver,
+            kernel_reads,
         })
+    }
+
+    /// How many one-sided reads the members' XDP programs answered (kernel path).
+    pub fn kernel_reads_served(&self) -> u64 {
+        self.kernel_reads.as_ref().map_or(0, |reads| reads.served.load(Relaxed))
     }
 
     /// The data path this group's operations take.
@@ -383,6 +455,15 @@ impl GroupClient {
     /// (HyperLoop's lock-free read at the head or the tail), served by that member's host.
     pub async fn read(&self, position: usize, offset: u64, len: u64) -> Result<Vec<u8>, TxnError> {
         let conn = self.conns.get(position).ok_or(TxnError::NoSuchMember(position))?;
+        // On the kernel path the member's XDP program answers (no process woken); a read it
+        // cannot serve (too large, out of bounds, lost every time) goes over the connection.
+        if let Some(reads) = &self.kernel_reads {
+            if (1..=CHUNK_BYTES_MAX).contains(&len) {
+                if let Some(bytes) = reads.read(position, offset, len).await {
+                    return Ok(bytes);
+                }
+            }
+        }
         let id = self.next_control.fetch_add(1, Relaxed);
         let request = ControlRequest::Read { id, group: self.group, offset, len };
         match conn.control(request, self.io_timeout).await {
@@ -590,23 +671,31 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Read the tail's acknowledgements for this group off the caller's datagram socket.
-async fn receive_acks(
+/// Read the tail's acknowledgements (to the driver) and the members' read answers (to their
+/// waiters) for this group off the caller's datagram socket.
+async fn receive_replies(
     socket: Arc<UdpSocket>,
     address: GroupAddress,
     chain_len: usize,
     inbound: mpsc::UnboundedSender<Inbound>,
+    reads: PendingReads,
 ) {
     let mut buf = vec![0u8; 2048];
     loop {
         let Ok(len) = socket.recv(&mut buf).await else { return };
         let mut acks = Vec::new();
-        let mut keep = |datagram: &[u8]| {
-            if let Some(ack) = packet::decode_ack(datagram, chain_len) {
-                if ack.tenant == address.tenant && ack.group == address.group {
-                    acks.push(ack);
+        let mut keep = |datagram: &[u8]| match packet::decode_reply(datagram, chain_len) {
+            Some(packet::Reply::Ack(ack)) if ack.tenant == address.tenant && ack.group == address.group => {
+                acks.push(ack)
+            }
+            Some(packet::Reply::Data { tenant, group, id, bytes })
+                if tenant == address.tenant && group == address.group =>
+            {
+                if let Some(waiter) = reads.lock().unwrap_or_else(PoisonError::into_inner).remove(&id) {
+                    let _ = waiter.send(bytes);
                 }
             }
+            _ => {}
         };
         keep(&buf[..len]);
         while let Ok(len) = socket.try_recv(&mut buf) {
