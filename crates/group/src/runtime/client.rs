@@ -380,6 +380,7 @@ impl GroupClient {
                     address,
                     pending,
                     next_id: AtomicU64::new(1),
+                    served: AtomicU64::new(0),
                 };
                 (Transport::Kernel(Box::new(sender)), Some(receiver.abort_handle()), Some(reads))
             }
