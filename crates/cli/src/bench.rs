@@ -60,6 +60,10 @@ struct GroupBenchArgs {
     /// Group sizes, comma separated (default 3,5,7).
     #[arg(long, value_delimiter = ',')]
     group_sizes: Option<Vec<usize>>,
+    /// kernel: the chain's hosts serve on the kernel data path (XDP), every mode runs in
+    /// network namespaces joined by veth pairs, regions are 1 MiB; user: loopback.
+    #[arg(long, default_value = "user")]
+    datapath: String,
     /// Measure nothing: redraw the figures and the summary from a saved report (--json's file).
     #[arg(long, value_name = "JSON")]
     from_json: Option<std::path::PathBuf>,
@@ -109,6 +113,13 @@ fn run_group(args: GroupBenchArgs) -> anyhow::Result<i32> {
     }
     if let Some(sizes) = &args.group_sizes {
         config.group_sizes = sizes.clone();
+    }
+    config.datapath = args.datapath.parse().map_err(|e: String| anyhow::anyhow!("--datapath: {e}"))?;
+    if config.datapath == chorus_group::runtime::Datapath::Kernel {
+        let lab = chorus_group::kernel::netlab::NetLab::unavailable_reason();
+        if let Some(reason) = chorus_group::kernel::unavailable_reason().or(lab) {
+            anyhow::bail!("--datapath kernel cannot run here: {reason}");
+        }
     }
     if args.background_load {
         let command = stress_ng_command()?;

@@ -33,9 +33,10 @@ use chorus_region::{default_region_dir, FlushBackend, TenantId};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use chorus_group::kernel::netlab::NetLab;
 use chorus_group::runtime::{
-    spawn_child, start_host, ChildProcess, GroupClient, GroupSpec, HostConfig, HostHandle, HostMode,
-    TenantCredential,
+    spawn_child, start_host, ChildProcess, Datapath, GroupClient, GroupSpec, HostConfig, HostHandle,
+    HostMode, TenantCredential,
 };
 use chorus_group::{CallerConfig, GroupId, Operation, Token};
 
@@ -80,6 +81,10 @@ pub struct BenchConfig {
     /// Wall-clock cap of one throughput point, seconds (the point keeps the bytes written).
     #[serde(default = "default_point_time_max_s")]
     pub throughput_time_max_s: f64,
+    /// Kernel: every mode runs in network namespaces (veth between hosts) and the chain's
+    /// hosts serve on the kernel data path, with 1 MiB regions; user: loopback.
+    #[serde(default)]
+    pub datapath: Datapath,
 }
 
 fn default_point_time_max_s() -> f64 {
@@ -107,6 +112,7 @@ impl Default for BenchConfig {
             background_load_command: None,
             latency_time_max_s: default_point_time_max_s(),
             throughput_time_max_s: default_point_time_max_s(),
+            datapath: Datapath::User,
         }
     }
 }
@@ -194,6 +200,13 @@ pub struct BenchResult {
     /// The point hit its time cap before its planned operations or bytes.
     #[serde(default)]
     pub truncated: bool,
+    /// Where the operations were applied (the chain on the kernel path, or user space).
+    #[serde(default)]
+    pub datapath: Datapath,
+    /// The serving processes' user CPU, context switches and the machine's softirq time per
+    /// operation (hosts as processes only).
+    #[serde(default)]
+    pub per_op: Option<PerOp>,
 }
 
 impl BenchReport {
@@ -242,6 +255,8 @@ impl BenchReport {
 
 const TOKEN_BASE: u8 = 0xb0;
 const REGION_BYTES: u64 = 4 * 1024 * 1024;
+/// The kernel path's regions are at most one slot of its regions map.
+const KERNEL_REGION_BYTES: u64 = chorus_group::kernel::layout::REGION_BYTES_MAX;
 
 pub(crate) fn tenant(t: usize) -> (TenantId, Token) {
     (TenantId(1000 + t as u32), Token([TOKEN_BASE.wrapping_add(t as u8); 16]))
@@ -397,6 +412,10 @@ pub(crate) struct HostsPlan<'a> {
     /// The hosts' I/O timeout, when not the default.
     pub io_timeout_ms: Option<u64>,
     pub start_timeout: Duration,
+    /// Run host i in namespace i of this lab (hosts must be processes), where the kernel data
+    /// path can run; `None`: on loopback.
+    pub lab: Option<&'a NetLab>,
+    pub datapath: Datapath,
 }
 
 pub(crate) async fn start_hosts(plan: HostsPlan<'_>) -> anyhow::Result<(Hosts, Vec<SocketAddr>)> {
@@ -409,9 +428,20 @@ pub(crate) async fn start_hosts(plan: HostsPlan<'_>) -> anyhow::Result<(Hosts, V
     let mut addrs = Vec::new();
     let mut handles = Vec::new();
     let mut children = Vec::new();
+    anyhow::ensure!(
+        plan.lab.is_none() || plan.command.is_some(),
+        "hosts in network namespaces must be processes"
+    );
     for i in 0..plan.hosts {
-        let mut host =
-            HostConfig::new("127.0.0.1:0".parse()?, plan.dir.join(format!("host{i}")), credentials.clone());
+        let listen = match plan.lab {
+            Some(lab) => SocketAddr::new(lab.host_ip(i).into(), 0),
+            None => "127.0.0.1:0".parse()?,
+        };
+        let mut host = HostConfig::new(listen, plan.dir.join(format!("host{i}")), credentials.clone());
+        host.datapath = plan.datapath;
+        if let Some(lab) = plan.lab {
+            host.peers = (0..lab.hosts()).map(|h| lab.host_ip(h).into()).collect();
+        }
         host.flush = plan.flush;
         host.mode = plan.mode;
         host.replica_command = plan.command.map(<[String]>::to_vec);
@@ -422,6 +452,10 @@ pub(crate) async fn start_hosts(plan: HostsPlan<'_>) -> anyhow::Result<(Hosts, V
         match plan.command {
             Some(command) => {
                 let command = [plan.host_prefix, command].concat();
+                let command = match plan.lab {
+                    Some(lab) => lab.command_in(i, &command),
+                    None => command,
+                };
                 let (addr, child) = spawn_child(&command, &host, plan.start_timeout).await?;
                 addrs.push(addr);
                 children.push(child);
@@ -446,12 +480,16 @@ async fn groups(
     tenants: usize,
     window: usize,
     tag: &str,
+    datapath: Datapath,
 ) -> anyhow::Result<Vec<Arc<GroupClient>>> {
     let mut clients = Vec::new();
+    let region = if datapath == Datapath::Kernel { KERNEL_REGION_BYTES } else { REGION_BYTES };
     for t in 0..tenants {
-        let mut spec = tenant_spec(addrs, t, format!("{tag}-t{t}"), REGION_BYTES);
+        let mut spec = tenant_spec(addrs, t, format!("{tag}-t{t}"), region);
         spec.caller =
             CallerConfig { retransmit_after: Time::from_millis(2000), attempts_max: 5, window_max: window };
+        spec.datapath = datapath;
+        spec.kernel_caller.window_max = window;
         clients.push(Arc::new(GroupClient::initialize(spec).await?));
     }
     Ok(clients)
@@ -482,6 +520,14 @@ fn micros(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
+fn region_of(client: &GroupClient) -> u64 {
+    if client.datapath() == Datapath::Kernel {
+        KERNEL_REGION_BYTES
+    } else {
+        REGION_BYTES
+    }
+}
+
 /// One closed-loop client per tenant, one operation in flight each; latencies of all tenants
 /// in one histogram (nanoseconds).
 async fn latency(
@@ -500,7 +546,8 @@ async fn latency(
             let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
             let payload = Bytes::from(vec![0x5au8; size]);
             let all = (1u64 << client.chain_len()) - 1;
-            let span = REGION_BYTES / 2 - size as u64;
+            let region = region_of(&client);
+            let span = region / 2 - size as u64;
             let mut measured_from = Instant::now();
             for i in 0..(warmup + ops) {
                 if i == warmup {
@@ -522,9 +569,7 @@ async fn latency(
                     }
                     Prim::Memcpy => {
                         start = Instant::now();
-                        client
-                            .submit(Operation::memcpy(offset, REGION_BYTES / 2 + offset, size as u64))
-                            .await?;
+                        client.submit(Operation::memcpy(offset, region / 2 + offset, size as u64)).await?;
                     }
                     Prim::Cas => {
                         start = Instant::now();
@@ -571,7 +616,7 @@ async fn throughput(
             let chunk = (window / 2).max(1) as u64;
             tasks.push(tokio::spawn(async move {
                 let payload = Bytes::from(vec![0xa5u8; size]);
-                let span = REGION_BYTES / 2 - size as u64;
+                let span = region_of(&client) / 2 - size as u64;
                 let mut done = 0u64;
                 while done < share {
                     let count = chunk.min(share - done);
@@ -602,6 +647,10 @@ struct ProcStat {
     ppid: u32,
     /// User + system CPU time.
     cpu_us: u64,
+    /// User CPU time alone.
+    user_us: u64,
+    /// The command name (`ksoftirqd/0`, ...).
+    name: String,
     /// Scheduling policy (SCHED_OTHER 0, SCHED_FIFO 1, ...).
     policy: u32,
 }
@@ -614,7 +663,8 @@ fn process_table() -> Option<BTreeMap<u32, ProcStat>> {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
         // Fields after the command name (which may contain spaces) start after the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else { continue };
+        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+        let name = head.split_once('(').map_or("", |(_, name)| name).to_string();
         let fields: Vec<&str> = rest.split_whitespace().collect();
         // fields[0] is field 3 (state): ppid is field 4, utime 14, stime 15, policy 41.
         let number = |field: usize| fields.get(field - 3).and_then(|value| value.parse::<u64>().ok());
@@ -624,7 +674,8 @@ fn process_table() -> Option<BTreeMap<u32, ProcStat>> {
             continue;
         };
         let cpu_us = (utime + stime) * 1_000_000 / ticks;
-        table.insert(pid, ProcStat { ppid: ppid as u32, cpu_us, policy: policy as u32 });
+        let user_us = utime * 1_000_000 / ticks;
+        table.insert(pid, ProcStat { ppid: ppid as u32, cpu_us, user_us, name, policy: policy as u32 });
     }
     Some(table)
 }
@@ -669,6 +720,114 @@ pub fn all_sched_fifo(pids: &[u32]) -> Option<bool> {
     Some(tree.all(|(_, process)| process.policy == fifo))
 }
 
+/// Where the replicas' CPU went, read from /proc: the serving processes' (and their
+/// descendants') user and system time and context switches, and the machine's softirq time,
+/// NET_RX softirqs and ksoftirqd time (on veth every hop runs on this machine's CPUs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostCounters {
+    pub user_us: u64,
+    pub system_us: u64,
+    pub context_switches: u64,
+    pub softirq_us: u64,
+    pub net_rx_softirqs: u64,
+    pub ksoftirqd_us: u64,
+}
+
+impl HostCounters {
+    /// Now, for `pids` and their descendants. `None` without processes or /proc.
+    pub fn read(pids: &[u32]) -> Option<HostCounters> {
+        if pids.is_empty() {
+            return None;
+        }
+        let table = process_table()?;
+        let mut counters = HostCounters::default();
+        for (&pid, process) in &table {
+            if in_trees(&table, pids, pid) {
+                counters.user_us += process.user_us;
+                counters.system_us += process.cpu_us - process.user_us;
+                counters.context_switches += context_switches(pid);
+            }
+            if process.name.starts_with("ksoftirqd/") {
+                counters.ksoftirqd_us += process.cpu_us;
+            }
+        }
+        counters.softirq_us = machine_softirq_us().unwrap_or(0);
+        counters.net_rx_softirqs = net_rx_softirqs().unwrap_or(0);
+        Some(counters)
+    }
+
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &HostCounters) -> HostCounters {
+        HostCounters {
+            user_us: self.user_us.saturating_sub(before.user_us),
+            system_us: self.system_us.saturating_sub(before.system_us),
+            context_switches: self.context_switches.saturating_sub(before.context_switches),
+            softirq_us: self.softirq_us.saturating_sub(before.softirq_us),
+            net_rx_softirqs: self.net_rx_softirqs.saturating_sub(before.net_rx_softirqs),
+            ksoftirqd_us: self.ksoftirqd_us.saturating_sub(before.ksoftirqd_us),
+        }
+    }
+
+    /// Per operation.
+    pub fn per_op(&self, ops: u64) -> PerOp {
+        let ops = ops.max(1) as f64;
+        PerOp {
+            user_us: self.user_us as f64 / ops,
+            system_us: self.system_us as f64 / ops,
+            context_switches: self.context_switches as f64 / ops,
+            softirq_us: self.softirq_us as f64 / ops,
+            net_rx_softirqs: self.net_rx_softirqs as f64 / ops,
+            ksoftirqd_us: self.ksoftirqd_us as f64 / ops,
+        }
+    }
+}
+
+/// [`HostCounters`] per operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PerOp {
+    pub user_us: f64,
+    pub system_us: f64,
+    pub context_switches: f64,
+    /// Machine-wide: every CPU's softirq time (the kernel path's work, and the stack's).
+    pub softirq_us: f64,
+    pub net_rx_softirqs: f64,
+    /// Softirq work deferred to ksoftirqd threads (at normal priority, behind the load).
+    pub ksoftirqd_us: f64,
+}
+
+/// Voluntary plus involuntary context switches of every thread of `pid`.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    let mut total = 0;
+    for task in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else { continue };
+        for line in status.lines() {
+            if let Some(value) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                total += value.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+/// Every CPU's softirq time so far (/proc/stat's `cpu` line, field 7, clock ticks).
+fn machine_softirq_us() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|line| line.starts_with("cpu "))?;
+    let ticks: u64 = line.split_whitespace().nth(7)?.parse().ok()?;
+    Some(ticks * 10_000)
+}
+
+/// NET_RX softirqs raised so far, all CPUs (/proc/softirqs).
+fn net_rx_softirqs() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/softirqs").ok()?;
+    let line = text.lines().find(|line| line.trim_start().starts_with("NET_RX:"))?;
+    Some(line.split_whitespace().skip(1).filter_map(|n| n.parse::<u64>().ok()).sum())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn result(
     mode: HostMode,
@@ -711,6 +870,8 @@ fn result(
         host_cpu_cores: None,
         background_load: false,
         truncated: false,
+        datapath: Datapath::User,
+        per_op: None,
     }
 }
 
@@ -728,6 +889,12 @@ async fn run_all(
     for &mode in &config.modes {
         for &n in &config.group_sizes {
             let tag = format!("{}-{n}", mode.name());
+            let lab = match config.datapath {
+                Datapath::Kernel => Some(NetLab::create(n).map_err(anyhow::Error::msg)?),
+                Datapath::User => None,
+            };
+            // Only the chain has a kernel path; the Naïve modes run in the same namespaces.
+            let datapath = if mode == HostMode::Chorus { config.datapath } else { Datapath::User };
             let (hosts, addrs) = start_hosts(HostsPlan {
                 command: config.child_command.as_deref(),
                 host_prefix: &[],
@@ -738,9 +905,12 @@ async fn run_all(
                 tenants: max_tenants,
                 io_timeout_ms: None,
                 start_timeout: Duration::from_secs(10),
+                lab: lab.as_ref(),
+                datapath,
             })
             .await?;
-            let clients = groups(&addrs, 1, config.window, &tag).await?;
+            let clients = groups(&addrs, 1, config.window, &tag, datapath).await?;
+            let served = clients.first().map_or(Datapath::User, |client| client.datapath());
             let pids = hosts.pids();
             let mut plan: Vec<(Prim, usize)> =
                 config.message_sizes.iter().map(|&s| (Prim::Write, s)).collect();
@@ -752,6 +922,7 @@ async fn run_all(
             }
             for (prim, size) in plan {
                 let before = tree_cpu_us(&pids);
+                let counters = HostCounters::read(&pids);
                 let began = Instant::now();
                 let (histogram, elapsed) =
                     latency(&clients, prim, size, config.latency_ops, config.warmup_ops, latency_cap).await?;
@@ -765,6 +936,10 @@ async fn run_all(
                 r.host_cpu_cores = cpu.map(|us| us as f64 / 1e6 / began.elapsed().as_secs_f64().max(1e-9));
                 r.background_load = loaded;
                 r.truncated = ops < config.latency_ops as u64;
+                r.datapath = served;
+                r.per_op = HostCounters::read(&pids)
+                    .zip(counters)
+                    .map(|(after, before)| after.since(&before).per_op(cpu_ops));
                 results.push(r);
             }
             if n == smallest {
@@ -776,6 +951,7 @@ async fn run_all(
                     let cpu =
                         tree_cpu_us(&pids).zip(before).map(|(after, before)| after.saturating_sub(before));
                     let mut r = result(mode, "throughput", "gWRITE", n, 1, size, None, ops, elapsed, cpu);
+                    r.datapath = served;
                     r.host_cpu_cores = cpu.map(|us| us as f64 / 1e6 / elapsed.as_secs_f64().max(1e-9));
                     r.background_load = loaded;
                     r.truncated = ops < (config.throughput_bytes / size as u64).max(1);
@@ -784,7 +960,8 @@ async fn run_all(
                 drop(clients);
                 for &tenants in &config.multi_tenant {
                     let clients =
-                        groups(&addrs, tenants, config.window, &format!("{tag}-mt{tenants}")).await?;
+                        groups(&addrs, tenants, config.window, &format!("{tag}-mt{tenants}"), datapath)
+                            .await?;
                     let before = tree_cpu_us(&pids);
                     let began = Instant::now();
                     let (histogram, elapsed) = latency(
@@ -817,10 +994,12 @@ async fn run_all(
                         cpu.map(|us| us as f64 / 1e6 / began.elapsed().as_secs_f64().max(1e-9));
                     r.background_load = loaded;
                     r.truncated = ops < (config.latency_ops * tenants) as u64;
+                    r.datapath = served;
                     results.push(r);
                 }
             }
             drop(hosts);
+            drop(lab);
         }
     }
     Ok(results)

@@ -23,6 +23,8 @@ use run::{
 
 use crate::procs::{self, Procs};
 use crate::resp::{self, Reply};
+use chorus_group::kernel::netlab::NetLab;
+use chorus_group::runtime::Datapath;
 
 use crate::charts::{draw_grid, palette, Panel, Series};
 
@@ -80,6 +82,15 @@ pub struct TenantsArgs {
     /// each statistic's median, e.g. `--tenants 32 --rounds 5` for the target.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
+    /// kernel: the chain's hosts apply and forward in the kernel's packet path (XDP; needs
+    /// root and a build with clang), every group-host mode runs in network namespaces joined
+    /// by veth pairs; user: loopback, the host processes do the work.
+    #[arg(long, default_value = "user")]
+    pub datapath: String,
+    /// End the output with one JSON line: the data path, the target's ratios at T=32 under
+    /// load, and the chain replicas' user CPU per operation there.
+    #[arg(long)]
+    pub json: bool,
     /// Where tenants.json and the PNG figures go.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
@@ -129,6 +140,12 @@ pub fn config_of(
         "--idle-load sets the background load's class: it needs --background-load"
     );
     config.idle_load = args.idle_load;
+    config.datapath = args.datapath.parse().map_err(|e: String| anyhow::anyhow!("--datapath: {e}"))?;
+    if config.datapath == Datapath::Kernel {
+        if let Some(reason) = chorus_group::kernel::unavailable_reason().or_else(NetLab::unavailable_reason) {
+            anyhow::bail!("--datapath kernel cannot run here: {reason}");
+        }
+    }
     let idle = ["chrt", "-i", "0"].map(String::from);
     config.background_load_command = match background_load_command {
         Some(command) if args.idle_load => Some([idle.to_vec(), command].concat()),
@@ -169,7 +186,25 @@ pub fn run(
     for plot in plot_all(&report, &dir)? {
         println!("plot: {}", plot.display());
     }
+    if args.json {
+        println!("{}", target_line(&report));
+    }
     Ok(0)
+}
+
+/// The target as one JSON line: `datapath`, `p99_ratio_t32_load`,
+/// `gap_reduction_t32_load` (percent) and `replica_user_cpu_us_per_op` (the chain's replicas
+/// at T=32 under load). Missing points are null.
+pub fn target_line(report: &TenantsReport) -> String {
+    let ratios = target_ratios(report, TenantsMode::Chorus, TARGET_TENANTS, true);
+    let chain = report.find(TenantsMode::Chorus, TARGET_TENANTS, true);
+    let line = serde_json::json!({
+        "datapath": chain.map_or(report.config.datapath, |r| r.datapath).name(),
+        "p99_ratio_t32_load": ratios.map(|(ratio, _)| ratio),
+        "gap_reduction_t32_load": ratios.map(|(_, gap)| gap),
+        "replica_user_cpu_us_per_op": chain.and_then(|r| r.replica_user_cpu_us_per_op),
+    });
+    line.to_string()
 }
 
 fn mode_color(mode: TenantsMode) -> plotters::style::RGBColor {

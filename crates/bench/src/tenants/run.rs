@@ -29,8 +29,12 @@ use chorus_region::{default_region_dir, FlushBackend};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use chorus_group::kernel::netlab::NetLab;
+use chorus_group::runtime::Datapath;
+
 use crate::group::run::{
-    all_sched_fifo, cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostsPlan,
+    all_sched_fifo, cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostCounters,
+    HostsPlan, PerOp,
 };
 use chorus_group::runtime::{GroupClient, HostMode};
 use chorus_group::txn::{TxnCore, TxnLayout, WriteLockAttempt};
@@ -145,6 +149,10 @@ pub struct TenantsConfig {
     /// a noisy minute touches every mode); the report holds each statistic's median.
     #[serde(default = "one_round")]
     pub rounds: usize,
+    /// Kernel: the group-host modes run in network namespaces and the chain's hosts serve on
+    /// the kernel data path; user: on loopback, in the host processes.
+    #[serde(default)]
+    pub datapath: Datapath,
 }
 
 fn one_round() -> usize {
@@ -172,6 +180,7 @@ impl Default for TenantsConfig {
             fifo: false,
             idle_load: false,
             rounds: 1,
+            datapath: Datapath::User,
         }
     }
 }
@@ -238,6 +247,17 @@ pub struct TenantsResult {
     /// 1.0, the clients themselves were the bottleneck. `None` in older reports.
     #[serde(default)]
     pub client_cpu_cores: Option<f64>,
+    /// Where the chain's operations were applied (Naïve and Hermes: always user space).
+    #[serde(default)]
+    pub datapath: Datapath,
+    /// The replica processes' user CPU time per operation, microseconds (the target's measure:
+    /// at most 2 µs on the kernel path).
+    #[serde(default)]
+    pub replica_user_cpu_us_per_op: Option<f64>,
+    /// User and system CPU, context switches of the replica processes, and the machine's
+    /// softirq work, per operation.
+    #[serde(default)]
+    pub per_op: Option<PerOp>,
 }
 
 impl TenantsResult {
@@ -285,6 +305,19 @@ impl TenantsResult {
                 .collect::<Option<Vec<bool>>>()
                 .map(|each| each.into_iter().all(|fifo| fifo)),
             client_cpu_cores: median_some(&|r| r.client_cpu_cores),
+            datapath: first.datapath,
+            replica_user_cpu_us_per_op: median_some(&|r| r.replica_user_cpu_us_per_op),
+            per_op: rounds.iter().all(|r| r.per_op.is_some()).then(|| {
+                let field = |pick: fn(&PerOp) -> f64| median(&|r| r.per_op.as_ref().map_or(0.0, pick));
+                PerOp {
+                    user_us: field(|p| p.user_us),
+                    system_us: field(|p| p.system_us),
+                    context_switches: field(|p| p.context_switches),
+                    softirq_us: field(|p| p.softirq_us),
+                    net_rx_softirqs: field(|p| p.net_rx_softirqs),
+                    ksoftirqd_us: field(|p| p.ksoftirqd_us),
+                }
+            }),
         }
     }
 }
@@ -308,13 +341,24 @@ impl TenantsReport {
 
     pub fn table(&self) -> String {
         let mut text = format!(
-            "{:<13} {:<4} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6}\n",
-            "mode", "load", "T", "avg_us", "p95_us", "p99_us", "read_us", "updates/s", "cpu_us/op", "procs"
+            "{:<20} {:<4} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>6}\n",
+            "mode",
+            "load",
+            "T",
+            "avg_us",
+            "p95_us",
+            "p99_us",
+            "read_us",
+            "updates/s",
+            "cpu_us/op",
+            "usr_us/op",
+            "sirq_us/op",
+            "procs"
         );
         for r in &self.results {
             text.push_str(&format!(
-                "{:<13} {:<4} {:>4} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>9} {:>6}\n",
-                r.mode.name(),
+                "{:<20} {:<4} {:>4} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>9} {:>9} {:>9} {:>6}\n",
+                format!("{} ({})", r.mode.name(), r.datapath.name()),
                 if r.background_load { "bg" } else { "-" },
                 r.tenants,
                 r.update_mean_us,
@@ -323,6 +367,8 @@ impl TenantsReport {
                 r.read_mean_us,
                 r.updates_per_s,
                 r.replica_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.0}")),
+                r.replica_user_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.1}")),
+                r.per_op.map_or("-".to_string(), |p| format!("{:.1}", p.softirq_us)),
                 r.replica_processes,
             ));
         }
@@ -510,6 +556,9 @@ fn summarize(
         update_p99_rounds_us: vec![micros(&updates, 0.99)],
         replicas_fifo: None,
         client_cpu_cores: None,
+        datapath: Datapath::User,
+        replica_user_cpu_us_per_op: None,
+        per_op: None,
     })
 }
 
@@ -575,6 +624,7 @@ where
                     // Every tenant is idle here: the /proc reads stay outside the window.
                     let replicas_fifo = all_sched_fifo(replicas.pids);
                     let cpu_before = tree_cpu_us(replicas.pids);
+                    let counters_before = HostCounters::read(replicas.pids);
                     let client_cpu_before = thread_cpu_us();
                     let window = Instant::now();
                     let clients = warmed.into_iter().map(|(client, rng, _)| (client, rng)).collect();
@@ -584,8 +634,11 @@ where
                     let cpu_us = tree_cpu_us(replicas.pids)
                         .zip(cpu_before)
                         .map(|(after, before)| after.saturating_sub(before));
+                    let counters = HostCounters::read(replicas.pids)
+                        .zip(counters_before)
+                        .map(|(after, before)| after.since(&before));
                     let runs: Vec<TenantRun> = done.into_iter().map(|(_, _, run)| run).collect();
-                    anyhow::Ok(Measured { runs, window, cpu_us, replicas_fifo, client_cpu_us })
+                    anyhow::Ok(Measured { runs, window, cpu_us, replicas_fifo, client_cpu_us, counters })
                 })
             })?;
         thread.join().map_err(|_| anyhow::anyhow!("the tenants' event loop panicked"))?
@@ -594,7 +647,15 @@ where
         summarize(mode, tenants, loaded, &replicas, measured.runs, measured.window, measured.cpu_us)?;
     let client_cpu_cores =
         Some(measured.client_cpu_us as f64 / 1e6 / measured.window.as_secs_f64().max(1e-9));
-    Ok(TenantsResult { replicas_fifo: measured.replicas_fifo, client_cpu_cores, ..result })
+    let ops = result.updates + result.reads;
+    let per_op = measured.counters.map(|counters| counters.per_op(ops));
+    Ok(TenantsResult {
+        replicas_fifo: measured.replicas_fifo,
+        client_cpu_cores,
+        replica_user_cpu_us_per_op: per_op.map(|p| p.user_us),
+        per_op,
+        ..result
+    })
 }
 
 /// What the client event loop brings back from one point.
@@ -607,6 +668,8 @@ struct Measured {
     replicas_fifo: Option<bool>,
     /// The event loop's own CPU time in the window.
     client_cpu_us: u64,
+    /// The replicas' and the machine's counters over the window.
+    counters: Option<HostCounters>,
 }
 
 /// CPU time of the calling thread.
@@ -713,6 +776,12 @@ fn run_point(
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     // Naïve replicas are forked by their host: they inherit its niceness or class.
     let host_prefix = config.replica_command_prefix();
+    let lab = match config.datapath {
+        Datapath::Kernel => Some(NetLab::create(GROUP_SIZE).map_err(anyhow::Error::msg)?),
+        Datapath::User => None,
+    };
+    // Only the chain has a kernel path; the Naïve modes run in the same namespaces.
+    let datapath = if mode == HostMode::Chorus { config.datapath } else { Datapath::User };
     let (hosts, addrs) = runtime.block_on(start_hosts(HostsPlan {
         command: config.child_command.as_deref(),
         host_prefix: &host_prefix,
@@ -723,6 +792,8 @@ fn run_point(
         tenants,
         io_timeout_ms: Some(30_000), // a starved Naïve replica is slow, not dead
         start_timeout: Duration::from_secs(30),
+        lab: lab.as_ref(),
+        datapath,
     }))?;
     let host_pids = hosts.pids();
     let processes = if mode.is_naive() { GROUP_SIZE * (tenants + 1) } else { GROUP_SIZE };
@@ -735,9 +806,11 @@ fn run_point(
     let layout = config.layout();
     let addrs = &addrs;
     let result = measure_point(config, tenants_mode, tenants, loaded, replicas, |t| {
-        ChainTenant::initialize(addrs, t, layout, config.value_bytes)
-    });
+        ChainTenant::initialize(addrs, t, layout, config.value_bytes, datapath)
+    })
+    .map(|result| TenantsResult { datapath, ..result });
     drop(hosts);
+    drop(lab);
     runtime.shutdown_timeout(Duration::from_secs(2));
     result
 }
@@ -759,13 +832,22 @@ impl ChainTenant {
         t: usize,
         layout: TxnLayout,
         value_bytes: usize,
+        datapath: Datapath,
     ) -> anyhow::Result<Self> {
         let mut spec = tenant_spec(addrs, t, format!("tenant{t}"), layout.region_bytes());
+        spec.datapath = datapath;
+        spec.kernel_caller.window_max = 16;
         // A starved Naïve replica answers late; it has not lost anything (TCP).
         spec.caller =
             CallerConfig { retransmit_after: Time::from_millis(5000), attempts_max: 6, window_max: 16 };
         spec.io_timeout = Duration::from_secs(30);
         let client = GroupClient::initialize(spec).await?;
+        anyhow::ensure!(
+            client.datapath() == datapath,
+            "tenant {t}: the hosts serve on the {} path, not the {} path asked for (see their log)",
+            client.datapath().name(),
+            datapath.name()
+        );
         let tail = client.chain_len() - 1;
         let core = TxnCore::new(layout, t as u32 + 1);
         Ok(ChainTenant { client, core, tail, value_bytes: value_bytes as u64 })
