@@ -411,3 +411,43 @@ fn tree_cpu_us(roots: &[u32]) -> u64 {
     }
     stats.iter().filter(|(pid, _, _)| members.contains(pid)).map(|(_, _, ticks)| ticks * 10_000).sum()
 }
+
+#[test]
+fn tenant_quotas_refuse_regions_and_naive_replicas_beyond_them() {
+    let dir = TestDir::new("quotas");
+    let rt = runtime();
+    let mut config = host_config(dir.host(0), HostMode::Chorus);
+    config.quotas.regions_max = 2;
+    config.quotas.region_bytes_max = 3000;
+    let host = rt.block_on(start_host(config)).unwrap();
+    let named = |group: u64, region: &str, bytes: u64| {
+        let mut spec = spec(&[host.local_addr()], bytes);
+        spec.group = GroupId(group);
+        spec.region = region.to_string();
+        spec
+    };
+    let first = BlockingGroupClient::initialize(named(1, "a", 1000)).unwrap();
+    // The same region again is not counted twice.
+    let again = BlockingGroupClient::initialize(named(2, "a", 1000)).unwrap();
+    let error = BlockingGroupClient::initialize(named(3, "b", 2500)).err().unwrap();
+    assert!(format!("{error:#}").contains("over its quota of 3000"), "{error:#}");
+    let second = BlockingGroupClient::initialize(named(4, "b", 1000)).unwrap();
+    let error = BlockingGroupClient::initialize(named(5, "c", 100)).err().unwrap();
+    assert!(format!("{error:#}").contains("already has 2 regions"), "{error:#}");
+    // What the tenant has keeps working.
+    assert!(first.execute_blocking(vec![Operation::write(0, Bytes::from_static(b"ok"))])[0].is_ok());
+    drop((first, again, second));
+
+    let mut config = host_config(dir.host(1), HostMode::Naive);
+    config.quotas.naive_replicas_max = 1;
+    let naive = rt.block_on(start_host(config)).unwrap();
+    let mut spec_one = spec(&[naive.local_addr()], 256);
+    spec_one.region = "n1".into();
+    let one = BlockingGroupClient::initialize(spec_one).unwrap();
+    let mut spec_two = spec(&[naive.local_addr()], 256);
+    spec_two.group = GroupId(2);
+    spec_two.region = "n2".into();
+    let error = BlockingGroupClient::initialize(spec_two).err().unwrap();
+    assert!(format!("{error:#}").contains("Naïve replicas here (quota)"), "{error:#}");
+    drop(one);
+}

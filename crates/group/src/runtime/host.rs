@@ -1203,6 +1203,45 @@ pub(crate) async fn write_loop(
 mod tests {
     use super::*;
 
+    /// Issue 22: a tenant cannot point a member at an address that is not a group host.
+    #[test]
+    fn initialize_refuses_a_next_hop_that_is_not_a_configured_peer() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let token = Token([3; 16]);
+            let dir = std::env::temp_dir().join(format!("chorus-next-hop-{}", std::process::id()));
+            let config = HostConfig::new(
+                "127.0.0.1:0".parse().unwrap(),
+                &dir,
+                vec![TenantCredential::new(TenantId(5), &token)],
+            );
+            let host = start_host(config).await.unwrap();
+            let hello = Hello { role: Role::Caller, tenant: TenantId(5), token };
+            let mut stream = dial(host.local_addr(), &hello, Duration::from_secs(3)).await.unwrap();
+            let request = ControlRequest::Initialize {
+                id: 1,
+                group: GroupId(1),
+                epoch: 1,
+                start_seq: 1,
+                region: "r".into(),
+                region_bytes: 64,
+                chain_len: 2,
+                position: 0,
+                // Never dialled: refused before any connection is attempted.
+                next: Some("192.0.2.1:7600".into()),
+                caller_port: 0,
+            };
+            stream.write_all(&frame_of(FRAME_KIND_CONTROL, &request)).await.unwrap();
+            let mut buf = BytesMut::new();
+            let frame = read_frame(&mut stream, &mut buf, FRAME_BYTES_MAX).await.unwrap().unwrap();
+            let reply = ControlReply::decode_exact(frame.payload).unwrap();
+            let ControlReply::Error { message, .. } = reply else { panic!("accepted: {reply:?}") };
+            assert!(message.contains("not one of this host's configured peers"), "{message}");
+            assert_eq!(host.group_count(), 0);
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
     #[test]
     fn host_config_round_trips_through_json() {
         let mut config = HostConfig::new(
