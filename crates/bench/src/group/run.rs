@@ -439,6 +439,8 @@ pub(crate) async fn start_hosts(plan: HostsPlan<'_>) -> anyhow::Result<(Hosts, V
         };
         let mut host = HostConfig::new(listen, plan.dir.join(format!("host{i}")), credentials.clone());
         host.datapath = plan.datapath;
+        // A 1 MiB kernel region slot per tenant (the default 64 would refuse T = 100).
+        host.kernel_slots = (plan.tenants as u32).max(64);
         if let Some(lab) = plan.lab {
             host.peers = (0..lab.hosts()).map(|h| lab.host_ip(h).into()).collect();
         }
