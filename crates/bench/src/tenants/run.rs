@@ -1011,6 +1011,9 @@ mod tests {
             update_p99_rounds_us: vec![p99],
             replicas_fifo: Some(true),
             client_cpu_cores: cpu,
+            datapath: Datapath::User,
+            replica_user_cpu_us_per_op: cpu,
+            per_op: cpu.map(|c| PerOp { user_us: c, ..PerOp::default() }),
         };
         let point = TenantsResult::median_of(vec![
             round(9_000.0, 30, Some(3.0)),
@@ -1023,6 +1026,8 @@ mod tests {
         );
         assert_eq!((point.updates, point.reads, point.rounds), (60, 60, 3));
         assert_eq!(point.replica_cpu_us_per_op, Some(2.0));
+        assert_eq!(point.replica_user_cpu_us_per_op, Some(2.0));
+        assert_eq!(point.per_op.map(|p| p.user_us), Some(2.0), "per-operation counters: the median too");
         assert_eq!(point.update_p99_rounds_us, vec![9_000.0, 1_000.0, 4_000.0], "in round order");
         let unknown_cpu = TenantsResult::median_of(vec![round(1.0, 1, None), round(2.0, 1, Some(1.0))]);
         assert_eq!(unknown_cpu.replica_cpu_us_per_op, None, "a round without CPU time: no median");

@@ -103,7 +103,7 @@ impl GroupSpec {
             io_timeout: Duration::from_secs(5),
             datapath: Datapath::User,
             kernel_caller: CallerConfig {
-                retransmit_after: Time::from_millis(10),
+                retransmit_after: Time::from_millis(20),
                 attempts_max: 200,
                 window_max: 128,
             },
@@ -343,7 +343,7 @@ impl GroupClient {
         let caller =
             GroupCaller::new(config, NodeId(0), caller_config.clone()).map_err(anyhow::Error::msg)?;
         let tick =
-            Duration::from_nanos(caller_config.retransmit_after.as_nanos() / 4).max(Duration::from_millis(1));
+            Duration::from_nanos(caller_config.retransmit_after.as_nanos() / 2).max(Duration::from_millis(1));
         let (transport, receiver, kernel_reads) = match (datapath, socket) {
             (Datapath::Kernel, Some(socket)) => {
                 let socket = Arc::new(socket);
@@ -749,8 +749,9 @@ async fn drive(
     let mut batches: HashMap<u64, Batch> = HashMap::new();
     let mut requests: HashMap<RequestId, (u64, usize)> = HashMap::new();
     let (mut next_request, mut next_batch) = (0u64, 0u64);
-    let mut ticker = tokio::time::interval(tick);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // Retransmissions are checked `tick` after an operation is pending, and only then: an
+    // idle group (or a hundred of them on one event loop) costs no timer wake-ups.
+    let mut retransmit_check: Option<tokio::time::Instant> = None;
     let mut out = GroupOutbox::default();
     let mut to_head = Vec::new();
     let tail = NodeId(caller.group().chain.len() as u8);
@@ -824,7 +825,10 @@ async fn drive(
                     handle_inbound(item, &mut out, &mut caller, &mut transport);
                 }
             }
-            _ = ticker.tick() => caller.on_tick(now(), &mut out),
+            _ = sleep_until_some(retransmit_check), if retransmit_check.is_some() => {
+                retransmit_check = None;
+                caller.on_tick(now(), &mut out);
+            }
         }
         to_head.clear();
         for (to, message) in out.messages.drain(..) {
@@ -848,6 +852,11 @@ async fn drive(
                 sender.flush_held().await;
             }
         }
+        retransmit_check = match (caller.pending(), retransmit_check) {
+            (0, _) => None,
+            (_, None) => Some(tokio::time::Instant::now() + tick),
+            (_, armed) => armed,
+        };
         for (request, result) in out.completions.drain(..) {
             let Some((batch_id, index)) = requests.remove(&request) else { continue };
             let Some(batch) = batches.get_mut(&batch_id) else { continue };
@@ -865,6 +874,12 @@ async fn drive(
                 }
             }
         }
+    }
+}
+
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    if let Some(deadline) = deadline {
+        tokio::time::sleep_until(deadline).await;
     }
 }
 
