@@ -285,15 +285,9 @@ static __always_inline void remember(struct ck_group *g, __u64 seq, __u64 value,
 // A one-sided read: copy `c` bytes at `a` of this member's region over the request's padding
 // and send it back to its sender. No sequence number: reads do not order with operations
 // (as an RDMA READ does not); the caller reads where it knows the state it wants is applied.
-static __always_inline int serve_read(struct xdp_md *ctx, struct ck_group *g, __u32 data_off, __u32 data_len)
+static __always_inline int serve_read(struct xdp_md *ctx, struct ck_group *g, struct iphdr *ip, struct udphdr *udp,
+				      struct ck_hdr *hdr, __u32 data_off, __u32 data_len)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = data + sizeof(struct ethhdr);
-	struct udphdr *udp = (void *)ip + sizeof(*ip);
-	struct ck_hdr *hdr = (void *)(udp + 1);
-	if ((void *)(hdr + 1) > data_end)
-		return XDP_DROP;
 	__u64 off = hdr->a, len = hdr->c;
 	if (len == 0 || len != data_len || off > g->region_bytes || len > g->region_bytes - off) {
 		count(CK_STAT_MALFORMED);
@@ -360,7 +354,7 @@ int ck_group_xdp(struct xdp_md *ctx)
 		return XDP_DROP;
 	}
 	if (hdr->kind == CK_KIND_READ)
-		return serve_read(ctx, g, data_off, data_len);
+		return serve_read(ctx, g, ip, udp, hdr, data_off, data_len);
 	__u32 position = g->position;
 	if (position >= CK_CHAIN_MAX)
 		return XDP_DROP;

@@ -21,21 +21,28 @@ pub struct GroupAddress {
     pub token: Token,
 }
 
+impl GroupAddress {
+    /// A header of `kind` for this group, numbered `seq`, everything else zero.
+    fn header(&self, kind: u8, seq: u64) -> Header {
+        Header {
+            magic: MAGIC,
+            kind,
+            tenant: self.tenant.0,
+            group: self.group.0,
+            epoch: self.epoch,
+            token: self.token.0,
+            seq,
+            ..Header::default()
+        }
+    }
+}
+
 /// The datagram for operation `seq`. `rejected`: the caller found it malformed (it travels as
 /// a no-op so every member's sequence advances, and the tail reports it). A valid operation
 /// must fit one datagram ([`split`] first).
 pub fn encode_op(to: &GroupAddress, seq: u64, operation: &Operation, rejected: bool, buf: &mut Vec<u8>) {
-    let mut header = Header {
-        magic: MAGIC,
-        kind: KIND_OP,
-        tenant: to.tenant.0,
-        group: to.group.0,
-        epoch: to.epoch,
-        token: to.token.0,
-        seq,
-        flags: if operation.flushes() { FLAG_FLUSH } else { 0 },
-        ..Header::default()
-    };
+    let mut header = to.header(KIND_OP, seq);
+    header.flags = if operation.flushes() { FLAG_FLUSH } else { 0 };
     let mut data: &[u8] = &[];
     if rejected {
         header.primitive = PRIMITIVE_FLUSH;
@@ -70,18 +77,7 @@ pub fn encode_op(to: &GroupAddress, seq: u64, operation: &Operation, rejected: b
 /// padded with `len` bytes that the member overwrites.
 pub fn encode_read(to: &GroupAddress, id: u64, offset: u64, len: u64, buf: &mut Vec<u8>) {
     debug_assert!((1..=CHUNK_BYTES_MAX).contains(&len));
-    let header = Header {
-        magic: MAGIC,
-        kind: KIND_READ,
-        tenant: to.tenant.0,
-        group: to.group.0,
-        epoch: to.epoch,
-        token: to.token.0,
-        seq: id,
-        a: offset,
-        c: len,
-        ..Header::default()
-    };
+    let header = Header { a: offset, c: len, ..to.header(KIND_READ, id) };
     buf.clear();
     buf.extend_from_slice(header_bytes(&header));
     buf.resize(HEADER_BYTES + len as usize, 0);
