@@ -43,7 +43,7 @@ pub enum ProtocolSetup {
         tweak: Option<ZabTweak>,
     },
     Raftlog,
-    /// A protocol that brings its own seed runner (`chorus_chain::sim_setup`).
+    /// A protocol that brings its own seed runner (`chorus_chain::sim::setup`, feature `sim`).
     Custom {
         name: &'static str,
         simulate: CustomSimulate,
