@@ -36,9 +36,7 @@ fn main() {
 fn compile(object: &Path) -> Result<(), String> {
     let clang = env::var("CHORUS_BPF_CLANG").unwrap_or_else(|_| "clang".to_string());
     let Some(clang_path) = find_program(&clang) else {
-        // A path that does not exist makes cargo rerun this script on every build, so the
-        // object is built once clang is installed.
-        println!("cargo:rerun-if-changed=/usr/bin/clang");
+        rerun_until_found();
         return Err(format!(
             "clang missing ({clang} not found; scripts/test.sh installs clang and libbpf-dev)"
         ));
@@ -46,7 +44,7 @@ fn compile(object: &Path) -> Result<(), String> {
     println!("cargo:rerun-if-changed={}", clang_path.display());
     let headers = ["/usr/include/bpf/bpf_helpers.h", "/usr/include/linux/bpf.h"];
     if let Some(missing) = headers.iter().find(|header| !Path::new(header).exists()) {
-        println!("cargo:rerun-if-changed={missing}");
+        rerun_until_found();
         return Err(format!("{missing} missing (install libbpf-dev and linux-libc-dev)"));
     }
     let arch_include =
@@ -65,6 +63,13 @@ fn compile(object: &Path) -> Result<(), String> {
         String::from_utf8_lossy(&output.stderr)
     );
     Ok(())
+}
+
+/// Run this script again on every build until the tools are there: a path that never exists
+/// is always stale to cargo. (Naming the tool's own path would not do: a package installs it
+/// with an old modification time, which cargo would take for "unchanged".)
+fn rerun_until_found() {
+    println!("cargo:rerun-if-changed=bpf/.rerun-until-clang-and-headers-are-found");
 }
 
 fn find_program(name: &str) -> Option<PathBuf> {
