@@ -14,8 +14,7 @@ use bytes::{Bytes, BytesMut};
 use chorus_core::{Command, CommandError, Outcome, RmwOp};
 use chorus_net::handshake::constant_time_eq;
 use chorus_net::NetStats;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::debug;
 
 use crate::command::{self, error_reply, glob_match, Request, COMMAND_TABLE};
@@ -43,14 +42,17 @@ pub struct Settings {
     pub requirepass: Option<String>,
     pub limits: Limits,
     pub maxclients: usize,
+    /// TCP keepalive idle time for client sockets, seconds (0: off). Redis' `tcp-keepalive`.
+    pub tcp_keepalive_s: u64,
 }
 
 /// Flush the output buffer once it holds this much, even mid-pipeline.
 const WRITE_BUFFER_BYTES_FLUSH: usize = 64 * 1024;
 
-pub struct Connection {
+/// One client connection over `S`: a TCP stream, or a TLS stream over one.
+pub struct Connection<S> {
     shared: Arc<Shared>,
-    stream: TcpStream,
+    stream: S,
     read: BytesMut,
     write: BytesMut,
     /// RESP protocol version: 2 until HELLO 3.
@@ -69,8 +71,8 @@ struct Multi {
     aborted: bool,
 }
 
-impl Connection {
-    pub fn new(shared: Arc<Shared>, stream: TcpStream) -> Connection {
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
+    pub fn new(shared: Arc<Shared>, stream: S) -> Connection<S> {
         let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
         let authenticated = shared.settings.requirepass.is_none();
         Connection {
@@ -88,7 +90,6 @@ impl Connection {
 
     /// Serve until the client leaves, sends QUIT, or sends malformed RESP.
     pub async fn run(mut self) {
-        let _ = self.stream.set_nodelay(true);
         if let Err(error) = self.serve().await {
             debug!(client = self.id, "connection ended: {error}");
         }
@@ -403,7 +404,7 @@ impl Connection {
 
     /// DEL: read each key (local), then swap present keys to absent to learn whether each
     /// delete removed something. A key absent at the read is linearized there as a no-op.
-    async fn del(&self, keys: Vec<Bytes>) -> Reply {
+    async fn del(&mut self, keys: Vec<Bytes>) -> Reply {
         let outcomes = self.engine().execute_all(reads(&keys)).await;
         let mut present = Vec::new();
         for (key, outcome) in keys.into_iter().zip(outcomes) {
@@ -417,7 +418,7 @@ impl Connection {
         count_values(self.engine().execute_all(present).await)
     }
 
-    async fn read_hash(&self, key: Bytes) -> Result<hash::Fields, Reply> {
+    async fn read_hash(&mut self, key: Bytes) -> Result<hash::Fields, Reply> {
         match self.engine().execute(Command::Read { key }).await {
             Outcome::Value(value) => hash::decode(value.as_ref()).map_err(hash_error),
             Outcome::Error(error) => Err(error_reply(&error)),
@@ -427,7 +428,7 @@ impl Connection {
 
     /// A hash update is one read-modify-write the core runs atomically (see
     /// [`chorus_core::hash`]); the outcome is the count of fields added or removed.
-    async fn update_hash(&self, key: Bytes, op: RmwOp) -> Result<i64, Reply> {
+    async fn update_hash(&mut self, key: Bytes, op: RmwOp) -> Result<i64, Reply> {
         match self.engine().execute(Command::Rmw { key, op }).await {
             Outcome::Integer(count) => Ok(count),
             Outcome::Error(CommandError::ValueTooLarge) => {
@@ -438,7 +439,7 @@ impl Connection {
         }
     }
 
-    async fn info(&self, sections: &[String]) -> Reply {
+    async fn info(&mut self, sections: &[String]) -> Reply {
         let all =
             sections.is_empty() || sections.iter().any(|s| s == "all" || s == "everything" || s == "default");
         let wanted = |name: &str| all || sections.iter().any(|s| s == name);

@@ -4,6 +4,7 @@
 //! * [`resp`]: parsing commands, encoding replies.
 //! * [`command`]: typed requests and their mapping onto `chorus_core::Command`.
 //! * [`hash`]: Redis hashes stored as one value, updated with compare-and-swap.
+//! * [`listener`]: accepting clients (admission, socket options), generic over the stream.
 //! * [`connection`]: one client connection, pipelined, replies in request order.
 //! * [`engine`]: the event loop that owns the protocol core.
 //! * [`config`]: the node's TOML configuration.
@@ -13,11 +14,12 @@ pub mod command;
 pub mod config;
 pub mod connection;
 pub mod engine;
+pub mod listener;
 pub mod metrics;
 pub mod resp;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -36,7 +38,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::{MembershipTiming, NodeConfig, Protocol};
-use crate::connection::{Connection, Settings, Shared};
+use crate::connection::{Settings, Shared};
 use crate::engine::{EngineRequest, ServedReplica};
 use crate::metrics::Metrics;
 
@@ -144,6 +146,7 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
             requirepass: config.requirepass.clone(),
             limits,
             maxclients: config.maxclients,
+            tcp_keepalive_s: 300,
         },
         next_client_id: AtomicU64::new(0),
     });
@@ -158,41 +161,11 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         "chorus node serving"
     );
     tokio::select! {
-        () = accept_clients(clients, shared) => {}
+        () = listener::accept_loop(clients, shared, listener::plain) => {}
         () = shutdown => info!(node = %me, "shutting down"),
     }
     let _ = shutdown_tx.send(true);
     Ok(())
-}
-
-async fn accept_clients(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                warn!("accepting client connections failed: {error}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let metrics = &shared.metrics;
-        metrics.connections_accepted.fetch_add(1, Relaxed);
-        if metrics.connections_current.load(Relaxed) as usize >= shared.settings.maxclients {
-            metrics.connections_rejected.fetch_add(1, Relaxed);
-            tokio::spawn(async move {
-                use tokio::io::AsyncWriteExt as _;
-                let mut stream = stream;
-                let _ = stream.write_all(b"-ERR max number of clients reached\r\n").await;
-            });
-            continue;
-        }
-        metrics.connections_current.fetch_add(1, Relaxed);
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            Connection::new(shared.clone(), stream).run().await;
-            shared.metrics.connections_current.fetch_sub(1, Relaxed);
-        });
-    }
 }
 
 /// What starting the event loop needs, whatever the protocol.
