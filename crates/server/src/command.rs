@@ -221,6 +221,11 @@ fn parse_session(args: &[Bytes]) -> Result<Request, Reply> {
     };
     let client = number(&args[1], "client id")? | EXTERNAL_SESSION_BIT;
     let seq = number(&args[2], "sequence number")?;
+    // Checked before parsing the inner command: parsing it would recurse once per nested
+    // SESSION, and 200,000 of them in one frame would overflow the stack.
+    if args[3].eq_ignore_ascii_case(b"session") {
+        return Err(Reply::err("SESSION cannot be nested"));
+    }
     let (_, inner) = parse(&args[3..]);
     let request = inner?;
     if single_key_command(&request).is_none() {
@@ -693,6 +698,14 @@ mod tests {
             get: false,
         };
         assert!(single_key_command(&request).unwrap().is_err());
+    }
+
+    #[test]
+    fn nested_sessions_are_refused_without_recursing() {
+        let mut line = "SESSION 1 1 ".repeat(200_000);
+        line.push_str("GET k");
+        assert_eq!(request(&line), Err(Reply::err("SESSION cannot be nested")));
+        assert!(matches!(request("SESSION 1 1 GET k"), Ok(Request::Session { seq: 1, .. })));
     }
 
     #[test]
