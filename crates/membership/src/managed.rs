@@ -45,6 +45,14 @@ impl<P: Replica> WithMembership<P> {
         &self.membership
     }
 
+    /// Leave the view for a planned stop (see [`Membership::leave`]): the protocol hears
+    /// at once that it holds no lease, so it serves nothing before the others drop it.
+    pub fn leave(&mut self, now: Time, out: &mut Outbox<Wire<P::Message>>) {
+        self.membership.leave(now, &mut self.membership_out);
+        self.protocol.on_lease(now, None, &mut self.protocol_out);
+        self.flush(now, out);
+    }
+
     /// Records to write durably, in order, before sending the messages produced since the
     /// last call. A runtime without durable storage (the simulator) may drop them.
     pub fn take_persist_records(&mut self) -> Vec<PersistRecord> {

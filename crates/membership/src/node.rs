@@ -64,7 +64,13 @@ impl MembershipConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Change {
     Remove(NodeId),
-    Join { node: NodeId, incarnation: u64 },
+    /// The node asked to be removed for a planned stop, after giving up its lease: nobody
+    /// waits on a promise to it.
+    Leave(NodeId),
+    Join {
+        node: NodeId,
+        incarnation: u64,
+    },
 }
 
 /// This node is asking to be added (§3.4 Recovery).
@@ -82,6 +88,9 @@ const JOIN_ENTRY_BYTES: usize = 18;
 /// "This joined node has copied all the data": [tag, node, incarnation (8)].
 const CAUGHT_UP_ENTRY_TAG: u8 = 0x43;
 const CAUGHT_UP_ENTRY_BYTES: usize = 10;
+/// "This node leaves for a planned stop and serves no more": [tag, node, epoch (8)].
+const LEAVE_ENTRY_TAG: u8 = 0x4C;
+const LEAVE_ENTRY_BYTES: usize = 10;
 
 /// Something the runtime must act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,6 +186,9 @@ pub struct Membership {
     caught_up_proposed_at: Option<Time>,
     stats: MembershipStats,
     leased_at_last_tick: bool,
+    /// Set by [`Membership::leave`]: no more leases, no rejoin; when the leave entry was last
+    /// proposed.
+    leaving: Option<Option<Time>>,
 }
 
 /// Raft ids must be non-zero.
@@ -269,6 +281,7 @@ impl Membership {
             caught_up_proposed_at: None,
             stats: MembershipStats::default(),
             leased_at_last_tick: false,
+            leaving: None,
             config,
         }
     }
@@ -338,6 +351,45 @@ impl Membership {
         self.stats
     }
 
+    /// Leave the view for a planned stop (SIGTERM, SHUTDOWN). This node gives up its lease at
+    /// once (the runtime must tell its protocol, which then serves no read) and asks, through
+    /// the Raft log, to be removed; because it has stopped serving before the request exists,
+    /// the others install the view without it as soon as the entry is applied, without
+    /// waiting for failure detection or for their promises to it. It keeps acknowledging
+    /// heartbeats meanwhile, so their leases never depend on a node that went quiet. The
+    /// request is repeated until [`Membership::has_left`]. Never undone in this process.
+    pub fn leave(&mut self, now: Time, out: &mut MembershipOutbox) {
+        self.lease_until = None;
+        if self.leaving.is_none() {
+            self.leaving = Some(None);
+        }
+        self.propose_leave_if_due(now);
+        self.handle_ready(out);
+    }
+
+    /// This node is not (or no longer) a member of the view it acts in: it left, was removed,
+    /// or never finished joining. A leaving node may stop once this holds.
+    pub fn has_left(&self) -> bool {
+        self.joining.is_some() || !self.installed.live.contains(self.config.me)
+    }
+
+    fn propose_leave_if_due(&mut self, now: Time) {
+        let me = self.config.me;
+        let Some(proposed_at) = self.leaving else { return };
+        let retry = self.config.heartbeat_period + self.config.heartbeat_period;
+        if self.has_left()
+            || !self.decided.live.contains(me)
+            || proposed_at.is_some_and(|at| now < at + retry)
+        {
+            return;
+        }
+        let mut data = vec![LEAVE_ENTRY_TAG, me.0];
+        data.extend_from_slice(&self.decided.epoch.0.to_le_bytes());
+        // A follower forwards it to the leader; without a leader it is dropped and retried.
+        let _ = self.raft.propose(vec![], data);
+        self.leaving = Some(Some(now));
+    }
+
     pub fn on_tick(&mut self, now: Time, out: &mut MembershipOutbox) {
         let leased = self.holds_lease(now);
         if self.leased_at_last_tick && !leased && self.installed.live.contains(self.config.me) {
@@ -355,6 +407,7 @@ impl Membership {
         if self.is_raft_leader() {
             self.propose_removals(now);
         }
+        self.propose_leave_if_due(now);
         self.request_join_if_due(now, out);
         self.handle_ready(out);
         self.install_due_views(now, out);
@@ -469,6 +522,9 @@ impl Membership {
     fn grant_lease_if_all_acknowledged(&mut self, seq: u64) {
         let others = self.installed.live.without(self.config.me);
         let Some(sent) = self.heartbeats_sent.iter().find(|sent| sent.seq == seq) else { return };
+        if self.leaving.is_some() {
+            return; // A leaving node serves no more: its leave entry relies on it.
+        }
         if self.installed.live.contains(self.config.me) && sent.acks.is_superset_of(others) {
             let until = sent.sent_at + self.config.lease;
             self.lease_until = Some(self.lease_until.map_or(until, |current| current.max(until)));
@@ -604,11 +660,18 @@ impl Membership {
             self.apply_join(&entry.data);
             return;
         }
-        if entry.data.len() != 9 {
-            return; // Leader no-ops and anything else carry no view change.
-        }
-        let node = NodeId(entry.data[0]);
-        let epoch = Epoch(u64::from_le_bytes(entry.data[1..9].try_into().expect("9 bytes")));
+        let (node, epoch, change) = match entry.data.len() {
+            9 => {
+                let node = NodeId(entry.data[0]);
+                (node, &entry.data[1..9], Change::Remove(node))
+            }
+            LEAVE_ENTRY_BYTES if entry.data[0] == LEAVE_ENTRY_TAG => {
+                let node = NodeId(entry.data[1]);
+                (node, &entry.data[2..10], Change::Leave(node))
+            }
+            _ => return, // Leader no-ops and anything else carry no view change.
+        };
+        let epoch = Epoch(u64::from_le_bytes(epoch.try_into().expect("8 bytes")));
         // Proposals made against an older view are stale: the decision is deterministic at
         // every member because it only depends on the log.
         if epoch != self.decided.epoch
@@ -626,8 +689,11 @@ impl Membership {
         }
         self.complete.remove(node);
         self.decided = View { epoch: Epoch(epoch.0 + 1), live: self.decided.live.without(node) };
-        let promised_until = self.promised_until[node.index()];
-        self.to_install.push_back((self.decided, Change::Remove(node), promised_until));
+        let promised_until = match change {
+            Change::Leave(_) => Time::ZERO,
+            _ => self.promised_until[node.index()],
+        };
+        self.to_install.push_back((self.decided, change, promised_until));
     }
 
     fn install_due_views(&mut self, now: Time, out: &mut MembershipOutbox) {
@@ -657,7 +723,7 @@ impl Membership {
     fn install(&mut self, view: View, change: Option<Change>, out: &mut MembershipOutbox) {
         let me = self.config.me;
         self.installed = view;
-        if let Some(Change::Remove(removed)) = change {
+        if let Some(Change::Remove(removed) | Change::Leave(removed)) = change {
             self.unsettled.remove(removed);
         }
         if let Some(joining) = self.joining {
@@ -684,7 +750,7 @@ impl Membership {
         if !view.live.contains(me) {
             self.lease_until = None;
         }
-        if !view.live.contains(me) && self.config.rejoin {
+        if !view.live.contains(me) && self.config.rejoin && self.leaving.is_none() {
             // Removed while alive (a partition, a pause, or we asked): our data may be stale
             // from now on, so come back the only safe way, as a new shadow (§3.4).
             self.rejoins += 1;

@@ -129,6 +129,39 @@ fn a_crashed_node_is_removed_within_the_failover_bound() {
 }
 
 #[test]
+fn a_leaving_node_is_dropped_at_once_and_nobody_loses_a_lease() {
+    // Node 0 is the first Raft leader (the shortest election timeout); node 2 a follower.
+    for leaver in [0usize, 2] {
+        let mut cluster = Cluster::new(3);
+        cluster.run_for(Time::from_millis(1_000));
+        let asked_at = cluster.now;
+        let mut out = MembershipOutbox::default();
+        cluster.nodes[leaver].leave(asked_at, &mut out);
+        cluster.perform(leaver, out);
+        assert!(!cluster.nodes[leaver].holds_lease(asked_at), "a leaving node serves no more");
+        assert!(!cluster.nodes[leaver].has_left());
+        cluster.run_for(Time::from_millis(2_000));
+        assert!(cluster.nodes[leaver].has_left());
+        assert!(!cluster.nodes[leaver].holds_lease(cluster.now));
+        let installed = cluster.first_install_without(leaver).expect("the others dropped it");
+        // A removal would wait out the promise to the node (a lease after its last heartbeat,
+        // which it sent just before asking); a leave waits for nothing but the Raft entry.
+        assert!(
+            installed - asked_at < cluster.config.lease,
+            "leaver {leaver}: dropped after {:?}, the lease is {:?}",
+            installed - asked_at,
+            cluster.config.lease
+        );
+        for n in (0..3).filter(|n| *n != leaver) {
+            let node = &cluster.nodes[n];
+            assert!(!node.view().live.contains(NodeId(leaver as u8)));
+            assert!(node.holds_lease(cluster.now), "node {n} lost its lease");
+            assert_eq!(node.stats().lease_lapses, 0, "node {n}'s lease lapsed during the leave");
+        }
+    }
+}
+
+#[test]
 fn a_crashed_raft_leader_is_removed_too() {
     let mut cluster = Cluster::new(3);
     cluster.run_for(Time::from_millis(1_000));
