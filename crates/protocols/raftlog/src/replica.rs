@@ -372,6 +372,30 @@ impl RaftLog {
         self.groups[log].applied_index
     }
 
+    /// Replicas known to hold entry `index` of `log` (for WAIT): this one once it has applied
+    /// it; at the log's leader, every follower whose log matches the leader's that far (Raft's
+    /// match index); at a follower that applied it, the leader it knows, which holds every
+    /// committed entry (Leader Completeness). Never a replica merely assumed to be in the
+    /// majority that committed it.
+    pub fn replicas_holding(&self, log: usize, index: u64) -> NodeSet {
+        let group = &self.groups[log];
+        let mut holders = NodeSet::EMPTY;
+        if group.applied_index < index {
+            return holders;
+        }
+        holders.insert(self.config.me);
+        if group.is_leader() {
+            for (id, progress) in group.raft.raft.prs().iter() {
+                if let Some(node) = node_of(*id).filter(|_| progress.matched >= index) {
+                    holders.insert(node);
+                }
+            }
+        } else if let Some(leader) = node_of(group.leader()) {
+            holders.insert(leader);
+        }
+        holders
+    }
+
     /// This replica's applied copy of `key` (not a linearizable read).
     pub fn applied_value(&self, key: &[u8]) -> Option<&chorus_core::Value> {
         self.groups[self.log_of(key)].state.get(key)

@@ -288,6 +288,33 @@ fn a_write_at_a_follower_is_forwarded_and_answered_only_once_the_follower_applie
 }
 
 #[test]
+fn replicas_holding_an_entry_are_the_ones_whose_log_reached_it() {
+    let mut cluster = settled_single_log();
+    // The leader's appends reach n1 only: committed by n0 and n1, not held by n2.
+    cluster.isolate(&[2]);
+    let request = cluster.client(0, write("k", "v"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
+    let index = cluster.nodes[0].applied_index(0);
+    let both: NodeSet = [NodeId(0), NodeId(1)].into_iter().collect();
+    assert_eq!(cluster.nodes[0].replicas_holding(0, index), both, "the leader counts n1's match index");
+    assert_eq!(cluster.nodes[1].replicas_holding(0, index), both, "a follower knows itself and the leader");
+    assert_eq!(cluster.nodes[2].replicas_holding(0, index), NodeSet::EMPTY, "n2 has not applied it");
+    // Once n2 catches up, the leader counts it too.
+    cluster.heal();
+    cluster.run_for(100);
+    let everyone: NodeSet = (0..3).map(NodeId).collect();
+    assert_eq!(cluster.nodes[0].replicas_holding(0, index), everyone);
+    // A crashed follower holds nothing written after the crash.
+    cluster.crash(2);
+    let request = cluster.client(0, write("k", "w"));
+    cluster.run_for(20);
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
+    let index = cluster.nodes[0].applied_index(0);
+    assert_eq!(cluster.nodes[0].replicas_holding(0, index), both);
+}
+
+#[test]
 fn commands_arriving_while_a_batch_is_in_flight_leave_together_as_one_entry() {
     let mut cluster = settled_single_log();
     let first = cluster.client(1, write("k", "0"));

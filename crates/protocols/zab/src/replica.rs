@@ -277,6 +277,34 @@ impl Zab {
         self.log.back().map_or(self.compacted_zxid, |entry| entry.zxid)
     }
 
+    /// Replicas known to hold entry `index` of the history (for WAIT): this one once it has
+    /// applied it; at the established leader, every synchronised follower that acknowledged
+    /// that far; at a synchronised follower that applied it, the leader (whose history it
+    /// follows). Never a replica merely assumed to be in the quorum that committed it.
+    pub fn replicas_holding(&self, index: u64) -> NodeSet {
+        let mut holders = NodeSet::EMPTY;
+        if self.applied_index < index {
+            return holders;
+        }
+        holders.insert(self.me());
+        match &self.role {
+            Role::Leader(state) if state.phase == Phase::Established => {
+                for follower in state.synced.iter() {
+                    if state.matched.get(&follower).is_some_and(|matched| *matched >= index) {
+                        holders.insert(follower);
+                    }
+                }
+            }
+            Role::Follower { synced: true } => {
+                if let Some(leader) = self.leader() {
+                    holders.insert(leader);
+                }
+            }
+            _ => {}
+        }
+        holders
+    }
+
     /// The entry at `index`, if this replica still holds it.
     pub fn entry(&self, index: u64) -> Option<&Entry> {
         let offset = index.checked_sub(self.log_start)?;

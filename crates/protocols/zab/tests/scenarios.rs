@@ -174,6 +174,22 @@ fn a_write_commits_with_a_majority_while_one_follower_hears_nothing() {
 }
 
 #[test]
+fn replicas_holding_an_entry_are_the_ones_that_acknowledged_it() {
+    let mut cluster = Cluster::established(3, ReadMode::Sync);
+    let write = cluster.client(0, set("k", "v"));
+    cluster.settle_except(to(2));
+    assert_eq!(cluster.reply(write), Some(&Outcome::Written));
+    let index = cluster.nodes[0].applied_index();
+    let both: NodeSet = [NodeId(0), NodeId(1)].into_iter().collect();
+    assert_eq!(cluster.nodes[0].replicas_holding(index), both, "n2 never acknowledged it");
+    assert_eq!(cluster.nodes[1].replicas_holding(index), both, "a follower knows itself and the leader");
+    assert_eq!(cluster.nodes[2].replicas_holding(index), NodeSet::EMPTY);
+    cluster.settle();
+    let everyone: NodeSet = (0..3).map(NodeId).collect();
+    assert_eq!(cluster.nodes[0].replicas_holding(index), everyone);
+}
+
+#[test]
 fn no_commit_without_a_majority() {
     let mut cluster = Cluster::established(5, ReadMode::Sync);
     let write = cluster.client(0, set("k", "v"));
