@@ -383,13 +383,22 @@ pub struct RegionStore {
     backend: FlushBackend,
 }
 
+/// Create `dir` and missing parents with mode 0700 (existing ones are left as they are).
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
 impl RegionStore {
     /// Open (creating it if missing) the directory that holds this node's regions, and check
     /// that `backend` works there. The `clwb` backend is refused unless the CPU has `clwb`
     /// and the directory is on a file system that supports DAX mappings with `MAP_SYNC`.
     pub fn open(dir: impl Into<PathBuf>, backend: FlushBackend) -> Result<RegionStore, RegionError> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir)
+        create_private_dir(&dir)
             .map_err(|e| RegionError::io(format!("creating region directory {}", dir.display()), e))?;
         if backend == FlushBackend::Clwb {
             dax::check_support(&dir)?;
@@ -417,16 +426,16 @@ impl RegionStore {
         }
         let path = self.path_of(tenant, name);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
+            create_private_dir(parent)
                 .map_err(|e| RegionError::io(format!("creating {}", parent.display()), e))?;
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| RegionError::io(format!("opening {}", path.display()), e))?;
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(false);
+        // A region holds a tenant's data: readable and writable by this user only.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file =
+            options.open(&path).map_err(|e| RegionError::io(format!("opening {}", path.display()), e))?;
         let existing =
             file.metadata().map_err(|e| RegionError::io(format!("stat {}", path.display()), e))?.len();
         if existing == 0 {

@@ -23,6 +23,19 @@ impl Drop for TestDir {
 
 const T: TenantId = TenantId(7);
 
+#[cfg(unix)]
+#[test]
+fn region_files_are_private_to_their_user() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = TestDir::new();
+    let store = RegionStore::open(dir.0.join("regions"), FlushBackend::Msync).unwrap();
+    let region = store.register(T, "private", 4096).unwrap();
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(region.path().unwrap()), 0o600);
+    assert_eq!(mode(&dir.0.join("regions")), 0o700);
+    assert_eq!(mode(region.path().unwrap().parent().unwrap()), 0o700);
+}
+
 #[test]
 fn a_registered_region_round_trips_and_survives_reopening() {
     let dir = TestDir::new();
