@@ -43,12 +43,38 @@ pub struct NodeArgs {
     pub data_dir: Option<PathBuf>,
     #[arg(long)]
     pub cluster_id: Option<String>,
-    /// Shared secret peers present when they connect.
+    /// Shared secret peers present when they connect. Prefer the config file or the
+    /// CHORUS_CLUSTER_TOKEN environment variable: other users can read command lines.
     #[arg(long)]
     pub cluster_token: Option<String>,
-    /// Password clients must AUTH with.
+    /// Password clients must AUTH with (or CHORUS_REQUIREPASS, or the config file).
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// Refuse to start on a non-loopback client address without requirepass: yes (default)
+    /// or no.
+    #[arg(long, value_name = "yes|no")]
+    pub protected_mode: Option<String>,
+    /// Most clients connected at once (default 10000; lowered to fit the open-file limit).
+    #[arg(long)]
+    pub maxclients: Option<usize>,
+    /// Close clients idle this many seconds (default 0: never).
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Refuse writes with -OOM while the node uses more memory than this (e.g. 2gb; 0: no limit).
+    #[arg(long)]
+    pub maxmemory: Option<String>,
+    /// Longest a request waits for an answer, in milliseconds (default 5000).
+    #[arg(long)]
+    pub request_deadline_ms: Option<u64>,
+    /// Longest a command may take to arrive once it has started, in ms (default 60000; 0: none).
+    #[arg(long)]
+    pub incomplete_command_timeout_ms: Option<u64>,
+    /// Largest bulk string a client may send (e.g. 512mb; the value limit applies too).
+    #[arg(long)]
+    pub proto_max_bulk_len: Option<String>,
+    /// Most bytes one connection may have sent and not yet had parsed (e.g. 1gb).
+    #[arg(long)]
+    pub client_query_buffer_limit: Option<String>,
     /// Serve Prometheus metrics on this address (off by default).
     #[arg(long)]
     pub metrics_addr: Option<String>,
@@ -101,6 +127,14 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         }
         Some(table)
     };
+    if args.cluster_token.is_some() || args.requirepass.is_some() {
+        eprintln!(
+            "chorus: warning: a secret on the command line (--cluster-token/--requirepass) is visible to \
+             other users of this machine; prefer the config file or CHORUS_CLUSTER_TOKEN/CHORUS_REQUIREPASS"
+        );
+    }
+    let size = |text: Option<String>| text.map(chorus_server::config::ByteSize::Text);
+    let protected_mode = args.protected_mode.map(chorus_server::config::YesNo::Text);
     let overrides = RawConfig {
         node_id: args.node_id,
         protocol: args.protocol,
@@ -124,9 +158,17 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
         raftlog_execution: args.raftlog_execution,
         join: args.join,
+        protected_mode,
+        maxclients: args.maxclients,
+        timeout: args.timeout,
+        maxmemory: size(args.maxmemory),
+        request_deadline_ms: args.request_deadline_ms,
+        incomplete_command_timeout_ms: args.incomplete_command_timeout_ms,
+        proto_max_bulk_len: size(args.proto_max_bulk_len),
+        client_query_buffer_limit: size(args.client_query_buffer_limit),
         ..RawConfig::default()
     };
-    let config = file.merge(overrides).validate()?;
+    let config = file.merge(secrets_from_env()).merge(overrides).validate()?;
     init_tracing(&args.log_level)?;
     let runtime = match config.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
@@ -136,6 +178,17 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
     };
     runtime.block_on(chorus_server::run_node(config, shutdown_signal()))?;
     Ok(0)
+}
+
+/// Secrets from the environment (CHORUS_CLUSTER_TOKEN, CHORUS_REQUIREPASS): they override the
+/// config file, and flags override them.
+fn secrets_from_env() -> RawConfig {
+    let var = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+    RawConfig {
+        cluster_token: var("CHORUS_CLUSTER_TOKEN"),
+        requirepass: var("CHORUS_REQUIREPASS"),
+        ..RawConfig::default()
+    }
 }
 
 pub fn init_tracing(level: &str) -> anyhow::Result<()> {

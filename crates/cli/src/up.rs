@@ -28,15 +28,21 @@ pub struct UpArgs {
     /// Peer port of replica 0; replica i listens for peers on peer-port + i (default port + 1000).
     #[arg(long)]
     pub peer_port: Option<u16>,
-    /// Where configs and logs go (default /dev/shm/chorus-<pid>, removed on exit).
+    /// Where configs and logs go (default a fresh private /dev/shm/chorus-<random>, removed
+    /// on exit).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Address every replica binds to.
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: IpAddr,
-    /// Password clients must AUTH with.
+    /// Password clients must AUTH with (or CHORUS_REQUIREPASS). It reaches the nodes through
+    /// their config files (mode 0600), not their command lines.
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// With a non-loopback --bind and no password, the nodes refuse to start unless this is
+    /// "no" (a firewall protects the ports).
+    #[arg(long, value_name = "yes|no")]
+    pub protected_mode: Option<String>,
     /// Serve Prometheus metrics for replica i on metrics-port + i.
     #[arg(long)]
     pub metrics_port: Option<u16>,
@@ -74,16 +80,22 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             .filter(|port| *port != 0)
             .with_context(|| format!("--{flag} {base} + {i} is not a port"))
     };
+    let requirepass = args
+        .requirepass
+        .clone()
+        .or_else(|| std::env::var("CHORUS_REQUIREPASS").ok())
+        .filter(|pw| !pw.is_empty());
     let (data_dir, remove_on_exit) = match &args.data_dir {
-        Some(dir) => (dir.clone(), false),
+        Some(dir) => {
+            chorus_server::files::create_private_dir(dir)?;
+            (dir.clone(), false)
+        }
         None => {
             let shm = Path::new("/dev/shm");
             let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
-            (base.join(format!("chorus-{}", std::process::id())), true)
+            (chorus_server::files::create_temp_dir_in(&base, "chorus")?, true)
         }
     };
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
 
     let mut peers = BTreeMap::new();
     let mut replicas = Vec::new();
@@ -106,7 +118,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    let token = random_token();
+    let token = chorus_server::files::random_hex(16)?;
     let exe = std::env::current_exe().context("cannot find the chorus binary")?;
     let mut cluster = Cluster { replicas, data_dir: data_dir.clone(), remove_on_exit };
     for replica in &mut cluster.replicas {
@@ -119,7 +131,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             data_dir: Some(data_dir.join(format!("node-{}", replica.id))),
             cluster_id: Some(format!("chorus-up-{}", std::process::id())),
             cluster_token: Some(token.clone()),
-            requirepass: args.requirepass.clone(),
+            requirepass: requirepass.clone(),
+            protected_mode: args.protected_mode.clone().map(chorus_server::config::YesNo::Text),
             metrics_addr: args
                 .metrics_port
                 .map(|base| {
@@ -167,7 +180,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                     let log = tail(&cluster.replicas[i].log);
                     bail!("replica {i} exited during startup ({status}):\n{log}");
                 }
-                if replica_operational(cluster.replicas[i].client_addr) {
+                if replica_operational(cluster.replicas[i].client_addr, requirepass.as_deref()) {
                     break;
                 }
                 if Instant::now() > deadline {
@@ -310,30 +323,6 @@ async fn stop_signal() {
     }
 }
 
-/// A fresh cluster token: 128 bits from the OS.
-fn random_token() -> String {
-    let mut bytes = [0u8; 16];
-    let from_os = std::fs::File::open("/dev/urandom").and_then(|mut file| {
-        use std::io::Read as _;
-        file.read_exact(&mut bytes)
-    });
-    if from_os.is_err() {
-        // No /dev/urandom: fall back to the standard library's randomly keyed hasher.
-        use std::hash::{BuildHasher as _, Hasher as _};
-        for chunk in bytes.chunks_mut(8) {
-            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-            hasher.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_nanos(),
-            );
-            chunk.copy_from_slice(&hasher.finish().to_le_bytes()[..chunk.len()]);
-        }
-    }
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 /// Config files hold the cluster token: readable by the owner only.
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
@@ -356,13 +345,30 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(10)..].join("\n")
 }
 
+/// One RESP array of bulk strings.
+fn resp_command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
 /// Whether the replica answers INFO and says it serves (peer links up and, with the
-/// membership service, a lease granted): only then is the cluster announced as up.
-fn replica_operational(addr: std::net::SocketAddr) -> bool {
+/// membership service, a lease granted): only then is the cluster announced as up. With a
+/// password it authenticates first, as any client must.
+fn replica_operational(addr: std::net::SocketAddr, requirepass: Option<&str>) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else { return false };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if stream.write_all(b"INFO replication\r\n").is_err() {
+    let mut request = Vec::new();
+    if let Some(password) = requirepass {
+        request.extend(resp_command(&[b"AUTH", password.as_bytes()]));
+    }
+    request.extend(resp_command(&[b"INFO", b"replication"]));
+    if stream.write_all(&request).is_err() {
         return false;
     }
     let mut reply = Vec::new();

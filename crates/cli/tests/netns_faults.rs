@@ -69,6 +69,8 @@ fn spawn_node(lab: &Lab, nodes: &Nodes, node: usize, extra_args: &[&str]) -> Chi
         .args(["--node-id", &node.to_string()])
         .args(["--protocol", &nodes.protocol])
         .args(["--client-addr", &format!("{}:{CLIENT_PORT}", lab.node_ip(node))])
+        // The namespaces are private to the test: nothing else can reach the client port.
+        .args(["--protected-mode", "no"])
         .args(["--cluster-token", "netns-test"])
         .args(["--data-dir", nodes.dir.join(format!("node-{node}")).to_str().unwrap()])
         .args(["--log-level", "info"])

@@ -370,7 +370,11 @@ impl Membership {
     /// This node is not (or no longer) a member of the view it acts in: it left, was removed,
     /// or never finished joining. A leaving node may stop once this holds.
     pub fn has_left(&self) -> bool {
-        self.joining.is_some() || !self.installed.live.contains(self.config.me)
+        let me = self.config.me;
+        // The last live member is never removed: once it stops serving there is nobody to
+        // hand over to, and nothing to wait for.
+        let last = self.leaving.is_some() && self.installed.live.without(me).is_empty();
+        self.joining.is_some() || !self.installed.live.contains(me) || last
     }
 
     fn propose_leave_if_due(&mut self, now: Time) {

@@ -75,6 +75,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("discard", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
     spec("watch", -2, &["noscript", "loading", "stale", "fast"], ALL_KEYS),
     spec("unwatch", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
+    spec("shutdown", -1, &["admin", "noscript", "loading", "stale", "no_multi"], NO_KEYS),
 ];
 
 /// Every command name for metrics, plus `unknown` for everything else.
@@ -84,6 +85,32 @@ pub static COMMAND_NAMES: LazyLock<Vec<&'static str>> =
 /// Index of `name` in [`COMMAND_NAMES`] (`unknown` if absent).
 pub fn metric_index(name: &str) -> usize {
     COMMAND_TABLE.iter().position(|spec| spec.name == name).unwrap_or(COMMAND_TABLE.len())
+}
+
+/// Whether the command `name` (as [`parse`] names it) carries `flag` in the command table.
+pub fn has_flag(name: &str, flag: &str) -> bool {
+    COMMAND_TABLE.iter().any(|spec| spec.name == name && spec.flags.contains(&flag))
+}
+
+// -------------------------------------------------------------------- error vocabulary
+//
+// Replies that say whether a failed request may have taken effect (docs/resp.md, "Errors"):
+// `-TRYAGAIN` certainly did not (retry, here later or at another replica), `-UNKNOWN` may
+// have (a retry may apply it twice; read back before retrying).
+
+/// `-TRYAGAIN <why>`: not executed.
+pub fn try_again(why: impl std::fmt::Display) -> Reply {
+    Reply::error(format!("TRYAGAIN {why}"))
+}
+
+/// `-UNKNOWN outcome unknown: <why>`: may or may not have taken effect.
+pub fn outcome_unknown(why: impl std::fmt::Display) -> Reply {
+    Reply::error(format!("UNKNOWN outcome unknown: {why}"))
+}
+
+/// `-OOM`, as Redis words it, for commands that may grow the data set past `maxmemory`.
+pub fn out_of_memory() -> Reply {
+    Reply::error("OOM command not allowed when used memory > 'maxmemory'.")
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,7 +189,14 @@ pub enum Request {
     ClientGetName,
     ClientSetInfo,
     ClientId,
-    Wait,
+    /// `WAIT numreplicas timeout`: `timeout_ms` 0 blocks until enough replicas hold the writes.
+    Wait {
+        replicas: usize,
+        timeout_ms: u64,
+    },
+    /// `SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE]`: stop this node gracefully (the options change
+    /// nothing: durable state is always flushed, and leaving the view is always attempted).
+    Shutdown,
     Cas {
         key: Bytes,
         expected: Bytes,
@@ -362,7 +396,7 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             if replicas < 0 || timeout < 0 {
                 return Err(Reply::err("timeout is negative"));
             }
-            Request::Wait
+            Request::Wait { replicas: replicas as usize, timeout_ms: timeout as u64 }
         }
         "cas" => Request::Cas { key: arg(1), expected: arg(2), new: arg(3) },
         "session" => parse_session(args)?,
@@ -370,6 +404,20 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         "exec" => Request::Exec,
         "discard" => Request::Discard,
         "watch" | "unwatch" => Request::Watch,
+        "shutdown" => {
+            for option in &args[1..] {
+                match upper(option).as_slice() {
+                    b"NOSAVE" | b"SAVE" | b"NOW" | b"FORCE" => {}
+                    b"ABORT" => {
+                        return Err(Reply::err(
+                            "SHUTDOWN ABORT is not supported: no shutdown is ever pending",
+                        ))
+                    }
+                    _ => return Err(syntax_error()),
+                }
+            }
+            Request::Shutdown
+        }
         _ => return Err(Reply::err(format!("unknown command '{name}'"))),
     })
 }
@@ -516,13 +564,13 @@ pub fn error_reply(error: &CommandError) -> Reply {
     match error {
         CommandError::NotInteger => not_integer(),
         CommandError::Overflow => Reply::err("increment or decrement would overflow"),
-        CommandError::Unavailable(why) => Reply::err(format!("replica is not serving: {why}")),
+        CommandError::Unavailable(why) => try_again(format!("replica is not serving: {why}")),
         CommandError::StaleSequence => {
             Reply::err("stale sequence number: this client session already executed a newer request")
         }
         CommandError::Locked => Reply::err("key is locked by a transaction in progress; retry"),
-        CommandError::OutcomeUnknown => Reply::err(
-            "outcome unknown: the replica left the view while the update was in flight; it may have taken effect",
+        CommandError::OutcomeUnknown => outcome_unknown(
+            "the replica left the view while the update was in flight; it may have taken effect",
         ),
         CommandError::WrongType => Reply::error(WRONGTYPE),
         CommandError::HashCorrupt => Reply::err("stored hash is corrupt"),
@@ -648,7 +696,9 @@ mod tests {
         assert_eq!(request("config get save"), Ok(Request::ConfigGet(vec![b("save")])));
         assert_eq!(request("COMMAND DOCS"), Ok(Request::CommandDocs));
         assert_eq!(request("CLIENT SETINFO lib-name redis-py"), Ok(Request::ClientSetInfo));
-        assert_eq!(request("WAIT 2 0"), Ok(Request::Wait));
+        assert_eq!(request("WAIT 2 0"), Ok(Request::Wait { replicas: 2, timeout_ms: 0 }));
+        assert_eq!(request("SHUTDOWN NOSAVE"), Ok(Request::Shutdown));
+        assert!(request("SHUTDOWN ABORT").is_err());
         assert_eq!(
             request("HELLO 3 AUTH default pw SETNAME me"),
             Ok(Request::Hello {
@@ -684,7 +734,15 @@ mod tests {
             shape_reply(ReplyShape::Integer, Outcome::Error(CommandError::NotInteger)),
             Reply::err("value is not an integer or out of range")
         );
-        assert!(shape_reply(ReplyShape::Ok, Outcome::Error(CommandError::OutcomeUnknown)).is_error());
+        let unknown = shape_reply(ReplyShape::Ok, Outcome::Error(CommandError::OutcomeUnknown));
+        assert!(
+            matches!(&unknown, Reply::Error(text) if text.starts_with("UNKNOWN outcome unknown: ")),
+            "{unknown:?}"
+        );
+        let refused =
+            shape_reply(ReplyShape::Ok, Outcome::Error(CommandError::Unavailable("not in the current view")));
+        assert_eq!(refused, Reply::error("TRYAGAIN replica is not serving: not in the current view"));
+        assert!(has_flag("set", "denyoom") && !has_flag("del", "denyoom") && has_flag("get", "readonly"));
     }
 
     #[test]

@@ -18,6 +18,15 @@
 //! metrics_addr = "127.0.0.1:9379"    # optional Prometheus endpoint
 //! value_bytes_max = 67108864         # optional, default 64 MiB
 //! worker_threads = 1                 # optional: threads running this node (default 1, see below)
+//! request_deadline_ms = 5000         # optional: longest a request waits for an answer
+//! protected-mode = true              # refuse a non-loopback client_addr without requirepass
+//! maxclients = 10000                 # Redis' names from here on, with Redis' defaults
+//! timeout = 0                        # close clients idle this many seconds (0: never)
+//! tcp-keepalive = 300
+//! client-query-buffer-limit = "1gb"
+//! proto-max-bulk-len = "512mb"
+//! maxmemory = "0"                    # 0: no limit; otherwise writes past it answer -OOM
+//! maxmemory-policy = "noeviction"
 //!
 //! [peers]                            # every replica, this one included
 //! 0 = "127.0.0.1:8379"
@@ -69,6 +78,87 @@ pub struct RawConfig {
     /// Join a running cluster (Hermes §3.4 Recovery): the peer address of a live replica to
     /// copy the data from. `chorus node --join ADDR`.
     pub join: Option<String>,
+    /// Longest a client request waits for the protocol to answer (default 5000).
+    pub request_deadline_ms: Option<u64>,
+    /// Longest a command may take to arrive once its first byte has (default 60000; 0: no
+    /// bound): a half-sent command cannot hold a client slot forever.
+    pub incomplete_command_timeout_ms: Option<u64>,
+    // ---- Client limits and safety, under Redis' names and with Redis' defaults.
+    #[serde(rename = "protected-mode")]
+    pub protected_mode: Option<YesNo>,
+    /// Close a client idle for this many seconds (0: never).
+    pub timeout: Option<u64>,
+    #[serde(rename = "tcp-keepalive")]
+    pub tcp_keepalive: Option<u64>,
+    #[serde(rename = "client-query-buffer-limit")]
+    pub client_query_buffer_limit: Option<ByteSize>,
+    #[serde(rename = "proto-max-bulk-len")]
+    pub proto_max_bulk_len: Option<ByteSize>,
+    pub maxmemory: Option<ByteSize>,
+    #[serde(rename = "maxmemory-policy")]
+    pub maxmemory_policy: Option<String>,
+}
+
+/// A size as Redis writes it: a number of bytes, or a string with a unit (`"1gb"`,
+/// `"512mb"`, `"100k"`; `k`/`m`/`g` are powers of 1000, `kb`/`mb`/`gb` of 1024).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(untagged)]
+pub enum ByteSize {
+    Bytes(u64),
+    Text(String),
+}
+
+impl ByteSize {
+    fn bytes(&self, field: &str) -> Result<u64, ConfigError> {
+        match self {
+            ByteSize::Bytes(bytes) => Ok(*bytes),
+            ByteSize::Text(text) => parse_memory(text).ok_or_else(|| {
+                field_error(
+                    field,
+                    format!("{text:?} is not a size (bytes, or a number with k, kb, m, mb, g or gb)"),
+                )
+            }),
+        }
+    }
+}
+
+/// Redis' `memtoll`: `<digits>[b|k|kb|m|mb|g|gb]`, case-insensitive.
+pub fn parse_memory(text: &str) -> Option<u64> {
+    let lower = text.trim().to_ascii_lowercase();
+    let split = lower.find(|c: char| !c.is_ascii_digit()).unwrap_or(lower.len());
+    let (digits, unit) = lower.split_at(split);
+    let multiplier: u64 = match unit {
+        "" | "b" => 1,
+        "k" => 1_000,
+        "kb" => 1 << 10,
+        "m" => 1_000_000,
+        "mb" => 1 << 20,
+        "g" => 1_000_000_000,
+        "gb" => 1 << 30,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok()?.checked_mul(multiplier)
+}
+
+/// Redis' yes/no, or a TOML boolean.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(untagged)]
+pub enum YesNo {
+    Bool(bool),
+    Text(String),
+}
+
+impl YesNo {
+    fn value(&self, field: &str) -> Result<bool, ConfigError> {
+        match self {
+            YesNo::Bool(value) => Ok(*value),
+            YesNo::Text(text) => match text.to_ascii_lowercase().as_str() {
+                "yes" | "true" => Ok(true),
+                "no" | "false" => Ok(false),
+                _ => Err(field_error(field, format!("{text:?} is neither yes nor no"))),
+            },
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +243,39 @@ pub struct NodeConfig {
     /// (pipelining) connections to parse.
     pub worker_threads: usize,
     pub raftlog: RaftlogOptions,
+    pub clients: ClientLimits,
+}
+
+/// What the node allows its clients (docs/operations.md, "Security"; docs/resp.md, "Limits").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Redis' `proto-max-bulk-len`; the parser enforces the smaller of it and `value_bytes_max`.
+    pub proto_max_bulk_len: usize,
+    /// Redis' `client-query-buffer-limit`: bytes one connection may have received and not yet
+    /// parsed into commands.
+    pub query_buffer_bytes_max: usize,
+    /// Redis' `timeout`: idle clients are closed after this many seconds (0: never).
+    pub idle_timeout_s: u64,
+    /// Redis' `tcp-keepalive`, seconds (0: off).
+    pub tcp_keepalive_s: u64,
+    pub incomplete_command_timeout_ms: u64,
+    pub request_deadline_ms: u64,
+    /// Redis' `maxmemory` (0: no limit); the only policy is `noeviction`.
+    pub maxmemory_bytes: u64,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            proto_max_bulk_len: 512 * 1024 * 1024,
+            query_buffer_bytes_max: 1024 * 1024 * 1024,
+            idle_timeout_s: 0,
+            tcp_keepalive_s: 300,
+            incomplete_command_timeout_ms: 60_000,
+            request_deadline_ms: 5_000,
+            maxmemory_bytes: 0,
+        }
+    }
 }
 
 /// raftlog settings (docs/protocols/raftlog.md, docs/operations.md).
@@ -242,6 +365,17 @@ impl RawConfig {
             raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             join: overrides.join.or(self.join),
+            request_deadline_ms: overrides.request_deadline_ms.or(self.request_deadline_ms),
+            incomplete_command_timeout_ms: overrides
+                .incomplete_command_timeout_ms
+                .or(self.incomplete_command_timeout_ms),
+            protected_mode: overrides.protected_mode.or(self.protected_mode),
+            timeout: overrides.timeout.or(self.timeout),
+            tcp_keepalive: overrides.tcp_keepalive.or(self.tcp_keepalive),
+            client_query_buffer_limit: overrides.client_query_buffer_limit.or(self.client_query_buffer_limit),
+            proto_max_bulk_len: overrides.proto_max_bulk_len.or(self.proto_max_bulk_len),
+            maxmemory: overrides.maxmemory.or(self.maxmemory),
+            maxmemory_policy: overrides.maxmemory_policy.or(self.maxmemory_policy),
         }
     }
 
@@ -286,6 +420,8 @@ impl RawConfig {
         }
         let membership = self.membership_timing(protocol)?;
         let raftlog = self.raftlog_options(protocol)?;
+        let clients = self.client_limits()?;
+        let requirepass = self.requirepass.clone().filter(|password| !password.is_empty());
         let client_addr =
             parse_addr("client_addr", self.client_addr.as_deref().unwrap_or(DEFAULT_CLIENT_ADDR))?;
         let peers = self
@@ -335,6 +471,19 @@ impl RawConfig {
         if !(1..=256).contains(&worker_threads) {
             return Err(field_error("worker_threads", "must be between 1 and 256"));
         }
+        let protected =
+            self.protected_mode.as_ref().map(|value| value.value("protected-mode")).transpose()?;
+        if protected.unwrap_or(true) && requirepass.is_none() && !client_addr.ip().is_loopback() {
+            return Err(field_error(
+                "protected-mode",
+                format!(
+                    "client_addr {client_addr} is not a loopback address and no requirepass is set: \
+                     anyone who can reach it could read and write every key. Set requirepass (or \
+                     CHORUS_REQUIREPASS), bind to 127.0.0.1, or set protected-mode = \"no\" if \
+                     a firewall protects the port"
+                ),
+            ));
+        }
         let join = self
             .join
             .as_deref()
@@ -351,13 +500,14 @@ impl RawConfig {
             data_dir: self.data_dir,
             cluster_id,
             cluster_token,
-            requirepass: self.requirepass.filter(|password| !password.is_empty()),
+            requirepass,
             metrics_addr,
             value_bytes_max,
             peer_queue_bytes_max,
             maxclients,
             worker_threads,
             join,
+            clients,
         })
     }
 }
@@ -397,6 +547,55 @@ fn join_donor(
 }
 
 impl RawConfig {
+    fn client_limits(&self) -> Result<ClientLimits, ConfigError> {
+        let defaults = ClientLimits::default();
+        let size = |value: &Option<ByteSize>, field: &str, default: usize| match value {
+            None => Ok(default),
+            Some(value) => value.bytes(field).map(|bytes| usize::try_from(bytes).unwrap_or(usize::MAX)),
+        };
+        let proto_max_bulk_len =
+            size(&self.proto_max_bulk_len, "proto-max-bulk-len", defaults.proto_max_bulk_len)?;
+        if proto_max_bulk_len < 1024 * 1024 {
+            return Err(field_error("proto-max-bulk-len", "must be at least 1mb (Redis' minimum)"));
+        }
+        let query_buffer_bytes_max = size(
+            &self.client_query_buffer_limit,
+            "client-query-buffer-limit",
+            defaults.query_buffer_bytes_max,
+        )?;
+        if query_buffer_bytes_max < 1024 * 1024 {
+            return Err(field_error("client-query-buffer-limit", "must be at least 1mb (Redis' minimum)"));
+        }
+        let maxmemory_bytes = match &self.maxmemory {
+            None => defaults.maxmemory_bytes,
+            Some(value) => value.bytes("maxmemory")?,
+        };
+        match self.maxmemory_policy.as_deref() {
+            None | Some("noeviction") => {}
+            Some(other) => {
+                return Err(field_error(
+                    "maxmemory-policy",
+                    format!("{other:?} is not supported: chorus never evicts keys (noeviction)"),
+                ))
+            }
+        }
+        let request_deadline_ms = self.request_deadline_ms.unwrap_or(defaults.request_deadline_ms);
+        if request_deadline_ms == 0 {
+            return Err(field_error("request_deadline_ms", "must be positive"));
+        }
+        Ok(ClientLimits {
+            proto_max_bulk_len,
+            query_buffer_bytes_max,
+            idle_timeout_s: self.timeout.unwrap_or(defaults.idle_timeout_s),
+            tcp_keepalive_s: self.tcp_keepalive.unwrap_or(defaults.tcp_keepalive_s),
+            incomplete_command_timeout_ms: self
+                .incomplete_command_timeout_ms
+                .unwrap_or(defaults.incomplete_command_timeout_ms),
+            request_deadline_ms,
+            maxmemory_bytes,
+        })
+    }
+
     fn raftlog_options(&self, protocol: Protocol) -> Result<RaftlogOptions, ConfigError> {
         let fields = [
             ("raftlog_logs", self.raftlog_logs.is_some()),
@@ -575,6 +774,42 @@ client_addr = "127.0.0.1:7380"
                 message
             }
         }
+    }
+
+    #[test]
+    fn redis_names_and_sizes_parse() {
+        assert_eq!(parse_memory("1gb"), Some(1 << 30));
+        assert_eq!(parse_memory("512MB"), Some(512 << 20));
+        assert_eq!(parse_memory("100k"), Some(100_000));
+        assert_eq!(parse_memory("7"), Some(7));
+        assert_eq!(parse_memory("1tb"), None);
+        assert_eq!(parse_memory("mb"), None);
+        let text = format!(
+            "maxmemory = \"64mb\"\ntimeout = 30\n\"tcp-keepalive\" = 60\n\"proto-max-bulk-len\" = 2097152\n\"client-query-buffer-limit\" = \"2mb\"\n{GOOD}"
+        );
+        let clients = RawConfig::parse(&text).unwrap().validate().unwrap().clients;
+        assert_eq!(clients.maxmemory_bytes, 64 << 20);
+        assert_eq!(clients.idle_timeout_s, 30);
+        assert_eq!(clients.tcp_keepalive_s, 60);
+        assert_eq!(clients.proto_max_bulk_len, 2 << 20);
+        assert_eq!(clients.query_buffer_bytes_max, 2 << 20);
+        let defaults = RawConfig::parse(GOOD).unwrap().validate().unwrap().clients;
+        assert_eq!(defaults, ClientLimits::default());
+        assert!(error_of(&format!("maxmemory = \"lots\"\n{GOOD}")).contains("`maxmemory`"));
+        assert!(error_of(&format!("\"maxmemory-policy\" = \"allkeys-lru\"\n{GOOD}")).contains("noeviction"));
+    }
+
+    #[test]
+    fn protected_mode_refuses_an_open_client_port_without_a_password() {
+        let open = GOOD.replace("client_addr = \"127.0.0.1:7380\"", "client_addr = \"0.0.0.0:7380\"");
+        let message = error_of(&open);
+        assert!(message.contains("`protected-mode`") && message.contains("requirepass"), "{message}");
+        let with_password = format!("requirepass = \"pw\"\n{open}");
+        RawConfig::parse(&with_password).unwrap().validate().unwrap();
+        for off in ["\"protected-mode\" = \"no\"", "\"protected-mode\" = false"] {
+            RawConfig::parse(&format!("{off}\n{open}")).unwrap().validate().unwrap();
+        }
+        assert!(error_of(&format!("\"protected-mode\" = \"maybe\"\n{open}")).contains("yes nor no"));
     }
 
     #[test]

@@ -8,19 +8,22 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use chorus_core::{Command, CommandError, Outcome, RmwOp};
 use chorus_net::handshake::constant_time_eq;
 use chorus_net::NetStats;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{watch, Notify};
 use tracing::debug;
 
 use crate::command::{self, error_reply, glob_match, Request, COMMAND_TABLE};
-use crate::engine::EngineHandle;
+use crate::config::ClientLimits;
+use crate::engine::{Done, EngineHandle, WriteMarks};
+use crate::memory;
 use crate::metrics::Metrics;
-use crate::resp::{parse_command, Limits, Reply};
+use crate::resp::{Limits, Parser, ProtocolError, Reply};
 use chorus_core::hash::{self, HashError};
 
 /// What every connection shares.
@@ -30,6 +33,10 @@ pub struct Shared {
     pub net: Arc<NetStats>,
     pub settings: Settings,
     pub next_client_id: AtomicU64,
+    /// Turns true when the node stops: connections close once their command is answered.
+    pub closing: watch::Receiver<bool>,
+    /// SHUTDOWN asks the node to stop through this.
+    pub shutdown: Arc<Notify>,
 }
 
 /// Node settings connections need (INFO, CONFIG GET, AUTH, limits).
@@ -40,10 +47,10 @@ pub struct Settings {
     pub client_addr: SocketAddr,
     pub peer_addr: SocketAddr,
     pub requirepass: Option<String>,
+    /// What an authenticated client may send (before AUTH: [`Limits::UNAUTHENTICATED`]).
     pub limits: Limits,
     pub maxclients: usize,
-    /// TCP keepalive idle time for client sockets, seconds (0: off). Redis' `tcp-keepalive`.
-    pub tcp_keepalive_s: u64,
+    pub clients: ClientLimits,
 }
 
 /// Flush the output buffer once it holds this much, even mid-pipeline.
@@ -54,6 +61,7 @@ pub struct Connection<S> {
     shared: Arc<Shared>,
     stream: S,
     read: BytesMut,
+    parser: Parser,
     write: BytesMut,
     /// RESP protocol version: 2 until HELLO 3.
     resp: u8,
@@ -62,6 +70,12 @@ pub struct Connection<S> {
     id: u64,
     /// Commands queued since MULTI (raftlog only; docs/resp.md).
     multi: Option<Multi>,
+    /// Where this connection's writes stand, for WAIT.
+    marks: WriteMarks,
+    /// When the first byte of the command being received arrived.
+    incomplete_since: Option<Instant>,
+    /// When bytes last arrived (Redis' `timeout` closes a connection idle for longer).
+    last_read: Instant,
 }
 
 #[derive(Default)]
@@ -69,6 +83,14 @@ struct Multi {
     queued: Vec<(chorus_core::Command, command::ReplyShape)>,
     /// A command was refused while queueing: EXEC discards the transaction (as Redis does).
     aborted: bool,
+}
+
+/// Why a connection stops waiting for input.
+enum Expiry {
+    /// Redis' `timeout`: closed without a word, as Redis does.
+    Idle,
+    /// A command started arriving and did not finish in time.
+    Incomplete,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
@@ -79,16 +101,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             shared,
             stream,
             read: BytesMut::with_capacity(16 * 1024),
+            parser: Parser::default(),
             write: BytesMut::with_capacity(16 * 1024),
             resp: 2,
             authenticated,
             name: None,
             id,
             multi: None,
+            marks: WriteMarks::default(),
+            incomplete_since: None,
+            last_read: Instant::now(),
         }
     }
 
-    /// Serve until the client leaves, sends QUIT, or sends malformed RESP.
+    /// Serve until the client leaves, sends QUIT, sends malformed RESP, breaks a limit, or
+    /// the node stops.
     pub async fn run(mut self) {
         if let Err(error) = self.serve().await {
             debug!(client = self.id, "connection ended: {error}");
@@ -96,34 +123,104 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     }
 
     async fn serve(&mut self) -> std::io::Result<()> {
+        let mut closing = self.shared.closing.clone();
         loop {
-            loop {
-                match parse_command(&mut self.read, &self.shared.settings.limits) {
-                    Ok(Some(args)) if args.is_empty() => continue,
-                    Ok(Some(args)) => {
-                        let (reply, close) = self.execute(args).await;
-                        reply.encode(self.resp, &mut self.write);
-                        if close {
-                            return self.flush().await;
-                        }
-                        if self.write.len() >= WRITE_BUFFER_BYTES_FLUSH {
-                            self.flush().await?;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(error) => {
-                        // Malformed input: say why, then close. Earlier replies go out first.
-                        self.shared.metrics.protocol_errors.fetch_add(1, Relaxed);
-                        Reply::err(&error).encode(self.resp, &mut self.write);
-                        return self.flush().await;
-                    }
-                }
+            let close = self.run_pipeline().await?;
+            if close {
+                return self.flush().await;
             }
             self.flush().await?;
-            if self.stream.read_buf(&mut self.read).await? == 0 {
-                return Ok(());
+            let buffered = self.read.len();
+            let limit = self.shared.settings.clients.query_buffer_bytes_max;
+            if buffered > limit {
+                let error = ProtocolError(format!(
+                    "the query buffer holds {buffered} bytes, over client-query-buffer-limit ({limit})"
+                ));
+                return self.refuse(error).await;
+            }
+            let expiry = self.expiry();
+            tokio::select! {
+                read = self.stream.read_buf(&mut self.read) => {
+                    if read? == 0 {
+                        return Ok(());
+                    }
+                    self.last_read = Instant::now();
+                }
+                () = sleep_until(expiry.as_ref().map(|(at, _)| *at)) => {
+                    let incomplete = matches!(expiry, Some((_, Expiry::Incomplete)));
+                    if !incomplete {
+                        return Ok(());
+                    }
+                    let timeout_ms = self.shared.settings.clients.incomplete_command_timeout_ms;
+                    let error = ProtocolError(format!("a command was not received in full within {timeout_ms} ms"));
+                    return self.refuse(error).await;
+                }
+                _ = closing.changed() => return Ok(()),
             }
         }
+    }
+
+    /// Execute every complete command received, in order; `true` when the connection must
+    /// close (QUIT, SHUTDOWN, malformed input) after what was written goes out.
+    async fn run_pipeline(&mut self) -> std::io::Result<bool> {
+        loop {
+            let limits =
+                if self.authenticated { self.shared.settings.limits } else { Limits::UNAUTHENTICATED };
+            match self.parser.parse(&mut self.read, &limits) {
+                Ok(Some(args)) => {
+                    self.incomplete_since = None;
+                    if args.is_empty() {
+                        continue;
+                    }
+                    let (reply, close) = self.execute(args).await;
+                    if let Some(reply) = reply {
+                        reply.encode(self.resp, &mut self.write);
+                    }
+                    if close {
+                        return Ok(true);
+                    }
+                    if self.write.len() >= WRITE_BUFFER_BYTES_FLUSH {
+                        self.flush().await?;
+                    }
+                }
+                Ok(None) => {
+                    if self.parser.in_progress(&self.read) {
+                        self.incomplete_since.get_or_insert_with(Instant::now);
+                    }
+                    return Ok(false);
+                }
+                Err(error) => {
+                    self.refuse_later(error);
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// When this connection stops waiting for input, and why.
+    fn expiry(&self) -> Option<(Instant, Expiry)> {
+        let clients = &self.shared.settings.clients;
+        let idle = (clients.idle_timeout_s > 0)
+            .then(|| (self.last_read + Duration::from_secs(clients.idle_timeout_s), Expiry::Idle));
+        let incomplete =
+            self.incomplete_since.filter(|_| clients.incomplete_command_timeout_ms > 0).map(|since| {
+                (since + Duration::from_millis(clients.incomplete_command_timeout_ms), Expiry::Incomplete)
+            });
+        match (idle, incomplete) {
+            (Some(idle), Some(incomplete)) => Some(if idle.0 <= incomplete.0 { idle } else { incomplete }),
+            (idle, incomplete) => idle.or(incomplete),
+        }
+    }
+
+    /// Say why the input is refused after the replies already due; the connection closes.
+    fn refuse_later(&mut self, error: ProtocolError) {
+        self.shared.metrics.protocol_errors.fetch_add(1, Relaxed);
+        Reply::err(&error).encode(self.resp, &mut self.write);
+    }
+
+    async fn refuse(&mut self, error: ProtocolError) -> std::io::Result<()> {
+        self.refuse_later(error);
+        self.flush().await
     }
 
     async fn flush(&mut self) -> std::io::Result<()> {
@@ -134,10 +231,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         Ok(())
     }
 
-    /// Execute one command; `true` closes the connection after the reply.
-    async fn execute(&mut self, args: Vec<Bytes>) -> (Reply, bool) {
+    /// Execute one command: the reply (none for SHUTDOWN, which answers by closing, as in
+    /// Redis) and whether the connection closes after it.
+    async fn execute(&mut self, args: Vec<Bytes>) -> (Option<Reply>, bool) {
         let started = Instant::now();
         let (name, parsed) = command::parse(&args);
+        drop(args);
         let mut close = false;
         let reply = match parsed {
             Err(reply) => {
@@ -153,28 +252,103 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 close = true;
                 Reply::ok()
             }
-            Ok(request) if self.multi.is_some() => self.in_multi(request).await,
+            Ok(Request::Shutdown) if self.multi.is_none() => {
+                tracing::info!(client = self.id, "SHUTDOWN requested by a client");
+                self.shared.shutdown.notify_one();
+                self.shared.metrics.record(command::metric_index(name), false, started);
+                return (None, true);
+            }
+            Ok(_) if self.over_maxmemory(name) => {
+                if let Some(multi) = &mut self.multi {
+                    multi.aborted = true;
+                }
+                command::out_of_memory()
+            }
+            Ok(request) if self.multi.is_some() => {
+                self.within_deadline(name, |this| this.in_multi(request)).await
+            }
             Ok(Request::Multi) => self.multi_start(),
             Ok(Request::Exec) => Reply::err("EXEC without MULTI"),
             Ok(Request::Discard) => Reply::err("DISCARD without MULTI"),
             Ok(Request::Watch) => Reply::err("WATCH is not supported; use CAS for optimistic updates"),
-            Ok(request) => self.run_request(request).await,
+            // WAIT has a timeout of its own.
+            Ok(request @ Request::Wait { .. }) => self.run_request(request).await,
+            Ok(request) => self.within_deadline(name, |this| this.run_request(request)).await,
         };
         self.shared.metrics.record(command::metric_index(name), reply.is_error(), started);
-        (reply, close)
+        (Some(reply), close)
+    }
+
+    /// Redis' `maxmemory` with `noeviction`: commands that may grow the data set are refused
+    /// while the allocator holds more than the limit (sampled every 100 ms).
+    fn over_maxmemory(&self, name: &str) -> bool {
+        let max = self.shared.settings.clients.maxmemory_bytes;
+        max > 0 && command::has_flag(name, "denyoom") && self.shared.metrics.used_memory.load(Relaxed) > max
+    }
+
+    /// Run `work`, but answer by the request deadline whatever happens: a partitioned or
+    /// stalled replica must not leave a client waiting forever. A read that missed it was
+    /// not executed (`-TRYAGAIN`); an update may still take effect (`-UNKNOWN`).
+    async fn within_deadline<'a, F, Fut>(&'a mut self, name: &'static str, work: F) -> Reply
+    where
+        F: FnOnce(&'a mut Self) -> Fut,
+        Fut: std::future::Future<Output = Reply> + 'a,
+    {
+        let deadline_ms = self.shared.settings.clients.request_deadline_ms;
+        let metrics = self.shared.metrics.clone();
+        match tokio::time::timeout(Duration::from_millis(deadline_ms), work(self)).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                metrics.requests_past_deadline.fetch_add(1, Relaxed);
+                let may_have_effect = command::has_flag(name, "write") || name == "exec";
+                if may_have_effect {
+                    command::outcome_unknown(format!(
+                        "no answer within the request deadline ({deadline_ms} ms); the update may still take effect"
+                    ))
+                } else {
+                    command::try_again(format!(
+                        "no answer within the request deadline ({deadline_ms} ms); not executed, try another replica"
+                    ))
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ engine, with WAIT marks
+
+    fn note(&mut self, done: Done) -> Outcome {
+        if let Some(mark) = done.mark {
+            self.marks.record(mark);
+        }
+        done.outcome
+    }
+
+    async fn run_one(&mut self, command: Command) -> Outcome {
+        let done = self.shared.engine.execute(command).await;
+        self.note(done)
+    }
+
+    async fn run_all(&mut self, commands: Vec<Command>) -> Vec<Outcome> {
+        let done = self.shared.engine.execute_all(commands).await;
+        done.into_iter().map(|done| self.note(done)).collect()
     }
 
     async fn run_request(&mut self, request: Request) -> Reply {
         if let Some(plan) = command::single_key_command(&request) {
             return match plan {
-                Ok((command, shape)) => command::shape_reply(shape, self.engine().execute(command).await),
+                Ok((command, shape)) => command::shape_reply(shape, self.run_one(command).await),
                 Err(reply) => reply,
             };
         }
         match request {
+            Request::Session { .. } if self.shared.settings.protocol != "raftlog" => Reply::err(format!(
+                "at-most-once sessions need protocol raftlog; this node runs {}",
+                self.shared.settings.protocol
+            )),
             Request::Session { client, seq, request } => match command::single_key_command(&request) {
                 Some(Ok((command, shape))) => {
-                    command::shape_reply(shape, self.engine().execute_in_session(client, seq, command).await)
+                    let done = self.shared.engine.execute_in_session(client, seq, command).await;
+                    command::shape_reply(shape, self.note(done))
                 }
                 Some(Err(reply)) => reply,
                 None => unreachable!("parse_session admits single-key commands only"),
@@ -187,11 +361,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Request::Select(_) => Reply::err("DB index is out of range"),
             Request::Del(keys) => self.del(keys).await,
             Request::Exists(keys) => {
-                let outcomes = self.engine().execute_all(reads(&keys)).await;
+                let outcomes = self.run_all(reads(&keys)).await;
                 count_values(outcomes)
             }
             Request::MGet(keys) => {
-                let outcomes = self.engine().execute_all(reads(&keys)).await;
+                let outcomes = self.run_all(reads(&keys)).await;
                 let mut values = Vec::with_capacity(outcomes.len());
                 for outcome in outcomes {
                     values.push(match outcome {
@@ -214,7 +388,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     .into_iter()
                     .map(|(key, value)| Command::Write { key, value: Some(value) })
                     .collect();
-                first_error_or(self.engine().execute_all(writes).await, Reply::ok())
+                first_error_or(self.run_all(writes).await, Reply::ok())
             }
             Request::HSet { key, pairs, reply_ok } => {
                 let limit = self.shared.settings.limits.bulk_bytes_max;
@@ -250,12 +424,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             },
             Request::DbSize => match self.engine().status().await {
                 Some(status) => Reply::Integer(status.keys as i64),
-                None => Reply::err("the node is shutting down"),
+                None => error_reply(&crate::engine::SHUTTING_DOWN),
             },
             Request::FlushAll => {
                 let keys = self.engine().keys().await;
                 let deletes = keys.into_iter().map(|key| Command::Write { key, value: None }).collect();
-                first_error_or(self.engine().execute_all(deletes).await, Reply::ok())
+                first_error_or(self.run_all(deletes).await, Reply::ok())
             }
             Request::Info(sections) => self.info(&sections).await,
             Request::ConfigGet(patterns) => self.config_get(&patterns),
@@ -284,12 +458,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Request::ClientGetName => Reply::optional(self.name.clone()),
             Request::ClientSetInfo => Reply::ok(),
             Request::ClientId => Reply::Integer(self.id as i64),
-            Request::Wait => match self.engine().status().await {
-                // Every command of this connection completed before WAIT ran, and Hermes
-                // completes a write only once every live replica holds it.
-                Some(status) => Reply::Integer(status.view.live.without(status.me).len() as i64),
-                None => Reply::err("the node is shutting down"),
-            },
+            Request::Wait { replicas, timeout_ms } => {
+                // Every earlier command of this connection has completed: its writes are
+                // marked, and the core knows which replicas hold them (docs/resp.md, WAIT).
+                let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+                match self.shared.engine.wait_for(self.marks.clone(), replicas, deadline).await {
+                    Some(count) => Reply::Integer(count as i64),
+                    None => error_reply(&crate::engine::SHUTTING_DOWN),
+                }
+            }
             Request::Quit => Reply::ok(),
             other => Reply::err(format!("internal error: unhandled request {other:?}")),
         }
@@ -325,12 +502,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     return Reply::Array(Vec::new());
                 }
                 let (commands, shapes): (Vec<_>, Vec<_>) = multi.queued.into_iter().unzip();
-                let outcomes = self.engine().execute_transaction(commands).await;
+                let done = self.shared.engine.execute_transaction(commands).await;
                 Reply::Array(
                     shapes
                         .into_iter()
-                        .zip(outcomes)
-                        .map(|(shape, outcome)| command::shape_reply(shape, outcome))
+                        .zip(done)
+                        .map(|(shape, done)| command::shape_reply(shape, self.note(done)))
                         .collect(),
                 )
             }
@@ -405,7 +582,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     /// DEL: read each key (local), then swap present keys to absent to learn whether each
     /// delete removed something. A key absent at the read is linearized there as a no-op.
     async fn del(&mut self, keys: Vec<Bytes>) -> Reply {
-        let outcomes = self.engine().execute_all(reads(&keys)).await;
+        let outcomes = self.run_all(reads(&keys)).await;
         let mut present = Vec::new();
         for (key, outcome) in keys.into_iter().zip(outcomes) {
             match outcome {
@@ -415,11 +592,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 other => return unexpected(other),
             }
         }
-        count_values(self.engine().execute_all(present).await)
+        count_values(self.run_all(present).await)
     }
 
     async fn read_hash(&mut self, key: Bytes) -> Result<hash::Fields, Reply> {
-        match self.engine().execute(Command::Read { key }).await {
+        match self.run_one(Command::Read { key }).await {
             Outcome::Value(value) => hash::decode(value.as_ref()).map_err(hash_error),
             Outcome::Error(error) => Err(error_reply(&error)),
             other => Err(unexpected(other)),
@@ -429,7 +606,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     /// A hash update is one read-modify-write the core runs atomically (see
     /// [`chorus_core::hash`]); the outcome is the count of fields added or removed.
     async fn update_hash(&mut self, key: Bytes, op: RmwOp) -> Result<i64, Reply> {
-        match self.engine().execute(Command::Rmw { key, op }).await {
+        match self.run_one(Command::Rmw { key, op }).await {
             Outcome::Integer(count) => Ok(count),
             Outcome::Error(CommandError::ValueTooLarge) => {
                 Err(Reply::err("the hash would exceed the value size limit"))
@@ -463,6 +640,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             info.field("connected_clients", &metrics.connections_current.load(Relaxed));
             info.field("maxclients", &settings.maxclients);
         }
+        if wanted("memory") {
+            // The allocator's figure (memory.rs): keys, values, and everything else the
+            // process allocated (connection buffers, peer queues, the protocol's state).
+            let used = memory::used_bytes();
+            let max = settings.clients.maxmemory_bytes;
+            info.section("Memory");
+            info.field("used_memory", &used);
+            info.field("used_memory_human", &memory::human(used));
+            info.field("used_memory_rss", &memory::rss_bytes());
+            info.field("maxmemory", &max);
+            info.field("maxmemory_human", &memory::human(max));
+            info.field("maxmemory_policy", &"noeviction");
+            info.field("mem_allocator", &memory::ALLOCATOR);
+        }
         if wanted("replication") {
             info.section("Replication");
             info.field("role", &"master");
@@ -495,6 +686,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             info.field("total_commands_processed", &metrics.total_commands());
             info.field("total_error_replies", &metrics.total_errors());
             info.field("chorus_protocol_errors", &metrics.protocol_errors.load(Relaxed));
+            info.field("chorus_requests_past_deadline", &metrics.requests_past_deadline.load(Relaxed));
             info.field("chorus_peer_connections_refused", &self.shared.net.connections_refused.load(Relaxed));
             if let Some(status) = &status {
                 info.field("chorus_requests_in_flight", &status.pending_requests);
@@ -514,17 +706,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
     fn config_get(&self, patterns: &[Bytes]) -> Reply {
         let settings = &self.shared.settings;
+        let clients = &settings.clients;
         let parameters: Vec<(&str, String)> = vec![
             ("save", String::new()),
             ("appendonly", "no".into()),
-            ("maxmemory", "0".into()),
+            ("maxmemory", clients.maxmemory_bytes.to_string()),
             ("maxmemory-policy", "noeviction".into()),
             ("databases", "1".into()),
             ("maxclients", settings.maxclients.to_string()),
-            ("timeout", "0".into()),
+            ("timeout", clients.idle_timeout_s.to_string()),
+            ("tcp-keepalive", clients.tcp_keepalive_s.to_string()),
             ("port", settings.client_addr.port().to_string()),
             ("bind", settings.client_addr.ip().to_string()),
+            ("protected-mode", if settings.client_addr.ip().is_loopback() { "yes" } else { "no" }.into()),
             ("proto-max-bulk-len", settings.limits.bulk_bytes_max.to_string()),
+            ("client-query-buffer-limit", clients.query_buffer_bytes_max.to_string()),
             ("cluster-enabled", "no".into()),
             ("io-threads", "1".into()),
         ];
@@ -535,6 +731,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
         }
         Reply::Map(pairs)
+    }
+}
+
+/// Sleep until `at`; forever without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -7,12 +7,17 @@
 //! peer message of the turn goes to [`Transport::send_turn`] at once (one batch frame per
 //! peer, broadcasts encoded once: Hermes §4.2 opportunistic batching) and every reply
 //! completes its client's oneshot.
+//!
+//! On shutdown the loop first **leaves** the view (with the membership service) so that the
+//! others go on without waiting for failure detection, answers new requests `not serving`,
+//! lets in-flight ones complete meanwhile, makes the turn's state durable, and only then
+//! fails what is still pending (docs/operations.md, "Stopping a node").
 
 use std::time::{Duration, Instant};
 
 use chorus_core::codec::WireMessage;
 use chorus_core::{
-    ClientRequestId, Command, CommandError, Key, NodeId, Outbox, Outcome, Replica, Time, View,
+    ClientRequestId, Command, CommandError, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
 };
 use chorus_craq::Craq;
 use chorus_hermes::Hermes;
@@ -68,6 +73,25 @@ where
                 Outcome::Error(CommandError::Unavailable("transactions need protocol raftlog")),
             );
         }
+    }
+    /// A write on `key` has just completed at this replica: where it stands, for WAIT. By
+    /// default it is held by every live member of the view, since the write completed only
+    /// once each of them acknowledged it (Hermes; CRAQ and the chain store, whose tail
+    /// acknowledges a write after every member before it applied it).
+    fn write_mark(&self, _key: &Key) -> WriteMark {
+        WriteMark::Members(self.current_view().live)
+    }
+    /// The replicas known to hold position `index` of ordered log `log`, for cores whose
+    /// [`Self::write_mark`] is a [`WriteMark::Log`].
+    fn log_holders(&self, _log: u32, _index: u64) -> NodeSet {
+        NodeSet::single(self.id())
+    }
+    /// Start leaving the view for a planned stop. Cores without a membership service have no
+    /// view to leave.
+    fn leave(&mut self, _now: Time, _out: &mut Outbox<Self::Message>) {}
+    /// Whether this replica is out of the view (or never had one to leave).
+    fn has_left(&self) -> bool {
+        true
     }
     /// Run `command` at most once for an external client session (`SESSION client seq ...`).
     /// Only raftlog keeps sessions; the others refuse rather than run it unprotected.
@@ -129,6 +153,18 @@ where
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.take_persist_records()
     }
+    fn write_mark(&self, key: &Key) -> WriteMark {
+        self.protocol().write_mark(key)
+    }
+    fn log_holders(&self, log: u32, index: u64) -> NodeSet {
+        self.protocol().log_holders(log, index)
+    }
+    fn leave(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        WithMembership::leave(self, now, out);
+    }
+    fn has_left(&self) -> bool {
+        self.membership().has_left()
+    }
 }
 
 impl ServedReplica for DurableRaftLog {
@@ -151,6 +187,19 @@ impl ServedReplica for DurableRaftLog {
         self.persist().map_err(|error| error.to_string())
     }
     const REPLIES_AFTER_PERSIST: bool = true;
+    /// The write's entry is at or below its log's applied index when its origin answers.
+    fn write_mark(&self, key: &Key) -> WriteMark {
+        let core = self.core();
+        let log = core.log_of(key);
+        WriteMark::Log { log: log as u32, index: core.applied_index(log) }
+    }
+    fn log_holders(&self, log: u32, index: u64) -> NodeSet {
+        let core = self.core();
+        if log as usize >= core.logs() {
+            return NodeSet::EMPTY;
+        }
+        core.replicas_holding(log as usize, index)
+    }
     fn on_transaction(
         &mut self,
         now: Time,
@@ -173,8 +222,10 @@ impl ServedReplica for DurableRaftLog {
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.core().stats();
         let d = self.disk_stats();
+        let logs_led = (0..self.core().logs()).filter(|log| self.core().is_leader(*log)).count();
         vec![
             ("boot", self.boot()),
+            ("logs_led", logs_led as u64),
             ("snapshots_taken", s.snapshots_taken),
             ("snapshots_installed", s.snapshots_installed),
             ("disk_records_appended", d.records_appended),
@@ -295,6 +346,13 @@ impl ServedReplica for Zab {
     fn keys(&self) -> Vec<Key> {
         Zab::keys(self).cloned().collect()
     }
+    /// One history: the write's entry is at or below the applied index when its origin answers.
+    fn write_mark(&self, _key: &Key) -> WriteMark {
+        WriteMark::Log { log: 0, index: self.applied_index() }
+    }
+    fn log_holders(&self, _log: u32, index: u64) -> NodeSet {
+        self.replicas_holding(index)
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
         vec![
@@ -353,6 +411,55 @@ impl ServedReplica for chorus_chain::Chain {
     }
 }
 
+/// Where a completed write stands, to tell WAIT which replicas are known to hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMark {
+    /// These replicas held it when it completed.
+    Members(NodeSet),
+    /// Position `index` of ordered log `log` (raftlog's Raft logs, ZAB's history): held by
+    /// the replicas whose log reached it, which the core knows.
+    Log { log: u32, index: u64 },
+}
+
+/// Every write one connection made, as marks (a prefix of a log is implied by its last
+/// position, so one per log suffices).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteMarks {
+    /// The replicas that held every [`WriteMark::Members`] write (`None`: no such write).
+    members: Option<NodeSet>,
+    /// The highest position written per log.
+    logs: Vec<(u32, u64)>,
+}
+
+impl WriteMarks {
+    pub fn record(&mut self, mark: WriteMark) {
+        match mark {
+            WriteMark::Members(held) => {
+                let both =
+                    self.members.map_or(held, |members| NodeSet::from_bits(members.bits() & held.bits()));
+                self.members = Some(both);
+            }
+            WriteMark::Log { log, index } => match self.logs.iter_mut().find(|(known, _)| *known == log) {
+                Some((_, highest)) => *highest = (*highest).max(index),
+                None => self.logs.push((log, index)),
+            },
+        }
+    }
+}
+
+/// A completed command: its outcome and, for a write that took effect, where it stands.
+#[derive(Clone, Debug)]
+pub struct Done {
+    pub outcome: Outcome,
+    pub mark: Option<WriteMark>,
+}
+
+impl Done {
+    fn failed(error: CommandError) -> Done {
+        Done { outcome: Outcome::Error(error), mark: None }
+    }
+}
+
 /// A snapshot of the core for INFO, DBSIZE and metrics.
 #[derive(Clone, Debug)]
 pub struct EngineStatus {
@@ -368,14 +475,14 @@ pub struct EngineStatus {
 pub enum EngineRequest {
     Command {
         command: Command,
-        reply: oneshot::Sender<Outcome>,
+        reply: oneshot::Sender<Done>,
     },
     /// One command of an external at-most-once session ([`ServedReplica::on_session_command`]).
     SessionCommand {
         client: u64,
         seq: u64,
         command: Command,
-        reply: oneshot::Sender<Outcome>,
+        reply: oneshot::Sender<Done>,
     },
     Status {
         reply: oneshot::Sender<EngineStatus>,
@@ -383,11 +490,19 @@ pub enum EngineRequest {
     /// MULTI/EXEC: the commands run as one transaction; `replies[i]` answers `commands[i]`.
     Transaction {
         commands: Vec<Command>,
-        replies: Vec<oneshot::Sender<Outcome>>,
+        replies: Vec<oneshot::Sender<Done>>,
     },
     /// Every key this node knows to hold a value (for FLUSHALL).
     Keys {
         reply: oneshot::Sender<Vec<Key>>,
+    },
+    /// WAIT: answer how many other replicas hold every write in `marks`, once at least
+    /// `replicas` do or at `deadline` (`None`: no deadline), whichever comes first.
+    Wait {
+        marks: WriteMarks,
+        replicas: usize,
+        deadline: Option<Instant>,
+        reply: oneshot::Sender<usize>,
     },
 }
 
@@ -397,50 +512,73 @@ pub struct EngineHandle {
     tx: mpsc::Sender<EngineRequest>,
 }
 
-const SHUTTING_DOWN: CommandError = CommandError::Unavailable("the node is shutting down");
+/// A request submitted to a node that is stopping, or whose event loop is gone: not executed.
+pub const SHUTTING_DOWN: CommandError = CommandError::Unavailable("the node is shutting down");
+
+/// What a dropped reply means: the event loop stopped before the command completed. A read
+/// has no effect either way; an update may already have been sent to the others.
+fn lost(is_update: bool) -> Done {
+    Done::failed(if is_update { CommandError::OutcomeUnknown } else { SHUTTING_DOWN })
+}
 
 impl EngineHandle {
-    /// Submit a command; the returned receiver completes with its outcome.
-    pub async fn submit(&self, command: Command) -> oneshot::Receiver<Outcome> {
+    /// Submit a command; the returned receiver completes once it has.
+    async fn submit(&self, command: Command) -> oneshot::Receiver<Done> {
         let (reply, rx) = oneshot::channel();
         // If the loop is gone, `reply` is dropped with the request and `rx` reports it.
         let _ = self.tx.send(EngineRequest::Command { command, reply }).await;
         rx
     }
 
-    pub async fn execute(&self, command: Command) -> Outcome {
-        self.submit(command).await.await.unwrap_or(Outcome::Error(SHUTTING_DOWN))
+    pub async fn execute(&self, command: Command) -> Done {
+        let is_update = command.is_update();
+        self.submit(command).await.await.unwrap_or_else(|_| lost(is_update))
     }
 
     /// Submit all commands before waiting for any: they run concurrently (MGET, MSET, DEL).
-    pub async fn execute_all(&self, commands: Vec<Command>) -> Vec<Outcome> {
+    pub async fn execute_all(&self, commands: Vec<Command>) -> Vec<Done> {
         let mut pending = Vec::with_capacity(commands.len());
         for command in commands {
-            pending.push(self.submit(command).await);
+            let is_update = command.is_update();
+            pending.push((self.submit(command).await, is_update));
         }
-        let mut outcomes = Vec::with_capacity(pending.len());
-        for rx in pending {
-            outcomes.push(rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN)));
+        let mut done = Vec::with_capacity(pending.len());
+        for (rx, is_update) in pending {
+            done.push(rx.await.unwrap_or_else(|_| lost(is_update)));
         }
-        outcomes
+        done
     }
 
     /// Run `commands` as one transaction; the outcomes in order.
-    pub async fn execute_transaction(&self, commands: Vec<Command>) -> Vec<Outcome> {
+    pub async fn execute_transaction(&self, commands: Vec<Command>) -> Vec<Done> {
         let (replies, receivers): (Vec<_>, Vec<_>) = commands.iter().map(|_| oneshot::channel()).unzip();
         let _ = self.tx.send(EngineRequest::Transaction { commands, replies }).await;
-        let mut outcomes = Vec::with_capacity(receivers.len());
+        let mut done = Vec::with_capacity(receivers.len());
         for rx in receivers {
-            outcomes.push(rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN)));
+            done.push(rx.await.unwrap_or_else(|_| lost(true)));
         }
-        outcomes
+        done
     }
 
     /// Run `command` at most once for session `client`, request number `seq`.
-    pub async fn execute_in_session(&self, client: u64, seq: u64, command: Command) -> Outcome {
+    pub async fn execute_in_session(&self, client: u64, seq: u64, command: Command) -> Done {
         let (reply, rx) = oneshot::channel();
+        let is_update = command.is_update();
         let _ = self.tx.send(EngineRequest::SessionCommand { client, seq, command, reply }).await;
-        rx.await.unwrap_or(Outcome::Error(SHUTTING_DOWN))
+        rx.await.unwrap_or_else(|_| lost(is_update))
+    }
+
+    /// How many other replicas hold every write in `marks`: as soon as `replicas` do, or
+    /// what is known at `deadline`. `None` if the event loop is gone.
+    pub async fn wait_for(
+        &self,
+        marks: WriteMarks,
+        replicas: usize,
+        deadline: Option<Instant>,
+    ) -> Option<usize> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(EngineRequest::Wait { marks, replicas, deadline, reply }).await.ok()?;
+        rx.await.ok()
     }
 
     pub async fn status(&self) -> Option<EngineStatus> {
@@ -469,6 +607,29 @@ pub fn channel() -> (EngineHandle, mpsc::Receiver<EngineRequest>) {
     (EngineHandle { tx }, rx)
 }
 
+/// How long a stopping node tries to leave the view before it stops anyway (the others then
+/// detect the failure), and how long it keeps running once it has left, so the messages that
+/// tell the others (the Raft commit of its leave) go out.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+const LINGER_AFTER_LEAVING: Duration = Duration::from_millis(150);
+/// How often replies nobody waits for any more (their client left, or its request
+/// deadline passed) are forgotten.
+const PENDING_SWEEP_PERIOD: Duration = Duration::from_secs(1);
+
+/// A client request the core has not answered yet.
+struct Pending {
+    reply: oneshot::Sender<Done>,
+    /// The key of an update, for its WAIT mark once it completes.
+    update: Option<Key>,
+}
+
+struct Waiter {
+    marks: WriteMarks,
+    replicas: usize,
+    deadline: Option<Instant>,
+    reply: oneshot::Sender<usize>,
+}
+
 struct EventLoop<R: ServedReplica>
 where
     R::Message: WireMessage + Send + 'static,
@@ -476,7 +637,12 @@ where
     replica: R,
     transport: Transport<R::Message>,
     outbox: Outbox<R::Message>,
-    pending: FxHashMap<ClientRequestId, oneshot::Sender<Outcome>>,
+    pending: FxHashMap<ClientRequestId, Pending>,
+    waiters: Vec<Waiter>,
+    /// Since when the node has been stopping.
+    stopping: Option<Instant>,
+    left_at: Option<Instant>,
+    last_sweep: Instant,
     next_request: u64,
     origin: Instant,
     last_tick: Time,
@@ -485,7 +651,8 @@ where
     durable_log: Option<std::fs::File>,
 }
 
-/// Run the event loop until `shutdown` turns true or every request sender is gone.
+/// Run the event loop until every request sender is gone, or `shutdown` turns true and the
+/// node has left the view (or failed to within [`LEAVE_TIMEOUT`]).
 pub async fn run<R>(
     replica: R,
     transport: Transport<R::Message>,
@@ -502,6 +669,10 @@ pub async fn run<R>(
         transport,
         outbox: Outbox::default(),
         pending: FxHashMap::default(),
+        waiters: Vec::new(),
+        stopping: None,
+        left_at: None,
+        last_sweep: Instant::now(),
         next_request: 0,
         origin: Instant::now(),
         last_tick: Time::ZERO,
@@ -511,9 +682,9 @@ pub async fn run<R>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
-            changed = shutdown.changed() => {
+            changed = shutdown.changed(), if state.stopping.is_none() => {
                 if changed.is_err() || *shutdown.borrow() {
-                    break;
+                    state.start_stopping();
                 }
             }
             request = requests.recv() => match request {
@@ -533,9 +704,13 @@ pub async fn run<R>(
         }
         state.maybe_tick();
         state.perform_outbox();
+        state.answer_waiters();
+        if state.done_stopping() {
+            break;
+        }
     }
-    // Dropping `state` drops the transport (its writers stop) and the pending oneshots (their
-    // clients see the node going away).
+    state.fail_pending();
+    // Dropping `state` drops the transport (its writers stop).
 }
 
 impl<R: ServedReplica> EventLoop<R>
@@ -546,12 +721,56 @@ where
         Time::from_nanos(self.origin.elapsed().as_nanos() as u64)
     }
 
+    fn start_stopping(&mut self) {
+        tracing::info!("stopping: leaving the view, then answering what is in flight");
+        self.stopping = Some(Instant::now());
+        let now = self.now();
+        self.replica.leave(now, &mut self.outbox);
+    }
+
+    fn done_stopping(&mut self) -> bool {
+        let Some(since) = self.stopping else { return false };
+        if self.left_at.is_none() && self.replica.has_left() {
+            self.left_at = Some(Instant::now());
+        }
+        if let Some(left_at) = self.left_at {
+            return left_at.elapsed() >= LINGER_AFTER_LEAVING;
+        }
+        if since.elapsed() >= LEAVE_TIMEOUT {
+            tracing::warn!("could not leave the view in time; stopping anyway (the others will detect it)");
+            return true;
+        }
+        false
+    }
+
+    /// Answer what is still pending once the loop stops (after the last turn was made
+    /// durable): reads were not executed, updates may have been.
+    fn fail_pending(&mut self) {
+        for (_, pending) in self.pending.drain() {
+            let _ = pending.reply.send(lost(pending.update.is_some()));
+        }
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.reply.send(0);
+        }
+    }
+
+    /// A new id for `reply`, or `None` (answered already) while the node is stopping.
+    fn admit(&mut self, command: &Command, reply: oneshot::Sender<Done>) -> Option<ClientRequestId> {
+        if self.stopping.is_some() {
+            let _ = reply.send(Done::failed(SHUTTING_DOWN));
+            return None;
+        }
+        let id = ClientRequestId(self.next_request);
+        self.next_request += 1;
+        let update = command.is_update().then(|| command.key().clone());
+        self.pending.insert(id, Pending { reply, update });
+        Some(id)
+    }
+
     fn on_request(&mut self, request: EngineRequest) {
         match request {
             EngineRequest::Command { command, reply } => {
-                let id = ClientRequestId(self.next_request);
-                self.next_request += 1;
-                self.pending.insert(id, reply);
+                let Some(id) = self.admit(&command, reply) else { return };
                 let now = self.now();
                 self.replica.on_client(now, id, command, &mut self.outbox);
                 // Replies that are ready now (local reads) complete right away.
@@ -560,19 +779,18 @@ where
             EngineRequest::Transaction { commands, replies } => {
                 let mut requests = Vec::with_capacity(commands.len());
                 for (command, reply) in commands.into_iter().zip(replies) {
-                    let id = ClientRequestId(self.next_request);
-                    self.next_request += 1;
-                    self.pending.insert(id, reply);
+                    let Some(id) = self.admit(&command, reply) else { continue };
                     requests.push((id, command));
+                }
+                if requests.is_empty() {
+                    return;
                 }
                 let now = self.now();
                 self.replica.on_transaction(now, requests, &mut self.outbox);
                 self.complete_replies();
             }
             EngineRequest::SessionCommand { client, seq, command, reply } => {
-                let id = ClientRequestId(self.next_request);
-                self.next_request += 1;
-                self.pending.insert(id, reply);
+                let Some(id) = self.admit(&command, reply) else { return };
                 let now = self.now();
                 self.replica.on_session_command(now, id, client, seq, command, &mut self.outbox);
                 self.complete_replies();
@@ -590,6 +808,43 @@ where
             }
             EngineRequest::Keys { reply } => {
                 let _ = reply.send(self.replica.keys());
+            }
+            EngineRequest::Wait { marks, replicas, deadline, reply } => {
+                self.waiters.push(Waiter { marks, replicas, deadline, reply });
+                self.answer_waiters();
+            }
+        }
+    }
+
+    /// The replicas known to hold every write in `marks`.
+    fn holders(&self, marks: &WriteMarks) -> NodeSet {
+        let live = self.replica.current_view().live;
+        let mut holders =
+            marks.members.map_or(live, |members| NodeSet::from_bits(members.bits() & live.bits()));
+        for (log, index) in &marks.logs {
+            holders = NodeSet::from_bits(holders.bits() & self.replica.log_holders(*log, *index).bits());
+        }
+        holders
+    }
+
+    /// Answer every WAIT that has enough replicas, or whose deadline passed (checked every
+    /// turn, and a turn runs at least every tick).
+    fn answer_waiters(&mut self) {
+        if self.waiters.is_empty() {
+            return;
+        }
+        let me = self.replica.id();
+        let now = Instant::now();
+        let waiters = std::mem::take(&mut self.waiters);
+        for waiter in waiters {
+            if waiter.reply.is_closed() {
+                continue;
+            }
+            let count = self.holders(&waiter.marks).without(me).len();
+            if count >= waiter.replicas || waiter.deadline.is_some_and(|deadline| now >= deadline) {
+                let _ = waiter.reply.send(count);
+            } else {
+                self.waiters.push(waiter);
             }
         }
     }
@@ -609,6 +864,11 @@ where
             self.replica.on_tick(now, &mut self.outbox);
             self.complete_replies();
         }
+        if self.last_sweep.elapsed() >= PENDING_SWEEP_PERIOD {
+            // The core may still answer these; nobody would read the answer.
+            self.last_sweep = Instant::now();
+            self.pending.retain(|_, pending| !pending.reply.is_closed());
+        }
     }
 
     fn complete_replies(&mut self) {
@@ -619,10 +879,13 @@ where
     }
 
     fn complete_replies_now(&mut self) {
+        let replica = &self.replica;
         for (id, outcome) in self.outbox.replies.drain(..) {
-            if let Some(reply) = self.pending.remove(&id) {
+            if let Some(pending) = self.pending.remove(&id) {
+                let took_effect = !matches!(outcome, Outcome::Error(_));
+                let mark = pending.update.filter(|_| took_effect).map(|key| replica.write_mark(&key));
                 // The client may have gone away; the command still took effect.
-                let _ = reply.send(outcome);
+                let _ = pending.reply.send(Done { outcome, mark });
             }
         }
     }

@@ -9,12 +9,16 @@
 //! * [`engine`]: the event loop that owns the protocol core.
 //! * [`config`]: the node's TOML configuration.
 //! * [`metrics`]: counters and the Prometheus endpoint.
+//! * [`memory`]: `used_memory` (the allocator's figure) for INFO and `maxmemory`.
+//! * [`files`]: private data directories, unpredictable temporary ones.
 
 pub mod command;
 pub mod config;
 pub mod connection;
 pub mod engine;
+pub mod files;
 pub mod listener;
+pub mod memory;
 pub mod metrics;
 pub mod resp;
 
@@ -45,12 +49,38 @@ use crate::metrics::Metrics;
 /// The Redis version the server claims in INFO and HELLO: clients enable features by it.
 pub const REDIS_COMPATIBLE_VERSION: &str = "7.2.0";
 
-/// Run one node until `shutdown` completes. Binding errors are returned before serving.
-pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    if let Some(dir) = &config.data_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("config field `data_dir`: cannot create {}", dir.display()))?;
+/// Run one node until `shutdown` completes or a client sends SHUTDOWN, then stop gracefully
+/// (docs/operations.md, "Stopping a node"). Binding errors are returned before serving.
+pub async fn run_node(mut config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    // Membership state and the chain's region need a directory; without a configured one
+    // they get a fresh private temporary one, removed when the node stops.
+    let temporary_dir = match &config.data_dir {
+        Some(dir) => {
+            files::create_private_dir(dir).context("config field `data_dir`")?;
+            None
+        }
+        None if config.membership.is_some() || config.protocol == Protocol::Chain => {
+            let dir = files::create_temp_dir(&format!("chorus-node-{}", config.node_id.0))?;
+            warn!(dir = %dir.display(), "no data_dir: node state goes to a temporary directory, removed at exit");
+            Some(dir)
+        }
+        None => None,
+    };
+    let result = serve_node(&mut config, temporary_dir.clone(), shutdown).await;
+    if let Some(dir) = temporary_dir {
+        let _ = std::fs::remove_dir_all(dir);
     }
+    result
+}
+
+async fn serve_node(
+    config: &mut NodeConfig,
+    temporary_dir: Option<std::path::PathBuf>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    config.maxclients = descriptor_budget(config.maxclients, config.replicas.len().saturating_sub(1))?;
+    let state_dir = config.data_dir.clone().or(temporary_dir);
+    let config = &*config;
     let me = config.node_id;
     let replicas: NodeSet = config.replicas.keys().copied().collect();
     let peers =
@@ -89,10 +119,15 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (engine, requests) = engine::channel();
-    let membership = config.membership.map(|timing| Managed::open(&config, timing)).transpose()?;
+    let membership = match (config.membership, &state_dir) {
+        (Some(timing), Some(dir)) => Some(Managed::open(config, timing, dir)?),
+        _ => None,
+    };
     let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
     let engine_thread = config.worker_threads > 1;
-    let start = Start { net, requests, shutdown: shutdown_rx, membership, engine_thread };
+    let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
+    let start =
+        Start { net, requests, shutdown: shutdown_rx, membership, engine_thread, stopped: stopped_tx };
     let net_stats = match config.protocol {
         Protocol::Hermes => {
             let mut hermes = HermesConfig::new(me, replicas);
@@ -124,8 +159,11 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
             }
             start.spawn(Zab::new(zab_config)).await?
         }
-        Protocol::Raftlog => start.spawn(open_raftlog(&config, replicas)?).await?,
-        Protocol::Chain => start.spawn(open_chain(&config, replicas, joining)?).await?,
+        Protocol::Raftlog => start.spawn(open_raftlog(config, replicas)?).await?,
+        Protocol::Chain => {
+            let dir = state_dir.as_deref().expect("the chain store always has a directory");
+            start.spawn(open_chain(config, dir, replicas, joining)?).await?
+        }
     };
 
     let metrics = Arc::new(Metrics::default());
@@ -133,7 +171,14 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         info!(addr = %listener.local_addr()?, "serving Prometheus metrics");
         tokio::spawn(metrics::serve(listener, metrics.clone(), net_stats.clone(), engine.clone()));
     }
-    let limits = resp::Limits { bulk_bytes_max: config.value_bytes_max, ..resp::Limits::default() };
+    if config.clients.maxmemory_bytes > 0 {
+        tokio::spawn(memory::sample(metrics.clone()));
+    }
+    // A bulk must fit both Redis' protocol limit and the store's value limit.
+    let bulk_bytes_max = config.clients.proto_max_bulk_len.min(config.value_bytes_max);
+    let limits = resp::Limits { bulk_bytes_max, ..resp::Limits::default() };
+    let (closing_tx, closing) = watch::channel(false);
+    let stop_requested = Arc::new(tokio::sync::Notify::new());
     let shared = Arc::new(Shared {
         engine,
         metrics,
@@ -146,9 +191,11 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
             requirepass: config.requirepass.clone(),
             limits,
             maxclients: config.maxclients,
-            tcp_keepalive_s: 300,
+            clients: config.clients,
         },
         next_client_id: AtomicU64::new(0),
+        closing,
+        shutdown: stop_requested.clone(),
     });
     info!(
         node = %me,
@@ -161,11 +208,79 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         "chorus node serving"
     );
     tokio::select! {
-        () = listener::accept_loop(clients, shared, listener::plain) => {}
-        () = shutdown => info!(node = %me, "shutting down"),
+        () = listener::accept_loop(clients, shared.clone(), listener::plain) => {}
+        () = shutdown => info!(node = %me, "shutting down (signal)"),
+        () = stop_requested.notified() => info!(node = %me, "shutting down (SHUTDOWN)"),
     }
+    // No new clients from here on (the listener is gone). The event loop leaves the view,
+    // answers what is in flight and makes its state durable; then the connections close.
     let _ = shutdown_tx.send(true);
+    let _ = stopped.await;
+    let _ = closing_tx.send(true);
+    let drained = tokio::time::timeout(CONNECTIONS_DRAIN_TIMEOUT, async {
+        while shared.metrics.connections_current.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    });
+    let _ = drained.await;
+    info!(node = %me, "stopped");
     Ok(())
+}
+
+/// How long a stopping node waits for its connections to write their last replies.
+const CONNECTIONS_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Descriptors kept for everything but clients: peer links (a dialled and an accepted
+/// connection per peer, and their reconnections), listeners, data files. A flood of clients
+/// then never takes the descriptors a peer link needs to reconnect.
+fn reserved_descriptors(peers: usize) -> u64 {
+    64 + 4 * peers as u64
+}
+
+/// Check `maxclients` against the open-file limit as Redis does: raise the soft limit to fit
+/// `maxclients` plus the reserve if the hard limit allows; otherwise lower `maxclients` to
+/// what fits, and say so. Refuses to start when not even one client fits.
+// `rlim_t` is `u64` on Linux but not everywhere, hence the casts.
+#[allow(clippy::unnecessary_cast)]
+fn descriptor_budget(maxclients: usize, peers: usize) -> anyhow::Result<usize> {
+    let reserved = reserved_descriptors(peers);
+    let wanted = maxclients as u64 + reserved;
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we pass and has no other effect.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        warn!("cannot read the open-file limit; maxclients {maxclients} is not checked against it");
+        return Ok(maxclients);
+    }
+    let soft = limit.rlim_cur as u64;
+    let hard = limit.rlim_max as u64;
+    let mut usable = soft;
+    if soft < wanted {
+        let raised = libc::rlimit { rlim_cur: wanted.min(hard) as libc::rlim_t, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit reads the struct we pass; raising the soft limit up to the hard
+        // one needs no privilege.
+        if raised.rlim_cur as u64 > soft && unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            usable = raised.rlim_cur as u64;
+            info!(
+                "raised the open-file limit from {soft} to {usable} (maxclients {maxclients} + {reserved} \
+                 reserved for peer links and files)"
+            );
+        }
+    }
+    if usable >= wanted {
+        return Ok(maxclients);
+    }
+    let fitting = usable.saturating_sub(reserved);
+    if fitting == 0 {
+        anyhow::bail!(
+            "the open-file limit is {usable} (hard limit {hard}): not even one client fits next to the \
+             {reserved} descriptors reserved for peer links and files; raise it (ulimit -n)"
+        );
+    }
+    warn!(
+        "maxclients lowered from {maxclients} to {fitting}: the open-file limit is {usable} (hard limit \
+         {hard}) and {reserved} descriptors are reserved for peer links and files; raise it (ulimit -n)"
+    );
+    Ok(fitting as usize)
 }
 
 /// What starting the event loop needs, whatever the protocol.
@@ -176,6 +291,8 @@ struct Start {
     membership: Option<Managed>,
     /// Run the event loop on a thread of its own rather than as a task of the node's runtime.
     engine_thread: bool,
+    /// Completed when the event loop has stopped (its last turn durable).
+    stopped: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Start {
@@ -201,7 +318,11 @@ impl Start {
     {
         let (mut transport, inbound, net_stats) = chorus_net::start(self.net).await?;
         transport.set_priority(R::is_priority);
-        let event_loop = engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log);
+        let stopped = self.stopped;
+        let event_loop = async move {
+            engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log).await;
+            let _ = stopped.send(());
+        };
         // With one worker thread (the default) the event loop is one more task on it: a
         // request then crosses connection, event loop and peer links without a cross-thread
         // wake-up (lower latency and more unpipelined throughput on 2 cores). With more
@@ -229,10 +350,12 @@ impl Start {
 
 /// The chain store's region: `<data_dir>/regions/tenant-0/chain.region` (mmap'd, msync on
 /// gFLUSH), reopened with its contents after a restart (docs/protocols/chain.md).
-fn open_chain(config: &NodeConfig, replicas: NodeSet, joining: bool) -> anyhow::Result<chorus_chain::Chain> {
-    let dir = config.data_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("chorus-node-{}-{}", config.node_id.0, std::process::id()))
-    });
+fn open_chain(
+    config: &NodeConfig,
+    dir: &std::path::Path,
+    replicas: NodeSet,
+    joining: bool,
+) -> anyhow::Result<chorus_chain::Chain> {
     let mut chain_config = chorus_chain::ChainConfig::server(config.node_id, replicas);
     // §5.1: a joining node serves nothing until the head has copied its region over this one
     // (empty or stale) and linked it into the chain.
@@ -289,14 +412,7 @@ struct Managed {
 }
 
 impl Managed {
-    fn open(config: &NodeConfig, timing: MembershipTiming) -> anyhow::Result<Managed> {
-        let dir = config.data_dir.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("chorus-node-{}-{}", config.node_id.0, std::process::id()))
-        });
-        if config.data_dir.is_none() {
-            warn!(dir = %dir.display(), "no data_dir: membership state goes to a temporary directory");
-        }
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    fn open(config: &NodeConfig, timing: MembershipTiming, dir: &std::path::Path) -> anyhow::Result<Managed> {
         let path = dir.join("membership.log");
         let existing = match std::fs::read(&path) {
             Ok(bytes) => bytes,
@@ -305,11 +421,8 @@ impl Managed {
         };
         let records: Vec<PersistRecord> = decode_records(&existing)
             .with_context(|| format!("{} is corrupt; refusing to start on it", path.display()))?;
-        let durable_log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
+        let durable_log =
+            files::open_private_append(&path).with_context(|| format!("cannot open {}", path.display()))?;
         let replicas: NodeSet = config.replicas.keys().copied().collect();
         let mut membership_config = MembershipConfig::new(config.node_id, replicas);
         membership_config.heartbeat_period = Time::from_millis(timing.heartbeat_ms);

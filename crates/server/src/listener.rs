@@ -98,7 +98,7 @@ where
             }
         };
         let Some(slot) = admit(&shared, &stream) else { continue };
-        configure_socket(&stream, shared.settings.tcp_keepalive_s);
+        configure_socket(&stream, shared.settings.clients.tcp_keepalive_s);
         let upgraded = upgrade(stream);
         tokio::spawn(async move {
             match upgraded.await {

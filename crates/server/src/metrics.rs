@@ -31,6 +31,10 @@ pub struct Metrics {
     pub connections_current: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Requests answered by the request deadline rather than by the protocol.
+    pub requests_past_deadline: AtomicU64,
+    /// The allocator's bytes in use, sampled (memory.rs) while `maxmemory` is set.
+    pub used_memory: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -49,6 +53,8 @@ impl Default for Metrics {
             connections_current: AtomicU64::new(0),
             connections_rejected: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
+            requests_past_deadline: AtomicU64::new(0),
+            used_memory: AtomicU64::new(0),
         }
     }
 }

@@ -1,28 +1,49 @@
 //! RESP2 / RESP3: parsing client commands and encoding replies.
 //!
 //! Clients send commands as arrays of bulk strings (`*2\r\n$3\r\nGET\r\n$1\r\nk\r\n`) or as
-//! inline text (`GET k\r\n`, what a human types into telnet). The parser never trusts a length
-//! before bounding it, never panics, consumes nothing from an incomplete command, and reports
-//! malformed input as a [`ProtocolError`]: the connection answers `-ERR Protocol error: ...`
-//! and closes.
+//! inline text (`GET k\r\n`, what a human types into telnet). The [`Parser`] keeps its place
+//! between reads, so a command that arrives in many pieces is parsed in time linear in its
+//! bytes; it never trusts a length before bounding it and never reserves memory from one (the
+//! read buffer grows only as bytes arrive); it never panics; and it reports malformed input as
+//! a [`ProtocolError`]: the connection answers `-ERR Protocol error: ...` and closes.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 /// Bounds on what one command may claim.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest bulk string (key or value) accepted. Redis' `proto-max-bulk-len`.
+    /// Largest bulk string (key or value) accepted: the smaller of Redis'
+    /// `proto-max-bulk-len` and the node's `value_bytes_max`.
     pub bulk_bytes_max: usize,
     /// Most arguments in one command.
     pub args_max: usize,
     /// Longest inline command line.
     pub inline_bytes_max: usize,
+    /// Whether these are the limits for a client that has not authenticated yet (the errors
+    /// then say so, as Redis' do).
+    pub unauthenticated: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { bulk_bytes_max: 64 * 1024 * 1024, args_max: 1024 * 1024, inline_bytes_max: 64 * 1024 }
+        Limits {
+            bulk_bytes_max: 64 * 1024 * 1024,
+            args_max: 1024 * 1024,
+            inline_bytes_max: 64 * 1024,
+            unauthenticated: false,
+        }
     }
+}
+
+impl Limits {
+    /// Before AUTH, when a password is set: what Redis 7.2 allows unauthenticated clients
+    /// (10 arguments, 16 KiB per bulk), enough for `AUTH` and `HELLO 3 AUTH user pw SETNAME x`.
+    pub const UNAUTHENTICATED: Limits = Limits {
+        bulk_bytes_max: 16 * 1024,
+        args_max: 10,
+        inline_bytes_max: 16 * 1024,
+        unauthenticated: true,
+    };
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -32,18 +53,211 @@ pub struct ProtocolError(pub String);
 /// Header lines (`*<n>`, `$<n>`) longer than this are malformed.
 const HEADER_BYTES_MAX: usize = 32;
 
-/// Take one command off the front of `buf`. `Ok(None)`: more bytes are needed and nothing was
-/// consumed. `Ok(Some(args))` with empty `args` is an empty command (a blank inline line or
-/// `*0`), which Redis ignores.
-pub fn parse_command(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-    if buf.is_empty() {
-        return Ok(None);
+/// Arguments shorter than this are copied out of the read buffer, so that a stored 5-byte
+/// value does not keep the connection's whole 16 KiB (or larger) buffer allocated.
+const COPY_BELOW_BYTES: usize = 16 * 1024;
+
+/// Parses commands off the front of a connection's read buffer, keeping its place in an
+/// incomplete command between calls: each call only looks at bytes that arrived since the
+/// last one (a header cut in two is re-read, at most [`HEADER_BYTES_MAX`] bytes).
+#[derive(Debug, Default)]
+pub struct Parser {
+    /// How far the current command has been parsed.
+    pos: usize,
+    /// Multibulk: the argument count, once the `*<n>` line is parsed.
+    count: Option<usize>,
+    /// Where each complete argument of the current command lies in the buffer.
+    spans: Vec<(usize, usize)>,
+    /// The bulk being received: where its bytes start and how many there are.
+    bulk: Option<(usize, usize)>,
+}
+
+impl Parser {
+    /// Take one command off the front of `buf`. `Ok(None)`: more bytes are needed (nothing
+    /// is consumed; call again once more arrived). `Ok(Some(args))` with empty `args` is an
+    /// empty command (a blank inline line or `*0`), which Redis ignores.
+    pub fn parse(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+    ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        if buf.is_empty() {
+            debug_assert_eq!(self.pos, 0);
+            return Ok(None);
+        }
+        let result =
+            if buf[0] == b'*' { self.parse_multibulk(buf, limits) } else { self.parse_inline(buf, limits) };
+        if !matches!(result, Ok(None)) {
+            self.reset();
+        }
+        result
     }
-    if buf[0] == b'*' {
-        parse_multibulk(buf, limits)
-    } else {
-        parse_inline(buf, limits)
+
+    /// Whether part of a command has been received.
+    pub fn in_progress(&self, buf: &BytesMut) -> bool {
+        !buf.is_empty()
     }
+
+    fn reset(&mut self) {
+        self.pos = 0;
+        self.count = None;
+        self.spans.clear();
+        self.bulk = None;
+    }
+
+    fn parse_multibulk(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+    ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        let count = match self.count {
+            Some(count) => count,
+            None => {
+                let Some(end) = find_crlf(buf, 1, HEADER_BYTES_MAX)? else { return Ok(None) };
+                let count = parse_length(&buf[1..end], "multibulk")?;
+                if count <= 0 {
+                    // `*0` and `*-1` are empty commands.
+                    buf.advance(end + 2);
+                    return Ok(Some(Vec::new()));
+                }
+                if count as u64 > limits.args_max as u64 {
+                    return Err(if limits.unauthenticated {
+                        ProtocolError("unauthenticated multibulk length".into())
+                    } else {
+                        ProtocolError(format!(
+                            "invalid multibulk length {count} (the limit is {})",
+                            limits.args_max
+                        ))
+                    });
+                }
+                self.pos = end + 2;
+                self.count = Some(count as usize);
+                count as usize
+            }
+        };
+        while self.spans.len() < count {
+            let (start, length) = match self.bulk {
+                Some(bulk) => bulk,
+                None => {
+                    let Some(bulk) = self.parse_bulk_header(buf, limits)? else { return Ok(None) };
+                    self.bulk = Some(bulk);
+                    bulk
+                }
+            };
+            let stop = start + length;
+            if buf.len() < stop + 2 {
+                return Ok(None); // the read buffer grows as the bytes arrive, never before
+            }
+            if &buf[stop..stop + 2] != b"\r\n" {
+                return Err(ProtocolError("bulk string not terminated by CRLF".into()));
+            }
+            self.spans.push((start, stop));
+            self.bulk = None;
+            self.pos = stop + 2;
+        }
+        Ok(Some(take_args(buf, self.pos, &self.spans)))
+    }
+
+    /// The `$<n>` line at `self.pos`: where the bulk's bytes start and how many there are.
+    fn parse_bulk_header(
+        &self,
+        buf: &BytesMut,
+        limits: &Limits,
+    ) -> Result<Option<(usize, usize)>, ProtocolError> {
+        let Some(&marker) = buf.get(self.pos) else { return Ok(None) };
+        if marker != b'$' {
+            return Err(ProtocolError(format!(
+                "expected '$', got '{}'",
+                char::from(marker).escape_default()
+            )));
+        }
+        let Some(end) = find_crlf(buf, self.pos + 1, HEADER_BYTES_MAX)? else { return Ok(None) };
+        let length = parse_length(&buf[self.pos + 1..end], "bulk")?;
+        if length < 0 {
+            return Err(ProtocolError("invalid bulk length".into()));
+        }
+        if length as u64 > limits.bulk_bytes_max as u64 {
+            return Err(if limits.unauthenticated {
+                ProtocolError("unauthenticated bulk length".into())
+            } else {
+                ProtocolError(format!(
+                    "bulk length {length} exceeds the limit of {} bytes",
+                    limits.bulk_bytes_max
+                ))
+            });
+        }
+        Ok(Some((end + 2, length as usize)))
+    }
+
+    fn parse_inline(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+    ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        // Resume the search for the newline where the last call stopped.
+        let window_end = buf.len().min(limits.inline_bytes_max + 1);
+        let Some(offset) = buf[self.pos.min(window_end)..window_end].iter().position(|byte| *byte == b'\n')
+        else {
+            if buf.len() > limits.inline_bytes_max {
+                return Err(ProtocolError("too big inline request".into()));
+            }
+            self.pos = buf.len();
+            return Ok(None);
+        };
+        let newline = self.pos.min(window_end) + offset;
+        let line = &buf[..newline];
+        let text = line.strip_suffix(b"\r").unwrap_or(line);
+        let mut args = Vec::new();
+        for word in text.split(|byte| byte.is_ascii_whitespace()).filter(|word| !word.is_empty()) {
+            if word.contains(&b'"') || word.contains(&b'\'') {
+                return Err(ProtocolError(
+                    "quotes in inline commands are not supported; use RESP arrays".into(),
+                ));
+            }
+            if args.len() == limits.args_max {
+                return Err(ProtocolError(
+                    if limits.unauthenticated {
+                        "unauthenticated multibulk length"
+                    } else {
+                        "too many arguments"
+                    }
+                    .into(),
+                ));
+            }
+            args.push(Bytes::copy_from_slice(word));
+        }
+        buf.advance(newline + 1);
+        Ok(Some(args))
+    }
+}
+
+/// Take the command's `frame_bytes` off the front of `buf` and return its arguments. Small
+/// arguments are copied out; an argument shares the buffer only if it is large and fills at
+/// least a quarter of it (the buffer doubles as bytes arrive), so what a stored value keeps
+/// alive is at most about four times itself, never a 16 KiB buffer for 5 bytes.
+fn take_args(buf: &mut BytesMut, frame_bytes: usize, spans: &[(usize, usize)]) -> Vec<Bytes> {
+    let capacity = buf.capacity();
+    let shares = |(start, stop): (usize, usize)| {
+        let length = stop - start;
+        length >= COPY_BELOW_BYTES && length * 4 >= capacity
+    };
+    if !spans.iter().any(|span| shares(*span)) {
+        let args = spans.iter().map(|(start, stop)| Bytes::copy_from_slice(&buf[*start..*stop])).collect();
+        // Nothing refers to the buffer: it stays unique and its space is reused.
+        buf.advance(frame_bytes);
+        return args;
+    }
+    let frame = buf.split_to(frame_bytes).freeze();
+    spans
+        .iter()
+        .map(|span| {
+            if shares(*span) {
+                frame.slice(span.0..span.1)
+            } else {
+                Bytes::copy_from_slice(&frame[span.0..span.1])
+            }
+        })
+        .collect()
 }
 
 /// Find `\r\n` at or after `from`; `Ok(None)` when it may still arrive.
@@ -63,83 +277,6 @@ fn parse_length(digits: &[u8], what: &str) -> Result<i64, ProtocolError> {
         return Err(invalid());
     }
     text.parse::<i64>().map_err(|_| invalid())
-}
-
-fn parse_multibulk(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-    let Some(end) = find_crlf(buf, 1, HEADER_BYTES_MAX)? else { return Ok(None) };
-    let count = parse_length(&buf[1..end], "multibulk")?;
-    let mut pos = end + 2;
-    if count <= 0 {
-        // `*0` and `*-1` are empty commands.
-        let _ = buf.split_to(pos);
-        return Ok(Some(Vec::new()));
-    }
-    if count as u64 > limits.args_max as u64 {
-        return Err(ProtocolError(format!(
-            "invalid multibulk length {count} (the limit is {})",
-            limits.args_max
-        )));
-    }
-    let count = count as usize;
-    // Where each argument lies; `count` is bounded, but only reserve what the buffer can hold.
-    let mut spans = Vec::with_capacity(count.min(buf.len() / 4 + 1));
-    for _ in 0..count {
-        let Some(&marker) = buf.get(pos) else { return Ok(None) };
-        if marker != b'$' {
-            return Err(ProtocolError(format!(
-                "expected '$', got '{}'",
-                char::from(marker).escape_default()
-            )));
-        }
-        let Some(end) = find_crlf(buf, pos + 1, HEADER_BYTES_MAX)? else { return Ok(None) };
-        let length = parse_length(&buf[pos + 1..end], "bulk")?;
-        if length < 0 {
-            return Err(ProtocolError("invalid bulk length".into()));
-        }
-        if length as u64 > limits.bulk_bytes_max as u64 {
-            return Err(ProtocolError(format!(
-                "bulk length {length} exceeds the limit of {} bytes",
-                limits.bulk_bytes_max
-            )));
-        }
-        let start = end + 2;
-        let stop = start + length as usize;
-        if buf.len() < stop + 2 {
-            // Make room for the rest of a large value once, not by repeated doubling.
-            buf.reserve(stop + 2 - buf.len());
-            return Ok(None);
-        }
-        if &buf[stop..stop + 2] != b"\r\n" {
-            return Err(ProtocolError("bulk string not terminated by CRLF".into()));
-        }
-        spans.push((start, stop));
-        pos = stop + 2;
-    }
-    let frame = buf.split_to(pos).freeze();
-    Ok(Some(spans.into_iter().map(|(start, stop)| frame.slice(start..stop)).collect()))
-}
-
-fn parse_inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-    let Some(newline) = buf.iter().take(limits.inline_bytes_max + 1).position(|byte| *byte == b'\n') else {
-        if buf.len() > limits.inline_bytes_max {
-            return Err(ProtocolError("too big inline request".into()));
-        }
-        return Ok(None);
-    };
-    let line = buf.split_to(newline + 1).freeze();
-    let text = line.slice(..newline);
-    let text = text.strip_suffix(b"\r").unwrap_or(&text);
-    let mut args = Vec::new();
-    for word in text.split(|byte| byte.is_ascii_whitespace()).filter(|word| !word.is_empty()) {
-        if word.contains(&b'"') || word.contains(&b'\'') {
-            return Err(ProtocolError("quotes in inline commands are not supported; use RESP arrays".into()));
-        }
-        args.push(Bytes::copy_from_slice(word));
-    }
-    if args.len() > limits.args_max {
-        return Err(ProtocolError("too many arguments".into()));
-    }
-    Ok(Some(args))
 }
 
 /// A reply, encoded for the connection's protocol version.
@@ -251,6 +388,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// One call of a fresh parser (as if the command arrived in one read).
+    fn parse_command(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        Parser::default().parse(buf, limits)
+    }
+
     fn parse_all(input: &[u8]) -> Result<Vec<Vec<Bytes>>, ProtocolError> {
         let mut buf = BytesMut::from(input);
         let mut commands = Vec::new();
@@ -315,7 +457,7 @@ mod tests {
 
     #[test]
     fn limits_are_enforced_before_buffering() {
-        let limits = Limits { bulk_bytes_max: 10, args_max: 3, inline_bytes_max: 16 };
+        let limits = Limits { bulk_bytes_max: 10, args_max: 3, inline_bytes_max: 16, unauthenticated: false };
         let mut big_value = BytesMut::from(&b"*2\r\n$3\r\nGET\r\n$11\r\n"[..]);
         let error = parse_command(&mut big_value, &limits).unwrap_err();
         assert!(error.0.contains("exceeds the limit"), "{error}");
@@ -325,6 +467,93 @@ mod tests {
         assert!(parse_command(&mut long_inline, &limits).is_err());
         let mut endless_header = BytesMut::from(&b"*1111111111111111111111111111111111111111111"[..]);
         assert!(parse_command(&mut endless_header, &limits).is_err());
+    }
+
+    #[test]
+    fn before_auth_a_command_has_at_most_10_arguments_and_16_kib_per_bulk() {
+        let limits = Limits::UNAUTHENTICATED;
+        let error = parse_command(&mut BytesMut::from(&b"*11\r\n"[..]), &limits).unwrap_err();
+        assert_eq!(error.to_string(), "Protocol error: unauthenticated multibulk length");
+        let big = format!("*2\r\n$4\r\nAUTH\r\n${}\r\n", 16 * 1024 + 1);
+        let error = parse_command(&mut BytesMut::from(big.as_bytes()), &limits).unwrap_err();
+        assert_eq!(error.to_string(), "Protocol error: unauthenticated bulk length");
+        let inline = format!("{}\r\n", "a ".repeat(11));
+        assert!(parse_command(&mut BytesMut::from(inline.as_bytes()), &limits).is_err());
+        let auth = b"*3\r\n$4\r\nAUTH\r\n$7\r\ndefault\r\n$2\r\npw\r\n";
+        assert_eq!(parse_command(&mut BytesMut::from(&auth[..]), &limits).unwrap().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_declared_length_reserves_nothing() {
+        let mut buf = BytesMut::with_capacity(64);
+        buf.put_slice(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$60000000\r\nabc");
+        let capacity = buf.capacity();
+        let mut parser = Parser::default();
+        assert_eq!(parser.parse(&mut buf, &Limits::default()), Ok(None));
+        assert_eq!(buf.capacity(), capacity, "memory grows as bytes arrive, not from the header");
+    }
+
+    #[test]
+    fn parsing_resumes_where_it_stopped() {
+        let full = b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$5\r\nvalue\r\nPING\r\n*1\r\n$4\r\nPING\r\n";
+        let mut parser = Parser::default();
+        let mut buf = BytesMut::new();
+        let mut commands = Vec::new();
+        for byte in full {
+            buf.put_u8(*byte);
+            while let Some(args) = parser.parse(&mut buf, &Limits::default()).unwrap() {
+                commands.push(args);
+            }
+        }
+        assert_eq!(commands.len(), 3);
+        assert_eq!(words(&commands[0]), ["SET", "key", "value"]);
+        assert_eq!(words(&commands[1]), ["PING"]);
+        // Mid-command, the parser has kept the arguments it already has.
+        let mut buf = BytesMut::from(&full[..22]);
+        assert_eq!(parser.parse(&mut buf, &Limits::default()), Ok(None));
+        assert_eq!(parser.spans.len(), 2, "SET and key are parsed once, not again on the next read");
+        assert_eq!(parser.pos, 22);
+    }
+
+    #[test]
+    fn a_command_in_many_small_pieces_is_parsed_in_linear_time() {
+        // 200,000 arguments in 64-byte reads: re-parsing from the start on every read would
+        // look at ~10^11 bytes; resuming looks at each about once.
+        let args: Vec<String> = (0..200_000).map(|i| i.to_string()).collect();
+        let mut input = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in &args {
+            input.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+        }
+        let mut parser = Parser::default();
+        let mut buf = BytesMut::new();
+        let mut parsed = None;
+        for piece in input.chunks(64) {
+            buf.put_slice(piece);
+            if let Some(args) = parser.parse(&mut buf, &Limits::default()).unwrap() {
+                parsed = Some(args);
+            }
+        }
+        assert_eq!(parsed.unwrap().len(), 200_000);
+    }
+
+    #[test]
+    fn small_values_do_not_keep_the_read_buffer_alive() {
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        buf.put_slice(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nsmall\r\n");
+        let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.capacity();
+        let args = parse_command(&mut buf, &Limits::default()).unwrap().unwrap();
+        for arg in &args {
+            assert!(!range.contains(&(arg.as_ptr() as usize)), "{arg:?} points into the read buffer");
+        }
+        // A large value that fills its buffer is shared rather than copied.
+        let value = vec![b'x'; 1 << 20];
+        let mut buf = BytesMut::from(&format!("*2\r\n$4\r\nECHO\r\n${}\r\n", value.len()).into_bytes()[..]);
+        buf.put_slice(&value);
+        buf.put_slice(b"\r\n");
+        let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.capacity();
+        let args = parse_command(&mut buf, &Limits::default()).unwrap().unwrap();
+        assert!(range.contains(&(args[1].as_ptr() as usize)));
+        assert_eq!(args[1].len(), 1 << 20);
     }
 
     #[test]
@@ -357,7 +586,7 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(junk in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let limits = Limits { bulk_bytes_max: 1024, args_max: 64, inline_bytes_max: 256 };
+            let limits = Limits { bulk_bytes_max: 1024, args_max: 64, inline_bytes_max: 256, unauthenticated: false };
             let mut buf = BytesMut::from(&junk[..]);
             // Keep parsing until the parser wants more bytes or reports an error; each step
             // must consume something, so this terminates.

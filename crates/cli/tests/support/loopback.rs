@@ -23,6 +23,10 @@ pub struct Node {
 pub struct Cluster {
     pub nodes: Vec<Node>,
     pub dir: PathBuf,
+    /// Applied to every node's command before it starts (and restarts).
+    prepare: fn(&mut Command),
+    /// Sent with the readiness probe and by [`Cluster::client`], when the nodes have one.
+    pub password: Option<String>,
 }
 
 /// Distinct free loopback ports: hold every listener until all are chosen.
@@ -33,6 +37,12 @@ pub fn free_addrs(count: usize) -> Vec<SocketAddr> {
 
 impl Cluster {
     pub fn start(replicas: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::start_with(replicas, extra_args, |_| {})
+    }
+
+    /// [`Cluster::start`], with `prepare` applied to each node's command (its environment,
+    /// its resource limits) before it is spawned.
+    pub fn start_with(replicas: usize, extra_args: &[&str], prepare: fn(&mut Command)) -> Cluster {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "chorus-test-{}-{}",
@@ -41,7 +51,9 @@ impl Cluster {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let addrs = free_addrs(2 * replicas);
-        let mut cluster = Cluster { nodes: Vec::new(), dir: dir.clone() };
+        let password =
+            extra_args.windows(2).find(|pair| pair[0] == "--requirepass").map(|pair| pair[1].to_string());
+        let mut cluster = Cluster { nodes: Vec::new(), dir: dir.clone(), prepare, password };
         for i in 0..replicas {
             let (client, peer) = (addrs[2 * i], addrs[2 * i + 1]);
             let log = dir.join(format!("node-{i}.log"));
@@ -62,7 +74,7 @@ impl Cluster {
             for j in 0..replicas {
                 args.extend(["--peer".to_string(), format!("{j}={}", addrs[2 * j + 1])]);
             }
-            let child = spawn(&args, std::fs::File::create(&log).unwrap());
+            let child = spawn(&args, std::fs::File::create(&log).unwrap(), prepare);
             cluster.nodes.push(Node { client, peer, log, child: Some(child), args });
         }
         for i in 0..replicas {
@@ -97,7 +109,8 @@ impl Cluster {
     }
 
     pub fn try_client(&self, i: usize) -> redis::RedisResult<redis::Connection> {
-        let client = redis::Client::open(format!("redis://{}/", self.nodes[i].client))?;
+        let auth = self.password.as_ref().map_or(String::new(), |password| format!(":{password}@"));
+        let client = redis::Client::open(format!("redis://{auth}{}/", self.nodes[i].client))?;
         let con = client.get_connection_with_timeout(Duration::from_secs(5))?;
         con.set_read_timeout(Some(Duration::from_secs(10)))?;
         con.set_write_timeout(Some(Duration::from_secs(10)))?;
@@ -115,7 +128,7 @@ impl Cluster {
         let mut args = self.nodes[i].args.clone();
         args.extend(extra_args.iter().map(|arg| arg.to_string()));
         let log = std::fs::OpenOptions::new().append(true).open(&self.nodes[i].log).unwrap();
-        self.nodes[i].child = Some(spawn(&args, log));
+        self.nodes[i].child = Some(spawn(&args, log, self.prepare));
     }
 
     /// One line of node `i`'s INFO (e.g. `hermes_keys_copied`), as a number.
@@ -141,16 +154,37 @@ impl Cluster {
         child.kill().unwrap(); // SIGKILL on Unix
         child.wait().unwrap();
     }
+
+    /// Send node `i` `signal` (SIGSTOP, SIGCONT, SIGTERM); it keeps its place.
+    pub fn signal(&self, i: usize, signal: libc::c_int) {
+        let pid = self.nodes[i].child.as_ref().expect("node running").id() as libc::pid_t;
+        // SAFETY: kill(2) with a pid we spawned and still own; no memory is involved.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({pid}, {signal})");
+    }
+
+    /// SIGTERM node `i` and wait (bounded) for it to exit: how it exited.
+    pub fn sigterm(&mut self, i: usize) -> std::process::ExitStatus {
+        self.signal(i, libc::SIGTERM);
+        let mut child = self.nodes[i].child.take().unwrap();
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if started.elapsed() > DEADLINE {
+                let _ = child.kill();
+                panic!("node {i} did not stop after SIGTERM:\n{}", self.log(i));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
-fn spawn(args: &[String], log: std::fs::File) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_chorus"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start chorus node")
+fn spawn(args: &[String], log: std::fs::File, prepare: fn(&mut Command)) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
+    command.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+    prepare(&mut command);
+    command.spawn().expect("start chorus node")
 }
 
 impl Drop for Cluster {
