@@ -177,6 +177,36 @@ fn idle_clients_are_closed_after_timeout_and_half_sent_commands_after_their_dead
     ping(&cluster, 0);
 }
 
+/// The kernel's timer for the TCP socket from `local` to `remote` (/proc/net/tcp's `tr`
+/// column: 0 none, 1 retransmission, 2 keepalive, ...).
+fn tcp_timer(local: SocketAddr, remote: SocketAddr) -> Option<u32> {
+    let hex = |addr: SocketAddr| {
+        let std::net::IpAddr::V4(ip) = addr.ip() else { panic!("IPv4 only") };
+        format!("{:08X}:{:04X}", u32::from_le_bytes(ip.octets()), addr.port())
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&local.as_str()) && fields.get(2) == Some(&remote.as_str()))
+            .then(|| fields[5].split(':').next().and_then(|timer| timer.parse().ok()))
+            .flatten()
+    })
+}
+
+#[test]
+fn client_sockets_have_tcp_keepalive() {
+    let cluster = Cluster::start(1, &[]);
+    let mut stream = connect(cluster.nodes[0].client);
+    stream.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_line(&mut stream), "+PONG");
+    let server_side = (cluster.nodes[0].client, stream.local_addr().unwrap());
+    match tcp_timer(server_side.0, server_side.1) {
+        Some(timer) => assert_eq!(timer, 2, "the server's socket runs no keepalive timer"),
+        None => eprintln!("SKIPPED: /proc/net/tcp does not show the connection; keepalive not checked"),
+    }
+}
+
 /// Nodes start with at most 256 open files (soft and hard), so maxclients must shrink.
 fn at_most_256_files(command: &mut std::process::Command) {
     use std::os::unix::process::CommandExt as _;
