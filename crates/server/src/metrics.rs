@@ -233,8 +233,13 @@ fn peer_metrics(w: &mut String, net: &NetStats) {
     }
 }
 
+/// Scrapes served at once; more connections are closed at once, so a flood of them on the
+/// metrics port cannot use up the node's descriptors.
+const SCRAPES_CONCURRENT_MAX: usize = 16;
+
 /// Serve `GET /metrics` (any path, really) as Prometheus text until the runtime stops.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, net: Arc<NetStats>, engine: EngineHandle) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_CONCURRENT_MAX));
     loop {
         let (mut stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -244,8 +249,13 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, net: Arc<NetSta
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(%remote, "metrics endpoint busy: connection closed");
+            continue;
+        };
         let (metrics, net, engine) = (metrics.clone(), net.clone(), engine.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             // Read the request head (bounded), ignore its content, answer, close.
             let mut head = Vec::with_capacity(1024);
             let mut chunk = [0u8; 1024];
