@@ -36,6 +36,15 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The error for a `what` length over a limit: Redis' terse wording before AUTH (an
+    /// anonymous client learns nothing about the limits), the details after.
+    fn exceeded(&self, what: &str, detail: impl FnOnce() -> String) -> ProtocolError {
+        if self.unauthenticated {
+            return ProtocolError(format!("unauthenticated {what} length"));
+        }
+        ProtocolError(detail())
+    }
+
     /// Before AUTH, when a password is set: what Redis 7.2 allows unauthenticated clients
     /// (10 arguments, 16 KiB per bulk), enough for `AUTH` and `HELLO 3 AUTH user pw SETNAME x`.
     pub const UNAUTHENTICATED: Limits = Limits {
@@ -121,14 +130,9 @@ impl Parser {
                     return Ok(Some(Vec::new()));
                 }
                 if count as u64 > limits.args_max as u64 {
-                    return Err(if limits.unauthenticated {
-                        ProtocolError("unauthenticated multibulk length".into())
-                    } else {
-                        ProtocolError(format!(
-                            "invalid multibulk length {count} (the limit is {})",
-                            limits.args_max
-                        ))
-                    });
+                    return Err(limits.exceeded("multibulk", || {
+                        format!("invalid multibulk length {count} (the limit is {})", limits.args_max)
+                    }));
                 }
                 self.pos = end + 2;
                 self.count = Some(count as usize);
@@ -177,14 +181,9 @@ impl Parser {
             return Err(ProtocolError("invalid bulk length".into()));
         }
         if length as u64 > limits.bulk_bytes_max as u64 {
-            return Err(if limits.unauthenticated {
-                ProtocolError("unauthenticated bulk length".into())
-            } else {
-                ProtocolError(format!(
-                    "bulk length {length} exceeds the limit of {} bytes",
-                    limits.bulk_bytes_max
-                ))
-            });
+            return Err(limits.exceeded("bulk", || {
+                format!("bulk length {length} exceeds the limit of {} bytes", limits.bulk_bytes_max)
+            }));
         }
         Ok(Some((end + 2, length as usize)))
     }
@@ -215,14 +214,7 @@ impl Parser {
                 ));
             }
             if args.len() == limits.args_max {
-                return Err(ProtocolError(
-                    if limits.unauthenticated {
-                        "unauthenticated multibulk length"
-                    } else {
-                        "too many arguments"
-                    }
-                    .into(),
-                ));
+                return Err(limits.exceeded("multibulk", || "too many arguments".into()));
             }
             args.push(Bytes::copy_from_slice(word));
         }
