@@ -570,7 +570,8 @@ pub fn error_reply(error: &CommandError) -> Reply {
         }
         CommandError::Locked => Reply::err("key is locked by a transaction in progress; retry"),
         CommandError::OutcomeUnknown => outcome_unknown(
-            "the replica left the view while the update was in flight; it may have taken effect",
+            "the update did not complete here (the replica left the view, is stopping, or the request \
+             deadline passed); it may have taken effect",
         ),
         CommandError::WrongType => Reply::error(WRONGTYPE),
         CommandError::HashCorrupt => Reply::err("stored hash is corrupt"),

@@ -264,16 +264,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 }
                 command::out_of_memory()
             }
-            Ok(request) if self.multi.is_some() => {
-                self.within_deadline(name, |this| this.in_multi(request)).await
-            }
+            Ok(request) if self.multi.is_some() => self.in_multi(request).await,
             Ok(Request::Multi) => self.multi_start(),
             Ok(Request::Exec) => Reply::err("EXEC without MULTI"),
             Ok(Request::Discard) => Reply::err("DISCARD without MULTI"),
             Ok(Request::Watch) => Reply::err("WATCH is not supported; use CAS for optimistic updates"),
-            // WAIT has a timeout of its own.
-            Ok(request @ Request::Wait { .. }) => self.run_request(request).await,
-            Ok(request) => self.within_deadline(name, |this| this.run_request(request)).await,
+            Ok(request) => self.run_request(request).await,
         };
         self.shared.metrics.record(command::metric_index(name), reply.is_error(), started);
         (Some(reply), close)
@@ -284,34 +280,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     fn over_maxmemory(&self, name: &str) -> bool {
         let max = self.shared.settings.clients.maxmemory_bytes;
         max > 0 && command::has_flag(name, "denyoom") && self.shared.metrics.used_memory.load(Relaxed) > max
-    }
-
-    /// Run `work`, but answer by the request deadline whatever happens: a partitioned or
-    /// stalled replica must not leave a client waiting forever. A read that missed it was
-    /// not executed (`-TRYAGAIN`); an update may still take effect (`-UNKNOWN`).
-    async fn within_deadline<'a, F, Fut>(&'a mut self, name: &'static str, work: F) -> Reply
-    where
-        F: FnOnce(&'a mut Self) -> Fut,
-        Fut: std::future::Future<Output = Reply> + 'a,
-    {
-        let deadline_ms = self.shared.settings.clients.request_deadline_ms;
-        let metrics = self.shared.metrics.clone();
-        match tokio::time::timeout(Duration::from_millis(deadline_ms), work(self)).await {
-            Ok(reply) => reply,
-            Err(_) => {
-                metrics.requests_past_deadline.fetch_add(1, Relaxed);
-                let may_have_effect = command::has_flag(name, "write") || name == "exec";
-                if may_have_effect {
-                    command::outcome_unknown(format!(
-                        "no answer within the request deadline ({deadline_ms} ms); the update may still take effect"
-                    ))
-                } else {
-                    command::try_again(format!(
-                        "no answer within the request deadline ({deadline_ms} ms); not executed, try another replica"
-                    ))
-                }
-            }
-        }
     }
 
     // ------------------------------------------------------------ engine, with WAIT marks
@@ -686,9 +654,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             info.field("total_commands_processed", &metrics.total_commands());
             info.field("total_error_replies", &metrics.total_errors());
             info.field("chorus_protocol_errors", &metrics.protocol_errors.load(Relaxed));
-            info.field("chorus_requests_past_deadline", &metrics.requests_past_deadline.load(Relaxed));
             info.field("chorus_peer_connections_refused", &self.shared.net.connections_refused.load(Relaxed));
             if let Some(status) = &status {
+                info.field("chorus_requests_past_deadline", &status.requests_past_deadline);
                 info.field("chorus_requests_in_flight", &status.pending_requests);
                 for (name, value) in &status.counters {
                     info.field(&format!("{}_{name}", status.protocol), value);

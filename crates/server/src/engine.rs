@@ -13,6 +13,7 @@
 //! lets in-flight ones complete meanwhile, makes the turn's state durable, and only then
 //! fails what is still pending (docs/operations.md, "Stopping a node").
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use chorus_core::codec::WireMessage;
@@ -469,6 +470,8 @@ pub struct EngineStatus {
     pub operational: bool,
     pub keys: usize,
     pub pending_requests: usize,
+    /// Requests answered by the request deadline rather than by the core.
+    pub requests_past_deadline: u64,
     pub counters: Vec<(&'static str, u64)>,
 }
 
@@ -514,6 +517,10 @@ pub struct EngineHandle {
 
 /// A request submitted to a node that is stopping, or whose event loop is gone: not executed.
 pub const SHUTTING_DOWN: CommandError = CommandError::Unavailable("the node is shutting down");
+/// A read the core did not answer within the request deadline (an update gets
+/// [`CommandError::OutcomeUnknown`]).
+const PAST_DEADLINE: CommandError =
+    CommandError::Unavailable("no answer within the request deadline; not executed, try another replica");
 
 /// What a dropped reply means: the event loop stopped before the command completed. A read
 /// has no effect either way; an update may already have been sent to the others.
@@ -612,9 +619,6 @@ pub fn channel() -> (EngineHandle, mpsc::Receiver<EngineRequest>) {
 /// tell the others (the Raft commit of its leave) go out.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 const LINGER_AFTER_LEAVING: Duration = Duration::from_millis(150);
-/// How often replies nobody waits for any more (their client left, or its request
-/// deadline passed) are forgotten.
-const PENDING_SWEEP_PERIOD: Duration = Duration::from_secs(1);
 
 /// A client request the core has not answered yet.
 struct Pending {
@@ -638,11 +642,16 @@ where
     transport: Transport<R::Message>,
     outbox: Outbox<R::Message>,
     pending: FxHashMap<ClientRequestId, Pending>,
+    /// When each request admitted is due, in admission order (every request gets the same
+    /// deadline, so the order is also deadline order). Answered ones are skipped.
+    deadlines: VecDeque<(Instant, ClientRequestId)>,
+    request_deadline: Duration,
+    requests_past_deadline: u64,
     waiters: Vec<Waiter>,
     /// Since when the node has been stopping.
     stopping: Option<Instant>,
     left_at: Option<Instant>,
-    last_sweep: Instant,
+
     next_request: u64,
     origin: Instant,
     last_tick: Time,
@@ -652,9 +661,12 @@ where
 }
 
 /// Run the event loop until every request sender is gone, or `shutdown` turns true and the
-/// node has left the view (or failed to within [`LEAVE_TIMEOUT`]).
+/// node has left the view (or failed to within [`LEAVE_TIMEOUT`]). Every request the core has
+/// not answered within `request_deadline` is answered for it: a read was not executed, an
+/// update's outcome is unknown.
 pub async fn run<R>(
     replica: R,
+    request_deadline: Duration,
     transport: Transport<R::Message>,
     mut requests: mpsc::Receiver<EngineRequest>,
     mut inbound: chorus_net::Inbound<R::Message>,
@@ -669,10 +681,12 @@ pub async fn run<R>(
         transport,
         outbox: Outbox::default(),
         pending: FxHashMap::default(),
+        deadlines: VecDeque::new(),
+        request_deadline,
+        requests_past_deadline: 0,
         waiters: Vec::new(),
         stopping: None,
         left_at: None,
-        last_sweep: Instant::now(),
         next_request: 0,
         origin: Instant::now(),
         last_tick: Time::ZERO,
@@ -704,6 +718,7 @@ pub async fn run<R>(
         }
         state.maybe_tick();
         state.perform_outbox();
+        state.answer_overdue();
         state.answer_waiters();
         if state.done_stopping() {
             break;
@@ -764,7 +779,27 @@ where
         self.next_request += 1;
         let update = command.is_update().then(|| command.key().clone());
         self.pending.insert(id, Pending { reply, update });
+        self.deadlines.push_back((Instant::now() + self.request_deadline, id));
         Some(id)
+    }
+
+    /// Answer the requests whose deadline passed (a partitioned or stalled replica must not
+    /// leave a client waiting forever). The core may still complete an update afterwards;
+    /// its answer then goes nowhere, which is what "outcome unknown" told the client.
+    fn answer_overdue(&mut self) {
+        let now = Instant::now();
+        while let Some(&(due, id)) = self.deadlines.front() {
+            if due > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            if let Some(pending) = self.pending.remove(&id) {
+                self.requests_past_deadline += 1;
+                let error =
+                    if pending.update.is_some() { CommandError::OutcomeUnknown } else { PAST_DEADLINE };
+                let _ = pending.reply.send(Done::failed(error));
+            }
+        }
     }
 
     fn on_request(&mut self, request: EngineRequest) {
@@ -803,6 +838,7 @@ where
                     operational: self.replica.operational(),
                     keys: self.replica.keys_with_values(),
                     pending_requests: self.pending.len(),
+                    requests_past_deadline: self.requests_past_deadline,
                     counters: self.replica.counters(),
                 });
             }
@@ -863,11 +899,6 @@ where
             self.last_tick = now;
             self.replica.on_tick(now, &mut self.outbox);
             self.complete_replies();
-        }
-        if self.last_sweep.elapsed() >= PENDING_SWEEP_PERIOD {
-            // The core may still answer these; nobody would read the answer.
-            self.last_sweep = Instant::now();
-            self.pending.retain(|_, pending| !pending.reply.is_closed());
         }
     }
 

@@ -126,8 +126,16 @@ async fn serve_node(
     let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
     let engine_thread = config.worker_threads > 1;
     let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
-    let start =
-        Start { net, requests, shutdown: shutdown_rx, membership, engine_thread, stopped: stopped_tx };
+    let request_deadline = std::time::Duration::from_millis(config.clients.request_deadline_ms);
+    let start = Start {
+        net,
+        requests,
+        shutdown: shutdown_rx,
+        membership,
+        engine_thread,
+        stopped: stopped_tx,
+        request_deadline,
+    };
     let net_stats = match config.protocol {
         Protocol::Hermes => {
             let mut hermes = HermesConfig::new(me, replicas);
@@ -293,6 +301,7 @@ struct Start {
     engine_thread: bool,
     /// Completed when the event loop has stopped (its last turn durable).
     stopped: tokio::sync::oneshot::Sender<()>,
+    request_deadline: std::time::Duration,
 }
 
 impl Start {
@@ -320,7 +329,9 @@ impl Start {
         transport.set_priority(R::is_priority);
         let stopped = self.stopped;
         let event_loop = async move {
-            engine::run(replica, transport, self.requests, inbound, self.shutdown, durable_log).await;
+            let deadline = self.request_deadline;
+            engine::run(replica, deadline, transport, self.requests, inbound, self.shutdown, durable_log)
+                .await;
             let _ = stopped.send(());
         };
         // With one worker thread (the default) the event loop is one more task on it: a

@@ -31,8 +31,6 @@ pub struct Metrics {
     pub connections_current: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub protocol_errors: AtomicU64,
-    /// Requests answered by the request deadline rather than by the protocol.
-    pub requests_past_deadline: AtomicU64,
     /// The allocator's bytes in use, sampled (memory.rs) while `maxmemory` is set.
     pub used_memory: AtomicU64,
 }
@@ -53,7 +51,6 @@ impl Default for Metrics {
             connections_current: AtomicU64::new(0),
             connections_rejected: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
-            requests_past_deadline: AtomicU64::new(0),
             used_memory: AtomicU64::new(0),
         }
     }
