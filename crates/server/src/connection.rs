@@ -130,14 +130,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 return self.flush().await;
             }
             self.flush().await?;
-            let buffered = self.read.len();
-            let limit = self.shared.settings.clients.query_buffer_bytes_max;
-            if buffered > limit {
-                let error = ProtocolError(format!(
-                    "the query buffer holds {buffered} bytes, over client-query-buffer-limit ({limit})"
-                ));
-                return self.refuse(error).await;
-            }
             let expiry = self.expiry();
             tokio::select! {
                 read = self.stream.read_buf(&mut self.read) => {
@@ -145,6 +137,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         return Ok(());
                     }
                     self.last_read = Instant::now();
+                    // Checked as soon as bytes arrive, before they are parsed (as Redis does).
+                    let buffered = self.read.len();
+                    let limit = self.shared.settings.clients.query_buffer_bytes_max;
+                    if buffered > limit {
+                        let error = ProtocolError(format!(
+                            "the query buffer holds {buffered} bytes, over client-query-buffer-limit ({limit})"
+                        ));
+                        return self.refuse(error).await;
+                    }
                 }
                 () = sleep_until(expiry.as_ref().map(|(at, _)| *at)) => {
                     let incomplete = matches!(expiry, Some((_, Expiry::Incomplete)));
