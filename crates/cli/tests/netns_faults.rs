@@ -69,7 +69,7 @@ fn spawn_node(lab: &Lab, nodes: &Nodes, node: usize, extra_args: &[&str]) -> Chi
         .args(["--node-id", &node.to_string()])
         .args(["--protocol", &nodes.protocol])
         .args(["--client-addr", &format!("{}:{CLIENT_PORT}", lab.node_ip(node))])
-        .args(["--cluster-token", "netns-test"])
+        .args(["--cluster-token", "netns-test-token-0123"])
         .args(["--data-dir", nodes.dir.join(format!("node-{node}")).to_str().unwrap()])
         .args(["--log-level", "info"])
         .args(extra_args);

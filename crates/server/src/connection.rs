@@ -15,7 +15,6 @@ use chorus_core::{Command, CommandError, Outcome, RmwOp};
 use chorus_net::handshake::constant_time_eq;
 use chorus_net::NetStats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tracing::debug;
 
 use crate::command::{self, error_reply, glob_match, Request, COMMAND_TABLE};
@@ -50,7 +49,7 @@ const WRITE_BUFFER_BYTES_FLUSH: usize = 64 * 1024;
 
 pub struct Connection {
     shared: Arc<Shared>,
-    stream: TcpStream,
+    stream: chorus_net::Stream,
     read: BytesMut,
     write: BytesMut,
     /// RESP protocol version: 2 until HELLO 3.
@@ -70,7 +69,7 @@ struct Multi {
 }
 
 impl Connection {
-    pub fn new(shared: Arc<Shared>, stream: TcpStream) -> Connection {
+    pub fn new(shared: Arc<Shared>, stream: chorus_net::Stream) -> Connection {
         let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
         let authenticated = shared.settings.requirepass.is_none();
         Connection {
@@ -88,7 +87,6 @@ impl Connection {
 
     /// Serve until the client leaves, sends QUIT, or sends malformed RESP.
     pub async fn run(mut self) {
-        let _ = self.stream.set_nodelay(true);
         if let Err(error) = self.serve().await {
             debug!(client = self.id, "connection ended: {error}");
         }
@@ -128,6 +126,8 @@ impl Connection {
     async fn flush(&mut self) -> std::io::Result<()> {
         if !self.write.is_empty() {
             self.stream.write_all(&self.write).await?;
+            // A TLS stream may hold the last record until flushed; TCP's flush is a no-op.
+            self.stream.flush().await?;
             self.write.clear();
         }
         Ok(())

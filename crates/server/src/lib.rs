@@ -74,10 +74,27 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
     }
     // One message carries at most a key and a value, each bounded by the value limit.
     net.frame_payload_bytes_max = 2 * config.value_bytes_max + 64 * 1024;
+    net.link_timeout = std::time::Duration::from_millis(config.peer_link_timeout_ms);
+    if let Some(tls) = config.tls.as_ref().filter(|tls| tls.cluster) {
+        net.tls = Some(chorus_net::tls::PeerTls::load(&tls.files).context("tls_cluster")?);
+    }
 
     let clients = TcpListener::bind(config.client_addr)
         .await
         .with_context(|| format!("cannot listen for clients on {}", config.client_addr))?;
+    let tls_clients = match config.tls.as_ref().and_then(|tls| Some((tls, tls.client_port?))) {
+        None => None,
+        Some((tls, port)) => {
+            let acceptor =
+                chorus_net::tls::client_acceptor(&tls.files, tls.auth_clients).context("tls_port")?;
+            let addr = std::net::SocketAddr::new(config.client_addr.ip(), port);
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for TLS clients on {addr}"))?;
+            info!(%addr, auth_clients = tls.auth_clients, "serving TLS clients");
+            Some((listener, acceptor))
+        }
+    };
     let metrics_listener = match config.metrics_addr {
         Some(addr) => Some(
             TcpListener::bind(addr).await.with_context(|| format!("cannot listen for metrics on {addr}"))?,
@@ -157,15 +174,27 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         auth = config.requirepass.is_some(),
         "chorus node serving"
     );
+    let serve_tls = async {
+        match tls_clients {
+            Some((listener, acceptor)) => accept_clients(listener, shared.clone(), Some(acceptor)).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
-        () = accept_clients(clients, shared) => {}
+        () = accept_clients(clients, shared.clone(), None) => {}
+        () = serve_tls => {}
         () = shutdown => info!(node = %me, "shutting down"),
     }
     let _ = shutdown_tx.send(true);
     Ok(())
 }
 
-async fn accept_clients(listener: TcpListener, shared: Arc<Shared>) {
+/// Serve the clients `listener` accepts, over TLS when `tls` is given (`tls_port`).
+async fn accept_clients(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    tls: Option<chorus_net::tls::TlsAcceptor>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -188,10 +217,37 @@ async fn accept_clients(listener: TcpListener, shared: Arc<Shared>) {
         }
         metrics.connections_current.fetch_add(1, Relaxed);
         let shared = shared.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            Connection::new(shared.clone(), stream).run().await;
+            let _ = stream.set_nodelay(true);
+            let stream = match tls {
+                None => Some(chorus_net::Stream::Plain(stream)),
+                Some(tls) => tls_handshake(tls, stream).await,
+            };
+            if let Some(stream) = stream {
+                Connection::new(shared.clone(), stream).run().await;
+            }
             shared.metrics.connections_current.fetch_sub(1, Relaxed);
         });
+    }
+}
+
+/// A TLS client's handshake, bounded in time so a silent client cannot hold a slot.
+async fn tls_handshake(
+    tls: chorus_net::tls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+) -> Option<chorus_net::Stream> {
+    let peer = stream.peer_addr().ok();
+    match tokio::time::timeout(std::time::Duration::from_secs(10), tls.accept(stream)).await {
+        Ok(Ok(stream)) => Some(chorus_net::Stream::Tls(Box::new(stream.into()))),
+        Ok(Err(error)) => {
+            info!(?peer, "TLS client handshake failed: {error}");
+            None
+        }
+        Err(_) => {
+            info!(?peer, "TLS client handshake timed out");
+            None
+        }
     }
 }
 

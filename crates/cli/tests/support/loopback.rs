@@ -33,6 +33,13 @@ pub fn free_addrs(count: usize) -> Vec<SocketAddr> {
 
 impl Cluster {
     pub fn start(replicas: usize, extra_args: &[&str]) -> Cluster {
+        let extra: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
+        Cluster::start_each(replicas, |_, _| extra.clone())
+    }
+
+    /// Like [`Cluster::start`], with arguments per node: `args_of(i, dir)` (`dir` is the
+    /// cluster's scratch directory, e.g. for certificates).
+    pub fn start_each(replicas: usize, args_of: impl Fn(usize, &std::path::Path) -> Vec<String>) -> Cluster {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "chorus-test-{}-{}",
@@ -52,13 +59,13 @@ impl Cluster {
                 "--client-addr".into(),
                 client.to_string(),
                 "--cluster-token".into(),
-                "test-token".into(),
+                "test-token-0123456789".into(),
                 "--data-dir".into(),
                 dir.join(format!("node-{i}")).to_str().unwrap().into(),
                 "--log-level".into(),
                 "info".into(),
             ];
-            args.extend(extra_args.iter().map(|arg| arg.to_string()));
+            args.extend(args_of(i, &dir));
             for j in 0..replicas {
                 args.extend(["--peer".to_string(), format!("{j}={}", addrs[2 * j + 1])]);
             }
