@@ -28,6 +28,6 @@ pub mod storage;
 pub mod txn;
 
 pub use config::{Bug, RaftLogConfig};
-pub use message::{EntryBatch, Message, Proposal, Step, TxnId};
+pub use message::{EntryBatch, Message, Proposal, SessionId, Step, StepKind, TxnId};
 pub use replica::{log_of, RaftLog, RaftLogStats};
 pub use state::{LogState, ProposalResult, SessionRecord};

@@ -11,11 +11,90 @@ use protobuf::Message as _;
 /// send one command per sequence number.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Proposal {
-    pub client: u64,
+    pub client: SessionId,
     pub seq: u64,
     pub commands: Vec<Command>,
     /// A step of a multi-key transaction (then `commands` is empty).
     pub step: Option<Step>,
+}
+
+/// Whose sequence numbers a proposal carries. The kinds are separate name spaces, so no id an
+/// external client picks can ever be a replica's own session or a transaction step, and no
+/// two steps share one: the step's whole identity is the session id, not a hash of it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum SessionId {
+    /// A replica's own session: `node << 40 | boot`.
+    Replica(u64),
+    /// An external client session (RESP `SESSION client seq ...`), any id the client picks.
+    External(u64),
+    /// One attempt of one transaction step in one log (`crate::txn`).
+    Step { txn: TxnId, kind: StepKind, log: u32, attempt: u32 },
+}
+
+/// The four steps of a transaction (`crate::txn`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum StepKind {
+    Begin,
+    Lock,
+    Update,
+    Finish,
+}
+
+impl StepKind {
+    pub fn of(step: &Step) -> StepKind {
+        match step {
+            Step::Begin { .. } => StepKind::Begin,
+            Step::Lock { .. } => StepKind::Lock,
+            Step::Update { .. } => StepKind::Update,
+            Step::Finish { .. } => StepKind::Finish,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Result<StepKind, DecodeError> {
+        Ok(match tag {
+            0 => StepKind::Begin,
+            1 => StepKind::Lock,
+            2 => StepKind::Update,
+            3 => StepKind::Finish,
+            tag => return Err(DecodeError::UnknownTag { what: "step kind", tag }),
+        })
+    }
+}
+
+impl WireMessage for SessionId {
+    fn encode(&self, buf: &mut BytesMut) {
+        match *self {
+            SessionId::Replica(id) => {
+                buf.put_u8(1);
+                buf.put_u64_le(id);
+            }
+            SessionId::External(id) => {
+                buf.put_u8(2);
+                buf.put_u64_le(id);
+            }
+            SessionId::Step { txn, kind, log, attempt } => {
+                buf.put_u8(3);
+                put_txn(&txn, buf);
+                buf.put_u8(kind as u8);
+                buf.put_u32_le(log);
+                buf.put_u32_le(attempt);
+            }
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(match reader.u8()? {
+            1 => SessionId::Replica(reader.u64()?),
+            2 => SessionId::External(reader.u64()?),
+            3 => SessionId::Step {
+                txn: read_txn(reader)?,
+                kind: StepKind::from_tag(reader.u8()?)?,
+                log: reader.u32()?,
+                attempt: reader.u32()?,
+            },
+            tag => return Err(DecodeError::UnknownTag { what: "session kind", tag }),
+        })
+    }
 }
 
 /// A multi-key transaction: the origin replica's session client id and its own counter.
@@ -63,7 +142,7 @@ const TAG_FORWARD: u8 = 2;
 
 impl WireMessage for Proposal {
     fn encode(&self, buf: &mut BytesMut) {
-        buf.put_u64_le(self.client);
+        self.client.encode(buf);
         buf.put_u64_le(self.seq);
         buf.put_u32_le(u32::try_from(self.commands.len()).expect("batch over u32 commands"));
         for command in &self.commands {
@@ -79,7 +158,7 @@ impl WireMessage for Proposal {
     }
 
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
-        let client = reader.u64()?;
+        let client = SessionId::decode(reader)?;
         let seq = reader.u64()?;
         let count = reader.u32()? as usize;
         // Every command takes at least one byte: a larger count is a lie, and believing it
@@ -291,8 +370,28 @@ mod tests {
         ])
     }
 
+    fn arb_session() -> impl Strategy<Value = SessionId> {
+        let txn = (any::<u64>(), any::<u64>()).prop_map(|(origin, number)| TxnId { origin, number });
+        let kind = prop_oneof![
+            Just(StepKind::Begin),
+            Just(StepKind::Lock),
+            Just(StepKind::Update),
+            Just(StepKind::Finish)
+        ];
+        prop_oneof![
+            any::<u64>().prop_map(SessionId::Replica),
+            any::<u64>().prop_map(SessionId::External),
+            (txn, kind, any::<u32>(), any::<u32>()).prop_map(|(txn, kind, log, attempt)| SessionId::Step {
+                txn,
+                kind,
+                log,
+                attempt
+            }),
+        ]
+    }
+
     fn arb_proposal() -> impl Strategy<Value = Proposal> {
-        (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_command(), 0..5), arb_step())
+        (arb_session(), any::<u64>(), proptest::collection::vec(arb_command(), 0..5), arb_step())
             .prop_map(|(client, seq, commands, step)| Proposal { client, seq, commands, step })
     }
 
@@ -350,7 +449,7 @@ mod tests {
     #[test]
     fn a_lying_command_count_is_refused_without_allocating() {
         let mut buf = BytesMut::new();
-        buf.put_u64_le(1);
+        SessionId::Replica(1).encode(&mut buf);
         buf.put_u64_le(1);
         buf.put_u32_le(u32::MAX);
         assert!(Proposal::decode_exact(buf.freeze()).is_err());

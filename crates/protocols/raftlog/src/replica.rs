@@ -32,10 +32,11 @@ use rustc_hash::FxHashMap;
 use crate::config::RaftLogConfig;
 use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
 use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
+use crate::message::{SessionId, StepKind};
 use crate::speculate::Speculation;
 use crate::state::{LogState, ProposalResult, SessionRecord};
 use crate::storage::LogStorage;
-use crate::txn::{Driver, StepKind, StepResult};
+use crate::txn::{Driver, StepResult};
 
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -143,7 +144,7 @@ struct Group {
     own_in_flight: bool,
     updates_accepted: u64,
     updates_applied: u64,
-    waiters: BTreeMap<(u64, u64), Waiter>,
+    waiters: BTreeMap<(SessionId, u64), Waiter>,
     /// This replica's own commands that hit a key locked by a transaction: sent again
     /// once this replica's copy shows the lock released.
     blocked: Vec<(ClientRequestId, Command)>,
@@ -159,7 +160,7 @@ struct Group {
     to_propose: Vec<Proposal>,
     /// The highest sequence number per client proposed in `proposed_term`: a retry of a
     /// batch already in this leader's log is not proposed again.
-    proposed: FxHashMap<u64, u64>,
+    proposed: FxHashMap<SessionId, u64>,
     proposed_term: u64,
     /// Decoupled execution at the leader (`crate::speculate`).
     speculation: Option<Speculation>,
@@ -388,7 +389,7 @@ impl RaftLog {
     }
 
     /// What `client` last executed in `log`, as this replica has applied it.
-    pub fn session(&self, log: usize, client: u64) -> Option<&SessionRecord> {
+    pub fn session(&self, log: usize, client: SessionId) -> Option<&SessionRecord> {
         self.groups[log].state.session(client)
     }
 
@@ -424,11 +425,12 @@ impl RaftLog {
     ) {
         let log = self.log_of(command.key());
         let group = &mut self.groups[log];
-        if let Some(waiter) = group.waiters.get_mut(&(client, seq)) {
+        if let Some(waiter) = group.waiters.get_mut(&(SessionId::External(client), seq)) {
             // The same request again, while the first copy is still in flight: both get the
             // one outcome.
             waiter.requests.push((0, request));
         } else {
+            let client = SessionId::External(client);
             let proposal = Proposal { client, seq, commands: vec![command], step: None };
             let waiter = Waiter::new(proposal, vec![(0, request)], false, None);
             register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
@@ -483,7 +485,7 @@ impl RaftLog {
                 raft.state,
                 raft.leader_id,
                 group.state.debug_locks(),
-                group.waiters.iter().map(|(k, w)| (k.0 % 1000, w.sent_at, w.sent_to)).collect::<Vec<_>>()
+                group.waiters.iter().map(|(k, w)| (k.0, w.sent_at, w.sent_to)).collect::<Vec<_>>()
             ));
         }
         text
@@ -550,7 +552,7 @@ impl RaftLog {
         }
         for request in requests {
             progressed = true;
-            let kind = crate::txn::StepKind::of(request.proposal.step.as_ref().expect("a step"));
+            let kind = StepKind::of(request.proposal.step.as_ref().expect("a step"));
             let waiter = Waiter::new(request.proposal, Vec::new(), false, Some((kind, request.attempt)));
             let group = &mut self.groups[request.log];
             if group.waiters.contains_key(&(waiter.proposal.client, waiter.proposal.seq)) {
@@ -608,8 +610,8 @@ impl RaftLog {
         }
         group.own_seq += 1;
         group.own_in_flight = true;
-        let proposal =
-            Proposal { client: self.config.session_client_id, seq: group.own_seq, commands, step: None };
+        let client = SessionId::Replica(self.config.session_client_id);
+        let proposal = Proposal { client, seq: group.own_seq, commands, step: None };
         let waiter = Waiter::new(proposal, requests, true, None);
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
     }
@@ -842,7 +844,7 @@ impl RaftLog {
         group.applied_index = index;
         self.stats.snapshots_installed += 1;
         self.checkpoint_due = true;
-        let covered: Vec<(u64, u64)> = group
+        let covered: Vec<(SessionId, u64)> = group
             .waiters
             .keys()
             .filter(|(client, seq)| group.state.last_seq(*client) >= *seq)

@@ -9,7 +9,7 @@ use chorus_core::{
     ClientRequestId, Command, CommandError, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, Value,
 };
 use chorus_raftlog::durable::{Record, Recovered};
-use chorus_raftlog::{Message, RaftLog, RaftLogConfig};
+use chorus_raftlog::{Message, RaftLog, RaftLogConfig, SessionId};
 use raft::prelude::MessageType;
 
 // ================================================================ harness
@@ -449,7 +449,10 @@ fn external_sessions_get_saved_results_for_retries_and_an_error_for_stale_number
             Some(&b("2")),
             "n{node}: ran twice, not four times"
         );
-        assert_eq!(cluster.nodes[node].session(0, client).map(|record| record.last_seq), Some(2));
+        assert_eq!(
+            cluster.nodes[node].session(0, SessionId::External(client)).map(|record| record.last_seq),
+            Some(2)
+        );
     }
 }
 
@@ -493,7 +496,12 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
             1,
             Message::Forward {
                 log: 5,
-                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![], step: None },
+                proposal: chorus_raftlog::Proposal {
+                    client: SessionId::Replica(1),
+                    seq: 1,
+                    commands: vec![],
+                    step: None,
+                },
                 relayed: false,
             },
         ),
@@ -501,7 +509,12 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
             9,
             Message::Forward {
                 log: 0,
-                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![], step: None },
+                proposal: chorus_raftlog::Proposal {
+                    client: SessionId::Replica(1),
+                    seq: 1,
+                    commands: vec![],
+                    step: None,
+                },
                 relayed: false,
             },
         ),
@@ -628,4 +641,24 @@ fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
     let id = cluster.client(2, write("after", "x"));
     cluster.run_for(100);
     assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+}
+
+/// Session ids are name spaces (issue 22): an external client that picks the very number a
+/// replica uses for its own session (or any step's) only ever touches its own session. When
+/// both were plain u64s, this external request made n1's own first batch look like a retry:
+/// its write never ran and its client got the external INCR's result.
+#[test]
+fn an_external_session_id_equal_to_a_replicas_own_cannot_hijack_it() {
+    let mut cluster = settled_single_log();
+    let own = cluster.configs[1].session_client_id;
+    let external = cluster.session(2, own, 1, incr("counter"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(external), Some(Outcome::Integer(1)));
+    let mine = cluster.client(1, write("k", "v"));
+    cluster.run_for(50);
+    assert_eq!(cluster.reply_of(mine), Some(Outcome::Written), "n1's own batch ran");
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("v")), "n{node}");
+        assert_eq!(cluster.nodes[node].applied_value(b"counter"), Some(&b("1")), "n{node}");
+    }
 }
