@@ -72,8 +72,7 @@ pub async fn run_node(config: NodeConfig, shutdown: impl Future<Output = ()>) ->
         warn!("CHORUS_PRIORITY_LANE=off: membership messages share the data connections");
         net.priority_lane = false;
     }
-    // One message carries at most a key and a value, each bounded by the value limit.
-    net.frame_payload_bytes_max = 2 * config.value_bytes_max + 64 * 1024;
+    net.frame_payload_bytes_max = frame_payload_bytes_max(&config);
     net.link_timeout = std::time::Duration::from_millis(config.peer_link_timeout_ms);
     if let Some(tls) = config.tls.as_ref().filter(|tls| tls.cluster) {
         net.tls = Some(chorus_net::tls::PeerTls::load(&tls.files).context("tls_cluster")?);
@@ -336,6 +335,11 @@ fn open_chain(config: &NodeConfig, replicas: NodeSet, joining: bool) -> anyhow::
     Ok(chain)
 }
 
+/// One message carries at most a key and a value, each bounded by the value limit.
+fn frame_payload_bytes_max(config: &NodeConfig) -> usize {
+    2 * config.value_bytes_max + 64 * 1024
+}
+
 /// The raftlog replica, restored from `<data_dir>/raftlog` (its two-level log and last
 /// checkpoint); without a data directory it keeps everything in memory and must never
 /// rejoin under the same id after a restart.
@@ -345,6 +349,8 @@ fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Durabl
     raftlog.batch_commands_max = config.raftlog.batch_commands_max;
     raftlog.snapshot_entries = config.raftlog.snapshot_entries;
     raftlog.decoupled = config.raftlog.decoupled;
+    // Batches and entries are cut to fit the transport's frames; larger snapshots go in chunks.
+    raftlog.message_bytes_max = frame_payload_bytes_max(config);
     let Some(data_dir) = &config.data_dir else {
         warn!("no data_dir: raftlog state is in memory only; a restarted node must not rejoin under its id");
         return Ok(DurableRaftLog::in_memory(raftlog));

@@ -25,6 +25,7 @@ pub mod replica;
 pub mod speculate;
 pub mod state;
 pub mod storage;
+mod transfer;
 pub mod txn;
 
 pub use config::{Bug, RaftLogConfig};

@@ -135,10 +135,80 @@ pub enum Message {
     /// sender is not the origin but a replica that passed it on once; it is not passed on
     /// again, so a stale leader hint cannot make a batch circle.
     Forward { log: u32, proposal: Proposal, relayed: bool },
+    /// A piece of a snapshot too large for one message (`crate::transfer`). The first
+    /// (offset 0) carries the `MsgSnapshot` without its data.
+    SnapshotChunk {
+        log: u32,
+        index: u64,
+        offset: u64,
+        total: u64,
+        header: Option<Box<raft::prelude::Message>>,
+        data: Bytes,
+    },
+    /// The follower holds `received` bytes of the snapshot at `index`.
+    SnapshotAck { log: u32, index: u64, received: u64 },
 }
 
 const TAG_RAFT: u8 = 1;
 const TAG_FORWARD: u8 = 2;
+const TAG_SNAPSHOT_CHUNK: u8 = 3;
+const TAG_SNAPSHOT_ACK: u8 = 4;
+
+/// Room for what a proposal carries besides its commands (ids, counts, tags).
+const PROPOSAL_OVERHEAD_BYTES: usize = 64;
+
+/// An upper bound on `command`'s encoded size, without encoding it: what batches and
+/// entries are cut by, so neither outgrows a peer message.
+pub fn command_bytes(command: &Command) -> usize {
+    const FIELD: usize = 8; // a length prefix or a tag, generously
+    let key = command.key().len() + 2 * FIELD;
+    key + match command {
+        Command::Read { .. } => 0,
+        Command::Write { value, .. } => FIELD + value.as_ref().map_or(0, |value| value.len()),
+        Command::Rmw { op, .. } => {
+            use chorus_core::RmwOp;
+            let optional = |value: &Option<Value>| FIELD + value.as_ref().map_or(0, |value| value.len());
+            FIELD
+                + match op {
+                    RmwOp::CompareAndSwap { expected, new } => optional(expected) + optional(new),
+                    RmwOp::IncrementBy(_) => FIELD,
+                    RmwOp::SetIfAbsent(value) | RmwOp::SetIfPresent(value) => FIELD + value.len(),
+                    RmwOp::Swap(value) => optional(value),
+                    RmwOp::HashSet { pairs, .. } => {
+                        FIELD
+                            + pairs
+                                .iter()
+                                .map(|(field, value)| 2 * FIELD + field.len() + value.len())
+                                .sum::<usize>()
+                    }
+                    RmwOp::HashDelete(fields) => {
+                        FIELD + fields.iter().map(|field| FIELD + field.len()).sum::<usize>()
+                    }
+                }
+        }
+    }
+}
+
+impl Proposal {
+    /// An upper bound on the encoded size.
+    pub fn bytes(&self) -> usize {
+        let commands: usize = self.commands.iter().map(command_bytes).sum();
+        let step = match &self.step {
+            None => 0,
+            Some(Step::Begin { commands, .. }) => commands.iter().map(command_bytes).sum(),
+            Some(Step::Lock { keys, .. }) => keys.iter().map(|key| key.len() + 8).sum(),
+            Some(Step::Update { writes, unlock, .. }) => {
+                writes
+                    .iter()
+                    .map(|(key, value)| key.len() + value.as_ref().map_or(0, |value| value.len()) + 16)
+                    .sum::<usize>()
+                    + unlock.iter().map(|key| key.len() + 8).sum::<usize>()
+            }
+            Some(Step::Finish { .. }) => 0,
+        };
+        PROPOSAL_OVERHEAD_BYTES + commands + step
+    }
+}
 
 impl WireMessage for Proposal {
     fn encode(&self, buf: &mut BytesMut) {
@@ -309,6 +379,24 @@ impl WireMessage for Message {
                 buf.put_bool(*relayed);
                 proposal.encode(buf);
             }
+            Message::SnapshotChunk { log, index, offset, total, header, data } => {
+                buf.put_u8(TAG_SNAPSHOT_CHUNK);
+                buf.put_u32_le(*log);
+                buf.put_u64_le(*index);
+                buf.put_u64_le(*offset);
+                buf.put_u64_le(*total);
+                let header = header.as_ref().map(|message| {
+                    Bytes::from(message.write_to_bytes().expect("raft messages always encode"))
+                });
+                buf.put_optional_bytes(header.as_ref());
+                buf.put_bytes_prefixed(data);
+            }
+            Message::SnapshotAck { log, index, received } => {
+                buf.put_u8(TAG_SNAPSHOT_ACK);
+                buf.put_u32_le(*log);
+                buf.put_u64_le(*index);
+                buf.put_u64_le(*received);
+            }
         }
     }
 
@@ -325,6 +413,21 @@ impl WireMessage for Message {
                 let log = reader.u32()?;
                 let relayed = reader.bool()?;
                 Message::Forward { log, relayed, proposal: Proposal::decode(reader)? }
+            }
+            TAG_SNAPSHOT_CHUNK => {
+                let (log, index, offset, total) =
+                    (reader.u32()?, reader.u64()?, reader.u64()?, reader.u64()?);
+                let header = match reader.optional_bytes()? {
+                    None => None,
+                    Some(bytes) => Some(Box::new(
+                        raft::prelude::Message::parse_from_bytes(&bytes)
+                            .map_err(|_| DecodeError::Invalid("malformed snapshot header"))?,
+                    )),
+                };
+                Message::SnapshotChunk { log, index, offset, total, header, data: reader.bytes()? }
+            }
+            TAG_SNAPSHOT_ACK => {
+                Message::SnapshotAck { log: reader.u32()?, index: reader.u64()?, received: reader.u64()? }
             }
             tag => return Err(DecodeError::UnknownTag { what: "raftlog message", tag }),
         })
@@ -413,6 +516,17 @@ mod tests {
                 .prop_map(|(log, message)| Message::Raft { log, message: Box::new(message) }),
             (any::<u32>(), arb_proposal(), any::<bool>())
                 .prop_map(|(log, proposal, relayed)| Message::Forward { log, proposal, relayed }),
+            (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>(), arb_bytes()).prop_map(
+                |(log, index, offset, total, first, data)| {
+                    let mut header = raft::prelude::Message::default();
+                    header.set_msg_type(MessageType::MsgSnapshot);
+                    header.mut_snapshot().mut_metadata().index = index;
+                    let header = first.then(|| Box::new(header));
+                    Message::SnapshotChunk { log, index, offset, total, header, data }
+                }
+            ),
+            (any::<u32>(), any::<u64>(), any::<u64>())
+                .prop_map(|(log, index, received)| Message::SnapshotAck { log, index, received }),
         ]
     }
 
@@ -443,6 +557,15 @@ mod tests {
             message.encode(&mut buf);
             let cut = cut.index(buf.len());
             prop_assert!(Message::decode_exact(buf.freeze().slice(..cut)).is_err());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn size_bounds_cover_the_encoding(proposal in arb_proposal()) {
+            let mut buf = BytesMut::new();
+            proposal.encode(&mut buf);
+            prop_assert!(buf.len() <= proposal.bytes(), "{} > {}", buf.len(), proposal.bytes());
         }
     }
 

@@ -36,6 +36,7 @@ use crate::message::{SessionId, StepKind};
 use crate::speculate::Speculation;
 use crate::state::{LogState, ProposalResult, SessionRecord};
 use crate::storage::LogStorage;
+use crate::transfer::{self, Incoming, Outgoing};
 use crate::txn::{Driver, StepResult};
 
 /// Counters for INFO, the simulator's summary and benchmarks.
@@ -63,6 +64,13 @@ pub struct RaftLogStats {
     pub snapshots_taken: u64,
     /// Snapshots received from a leader and installed (this replica had fallen behind).
     pub snapshots_installed: u64,
+    /// Snapshot chunks sent, and snapshots streamed in chunks to the end or given up
+    /// (`crate::transfer`).
+    pub snapshot_chunks_sent: u64,
+    pub snapshot_transfers_completed: u64,
+    pub snapshot_transfers_failed: u64,
+    /// Transactions refused because they would not fit one peer message.
+    pub txns_too_large: u64,
     /// Transactions this replica originated, and transactions it answered.
     pub txns_started: u64,
     pub txns_answered: u64,
@@ -164,6 +172,9 @@ struct Group {
     proposed_term: u64,
     /// Decoupled execution at the leader (`crate::speculate`).
     speculation: Option<Speculation>,
+    // ---- snapshots in chunks (crate::transfer)
+    snapshots_out: BTreeMap<NodeId, Outgoing>,
+    snapshot_in: Option<Incoming>,
 }
 
 impl Group {
@@ -451,6 +462,20 @@ impl RaftLog {
         if requests.is_empty() {
             return;
         }
+        let bytes: usize = requests.iter().map(|(_, command)| crate::message::command_bytes(command)).sum();
+        if bytes > self.config.batch_bytes_max() {
+            // Its Begin step carries every command in one entry; it cannot be split.
+            self.stats.txns_too_large += 1;
+            for (request, _) in requests {
+                out.reply(
+                    request,
+                    Outcome::Error(CommandError::Unavailable(
+                        "the transaction is larger than one peer message can carry; split it",
+                    )),
+                );
+            }
+            return;
+        }
         self.next_txn += 1;
         self.stats.txns_started += 1;
         let txn = TxnId { origin: self.config.session_client_id, number: self.next_txn };
@@ -588,7 +613,9 @@ impl RaftLog {
                 self.send_waiters(log, now, out);
                 self.start_read_round(log, now);
                 self.propose(log);
-                if !self.handle_ready(log, out) {
+                let ready = self.handle_ready(log, out);
+                self.pump_snapshots(log, now, out);
+                if !ready {
                     break;
                 }
             }
@@ -601,7 +628,20 @@ impl RaftLog {
         if group.own_in_flight || group.queue.is_empty() {
             return;
         }
-        let count = group.queue.len().min(self.config.batch_commands_max);
+        // Bounded by count and by bytes: a batch travels as one message (at least one
+        // command, which always fits).
+        let bytes_max = self.config.batch_bytes_max();
+        let mut bytes = 0;
+        let count = group
+            .queue
+            .iter()
+            .take(self.config.batch_commands_max)
+            .take_while(|(_, command)| {
+                bytes += crate::message::command_bytes(command);
+                bytes <= bytes_max
+            })
+            .count()
+            .max(1);
         let mut commands = Vec::with_capacity(count);
         let mut requests = Vec::with_capacity(count);
         for (index, (request, command)) in group.queue.drain(..count).enumerate() {
@@ -692,17 +732,35 @@ impl RaftLog {
         group.to_propose.push(proposal);
     }
 
-    /// Propose everything accepted during this call as one Raft entry.
+    /// Propose everything accepted during this call as one Raft entry, or as several when it
+    /// would not fit one peer message (each holds at least one proposal).
     fn propose(&mut self, log: usize) {
         let group = &mut self.groups[log];
         if group.to_propose.is_empty() {
             return;
         }
-        let batch = EntryBatch { proposals: std::mem::take(&mut group.to_propose) };
+        let proposals = std::mem::take(&mut group.to_propose);
         if !group.is_leader() {
             group.proposed.clear();
             return; // Lost leadership within the call: the origins retry elsewhere.
         }
+        let bytes_max = self.config.batch_bytes_max();
+        let mut entry = EntryBatch::default();
+        let mut bytes = 0;
+        for proposal in proposals {
+            let size = proposal.bytes();
+            if !entry.proposals.is_empty() && bytes + size > bytes_max {
+                self.propose_entry(log, std::mem::take(&mut entry));
+                bytes = 0;
+            }
+            bytes += size;
+            entry.proposals.push(proposal);
+        }
+        self.propose_entry(log, entry);
+    }
+
+    fn propose_entry(&mut self, log: usize, batch: EntryBatch) {
+        let group = &mut self.groups[log];
         let commands: usize = batch.proposals.iter().map(|proposal| proposal.commands.len()).sum();
         if group.raft.propose(vec![], batch.to_bytes().to_vec()).is_ok() {
             self.stats.entries_proposed += 1;
@@ -908,13 +966,48 @@ impl RaftLog {
     }
 
     fn send_raft(&mut self, log: usize, messages: Vec<raft::prelude::Message>, out: &mut Outbox<Message>) {
+        let chunk_bytes = self.config.snapshot_chunk_bytes();
         for message in messages {
             if let Some(to) = node_of(message.to).filter(|node| self.config.members.contains(*node)) {
                 if message.get_msg_type() == MessageType::MsgSnapshot {
+                    if message.get_snapshot().data.len() > chunk_bytes {
+                        // Too large for one message: streamed in chunks, reported when done.
+                        self.groups[log].snapshots_out.insert(to, Outgoing::new(message));
+                        continue;
+                    }
                     self.snapshots_sent.push(message.to);
                 }
                 out.send(to, Message::Raft { log: log as u32, message: Box::new(message) });
             }
+        }
+    }
+
+    /// Send the chunks of every snapshot transfer that are due; give up stalled ones.
+    fn pump_snapshots(&mut self, log: usize, now: Time, out: &mut Outbox<Message>) {
+        let (chunk_bytes, retry_timeout) = (self.config.snapshot_chunk_bytes(), self.config.retry_timeout);
+        let group = &mut self.groups[log];
+        if group.snapshots_out.is_empty() {
+            return;
+        }
+        if !group.is_leader() {
+            group.snapshots_out.clear(); // the new leader sends its own
+            return;
+        }
+        let mut stalled = Vec::new();
+        for (to, transfer) in &mut group.snapshots_out {
+            if transfer.stalled(now, retry_timeout) {
+                stalled.push(*to);
+                continue;
+            }
+            for chunk in transfer.due(log as u32, now, chunk_bytes, retry_timeout) {
+                self.stats.snapshot_chunks_sent += 1;
+                out.send(*to, chunk);
+            }
+        }
+        for to in stalled {
+            group.snapshots_out.remove(&to);
+            group.raft.report_snapshot(raft_id(to), raft::SnapshotStatus::Failure);
+            self.stats.snapshot_transfers_failed += 1;
         }
     }
 
@@ -1020,7 +1113,9 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         max_election_tick: election_tick + 1,
         pre_vote: true,
         check_quorum: true,
-        max_size_per_msg: 1 << 20,
+        // Appends carry entries up to this size (at least one entry each; entries are cut at
+        // the same bound), so they always fit a peer message.
+        max_size_per_msg: config.batch_bytes_max().min(1 << 20) as u64,
         max_inflight_msgs: 256,
         // Restored: the checkpoint's state machine covers everything up to its index; raft-rs
         // hands out the committed entries after it again.
@@ -1055,6 +1150,8 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         proposed: FxHashMap::default(),
         proposed_term: 0,
         speculation: None,
+        snapshots_out: BTreeMap::new(),
+        snapshot_in: None,
     }
 }
 
@@ -1259,6 +1356,37 @@ impl Replica for RaftLog {
                 }
                 // A stale or out-of-order message is the sender's problem, not a reason to stop.
                 let _ = group.raft.step(*message);
+            }
+            Message::SnapshotChunk { log, index, offset, total, header, data } => {
+                let Some(group) = self.groups.get_mut(log as usize) else {
+                    self.stats.messages_refused += 1;
+                    return;
+                };
+                let chunk = transfer::Chunk { index, offset, total, header, data };
+                let result = transfer::on_chunk(&mut group.snapshot_in, from, chunk);
+                out.send(from, Message::SnapshotAck { log, index, received: result.received });
+                if let Some(message) = result.complete {
+                    if acceptable(&message, from, self.config.me, self.config.members) {
+                        let _ = group.raft.step(*message);
+                    } else {
+                        self.stats.messages_refused += 1;
+                    }
+                }
+            }
+            Message::SnapshotAck { log, index, received } => {
+                let Some(group) = self.groups.get_mut(log as usize) else {
+                    self.stats.messages_refused += 1;
+                    return;
+                };
+                let done = match group.snapshots_out.get_mut(&from) {
+                    Some(transfer) if transfer.index == index => transfer.on_ack(received, now),
+                    _ => false,
+                };
+                if done {
+                    group.snapshots_out.remove(&from);
+                    group.raft.report_snapshot(raft_id(from), raft::SnapshotStatus::Finish);
+                    self.stats.snapshot_transfers_completed += 1;
+                }
             }
             Message::Forward { log, proposal, relayed } => {
                 let log = log as usize;

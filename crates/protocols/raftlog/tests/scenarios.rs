@@ -25,7 +25,7 @@ impl Envelope {
     fn raft_type(&self) -> Option<MessageType> {
         match &self.msg {
             Message::Raft { message, .. } => Some(message.get_msg_type()),
-            Message::Forward { .. } => None,
+            _ => None,
         }
     }
     fn is_forward(&self) -> bool {
@@ -48,6 +48,10 @@ struct Cluster {
     replies: Vec<(ClientRequestId, Outcome)>,
     now: Time,
     next_request: u64,
+    /// The transport's frame limit: a larger message is dropped, as the transport drops it.
+    frame_bytes_max: Option<usize>,
+    /// Messages dropped for exceeding it.
+    oversized: usize,
 }
 
 impl Cluster {
@@ -74,6 +78,8 @@ impl Cluster {
             replies: Vec::new(),
             now: Time::ZERO,
             next_request: 0,
+            frame_bytes_max: None,
+            oversized: 0,
         }
     }
 
@@ -81,6 +87,14 @@ impl Cluster {
         let records = self.nodes[node as usize].take_durable();
         self.disk[node as usize].extend(records);
         for (destination, msg) in out.messages {
+            if let Some(limit) = self.frame_bytes_max {
+                let mut encoded = bytes::BytesMut::new();
+                chorus_core::codec::WireMessage::encode(&msg, &mut encoded);
+                if encoded.len() > limit {
+                    self.oversized += 1;
+                    continue;
+                }
+            }
             for to in destination.nodes().iter() {
                 assert_ne!(to.0, node, "a replica sent a message to itself");
                 self.net.push(Envelope { from: node, to: to.0, msg: msg.clone() });
@@ -661,4 +675,43 @@ fn an_external_session_id_equal_to_a_replicas_own_cannot_hijack_it() {
         assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("v")), "n{node}");
         assert_eq!(cluster.nodes[node].applied_value(b"counter"), Some(&b("1")), "n{node}");
     }
+}
+
+/// A follower that fell behind a compacted log whose state is larger than one peer message
+/// catches up (issue 22): the leader streams the snapshot in chunks. The harness drops every
+/// message over the frame limit, as the transport does; a whole-state `MsgSnapshot` was
+/// such a message, and the follower never caught up.
+#[test]
+fn a_lagging_follower_catches_up_from_a_snapshot_larger_than_a_message() {
+    let frame_bytes_max = 16 * 1024;
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.durable = true;
+        config.snapshot_entries = 20;
+        config.message_bytes_max = frame_bytes_max;
+    });
+    cluster.frame_bytes_max = Some(frame_bytes_max);
+    cluster.run_for(300);
+    cluster.crash(2);
+    let value = "v".repeat(1_000);
+    for i in 0..120 {
+        let request = cluster.client(0, write(&format!("key:{i}"), &value));
+        cluster.run_for(5);
+        assert_eq!(cluster.reply_of(request), Some(Outcome::Written), "write {i}");
+    }
+    assert!(cluster.nodes[0].stats().snapshots_taken > 0, "the leader compacted its log");
+    cluster.restart(2);
+    cluster.run_for(2_000);
+    assert_eq!(cluster.oversized, 0, "a message over the frame limit was produced");
+    for i in 0..120 {
+        assert_eq!(
+            cluster.nodes[2].applied_value(format!("key:{i}").as_bytes()),
+            Some(&b(&value)),
+            "key:{i}"
+        );
+    }
+    let leader = (0..2).map(|node| cluster.nodes[node].stats()).find(|stats| stats.snapshot_chunks_sent > 0);
+    let leader = leader.expect("the snapshot went in chunks");
+    assert!(leader.snapshot_transfers_completed >= 1, "{leader:?}");
+    assert!(cluster.nodes[2].stats().snapshots_installed >= 1);
 }
