@@ -495,6 +495,7 @@ impl Connection {
             info.field("total_error_replies", &metrics.total_errors());
             info.field("chorus_protocol_errors", &metrics.protocol_errors.load(Relaxed));
             info.field("chorus_peer_connections_refused", &self.shared.net.connections_refused.load(Relaxed));
+            info.field("chorus_peer_links_timed_out", &self.shared.net.links_timed_out.load(Relaxed));
             if let Some(status) = &status {
                 info.field("chorus_requests_in_flight", &status.pending_requests);
                 for (name, value) in &status.counters {
