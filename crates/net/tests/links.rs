@@ -51,6 +51,20 @@ async fn cluster(n: u8, token_of: impl Fn(u8) -> &'static str) -> Vec<Node> {
     nodes
 }
 
+/// Two nodes that know each other, each config adjusted by `tweak`.
+async fn pair(tweak: impl Fn(&mut NetConfig)) -> Vec<Node> {
+    let addrs = [free_addr(), free_addr()];
+    let mut nodes = Vec::new();
+    for me in 0..2u8 {
+        let other = 1 - me;
+        let peers = BTreeMap::from([(NodeId(other), addrs[other as usize])]);
+        let mut config = NetConfig::new(NodeId(me), "test", TOKEN, "notes", addrs[me as usize], peers);
+        tweak(&mut config);
+        nodes.push(start::<Note>(config).await.unwrap());
+    }
+    nodes
+}
+
 async fn wait_until(mut condition: impl FnMut() -> bool) {
     tokio::time::timeout(DEADLINE, async {
         while !condition() {
@@ -146,15 +160,7 @@ async fn an_unreachable_peer_cannot_grow_memory_without_bound() {
 #[tokio::test]
 async fn priority_messages_overtake_queued_data() {
     for lane in [true, false] {
-        let addrs = [free_addr(), free_addr()];
-        let mut nodes = Vec::new();
-        for me in 0..2u8 {
-            let other = 1 - me;
-            let peers = BTreeMap::from([(NodeId(other), addrs[other as usize])]);
-            let mut config = NetConfig::new(NodeId(me), "test", TOKEN, "notes", addrs[me as usize], peers);
-            config.priority_lane = lane;
-            nodes.push(start::<Note>(config).await.unwrap());
-        }
+        let mut nodes = pair(|config| config.priority_lane = lane).await;
         wait_connected(&nodes).await;
         nodes[0].0.set_priority(|note| note.0.starts_with(b"hb"));
         let received = nodes[1].2.peers[&NodeId(0)].clone();
@@ -250,15 +256,7 @@ async fn a_silent_inbound_link_is_closed() {
 /// An idle but healthy link stays up: keepalives fill the silence.
 #[tokio::test]
 async fn idle_links_stay_up_through_keepalives() {
-    let addrs = [free_addr(), free_addr()];
-    let mut nodes = Vec::new();
-    for me in 0..2u8 {
-        let other = 1 - me;
-        let peers = BTreeMap::from([(NodeId(other), addrs[other as usize])]);
-        let mut config = NetConfig::new(NodeId(me), "test", TOKEN, "notes", addrs[me as usize], peers);
-        config.link_timeout = Duration::from_millis(200);
-        nodes.push(start::<Note>(config).await.unwrap());
-    }
+    let nodes = pair(|config| config.link_timeout = Duration::from_millis(200)).await;
     wait_connected(&nodes).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     for (_, _, stats) in &nodes {
