@@ -110,7 +110,7 @@ fn start_cluster(chorus: &Path, args: &FailoverArgs, run: usize) -> anyhow::Resu
         command
             .arg("node")
             .args(["--node-id", &node.to_string(), "--protocol", &args.protocol])
-            .args(["--client-addr", &client.to_string(), "--cluster-token", "failover-bench"])
+            .args(["--client-addr", &client.to_string(), "--cluster-token", "failover-bench-token-0123"])
             .args(["--data-dir", dir.join(format!("node-{node}")).to_str().context("utf-8 path")?])
             .args(["--log-level", "warn"]);
         for peer in 0..args.replicas {

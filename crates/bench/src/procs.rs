@@ -95,7 +95,8 @@ pub fn start_chorus_cluster(
     stop: &AtomicBool,
 ) -> anyhow::Result<Vec<SocketAddr>> {
     let ports = free_ports(2 * replicas)?;
-    let token = format!("bench-{}-{:x}", std::process::id(), Instant::now().elapsed().as_nanos() ^ 0x5eed);
+    let token =
+        format!("bench-token-{}-{:x}", std::process::id(), Instant::now().elapsed().as_nanos() ^ 0x5eed);
     let cluster_id = format!("chorus-bench-{}-{}", std::process::id(), procs.name);
     let mut targets = Vec::new();
     for i in 0..replicas {

@@ -170,7 +170,7 @@ fn measure(
             .args(["--node-id", &node.to_string()])
             .args(["--protocol", "raftlog"])
             .args(["--client-addr", &client_addr.to_string()])
-            .args(["--cluster-token", "bench"])
+            .args(["--cluster-token", "bench-raftlog-token-0123"])
             .args(["--data-dir", dir.join(format!("node-{node}")).to_str().expect("utf-8 path")])
             .args(["--raftlog-logs", &setup.logs.to_string()])
             .args(["--raftlog-batch-max", &setup.batch_max.to_string()])

@@ -105,6 +105,28 @@ pub struct NodeArgs {
     /// node restarted with its data_dir rejoins the same way without the flag.
     #[arg(long, value_name = "ADDR")]
     pub join: Option<String>,
+    /// A peer link that carries nothing for this long (milliseconds) is dropped and
+    /// redialled (default 1000).
+    #[arg(long)]
+    pub peer_link_timeout_ms: Option<u64>,
+    /// Serve TLS clients on this port (same IP as --client-addr).
+    #[arg(long)]
+    pub tls_port: Option<u16>,
+    /// This node's certificate (PEM), for TLS clients and peers.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of --tls-cert-file (PEM).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA (PEM) that peers' and clients' certificates must chain to.
+    #[arg(long)]
+    pub tls_ca_cert_file: Option<PathBuf>,
+    /// TLS clients must present a certificate signed by the CA: true (default) or false.
+    #[arg(long)]
+    pub tls_auth_clients: Option<bool>,
+    /// Peer links over mutual TLS: true or false (default).
+    #[arg(long)]
+    pub tls_cluster: Option<bool>,
     /// Log filter: error, warn, info, debug, trace, or a tracing directive.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -158,6 +180,13 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
         raftlog_execution: args.raftlog_execution,
         join: args.join,
+        peer_link_timeout_ms: args.peer_link_timeout_ms,
+        tls_port: args.tls_port,
+        tls_cert_file: args.tls_cert_file,
+        tls_key_file: args.tls_key_file,
+        tls_ca_cert_file: args.tls_ca_cert_file,
+        tls_auth_clients: args.tls_auth_clients,
+        tls_cluster: args.tls_cluster,
         protected_mode,
         maxclients: args.maxclients,
         timeout: args.timeout,

@@ -1,39 +1,94 @@
-//! The peer handshake: the first frame on every peer connection.
+//! The peer handshake: mutual challenge-response authentication over nonces from both sides.
 //!
 //! ```text
-//! HELLO   = magic "CHORUS" | node id: u8 | cluster id: bytes | protocol: bytes | token: bytes
-//! WELCOME = (empty)
-//! REFUSE  = reason: UTF-8
+//! dialer   -> acceptor  HELLO     = magic "CHORUS" | version: u8 | dialer id: u8 | nonce_d: [32]
+//! acceptor -> dialer    CHALLENGE = nonce_a: [32]
+//! dialer   -> acceptor  PROOF     = mac_d: [32] | protocol: bytes
+//! acceptor -> dialer    WELCOME   = mac_a: [32]          (or REFUSE = reason: UTF-8)
+//!
+//! mac_x = HMAC-SHA256(key = cluster token,
+//!                     role_x | cluster id | dialer id | acceptor id | nonce_d | nonce_a | protocol)
 //! ```
 //!
-//! The token travels in clear text: peer links are meant for a private network (the default
-//! binds to 127.0.0.1). The token keeps strangers and misconfigured nodes out; it is not
-//! encryption.
+//! * **The token never travels**, only MACs over fresh nonces. Both nonces come from the
+//!   operating system's RNG, so a recorded exchange cannot be replayed on either side.
+//! * **Both sides prove themselves.** The dialer proves first: the acceptor (which anyone on
+//!   the network can reach) computes no MAC for a caller that has not proven it holds the
+//!   token, so it cannot be used as an oracle for guessing tokens offline. The dialer only
+//!   dials the addresses in its own configuration, and checks the acceptor's MAC before it
+//!   sends anything else.
+//! * **The cluster id is never sent**: it is part of what the MACs cover, so a node of
+//!   another cluster fails authentication without learning this cluster's id. The same holds
+//!   for the protocol name the acceptor runs.
+//! * The roles are in the MAC, so a dialer's proof cannot be reflected back as an acceptor's.
+//!
+//! Without TLS the link is authenticated at its start but not encrypted or integrity
+//! protected afterwards; `tls_cluster` (crate::tls) adds both.
 
 use bytes::{Bytes, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
 use chorus_core::NodeId;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 
 const MAGIC: &[u8] = b"CHORUS";
-/// Bound on a handshake frame: enough for ids, names and a token, small enough that a
+/// Version 2: challenge-response. Version 1 sent the token in clear text.
+pub const HANDSHAKE_VERSION: u8 = 2;
+pub const NONCE_BYTES: usize = 32;
+pub const MAC_BYTES: usize = 32;
+/// Bound on a handshake frame: enough for a MAC and a protocol name, small enough that a
 /// stranger cannot make us buffer much before we refuse it.
 pub const HELLO_BYTES_MAX: usize = 4096;
+/// Shorter cluster tokens are refused at start: HMAC is only as strong as its key, and a
+/// short token could be guessed offline from one recorded exchange.
+pub const TOKEN_BYTES_MIN: usize = 16;
+
+pub type Nonce = [u8; NONCE_BYTES];
+pub type Tag = [u8; MAC_BYTES];
+
+/// A fresh nonce from the operating system's RNG.
+pub fn nonce() -> std::io::Result<Nonce> {
+    let mut nonce = [0u8; NONCE_BYTES];
+    getrandom::fill(&mut nonce)
+        .map_err(|error| std::io::Error::other(format!("no OS randomness: {error}")))?;
+    Ok(nonce)
+}
 
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Hello {
     pub node: NodeId,
-    pub cluster_id: Bytes,
+    pub nonce: Nonce,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Challenge {
+    pub nonce: Nonce,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Proof {
+    pub mac: Tag,
     pub protocol: Bytes,
-    pub token: Bytes,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Welcome {
+    pub mac: Tag,
+}
+
+fn read_array<const N: usize>(reader: &mut Reader) -> Result<[u8; N], DecodeError> {
+    let mut out = [0u8; N];
+    for byte in &mut out {
+        *byte = reader.u8()?;
+    }
+    Ok(out)
 }
 
 impl WireMessage for Hello {
     fn encode(&self, buf: &mut BytesMut) {
         buf.extend_from_slice(MAGIC);
-        buf.extend_from_slice(&[self.node.0]);
-        buf.put_bytes_prefixed(&self.cluster_id);
-        buf.put_bytes_prefixed(&self.protocol);
-        buf.put_bytes_prefixed(&self.token);
+        buf.extend_from_slice(&[HANDSHAKE_VERSION, self.node.0]);
+        buf.extend_from_slice(&self.nonce);
     }
 
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
@@ -42,13 +97,84 @@ impl WireMessage for Hello {
                 return Err(DecodeError::Invalid("not a chorus handshake"));
             }
         }
-        Ok(Hello {
-            node: NodeId(reader.u8()?),
-            cluster_id: reader.bytes()?,
-            protocol: reader.bytes()?,
-            token: reader.bytes()?,
-        })
+        if reader.u8()? != HANDSHAKE_VERSION {
+            return Err(DecodeError::Invalid("unsupported handshake version (a chorus of another release?)"));
+        }
+        let node = NodeId(reader.u8()?);
+        Ok(Hello { node, nonce: read_array(reader)? })
     }
+}
+
+impl WireMessage for Challenge {
+    fn encode(&self, buf: &mut BytesMut) {
+        buf.extend_from_slice(&self.nonce);
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(Challenge { nonce: read_array(reader)? })
+    }
+}
+
+impl WireMessage for Proof {
+    fn encode(&self, buf: &mut BytesMut) {
+        buf.extend_from_slice(&self.mac);
+        buf.put_bytes_prefixed(&self.protocol);
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(Proof { mac: read_array(reader)?, protocol: reader.bytes()? })
+    }
+}
+
+impl WireMessage for Welcome {
+    fn encode(&self, buf: &mut BytesMut) {
+        buf.extend_from_slice(&self.mac);
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(Welcome { mac: read_array(reader)? })
+    }
+}
+
+/// Which side a MAC speaks for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Role {
+    Dialer,
+    Acceptor,
+}
+
+/// What both sides' MACs cover: everything the exchange must agree on.
+#[derive(Clone, Copy, Debug)]
+pub struct Transcript<'a> {
+    pub cluster_id: &'a [u8],
+    pub dialer: NodeId,
+    pub acceptor: NodeId,
+    pub dialer_nonce: &'a Nonce,
+    pub acceptor_nonce: &'a Nonce,
+    pub protocol: &'a [u8],
+}
+
+/// The MAC `role` sends for `transcript`, keyed with the cluster token.
+pub fn mac(token: &[u8], role: Role, transcript: &Transcript<'_>) -> Tag {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(token).expect("HMAC takes keys of any length");
+    let label: &[u8] = match role {
+        Role::Dialer => b"chorus peer dialer v2",
+        Role::Acceptor => b"chorus peer acceptor v2",
+    };
+    // Length prefixes keep the fields apart: no two transcripts feed the same bytes.
+    for field in [label, transcript.cluster_id, transcript.protocol] {
+        mac.update(&(field.len() as u32).to_le_bytes());
+        mac.update(field);
+    }
+    mac.update(&[transcript.dialer.0, transcript.acceptor.0]);
+    mac.update(transcript.dialer_nonce);
+    mac.update(transcript.acceptor_nonce);
+    mac.finalize().into_bytes().into()
+}
+
+/// Check `tag` against the MAC `role` should have sent, in constant time.
+pub fn verify(token: &[u8], role: Role, transcript: &Transcript<'_>, tag: &Tag) -> bool {
+    constant_time_eq(&mac(token, role, transcript), tag)
 }
 
 /// What the acceptor expects of a dialer.
@@ -61,22 +187,30 @@ pub struct Expectations<'a> {
     pub is_peer: &'a (dyn Fn(NodeId) -> bool + Sync),
 }
 
-/// Why a HELLO is refused; the text is sent back to the dialer and logged on both sides.
-pub fn check(hello: &Hello, expect: &Expectations<'_>) -> Result<(), String> {
-    if hello.cluster_id.as_ref() != expect.cluster_id {
-        return Err(format!(
-            "wrong cluster id {:?} (this node is in cluster {:?})",
-            String::from_utf8_lossy(&hello.cluster_id),
-            String::from_utf8_lossy(expect.cluster_id)
-        ));
+/// The acceptor's verdict on a dialer's proof: `Ok` with the WELCOME to send, or the reason
+/// for refusing, which is sent back and logged on both sides. Before the MAC checks out
+/// nothing about this node is revealed: a wrong token and a wrong cluster id read the same.
+pub fn check(
+    hello: &Hello,
+    acceptor_nonce: &Nonce,
+    proof: &Proof,
+    expect: &Expectations<'_>,
+) -> Result<Welcome, String> {
+    let claimed = Transcript {
+        cluster_id: expect.cluster_id,
+        dialer: hello.node,
+        acceptor: expect.me,
+        dialer_nonce: &hello.nonce,
+        acceptor_nonce,
+        protocol: &proof.protocol,
+    };
+    if !verify(expect.token, Role::Dialer, &claimed, &proof.mac) {
+        return Err("authentication failed: wrong cluster token or cluster id".to_string());
     }
-    if !constant_time_eq(&hello.token, expect.token) {
-        return Err("wrong cluster token".to_string());
-    }
-    if hello.protocol.as_ref() != expect.protocol {
+    if proof.protocol.as_ref() != expect.protocol {
         return Err(format!(
             "protocol mismatch: peer runs {:?}, this node runs {:?}",
-            String::from_utf8_lossy(&hello.protocol),
+            String::from_utf8_lossy(&proof.protocol),
             String::from_utf8_lossy(expect.protocol)
         ));
     }
@@ -86,7 +220,7 @@ pub fn check(hello: &Hello, expect: &Expectations<'_>) -> Result<(), String> {
     if !(expect.is_peer)(hello.node) {
         return Err(format!("node id {} is not in this node's peer list", hello.node));
     }
-    Ok(())
+    Ok(Welcome { mac: mac(expect.token, Role::Acceptor, &claimed) })
 }
 
 /// Compare secrets without an early exit that would leak the matching prefix length.
@@ -101,44 +235,102 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
 
-    fn hello() -> Hello {
-        Hello {
-            node: NodeId(1),
-            cluster_id: Bytes::from_static(b"c"),
-            protocol: Bytes::from_static(b"hermes"),
-            token: Bytes::from_static(b"secret"),
+    const TOKEN: &[u8] = b"0123456789abcdef-secret";
+
+    struct Exchange {
+        hello: Hello,
+        challenge: Challenge,
+    }
+
+    fn exchange() -> Exchange {
+        Exchange {
+            hello: Hello { node: NodeId(1), nonce: nonce().unwrap() },
+            challenge: Challenge { nonce: nonce().unwrap() },
         }
     }
 
+    /// The dialer's side: its proof for `acceptor`, from what it knows.
+    fn prove(exchange: &Exchange, token: &[u8], cluster_id: &[u8], protocol: &[u8]) -> Proof {
+        let transcript = Transcript {
+            cluster_id,
+            dialer: exchange.hello.node,
+            acceptor: NodeId(0),
+            dialer_nonce: &exchange.hello.nonce,
+            acceptor_nonce: &exchange.challenge.nonce,
+            protocol,
+        };
+        Proof { mac: mac(token, Role::Dialer, &transcript), protocol: Bytes::copy_from_slice(protocol) }
+    }
+
     fn expect(is_peer: &(dyn Fn(NodeId) -> bool + Sync)) -> Expectations<'_> {
-        Expectations { me: NodeId(0), cluster_id: b"c", protocol: b"hermes", token: b"secret", is_peer }
+        Expectations { me: NodeId(0), cluster_id: b"c", protocol: b"hermes", token: TOKEN, is_peer }
     }
 
-    #[test]
-    fn round_trips_and_accepts_a_peer() {
+    fn round_trip<M: WireMessage + PartialEq + std::fmt::Debug>(message: &M) {
         let mut buf = BytesMut::new();
-        hello().encode(&mut buf);
-        let decoded = Hello::decode_exact(buf.freeze()).unwrap();
-        assert_eq!(decoded, hello());
-        assert_eq!(check(&decoded, &expect(&|_| true)), Ok(()));
+        message.encode(&mut buf);
+        assert_eq!(&M::decode_exact(buf.freeze()).unwrap(), message);
     }
 
     #[test]
-    fn refuses_strangers() {
+    fn messages_round_trip_and_nonces_differ() {
+        let exchange = exchange();
+        round_trip(&exchange.hello);
+        round_trip(&exchange.challenge);
+        round_trip(&prove(&exchange, TOKEN, b"c", b"hermes"));
+        round_trip(&Welcome { mac: [7; MAC_BYTES] });
+        assert_ne!(exchange.hello.nonce, exchange.challenge.nonce);
+    }
+
+    #[test]
+    fn both_sides_authenticate_and_the_acceptor_proof_is_not_the_dialers() {
+        let exchange = exchange();
+        let proof = prove(&exchange, TOKEN, b"c", b"hermes");
+        let welcome = check(&exchange.hello, &exchange.challenge.nonce, &proof, &expect(&|_| true)).unwrap();
+        let transcript = Transcript {
+            cluster_id: b"c",
+            dialer: NodeId(1),
+            acceptor: NodeId(0),
+            dialer_nonce: &exchange.hello.nonce,
+            acceptor_nonce: &exchange.challenge.nonce,
+            protocol: b"hermes",
+        };
+        assert!(verify(TOKEN, Role::Acceptor, &transcript, &welcome.mac));
+        assert!(!verify(b"another-token-of-16+", Role::Acceptor, &transcript, &welcome.mac));
+        assert_ne!(welcome.mac, proof.mac, "roles are part of the MAC: no reflection");
+        // The proof binds the nonces: replayed against a fresh challenge it fails.
+        let fresh = Challenge { nonce: nonce().unwrap() };
+        assert!(check(&exchange.hello, &fresh.nonce, &proof, &expect(&|_| true)).is_err());
+    }
+
+    #[test]
+    fn refuses_strangers_without_telling_them_the_cluster_id() {
         let any = |_| true;
-        let mut wrong_token = hello();
-        wrong_token.token = Bytes::from_static(b"guess");
-        assert!(check(&wrong_token, &expect(&any)).unwrap_err().contains("token"));
-        let mut wrong_cluster = hello();
-        wrong_cluster.cluster_id = Bytes::from_static(b"other");
-        assert!(check(&wrong_cluster, &expect(&any)).unwrap_err().contains("cluster id"));
-        let mut wrong_protocol = hello();
-        wrong_protocol.protocol = Bytes::from_static(b"craq");
-        assert!(check(&wrong_protocol, &expect(&any)).unwrap_err().contains("protocol"));
-        let mut myself = hello();
-        myself.node = NodeId(0);
-        assert!(check(&myself, &expect(&any)).is_err());
-        assert!(check(&hello(), &expect(&|_| false)).unwrap_err().contains("peer list"));
+        let exchange = exchange();
+        let verdict = |proof: &Proof, is_peer| {
+            check(&exchange.hello, &exchange.challenge.nonce, proof, &expect(is_peer))
+        };
+        let wrong_token = verdict(&prove(&exchange, b"guessed-token-guessed", b"c", b"hermes"), &any);
+        let wrong_cluster = verdict(&prove(&exchange, TOKEN, b"other", b"hermes"), &any);
+        assert_eq!(wrong_token.clone().unwrap_err(), wrong_cluster.clone().unwrap_err(), "indistinguishable");
+        let reason = wrong_token.unwrap_err();
+        assert!(reason.contains("authentication failed") && !reason.contains("\"c\""), "{reason}");
+        let wrong_protocol = verdict(&prove(&exchange, TOKEN, b"c", b"craq"), &any).unwrap_err();
+        assert!(wrong_protocol.contains("protocol"), "{wrong_protocol}");
+        assert!(verdict(&prove(&exchange, TOKEN, b"c", b"hermes"), &|_| false)
+            .unwrap_err()
+            .contains("peer list"));
+        let myself = Exchange { hello: Hello { node: NodeId(0), ..exchange.hello.clone() }, ..exchange };
+        let proof = prove(&myself, TOKEN, b"c", b"hermes");
+        assert!(check(&myself.hello, &myself.challenge.nonce, &proof, &expect(&any)).is_err());
         assert!(Hello::decode_exact(Bytes::from_static(b"GET / HTTP/1.1\r\n")).is_err());
+    }
+
+    #[test]
+    fn version_one_hellos_are_refused_clearly() {
+        let mut old = BytesMut::from(&b"CHORUS"[..]);
+        old.extend_from_slice(&[1, 1]);
+        let error = Hello::decode_exact(old.freeze()).unwrap_err();
+        assert!(error.to_string().contains("version"), "{error}");
     }
 }

@@ -19,27 +19,36 @@
 //! * **Reconnect with backoff** from [`NetConfig::reconnect_backoff_min`] doubling to
 //!   [`NetConfig::reconnect_backoff_max`]. Frames queued while a link is down are dropped
 //!   (counted), so a reconnect never floods a peer with stale messages.
+//! * **Liveness** ([`NetConfig::link_timeout`]): an idle writer sends keepalive frames, a
+//!   reader closes a link that stays silent, and a writer whose bytes go unacknowledged drops
+//!   the link (TCP_USER_TIMEOUT) and redials with short connect attempts, so a link cut by a
+//!   partition is back within about a second of the network healing.
 //! * **Priority lane.** Messages the event loop marks as priority ([`Transport::set_priority`]:
 //!   the membership service's heartbeats, acks and Raft) travel on a second connection per
 //!   peer with its own writer, never wait for credits, and land in their own inbound queue,
 //!   which [`Inbound`] serves first. Under a saturating client load the data queues can hold
 //!   a second of work; a heartbeat acknowledgement stuck behind it would let a lease lapse.
-//! * **Handshake**: the dialer sends its node id, the cluster id, the protocol name and the
-//!   cluster token; the acceptor checks all four and answers WELCOME or REFUSE with a reason.
-//!   Strangers are refused with a clear log line; garbage closes that connection only.
+//! * **Handshake** ([`handshake`]): mutual challenge-response with HMAC-SHA256 over nonces
+//!   from both sides, keyed with the cluster token, which never travels; the cluster id is
+//!   covered by the MACs and never sent. Strangers are refused with a clear log line; garbage
+//!   closes that connection only.
+//! * **TLS** ([`tls`], optional): mutual TLS on every peer connection, the handshake inside it.
 
 pub mod handshake;
 pub mod stats;
+pub mod stream;
+pub mod tls;
 pub mod transport;
 
 pub use stats::{Histogram, NetStats, PeerStats, PeerStatsSnapshot};
+pub use stream::Stream;
 pub use transport::{start, Inbound, NetConfig, NetError, Transport};
 
 /// Frame kinds on peer links.
 pub mod kind {
-    /// Dialer -> acceptor: who I am and the cluster credentials.
+    /// Dialer -> acceptor: who I am, and my nonce.
     pub const HELLO: u8 = 1;
-    /// Acceptor -> dialer: accepted.
+    /// Acceptor -> dialer: accepted, with the acceptor's proof.
     pub const WELCOME: u8 = 2;
     /// Acceptor -> dialer: refused, with a UTF-8 reason.
     pub const REFUSE: u8 = 3;
@@ -48,4 +57,10 @@ pub mod kind {
     /// A batch of priority messages (membership heartbeats, acks, Raft), on the priority
     /// lane: its own connection, its own inbound queue, read first by the event loop.
     pub const PRIORITY_BATCH: u8 = 5;
+    /// Acceptor -> dialer: the acceptor's nonce.
+    pub const CHALLENGE: u8 = 6;
+    /// Dialer -> acceptor: the dialer's proof and protocol.
+    pub const PROOF: u8 = 7;
+    /// Nothing: an idle writer's sign of life.
+    pub const KEEPALIVE: u8 = 8;
 }

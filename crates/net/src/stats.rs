@@ -142,6 +142,8 @@ pub struct NetStats {
     /// Inbound connections closed because the handshake failed or a frame was malformed.
     pub connections_refused: AtomicU64,
     pub inbound_connections: AtomicU64,
+    /// Inbound links closed because they stayed silent past the link timeout.
+    pub links_timed_out: AtomicU64,
 }
 
 impl NetStats {

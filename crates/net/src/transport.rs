@@ -17,9 +17,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use crate::handshake::{self, Expectations, Hello, HELLO_BYTES_MAX};
+use crate::handshake::{
+    self, Challenge, Expectations, Hello, Proof, Role, Transcript, Welcome, HELLO_BYTES_MAX,
+};
 use crate::kind;
 use crate::stats::{NetStats, PeerStats};
+use crate::stream::Stream;
+use crate::tls::PeerTls;
 
 /// Transport settings. [`NetConfig::new`] fills in the defaults.
 #[derive(Clone, Debug)]
@@ -43,9 +47,22 @@ pub struct NetConfig {
     /// pushes back on the senders.
     pub inbound_batches_max: usize,
     pub reconnect_backoff_min: Duration,
+    /// Also the longest a healed network waits for the next dial attempt.
     pub reconnect_backoff_max: Duration,
-    /// Connect + handshake deadline, both directions.
+    /// One TCP connect attempt. A partition drops SYNs silently; short attempts mean the
+    /// next one goes out soon after the network heals, instead of waiting for TCP's SYN
+    /// retransmission backoff.
+    pub connect_timeout: Duration,
+    /// TLS + challenge-response deadline, both directions.
     pub handshake_timeout: Duration,
+    /// Liveness of a link: a writer with nothing to send sends a keepalive frame every
+    /// quarter of this; a reader that hears nothing for this long closes the link; a
+    /// writer whose bytes stay unacknowledged this long (TCP_USER_TIMEOUT, Linux) drops it
+    /// and redials. Without it a link cut by a partition sits in TCP's retransmission
+    /// backoff and can stay dead for many seconds after the network heals.
+    pub link_timeout: Duration,
+    /// Mutual TLS on peer links (`tls_cluster`); `None`: plain TCP.
+    pub tls: Option<PeerTls>,
     /// Open the priority lane (a second connection per peer) for messages marked by
     /// [`Transport::set_priority`]. Off, they share the data connection and its queues.
     pub priority_lane: bool,
@@ -73,8 +90,11 @@ impl NetConfig {
             frame_payload_bytes_max: codec::FRAME_PAYLOAD_BYTES_MAX,
             inbound_batches_max: 4096,
             reconnect_backoff_min: Duration::from_millis(20),
-            reconnect_backoff_max: Duration::from_secs(1),
-            handshake_timeout: Duration::from_secs(5),
+            reconnect_backoff_max: Duration::from_millis(250),
+            connect_timeout: Duration::from_millis(500),
+            handshake_timeout: Duration::from_secs(2),
+            link_timeout: Duration::from_secs(1),
+            tls: None,
             priority_lane: true,
             inbound_priority_batches_max: 1024,
         }
@@ -87,6 +107,8 @@ pub enum NetError {
     Bind { addr: SocketAddr, source: io::Error },
     #[error("the peer list contains this node ({0}); pass only the other replicas")]
     PeerIsSelf(NodeId),
+    #[error("the cluster token is {0} bytes; at least {min} are needed (e.g. 32 hex digits from `openssl rand -hex 16`)", min = handshake::TOKEN_BYTES_MIN)]
+    TokenTooShort(usize),
 }
 
 /// Frames for one peer: the frame and how many messages it carries.
@@ -145,6 +167,9 @@ where
     if config.peers.contains_key(&config.me) {
         return Err(NetError::PeerIsSelf(config.me));
     }
+    if config.cluster_token.len() < handshake::TOKEN_BYTES_MIN {
+        return Err(NetError::TokenTooShort(config.cluster_token.len()));
+    }
     let listener = TcpListener::bind(config.listen_addr)
         .await
         .map_err(|source| NetError::Bind { addr: config.listen_addr, source })?;
@@ -157,6 +182,7 @@ where
         peers,
         connections_refused: AtomicU64::new(0),
         inbound_connections: AtomicU64::new(0),
+        links_timed_out: AtomicU64::new(0),
     });
     let config = Arc::new(config);
     let (inbound_tx, inbound_rx) = mpsc::channel(config.inbound_batches_max.max(1));
@@ -318,9 +344,9 @@ async fn run_writer(
     let mut backoff = config.reconnect_backoff_min;
     let mut failures = 0u64;
     loop {
-        match dial(&config, addr).await {
+        match dial(&config, node, addr).await {
             Ok(stream) => {
-                info!(peer = %node, %addr, lane, "peer link up");
+                info!(peer = %node, %addr, lane, tls = config.tls.is_some(), "peer link up");
                 // The data lane's state is the link's state in INFO and metrics.
                 let data_lane = lane == "data";
                 if data_lane {
@@ -329,22 +355,22 @@ async fn run_writer(
                 }
                 backoff = config.reconnect_backoff_min;
                 failures = 0;
-                let result = write_loop(stream, &mut rx, &stats).await;
+                let result = write_loop(stream, &mut rx, &stats, config.link_timeout / 4).await;
                 if data_lane {
                     stats.connected.store(false, Relaxed);
                 }
                 match result {
                     Ok(()) => return, // the event loop dropped the transport
-                    Err(error) => warn!(peer = %node, %addr, lane, "peer link lost: {error}; reconnecting"),
+                    Err(error) => info!(peer = %node, %addr, lane, "peer link down: {error}; redialling"),
                 }
             }
             Err(DialError::Refused(reason)) => {
-                error!(peer = %node, %addr, lane, "peer refused this node: {reason}");
+                error!(peer = %node, %addr, lane, "peer link refused: {reason}");
                 backoff = config.reconnect_backoff_max;
             }
             Err(DialError::Io(error)) => {
                 if failures == 0 {
-                    info!(peer = %node, %addr, "cannot reach peer yet ({error}); retrying with backoff");
+                    info!(peer = %node, %addr, lane, "cannot reach peer ({error}); retrying with backoff");
                 } else {
                     debug!(peer = %node, %addr, failures, "cannot reach peer: {error}");
                 }
@@ -375,66 +401,146 @@ fn drop_queued(rx: &mut mpsc::UnboundedReceiver<QueuedFrame>, stats: &PeerStats)
     }
 }
 
-async fn dial(config: &NetConfig, addr: SocketAddr) -> Result<TcpStream, DialError> {
-    let deadline = config.handshake_timeout;
-    let mut stream = tokio::time::timeout(deadline, TcpStream::connect(addr))
+fn timed_out(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, what.to_string())
+}
+
+/// Connect to `node` at `addr`, start TLS if configured, and authenticate both ways.
+async fn dial(config: &NetConfig, node: NodeId, addr: SocketAddr) -> Result<Stream, DialError> {
+    let tcp = tokio::time::timeout(config.connect_timeout, TcpStream::connect(addr))
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
-    stream.set_nodelay(true)?;
-    let hello = Hello {
-        node: config.me,
-        cluster_id: Bytes::copy_from_slice(config.cluster_id.as_bytes()),
-        protocol: Bytes::copy_from_slice(config.protocol.as_bytes()),
-        token: Bytes::copy_from_slice(config.cluster_token.as_bytes()),
+        .map_err(|_| timed_out("connect timed out"))??;
+    tcp.set_nodelay(true)?;
+    set_user_timeout(&tcp, config.link_timeout);
+    let handshake = async {
+        let mut stream = match &config.tls {
+            None => Stream::Plain(tcp),
+            Some(tls) => {
+                let tls_stream = tls
+                    .connector
+                    .connect(PeerTls::server_name(addr.ip()), tcp)
+                    .await
+                    .map_err(|error| DialError::Refused(format!("TLS handshake failed: {error}")))?;
+                Stream::Tls(Box::new(tls_stream.into()))
+            }
+        };
+        authenticate_to(&mut stream, config, node).await?;
+        Ok(stream)
     };
-    let mut payload = BytesMut::new();
-    hello.encode(&mut payload);
-    let mut out = BytesMut::new();
-    encode_frame(kind::HELLO, &payload, &mut out);
-    stream.write_all(&out).await?;
-    let mut buf = BytesMut::new();
-    let frame = tokio::time::timeout(deadline, read_frame(&mut stream, &mut buf, HELLO_BYTES_MAX))
+    tokio::time::timeout(config.handshake_timeout, handshake)
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no handshake answer"))??;
+        .map_err(|_| timed_out("no handshake answer in time"))?
+}
+
+/// The dialer's half of the challenge-response (crate::handshake).
+async fn authenticate_to(stream: &mut Stream, config: &NetConfig, peer: NodeId) -> Result<(), DialError> {
+    let hello = Hello { node: config.me, nonce: handshake::nonce()? };
+    send_message(stream, kind::HELLO, &hello).await?;
+    let mut buf = BytesMut::new();
+    let challenge: Challenge = expect_answer(stream, &mut buf, kind::CHALLENGE).await?;
+    let transcript = Transcript {
+        cluster_id: config.cluster_id.as_bytes(),
+        dialer: config.me,
+        acceptor: peer,
+        dialer_nonce: &hello.nonce,
+        acceptor_nonce: &challenge.nonce,
+        protocol: config.protocol.as_bytes(),
+    };
+    let token = config.cluster_token.as_bytes();
+    let proof = Proof {
+        mac: handshake::mac(token, Role::Dialer, &transcript),
+        protocol: Bytes::copy_from_slice(config.protocol.as_bytes()),
+    };
+    send_message(stream, kind::PROOF, &proof).await?;
+    let welcome: Welcome = expect_answer(stream, &mut buf, kind::WELCOME).await?;
+    if !handshake::verify(token, Role::Acceptor, &transcript, &welcome.mac) {
+        return Err(DialError::Refused(
+            "the peer did not prove it holds the cluster token (different cluster token or cluster id)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+async fn send_message<M: WireMessage>(stream: &mut Stream, kind: u8, message: &M) -> io::Result<()> {
+    let mut payload = BytesMut::new();
+    message.encode(&mut payload);
+    let mut out = BytesMut::new();
+    encode_frame(kind, &payload, &mut out);
+    stream.write_all(&out).await?;
+    stream.flush().await
+}
+
+/// The next handshake frame: a message of kind `wanted`, or the acceptor's refusal.
+async fn expect_answer<M: WireMessage>(
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    wanted: u8,
+) -> Result<M, DialError> {
+    let frame = read_frame(stream, buf, HELLO_BYTES_MAX).await?;
     match frame.kind {
-        kind::WELCOME => Ok(stream),
         kind::REFUSE => Err(DialError::Refused(String::from_utf8_lossy(&frame.payload).into_owned())),
+        kind if kind == wanted => M::decode_exact(frame.payload)
+            .map_err(|error| DialError::Io(io::Error::new(io::ErrorKind::InvalidData, error.to_string()))),
         other => Err(DialError::Io(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("unexpected frame kind {other} in handshake answer"),
+            format!("unexpected frame kind {other} in the handshake"),
         ))),
     }
 }
 
+/// Unacknowledged bytes older than `timeout` make the kernel drop the connection
+/// (TCP_USER_TIMEOUT): a writer into a partition learns within `timeout` instead of after
+/// TCP's retransmissions give up (~15 minutes). Linux only; elsewhere the reader's silence
+/// timeout on the other side is the only bound.
+fn set_user_timeout(tcp: &TcpStream, timeout: Duration) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Err(error) = socket2::SockRef::from(tcp).set_tcp_user_timeout(Some(timeout)) {
+        warn!("cannot set TCP_USER_TIMEOUT on a peer link: {error}");
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = (tcp, timeout);
+}
+
 /// Write queued frames until the transport is dropped (`Ok`) or the link fails (`Err`).
+/// With nothing to send for `keepalive`, send a keepalive frame: the reader on the other
+/// side counts silence as a dead link, and the kernel needs bytes in flight to notice one.
 async fn write_loop(
-    stream: TcpStream,
+    mut stream: Stream,
     rx: &mut mpsc::UnboundedReceiver<QueuedFrame>,
     stats: &PeerStats,
+    keepalive: Duration,
 ) -> io::Result<()> {
-    let (mut reader, mut writer) = stream.into_split();
+    let mut keepalive_frame = BytesMut::new();
+    encode_frame(kind::KEEPALIVE, &[], &mut keepalive_frame);
     let mut coalesced = BytesMut::new();
     let mut probe = [0u8; 64];
     loop {
         // The link is send-only: reading only notices the peer closing it.
-        let (first, first_count) = tokio::select! {
+        let next = tokio::select! {
             item = rx.recv() => match item {
-                Some(item) => item,
+                Some(item) => Some(item),
                 None => return Ok(()),
             },
-            read = reader.read(&mut probe) => {
+            read = stream.read(&mut probe) => {
                 return Err(match read {
                     Ok(0) => io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection"),
                     Ok(_) => io::Error::new(io::ErrorKind::InvalidData, "peer sent data on a send-only link"),
                     Err(error) => error,
                 });
             }
+            () = tokio::time::sleep(keepalive) => None,
+        };
+        let Some((first, first_count)) = next else {
+            stream.write_all(&keepalive_frame).await?;
+            stream.flush().await?;
+            continue;
         };
         let mut frames = 1u64;
         let mut messages = first_count as u64;
         let mut bytes = first.len();
         let result = match rx.try_recv() {
-            Err(_) => writer.write_all(&first).await,
+            Err(_) => stream.write_all(&first).await,
             Ok((second, count)) => {
                 coalesced.clear();
                 coalesced.extend_from_slice(&first);
@@ -449,8 +555,12 @@ async fn write_loop(
                     messages += count as u64;
                     bytes += frame.len();
                 }
-                writer.write_all(&coalesced).await
+                stream.write_all(&coalesced).await
             }
+        };
+        let result = match result {
+            Ok(()) => stream.flush().await,
+            Err(error) => Err(error),
         };
         stats.queued_bytes.fetch_sub(bytes as u64, Relaxed);
         stats.queued_frames.fetch_sub(frames, Relaxed);
@@ -467,11 +577,7 @@ async fn write_loop(
 }
 
 /// Read one whole frame, keeping any following bytes in `buf`.
-async fn read_frame(
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    payload_bytes_max: usize,
-) -> io::Result<Frame> {
+async fn read_frame(stream: &mut Stream, buf: &mut BytesMut, payload_bytes_max: usize) -> io::Result<Frame> {
     loop {
         match decode_frame(buf, payload_bytes_max) {
             Ok(Some(frame)) => return Ok(frame),
@@ -541,7 +647,7 @@ enum InboundError {
 }
 
 async fn serve_inbound<M>(
-    mut stream: TcpStream,
+    tcp: TcpStream,
     config: &NetConfig,
     tx: &InboundQueues<M>,
     stats: &NetStats,
@@ -549,45 +655,28 @@ async fn serve_inbound<M>(
 where
     M: WireMessage + Send,
 {
-    let _ = stream.set_nodelay(true);
+    let _ = tcp.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(16 * 1024);
-    let frame = match tokio::time::timeout(
-        config.handshake_timeout,
-        read_frame(&mut stream, &mut buf, HELLO_BYTES_MAX),
-    )
-    .await
-    {
-        Err(_) => return Err(InboundError::Refused("no handshake in time".into())),
-        Ok(Err(error)) => return Err(InboundError::Refused(format!("not a chorus peer ({error})"))),
-        Ok(Ok(frame)) => frame,
+    let handshake = async {
+        let mut stream = match &config.tls {
+            None => Stream::Plain(tcp),
+            Some(tls) => {
+                let tls_stream = tls
+                    .acceptor
+                    .accept(tcp)
+                    .await
+                    .map_err(|error| InboundError::Refused(format!("TLS handshake failed: {error}")))?;
+                Stream::Tls(Box::new(tls_stream.into()))
+            }
+        };
+        let node = authenticate_from(&mut stream, &mut buf, config).await?;
+        Ok::<_, InboundError>((stream, node))
     };
-    if frame.kind != kind::HELLO {
-        return Err(InboundError::Refused(format!(
-            "not a chorus peer (first frame has kind {})",
-            frame.kind
-        )));
-    }
-    let hello = Hello::decode_exact(frame.payload)
-        .map_err(|error| InboundError::Refused(format!("malformed handshake: {error}")))?;
-    let is_peer = |node: NodeId| config.peers.contains_key(&node);
-    let expect = Expectations {
-        me: config.me,
-        cluster_id: config.cluster_id.as_bytes(),
-        protocol: config.protocol.as_bytes(),
-        token: config.cluster_token.as_bytes(),
-        is_peer: &is_peer,
-    };
-    let mut answer = BytesMut::new();
-    if let Err(reason) = handshake::check(&hello, &expect) {
-        encode_frame(kind::REFUSE, reason.as_bytes(), &mut answer);
-        let _ = tokio::time::timeout(config.handshake_timeout, stream.write_all(&answer)).await;
-        return Err(InboundError::Refused(format!("{reason} (claims to be {})", hello.node)));
-    }
-    encode_frame(kind::WELCOME, &[], &mut answer);
-    let node = hello.node;
+    let (mut stream, node) = tokio::time::timeout(config.handshake_timeout, handshake)
+        .await
+        .map_err(|_| InboundError::Refused("no handshake in time".into()))??;
     let failed = |error: String| InboundError::Failed(node, error);
-    stream.write_all(&answer).await.map_err(|error| failed(error.to_string()))?;
-    info!(peer = %node, "accepted inbound peer link");
+    info!(peer = %node, tls = config.tls.is_some(), "accepted inbound peer link");
     let peer_stats = stats.peers.get(&node).cloned();
     loop {
         loop {
@@ -599,6 +688,7 @@ where
             let queue = match frame.kind {
                 kind::BATCH => &tx.data,
                 kind::PRIORITY_BATCH => &tx.priority,
+                kind::KEEPALIVE => continue,
                 other => return Err(failed(format!("unexpected frame kind {other}"))),
             };
             let messages = decode_batch::<M>(frame.payload)
@@ -611,10 +701,66 @@ where
                 return Ok(node); // the event loop is gone: shutting down
             }
         }
-        match stream.read_buf(&mut buf).await {
-            Ok(0) => return Ok(node),
-            Ok(_) => {}
-            Err(error) => return Err(failed(error.to_string())),
+        // Only time spent waiting for bytes counts as silence, not time spent waiting for
+        // room in the event loop's queue.
+        match tokio::time::timeout(config.link_timeout, stream.read_buf(&mut buf)).await {
+            Err(_) => {
+                stats.links_timed_out.fetch_add(1, Relaxed);
+                return Err(failed(format!(
+                    "silent for {} ms although keepalives are due; closing it",
+                    config.link_timeout.as_millis()
+                )));
+            }
+            Ok(Ok(0)) => return Ok(node),
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return Err(failed(error.to_string())),
+        }
+    }
+}
+
+/// The acceptor's half of the challenge-response: the dialer proves itself first, and only
+/// then does this node prove itself (crate::handshake). Returns the authenticated peer.
+async fn authenticate_from(
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    config: &NetConfig,
+) -> Result<NodeId, InboundError> {
+    let not_a_peer = |error: String| InboundError::Refused(format!("not a chorus peer ({error})"));
+    let frame =
+        read_frame(stream, buf, HELLO_BYTES_MAX).await.map_err(|error| not_a_peer(error.to_string()))?;
+    if frame.kind != kind::HELLO {
+        return Err(not_a_peer(format!("first frame has kind {}", frame.kind)));
+    }
+    let hello = Hello::decode_exact(frame.payload).map_err(|error| not_a_peer(error.to_string()))?;
+    let challenge = Challenge { nonce: handshake::nonce().map_err(|error| not_a_peer(error.to_string()))? };
+    let claimed = hello.node;
+    let io_failed =
+        |error: io::Error| InboundError::Refused(format!("handshake with {claimed} failed: {error}"));
+    send_message(stream, kind::CHALLENGE, &challenge).await.map_err(io_failed)?;
+    let frame = read_frame(stream, buf, HELLO_BYTES_MAX).await.map_err(io_failed)?;
+    if frame.kind != kind::PROOF {
+        return Err(not_a_peer(format!("expected a proof, got frame kind {}", frame.kind)));
+    }
+    let proof = Proof::decode_exact(frame.payload).map_err(|error| not_a_peer(error.to_string()))?;
+    let is_peer = |node: NodeId| config.peers.contains_key(&node);
+    let expect = Expectations {
+        me: config.me,
+        cluster_id: config.cluster_id.as_bytes(),
+        protocol: config.protocol.as_bytes(),
+        token: config.cluster_token.as_bytes(),
+        is_peer: &is_peer,
+    };
+    match handshake::check(&hello, &challenge.nonce, &proof, &expect) {
+        Ok(welcome) => {
+            send_message(stream, kind::WELCOME, &welcome).await.map_err(io_failed)?;
+            Ok(hello.node)
+        }
+        Err(reason) => {
+            let mut answer = BytesMut::new();
+            encode_frame(kind::REFUSE, reason.as_bytes(), &mut answer);
+            let _ = stream.write_all(&answer).await;
+            let _ = stream.flush().await;
+            Err(InboundError::Refused(format!("{reason} (claims to be {claimed})")))
         }
     }
 }

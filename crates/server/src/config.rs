@@ -18,6 +18,13 @@
 //! metrics_addr = "127.0.0.1:9379"    # optional Prometheus endpoint
 //! value_bytes_max = 67108864         # optional, default 64 MiB
 //! worker_threads = 1                 # optional: threads running this node (default 1, see below)
+//! peer_link_timeout_ms = 1000        # optional: a peer link silent this long is dropped and redialled
+//! tls-port = 6380                    # optional: TLS clients (Redis' names; tls_port works too)
+//! tls-cert-file = "node.pem"         # this node's certificate (PEM), for clients and peers
+//! tls-key-file = "node.key"
+//! tls-ca-cert-file = "ca.pem"        # verifies peers, and clients unless tls-auth-clients = false
+//! tls-auth-clients = true            # TLS clients must present a certificate (default, as Redis)
+//! tls-cluster = true                 # peer links over mutual TLS (alias tls-replication)
 //! request_deadline_ms = 5000         # optional: longest a request waits for an answer
 //! protected-mode = true              # refuse a non-loopback client_addr without requirepass
 //! maxclients = 10000                 # Redis' names from here on, with Redis' defaults
@@ -78,6 +85,23 @@ pub struct RawConfig {
     /// Join a running cluster (Hermes §3.4 Recovery): the peer address of a live replica to
     /// copy the data from. `chorus node --join ADDR`.
     pub join: Option<String>,
+    /// A peer link that carries nothing for this long is dropped and redialled (default 1000).
+    pub peer_link_timeout_ms: Option<u64>,
+    /// TLS clients on this port of `client_addr`'s IP. Redis' names work too (`tls-port`, ...).
+    #[serde(alias = "tls-port")]
+    pub tls_port: Option<u16>,
+    #[serde(alias = "tls-cert-file")]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(alias = "tls-key-file")]
+    pub tls_key_file: Option<PathBuf>,
+    #[serde(alias = "tls-ca-cert-file")]
+    pub tls_ca_cert_file: Option<PathBuf>,
+    /// TLS clients must present a certificate signed by the CA (default true, as in Redis).
+    #[serde(alias = "tls-auth-clients")]
+    pub tls_auth_clients: Option<bool>,
+    /// Peer links over mutual TLS.
+    #[serde(alias = "tls-cluster", alias = "tls-replication", alias = "tls_replication")]
+    pub tls_cluster: Option<bool>,
     /// Longest a client request waits for the protocol to answer (default 5000).
     pub request_deadline_ms: Option<u64>,
     /// Longest a command may take to arrive once its first byte has (default 60000; 0: no
@@ -243,7 +267,22 @@ pub struct NodeConfig {
     /// (pipelining) connections to parse.
     pub worker_threads: usize,
     pub raftlog: RaftlogOptions,
+    /// A peer link silent this long is dropped and redialled (chorus_net::NetConfig::link_timeout).
+    pub peer_link_timeout_ms: u64,
+    /// TLS for clients and/or peers; `None`: plain TCP everywhere.
+    pub tls: Option<TlsSettings>,
     pub clients: ClientLimits,
+}
+
+/// TLS settings (docs/operations.md, "Security").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub files: chorus_net::tls::TlsFiles,
+    /// Serve TLS clients on this port (of `client_addr`'s IP).
+    pub client_port: Option<u16>,
+    pub auth_clients: bool,
+    /// Peer links over mutual TLS.
+    pub cluster: bool,
 }
 
 /// What the node allows its clients (docs/operations.md, "Security"; docs/resp.md, "Limits").
@@ -365,6 +404,13 @@ impl RawConfig {
             raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             join: overrides.join.or(self.join),
+            peer_link_timeout_ms: overrides.peer_link_timeout_ms.or(self.peer_link_timeout_ms),
+            tls_port: overrides.tls_port.or(self.tls_port),
+            tls_cert_file: overrides.tls_cert_file.or(self.tls_cert_file),
+            tls_key_file: overrides.tls_key_file.or(self.tls_key_file),
+            tls_ca_cert_file: overrides.tls_ca_cert_file.or(self.tls_ca_cert_file),
+            tls_auth_clients: overrides.tls_auth_clients.or(self.tls_auth_clients),
+            tls_cluster: overrides.tls_cluster.or(self.tls_cluster),
             request_deadline_ms: overrides.request_deadline_ms.or(self.request_deadline_ms),
             incomplete_command_timeout_ms: overrides
                 .incomplete_command_timeout_ms
@@ -426,9 +472,10 @@ impl RawConfig {
             parse_addr("client_addr", self.client_addr.as_deref().unwrap_or(DEFAULT_CLIENT_ADDR))?;
         let peers = self
             .peers
+            .as_ref()
             .ok_or_else(|| field_error("peers", "missing: list every replica as `<id> = \"ip:port\"`"))?;
         let mut replicas = BTreeMap::new();
-        for (id, addr) in &peers {
+        for (id, addr) in peers {
             let id: u8 = id
                 .parse()
                 .ok()
@@ -446,9 +493,21 @@ impl RawConfig {
         if peer_addr == client_addr {
             return Err(field_error("peer_addr", "must differ from client_addr"));
         }
+        let tls = self.tls_settings(client_addr, peer_addr)?;
         let cluster_token = self.cluster_token.filter(|token| !token.is_empty()).ok_or_else(|| {
             field_error("cluster_token", "missing: peers authenticate with a shared secret")
         })?;
+        let token_bytes_min = chorus_net::handshake::TOKEN_BYTES_MIN;
+        if cluster_token.len() < token_bytes_min {
+            return Err(field_error(
+                "cluster_token",
+                format!(
+                    "is {} bytes; at least {token_bytes_min} are needed, or it could be guessed offline \
+                     (e.g. 32 hex digits from `openssl rand -hex 16`)",
+                    cluster_token.len()
+                ),
+            ));
+        }
         let cluster_id = self.cluster_id.unwrap_or_else(|| "chorus".to_string());
         if cluster_id.is_empty() {
             return Err(field_error("cluster_id", "must not be empty"));
@@ -470,6 +529,10 @@ impl RawConfig {
         let worker_threads = self.worker_threads.unwrap_or(1);
         if !(1..=256).contains(&worker_threads) {
             return Err(field_error("worker_threads", "must be between 1 and 256"));
+        }
+        let peer_link_timeout_ms = self.peer_link_timeout_ms.unwrap_or(1_000);
+        if !(100..=600_000).contains(&peer_link_timeout_ms) {
+            return Err(field_error("peer_link_timeout_ms", "must be between 100 and 600000"));
         }
         let protected =
             self.protected_mode.as_ref().map(|value| value.value("protected-mode")).transpose()?;
@@ -507,8 +570,65 @@ impl RawConfig {
             maxclients,
             worker_threads,
             join,
+            peer_link_timeout_ms,
+            tls,
             clients,
         })
+    }
+
+    fn tls_settings(
+        &self,
+        client_addr: SocketAddr,
+        peer_addr: SocketAddr,
+    ) -> Result<Option<TlsSettings>, ConfigError> {
+        let cluster = self.tls_cluster.unwrap_or(false);
+        let wanted = cluster || self.tls_port.is_some();
+        if !wanted {
+            let stray = [
+                ("tls_cert_file", self.tls_cert_file.is_some()),
+                ("tls_key_file", self.tls_key_file.is_some()),
+                ("tls_ca_cert_file", self.tls_ca_cert_file.is_some()),
+                ("tls_auth_clients", self.tls_auth_clients.is_some()),
+            ];
+            if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
+                return Err(field_error(field, "has no effect without tls_port or tls_cluster"));
+            }
+            return Ok(None);
+        }
+        let needed = |field: &str, value: &Option<PathBuf>| {
+            value
+                .clone()
+                .ok_or_else(|| field_error(field, "missing: TLS needs this node's certificate and key"))
+        };
+        let files = chorus_net::tls::TlsFiles {
+            cert_file: needed("tls_cert_file", &self.tls_cert_file)?,
+            key_file: needed("tls_key_file", &self.tls_key_file)?,
+            ca_cert_file: self.tls_ca_cert_file.clone(),
+        };
+        if cluster && files.ca_cert_file.is_none() {
+            return Err(field_error(
+                "tls_ca_cert_file",
+                "missing: tls_cluster verifies peers against this CA",
+            ));
+        }
+        let auth_clients = self.tls_auth_clients.unwrap_or(true);
+        if self.tls_port.is_some() && auth_clients && files.ca_cert_file.is_none() {
+            return Err(field_error(
+                "tls_ca_cert_file",
+                "missing: tls_auth_clients (on by default, as in Redis) verifies client certificates \
+                 against it; set tls_auth_clients = false to accept clients without one",
+            ));
+        }
+        if let Some(port) = self.tls_port {
+            if port == 0 || port == client_addr.port() || SocketAddr::new(client_addr.ip(), port) == peer_addr
+            {
+                return Err(field_error(
+                    "tls_port",
+                    format!("{port} is 0 or already the client or peer port"),
+                ));
+            }
+        }
+        Ok(Some(TlsSettings { files, client_port: self.tls_port, auth_clients, cluster }))
     }
 }
 
@@ -685,7 +805,7 @@ mod tests {
 
     const GOOD: &str = r#"
 node_id = 1
-cluster_token = "secret"
+cluster_token = "secret-secret-secret"
 client_addr = "127.0.0.1:7380"
 [peers]
 0 = "127.0.0.1:8379"
@@ -739,6 +859,29 @@ client_addr = "127.0.0.1:7380"
                 }
             }
         }
+    }
+
+    #[test]
+    fn tls_settings_take_redis_names_and_say_what_is_missing() {
+        let text = format!(
+            "tls-port = 6390\ntls-cert-file = \"n.pem\"\ntls-key-file = \"n.key\"\ntls-ca-cert-file = \"ca.pem\"\ntls-replication = true\n{GOOD}"
+        );
+        let tls = RawConfig::parse(&text).unwrap().validate().unwrap().tls.unwrap();
+        assert_eq!(tls.client_port, Some(6390));
+        assert!(tls.cluster && tls.auth_clients);
+        assert_eq!(tls.files.ca_cert_file, Some(PathBuf::from("ca.pem")));
+        let no_key = format!("tls_port = 6390\ntls_cert_file = \"n.pem\"\n{GOOD}");
+        assert!(error_of(&no_key).contains("`tls_key_file`"));
+        let no_ca = format!("tls_port = 6390\ntls_cert_file = \"n.pem\"\ntls_key_file = \"n.key\"\n{GOOD}");
+        assert!(error_of(&no_ca).contains("`tls_ca_cert_file`"));
+        let anonymous_clients = format!("tls_auth_clients = false\n{no_ca}");
+        let tls = RawConfig::parse(&anonymous_clients).unwrap().validate().unwrap().tls.unwrap();
+        assert!(!tls.cluster && !tls.auth_clients);
+        let cluster_without_ca =
+            format!("tls_cluster = true\ntls_cert_file = \"n.pem\"\ntls_key_file = \"n.key\"\n{GOOD}");
+        assert!(error_of(&cluster_without_ca).contains("`tls_ca_cert_file`"));
+        assert!(error_of(&format!("tls_cert_file = \"n.pem\"\n{GOOD}")).contains("has no effect"));
+        assert!(RawConfig::parse(GOOD).unwrap().validate().unwrap().tls.is_none());
     }
 
     #[test]
@@ -815,7 +958,10 @@ client_addr = "127.0.0.1:7380"
     #[test]
     fn errors_name_the_field() {
         assert!(error_of("cluster_token = \"s\"\n[peers]\n0 = \"127.0.0.1:1\"").contains("`node_id`"));
-        assert!(error_of(&GOOD.replace("cluster_token = \"secret\"", "")).contains("`cluster_token`"));
+        assert!(error_of(&GOOD.replace("cluster_token = \"secret-secret-secret\"", ""))
+            .contains("`cluster_token`"));
+        let short = error_of(&GOOD.replace("secret-secret-secret", "secret"));
+        assert!(short.contains("`cluster_token`") && short.contains("at least 16"), "{short}");
         assert!(error_of(&GOOD.replace("127.0.0.1:7380", "localhost")).contains("`client_addr`"));
         assert!(error_of(&GOOD.replace("1 = \"127.0.0.1:8380\"", "")).contains("`peers`"));
         assert!(error_of(&format!("protocol = \"paxos\"\n{GOOD}")).contains("`protocol`"));

@@ -227,6 +227,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     async fn flush(&mut self) -> std::io::Result<()> {
         if !self.write.is_empty() {
             self.stream.write_all(&self.write).await?;
+            // A TLS stream may hold the last record until flushed; TCP's flush is a no-op.
+            self.stream.flush().await?;
             self.write.clear();
         }
         Ok(())
@@ -656,6 +658,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             info.field("total_error_replies", &metrics.total_errors());
             info.field("chorus_protocol_errors", &metrics.protocol_errors.load(Relaxed));
             info.field("chorus_peer_connections_refused", &self.shared.net.connections_refused.load(Relaxed));
+            info.field("chorus_peer_links_timed_out", &self.shared.net.links_timed_out.load(Relaxed));
             if let Some(status) = &status {
                 info.field("chorus_requests_past_deadline", &status.requests_past_deadline);
                 info.field("chorus_requests_in_flight", &status.pending_requests);

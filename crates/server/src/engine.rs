@@ -229,6 +229,10 @@ impl ServedReplica for DurableRaftLog {
             ("logs_led", logs_led as u64),
             ("snapshots_taken", s.snapshots_taken),
             ("snapshots_installed", s.snapshots_installed),
+            ("snapshot_chunks_sent", s.snapshot_chunks_sent),
+            ("snapshot_transfers_completed", s.snapshot_transfers_completed),
+            ("snapshot_transfers_failed", s.snapshot_transfers_failed),
+            ("txns_too_large", s.txns_too_large),
             ("disk_records_appended", d.records_appended),
             ("disk_flushes", d.flushes),
             ("disk_drains", d.drains),
@@ -658,6 +662,8 @@ where
     /// Append-only file for [`ServedReplica::take_durable_records`], fsynced every turn that
     /// adds to it. `None`: the node has no data directory and keeps such state in memory.
     durable_log: Option<std::fs::File>,
+    /// The view and serving state last logged: every change is logged once, at INFO.
+    logged: Option<(View, bool)>,
 }
 
 /// Run the event loop until every request sender is gone, or `shutdown` turns true and the
@@ -691,6 +697,7 @@ pub async fn run<R>(
         origin: Instant::now(),
         last_tick: Time::ZERO,
         durable_log,
+        logged: None,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -723,6 +730,7 @@ pub async fn run<R>(
         if state.done_stopping() {
             break;
         }
+        state.log_view_changes();
     }
     state.fail_pending();
     // Dropping `state` drops the transport (its writers stop).
@@ -930,6 +938,24 @@ where
         }
         self.complete_replies_now();
         self.transport.send_turn(&mut self.outbox.messages);
+    }
+
+    /// Log every view this node installs (epoch and members) and every change of whether it
+    /// serves, so an operator can follow a partition and its healing in the log.
+    fn log_view_changes(&mut self) {
+        let (view, serving) = (self.replica.current_view(), self.replica.operational());
+        if self.logged == Some((view, serving)) {
+            return;
+        }
+        let members: Vec<String> = view.live.iter().map(|node| node.to_string()).collect();
+        let members = members.join(",");
+        match self.logged {
+            Some((last, _)) if last == view => {
+                tracing::info!(epoch = view.epoch.0, %members, serving, "serving state changed")
+            }
+            _ => tracing::info!(epoch = view.epoch.0, %members, serving, "view installed"),
+        }
+        self.logged = Some((view, serving));
     }
 
     /// Raft's safety needs its vote and log on disk before any message that depends on them

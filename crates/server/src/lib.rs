@@ -104,12 +104,28 @@ async fn serve_node(
         warn!("CHORUS_PRIORITY_LANE=off: membership messages share the data connections");
         net.priority_lane = false;
     }
-    // One message carries at most a key and a value, each bounded by the value limit.
-    net.frame_payload_bytes_max = 2 * config.value_bytes_max + 64 * 1024;
+    net.frame_payload_bytes_max = frame_payload_bytes_max(config);
+    net.link_timeout = std::time::Duration::from_millis(config.peer_link_timeout_ms);
+    if let Some(tls) = config.tls.as_ref().filter(|tls| tls.cluster) {
+        net.tls = Some(chorus_net::tls::PeerTls::load(&tls.files).context("tls_cluster")?);
+    }
 
     let clients = TcpListener::bind(config.client_addr)
         .await
         .with_context(|| format!("cannot listen for clients on {}", config.client_addr))?;
+    let tls_clients = match config.tls.as_ref().and_then(|tls| Some((tls, tls.client_port?))) {
+        None => None,
+        Some((tls, port)) => {
+            let acceptor =
+                chorus_net::tls::client_acceptor(&tls.files, tls.auth_clients).context("tls_port")?;
+            let addr = std::net::SocketAddr::new(config.client_addr.ip(), port);
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for TLS clients on {addr}"))?;
+            info!(%addr, auth_clients = tls.auth_clients, "serving TLS clients");
+            Some((listener, acceptor))
+        }
+    };
     let metrics_listener = match config.metrics_addr {
         Some(addr) => Some(
             TcpListener::bind(addr).await.with_context(|| format!("cannot listen for metrics on {addr}"))?,
@@ -215,8 +231,18 @@ async fn serve_node(
         auth = config.requirepass.is_some(),
         "chorus node serving"
     );
+    let serve_tls = async {
+        match tls_clients {
+            Some((tls_listener, acceptor)) => {
+                let upgrade = move |stream| tls_upgrade(acceptor.clone(), stream);
+                listener::accept_loop(tls_listener, shared.clone(), upgrade).await
+            }
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         () = listener::accept_loop(clients, shared.clone(), listener::plain) => {}
+        () = serve_tls => {}
         () = shutdown => info!(node = %me, "shutting down (signal)"),
         () = stop_requested.notified() => info!(node = %me, "shutting down (SHUTDOWN)"),
     }
@@ -289,6 +315,26 @@ fn descriptor_budget(maxclients: usize, peers: usize) -> anyhow::Result<usize> {
          {hard}) and {reserved} descriptors are reserved for peer links and files; raise it (ulimit -n)"
     );
     Ok(fitting as usize)
+}
+
+/// A TLS client's handshake (`tls_port`): [`listener::accept_loop`]'s `upgrade`, bounded in
+/// time so a silent client cannot hold a slot. Failures are logged with rustls' reason.
+async fn tls_upgrade(
+    tls: chorus_net::tls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+) -> std::io::Result<chorus_net::Stream> {
+    let peer = stream.peer_addr().ok();
+    let result = match tokio::time::timeout(std::time::Duration::from_secs(10), tls.accept(stream)).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out")),
+    };
+    match result {
+        Ok(stream) => Ok(chorus_net::Stream::Tls(Box::new(stream.into()))),
+        Err(error) => {
+            info!(?peer, "TLS client handshake failed: {error}");
+            Err(error)
+        }
+    }
 }
 
 /// What starting the event loop needs, whatever the protocol.
@@ -387,6 +433,11 @@ fn open_chain(
     Ok(chain)
 }
 
+/// One message carries at most a key and a value, each bounded by the value limit.
+fn frame_payload_bytes_max(config: &NodeConfig) -> usize {
+    2 * config.value_bytes_max + 64 * 1024
+}
+
 /// The raftlog replica, restored from `<data_dir>/raftlog` (its two-level log and last
 /// checkpoint); without a data directory it keeps everything in memory and must never
 /// rejoin under the same id after a restart.
@@ -396,6 +447,8 @@ fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Durabl
     raftlog.batch_commands_max = config.raftlog.batch_commands_max;
     raftlog.snapshot_entries = config.raftlog.snapshot_entries;
     raftlog.decoupled = config.raftlog.decoupled;
+    // Batches and entries are cut to fit the transport's frames; larger snapshots go in chunks.
+    raftlog.message_bytes_max = frame_payload_bytes_max(config);
     let Some(data_dir) = &config.data_dir else {
         warn!("no data_dir: raftlog state is in memory only; a restarted node must not rejoin under its id");
         return Ok(DurableRaftLog::in_memory(raftlog));

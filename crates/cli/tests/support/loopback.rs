@@ -43,6 +43,21 @@ impl Cluster {
     /// [`Cluster::start`], with `prepare` applied to each node's command (its environment,
     /// its resource limits) before it is spawned.
     pub fn start_with(replicas: usize, extra_args: &[&str], prepare: fn(&mut Command)) -> Cluster {
+        let extra: Vec<String> = extra_args.iter().map(|arg| arg.to_string()).collect();
+        Cluster::launch(replicas, |_, _| extra.clone(), prepare)
+    }
+
+    /// Like [`Cluster::start`], with arguments per node: `args_of(i, dir)` (`dir` is the
+    /// cluster's scratch directory, e.g. for certificates).
+    pub fn start_each(replicas: usize, args_of: impl Fn(usize, &std::path::Path) -> Vec<String>) -> Cluster {
+        Cluster::launch(replicas, args_of, |_| {})
+    }
+
+    fn launch(
+        replicas: usize,
+        args_of: impl Fn(usize, &std::path::Path) -> Vec<String>,
+        prepare: fn(&mut Command),
+    ) -> Cluster {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "chorus-test-{}-{}",
@@ -52,7 +67,7 @@ impl Cluster {
         std::fs::create_dir_all(&dir).unwrap();
         let addrs = free_addrs(2 * replicas);
         let password =
-            extra_args.windows(2).find(|pair| pair[0] == "--requirepass").map(|pair| pair[1].to_string());
+            args_of(0, &dir).windows(2).find(|pair| pair[0] == "--requirepass").map(|pair| pair[1].clone());
         let mut cluster = Cluster { nodes: Vec::new(), dir: dir.clone(), prepare, password };
         for i in 0..replicas {
             let (client, peer) = (addrs[2 * i], addrs[2 * i + 1]);
@@ -64,13 +79,13 @@ impl Cluster {
                 "--client-addr".into(),
                 client.to_string(),
                 "--cluster-token".into(),
-                "test-token".into(),
+                "test-token-0123456789".into(),
                 "--data-dir".into(),
                 dir.join(format!("node-{i}")).to_str().unwrap().into(),
                 "--log-level".into(),
                 "info".into(),
             ];
-            args.extend(extra_args.iter().map(|arg| arg.to_string()));
+            args.extend(args_of(i, &dir));
             for j in 0..replicas {
                 args.extend(["--peer".to_string(), format!("{j}={}", addrs[2 * j + 1])]);
             }

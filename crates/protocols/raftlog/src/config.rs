@@ -56,11 +56,29 @@ pub struct RaftLogConfig {
     /// all logs); when durable, each compaction is a checkpoint that truncates both levels
     /// of the on-disk log. 0: never.
     pub snapshot_entries: u64,
+    /// The largest message the transport carries (its frame payload limit). Batches and
+    /// entries are cut at half of it (a single command always fits: the server bounds keys
+    /// and values accordingly), transactions larger than that are refused, and snapshots
+    /// larger than a chunk travel in chunks (`crate::transfer`), never dropped.
+    pub message_bytes_max: usize,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
 
+/// Snapshot chunks are at most this big, however large messages may be.
+const SNAPSHOT_CHUNK_BYTES_MAX: usize = 1 << 20;
+
 impl RaftLogConfig {
+    /// Batches and entries are cut at this many bytes (one command or proposal may exceed it).
+    pub fn batch_bytes_max(&self) -> usize {
+        self.message_bytes_max / 2
+    }
+
+    /// Snapshots larger than this travel in chunks of this size.
+    pub fn snapshot_chunk_bytes(&self) -> usize {
+        (self.message_bytes_max / 2).clamp(1, SNAPSHOT_CHUNK_BYTES_MAX)
+    }
+
     /// Defaults: 8 logs, 10 ms Raft ticks, elections after 100-160 ms at 3 replicas,
     /// heartbeats every 30 ms, retries after 60 ms, batches of up to 1,024 commands.
     pub fn new(me: NodeId, members: NodeSet) -> RaftLogConfig {
@@ -77,6 +95,7 @@ impl RaftLogConfig {
             decoupled: false,
             durable: false,
             snapshot_entries: 20_000,
+            message_bytes_max: chorus_core::codec::FRAME_PAYLOAD_BYTES_MAX,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }

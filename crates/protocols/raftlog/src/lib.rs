@@ -25,9 +25,10 @@ pub mod replica;
 pub mod speculate;
 pub mod state;
 pub mod storage;
+mod transfer;
 pub mod txn;
 
 pub use config::{Bug, RaftLogConfig};
-pub use message::{EntryBatch, Message, Proposal, Step, TxnId};
+pub use message::{EntryBatch, Message, Proposal, SessionId, Step, StepKind, TxnId};
 pub use replica::{log_of, RaftLog, RaftLogStats};
 pub use state::{LogState, ProposalResult, SessionRecord};

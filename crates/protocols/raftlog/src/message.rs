@@ -11,11 +11,90 @@ use protobuf::Message as _;
 /// send one command per sequence number.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Proposal {
-    pub client: u64,
+    pub client: SessionId,
     pub seq: u64,
     pub commands: Vec<Command>,
     /// A step of a multi-key transaction (then `commands` is empty).
     pub step: Option<Step>,
+}
+
+/// Whose sequence numbers a proposal carries. The kinds are separate name spaces, so no id an
+/// external client picks can ever be a replica's own session or a transaction step, and no
+/// two steps share one: the step's whole identity is the session id, not a hash of it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum SessionId {
+    /// A replica's own session: `node << 40 | boot`.
+    Replica(u64),
+    /// An external client session (RESP `SESSION client seq ...`), any id the client picks.
+    External(u64),
+    /// One attempt of one transaction step in one log (`crate::txn`).
+    Step { txn: TxnId, kind: StepKind, log: u32, attempt: u32 },
+}
+
+/// The four steps of a transaction (`crate::txn`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum StepKind {
+    Begin,
+    Lock,
+    Update,
+    Finish,
+}
+
+impl StepKind {
+    pub fn of(step: &Step) -> StepKind {
+        match step {
+            Step::Begin { .. } => StepKind::Begin,
+            Step::Lock { .. } => StepKind::Lock,
+            Step::Update { .. } => StepKind::Update,
+            Step::Finish { .. } => StepKind::Finish,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Result<StepKind, DecodeError> {
+        Ok(match tag {
+            0 => StepKind::Begin,
+            1 => StepKind::Lock,
+            2 => StepKind::Update,
+            3 => StepKind::Finish,
+            tag => return Err(DecodeError::UnknownTag { what: "step kind", tag }),
+        })
+    }
+}
+
+impl WireMessage for SessionId {
+    fn encode(&self, buf: &mut BytesMut) {
+        match *self {
+            SessionId::Replica(id) => {
+                buf.put_u8(1);
+                buf.put_u64_le(id);
+            }
+            SessionId::External(id) => {
+                buf.put_u8(2);
+                buf.put_u64_le(id);
+            }
+            SessionId::Step { txn, kind, log, attempt } => {
+                buf.put_u8(3);
+                put_txn(&txn, buf);
+                buf.put_u8(kind as u8);
+                buf.put_u32_le(log);
+                buf.put_u32_le(attempt);
+            }
+        }
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(match reader.u8()? {
+            1 => SessionId::Replica(reader.u64()?),
+            2 => SessionId::External(reader.u64()?),
+            3 => SessionId::Step {
+                txn: read_txn(reader)?,
+                kind: StepKind::from_tag(reader.u8()?)?,
+                log: reader.u32()?,
+                attempt: reader.u32()?,
+            },
+            tag => return Err(DecodeError::UnknownTag { what: "session kind", tag }),
+        })
+    }
 }
 
 /// A multi-key transaction: the origin replica's session client id and its own counter.
@@ -56,14 +135,84 @@ pub enum Message {
     /// sender is not the origin but a replica that passed it on once; it is not passed on
     /// again, so a stale leader hint cannot make a batch circle.
     Forward { log: u32, proposal: Proposal, relayed: bool },
+    /// A piece of a snapshot too large for one message (`crate::transfer`). The first
+    /// (offset 0) carries the `MsgSnapshot` without its data.
+    SnapshotChunk {
+        log: u32,
+        index: u64,
+        offset: u64,
+        total: u64,
+        header: Option<Box<raft::prelude::Message>>,
+        data: Bytes,
+    },
+    /// The follower holds `received` bytes of the snapshot at `index`.
+    SnapshotAck { log: u32, index: u64, received: u64 },
 }
 
 const TAG_RAFT: u8 = 1;
 const TAG_FORWARD: u8 = 2;
+const TAG_SNAPSHOT_CHUNK: u8 = 3;
+const TAG_SNAPSHOT_ACK: u8 = 4;
+
+/// Room for what a proposal carries besides its commands (ids, counts, tags).
+const PROPOSAL_OVERHEAD_BYTES: usize = 64;
+
+/// An upper bound on `command`'s encoded size, without encoding it: what batches and
+/// entries are cut by, so neither outgrows a peer message.
+pub fn command_bytes(command: &Command) -> usize {
+    const FIELD: usize = 8; // a length prefix or a tag, generously
+    let key = command.key().len() + 2 * FIELD;
+    key + match command {
+        Command::Read { .. } => 0,
+        Command::Write { value, .. } => FIELD + value.as_ref().map_or(0, |value| value.len()),
+        Command::Rmw { op, .. } => {
+            use chorus_core::RmwOp;
+            let optional = |value: &Option<Value>| FIELD + value.as_ref().map_or(0, |value| value.len());
+            FIELD
+                + match op {
+                    RmwOp::CompareAndSwap { expected, new } => optional(expected) + optional(new),
+                    RmwOp::IncrementBy(_) => FIELD,
+                    RmwOp::SetIfAbsent(value) | RmwOp::SetIfPresent(value) => FIELD + value.len(),
+                    RmwOp::Swap(value) => optional(value),
+                    RmwOp::HashSet { pairs, .. } => {
+                        FIELD
+                            + pairs
+                                .iter()
+                                .map(|(field, value)| 2 * FIELD + field.len() + value.len())
+                                .sum::<usize>()
+                    }
+                    RmwOp::HashDelete(fields) => {
+                        FIELD + fields.iter().map(|field| FIELD + field.len()).sum::<usize>()
+                    }
+                }
+        }
+    }
+}
+
+impl Proposal {
+    /// An upper bound on the encoded size.
+    pub fn bytes(&self) -> usize {
+        let commands: usize = self.commands.iter().map(command_bytes).sum();
+        let step = match &self.step {
+            None => 0,
+            Some(Step::Begin { commands, .. }) => commands.iter().map(command_bytes).sum(),
+            Some(Step::Lock { keys, .. }) => keys.iter().map(|key| key.len() + 8).sum(),
+            Some(Step::Update { writes, unlock, .. }) => {
+                writes
+                    .iter()
+                    .map(|(key, value)| key.len() + value.as_ref().map_or(0, |value| value.len()) + 16)
+                    .sum::<usize>()
+                    + unlock.iter().map(|key| key.len() + 8).sum::<usize>()
+            }
+            Some(Step::Finish { .. }) => 0,
+        };
+        PROPOSAL_OVERHEAD_BYTES + commands + step
+    }
+}
 
 impl WireMessage for Proposal {
     fn encode(&self, buf: &mut BytesMut) {
-        buf.put_u64_le(self.client);
+        self.client.encode(buf);
         buf.put_u64_le(self.seq);
         buf.put_u32_le(u32::try_from(self.commands.len()).expect("batch over u32 commands"));
         for command in &self.commands {
@@ -79,7 +228,7 @@ impl WireMessage for Proposal {
     }
 
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
-        let client = reader.u64()?;
+        let client = SessionId::decode(reader)?;
         let seq = reader.u64()?;
         let count = reader.u32()? as usize;
         // Every command takes at least one byte: a larger count is a lie, and believing it
@@ -230,6 +379,24 @@ impl WireMessage for Message {
                 buf.put_bool(*relayed);
                 proposal.encode(buf);
             }
+            Message::SnapshotChunk { log, index, offset, total, header, data } => {
+                buf.put_u8(TAG_SNAPSHOT_CHUNK);
+                buf.put_u32_le(*log);
+                buf.put_u64_le(*index);
+                buf.put_u64_le(*offset);
+                buf.put_u64_le(*total);
+                let header = header.as_ref().map(|message| {
+                    Bytes::from(message.write_to_bytes().expect("raft messages always encode"))
+                });
+                buf.put_optional_bytes(header.as_ref());
+                buf.put_bytes_prefixed(data);
+            }
+            Message::SnapshotAck { log, index, received } => {
+                buf.put_u8(TAG_SNAPSHOT_ACK);
+                buf.put_u32_le(*log);
+                buf.put_u64_le(*index);
+                buf.put_u64_le(*received);
+            }
         }
     }
 
@@ -246,6 +413,21 @@ impl WireMessage for Message {
                 let log = reader.u32()?;
                 let relayed = reader.bool()?;
                 Message::Forward { log, relayed, proposal: Proposal::decode(reader)? }
+            }
+            TAG_SNAPSHOT_CHUNK => {
+                let (log, index, offset, total) =
+                    (reader.u32()?, reader.u64()?, reader.u64()?, reader.u64()?);
+                let header = match reader.optional_bytes()? {
+                    None => None,
+                    Some(bytes) => Some(Box::new(
+                        raft::prelude::Message::parse_from_bytes(&bytes)
+                            .map_err(|_| DecodeError::Invalid("malformed snapshot header"))?,
+                    )),
+                };
+                Message::SnapshotChunk { log, index, offset, total, header, data: reader.bytes()? }
+            }
+            TAG_SNAPSHOT_ACK => {
+                Message::SnapshotAck { log: reader.u32()?, index: reader.u64()?, received: reader.u64()? }
             }
             tag => return Err(DecodeError::UnknownTag { what: "raftlog message", tag }),
         })
@@ -291,8 +473,28 @@ mod tests {
         ])
     }
 
+    fn arb_session() -> impl Strategy<Value = SessionId> {
+        let txn = (any::<u64>(), any::<u64>()).prop_map(|(origin, number)| TxnId { origin, number });
+        let kind = prop_oneof![
+            Just(StepKind::Begin),
+            Just(StepKind::Lock),
+            Just(StepKind::Update),
+            Just(StepKind::Finish)
+        ];
+        prop_oneof![
+            any::<u64>().prop_map(SessionId::Replica),
+            any::<u64>().prop_map(SessionId::External),
+            (txn, kind, any::<u32>(), any::<u32>()).prop_map(|(txn, kind, log, attempt)| SessionId::Step {
+                txn,
+                kind,
+                log,
+                attempt
+            }),
+        ]
+    }
+
     fn arb_proposal() -> impl Strategy<Value = Proposal> {
-        (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_command(), 0..5), arb_step())
+        (arb_session(), any::<u64>(), proptest::collection::vec(arb_command(), 0..5), arb_step())
             .prop_map(|(client, seq, commands, step)| Proposal { client, seq, commands, step })
     }
 
@@ -314,6 +516,17 @@ mod tests {
                 .prop_map(|(log, message)| Message::Raft { log, message: Box::new(message) }),
             (any::<u32>(), arb_proposal(), any::<bool>())
                 .prop_map(|(log, proposal, relayed)| Message::Forward { log, proposal, relayed }),
+            (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>(), arb_bytes()).prop_map(
+                |(log, index, offset, total, first, data)| {
+                    let mut header = raft::prelude::Message::default();
+                    header.set_msg_type(MessageType::MsgSnapshot);
+                    header.mut_snapshot().mut_metadata().index = index;
+                    let header = first.then(|| Box::new(header));
+                    Message::SnapshotChunk { log, index, offset, total, header, data }
+                }
+            ),
+            (any::<u32>(), any::<u64>(), any::<u64>())
+                .prop_map(|(log, index, received)| Message::SnapshotAck { log, index, received }),
         ]
     }
 
@@ -347,10 +560,19 @@ mod tests {
         }
     }
 
+    proptest! {
+        #[test]
+        fn size_bounds_cover_the_encoding(proposal in arb_proposal()) {
+            let mut buf = BytesMut::new();
+            proposal.encode(&mut buf);
+            prop_assert!(buf.len() <= proposal.bytes(), "{} > {}", buf.len(), proposal.bytes());
+        }
+    }
+
     #[test]
     fn a_lying_command_count_is_refused_without_allocating() {
         let mut buf = BytesMut::new();
-        buf.put_u64_le(1);
+        SessionId::Replica(1).encode(&mut buf);
         buf.put_u64_le(1);
         buf.put_u32_le(u32::MAX);
         assert!(Proposal::decode_exact(buf.freeze()).is_err());

@@ -32,10 +32,12 @@ use rustc_hash::FxHashMap;
 use crate::config::RaftLogConfig;
 use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
 use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
+use crate::message::{SessionId, StepKind};
 use crate::speculate::Speculation;
 use crate::state::{LogState, ProposalResult, SessionRecord};
 use crate::storage::LogStorage;
-use crate::txn::{Driver, StepKind, StepResult};
+use crate::transfer::{self, Incoming, Outgoing};
+use crate::txn::{Driver, StepResult};
 
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,6 +64,13 @@ pub struct RaftLogStats {
     pub snapshots_taken: u64,
     /// Snapshots received from a leader and installed (this replica had fallen behind).
     pub snapshots_installed: u64,
+    /// Snapshot chunks sent, and snapshots streamed in chunks to the end or given up
+    /// (`crate::transfer`).
+    pub snapshot_chunks_sent: u64,
+    pub snapshot_transfers_completed: u64,
+    pub snapshot_transfers_failed: u64,
+    /// Transactions refused because they would not fit one peer message.
+    pub txns_too_large: u64,
     /// Transactions this replica originated, and transactions it answered.
     pub txns_started: u64,
     pub txns_answered: u64,
@@ -143,7 +152,7 @@ struct Group {
     own_in_flight: bool,
     updates_accepted: u64,
     updates_applied: u64,
-    waiters: BTreeMap<(u64, u64), Waiter>,
+    waiters: BTreeMap<(SessionId, u64), Waiter>,
     /// This replica's own commands that hit a key locked by a transaction: sent again
     /// once this replica's copy shows the lock released.
     blocked: Vec<(ClientRequestId, Command)>,
@@ -159,10 +168,13 @@ struct Group {
     to_propose: Vec<Proposal>,
     /// The highest sequence number per client proposed in `proposed_term`: a retry of a
     /// batch already in this leader's log is not proposed again.
-    proposed: FxHashMap<u64, u64>,
+    proposed: FxHashMap<SessionId, u64>,
     proposed_term: u64,
     /// Decoupled execution at the leader (`crate::speculate`).
     speculation: Option<Speculation>,
+    // ---- snapshots in chunks (crate::transfer)
+    snapshots_out: BTreeMap<NodeId, Outgoing>,
+    snapshot_in: Option<Incoming>,
 }
 
 impl Group {
@@ -412,7 +424,7 @@ impl RaftLog {
     }
 
     /// What `client` last executed in `log`, as this replica has applied it.
-    pub fn session(&self, log: usize, client: u64) -> Option<&SessionRecord> {
+    pub fn session(&self, log: usize, client: SessionId) -> Option<&SessionRecord> {
         self.groups[log].state.session(client)
     }
 
@@ -448,11 +460,12 @@ impl RaftLog {
     ) {
         let log = self.log_of(command.key());
         let group = &mut self.groups[log];
-        if let Some(waiter) = group.waiters.get_mut(&(client, seq)) {
+        if let Some(waiter) = group.waiters.get_mut(&(SessionId::External(client), seq)) {
             // The same request again, while the first copy is still in flight: both get the
             // one outcome.
             waiter.requests.push((0, request));
         } else {
+            let client = SessionId::External(client);
             let proposal = Proposal { client, seq, commands: vec![command], step: None };
             let waiter = Waiter::new(proposal, vec![(0, request)], false, None);
             register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
@@ -471,6 +484,20 @@ impl RaftLog {
         out: &mut Outbox<Message>,
     ) {
         if requests.is_empty() {
+            return;
+        }
+        let bytes: usize = requests.iter().map(|(_, command)| crate::message::command_bytes(command)).sum();
+        if bytes > self.config.batch_bytes_max() {
+            // Its Begin step carries every command in one entry; it cannot be split.
+            self.stats.txns_too_large += 1;
+            for (request, _) in requests {
+                out.reply(
+                    request,
+                    Outcome::Error(CommandError::Unavailable(
+                        "the transaction is larger than one peer message can carry; split it",
+                    )),
+                );
+            }
             return;
         }
         self.next_txn += 1;
@@ -507,7 +534,7 @@ impl RaftLog {
                 raft.state,
                 raft.leader_id,
                 group.state.debug_locks(),
-                group.waiters.iter().map(|(k, w)| (k.0 % 1000, w.sent_at, w.sent_to)).collect::<Vec<_>>()
+                group.waiters.iter().map(|(k, w)| (k.0, w.sent_at, w.sent_to)).collect::<Vec<_>>()
             ));
         }
         text
@@ -574,7 +601,7 @@ impl RaftLog {
         }
         for request in requests {
             progressed = true;
-            let kind = crate::txn::StepKind::of(request.proposal.step.as_ref().expect("a step"));
+            let kind = StepKind::of(request.proposal.step.as_ref().expect("a step"));
             let waiter = Waiter::new(request.proposal, Vec::new(), false, Some((kind, request.attempt)));
             let group = &mut self.groups[request.log];
             if group.waiters.contains_key(&(waiter.proposal.client, waiter.proposal.seq)) {
@@ -610,7 +637,9 @@ impl RaftLog {
                 self.send_waiters(log, now, out);
                 self.start_read_round(log, now);
                 self.propose(log);
-                if !self.handle_ready(log, out) {
+                let ready = self.handle_ready(log, out);
+                self.pump_snapshots(log, now, out);
+                if !ready {
                     break;
                 }
             }
@@ -623,7 +652,20 @@ impl RaftLog {
         if group.own_in_flight || group.queue.is_empty() {
             return;
         }
-        let count = group.queue.len().min(self.config.batch_commands_max);
+        // Bounded by count and by bytes: a batch travels as one message (at least one
+        // command, which always fits).
+        let bytes_max = self.config.batch_bytes_max();
+        let mut bytes = 0;
+        let count = group
+            .queue
+            .iter()
+            .take(self.config.batch_commands_max)
+            .take_while(|(_, command)| {
+                bytes += crate::message::command_bytes(command);
+                bytes <= bytes_max
+            })
+            .count()
+            .max(1);
         let mut commands = Vec::with_capacity(count);
         let mut requests = Vec::with_capacity(count);
         for (index, (request, command)) in group.queue.drain(..count).enumerate() {
@@ -632,8 +674,8 @@ impl RaftLog {
         }
         group.own_seq += 1;
         group.own_in_flight = true;
-        let proposal =
-            Proposal { client: self.config.session_client_id, seq: group.own_seq, commands, step: None };
+        let client = SessionId::Replica(self.config.session_client_id);
+        let proposal = Proposal { client, seq: group.own_seq, commands, step: None };
         let waiter = Waiter::new(proposal, requests, true, None);
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
     }
@@ -714,17 +756,35 @@ impl RaftLog {
         group.to_propose.push(proposal);
     }
 
-    /// Propose everything accepted during this call as one Raft entry.
+    /// Propose everything accepted during this call as one Raft entry, or as several when it
+    /// would not fit one peer message (each holds at least one proposal).
     fn propose(&mut self, log: usize) {
         let group = &mut self.groups[log];
         if group.to_propose.is_empty() {
             return;
         }
-        let batch = EntryBatch { proposals: std::mem::take(&mut group.to_propose) };
+        let proposals = std::mem::take(&mut group.to_propose);
         if !group.is_leader() {
             group.proposed.clear();
             return; // Lost leadership within the call: the origins retry elsewhere.
         }
+        let bytes_max = self.config.batch_bytes_max();
+        let mut entry = EntryBatch::default();
+        let mut bytes = 0;
+        for proposal in proposals {
+            let size = proposal.bytes();
+            if !entry.proposals.is_empty() && bytes + size > bytes_max {
+                self.propose_entry(log, std::mem::take(&mut entry));
+                bytes = 0;
+            }
+            bytes += size;
+            entry.proposals.push(proposal);
+        }
+        self.propose_entry(log, entry);
+    }
+
+    fn propose_entry(&mut self, log: usize, batch: EntryBatch) {
+        let group = &mut self.groups[log];
         let commands: usize = batch.proposals.iter().map(|proposal| proposal.commands.len()).sum();
         if group.raft.propose(vec![], batch.to_bytes().to_vec()).is_ok() {
             self.stats.entries_proposed += 1;
@@ -866,7 +926,7 @@ impl RaftLog {
         group.applied_index = index;
         self.stats.snapshots_installed += 1;
         self.checkpoint_due = true;
-        let covered: Vec<(u64, u64)> = group
+        let covered: Vec<(SessionId, u64)> = group
             .waiters
             .keys()
             .filter(|(client, seq)| group.state.last_seq(*client) >= *seq)
@@ -930,13 +990,48 @@ impl RaftLog {
     }
 
     fn send_raft(&mut self, log: usize, messages: Vec<raft::prelude::Message>, out: &mut Outbox<Message>) {
+        let chunk_bytes = self.config.snapshot_chunk_bytes();
         for message in messages {
             if let Some(to) = node_of(message.to).filter(|node| self.config.members.contains(*node)) {
                 if message.get_msg_type() == MessageType::MsgSnapshot {
+                    if message.get_snapshot().data.len() > chunk_bytes {
+                        // Too large for one message: streamed in chunks, reported when done.
+                        self.groups[log].snapshots_out.insert(to, Outgoing::new(message));
+                        continue;
+                    }
                     self.snapshots_sent.push(message.to);
                 }
                 out.send(to, Message::Raft { log: log as u32, message: Box::new(message) });
             }
+        }
+    }
+
+    /// Send the chunks of every snapshot transfer that are due; give up stalled ones.
+    fn pump_snapshots(&mut self, log: usize, now: Time, out: &mut Outbox<Message>) {
+        let (chunk_bytes, retry_timeout) = (self.config.snapshot_chunk_bytes(), self.config.retry_timeout);
+        let group = &mut self.groups[log];
+        if group.snapshots_out.is_empty() {
+            return;
+        }
+        if !group.is_leader() {
+            group.snapshots_out.clear(); // the new leader sends its own
+            return;
+        }
+        let mut stalled = Vec::new();
+        for (to, transfer) in &mut group.snapshots_out {
+            if transfer.stalled(now, retry_timeout) {
+                stalled.push(*to);
+                continue;
+            }
+            for chunk in transfer.due(log as u32, now, chunk_bytes, retry_timeout) {
+                self.stats.snapshot_chunks_sent += 1;
+                out.send(*to, chunk);
+            }
+        }
+        for to in stalled {
+            group.snapshots_out.remove(&to);
+            group.raft.report_snapshot(raft_id(to), raft::SnapshotStatus::Failure);
+            self.stats.snapshot_transfers_failed += 1;
         }
     }
 
@@ -1042,7 +1137,9 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         max_election_tick: election_tick + 1,
         pre_vote: true,
         check_quorum: true,
-        max_size_per_msg: 1 << 20,
+        // Appends carry entries up to this size (at least one entry each; entries are cut at
+        // the same bound), so they always fit a peer message.
+        max_size_per_msg: config.batch_bytes_max().min(1 << 20) as u64,
         max_inflight_msgs: 256,
         // Restored: the checkpoint's state machine covers everything up to its index; raft-rs
         // hands out the committed entries after it again.
@@ -1077,6 +1174,8 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         proposed: FxHashMap::default(),
         proposed_term: 0,
         speculation: None,
+        snapshots_out: BTreeMap::new(),
+        snapshot_in: None,
     }
 }
 
@@ -1281,6 +1380,37 @@ impl Replica for RaftLog {
                 }
                 // A stale or out-of-order message is the sender's problem, not a reason to stop.
                 let _ = group.raft.step(*message);
+            }
+            Message::SnapshotChunk { log, index, offset, total, header, data } => {
+                let Some(group) = self.groups.get_mut(log as usize) else {
+                    self.stats.messages_refused += 1;
+                    return;
+                };
+                let chunk = transfer::Chunk { index, offset, total, header, data };
+                let result = transfer::on_chunk(&mut group.snapshot_in, from, chunk);
+                out.send(from, Message::SnapshotAck { log, index, received: result.received });
+                if let Some(message) = result.complete {
+                    if acceptable(&message, from, self.config.me, self.config.members) {
+                        let _ = group.raft.step(*message);
+                    } else {
+                        self.stats.messages_refused += 1;
+                    }
+                }
+            }
+            Message::SnapshotAck { log, index, received } => {
+                let Some(group) = self.groups.get_mut(log as usize) else {
+                    self.stats.messages_refused += 1;
+                    return;
+                };
+                let done = match group.snapshots_out.get_mut(&from) {
+                    Some(transfer) if transfer.index == index => transfer.on_ack(received, now),
+                    _ => false,
+                };
+                if done {
+                    group.snapshots_out.remove(&from);
+                    group.raft.report_snapshot(raft_id(from), raft::SnapshotStatus::Finish);
+                    self.stats.snapshot_transfers_completed += 1;
+                }
             }
             Message::Forward { log, proposal, relayed } => {
                 let log = log as usize;

@@ -19,7 +19,7 @@
 use chorus_core::{Command, CommandError, Key, Outcome, Value};
 use rustc_hash::FxHashMap;
 
-use crate::message::Proposal;
+use crate::message::{Proposal, SessionId};
 use crate::state::LogState;
 
 #[derive(Debug, Default)]
@@ -28,9 +28,9 @@ pub(crate) struct Speculation {
     /// Writes of entries proposed and not yet applied: `None` value = deleted.
     overlay: FxHashMap<Key, Option<Value>>,
     /// The last sequence number speculated per client.
-    sessions: FxHashMap<u64, u64>,
+    sessions: FxHashMap<SessionId, u64>,
     /// Outcomes computed at proposal time, by `(client, seq)`.
-    results: FxHashMap<(u64, u64), Vec<Outcome>>,
+    results: FxHashMap<(SessionId, u64), Vec<Outcome>>,
 }
 
 impl Speculation {
@@ -87,7 +87,7 @@ impl Speculation {
     }
 
     /// The speculative outcomes of `(client, seq)`, now that it committed.
-    pub(crate) fn take(&mut self, client: u64, seq: u64) -> Option<Vec<Outcome>> {
+    pub(crate) fn take(&mut self, client: SessionId, seq: u64) -> Option<Vec<Outcome>> {
         self.results.remove(&(client, seq))
     }
 
@@ -108,7 +108,7 @@ mod tests {
     fn speculation_sees_earlier_entries_in_flight_and_matches_the_commit() {
         let key = Bytes::from_static(b"k");
         let incr = |seq| Proposal {
-            client: 5,
+            client: SessionId::Replica(5),
             seq,
             commands: vec![Command::Rmw { key: key.clone(), op: RmwOp::IncrementBy(2) }],
             step: None,
@@ -120,7 +120,10 @@ mod tests {
         spec.execute(&state, &incr(2)); // a retry is not speculated twice
         for seq in 1..=2 {
             state.apply(&incr(seq), true);
-            assert_eq!(spec.take(5, seq), Some(state.session(5).unwrap().outcomes.clone()));
+            assert_eq!(
+                spec.take(SessionId::Replica(5), seq),
+                Some(state.session(SessionId::Replica(5)).unwrap().outcomes.clone())
+            );
         }
         assert_eq!(spec.pending(), 0);
     }

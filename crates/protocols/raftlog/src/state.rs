@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use chorus_core::{Command, CommandError, Key, Outcome, Value};
 use rustc_hash::FxHashMap;
 
-use crate::message::{Proposal, Step, TxnId};
+use crate::message::{Proposal, SessionId, Step, TxnId};
 
 /// What one client session last executed in this log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,7 +37,7 @@ pub enum ProposalResult {
 #[derive(Default, Debug)]
 pub struct LogState {
     store: FxHashMap<Key, Value>,
-    sessions: FxHashMap<u64, SessionRecord>,
+    sessions: FxHashMap<SessionId, SessionRecord>,
     /// Keys locked by a multi-key transaction (Cyclone §4.2's bucket locks, per key here).
     /// Single-key commands on a locked key do not run (`CommandError::Locked`).
     locks: FxHashMap<Key, TxnId>,
@@ -62,12 +62,12 @@ impl LogState {
         self.store.keys()
     }
 
-    pub fn session(&self, client: u64) -> Option<&SessionRecord> {
+    pub fn session(&self, client: SessionId) -> Option<&SessionRecord> {
         self.sessions.get(&client)
     }
 
     /// The last sequence number `client` executed here (0: none).
-    pub fn last_seq(&self, client: u64) -> u64 {
+    pub fn last_seq(&self, client: SessionId) -> u64 {
         self.sessions.get(&client).map_or(0, |record| record.last_seq)
     }
 
@@ -185,11 +185,11 @@ impl LogState {
             buf.put_bytes_prefixed(key);
             buf.put_bytes_prefixed(value);
         }
-        let mut sessions: Vec<(&u64, &SessionRecord)> = self.sessions.iter().collect();
+        let mut sessions: Vec<(&SessionId, &SessionRecord)> = self.sessions.iter().collect();
         sessions.sort_unstable_by_key(|(client, _)| **client);
         buf.put_u64_le(sessions.len() as u64);
         for (client, record) in sessions {
-            buf.put_u64_le(*client);
+            client.encode(&mut buf);
             buf.put_u64_le(record.last_seq);
             buf.put_u32_le(u32::try_from(record.outcomes.len()).expect("outcomes fit u32"));
             for outcome in &record.outcomes {
@@ -234,7 +234,7 @@ impl LogState {
             return Err(DecodeError::Invalid("session count exceeds snapshot"));
         }
         for _ in 0..sessions {
-            let client = reader.u64()?;
+            let client = SessionId::decode(&mut reader)?;
             let last_seq = reader.u64()?;
             let count = reader.u32()? as usize;
             if count > reader.remaining() {
@@ -292,7 +292,7 @@ mod tests {
 
     fn incr(client: u64, seq: u64) -> Proposal {
         Proposal {
-            client,
+            client: SessionId::External(client),
             seq,
             commands: vec![Command::Rmw { key: Bytes::from_static(b"k"), op: RmwOp::IncrementBy(1) }],
             step: None,
@@ -304,7 +304,7 @@ mod tests {
         let mut state = LogState::default();
         assert_eq!(state.apply(&incr(7, 1), true), ProposalResult::Executed);
         assert_eq!(state.apply(&incr(7, 1), true), ProposalResult::Duplicate);
-        assert_eq!(state.session(7).unwrap().outcomes, vec![Outcome::Integer(1)]);
+        assert_eq!(state.session(SessionId::External(7)).unwrap().outcomes, vec![Outcome::Integer(1)]);
         assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"1")), "the retry did not run");
         // Another client's first request runs.
         assert_eq!(state.apply(&incr(8, 1), true), ProposalResult::Executed);
@@ -318,7 +318,11 @@ mod tests {
         state.apply(&incr(7, 2), true);
         assert_eq!(state.apply(&incr(7, 1), true), ProposalResult::Stale { last_seq: 2 });
         assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"2")));
-        assert_eq!(state.session(7).unwrap().last_seq, 2, "a stale request changes nothing");
+        assert_eq!(
+            state.session(SessionId::External(7)).unwrap().last_seq,
+            2,
+            "a stale request changes nothing"
+        );
     }
 
     #[test]
@@ -329,7 +333,7 @@ mod tests {
         let bytes = state.encode();
         let restored = LogState::decode(bytes.clone()).unwrap();
         assert_eq!(restored.encode(), bytes);
-        assert_eq!(restored.session(8).unwrap().outcomes, vec![Outcome::Integer(2)]);
+        assert_eq!(restored.session(SessionId::External(8)).unwrap().outcomes, vec![Outcome::Integer(2)]);
         // The restored copy still refuses what the original refused.
         let mut restored = restored;
         assert_eq!(restored.apply(&incr(8, 4), true), ProposalResult::Duplicate);
@@ -344,19 +348,34 @@ mod tests {
         let mut state = LogState::default();
         let (t1, t2) = (TxnId { origin: 1, number: 1 }, TxnId { origin: 2, number: 1 });
         let key = Bytes::from_static(b"k");
-        let step = |client, step| Proposal { client, seq: 1, commands: vec![], step: Some(step) };
+        let step = |client, step| Proposal {
+            client: SessionId::External(client),
+            seq: 1,
+            commands: vec![],
+            step: Some(step),
+        };
         state.apply(&step(10, Step::Lock { txn: t1, keys: vec![key.clone()] }), true);
-        assert_eq!(state.session(10).unwrap().outcomes, vec![Outcome::Flag(true), Outcome::Value(None)]);
+        assert_eq!(
+            state.session(SessionId::External(10)).unwrap().outcomes,
+            vec![Outcome::Flag(true), Outcome::Value(None)]
+        );
         state.apply(&step(11, Step::Lock { txn: t2, keys: vec![key.clone()] }), true);
-        assert_eq!(state.session(11).unwrap().outcomes, vec![Outcome::Flag(false)], "t2 must wait");
+        assert_eq!(
+            state.session(SessionId::External(11)).unwrap().outcomes,
+            vec![Outcome::Flag(false)],
+            "t2 must wait"
+        );
         state.apply(&incr(7, 1), true);
-        assert_eq!(state.session(7).unwrap().outcomes, vec![Outcome::Error(CommandError::Locked)]);
+        assert_eq!(
+            state.session(SessionId::External(7)).unwrap().outcomes,
+            vec![Outcome::Error(CommandError::Locked)]
+        );
         // The snapshot keeps the lock.
         let mut state = LogState::decode(state.encode()).unwrap();
         let writes = vec![(key.clone(), Some(Bytes::from_static(b"5")))];
         state.apply(&step(12, Step::Update { txn: t1, writes, unlock: vec![key.clone()] }), true);
         state.apply(&incr(7, 2), true);
-        assert_eq!(state.session(7).unwrap().outcomes, vec![Outcome::Integer(6)]);
+        assert_eq!(state.session(SessionId::External(7)).unwrap().outcomes, vec![Outcome::Integer(6)]);
     }
 
     #[test]

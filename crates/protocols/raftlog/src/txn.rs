@@ -28,45 +28,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use chorus_core::{ClientRequestId, Command, Key, Outcome, Time, Value};
 use rustc_hash::FxHashMap;
 
-use crate::message::{Proposal, Step, TxnId};
+use crate::message::{Proposal, SessionId, Step, StepKind, TxnId};
 use crate::replica::log_of;
 use crate::state::LogState;
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum StepKind {
-    Begin,
-    Lock,
-    Update,
-    Finish,
-}
-
-impl StepKind {
-    pub(crate) fn of(step: &Step) -> StepKind {
-        match step {
-            Step::Begin { .. } => StepKind::Begin,
-            Step::Lock { .. } => StepKind::Lock,
-            Step::Update { .. } => StepKind::Update,
-            Step::Finish { .. } => StepKind::Finish,
-        }
-    }
-}
-
-/// The at-most-once client of one step: a hash of what identifies it, with the top bit set
-/// so it never equals a replica's own session id (`node << 40 | boot`).
-pub(crate) fn step_client(txn: TxnId, kind: StepKind, log: usize, attempt: u32) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |bytes: &[u8]| {
-        for byte in bytes {
-            hash ^= *byte as u64;
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
-    feed(&txn.origin.to_le_bytes());
-    feed(&txn.number.to_le_bytes());
-    feed(&[kind as u8]);
-    feed(&(log as u64).to_le_bytes());
-    feed(&attempt.to_le_bytes());
-    hash | (1 << 63)
+/// The at-most-once client of one step: the step's whole identity, so two steps never share
+/// one and no other kind of session can be one.
+pub(crate) fn step_client(txn: TxnId, kind: StepKind, log: usize, attempt: u32) -> SessionId {
+    SessionId::Step { txn, kind, log: u32::try_from(log).expect("logs fit u32"), attempt }
 }
 
 /// A step's result, as this replica learned it (from its own applied copy of the log).
@@ -286,7 +255,7 @@ mod tests {
     fn step_clients_differ_by_every_part_and_never_look_like_a_replica_session() {
         let txn = TxnId { origin: 1 << 40 | 1, number: 7 };
         let base = step_client(txn, StepKind::Lock, 3, 0);
-        assert!(base >> 63 == 1);
+        assert!(matches!(base, SessionId::Step { .. }));
         assert_ne!(base, step_client(TxnId { number: 8, ..txn }, StepKind::Lock, 3, 0));
         assert_ne!(base, step_client(txn, StepKind::Update, 3, 0));
         assert_ne!(base, step_client(txn, StepKind::Lock, 4, 0));

@@ -9,7 +9,7 @@ use chorus_core::{
     ClientRequestId, Command, CommandError, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, Value,
 };
 use chorus_raftlog::durable::{Record, Recovered};
-use chorus_raftlog::{Message, RaftLog, RaftLogConfig};
+use chorus_raftlog::{Message, RaftLog, RaftLogConfig, SessionId};
 use raft::prelude::MessageType;
 
 // ================================================================ harness
@@ -25,7 +25,7 @@ impl Envelope {
     fn raft_type(&self) -> Option<MessageType> {
         match &self.msg {
             Message::Raft { message, .. } => Some(message.get_msg_type()),
-            Message::Forward { .. } => None,
+            _ => None,
         }
     }
     fn is_forward(&self) -> bool {
@@ -48,6 +48,10 @@ struct Cluster {
     replies: Vec<(ClientRequestId, Outcome)>,
     now: Time,
     next_request: u64,
+    /// The transport's frame limit: a larger message is dropped, as the transport drops it.
+    frame_bytes_max: Option<usize>,
+    /// Messages dropped for exceeding it.
+    oversized: usize,
 }
 
 impl Cluster {
@@ -74,6 +78,8 @@ impl Cluster {
             replies: Vec::new(),
             now: Time::ZERO,
             next_request: 0,
+            frame_bytes_max: None,
+            oversized: 0,
         }
     }
 
@@ -81,6 +87,14 @@ impl Cluster {
         let records = self.nodes[node as usize].take_durable();
         self.disk[node as usize].extend(records);
         for (destination, msg) in out.messages {
+            if let Some(limit) = self.frame_bytes_max {
+                let mut encoded = bytes::BytesMut::new();
+                chorus_core::codec::WireMessage::encode(&msg, &mut encoded);
+                if encoded.len() > limit {
+                    self.oversized += 1;
+                    continue;
+                }
+            }
             for to in destination.nodes().iter() {
                 assert_ne!(to.0, node, "a replica sent a message to itself");
                 self.net.push(Envelope { from: node, to: to.0, msg: msg.clone() });
@@ -476,7 +490,10 @@ fn external_sessions_get_saved_results_for_retries_and_an_error_for_stale_number
             Some(&b("2")),
             "n{node}: ran twice, not four times"
         );
-        assert_eq!(cluster.nodes[node].session(0, client).map(|record| record.last_seq), Some(2));
+        assert_eq!(
+            cluster.nodes[node].session(0, SessionId::External(client)).map(|record| record.last_seq),
+            Some(2)
+        );
     }
 }
 
@@ -520,7 +537,12 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
             1,
             Message::Forward {
                 log: 5,
-                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![], step: None },
+                proposal: chorus_raftlog::Proposal {
+                    client: SessionId::Replica(1),
+                    seq: 1,
+                    commands: vec![],
+                    step: None,
+                },
                 relayed: false,
             },
         ),
@@ -528,7 +550,12 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
             9,
             Message::Forward {
                 log: 0,
-                proposal: chorus_raftlog::Proposal { client: 1, seq: 1, commands: vec![], step: None },
+                proposal: chorus_raftlog::Proposal {
+                    client: SessionId::Replica(1),
+                    seq: 1,
+                    commands: vec![],
+                    step: None,
+                },
                 relayed: false,
             },
         ),
@@ -655,4 +682,63 @@ fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
     let id = cluster.client(2, write("after", "x"));
     cluster.run_for(100);
     assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+}
+
+/// Session ids are name spaces (issue 22): an external client that picks the very number a
+/// replica uses for its own session (or any step's) only ever touches its own session. When
+/// both were plain u64s, this external request made n1's own first batch look like a retry:
+/// its write never ran and its client got the external INCR's result.
+#[test]
+fn an_external_session_id_equal_to_a_replicas_own_cannot_hijack_it() {
+    let mut cluster = settled_single_log();
+    let own = cluster.configs[1].session_client_id;
+    let external = cluster.session(2, own, 1, incr("counter"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(external), Some(Outcome::Integer(1)));
+    let mine = cluster.client(1, write("k", "v"));
+    cluster.run_for(50);
+    assert_eq!(cluster.reply_of(mine), Some(Outcome::Written), "n1's own batch ran");
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("v")), "n{node}");
+        assert_eq!(cluster.nodes[node].applied_value(b"counter"), Some(&b("1")), "n{node}");
+    }
+}
+
+/// A follower that fell behind a compacted log whose state is larger than one peer message
+/// catches up (issue 22): the leader streams the snapshot in chunks. The harness drops every
+/// message over the frame limit, as the transport does; a whole-state `MsgSnapshot` was
+/// such a message, and the follower never caught up.
+#[test]
+fn a_lagging_follower_catches_up_from_a_snapshot_larger_than_a_message() {
+    let frame_bytes_max = 16 * 1024;
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.durable = true;
+        config.snapshot_entries = 20;
+        config.message_bytes_max = frame_bytes_max;
+    });
+    cluster.frame_bytes_max = Some(frame_bytes_max);
+    cluster.run_for(300);
+    cluster.crash(2);
+    let value = "v".repeat(1_000);
+    for i in 0..120 {
+        let request = cluster.client(0, write(&format!("key:{i}"), &value));
+        cluster.run_for(5);
+        assert_eq!(cluster.reply_of(request), Some(Outcome::Written), "write {i}");
+    }
+    assert!(cluster.nodes[0].stats().snapshots_taken > 0, "the leader compacted its log");
+    cluster.restart(2);
+    cluster.run_for(2_000);
+    assert_eq!(cluster.oversized, 0, "a message over the frame limit was produced");
+    for i in 0..120 {
+        assert_eq!(
+            cluster.nodes[2].applied_value(format!("key:{i}").as_bytes()),
+            Some(&b(&value)),
+            "key:{i}"
+        );
+    }
+    let leader = (0..2).map(|node| cluster.nodes[node].stats()).find(|stats| stats.snapshot_chunks_sent > 0);
+    let leader = leader.expect("the snapshot went in chunks");
+    assert!(leader.snapshot_transfers_completed >= 1, "{leader:?}");
+    assert!(cluster.nodes[2].stats().snapshots_installed >= 1);
 }
