@@ -18,7 +18,8 @@ pub struct CallerConfig {
     /// Give up (fail every pending operation with [`GroupError::Unavailable`]) after this many
     /// sends of one operation.
     pub attempts_max: u32,
-    /// Operations in flight at most; later submissions queue at the caller.
+    /// Operations in flight at most, counted as a span of sequence numbers from the oldest
+    /// unacknowledged one; later submissions queue at the caller.
     pub window_max: usize,
 }
 
@@ -113,8 +114,17 @@ impl GroupCaller {
         self.send_queued(now, out);
     }
 
+    /// The window bounds the span of sequence numbers in flight (newest - oldest unacknowledged),
+    /// not only their count: a member remembers the results of its last `RING` operations, so
+    /// an operation whose acknowledgement was lost must still be among them when it is
+    /// retransmitted. Counting alone let the caller run ahead of one lost ACK by thousands
+    /// (the kernel path then dropped the retransmission as forgotten, forever).
     fn send_queued(&mut self, now: Time, out: &mut GroupOutbox) {
-        while self.in_flight.len() < self.config.window_max {
+        while let Some(&(seq, _, _)) = self.queued.front() {
+            let oldest = self.in_flight.keys().next().copied().unwrap_or(seq);
+            if seq - oldest >= self.config.window_max as u64 {
+                break;
+            }
             let Some((seq, request, operation)) = self.queued.pop_front() else { break };
             self.in_flight.insert(seq, InFlight { request, operation, sent_at: now, attempts: 0 });
             self.transmit(seq, now, out);
@@ -258,5 +268,66 @@ fn result_map_for(operation: &Operation, result_map: Vec<Option<u64>>) -> Vec<Op
         result_map
     } else {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::{GroupId, Token};
+    use chorus_region::TenantId;
+
+    fn caller(window_max: usize) -> GroupCaller {
+        let config = GroupConfig {
+            group: GroupId(1),
+            tenant: TenantId(1),
+            token: Token([1; 16]),
+            epoch: 1,
+            chain: vec![NodeId(1), NodeId(2)],
+            caller: NodeId(0),
+            region_bytes: 64,
+            start_seq: 1,
+        };
+        let timing = CallerConfig { retransmit_after: Time::from_millis(20), attempts_max: 5, window_max };
+        GroupCaller::new(config, NodeId(0), timing).unwrap()
+    }
+
+    fn sent_seqs(out: &mut GroupOutbox) -> Vec<u64> {
+        out.messages
+            .drain(..)
+            .filter_map(|(_, message)| match message {
+                GroupMessage::Op { seq, .. } => Some(seq),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ack(seq: u64) -> GroupMessage {
+        GroupMessage::Ack { group: GroupId(1), epoch: 1, seq, outcome: Ok(vec![None, None]) }
+    }
+
+    /// One lost acknowledgement holds the window's start: later acknowledgements do not let
+    /// the caller run more than `window_max` sequence numbers past it.
+    #[test]
+    fn the_window_is_a_span_from_the_oldest_unacknowledged_operation() {
+        let mut caller = caller(4);
+        let mut out = GroupOutbox::default();
+        for r in 0..10 {
+            caller.submit(
+                Time::ZERO,
+                RequestId(r),
+                Operation::write(0, bytes::Bytes::from_static(b"x")),
+                &mut out,
+            );
+        }
+        assert_eq!(sent_seqs(&mut out), vec![1, 2, 3, 4]);
+        for seq in 2..=4 {
+            caller.on_message(Time::ZERO, NodeId(2), ack(seq), &mut out);
+        }
+        assert_eq!(sent_seqs(&mut out), Vec::<u64>::new(), "seq 1 is still unacknowledged");
+        caller.on_tick(Time::from_millis(20), &mut out);
+        assert_eq!(sent_seqs(&mut out), vec![1], "only the lost one is retransmitted");
+        caller.on_message(Time::from_millis(21), NodeId(2), ack(1), &mut out);
+        assert_eq!(sent_seqs(&mut out), vec![5, 6, 7, 8]);
     }
 }

@@ -18,9 +18,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use chorus_group::kernel::netlab::NetLab;
 use chorus_group::runtime::{
-    spawn_child, ChildProcess, Datapath, GroupClient, GroupSpec, HostConfig, TenantCredential, WireFaults,
+    spawn_child, BlockingGroupClient, ChildProcess, Datapath, GroupClient, GroupSpec, HostConfig,
+    TenantCredential, WireFaults,
 };
 use chorus_group::sim::{draw_workload, NetFaults, SimCluster};
+use chorus_group::txn::{Txn, TxnLayout};
 use chorus_group::{CallerConfig, GroupId, Operation, Token};
 use chorus_region::{FlushBackend, TenantId};
 use chorus_sim::rng::Rng;
@@ -205,4 +207,64 @@ fn kernel_path_matches_the_model_under_loss_duplication_and_reordering() {
             differential(&chain, seed, 4, Some(faults)).await;
         }
     });
+}
+
+/// The transaction API's circular log wraps (records restart at the log's beginning, the head
+/// passes the end) and every group's sequence numbers pass the members' ring of remembered gCAS
+/// results (`RING`) several times, through the kernel path and through the model, with loss:
+/// every member's region must match the model byte for byte at the end.
+#[test]
+fn kernel_path_matches_the_model_across_log_and_ring_wrap_around() {
+    require_kernel_path!();
+    let runtime = runtime();
+    let _context = runtime.enter();
+    let chain = runtime.block_on(start_chain(3, 10_000));
+    // A 600-byte log holds two or three records: it wraps every few updates.
+    let layout = TxnLayout::new(600, 4096);
+    let region_bytes = layout.region_bytes();
+    let mut spec = spec(&chain, 77, None);
+    spec.region = "wrap-77".to_string();
+    spec.region_bytes = region_bytes;
+    let client = BlockingGroupClient::initialize(spec).expect("initialize");
+    assert_eq!(client.client().datapath(), Datapath::Kernel, "every member should be on the kernel path");
+    let model = SimCluster::new(77, 3, region_bytes, CallerConfig::default(), NetFaults::none());
+    let mut kernel = Txn::new(client, layout, 1);
+    let mut reference = Txn::new(model, layout, 1);
+    let mut rng = Rng::new(77);
+    let updates = 2 * chorus_group::kernel::layout::RING / 4 + 40;
+    for update in 0..updates {
+        // At most 16 + 3 * (16 + 60) = 244 bytes a record: two fit in the log, a third wraps.
+        let entries: Vec<(u64, Bytes)> = (0..rng.range(1, 3))
+            .map(|e| {
+                let len = rng.range(8, 60);
+                let data: Vec<u8> = (0..len).map(|j| (update as u64 * 31 + e * 7 + j) as u8).collect();
+                (rng.below(4096 - len + 1), Bytes::from(data))
+            })
+            .collect();
+        for txn in [&mut kernel as &mut dyn TxnSteps, &mut reference] {
+            txn.update(&entries);
+        }
+        assert_eq!(kernel.log_bounds(), reference.log_bounds(), "update {update}: log bounds");
+    }
+    assert!(reference.log_bounds().1 > 10 * 600, "the log wrapped many times");
+    for position in 0..3 {
+        let region = kernel.executor().read_blocking(position, 0, region_bytes).expect("read");
+        let want = reference.executor().members[position].memory().bytes();
+        let first = region.iter().zip(want).position(|(a, b)| a != b);
+        assert!(first.is_none(), "member {position} differs from the model at byte {first:?}");
+    }
+}
+
+/// One locked update through [`Txn`], on either executor.
+trait TxnSteps {
+    fn update(&mut self, entries: &[(u64, Bytes)]);
+}
+
+impl<E: chorus_group::txn::GroupExecutor> TxnSteps for Txn<E> {
+    fn update(&mut self, entries: &[(u64, Bytes)]) {
+        assert!(self.wr_lock().expect("lock"), "nobody else holds the lock");
+        self.append(entries).expect("append");
+        while self.execute_and_advance().expect("execute").is_some() {}
+        self.wr_unlock().expect("unlock");
+    }
 }

@@ -87,6 +87,11 @@ pub struct TenantsArgs {
     /// by veth pairs; user: loopback, the host processes do the work.
     #[arg(long, default_value = "user")]
     pub datapath: String,
+    /// Spread the tenants' clients over this many event-loop threads (every protocol alike;
+    /// default 1). On the kernel path the chain runs inside the clients' `sendto`, so the
+    /// clients' threads are the chain's share of the CPU.
+    #[arg(long, default_value_t = 1)]
+    pub client_threads: usize,
     /// End the output with one JSON line: the data path, the target's ratios at T=32 under
     /// load, and the chain replicas' user CPU per operation there.
     #[arg(long)]
@@ -134,6 +139,8 @@ pub fn config_of(
     config.fifo = args.fifo;
     anyhow::ensure!(args.rounds >= 1, "--rounds is at least 1");
     config.rounds = args.rounds;
+    anyhow::ensure!(args.client_threads >= 1, "--client-threads is at least 1");
+    config.client_threads = args.client_threads;
     config.child_command = Some(child_command);
     anyhow::ensure!(
         !args.idle_load || background_load_command.is_some(),
@@ -389,8 +396,8 @@ pub fn summary(report: &TenantsReport) -> String {
         format!("\nscheduling: replicas and the clients' event loop SCHED_FIFO 1, background load {load}")
     } else {
         format!(
-            "\nscheduling: replicas nice {}, clients nice {}, background load {load}",
-            config.replica_nice, config.client_nice
+            "\nscheduling: replicas nice {}, clients nice {} on {} event-loop thread(s), background load {load}",
+            config.replica_nice, config.client_nice, config.client_threads
         )
     };
     if config.rounds > 1 {

@@ -153,6 +153,13 @@ pub struct TenantsConfig {
     /// the kernel data path; user: on loopback, in the host processes.
     #[serde(default)]
     pub datapath: Datapath,
+    /// Event-loop threads the tenants' clients are spread over (every mode alike).
+    #[serde(default = "one_loop")]
+    pub client_threads: usize,
+}
+
+fn one_loop() -> usize {
+    1
 }
 
 fn one_round() -> usize {
@@ -181,6 +188,7 @@ impl Default for TenantsConfig {
             idle_load: false,
             rounds: 1,
             datapath: Datapath::User,
+            client_threads: 1,
         }
     }
 }
@@ -583,11 +591,13 @@ struct Workload {
 /// Measure one point: `tenants` closed-loop YCSB-A clients, each made by `connect(t)`, warm
 /// up, then all measure from the same instant for `config.measure_s`.
 ///
-/// Every client is a task of one event loop on one thread (at the clients' niceness or
-/// scheduling class), the way a load generator on another machine drives many connections:
-/// the client side costs one thread's wake-ups per batch of replies, not a thread per tenant.
-/// With a thread per tenant, 32 tenants' client threads took a third of the CPU the
-/// replicas got, and at SCHED_FIFO they ran the machine into the real-time throttle.
+/// Every client is a task of one of `config.client_threads` event loops, each on its own
+/// thread (at the clients' niceness or scheduling class), tenant `t` on loop `t % loops`: the
+/// way a load generator drives many connections, at the cost of one thread's wake-ups per
+/// batch of replies, not a thread per tenant. With a thread per tenant, 32 tenants' client
+/// threads took a third of the CPU the replicas got, at SCHED_FIFO they ran the machine into
+/// the real-time throttle, and on the kernel path (where a client never waits: the chain runs
+/// inside its `sendto`) 32 always-runnable threads time-sliced each other into a 93 ms p99.
 pub fn measure_point<C, F, Fut>(
     config: &TenantsConfig,
     mode: TenantsMode,
@@ -601,48 +611,7 @@ where
     F: Fn(usize) -> Fut + Sync,
     Fut: std::future::Future<Output = anyhow::Result<C>>,
 {
-    let measure = Duration::from_secs_f64(config.measure_s.max(0.05));
-    let warmup = Duration::from_secs_f64(config.warmup_s.max(0.0));
-    let workload = Workload {
-        records: config.records,
-        read_fraction: config.read_fraction,
-        value_bytes: config.value_bytes,
-    };
-    let measured = std::thread::scope(|scope| {
-        let thread =
-            std::thread::Builder::new().name("tenants-loop".to_string()).spawn_scoped(scope, || {
-                schedule_client_thread(config);
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                let local = tokio::task::LocalSet::new();
-                local.block_on(&runtime, async {
-                    let mut clients = Vec::with_capacity(tenants);
-                    for t in 0..tenants {
-                        let client = connect(t).await.with_context(|| format!("tenant {t}: connect"))?;
-                        clients.push((client, 0x7e4a_4e75 ^ ((t as u64) << 32)));
-                    }
-                    let warmed = drive_all(clients, warmup, workload).await?;
-                    // Every tenant is idle here: the /proc reads stay outside the window.
-                    let replicas_fifo = all_sched_fifo(replicas.pids);
-                    let cpu_before = tree_cpu_us(replicas.pids);
-                    let counters_before = HostCounters::read(replicas.pids);
-                    let client_cpu_before = thread_cpu_us();
-                    let window = Instant::now();
-                    let clients = warmed.into_iter().map(|(client, rng, _)| (client, rng)).collect();
-                    let done = drive_all(clients, measure, workload).await?;
-                    let client_cpu_us = thread_cpu_us().saturating_sub(client_cpu_before);
-                    let window = window.elapsed();
-                    let cpu_us = tree_cpu_us(replicas.pids)
-                        .zip(cpu_before)
-                        .map(|(after, before)| after.saturating_sub(before));
-                    let counters = HostCounters::read(replicas.pids)
-                        .zip(counters_before)
-                        .map(|(after, before)| after.since(&before));
-                    let runs: Vec<TenantRun> = done.into_iter().map(|(_, _, run)| run).collect();
-                    anyhow::Ok(Measured { runs, window, cpu_us, replicas_fifo, client_cpu_us, counters })
-                })
-            })?;
-        thread.join().map_err(|_| anyhow::anyhow!("the tenants' event loop panicked"))?
-    })?;
+    let measured = measure_on_loops(config, tenants, &replicas, &connect)?;
     let result =
         summarize(mode, tenants, loaded, &replicas, measured.runs, measured.window, measured.cpu_us)?;
     let client_cpu_cores =
@@ -658,7 +627,109 @@ where
     })
 }
 
-/// What the client event loop brings back from one point.
+/// Run the tenants on `loops` event-loop threads. Every phase (connect, warm-up, measure)
+/// starts and ends on a barrier shared with this thread, which reads the CPU counters while
+/// every tenant is idle; a loop that failed still passes every barrier, so none waits forever.
+fn measure_on_loops<C, F, Fut>(
+    config: &TenantsConfig,
+    tenants: usize,
+    replicas: &Replicas,
+    connect: &F,
+) -> anyhow::Result<Measured>
+where
+    C: TenantClient,
+    F: Fn(usize) -> Fut + Sync,
+    Fut: std::future::Future<Output = anyhow::Result<C>>,
+{
+    let measure = Duration::from_secs_f64(config.measure_s.max(0.05));
+    let warmup = Duration::from_secs_f64(config.warmup_s.max(0.0));
+    let workload = Workload {
+        records: config.records,
+        read_fraction: config.read_fraction,
+        value_bytes: config.value_bytes,
+    };
+    let loops = config.client_threads.clamp(1, tenants);
+    let barrier = std::sync::Barrier::new(loops + 1);
+    std::thread::scope(|scope| {
+        let mut threads = Vec::with_capacity(loops);
+        for l in 0..loops {
+            let barrier = &barrier;
+            let thread = std::thread::Builder::new().name(format!("tenants-loop-{l}")).spawn_scoped(
+                scope,
+                move || {
+                    schedule_client_thread(config);
+                    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+                    let local = tokio::task::LocalSet::new();
+                    let mine: Vec<usize> = (l..tenants).step_by(loops).collect();
+                    let event_loop = async {
+                        let mut clients = Vec::with_capacity(mine.len());
+                        for &t in &mine {
+                            let client = connect(t).await.with_context(|| format!("tenant {t}: connect"))?;
+                            clients.push((client, 0x7e4a_4e75 ^ ((t as u64) << 32)));
+                        }
+                        anyhow::Ok(clients)
+                    };
+                    let run = |runtime: &tokio::runtime::Runtime| {
+                        let clients = local.block_on(runtime, event_loop);
+                        barrier.wait();
+                        let warmed = clients.and_then(|clients| {
+                            local.block_on(runtime, drive_all(clients, warmup, workload))
+                        });
+                        barrier.wait();
+                        // Every tenant is idle here: the /proc reads stay outside the window.
+                        barrier.wait();
+                        let cpu_before = thread_cpu_us();
+                        let done = warmed.and_then(|warmed| {
+                            let clients = warmed.into_iter().map(|(client, rng, _)| (client, rng)).collect();
+                            local.block_on(runtime, drive_all(clients, measure, workload))
+                        });
+                        let cpu_us = thread_cpu_us().saturating_sub(cpu_before);
+                        barrier.wait();
+                        done.map(|done| {
+                            (done.into_iter().map(|(_, _, run)| run).collect::<Vec<TenantRun>>(), cpu_us)
+                        })
+                    };
+                    match runtime {
+                        Ok(runtime) => run(&runtime),
+                        Err(error) => {
+                            (0..4).for_each(|_| {
+                                barrier.wait();
+                            });
+                            Err(error.into())
+                        }
+                    }
+                },
+            )?;
+            threads.push(thread);
+        }
+        barrier.wait();
+        barrier.wait();
+        let replicas_fifo = all_sched_fifo(replicas.pids);
+        let cpu_before = tree_cpu_us(replicas.pids);
+        let counters_before = HostCounters::read(replicas.pids);
+        let window = Instant::now();
+        barrier.wait();
+        barrier.wait();
+        let window = window.elapsed();
+        let cpu_us =
+            tree_cpu_us(replicas.pids).zip(cpu_before).map(|(after, before)| after.saturating_sub(before));
+        let counters = HostCounters::read(replicas.pids)
+            .zip(counters_before)
+            .map(|(after, before)| after.since(&before));
+        let mut runs = Vec::with_capacity(tenants);
+        let mut client_cpu_us = 0;
+        for thread in threads {
+            let (loop_runs, cpu) =
+                thread.join().map_err(|_| anyhow::anyhow!("a tenants' event loop panicked"))??;
+            runs.extend(loop_runs);
+            client_cpu_us += cpu;
+        }
+        anyhow::ensure!(runs.len() == tenants, "{} of {tenants} tenants reported", runs.len());
+        Ok(Measured { runs, window, cpu_us, replicas_fifo, client_cpu_us, counters })
+    })
+}
+
+/// What the client event loops bring back from one point.
 struct Measured {
     runs: Vec<TenantRun>,
     /// From the CPU counters' first read to the last tenant's end.
@@ -666,7 +737,7 @@ struct Measured {
     /// The replicas' CPU time in the window.
     cpu_us: Option<u64>,
     replicas_fifo: Option<bool>,
-    /// The event loop's own CPU time in the window.
+    /// The event loops' own CPU time in the window.
     client_cpu_us: u64,
     /// The replicas' and the machine's counters over the window.
     counters: Option<HostCounters>,
@@ -947,7 +1018,14 @@ mod tests {
     /// threads): every tenant's updates and reads complete through the transaction API.
     #[test]
     fn in_process_points_complete_for_every_tenant() {
-        let config = TenantsConfig { tenants: vec![2], records: 16, measure_s: 0.3, ..quick_config("test") };
+        // Three tenants on two client event loops: every loop's tenants run and count.
+        let config = TenantsConfig {
+            tenants: vec![3],
+            records: 16,
+            measure_s: 0.3,
+            client_threads: 2,
+            ..quick_config("test")
+        };
         let report = run(config).unwrap();
         assert_eq!(report.results.len(), 2);
         for r in &report.results {
@@ -961,9 +1039,9 @@ mod tests {
             // and inflated updates/s by 6x).
             assert!(r.measured_s >= 0.3, "{r:?}");
         }
-        assert!(target_ratios(&report, TenantsMode::Chorus, 2, false).is_some());
-        assert!(target_ratios(&report, TenantsMode::Chorus, 2, true).is_none());
-        assert!(target_ratios(&report, TenantsMode::Hermes, 2, false).is_none());
+        assert!(target_ratios(&report, TenantsMode::Chorus, 3, false).is_some());
+        assert!(target_ratios(&report, TenantsMode::Chorus, 3, true).is_none());
+        assert!(target_ratios(&report, TenantsMode::Hermes, 3, false).is_none());
     }
 
     /// Two rounds of every point, interleaved: one median point per (mode, T), with both
