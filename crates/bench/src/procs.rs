@@ -22,6 +22,8 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Procs {
     pub name: String,
     children: Vec<(String, Child, PathBuf)>,
+    /// Each child's label and command line, for the report.
+    commands: Vec<(String, String)>,
     dir: PathBuf,
 }
 
@@ -29,7 +31,7 @@ impl Procs {
     pub fn new(name: &str, dir: PathBuf) -> anyhow::Result<Procs> {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        Ok(Procs { name: name.to_string(), children: Vec::new(), dir })
+        Ok(Procs { name: name.to_string(), children: Vec::new(), commands: Vec::new(), dir })
     }
 
     pub fn dir(&self) -> &Path {
@@ -41,8 +43,21 @@ impl Procs {
         self.children.iter().map(|(_, child, _)| child.id()).collect()
     }
 
+    /// Every child started: its label and its command line (the configuration a report prints).
+    pub fn commands(&self) -> &[(String, String)] {
+        &self.commands
+    }
+
     /// Starts `command` with its output in `<dir>/<label>.log`.
     pub fn spawn(&mut self, label: &str, mut command: Command) -> anyhow::Result<()> {
+        let mut words = vec![command.get_program().to_string_lossy().into_owned()];
+        for arg in command.get_args() {
+            // The cluster token is a secret even when it is a throw-away one.
+            let secret = words.last().is_some_and(|last| last == "--cluster-token");
+            words.push(if secret { "<token>".to_string() } else { arg.to_string_lossy().into_owned() });
+        }
+        let line = words.join(" ");
+        self.commands.push((label.to_string(), line));
         let log = self.dir.join(format!("{label}.log"));
         let file = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         command.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file);
