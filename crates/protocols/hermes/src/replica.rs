@@ -368,7 +368,7 @@ impl Hermes {
         let inv = Message::Inv { epoch, key: key.clone(), ts, value: value.clone(), rmw, superseded: false };
         out.broadcast(self.peers(), inv);
         let entry = self.keys.get_mut(key).expect("updated key exists");
-        entry.update = Some(Update {
+        entry.update = Some(Box::new(Update {
             kind,
             ts,
             value,
@@ -377,7 +377,7 @@ impl Hermes {
             superseded: false,
             client,
             retransmit_at: now + self.config.message_loss_timeout,
-        });
+        }));
         self.stats.updates_started += 1;
         self.complete_if_acknowledged(now, key, out);
     }
