@@ -4,6 +4,12 @@ use std::collections::VecDeque;
 
 use chorus_core::{ClientRequestId, Command, NodeSet, Outcome, Time, Timestamp, Value};
 
+/// A key as the key table stores it: inline up to 24 bytes (most keys are shorter), so
+/// comparing it during a lookup reads the table's own cache line rather than chasing a
+/// pointer; a longer key lives on the heap. A received key is copied once, when its entry is
+/// created, so the table never pins the client or peer buffer it arrived in.
+pub type StoredKey = smallvec::SmallVec<[u8; 24]>;
+
 /// The key states of §3.2.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum KeyState {
