@@ -42,7 +42,7 @@ use crate::workload::{KvSpec, OpGen, YcsbSpec};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct CompareArgs {
-    /// A short run (fewer seconds per point, smaller data set): under 3 minutes.
+    /// A short run (fewer seconds per point, smaller data set): about 5 minutes (5 systems).
     #[arg(long)]
     pub quick: bool,
     /// Where the JSON and PNG files go.
