@@ -1061,3 +1061,87 @@ pub fn render_text(comparison: &Comparison) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Latency, OpStats};
+
+    fn report(ops_per_s: f64, p50_us: f64, p99_us: f64, p99_9_us: f64) -> Report {
+        let latency = Latency { p50_us, p99_us, p99_9_us, ..Latency::default() };
+        let overall = OpStats { operation: "ALL".into(), count: 1000, errors: 0, ops_per_s, latency };
+        Report {
+            elapsed_s: 1.0,
+            operations: 1000,
+            errors: 0,
+            ops_per_s,
+            by_operation: vec![overall.clone()],
+            overall,
+            first_error: None,
+        }
+    }
+
+    fn round(ops_per_s: f64, cpu: f64, aborts: Option<u64>) -> Result<Round, String> {
+        Ok(Round {
+            report: report(ops_per_s, 100.0, 1000.0, 2000.0),
+            server_cpu_us_per_op: Some(cpu),
+            rmw_aborts: aborts,
+        })
+    }
+
+    #[test]
+    fn a_point_has_the_median_cpu_per_operation_and_every_rounds_aborts() {
+        let rounds =
+            vec![round(100.0, 30.0, Some(2)), round(300.0, 10.0, Some(5)), round(200.0, 20.0, Some(0))];
+        let point = point_of(SystemKind::Chorus, &Workload::Kv(100), 64, rounds);
+        assert_eq!(point.ops_per_s, 200.0);
+        assert_eq!(point.server_cpu_us_per_op, Some(20.0));
+        assert_eq!(point.round_server_cpu_us_per_op, vec![30.0, 10.0, 20.0]);
+        assert_eq!(point.rmw_aborts, Some(7));
+        let redis = point_of(SystemKind::Redis, &Workload::Kv(100), 64, vec![round(1.0, 5.0, None)]);
+        assert_eq!(redis.rmw_aborts, None);
+    }
+
+    fn point(
+        system: SystemKind,
+        workload: Workload,
+        clients: usize,
+        ops: f64,
+        p50: f64,
+        p99: f64,
+        p99_9: f64,
+    ) -> Point {
+        let mut rounds = vec![round(ops, 1.0, None)];
+        if let Ok(round) = &mut rounds[0] {
+            round.report = report(ops, p50, p99, p99_9);
+        }
+        point_of(system, &workload, clients, rounds)
+    }
+
+    #[test]
+    fn issue_23s_targets_are_ratios_to_redis_alone_and_with_wait() {
+        use SystemKind::{Chorus, Redis, RedisWait};
+        let points = vec![
+            point(Chorus, Workload::Kv(100), 64, 50_000.0, 1000.0, 2000.0, 4000.0),
+            point(Redis, Workload::Kv(100), 64, 40_000.0, 900.0, 1500.0, 3000.0),
+            point(RedisWait, Workload::Kv(100), 64, 30_000.0, 1500.0, 2500.0, 5000.0),
+            point(Chorus, Workload::Kv(0), 64, 60_000.0, 500.0, 3000.0, 9000.0),
+            point(Redis, Workload::Kv(0), 64, 60_000.0, 500.0, 2000.0, 3000.0),
+        ];
+        let checks = check_targets(&points);
+        let met = |prefix: &str| {
+            checks.iter().find(|c| c.target.starts_with(prefix)).map(|c| (c.met, c.measured.clone()))
+        };
+        assert_eq!(met("kv-w100 (SET), 64 clients: Chorus throughput"), Some((Some(true), "1.25x".into())));
+        assert_eq!(met("kv-w100 (SET), 64 clients: Chorus p99"), Some((Some(true), "0.80x".into())));
+        assert_eq!(
+            met("kv-w0 (GET), 64 clients: Chorus throughput"),
+            Some((Some(false), "1.00x (missed by 17%)".into()))
+        );
+        assert_eq!(
+            met("kv-w0 (GET), 64 clients: Chorus p99.9"),
+            Some((Some(false), "3.00x (missed by 200%)".into()))
+        );
+        assert_eq!(met("ycsb-a, 64 clients"), Some((None, "not measured".into())));
+    }
+}

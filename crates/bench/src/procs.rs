@@ -290,3 +290,23 @@ pub fn scratch_root() -> PathBuf {
     let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
     base.join(format!("chorus-bench-{}", std::process::id()))
 }
+
+#[cfg(test)]
+mod command_line_tests {
+    use super::*;
+
+    #[test]
+    fn the_report_gets_each_command_line_with_the_cluster_token_masked() {
+        let dir = std::env::temp_dir().join(format!("chorus-bench-procs-test-{}", std::process::id()));
+        let mut procs = Procs::new("test", dir.clone()).unwrap();
+        let mut command = Command::new("true");
+        command.args(["--cluster-token", "s3cret-token", "--port", "7"]);
+        procs.spawn("node-0", command).unwrap();
+        assert_eq!(
+            procs.commands(),
+            [("node-0".to_string(), "true --cluster-token <token> --port 7".to_string())]
+        );
+        drop(procs);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
