@@ -169,7 +169,7 @@ impl Hermes {
 
     /// The key's protocol state, timestamp and local value (for tests, INFO and tracing).
     pub fn key_state(&self, key: &[u8]) -> Option<(KeyState, Timestamp, Option<&Value>)> {
-        self.keys.get(&key[..]).map(|entry| (entry.state, entry.ts, entry.value.as_ref()))
+        self.keys.get(key).map(|entry| (entry.state, entry.ts, entry.value.as_ref()))
     }
 
     /// Every key holding a value here, in no particular order. Every replica sees every
