@@ -1,5 +1,9 @@
 //! etcd v3 through its HTTP/JSON gRPC gateway (`/v3/kv/put`, `/v3/kv/range`, `/v3/kv/txn`),
 //! one keep-alive HTTP/1.1 connection per client (hyper). Keys and values travel base64-encoded.
+//!
+//! The gateway is several times slower than etcd's native gRPC, so `chorus bench compare`
+//! measures etcd with etcd's own benchmark tool ([`crate::etcd_tool`]) and uses this client
+//! only to check that members serve and for the opt-in `etcd-http` system.
 
 use std::net::SocketAddr;
 

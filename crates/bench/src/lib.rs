@@ -9,6 +9,7 @@ pub mod client;
 pub mod compare;
 pub mod driver;
 pub mod etcd;
+pub mod etcd_tool;
 pub mod failover;
 pub mod generator;
 pub mod group;

@@ -28,6 +28,8 @@ fn color(system: SystemKind) -> RGBColor {
         SystemKind::RedisWait => RGBColor(255, 127, 14),
         SystemKind::Redis => RGBColor(44, 160, 44),
         SystemKind::Etcd => RGBColor(214, 39, 40),
+        SystemKind::Raftlog => RGBColor(148, 103, 189),
+        SystemKind::EtcdHttp => RGBColor(140, 86, 75),
     }
 }
 

@@ -22,6 +22,8 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Procs {
     pub name: String,
     children: Vec<(String, Child, PathBuf)>,
+    /// Each child's label and command line, for the report.
+    commands: Vec<(String, String)>,
     dir: PathBuf,
 }
 
@@ -29,7 +31,7 @@ impl Procs {
     pub fn new(name: &str, dir: PathBuf) -> anyhow::Result<Procs> {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        Ok(Procs { name: name.to_string(), children: Vec::new(), dir })
+        Ok(Procs { name: name.to_string(), children: Vec::new(), commands: Vec::new(), dir })
     }
 
     pub fn dir(&self) -> &Path {
@@ -41,8 +43,21 @@ impl Procs {
         self.children.iter().map(|(_, child, _)| child.id()).collect()
     }
 
+    /// Every child started: its label and its command line (the configuration a report prints).
+    pub fn commands(&self) -> &[(String, String)] {
+        &self.commands
+    }
+
     /// Starts `command` with its output in `<dir>/<label>.log`.
     pub fn spawn(&mut self, label: &str, mut command: Command) -> anyhow::Result<()> {
+        let mut words = vec![command.get_program().to_string_lossy().into_owned()];
+        for arg in command.get_args() {
+            // The cluster token is a secret even when it is a throw-away one.
+            let secret = words.last().is_some_and(|last| last == "--cluster-token");
+            words.push(if secret { "<token>".to_string() } else { arg.to_string_lossy().into_owned() });
+        }
+        let line = words.join(" ");
+        self.commands.push((label.to_string(), line));
         let log = self.dir.join(format!("{label}.log"));
         let file = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         command.stdin(Stdio::null()).stdout(file.try_clone()?).stderr(file);
@@ -274,4 +289,24 @@ pub fn scratch_root() -> PathBuf {
     let shm = Path::new("/dev/shm");
     let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
     base.join(format!("chorus-bench-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod command_line_tests {
+    use super::*;
+
+    #[test]
+    fn the_report_gets_each_command_line_with_the_cluster_token_masked() {
+        let dir = std::env::temp_dir().join(format!("chorus-bench-procs-test-{}", std::process::id()));
+        let mut procs = Procs::new("test", dir.clone()).unwrap();
+        let mut command = Command::new("true");
+        command.args(["--cluster-token", "s3cret-token", "--port", "7"]);
+        procs.spawn("node-0", command).unwrap();
+        assert_eq!(
+            procs.commands(),
+            [("node-0".to_string(), "true --cluster-token <token> --port 7".to_string())]
+        );
+        drop(procs);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

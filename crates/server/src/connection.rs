@@ -124,6 +124,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
     async fn serve(&mut self) -> std::io::Result<()> {
         let mut closing = self.shared.closing.clone();
+        // One wait for the node to stop, kept across requests: a new one per request would
+        // register with the watch's waiter list (a lock) on every command.
+        let closed = closing.changed();
+        tokio::pin!(closed);
+        let idle_timeout = self.shared.settings.clients.idle_timeout_s > 0;
         loop {
             let close = self.run_pipeline().await?;
             if close {
@@ -136,7 +141,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     if read? == 0 {
                         return Ok(());
                     }
-                    self.last_read = Instant::now();
+                    if idle_timeout {
+                        self.last_read = Instant::now(); // a clock read per request only when needed
+                    }
                     // Checked as soon as bytes arrive, before they are parsed (as Redis does).
                     let buffered = self.read.len();
                     let limit = self.shared.settings.clients.query_buffer_bytes_max;
@@ -156,7 +163,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     let error = ProtocolError(format!("a command was not received in full within {timeout_ms} ms"));
                     return self.refuse(error).await;
                 }
-                _ = closing.changed() => return Ok(()),
+                _ = &mut closed => return Ok(()),
             }
         }
     }

@@ -271,7 +271,7 @@ impl ServedReplica for Hermes {
         self.key_count()
     }
     fn keys(&self) -> Vec<Key> {
-        Hermes::keys(self).cloned().collect()
+        Hermes::keys(self).collect()
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();

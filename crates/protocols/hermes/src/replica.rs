@@ -10,7 +10,7 @@ use chorus_core::{
 use rustc_hash::FxHashMap;
 
 use crate::config::HermesConfig;
-use crate::key::{HoldersSeen, KeyEntry, KeyState, Update, UpdateClient, UpdateKind, Waiter};
+use crate::key::{HoldersSeen, KeyEntry, KeyState, StoredKey, Update, UpdateClient, UpdateKind, Waiter};
 use crate::message::{ChunkEntry, Message};
 
 use crate::config::Bug;
@@ -58,6 +58,15 @@ fn servable_now(entry: &KeyEntry, command: &Command, leased: bool, read_in_any_s
     }
 }
 
+/// The entry of `key` in `keys`, created (Valid, timestamp zero) when there is none. The
+/// key is copied into the table only then: a lookup never allocates.
+fn entry_or_default<'a>(keys: &'a mut FxHashMap<StoredKey, KeyEntry>, key: &[u8]) -> &'a mut KeyEntry {
+    if !keys.contains_key(key) {
+        keys.insert(StoredKey::from_slice(key), KeyEntry::new());
+    }
+    keys.get_mut(key).expect("inserted above")
+}
+
 /// Where a key's chunk lives: FNV-1a, so every replica splits keys alike.
 fn key_bucket(key: &[u8], buckets_total: u32) -> u32 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -71,7 +80,7 @@ fn key_bucket(key: &[u8], buckets_total: u32) -> u32 {
 pub struct Hermes {
     config: HermesConfig,
     view: View,
-    keys: FxHashMap<Key, KeyEntry>,
+    keys: FxHashMap<StoredKey, KeyEntry>,
     /// Keys with an in-flight update or stalled requests: the only ones a tick must visit.
     /// Ordered, so ticks visit keys in the same order on every run of a seed.
     watched: BTreeSet<Key>,
@@ -165,8 +174,8 @@ impl Hermes {
 
     /// Every key holding a value here, in no particular order. Every replica sees every
     /// key's INV, so this is every key written anywhere up to what this replica has seen.
-    pub fn keys(&self) -> impl Iterator<Item = &Key> {
-        self.keys.iter().filter(|(_, entry)| entry.value.is_some()).map(|(key, _)| key)
+    pub fn keys(&self) -> impl Iterator<Item = Key> + '_ {
+        self.keys.iter().filter(|(_, entry)| entry.value.is_some()).map(|(key, _)| Key::copy_from_slice(key))
     }
 
     /// Number of keys holding a value (deleted keys keep their timestamp but do not count).
@@ -204,7 +213,7 @@ impl Hermes {
     }
 
     fn watch(&mut self, key: &Key) {
-        let quiet = self.keys.get(key).is_none_or(KeyEntry::is_quiet);
+        let quiet = self.keys.get(&key[..]).is_none_or(KeyEntry::is_quiet);
         if quiet {
             self.watched.remove(key);
         } else if !self.watched.contains(key) {
@@ -219,7 +228,7 @@ impl Hermes {
         let read_in_any_state = self.has_bug(Bug::ReadInAnyState);
         let leased = self.lease.is_valid(now);
         loop {
-            let entry = self.keys.get_mut(key).expect("drained key exists");
+            let entry = self.keys.get_mut(&key[..]).expect("drained key exists");
             let Some(front) = entry.waiting.front() else { break };
             if !servable_now(entry, &front.command, leased, read_in_any_state) {
                 break;
@@ -259,7 +268,7 @@ impl Hermes {
                 }
             }
         }
-        let entry = self.keys.get_mut(key).expect("drained key exists");
+        let entry = self.keys.get_mut(&key[..]).expect("drained key exists");
         if !entry.waiting.is_empty() && entry.state == KeyState::Invalid && entry.replay_at.is_none() {
             entry.replay_at = Some(now + self.config.message_loss_timeout);
         }
@@ -283,7 +292,7 @@ impl Hermes {
         out: &mut Outbox<Message>,
     ) -> Option<Command> {
         let read_in_any_state = self.has_bug(Bug::ReadInAnyState);
-        let Some(entry) = self.keys.get_mut(key) else {
+        let Some(entry) = self.keys.get_mut(&key[..]) else {
             if matches!(command, Command::Read { .. }) {
                 out.reply(request, Outcome::Value(None));
                 self.stats.reads_local += 1;
@@ -328,7 +337,7 @@ impl Hermes {
         out: &mut Outbox<Message>,
     ) {
         let cid = self.next_cid();
-        let entry = self.keys.get_mut(key).expect("updated key exists");
+        let entry = self.keys.get_mut(&key[..]).expect("updated key exists");
         debug_assert_eq!(entry.state, KeyState::Valid);
         let version_step = if rmw { 1 } else { 2 };
         let ts = Timestamp::new(entry.ts.version + version_step, cid);
@@ -342,7 +351,7 @@ impl Hermes {
     /// Write replay (§3.2, §3.4): re-run C INV..C VAL with the key's stored timestamp and value,
     /// so the original coordinator's write is linearized where it belongs.
     fn start_replay(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
-        let entry = self.keys.get_mut(key).expect("replayed key exists");
+        let entry = self.keys.get_mut(&key[..]).expect("replayed key exists");
         debug_assert_eq!(entry.state, KeyState::Invalid);
         debug_assert!(entry.update.is_none());
         entry.state = KeyState::Replay;
@@ -367,8 +376,8 @@ impl Hermes {
         let epoch = self.view.epoch;
         let inv = Message::Inv { epoch, key: key.clone(), ts, value: value.clone(), rmw, superseded: false };
         out.broadcast(self.peers(), inv);
-        let entry = self.keys.get_mut(key).expect("updated key exists");
-        entry.update = Some(Update {
+        let entry = self.keys.get_mut(&key[..]).expect("updated key exists");
+        entry.update = Some(Box::new(Update {
             kind,
             ts,
             value,
@@ -377,7 +386,7 @@ impl Hermes {
             superseded: false,
             client,
             retransmit_at: now + self.config.message_loss_timeout,
-        });
+        }));
         self.stats.updates_started += 1;
         self.complete_if_acknowledged(now, key, out);
     }
@@ -394,7 +403,7 @@ impl Hermes {
         let majority = live.len() / 2 + 1;
         let commit_on_majority = self.has_bug(Bug::CommitOnMajority);
         let validate_superseded = self.has_bug(Bug::ValidateSuperseded);
-        let entry = self.keys.get_mut(key).expect("completed key exists");
+        let entry = self.keys.get_mut(&key[..]).expect("completed key exists");
         let Some(update) = &entry.update else { return };
         let acknowledged =
             update.acks.is_superset_of(live) || (commit_on_majority && update.acks.len() >= majority);
@@ -449,7 +458,7 @@ impl Hermes {
     ) {
         let epoch = self.view.epoch;
         let rmw_never_aborts = self.has_bug(Bug::RmwNeverAborts);
-        let entry = self.keys.entry(key.clone()).or_default();
+        let entry = entry_or_default(&mut self.keys, &key);
 
         // F RMW-ACK (§3.6): an RMW older than what we hold is refused; we answer with our own
         // state as an INV, which aborts the RMW at its coordinator.
@@ -476,12 +485,12 @@ impl Hermes {
         }
         // F ACK: acknowledged whatever the timestamp comparison said, telling the coordinator
         // whether we already hold something higher.
-        let superseded = self.keys[&key].ts > ts && !self.has_bug(Bug::ValidateSuperseded);
+        let superseded = self.keys[&key[..]].ts > ts && !self.has_bug(Bug::ValidateSuperseded);
         let ack = Message::Ack { epoch, key: key.clone(), ts, superseded };
         if superseded {
             // The sender cannot validate `ts`; hand it the higher update, so a replayer whose
             // only source of that update crashed can adopt and replay it (as F RMW-ACK does).
-            let entry = &self.keys[&key];
+            let entry = &self.keys[&key[..]];
             let newer = Message::Inv {
                 epoch,
                 key: key.clone(),
@@ -509,7 +518,7 @@ impl Hermes {
     fn apply_higher_inv(&mut self, now: Time, key: &Key, ts: Timestamp, value: Option<Value>, rmw: bool) {
         let rmw_never_aborts = self.has_bug(Bug::RmwNeverAborts);
         let mlt = self.config.message_loss_timeout;
-        let entry = self.keys.get_mut(key).expect("entry exists");
+        let entry = self.keys.get_mut(&key[..]).expect("entry exists");
         let aborts = entry.update.as_ref().is_some_and(|update| update.rmw) && !rmw_never_aborts;
         if aborts {
             let update = entry.update.take().expect("update exists");
@@ -545,11 +554,11 @@ impl Hermes {
         if self.config.optimizations.broadcast_acks {
             // An overheard ACK may overtake the INV of a key we have never seen: remember it,
             // or the INV alone could never validate the key (O3 sends no VAL).
-            self.keys.entry(key.clone()).or_default();
+            entry_or_default(&mut self.keys, &key);
             self.note_holders(&key, ts, NodeSet::single(from), superseded);
             self.validate_if_all_hold(now, &key, out);
         }
-        let Some(entry) = self.keys.get_mut(&key) else { return };
+        let Some(entry) = self.keys.get_mut(&key[..]) else { return };
         if let Some(update) = &mut entry.update {
             if update.ts == ts {
                 update.acks.insert(from);
@@ -561,7 +570,7 @@ impl Hermes {
 
     fn on_val(&mut self, now: Time, key: Key, ts: Timestamp, out: &mut Outbox<Message>) {
         let ignore_ts = self.has_bug(Bug::ValIgnoresTimestamp);
-        let Some(entry) = self.keys.get_mut(&key) else { return };
+        let Some(entry) = self.keys.get_mut(&key[..]) else { return };
         if ts != entry.ts && !ignore_ts {
             return; // F VAL: only the current timestamp validates.
         }
@@ -585,7 +594,7 @@ impl Hermes {
 
     /// O3: remember who held `ts` when it spoke (or that someone held more).
     fn note_holders(&mut self, key: &Key, ts: Timestamp, holders: NodeSet, superseded: bool) {
-        let entry = self.keys.get_mut(key).expect("entry exists");
+        let entry = self.keys.get_mut(&key[..]).expect("entry exists");
         if ts < entry.ts {
             return;
         }
@@ -608,7 +617,7 @@ impl Hermes {
     /// its coordinator, so followers wait for its VAL.
     fn validate_if_all_hold(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
         let live = self.view.live;
-        let entry = self.keys.get_mut(key).expect("entry exists");
+        let entry = self.keys.get_mut(&key[..]).expect("entry exists");
         let Some(seen) = entry.acks_seen else { return };
         let invalid = matches!(entry.state, KeyState::Invalid | KeyState::Trans);
         let all_hold = seen.holders.is_superset_of(live) && !seen.superseded;
@@ -623,7 +632,7 @@ impl Hermes {
     fn retransmit_or_replay(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
         let (epoch, peers) = (self.view.epoch, self.peers());
         let mlt = self.config.message_loss_timeout;
-        let entry = self.keys.get_mut(key).expect("watched key exists");
+        let entry = self.keys.get_mut(&key[..]).expect("watched key exists");
         let holds_higher = entry.update.as_ref().is_some_and(|update| entry.ts > update.ts);
         if let Some(update) = &mut entry.update {
             if now >= update.retransmit_at {
@@ -655,7 +664,7 @@ impl Hermes {
         self.retired = true;
         let mut replies = Vec::new();
         for key in std::mem::take(&mut self.watched) {
-            let entry = self.keys.get_mut(&key).expect("watched key exists");
+            let entry = self.keys.get_mut(&key[..]).expect("watched key exists");
             for waiter in entry.waiting.drain(..) {
                 let outcome = if waiter.sent_before {
                     CommandError::OutcomeUnknown
@@ -748,7 +757,7 @@ impl Hermes {
             .iter()
             .filter(|(key, entry)| entry.ts != Timestamp::ZERO && key_bucket(key, buckets_total) == bucket)
             .map(|(key, entry)| ChunkEntry {
-                key: key.clone(),
+                key: Key::copy_from_slice(key),
                 ts: entry.ts,
                 value: entry.value.clone(),
                 rmw: entry.rmw_flag,
@@ -799,7 +808,7 @@ impl Hermes {
         self.stats.chunks_received += 1;
         self.stats.keys_copied += entries.len() as u64;
         for copied in entries {
-            let entry = self.keys.entry(copied.key).or_default();
+            let entry = entry_or_default(&mut self.keys, &copied.key);
             let newer = copied.ts > entry.ts || overwrite;
             if newer {
                 entry.ts = copied.ts;
@@ -862,7 +871,7 @@ impl Replica for Hermes {
         } else {
             command
         };
-        let entry = self.keys.entry(key.clone()).or_default();
+        let entry = entry_or_default(&mut self.keys, &key);
         let stalls = !entry.waiting.is_empty() || entry.state != KeyState::Valid;
         if stalls && !command.is_update() {
             self.stats.reads_stalled += 1;
@@ -967,7 +976,7 @@ impl Replica for Hermes {
         let mut keys = std::mem::take(&mut self.scratch_keys);
         keys.extend(self.watched.iter().cloned());
         for key in keys.drain(..) {
-            let entry = self.keys.get_mut(&key).expect("watched key exists");
+            let entry = self.keys.get_mut(&key[..]).expect("watched key exists");
             entry.acks_seen = None;
             if let Some(update) = &mut entry.update {
                 // §3.4 and §3.6 (C RMW-replay): ACKs gathered in an older epoch do not count;
@@ -986,5 +995,28 @@ impl Replica for Hermes {
             self.watch(&key);
         }
         self.scratch_keys = keys;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys up to 24 bytes are stored inline, longer ones on the heap: both are found by
+    /// their bytes, and a second call finds the entry the first created.
+    #[test]
+    fn stored_keys_inline_and_spilled_are_found() {
+        let mut keys: FxHashMap<StoredKey, KeyEntry> = FxHashMap::default();
+        let short = Key::from_static(b"user:1");
+        let long = Key::from(vec![b'k'; 200]);
+        entry_or_default(&mut keys, &short).ts = Timestamp { version: 1, cid: 0 };
+        entry_or_default(&mut keys, &long).ts = Timestamp { version: 2, cid: 0 };
+        assert_eq!(keys.len(), 2);
+        assert_eq!(entry_or_default(&mut keys, &short).ts.version, 1);
+        assert_eq!(entry_or_default(&mut keys, &long).ts.version, 2);
+        assert_eq!(keys.len(), 2);
+        let spilled: Vec<bool> =
+            keys.keys().filter(|key| key.len() == 200).map(|key| key.spilled()).collect();
+        assert_eq!(spilled, [true]);
     }
 }
