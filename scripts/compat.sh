@@ -102,7 +102,7 @@ if [ "$reuse_redis" = 1 ] && [ -f "$out/redis.xml" ]; then
   say "redis: reusing $out/redis.xml"
 else
   say "redis-server on port $redis_port"
-  redis-server --port "$redis_port" --save "" --appendonly no --daemonize no >"$out/redis-server.log" 2>&1 &
+  redis-server --port "$redis_port" --dir "$out" --save "" --appendonly no --daemonize no >"$out/redis-server.log" 2>&1 &
   pids+=($!)
   wait_for_port "$redis_port"
   run_suite redis "$redis_port"

@@ -40,7 +40,18 @@ pub fn run(args: &[Bytes], client: &ClientView) -> Reply {
         "CONFIG" => config(args),
         "SLOWLOG" => slowlog(args),
         "LATENCY" => latency(args),
-        "LOLWUT" => Reply::Verbatim(format!("Chorus ver. {}\n", crate::REDIS_COMPATIBLE_VERSION)),
+        "LOLWUT" => Reply::Verbatim(format!(
+            "Chorus {}, speaking Redis ver. {}\n",
+            env!("CARGO_PKG_VERSION"),
+            crate::REDIS_COMPATIBLE_VERSION
+        )),
+        // Every replica takes writes (the protocol orders them): each is a master to a client.
+        "ROLE" => Reply::Array(vec![Reply::text("master"), Reply::Integer(0), Reply::Array(Vec::new())]),
+        "MODULE" => match word(&args[1]).as_str() {
+            "LIST" => Reply::Array(Vec::new()),
+            sub => Reply::err(format!("MODULE {sub} is not supported: chorus loads no modules")),
+        },
+        "MEMORY" => memory(args),
         "READONLY" | "READWRITE" => Reply::err("This instance has cluster support disabled"),
         other => Reply::err(format!("unknown command '{other}'")),
     }
@@ -61,7 +72,13 @@ fn acl(args: &[Bytes], client: &ClientView) -> Reply {
         "USERS" => Reply::Array(vec![Reply::text("default")]),
         "LIST" => Reply::Array(vec![Reply::text(&format!("user default {rule}"))]),
         "CAT" if args.len() == 2 => Reply::Array(CATEGORIES.iter().map(|c| Reply::text(c)).collect()),
-        "CAT" => Reply::Array(Vec::new()),
+        "CAT" => Reply::Array(commands_in(&String::from_utf8_lossy(&args[2]).to_ascii_lowercase())),
+        "HELP" => Reply::Array(
+            ["ACL WHOAMI", "ACL LIST", "ACL USERS", "ACL CAT [<category>]", "ACL GETUSER <username>", "ACL GENPASS [<bits>]", "ACL LOG"]
+                .iter()
+                .map(|line| Reply::text(line))
+                .collect(),
+        ),
         "GETUSER" if args.len() == 3 && args[2].as_ref() == b"default" => Reply::Map(vec![
             (Reply::text("flags"), Reply::Array(vec![Reply::text("on")])),
             (Reply::text("passwords"), Reply::Array(Vec::new())),
@@ -76,9 +93,16 @@ fn acl(args: &[Bytes], client: &ClientView) -> Reply {
             "ACL {sub} is not supported: chorus has one user, 'default', whose password is requirepass in the node's config file"
         )),
         "GENPASS" => {
-            let mut bytes = [0u8; 32];
+            // As Redis: `bits` (default 256) rounded up to whole hex digits.
+            let bits = match args.get(2).map(|arg| chorus_core::data::parse_int(arg)) {
+                None => 256,
+                Some(Ok(bits)) if (1..=4096).contains(&bits) => bits as usize,
+                Some(_) => return Reply::err("ACL GENPASS argument must be the number of bits for the output password, a positive number up to 4096"),
+            };
+            let mut bytes = vec![0u8; bits.div_ceil(8)];
             getrandom_fill(&mut bytes);
-            Reply::text(&bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            Reply::text(&hex[..bits.div_ceil(4)])
         }
         _ => Reply::err(format!("unknown subcommand '{sub}'. Try ACL HELP.")),
     }
@@ -117,6 +141,37 @@ const CATEGORIES: &[&str] = &[
     "transaction",
     "scripting",
 ];
+
+/// ACL CAT <category>: the commands of the read and write categories (the flags in COMMAND);
+/// every other category is answered empty.
+fn commands_in(category: &str) -> Vec<Reply> {
+    let flag = match category {
+        "read" => "readonly",
+        "write" => "write",
+        _ => return Vec::new(),
+    };
+    crate::command::COMMAND_TABLE
+        .iter()
+        .filter(|spec| spec.flags.contains(&flag))
+        .map(|spec| Reply::text(spec.name))
+        .collect()
+}
+
+/// MEMORY STATS / MALLOC-STATS / DOCTOR: the allocator's figure, as INFO memory has it.
+fn memory(args: &[Bytes]) -> Reply {
+    let used = crate::memory::used_bytes();
+    match word(&args[1]).as_str() {
+        "STATS" => Reply::Map(vec![
+            (Reply::text("peak.allocated"), Reply::Integer(used as i64)),
+            (Reply::text("total.allocated"), Reply::Integer(used as i64)),
+            (Reply::text("startup.allocated"), Reply::Integer(0)),
+            (Reply::text("dataset.bytes"), Reply::Integer(used as i64)),
+        ]),
+        "MALLOC-STATS" => Reply::Verbatim(format!("chorus: {used} bytes allocated\n")),
+        "DOCTOR" => Reply::Verbatim("Chorus has no memory problems to report.\n".into()),
+        sub => Reply::err(format!("unknown subcommand '{sub}'. Try MEMORY HELP.")),
+    }
+}
 
 /// This connection's CLIENT LIST line (Redis' format).
 fn client_line(client: &ClientView) -> String {

@@ -121,7 +121,9 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("type", 2, &["readonly"], ONE_KEY),
     spec("touch", 2, &["readonly"], ONE_KEY),
     spec("object", 3, &["readonly"], (2, 2, 1)),
-    spec("memory", -3, &["readonly"], (2, 2, 1)),
+    spec("memory", -2, &["readonly"], (2, 2, 1)),
+    spec("role", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
+    spec("module", -2, &["admin", "noscript"], NO_KEYS),
     spec("hsetnx", 4, &["write", "denyoom"], ONE_KEY),
     spec("hexists", 3, &["readonly"], ONE_KEY),
     spec("hlen", 2, &["readonly"], ONE_KEY),
@@ -178,6 +180,38 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("zremrangebylex", 4, &["write", "denyoom"], ONE_KEY),
     spec("zrandmember", -2, &["readonly"], ONE_KEY),
     spec("zscan", -3, &["readonly"], ONE_KEY),
+    // Over several keys, per key linearizable, not atomic (connection/multikey.rs).
+    spec("zunionstore", -4, &["write", "denyoom"], (1, 1, 1)),
+    spec("zinterstore", -4, &["write", "denyoom"], (1, 1, 1)),
+    spec("zdiffstore", -4, &["write", "denyoom"], (1, 1, 1)),
+    spec("zunion", -3, &["readonly"], NO_KEYS),
+    spec("zinter", -3, &["readonly"], NO_KEYS),
+    spec("zdiff", -3, &["readonly"], NO_KEYS),
+    spec("zintercard", -3, &["readonly"], NO_KEYS),
+    spec("sinterstore", -3, &["write", "denyoom"], ALL_KEYS),
+    spec("sunionstore", -3, &["write", "denyoom"], ALL_KEYS),
+    spec("sdiffstore", -3, &["write", "denyoom"], ALL_KEYS),
+    spec("rename", 3, &["write"], (1, 2, 1)),
+    spec("renamenx", 3, &["write", "fast"], (1, 2, 1)),
+    spec("copy", -3, &["write", "denyoom"], (1, 2, 1)),
+    spec("lmove", 5, &["write", "denyoom"], (1, 2, 1)),
+    spec("rpoplpush", 3, &["write", "denyoom"], (1, 2, 1)),
+    spec("smove", 4, &["write", "fast"], (1, 2, 1)),
+    spec("blpop", -3, &["write", "noscript"], (1, -2, 1)),
+    spec("brpop", -3, &["write", "noscript"], (1, -2, 1)),
+    spec("bzpopmin", -3, &["write", "noscript", "fast"], (1, -2, 1)),
+    spec("bzpopmax", -3, &["write", "noscript", "fast"], (1, -2, 1)),
+    spec("blmove", 6, &["write", "denyoom", "noscript"], (1, 2, 1)),
+    spec("brpoplpush", 4, &["write", "denyoom", "noscript"], (1, 2, 1)),
+    spec("geoadd", -5, &["write", "denyoom"], ONE_KEY),
+    spec("geopos", -2, &["readonly"], ONE_KEY),
+    spec("geodist", -4, &["readonly"], ONE_KEY),
+    spec("geohash", -2, &["readonly"], ONE_KEY),
+    spec("geosearch", -7, &["readonly"], ONE_KEY),
+    spec("georadius", -6, &["write", "denyoom"], ONE_KEY),
+    spec("georadius_ro", -6, &["readonly"], ONE_KEY),
+    spec("georadiusbymember", -5, &["write", "denyoom"], ONE_KEY),
+    spec("georadiusbymember_ro", -5, &["readonly"], ONE_KEY),
 ];
 
 /// Every command name for metrics, plus `unknown` for everything else.
@@ -521,12 +555,15 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             }
             Request::Shutdown
         }
-        "time" | "lastsave" | "acl" | "slowlog" | "latency" | "lolwut" | "readonly" | "readwrite" => {
-            Request::Admin(args.to_vec())
-        }
+        // MEMORY USAGE reads a key; STATS, DOCTOR, ... are about the server.
+        "memory" if upper(&args[1]) == b"USAGE" && args.len() >= 3 => Request::Data(args.to_vec()),
+        "memory" => Request::Admin(args.to_vec()),
+        "time" | "lastsave" | "acl" | "slowlog" | "latency" | "lolwut" | "readonly" | "readwrite"
+        | "role" | "module" => Request::Admin(args.to_vec()),
         "keys" | "scan" | "randomkey" | "sinter" | "sunion" | "sdiff" | "sintercard" | "msetnx" => {
             Request::Keyspace(args.to_vec())
         }
+        _ if crate::connection::MULTIKEY_COMMANDS.contains(&name) => Request::Keyspace(args.to_vec()),
         _ if chorus_core::data::access(name).is_some() => Request::Data(args.to_vec()),
         _ => return Err(Reply::err(format!("unknown command '{name}'"))),
     })

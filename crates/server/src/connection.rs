@@ -25,7 +25,10 @@ use crate::memory;
 use crate::metrics::Metrics;
 use crate::resp::{Limits, Parser, ProtocolError, Reply};
 
+mod multikey;
 mod typed;
+
+pub use multikey::COMMANDS as MULTIKEY_COMMANDS;
 
 /// What every connection shares.
 pub struct Shared {
@@ -643,6 +646,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             ("client-query-buffer-limit", clients.query_buffer_bytes_max.to_string()),
             ("cluster-enabled", "no".into()),
             ("io-threads", "1".into()),
+            // The thresholds OBJECT ENCODING answers by (chorus_core::data::keys); chorus
+            // stores every type the same way, so they change no memory use.
+            ("hash-max-listpack-entries", "128".into()),
+            ("hash-max-listpack-value", "64".into()),
+            ("set-max-intset-entries", "512".into()),
+            ("set-max-listpack-entries", "128".into()),
+            ("zset-max-listpack-entries", "128".into()),
+            ("zset-max-listpack-value", "64".into()),
+            ("list-max-listpack-size", "-2".into()),
         ];
         let mut pairs = Vec::new();
         for (name, value) in &parameters {

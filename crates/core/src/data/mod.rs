@@ -10,6 +10,7 @@
 //! value; if that finds the key expired, the server re-runs the command as an [`ExecOp`] so
 //! that the expiry is decided by a replicated write (docs/expiry.md).
 
+mod geo;
 mod hashes;
 mod keys;
 mod list;
@@ -202,6 +203,16 @@ pub const COMMANDS: &[(&str, i64, Access)] = {
         ("zremrangebylex", 4, W),
         ("zrandmember", -2, R),
         ("zscan", -3, R),
+        // geo, on sorted sets
+        ("geoadd", -5, W),
+        ("geopos", -2, R),
+        ("geodist", -4, R),
+        ("geohash", -2, R),
+        ("geosearch", -7, R),
+        ("georadius", -6, R),
+        ("georadius_ro", -6, R),
+        ("georadiusbymember", -5, R),
+        ("georadiusbymember_ro", -5, R),
     ]
 };
 
@@ -350,6 +361,7 @@ fn run(args: &[Bytes], slot: &mut Slot) -> Reply {
         .or_else(|| list::run(&name, &args, slot))
         .or_else(|| set::run(&name, &args, slot))
         .or_else(|| zset::run(&name, &args, slot))
+        .or_else(|| geo::run(&name, &args, slot))
         .unwrap_or_else(|| Err(format!("ERR unknown command '{name}'")))
 }
 

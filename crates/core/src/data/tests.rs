@@ -253,3 +253,32 @@ fn doubles_print_as_redis_prints_them() {
     assert!(parse_float(b"nan").is_err());
     assert_eq!(parse_float(b"-inf"), Ok(f64::NEG_INFINITY));
 }
+
+#[test]
+fn geo_positions_hashes_and_distances_match_redis() {
+    let mut key = Key::new();
+    assert_eq!(
+        key.run("GEOADD g 2.1909389952632 41.433791470673 p1 2.1873744593677 41.406342043777 p2"),
+        int(2)
+    );
+    // Redis 7's answers for the same commands (redis-py's tests/test_commands.py).
+    assert_eq!(
+        key.run("GEOHASH g p1 p2 p3"),
+        Data::Array(vec![Data::bulk("sp3e9yg3kd0"), Data::bulk("sp3e9cbc3t0"), Data::Nil])
+    );
+    assert_eq!(key.run("GEODIST g p1 p2 km"), Data::bulk("3.0674"));
+    let Data::Array(positions) = key.run("GEOPOS g p1 nope") else { panic!("GEOPOS answers an array") };
+    assert_eq!(
+        positions[0],
+        Data::Array(vec![Data::double(2.19093829393386841), Data::double(41.43379028184083523)])
+    );
+    assert_eq!(positions[1], Data::NilArray);
+    assert_eq!(
+        key.run("GEOSEARCH g FROMLONLAT 2.191 41.433 BYRADIUS 1 km WITHDIST WITHHASH"),
+        Data::Array(vec![Data::Array(vec![Data::bulk("p1"), Data::bulk("0.0881"), int(3471609698139488)])])
+    );
+    assert_eq!(key.run("GEORADIUS g 2.191 41.433 3000 m DESC"), bulks(&["p2", "p1"]));
+    assert_eq!(key.run("GEORADIUS g 2.191 41.433 3000 m COUNT 1 ANY"), bulks(&["p2"]));
+    assert_eq!(key.run("GEOADD g 181 0 bad"), err("ERR invalid longitude,latitude pair 181.000000,0.000000"));
+    assert_eq!(key.run("TYPE g"), Data::Status("zset".into()));
+}

@@ -117,14 +117,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     }
 
     /// DEL: read each key (local), then swap present keys to absent to learn whether each
-    /// delete removed something; a key with a deadline goes through the typed DEL (an
-    /// expired key is not counted). A key absent at the read is linearized there as a no-op.
+    /// delete removed something; a typed key goes through the typed DEL (an expired key is
+    /// not counted). A key absent at the read is linearized there as a no-op.
     pub(super) async fn del(&mut self, keys: Vec<Bytes>) -> Reply {
         let outcomes = self.run_all(reads(&keys)).await;
         let (mut present, mut expiring) = (Vec::new(), Vec::new());
         for (key, outcome) in keys.into_iter().zip(outcomes) {
             match outcome {
-                Outcome::Value(Some(value)) if data::has_deadline(&value) => expiring.push(key),
+                // Typed values (a deadline, a list, ...) are deleted by the typed DEL, which
+                // judges the deadline; the Swap below only takes strings and hashes.
+                outcome if command::needs_typed(&outcome) => expiring.push(key),
                 Outcome::Value(Some(_)) => present.push(Command::Rmw { key, op: RmwOp::Swap(None) }),
                 Outcome::Value(None) => {}
                 Outcome::Error(error) => return error_reply(&error),
@@ -195,7 +197,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             "msetnx" => Reply::err(
                 "MSETNX cannot be atomic across keys in chorus (each key is its own register); use SET NX per key, or MULTI/EXEC with protocol raftlog",
             ),
-            _ => Reply::err(format!("internal error: unhandled keyspace command '{name}'")),
+            _ => self.multikey(&name, &args).await,
         }
     }
 
