@@ -203,6 +203,15 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("bzpopmax", -3, &["write", "noscript", "fast"], (1, -2, 1)),
     spec("blmove", 6, &["write", "denyoom", "noscript"], (1, 2, 1)),
     spec("brpoplpush", 4, &["write", "denyoom", "noscript"], (1, 2, 1)),
+    spec("blmpop", -5, &["write", "noscript"], NO_KEYS),
+    spec("bzmpop", -5, &["write", "noscript"], NO_KEYS),
+    spec("lmpop", -4, &["write"], NO_KEYS),
+    spec("zmpop", -4, &["write"], NO_KEYS),
+    spec("sort", -2, &["write", "denyoom"], ONE_KEY),
+    spec("sort_ro", -2, &["readonly"], ONE_KEY),
+    spec("bitop", -4, &["write", "denyoom"], (2, -1, 1)),
+    spec("geosearchstore", -8, &["write", "denyoom"], (1, 2, 1)),
+    spec("zrangestore", -5, &["write", "denyoom"], (1, 2, 1)),
     spec("geoadd", -5, &["write", "denyoom"], ONE_KEY),
     spec("geopos", -2, &["readonly"], ONE_KEY),
     spec("geodist", -4, &["readonly"], ONE_KEY),
@@ -564,6 +573,14 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             Request::Keyspace(args.to_vec())
         }
         _ if crate::connection::MULTIKEY_COMMANDS.contains(&name) => Request::Keyspace(args.to_vec()),
+        // With STORE/STOREDIST, GEORADIUS writes a second key.
+        "georadius" | "georadiusbymember"
+            if args
+                .iter()
+                .any(|arg| arg.eq_ignore_ascii_case(b"STORE") || arg.eq_ignore_ascii_case(b"STOREDIST")) =>
+        {
+            Request::Keyspace(args.to_vec())
+        }
         _ if chorus_core::data::access(name).is_some() => Request::Data(args.to_vec()),
         _ => return Err(Reply::err(format!("unknown command '{name}'"))),
     })

@@ -320,9 +320,60 @@ fn non_negative(arg: &[u8]) -> Result<f64, Fail> {
     Ok(value)
 }
 
+/// The members a GEOSEARCH / GEORADIUS / GEORADIUSBYMEMBER command (`args`, name first,
+/// without STORE options) finds in `members`: (member, distance in the query's unit, score),
+/// in the reply's order. For the STORE forms, which the server runs over two keys.
+pub fn search_members(
+    args: &[Bytes],
+    members: &std::collections::BTreeMap<Bytes, f64>,
+) -> Result<Vec<(Bytes, f64, f64)>, Fail> {
+    let args = Args { all: args };
+    let origin = match args.word(0).as_str() {
+        "GEOSEARCH" => Origin::Search,
+        "GEORADIUS" | "GEORADIUS_RO" => Origin::Radius,
+        _ => Origin::RadiusByMember,
+    };
+    let query = parse_query(&args, origin)?;
+    let found = find(&query, &Points(members))?;
+    Ok(found
+        .into_iter()
+        .map(|(member, distance_m, score)| (member, distance_m / query.unit_m, score))
+        .collect())
+}
+
 fn search(args: &Args, slot: &Slot, origin: Origin) -> Reply {
     let query = parse_query(args, origin)?;
     read(slot, |points| {
+        let found = find(&query, points)?;
+        let plain = !(query.with_coord || query.with_dist || query.with_hash);
+        Ok(Data::Array(
+            found
+                .into_iter()
+                .map(|(member, distance, score)| {
+                    if plain {
+                        return Data::Bulk(member);
+                    }
+                    let mut item = vec![Data::Bulk(member)];
+                    if query.with_dist {
+                        item.push(Data::bulk(format!("{:.4}", distance / query.unit_m)));
+                    }
+                    if query.with_hash {
+                        item.push(Data::Integer(score as i64));
+                    }
+                    if query.with_coord {
+                        let (lon, lat) = decode(score as u64);
+                        item.push(Data::Array(vec![Data::double(lon), Data::double(lat)]));
+                    }
+                    Data::Array(item)
+                })
+                .collect(),
+        ))
+    })
+}
+
+/// (member, distance in m, score) of the members the query finds, in the reply's order.
+fn find(query: &Query, points: &Points) -> Result<Vec<(Bytes, f64, f64)>, Fail> {
+    {
         let center = match (&query.center, &query.from_member) {
             (Some(center), _) => *center,
             (None, Some(member)) => points
@@ -367,28 +418,6 @@ fn search(args: &Args, slot: &Slot, origin: Origin) -> Reply {
         if let Some((count, _)) = query.count {
             found.truncate(count);
         }
-        let plain = !(query.with_coord || query.with_dist || query.with_hash);
-        Ok(Data::Array(
-            found
-                .into_iter()
-                .map(|(member, distance, score)| {
-                    if plain {
-                        return Data::Bulk(member);
-                    }
-                    let mut item = vec![Data::Bulk(member)];
-                    if query.with_dist {
-                        item.push(Data::bulk(format!("{:.4}", distance / query.unit_m)));
-                    }
-                    if query.with_hash {
-                        item.push(Data::Integer(score as i64));
-                    }
-                    if query.with_coord {
-                        let (lon, lat) = decode(score as u64);
-                        item.push(Data::Array(vec![Data::double(lon), Data::double(lat)]));
-                    }
-                    Data::Array(item)
-                })
-                .collect(),
-        ))
-    })
+        Ok(found)
+    }
 }

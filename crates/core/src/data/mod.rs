@@ -10,7 +10,7 @@
 //! value; if that finds the key expired, the server re-runs the command as an [`ExecOp`] so
 //! that the expiry is decided by a replicated write (docs/expiry.md).
 
-mod geo;
+pub mod geo;
 mod hashes;
 mod keys;
 mod list;

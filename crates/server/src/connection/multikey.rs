@@ -71,9 +71,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             "lmove" => self.lmove(&args[1], &args[2], &args[3], &args[4]).await,
             "rpoplpush" => self.lmove(&args[1], &args[2], b"RIGHT", b"LEFT").await,
             "smove" => self.smove(args).await,
-            "blpop" | "brpop" | "bzpopmin" | "bzpopmax" | "blmove" | "brpoplpush" => {
+            "blpop" | "brpop" | "bzpopmin" | "bzpopmax" | "blmove" | "brpoplpush" | "blmpop" | "bzmpop" => {
                 self.blocking(name, args).await
             }
+            "lmpop" | "zmpop" => {
+                self.mpop(name, &args[1..]).await.map(|popped| popped.unwrap_or(Reply::NullArray))
+            }
+            "sort" | "sort_ro" => self.sort(name, args).await,
+            "bitop" => self.bitop(args).await,
+            "geosearchstore" | "georadius" | "georadiusbymember" => self.geo_store(name, args).await,
+            "zrangestore" => self.zrangestore(args).await,
             _ => Err(Reply::err(format!("internal error: unhandled multi-key command '{name}'"))),
         };
         result.unwrap_or_else(|reply| reply)
@@ -300,7 +307,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     /// BLPOP/BRPOP/BZPOPMIN/BZPOPMAX key... timeout, BLMOVE src dst from to timeout,
     /// BRPOPLPUSH src dst timeout: the non-blocking form, retried until the timeout.
     async fn blocking(&mut self, name: &str, args: &[Bytes]) -> Result<Reply, Reply> {
-        let timeout_s = parse_float(args.last().expect("arity"))
+        let timeout_at = if name == "blmpop" || name == "bzmpop" { 1 } else { args.len() - 1 };
+        let timeout_s = parse_float(&args[timeout_at])
             .ok()
             .filter(|t| *t >= 0.0 && t.is_finite())
             .ok_or_else(|| Reply::err("timeout is not a float or out of range"))?;
@@ -329,6 +337,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 reply => Ok(Some(reply)),
             };
         }
+        if name == "blmpop" || name == "bzmpop" {
+            return self.mpop(&name[1..], &args[2..]).await;
+        }
         let pop: &'static [u8] = match name {
             "blpop" => b"LPOP",
             "brpop" => b"RPOP",
@@ -350,6 +361,285 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
         }
         Ok(None)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
+    /// LMPOP/ZMPOP `numkeys key... LEFT|RIGHT|MIN|MAX [COUNT n]`: pop from the first
+    /// non-empty key; `None` if all are empty.
+    async fn mpop(&mut self, name: &str, args: &[Bytes]) -> Result<Option<Reply>, Reply> {
+        let numkeys = parse_int(&args[0])
+            .ok()
+            .filter(|n| *n > 0)
+            .map(|n| n as usize)
+            .ok_or_else(|| Reply::err("numkeys should be greater than 0"))?;
+        if args.len() < numkeys + 2 {
+            return Err(Reply::err("syntax error"));
+        }
+        let pop: &'static [u8] = match (name, args[numkeys + 1].to_ascii_uppercase().as_slice()) {
+            ("lmpop", b"LEFT") => b"LPOP",
+            ("lmpop", b"RIGHT") => b"RPOP",
+            ("zmpop", b"MIN") => b"ZPOPMIN",
+            ("zmpop", b"MAX") => b"ZPOPMAX",
+            _ => return Err(Reply::err("syntax error")),
+        };
+        let count = match &args[numkeys + 2..] {
+            [] => 1,
+            [word, n] if word.eq_ignore_ascii_case(b"COUNT") => parse_int(n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| Reply::err("count should be greater than 0"))?,
+            _ => return Err(Reply::err("syntax error")),
+        };
+        for key in &args[1..=numkeys] {
+            let command = vec![Bytes::from_static(pop), key.clone(), Bytes::from(count.to_string())];
+            let popped = match self.run_data(command).await {
+                Reply::Array(items) if !items.is_empty() => items,
+                Reply::Array(_) | Reply::NullArray | Reply::Null => continue,
+                other => return Err(other),
+            };
+            // ZMPOP pairs each member with its score.
+            let items = if name == "zmpop" {
+                popped.chunks(2).map(|pair| Reply::Array(pair.to_vec())).collect()
+            } else {
+                popped
+            };
+            return Ok(Some(Reply::Array(vec![Reply::Bulk(key.clone()), Reply::Array(items)])));
+        }
+        Ok(None)
+    }
+
+    /// A SORT lookup: `pattern` with its first `*` replaced by `element`, optionally
+    /// `->field` of a hash; `#` is the element itself. `None` if absent or another type.
+    async fn sort_lookup(&mut self, pattern: &Bytes, element: &Bytes) -> Result<Option<Bytes>, Reply> {
+        if pattern.as_ref() == b"#" {
+            return Ok(Some(element.clone()));
+        }
+        let Some(star) = pattern.iter().position(|b| *b == b'*') else { return Ok(None) };
+        let arrow = pattern[star + 1..].windows(2).position(|w| w == b"->").map(|at| star + 1 + at);
+        let (key_end, field) = match arrow {
+            Some(at) if at + 2 < pattern.len() => (at, Some(pattern.slice(at + 2..))),
+            _ => (pattern.len(), None),
+        };
+        let mut key = pattern[..star].to_vec();
+        key.extend_from_slice(element);
+        key.extend_from_slice(&pattern[star + 1..key_end]);
+        Ok(match (self.read_entry(&Bytes::from(key)).await?, field) {
+            (Some(Entry { value: Typed::String(value), .. }), None) => Some(value),
+            (Some(Entry { value: Typed::Hash(fields), .. }), Some(field)) => {
+                fields.iter().find(|(name, _)| *name == field).map(|(_, value)| value.clone())
+            }
+            _ => None,
+        })
+    }
+
+    /// SORT key [BY pattern] [LIMIT offset count] [GET pattern...] [ASC|DESC] [ALPHA] [STORE dst].
+    async fn sort(&mut self, name: &str, args: &[Bytes]) -> Result<Reply, Reply> {
+        let (mut by, mut limit, mut gets, mut desc, mut alpha, mut store) =
+            (None, None, Vec::new(), false, false, None);
+        let mut at = 2;
+        while at < args.len() {
+            let word = args[at].to_ascii_uppercase();
+            let has = |n: usize| at + n < args.len();
+            match word.as_slice() {
+                b"ASC" => desc = false,
+                b"DESC" => desc = true,
+                b"ALPHA" => alpha = true,
+                b"BY" if has(1) => {
+                    by = Some(args[at + 1].clone());
+                    at += 1;
+                }
+                b"GET" if has(1) => {
+                    gets.push(args[at + 1].clone());
+                    at += 1;
+                }
+                b"LIMIT" if has(2) => {
+                    let bad = |_| Reply::err("value is not an integer or out of range");
+                    limit = Some((
+                        parse_int(&args[at + 1]).map_err(bad)?,
+                        parse_int(&args[at + 2]).map_err(bad)?,
+                    ));
+                    at += 2;
+                }
+                b"STORE" if has(1) && name == "sort" => {
+                    store = Some(args[at + 1].clone());
+                    at += 1;
+                }
+                _ => return Err(Reply::err("syntax error")),
+            }
+            at += 1;
+        }
+        let (elements, ordered) = match self.read_entry(&args[1]).await? {
+            None => (Vec::new(), false),
+            Some(Entry { value: Typed::List(items), .. }) => (items, false),
+            Some(Entry { value: Typed::Set(members), .. }) => (members.into_iter().collect(), false),
+            Some(Entry { value: Typed::ZSet(members), .. }) => {
+                let mut all: Vec<(Bytes, f64)> = members.into_iter().collect();
+                all.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+                (all.into_iter().map(|(m, _)| m).collect(), true)
+            }
+            Some(_) => return Err(Reply::error(WRONGTYPE)),
+        };
+        // BY without a `*` means "do not sort".
+        let no_sort = by.as_ref().is_some_and(|pattern| !pattern.contains(&b'*'));
+        let mut keyed = Vec::with_capacity(elements.len());
+        for element in elements {
+            let weight = match &by {
+                Some(pattern) if !no_sort => self.sort_lookup(pattern, &element).await?,
+                _ => Some(element.clone()),
+            };
+            keyed.push((element, weight));
+        }
+        if !no_sort {
+            let mut scored = Vec::with_capacity(keyed.len());
+            for (element, weight) in keyed {
+                let score = match (&weight, alpha) {
+                    (Some(text), false) => parse_float(text)
+                        .map_err(|_| Reply::err("One or more scores can't be converted into double"))?,
+                    _ => 0.0,
+                };
+                scored.push((element, weight, score));
+            }
+            scored.sort_by(|a, b| {
+                let primary = if alpha { a.1.cmp(&b.1) } else { a.2.total_cmp(&b.2) };
+                primary.then_with(|| a.0.cmp(&b.0))
+            });
+            if desc {
+                scored.reverse();
+            }
+            keyed = scored.into_iter().map(|(element, weight, _)| (element, weight)).collect();
+        } else if desc && ordered {
+            keyed.reverse();
+        }
+        let page: Vec<Bytes> = match limit {
+            Some((offset, count)) => {
+                let start = offset.max(0) as usize;
+                let count = if count < 0 { usize::MAX } else { count as usize };
+                keyed.into_iter().skip(start).take(count).map(|(element, _)| element).collect()
+            }
+            None => keyed.into_iter().map(|(element, _)| element).collect(),
+        };
+        let mut out: Vec<Option<Bytes>> = Vec::new();
+        for element in page {
+            if gets.is_empty() {
+                out.push(Some(element.clone()));
+            }
+            for pattern in &gets {
+                out.push(self.sort_lookup(pattern, &element).await?);
+            }
+        }
+        let Some(destination) = store else {
+            return Ok(Reply::Array(out.into_iter().map(Reply::optional).collect()));
+        };
+        let count = out.len() as i64;
+        let items = out.into_iter().map(Option::unwrap_or_default).collect();
+        self.put_entry(destination, Some(&Entry { value: Typed::List(items), deadline_ms: None })).await?;
+        Ok(Reply::Integer(count))
+    }
+
+    /// BITOP AND|OR|XOR|NOT dest key...: missing keys are empty strings, shorter ones padded
+    /// with zero bytes, as in Redis.
+    async fn bitop(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
+        let op = args[1].to_ascii_uppercase();
+        if !matches!(op.as_slice(), b"AND" | b"OR" | b"XOR" | b"NOT") {
+            return Err(Reply::err("syntax error"));
+        }
+        if op.as_slice() == b"NOT" && args.len() != 4 {
+            return Err(Reply::err("BITOP NOT must be called with a single source key."));
+        }
+        let mut sources = Vec::new();
+        for key in &args[3..] {
+            match self.read_entry(key).await? {
+                None => sources.push(Bytes::new()),
+                Some(Entry { value: Typed::String(bytes), .. }) => sources.push(bytes),
+                Some(_) => return Err(Reply::error(WRONGTYPE)),
+            }
+        }
+        let len = sources.iter().map(|s| s.len()).max().unwrap_or(0);
+        let byte = |source: &Bytes, at: usize| source.get(at).copied().unwrap_or(0);
+        let result: Vec<u8> = (0..len)
+            .map(|at| {
+                let mut bytes = sources.iter().map(|source| byte(source, at));
+                let first = bytes.next().unwrap_or(0);
+                match op.as_slice() {
+                    b"AND" => bytes.fold(first, |acc, b| acc & b),
+                    b"OR" => bytes.fold(first, |acc, b| acc | b),
+                    b"XOR" => bytes.fold(first, |acc, b| acc ^ b),
+                    _ => !first,
+                }
+            })
+            .collect();
+        let entry = (!result.is_empty())
+            .then(|| Entry { value: Typed::String(Bytes::from(result)), deadline_ms: None });
+        self.put_entry(args[2].clone(), entry.as_ref()).await?;
+        Ok(Reply::Integer(len as i64))
+    }
+
+    /// GEOSEARCHSTORE dst src ... [STOREDIST], GEORADIUS[BYMEMBER] ... STORE|STOREDIST dst:
+    /// the search on the source's sorted set, then one write of the destination.
+    async fn geo_store(&mut self, name: &str, args: &[Bytes]) -> Result<Reply, Reply> {
+        let (mut search, mut destination, mut store_dist) = (Vec::new(), None, false);
+        if name == "geosearchstore" {
+            destination = Some(args[1].clone());
+            search.push(Bytes::from_static(b"GEOSEARCH"));
+            search.push(args[2].clone());
+            for arg in &args[3..] {
+                if arg.eq_ignore_ascii_case(b"STOREDIST") {
+                    store_dist = true;
+                } else {
+                    search.push(arg.clone());
+                }
+            }
+        } else {
+            let mut at = 0;
+            while at < args.len() {
+                let word = args[at].to_ascii_uppercase();
+                if (word.as_slice() == b"STORE" || word.as_slice() == b"STOREDIST") && at + 1 < args.len() {
+                    store_dist = word.as_slice() == b"STOREDIST";
+                    destination = Some(args[at + 1].clone());
+                    at += 2;
+                    continue;
+                }
+                search.push(args[at].clone());
+                at += 1;
+            }
+        }
+        let destination = destination.ok_or_else(|| Reply::err("syntax error"))?;
+        if search.len() < 2 {
+            return Err(Reply::err("syntax error"));
+        }
+        let members = self.read_scored(&search[1]).await?;
+        let found = chorus_core::data::geo::search_members(&search, &members).map_err(Reply::Error)?;
+        let stored: BTreeMap<Bytes, f64> = found
+            .into_iter()
+            .map(|(member, distance, score)| (member, if store_dist { distance } else { score }))
+            .collect();
+        let count = stored.len() as i64;
+        self.put_entry(destination, Some(&Entry { value: Typed::ZSet(stored), deadline_ms: None })).await?;
+        Ok(Reply::Integer(count))
+    }
+
+    /// ZRANGESTORE dst src min max [BYSCORE|BYLEX] [REV] [LIMIT offset count]: the ZRANGE,
+    /// then the members' scores, then one write.
+    async fn zrangestore(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
+        let mut range = vec![Bytes::from_static(b"ZRANGE")];
+        range.extend(args[2..].iter().cloned());
+        let members = match self.run_data(range).await {
+            Reply::Array(members) => members,
+            other => return Err(other),
+        };
+        let scores = self.read_scored(&args[2]).await?;
+        let stored: BTreeMap<Bytes, f64> = members
+            .into_iter()
+            .filter_map(|member| match member {
+                Reply::Bulk(member) => scores.get(&member).map(|score| (member, *score)),
+                _ => None,
+            })
+            .collect();
+        let count = stored.len() as i64;
+        self.put_entry(args[1].clone(), Some(&Entry { value: Typed::ZSet(stored), deadline_ms: None }))
+            .await?;
+        Ok(Reply::Integer(count))
     }
 }
 
@@ -377,4 +667,13 @@ pub const COMMANDS: &[&str] = &[
     "bzpopmax",
     "blmove",
     "brpoplpush",
+    "blmpop",
+    "bzmpop",
+    "lmpop",
+    "zmpop",
+    "sort",
+    "sort_ro",
+    "bitop",
+    "geosearchstore",
+    "zrangestore",
 ];
