@@ -203,7 +203,7 @@ fn client_command(args: &[Bytes], client: &ClientView) -> Reply {
 
 fn config(args: &[Bytes]) -> Reply {
     match word(&args[1]).as_str() {
-        "SET" if args.len() < 4 || args.len() % 2 != 0 => arity("config|set"),
+        "SET" if args.len() < 4 || !args.len().is_multiple_of(2) => arity("config|set"),
         "SET" => Reply::err(format!(
             "CONFIG SET '{}' is not supported: chorus reads its settings from the node's config file at start",
             String::from_utf8_lossy(&args[2])

@@ -143,7 +143,7 @@ fn geoadd(args: &Args, slot: &mut Slot) -> Reply {
         at += 1;
     }
     let triples = args.from(at);
-    if triples.is_empty() || triples.len() % 3 != 0 {
+    if triples.is_empty() || !triples.len().is_multiple_of(3) {
         return Err(syntax_error());
     }
     if nx && xx {

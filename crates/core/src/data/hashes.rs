@@ -47,7 +47,7 @@ fn read(slot: &Slot, reply: impl FnOnce(&hash::Fields) -> Data) -> Reply {
 }
 
 fn hset(name: &str, args: &Args, slot: &mut Slot) -> Reply {
-    if args.len() % 2 != 0 {
+    if !args.len().is_multiple_of(2) {
         return Err(format!("ERR wrong number of arguments for '{name}' command"));
     }
     let pairs: Vec<(Bytes, Bytes)> =

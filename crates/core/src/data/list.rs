@@ -110,7 +110,7 @@ fn lrem(args: &Args, slot: &mut Slot) -> Reply {
         let mut at = items.len();
         while at > 0 && removed < limit {
             at -= 1;
-            if &items[at] == target {
+            if items[at] == target {
                 items.remove(at);
                 removed += 1;
             }
@@ -198,5 +198,5 @@ fn matches(items: &[Bytes], target: &Bytes, rank: i64, wanted: usize, maxlen: us
     let scan = if maxlen == 0 { items.len() } else { maxlen.min(items.len()) };
     let order: Box<dyn Iterator<Item = usize>> =
         if rank > 0 { Box::new(0..scan) } else { Box::new((items.len() - scan..items.len()).rev()) };
-    order.filter(|at| &items[*at] == target).skip(rank.unsigned_abs() as usize - 1).take(wanted).collect()
+    order.filter(|at| items[*at] == target).skip(rank.unsigned_abs() as usize - 1).take(wanted).collect()
 }

@@ -374,6 +374,9 @@ impl<'a> Args<'a> {
     pub fn len(&self) -> usize {
         self.all.len()
     }
+    pub fn is_empty(&self) -> bool {
+        self.all.is_empty()
+    }
     pub fn get(&self, at: usize) -> &'a Bytes {
         &self.all[at]
     }
@@ -459,13 +462,13 @@ pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
                         }
                     }
                 }
-                b'\\' if p + 1 < pattern.len() => {
-                    if pattern[p + 1] == text[t] {
-                        p += 2;
-                        t += 1;
-                        continue;
-                    }
+                b'\\' if p + 1 < pattern.len() && pattern[p + 1] == text[t] => {
+                    p += 2;
+                    t += 1;
+                    continue;
                 }
+                // An escape that does not match: no literal match for the backslash either.
+                b'\\' if p + 1 < pattern.len() => {}
                 byte if byte == text[t] => {
                     p += 1;
                     t += 1;
@@ -540,7 +543,7 @@ pub fn clamp_range(start: i64, stop: i64, len: usize) -> Option<(usize, usize)> 
     let len = len as i64;
     let start = if start < 0 { (len + start).max(0) } else { start };
     let stop = if stop < 0 { len + stop } else { stop.min(len - 1) };
-    (start <= stop && start < len).then(|| (start as usize, stop as usize))
+    (start <= stop && start < len).then_some((start as usize, stop as usize))
 }
 
 /// A SCAN-family cursor over `items` (sorted, stable): `cursor` is the index to resume at.

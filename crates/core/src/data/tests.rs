@@ -32,7 +32,7 @@ fn int(n: i64) -> Data {
     Data::Integer(n)
 }
 fn bulks(items: &[&str]) -> Data {
-    Data::Array(items.iter().map(|item| Data::bulk(item)).collect())
+    Data::Array(items.iter().map(Data::bulk).collect())
 }
 fn err(line: &str) -> Data {
     Data::Error(line.into())
@@ -270,7 +270,10 @@ fn geo_positions_hashes_and_distances_match_redis() {
     let Data::Array(positions) = key.run("GEOPOS g p1 nope") else { panic!("GEOPOS answers an array") };
     assert_eq!(
         positions[0],
-        Data::Array(vec![Data::double(2.19093829393386841), Data::double(41.43379028184083523)])
+        Data::Array(vec![
+            Data::double("2.19093829393386841".parse().unwrap()),
+            Data::double("41.43379028184083523".parse().unwrap())
+        ])
     );
     assert_eq!(positions[1], Data::NilArray);
     assert_eq!(

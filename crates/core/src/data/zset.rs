@@ -101,13 +101,13 @@ fn zadd(args: &Args, slot: &mut Slot) -> Reply {
         at += 1;
     }
     let pairs = args.from(at);
-    if pairs.is_empty() || pairs.len() % 2 != 0 {
+    if pairs.is_empty() || !pairs.len().is_multiple_of(2) {
         return Err(syntax_error());
     }
     if flags.nx && flags.xx {
         return Err("ERR XX and NX options at the same time are not compatible".into());
     }
-    if (flags.gt && flags.nx) || (flags.lt && flags.nx) || (flags.gt && flags.lt) {
+    if (flags.nx && (flags.gt || flags.lt)) || (flags.gt && flags.lt) {
         return Err("ERR GT, LT, and/or NX options at the same time are not compatible".into());
     }
     if flags.incr && pairs.len() > 2 {
