@@ -207,13 +207,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 Some(_) => return Err(Reply::error(WRONGTYPE)),
             }
         }
-        let mut sets = sets.into_iter();
-        let first: std::collections::BTreeSet<Bytes> = sets.next().unwrap_or_default();
-        let result: std::collections::BTreeSet<Bytes> = sets.fold(first, |acc, set| match name {
-            "sinterstore" => acc.intersection(&set).cloned().collect(),
-            "sunionstore" => acc.union(&set).cloned().collect(),
-            _ => acc.difference(&set).cloned().collect(),
-        });
+        let sets = sets.into_iter().map(|set| set.into_iter().collect()).collect();
+        let result: std::collections::BTreeSet<Bytes> =
+            super::typed::combine(name.trim_end_matches("store"), sets).into_iter().collect();
         let count = result.len() as i64;
         self.put_entry(args[1].clone(), Some(&Entry { value: Typed::Set(result), deadline_ms: None }))
             .await?;

@@ -302,7 +302,7 @@ fn words(parts: &[&[u8]]) -> Vec<Bytes> {
 }
 
 /// SINTER / SUNION / SDIFF of sorted member lists.
-fn combine(name: &str, sets: Vec<Vec<Bytes>>) -> Vec<Bytes> {
+pub(super) fn combine(name: &str, sets: Vec<Vec<Bytes>>) -> Vec<Bytes> {
     use std::collections::BTreeSet;
     let mut sets = sets.into_iter().map(|set| set.into_iter().collect::<BTreeSet<Bytes>>());
     let Some(first) = sets.next() else { return Vec::new() };
