@@ -7,7 +7,13 @@
 # grouped by cause. Results go to --out (default bench-results/compat): junit XML of both runs
 # and summary.json.
 #
-#   scripts/compat.sh [--protocol hermes] [--redis-py 5.2.1] [--out DIR] [-- PYTEST ARGS]
+#   scripts/compat.sh [--protocol hermes] [--redis-py 5.2.1] [--out DIR] [--redis-port 6390]
+#                     [--chorus-port 7690] [--chorus BINARY] [--reuse-redis] [-- PYTEST ARGS]
+#
+# --chorus runs a binary already built (e.g. target/debug/chorus) instead of building the
+# release one; --reuse-redis keeps the Redis run of an earlier call in --out (the reference
+# does not change between runs). Chorus takes --chorus-port and the two ports after it for
+# clients, and the three from --chorus-port + 10 for its peers.
 #
 # Needs python3 with venv, and redis-server (installed with apt-get when run as root).
 set -euo pipefail
@@ -18,12 +24,18 @@ redis_py=5.2.1
 out=bench-results/compat
 redis_port=6390
 chorus_port=7690
+chorus=
+reuse_redis=0
 pytest_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --protocol) protocol=$2; shift 2 ;;
     --redis-py) redis_py=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --redis-port) redis_port=$2; shift 2 ;;
+    --chorus-port) chorus_port=$2; shift 2 ;;
+    --chorus) chorus=$(realpath "$2"); shift 2 ;;
+    --reuse-redis) reuse_redis=1; shift ;;
     --) shift; pytest_args=("$@"); break ;;
     *) echo "scripts/compat.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -57,9 +69,11 @@ if [ ! -x "$venv/bin/pytest" ]; then
 fi
 out=$(realpath "$out")
 
-say "building chorus (release)"
-cargo build --release --locked -p chorus >/dev/null 2>&1 || cargo build --release --locked -p chorus
-chorus=$(realpath target/release/chorus)
+if [ -z "$chorus" ]; then
+  say "building chorus (release)"
+  cargo build --release --locked -p chorus >/dev/null 2>&1 || cargo build --release --locked -p chorus
+  chorus=$(realpath target/release/chorus)
+fi
 
 pids=()
 cleanup() {
@@ -84,14 +98,18 @@ run_suite() { # name port
   say "$1: $(tail -n 1 "$out/$1.log")"
 }
 
-say "redis-server on port $redis_port"
-redis-server --port "$redis_port" --save "" --appendonly no --daemonize no >"$out/redis-server.log" 2>&1 &
-pids+=($!)
-wait_for_port "$redis_port"
-run_suite redis "$redis_port"
+if [ "$reuse_redis" = 1 ] && [ -f "$out/redis.xml" ]; then
+  say "redis: reusing $out/redis.xml"
+else
+  say "redis-server on port $redis_port"
+  redis-server --port "$redis_port" --dir "$out" --save "" --appendonly no --daemonize no >"$out/redis-server.log" 2>&1 &
+  pids+=($!)
+  wait_for_port "$redis_port"
+  run_suite redis "$redis_port"
+fi
 
 say "chorus up --protocol $protocol on ports $chorus_port-$((chorus_port + 2))"
-"$chorus" up --protocol "$protocol" --port "$chorus_port" >"$out/chorus-up.log" 2>&1 &
+"$chorus" up --protocol "$protocol" --port "$chorus_port" --peer-port "$((chorus_port + 10))" >"$out/chorus-up.log" 2>&1 &
 pids+=($!)
 wait_for_port "$chorus_port"
 run_suite chorus "$chorus_port"

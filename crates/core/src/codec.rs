@@ -15,6 +15,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::command::{Command, CommandError, Outcome, RmwOp};
+use crate::data::{Data, ExecOp};
 use crate::ids::{Epoch, Timestamp};
 
 /// The wire format version this build speaks.
@@ -304,6 +305,15 @@ impl WireMessage for RmwOp {
                     buf.put_bytes_prefixed(field);
                 }
             }
+            RmwOp::Exec(op) => {
+                buf.put_u8(7);
+                buf.put_u64_le(op.now_ms);
+                buf.put_u32_le(op.bytes_max);
+                buf.put_u32_le(op.args.len() as u32);
+                for arg in &op.args {
+                    buf.put_bytes_prefixed(arg);
+                }
+            }
         }
     }
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
@@ -319,6 +329,11 @@ impl WireMessage for RmwOp {
                 RmwOp::HashSet { pairs, encoded_bytes_max }
             }
             6 => RmwOp::HashDelete(reader.list(Reader::bytes)?),
+            7 => RmwOp::Exec(ExecOp {
+                now_ms: reader.u64()?,
+                bytes_max: reader.u32()?,
+                args: reader.list(Reader::bytes)?,
+            }),
             tag => return Err(DecodeError::UnknownTag { what: "rmw op", tag }),
         })
     }
@@ -386,7 +401,12 @@ impl WireMessage for Outcome {
                     CommandError::WrongType => 6,
                     CommandError::HashCorrupt => 7,
                     CommandError::ValueTooLarge => 8,
+                    CommandError::Typed => 9,
                 });
+            }
+            Outcome::Data(data) => {
+                buf.put_u8(6);
+                encode_data(data, buf);
             }
         }
     }
@@ -407,11 +427,92 @@ impl WireMessage for Outcome {
                 6 => CommandError::WrongType,
                 7 => CommandError::HashCorrupt,
                 8 => CommandError::ValueTooLarge,
+                9 => CommandError::Typed,
                 tag => return Err(DecodeError::UnknownTag { what: "command error", tag }),
             }),
+            6 => Outcome::Data(decode_data(reader, DATA_DEPTH_MAX)?),
             tag => return Err(DecodeError::UnknownTag { what: "outcome", tag }),
         })
     }
+}
+
+/// How deeply a peer may nest [`Data`] arrays: replies nest at most twice (SCAN's cursor and
+/// page); a bound keeps a hostile peer from exhausting the stack.
+const DATA_DEPTH_MAX: usize = 8;
+
+fn encode_data(data: &Data, buf: &mut BytesMut) {
+    match data {
+        Data::Nil => buf.put_u8(0),
+        Data::NilArray => buf.put_u8(1),
+        Data::Integer(value) => {
+            buf.put_u8(2);
+            buf.put_i64_le(*value);
+        }
+        Data::Bulk(bytes) => {
+            buf.put_u8(3);
+            buf.put_bytes_prefixed(bytes);
+        }
+        Data::Status(text) => {
+            buf.put_u8(4);
+            buf.put_bytes_prefixed(text.as_bytes());
+        }
+        Data::Error(text) => {
+            buf.put_u8(5);
+            buf.put_bytes_prefixed(text.as_bytes());
+        }
+        Data::Array(items) => {
+            buf.put_u8(6);
+            buf.put_u32_le(items.len() as u32);
+            items.iter().for_each(|item| encode_data(item, buf));
+        }
+        Data::Map(pairs) => {
+            buf.put_u8(7);
+            buf.put_u32_le(pairs.len() as u32);
+            for (key, value) in pairs {
+                encode_data(key, buf);
+                encode_data(value, buf);
+            }
+        }
+    }
+}
+
+/// An element count; every element takes at least one byte, so a count the payload cannot
+/// hold is refused before anything is allocated for it.
+fn count_of(reader: &mut Reader) -> Result<usize, DecodeError> {
+    let count = reader.u32()? as usize;
+    if count > reader.remaining() {
+        return Err(DecodeError::Invalid("reply element count exceeds payload"));
+    }
+    Ok(count)
+}
+
+fn decode_data(reader: &mut Reader, depth: usize) -> Result<Data, DecodeError> {
+    let text = |reader: &mut Reader| {
+        String::from_utf8(reader.bytes()?.to_vec())
+            .map_err(|_| DecodeError::Invalid("reply text is not UTF-8"))
+    };
+    let deeper = || depth.checked_sub(1).ok_or(DecodeError::Invalid("reply nested too deeply"));
+    Ok(match reader.u8()? {
+        0 => Data::Nil,
+        1 => Data::NilArray,
+        2 => Data::Integer(reader.i64()?),
+        3 => Data::Bulk(reader.bytes()?),
+        4 => Data::Status(text(reader)?),
+        5 => Data::Error(text(reader)?),
+        6 => {
+            deeper()?;
+            let count = count_of(reader)?;
+            Data::Array((0..count).map(|_| decode_data(reader, depth - 1)).collect::<Result<_, _>>()?)
+        }
+        7 => {
+            deeper()?;
+            let count = count_of(reader)?;
+            let pair =
+                |reader: &mut Reader| Ok((decode_data(reader, depth - 1)?, decode_data(reader, depth - 1)?));
+            Data::Map((0..count).map(|_| pair(reader)).collect::<Result<_, DecodeError>>()?)
+        }
+        tag => return Err(DecodeError::UnknownTag { what: "reply", tag }),
+    })
 }
 
 #[cfg(test)]
@@ -434,6 +535,8 @@ mod tests {
             (proptest::collection::vec((arb_bytes(), arb_bytes()), 0..4), any::<u32>())
                 .prop_map(|(pairs, encoded_bytes_max)| RmwOp::HashSet { pairs, encoded_bytes_max }),
             proptest::collection::vec(arb_bytes(), 0..4).prop_map(RmwOp::HashDelete),
+            (any::<u64>(), any::<u32>(), proptest::collection::vec(arb_bytes(), 0..4))
+                .prop_map(|(now_ms, bytes_max, args)| RmwOp::Exec(ExecOp { now_ms, bytes_max, args })),
         ]
     }
 

@@ -4,6 +4,7 @@
 //! touches exactly one key. The meaning of each read-modify-write is defined once, in
 //! [`RmwOp::apply`], and used by every protocol and by the linearizability checker's model.
 
+use crate::data::{self, Data, ExecOp};
 use crate::hash;
 use bytes::Bytes;
 
@@ -53,6 +54,9 @@ pub enum RmwOp {
     HashSet { pairs: Vec<(Value, Value)>, encoded_bytes_max: u32 },
     /// Remove fields of the hash stored at the key; the outcome is how many existed. `HDEL`.
     HashDelete(Vec<Value>),
+    /// A typed command (lists, sets, sorted sets, expiry, ...) run by [`data::apply`]; the
+    /// outcome is [`Outcome::Data`].
+    Exec(ExecOp),
 }
 
 /// The result of a command as the client sees it.
@@ -70,6 +74,8 @@ pub enum Outcome {
     Flag(bool),
     /// The command failed; see [`CommandError`] for whether it could have taken effect.
     Error(CommandError),
+    /// The reply of an [`RmwOp::Exec`] (which may itself be an error line).
+    Data(Data),
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
@@ -105,6 +111,11 @@ pub enum CommandError {
     /// external at-most-once session sees this error.
     #[error("key is locked by a transaction in progress; retry")]
     Locked,
+    /// A string or hash RMW found a typed value (a list, set, sorted set, or a value with an
+    /// expiry deadline) that only [`RmwOp::Exec`] handles; nothing changed, and the server
+    /// re-runs the command as an `Exec`. Deterministic, like a read.
+    #[error("the key holds a typed value or a deadline; run the command as a typed command")]
+    Typed,
 }
 
 impl CommandError {
@@ -118,6 +129,7 @@ impl CommandError {
                 | CommandError::WrongType
                 | CommandError::HashCorrupt
                 | CommandError::ValueTooLarge
+                | CommandError::Typed
         )
     }
 }
@@ -134,6 +146,16 @@ pub struct RmwEffect {
 impl RmwOp {
     /// Apply the operation to `current`. Pure and deterministic.
     pub fn apply(&self, current: Option<&Value>) -> RmwEffect {
+        if let RmwOp::Exec(op) = self {
+            return data::apply(op, current);
+        }
+        // Values only `Exec` understands: a deadline must be judged against the op's clock,
+        // and Redis answers WRONGTYPE where these string RMWs would misread a list or a set.
+        let plain_hash = matches!(self, RmwOp::HashSet { .. } | RmwOp::HashDelete(_))
+            && current.is_some_and(|value| hash::is_hash(value));
+        if current.is_some_and(|value| data::is_reserved(value)) && !plain_hash {
+            return RmwEffect { write: None, outcome: Outcome::Error(CommandError::Typed) };
+        }
         match self {
             RmwOp::CompareAndSwap { expected, new } => {
                 let swapped = current == expected.as_ref();
@@ -169,6 +191,7 @@ impl RmwOp {
             RmwOp::HashDelete(names) => {
                 update_hash(current, usize::MAX, |fields| hash::remove(fields, names))
             }
+            RmwOp::Exec(_) => unreachable!("handled above"),
         }
     }
 }

@@ -4,6 +4,8 @@
 //! * [`command`]: client commands (read, write, read-modify-writes) and their outcomes. The
 //!   semantics of every RMW live here, once, so that protocols, the store and the
 //!   linearizability checker cannot disagree about what `INCRBY` means.
+//! * [`data`]: Redis' data types (lists, sets, sorted sets, the hash family, strings) and key
+//!   expiry, each command one deterministic read-modify-write of one key.
 //! * [`hash`]: the encoding of a Redis hash in one value, for the hash RMWs.
 //! * [`replica`]: the sans-I/O interface every protocol core implements (`on_client`,
 //!   `on_message`, `on_tick`, `on_view`, outputs into an [`replica::Outbox`]).
@@ -12,6 +14,7 @@
 
 pub mod codec;
 pub mod command;
+pub mod data;
 pub mod hash;
 pub mod ids;
 pub mod replica;

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use chorus_core::{Command, CommandError, Outcome, RmwOp};
 
 use crate::resp::Reply;
+use chorus_core::data::{self, Data, ExecOp};
 use chorus_core::hash;
 
 /// What `COMMAND` reports about a command (Redis' command table format).
@@ -76,6 +77,150 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("watch", -2, &["noscript", "loading", "stale", "fast"], ALL_KEYS),
     spec("unwatch", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
     spec("shutdown", -1, &["admin", "noscript", "loading", "stale", "no_multi"], NO_KEYS),
+    // Server and keyspace commands (docs/resp.md).
+    spec("time", 1, &["loading", "stale", "fast"], NO_KEYS),
+    spec("lastsave", 1, &["loading", "stale", "fast"], NO_KEYS),
+    spec("acl", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS),
+    spec("keys", 2, &["readonly"], NO_KEYS),
+    spec("scan", -2, &["readonly"], NO_KEYS),
+    spec("randomkey", 1, &["readonly"], NO_KEYS),
+    spec("slowlog", -2, &["admin", "loading", "stale"], NO_KEYS),
+    spec("latency", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS),
+    spec("lolwut", -1, &["readonly", "fast"], NO_KEYS),
+    spec("readonly", 1, &["loading", "stale", "fast"], NO_KEYS),
+    spec("readwrite", 1, &["loading", "stale", "fast"], NO_KEYS),
+    spec("sinter", -2, &["readonly"], ALL_KEYS),
+    spec("sunion", -2, &["readonly"], ALL_KEYS),
+    spec("sdiff", -2, &["readonly"], ALL_KEYS),
+    spec("sintercard", -3, &["readonly"], NO_KEYS),
+    spec("msetnx", -3, &["write", "denyoom"], (1, -1, 2)),
+    // Typed commands, run by chorus_core::data (one RMW or one read of their key).
+    spec("setex", 4, &["write", "denyoom"], ONE_KEY),
+    spec("psetex", 4, &["write", "denyoom"], ONE_KEY),
+    spec("getex", -2, &["write", "denyoom"], ONE_KEY),
+    spec("getdel", 2, &["write", "denyoom"], ONE_KEY),
+    spec("append", 3, &["write", "denyoom"], ONE_KEY),
+    spec("strlen", 2, &["readonly"], ONE_KEY),
+    spec("getrange", 4, &["readonly"], ONE_KEY),
+    spec("substr", 4, &["readonly"], ONE_KEY),
+    spec("setrange", 4, &["write", "denyoom"], ONE_KEY),
+    spec("incrbyfloat", 3, &["write", "denyoom"], ONE_KEY),
+    spec("setbit", 4, &["write", "denyoom"], ONE_KEY),
+    spec("getbit", 3, &["readonly"], ONE_KEY),
+    spec("bitcount", -2, &["readonly"], ONE_KEY),
+    spec("bitpos", -3, &["readonly"], ONE_KEY),
+    spec("expire", -3, &["write", "denyoom"], ONE_KEY),
+    spec("pexpire", -3, &["write", "denyoom"], ONE_KEY),
+    spec("expireat", -3, &["write", "denyoom"], ONE_KEY),
+    spec("pexpireat", -3, &["write", "denyoom"], ONE_KEY),
+    spec("persist", 2, &["write", "denyoom"], ONE_KEY),
+    spec("ttl", 2, &["readonly"], ONE_KEY),
+    spec("pttl", 2, &["readonly"], ONE_KEY),
+    spec("expiretime", 2, &["readonly"], ONE_KEY),
+    spec("pexpiretime", 2, &["readonly"], ONE_KEY),
+    spec("type", 2, &["readonly"], ONE_KEY),
+    spec("touch", 2, &["readonly"], ONE_KEY),
+    spec("object", 3, &["readonly"], (2, 2, 1)),
+    spec("memory", -2, &["readonly"], (2, 2, 1)),
+    spec("role", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
+    spec("module", -2, &["admin", "noscript"], NO_KEYS),
+    spec("hsetnx", 4, &["write", "denyoom"], ONE_KEY),
+    spec("hexists", 3, &["readonly"], ONE_KEY),
+    spec("hlen", 2, &["readonly"], ONE_KEY),
+    spec("hkeys", 2, &["readonly"], ONE_KEY),
+    spec("hvals", 2, &["readonly"], ONE_KEY),
+    spec("hstrlen", 3, &["readonly"], ONE_KEY),
+    spec("hincrby", 4, &["write", "denyoom"], ONE_KEY),
+    spec("hincrbyfloat", 4, &["write", "denyoom"], ONE_KEY),
+    spec("hrandfield", -2, &["readonly"], ONE_KEY),
+    spec("hscan", -3, &["readonly"], ONE_KEY),
+    spec("lpush", -3, &["write", "denyoom"], ONE_KEY),
+    spec("rpush", -3, &["write", "denyoom"], ONE_KEY),
+    spec("lpushx", -3, &["write", "denyoom"], ONE_KEY),
+    spec("rpushx", -3, &["write", "denyoom"], ONE_KEY),
+    spec("lpop", -2, &["write", "denyoom"], ONE_KEY),
+    spec("rpop", -2, &["write", "denyoom"], ONE_KEY),
+    spec("lrange", 4, &["readonly"], ONE_KEY),
+    spec("llen", 2, &["readonly"], ONE_KEY),
+    spec("lindex", 3, &["readonly"], ONE_KEY),
+    spec("lset", 4, &["write", "denyoom"], ONE_KEY),
+    spec("lrem", 4, &["write", "denyoom"], ONE_KEY),
+    spec("ltrim", 4, &["write", "denyoom"], ONE_KEY),
+    spec("linsert", 5, &["write", "denyoom"], ONE_KEY),
+    spec("lpos", -3, &["readonly"], ONE_KEY),
+    spec("sadd", -3, &["write", "denyoom"], ONE_KEY),
+    spec("srem", -3, &["write", "denyoom"], ONE_KEY),
+    spec("smembers", 2, &["readonly"], ONE_KEY),
+    spec("sismember", 3, &["readonly"], ONE_KEY),
+    spec("smismember", -3, &["readonly"], ONE_KEY),
+    spec("scard", 2, &["readonly"], ONE_KEY),
+    spec("spop", -2, &["write", "denyoom"], ONE_KEY),
+    spec("srandmember", -2, &["readonly"], ONE_KEY),
+    spec("sscan", -3, &["readonly"], ONE_KEY),
+    spec("zadd", -4, &["write", "denyoom"], ONE_KEY),
+    spec("zincrby", 4, &["write", "denyoom"], ONE_KEY),
+    spec("zrem", -3, &["write", "denyoom"], ONE_KEY),
+    spec("zscore", 3, &["readonly"], ONE_KEY),
+    spec("zmscore", -3, &["readonly"], ONE_KEY),
+    spec("zcard", 2, &["readonly"], ONE_KEY),
+    spec("zcount", 4, &["readonly"], ONE_KEY),
+    spec("zlexcount", 4, &["readonly"], ONE_KEY),
+    spec("zrange", -4, &["readonly"], ONE_KEY),
+    spec("zrangebyscore", -4, &["readonly"], ONE_KEY),
+    spec("zrevrangebyscore", -4, &["readonly"], ONE_KEY),
+    spec("zrangebylex", -4, &["readonly"], ONE_KEY),
+    spec("zrevrangebylex", -4, &["readonly"], ONE_KEY),
+    spec("zrevrange", -4, &["readonly"], ONE_KEY),
+    spec("zrank", -3, &["readonly"], ONE_KEY),
+    spec("zrevrank", -3, &["readonly"], ONE_KEY),
+    spec("zpopmin", -2, &["write", "denyoom"], ONE_KEY),
+    spec("zpopmax", -2, &["write", "denyoom"], ONE_KEY),
+    spec("zremrangebyscore", 4, &["write", "denyoom"], ONE_KEY),
+    spec("zremrangebyrank", 4, &["write", "denyoom"], ONE_KEY),
+    spec("zremrangebylex", 4, &["write", "denyoom"], ONE_KEY),
+    spec("zrandmember", -2, &["readonly"], ONE_KEY),
+    spec("zscan", -3, &["readonly"], ONE_KEY),
+    // Over several keys, per key linearizable, not atomic (connection/multikey.rs).
+    spec("zunionstore", -4, &["write", "denyoom"], (1, 1, 1)),
+    spec("zinterstore", -4, &["write", "denyoom"], (1, 1, 1)),
+    spec("zdiffstore", -4, &["write", "denyoom"], (1, 1, 1)),
+    spec("zunion", -3, &["readonly"], NO_KEYS),
+    spec("zinter", -3, &["readonly"], NO_KEYS),
+    spec("zdiff", -3, &["readonly"], NO_KEYS),
+    spec("zintercard", -3, &["readonly"], NO_KEYS),
+    spec("sinterstore", -3, &["write", "denyoom"], ALL_KEYS),
+    spec("sunionstore", -3, &["write", "denyoom"], ALL_KEYS),
+    spec("sdiffstore", -3, &["write", "denyoom"], ALL_KEYS),
+    spec("rename", 3, &["write"], (1, 2, 1)),
+    spec("renamenx", 3, &["write", "fast"], (1, 2, 1)),
+    spec("copy", -3, &["write", "denyoom"], (1, 2, 1)),
+    spec("lmove", 5, &["write", "denyoom"], (1, 2, 1)),
+    spec("rpoplpush", 3, &["write", "denyoom"], (1, 2, 1)),
+    spec("smove", 4, &["write", "fast"], (1, 2, 1)),
+    spec("blpop", -3, &["write", "noscript"], (1, -2, 1)),
+    spec("brpop", -3, &["write", "noscript"], (1, -2, 1)),
+    spec("bzpopmin", -3, &["write", "noscript", "fast"], (1, -2, 1)),
+    spec("bzpopmax", -3, &["write", "noscript", "fast"], (1, -2, 1)),
+    spec("blmove", 6, &["write", "denyoom", "noscript"], (1, 2, 1)),
+    spec("brpoplpush", 4, &["write", "denyoom", "noscript"], (1, 2, 1)),
+    spec("blmpop", -5, &["write", "noscript"], NO_KEYS),
+    spec("bzmpop", -5, &["write", "noscript"], NO_KEYS),
+    spec("lmpop", -4, &["write"], NO_KEYS),
+    spec("zmpop", -4, &["write"], NO_KEYS),
+    spec("sort", -2, &["write", "denyoom"], ONE_KEY),
+    spec("sort_ro", -2, &["readonly"], ONE_KEY),
+    spec("bitop", -4, &["write", "denyoom"], (2, -1, 1)),
+    spec("geosearchstore", -8, &["write", "denyoom"], (1, 2, 1)),
+    spec("zrangestore", -5, &["write", "denyoom"], (1, 2, 1)),
+    spec("geoadd", -5, &["write", "denyoom"], ONE_KEY),
+    spec("geopos", -2, &["readonly"], ONE_KEY),
+    spec("geodist", -4, &["readonly"], ONE_KEY),
+    spec("geohash", -2, &["readonly"], ONE_KEY),
+    spec("geosearch", -7, &["readonly"], ONE_KEY),
+    spec("georadius", -6, &["write", "denyoom"], ONE_KEY),
+    spec("georadius_ro", -6, &["readonly"], ONE_KEY),
+    spec("georadiusbymember", -5, &["write", "denyoom"], ONE_KEY),
+    spec("georadiusbymember_ro", -5, &["readonly"], ONE_KEY),
 ];
 
 /// Every command name for metrics, plus `unknown` for everything else.
@@ -164,15 +309,6 @@ pub enum Request {
         pairs: Vec<(Bytes, Bytes)>,
         reply_ok: bool,
     },
-    HGet {
-        key: Bytes,
-        field: Bytes,
-    },
-    HMGet {
-        key: Bytes,
-        fields: Vec<Bytes>,
-    },
-    HGetAll(Bytes),
     HDel {
         key: Bytes,
         fields: Vec<Bytes>,
@@ -215,6 +351,15 @@ pub enum Request {
     Exec,
     Discard,
     Watch,
+    /// A typed command (lists, sets, sorted sets, expiry, the hash family, ...), run by
+    /// `chorus_core::data` as one read or one RMW of its key. The arguments as sent.
+    Data(Vec<Bytes>),
+    /// A command about the server or this connection (TIME, ACL, SLOWLOG, CLIENT LIST, ...):
+    /// answered by `crate::admin` without touching the data.
+    Admin(Vec<Bytes>),
+    /// A command over many keys that reads this replica's key list or several keys (KEYS,
+    /// SCAN, RANDOMKEY, SINTER, MSETNX, ...): per key linearizable at most.
+    Keyspace(Vec<Bytes>),
 }
 
 impl Request {
@@ -339,9 +484,6 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             let pairs = args[2..].chunks(2).map(|pair| (pair[0].clone(), pair[1].clone())).collect();
             Request::HSet { key: arg(1), pairs, reply_ok: name == "hmset" }
         }
-        "hget" => Request::HGet { key: arg(1), field: arg(2) },
-        "hmget" => Request::HMGet { key: arg(1), fields: args[2..].to_vec() },
-        "hgetall" => Request::HGetAll(arg(1)),
         "hdel" => Request::HDel { key: arg(1), fields: args[2..].to_vec() },
         "dbsize" => Request::DbSize,
         "flushall" | "flushdb" => match args.get(1).map(|a| upper(a)) {
@@ -355,8 +497,7 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         "config" => match upper(&args[1]).as_slice() {
             b"GET" if args.len() >= 3 => Request::ConfigGet(args[2..].to_vec()),
             b"GET" => return Err(arity_error("config|get")),
-            b"SET" => return Err(Reply::err("CONFIG SET is not supported; edit the node's config file")),
-            b"RESETSTAT" => return Err(Reply::err("CONFIG RESETSTAT is not supported")),
+            b"SET" | b"RESETSTAT" | b"REWRITE" => Request::Admin(args.to_vec()),
             _ => {
                 return Err(Reply::err(format!(
                     "unknown subcommand '{}'. Try CONFIG GET.",
@@ -383,6 +524,11 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             (b"SETINFO", 4) => Request::ClientSetInfo,
             (b"ID", 2) => Request::ClientId,
             (b"SETNAME" | b"GETNAME" | b"SETINFO" | b"ID", _) => return Err(arity_error("client")),
+            (
+                b"LIST" | b"INFO" | b"KILL" | b"NO-EVICT" | b"NO-TOUCH" | b"PAUSE" | b"UNPAUSE" | b"REPLY"
+                | b"TRACKINGINFO" | b"GETREDIR" | b"UNBLOCK" | b"TRACKING" | b"CACHING",
+                _,
+            ) => Request::Admin(args.to_vec()),
             _ => {
                 return Err(Reply::err(format!(
                     "unknown subcommand '{}'. Try CLIENT SETNAME.",
@@ -418,6 +564,24 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             }
             Request::Shutdown
         }
+        // MEMORY USAGE reads a key; STATS, DOCTOR, ... are about the server.
+        "memory" if upper(&args[1]) == b"USAGE" && args.len() >= 3 => Request::Data(args.to_vec()),
+        "memory" => Request::Admin(args.to_vec()),
+        "time" | "lastsave" | "acl" | "slowlog" | "latency" | "lolwut" | "readonly" | "readwrite"
+        | "role" | "module" => Request::Admin(args.to_vec()),
+        "keys" | "scan" | "randomkey" | "sinter" | "sunion" | "sdiff" | "sintercard" | "msetnx" => {
+            Request::Keyspace(args.to_vec())
+        }
+        _ if crate::connection::MULTIKEY_COMMANDS.contains(&name) => Request::Keyspace(args.to_vec()),
+        // With STORE/STOREDIST, GEORADIUS writes a second key.
+        "georadius" | "georadiusbymember"
+            if args
+                .iter()
+                .any(|arg| arg.eq_ignore_ascii_case(b"STORE") || arg.eq_ignore_ascii_case(b"STOREDIST")) =>
+        {
+            Request::Keyspace(args.to_vec())
+        }
+        _ if chorus_core::data::access(name).is_some() => Request::Data(args.to_vec()),
         _ => return Err(Reply::err(format!("unknown command '{name}'"))),
     })
 }
@@ -458,28 +622,114 @@ fn parse_set(args: &[Bytes]) -> Result<Request, Reply> {
             b"NX" if condition == SetCondition::Always => condition = SetCondition::IfAbsent,
             b"XX" if condition == SetCondition::Always => condition = SetCondition::IfPresent,
             b"GET" => get = true,
-            b"KEEPTTL" => {} // Chorus keys never expire: keeping "the TTL" is what happens anyway.
-            b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
-                return Err(Reply::err("key expiry (EX/PX/EXAT/PXAT) is not supported by chorus"));
-            }
+            // Expiry, and XX with GET, are typed commands (chorus_core::data).
+            b"KEEPTTL" | b"EX" | b"PX" | b"EXAT" | b"PXAT" => return Ok(Request::Data(args.to_vec())),
             _ => return Err(syntax_error()),
         }
         i += 1;
     }
     if get && condition == SetCondition::IfPresent {
-        return Err(Reply::err("SET with both XX and GET is not supported by chorus"));
+        return Ok(Request::Data(args.to_vec()));
     }
     Ok(Request::Set { key: args[1].clone(), value: args[2].clone(), condition, get })
 }
 
 // ------------------------------------------------------------------------------ mapping
 
-/// Strings may not look like hashes (see [`crate::hash`]).
+/// Strings may not look like typed values (see `chorus_core::data::value`).
 pub fn check_string_value(value: &[u8]) -> Result<(), Reply> {
-    if hash::is_hash(value) {
-        return Err(Reply::err("value starts with a prefix chorus reserves for hashes"));
+    if data::is_reserved(value) {
+        return Err(Reply::err("value starts with a prefix chorus reserves for typed values"));
     }
     Ok(())
+}
+
+/// The wall clock in ms since the Unix epoch: what key expiry deadlines are measured in.
+pub fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A typed command as the RMW that runs it at `now_ms`, bounded by `bytes_max`.
+pub fn exec_command(args: Vec<Bytes>, now_ms: u64, bytes_max: usize) -> Command {
+    let key = data::key_of(&args).clone();
+    let bytes_max = u32::try_from(bytes_max).unwrap_or(u32::MAX);
+    Command::Rmw { key, op: RmwOp::Exec(ExecOp { now_ms, bytes_max, args }) }
+}
+
+/// A string or hash request as the typed command that does the same, for keys whose value
+/// only `chorus_core::data` understands (a deadline, a list, ...). `None` for CAS.
+pub fn as_typed(request: &Request) -> Option<Vec<Bytes>> {
+    let words = |words: &[&[u8]]| words.iter().map(|w| Bytes::copy_from_slice(w)).collect::<Vec<_>>();
+    Some(match request {
+        Request::Get(key) => words(&[b"GET", key]),
+        Request::Set { key, value, condition, get } => {
+            let mut args = words(&[b"SET", key, value]);
+            match condition {
+                SetCondition::Always => {}
+                SetCondition::IfAbsent => args.push(Bytes::from_static(b"NX")),
+                SetCondition::IfPresent => args.push(Bytes::from_static(b"XX")),
+            }
+            if *get {
+                args.push(Bytes::from_static(b"GET"));
+            }
+            args
+        }
+        Request::SetNx { key, value } => words(&[b"SETNX", key, value]),
+        Request::GetSet { key, value } => words(&[b"GETSET", key, value]),
+        Request::IncrBy { key, delta } => words(&[b"INCRBY", key, delta.to_string().as_bytes()]),
+        Request::HSet { key, pairs, reply_ok } => {
+            let mut args = words(&[if *reply_ok { b"HMSET" } else { b"HSET" }, key]);
+            for (field, value) in pairs {
+                args.extend([field.clone(), value.clone()]);
+            }
+            args
+        }
+        Request::HDel { key, fields } => {
+            let mut args = words(&[b"HDEL", key]);
+            args.extend(fields.iter().cloned());
+            args
+        }
+        Request::Data(args) => args.clone(),
+        _ => return None,
+    })
+}
+
+/// Whether a plain read found a value only `chorus_core::data` can interpret, or a string
+/// RMW refused one: the request is then re-run as a typed command.
+pub fn needs_typed(outcome: &Outcome) -> bool {
+    match outcome {
+        Outcome::Value(Some(value)) => data::is_reserved(value) && !hash::is_hash(value),
+        Outcome::Error(CommandError::Typed) => true,
+        _ => false,
+    }
+}
+
+/// The reply for a typed command's outcome.
+pub fn data_reply(outcome: Outcome) -> Reply {
+    match outcome {
+        Outcome::Data(data) => reply_of(data),
+        Outcome::Error(error) => error_reply(&error),
+        other => Reply::err(format!("internal error: a typed command answered {other:?}")),
+    }
+}
+
+fn reply_of(data: Data) -> Reply {
+    match data {
+        Data::Nil => Reply::Null,
+        Data::NilArray => Reply::NullArray,
+        Data::Integer(value) => Reply::Integer(value),
+        Data::Bulk(bytes) => Reply::Bulk(bytes),
+        Data::Status(text) => {
+            const STATUSES: &[&str] = &["OK", "none", "string", "list", "set", "zset", "hash", "stream"];
+            match STATUSES.iter().find(|status| **status == text) {
+                Some(status) => Reply::Status(status),
+                None => Reply::Bulk(Bytes::from(text)),
+            }
+        }
+        Data::Array(items) => Reply::Array(items.into_iter().map(reply_of).collect()),
+        Data::Map(pairs) => Reply::Map(pairs.into_iter().map(|(k, v)| (reply_of(k), reply_of(v))).collect()),
+        Data::Error(line) => Reply::Error(line),
+    }
 }
 
 /// How the reply to a single-key command is built from its outcome.
@@ -501,6 +751,21 @@ pub enum ReplyShape {
     Integer,
     /// CAS: `[1|0, previous]`.
     Cas,
+    /// A typed command: the reply it computed.
+    Data,
+}
+
+/// The command a transaction or a session queues for `request`: a single-key command, or a
+/// typed command run as an RMW at `now_ms` (in a transaction even reads run as RMWs).
+pub fn queued_command(
+    request: &Request,
+    now_ms: u64,
+    bytes_max: usize,
+) -> Option<Result<(Command, ReplyShape), Reply>> {
+    match request {
+        Request::Data(args) => Some(Ok((exec_command(args.clone(), now_ms, bytes_max), ReplyShape::Data))),
+        request => single_key_command(request),
+    }
 }
 
 /// The core command for a single-key request, and how to shape its reply. `None` for requests
@@ -573,7 +838,7 @@ pub fn error_reply(error: &CommandError) -> Reply {
             "the update did not complete here (the replica left the view, is stopping, or the request \
              deadline passed); it may have taken effect",
         ),
-        CommandError::WrongType => Reply::error(WRONGTYPE),
+        CommandError::WrongType | CommandError::Typed => Reply::error(WRONGTYPE),
         CommandError::HashCorrupt => Reply::err("stored hash is corrupt"),
         CommandError::ValueTooLarge => Reply::err("the value would exceed the size limit"),
     }
@@ -583,6 +848,7 @@ pub fn error_reply(error: &CommandError) -> Reply {
 pub fn shape_reply(shape: ReplyShape, outcome: Outcome) -> Reply {
     match (shape, outcome) {
         (_, Outcome::Error(error)) => error_reply(&error),
+        (ReplyShape::Data, outcome) => data_reply(outcome),
         (ReplyShape::Value, Outcome::Value(value)) => string_reply(value),
         (ReplyShape::Ok, Outcome::Written) => Reply::ok(),
         (ReplyShape::OkOrNil, Outcome::Flag(true)) => Reply::ok(),
@@ -681,7 +947,10 @@ mod tests {
         assert_eq!(request("INCRBY k 01"), Err(Reply::err("value is not an integer or out of range")));
         assert!(request(&format!("DECRBY k {}", i64::MIN)).is_err());
         assert_eq!(request("SET k v NX XX"), Err(Reply::err("syntax error")));
-        assert!(request("SET k v EX 10").is_err());
+        assert_eq!(request("SET k v EX 10"), Ok(Request::Data(args("SET k v EX 10"))));
+        assert_eq!(request("ZADD z 1 m"), Ok(Request::Data(args("ZADD z 1 m"))));
+        assert_eq!(request("TIME"), Ok(Request::Admin(args("TIME"))));
+        assert_eq!(request("SCAN 0"), Ok(Request::Keyspace(args("SCAN 0"))));
         assert!(request("MSET a 1 b").is_err());
         assert!(request("HSET h f").is_err());
         assert!(request("HSET h f v g").is_err());

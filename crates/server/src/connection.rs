@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use chorus_core::{Command, CommandError, Outcome, RmwOp};
+use chorus_core::{Command, Outcome};
 use chorus_net::handshake::constant_time_eq;
 use chorus_net::NetStats;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -24,7 +24,11 @@ use crate::engine::{Done, EngineHandle, WriteMarks};
 use crate::memory;
 use crate::metrics::Metrics;
 use crate::resp::{Limits, Parser, ProtocolError, Reply};
-use chorus_core::hash::{self, HashError};
+
+mod multikey;
+mod typed;
+
+pub use multikey::COMMANDS as MULTIKEY_COMMANDS;
 
 /// What every connection shares.
 pub struct Shared {
@@ -314,7 +318,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     async fn run_request(&mut self, request: Request) -> Reply {
         if let Some(plan) = command::single_key_command(&request) {
             return match plan {
-                Ok((command, shape)) => command::shape_reply(shape, self.run_one(command).await),
+                Ok((command, shape)) => {
+                    let outcome = self.run_one(command).await;
+                    // A deadline, a list, a set...: the typed path decides (connection/typed.rs).
+                    match command::as_typed(&request).filter(|_| command::needs_typed(&outcome)) {
+                        Some(args) => self.run_data(args).await,
+                        None => command::shape_reply(shape, outcome),
+                    }
+                }
                 Err(reply) => reply,
             };
         }
@@ -338,24 +349,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Request::Select(0) => Reply::ok(),
             Request::Select(_) => Reply::err("DB index is out of range"),
             Request::Del(keys) => self.del(keys).await,
-            Request::Exists(keys) => {
-                let outcomes = self.run_all(reads(&keys)).await;
-                count_values(outcomes)
-            }
-            Request::MGet(keys) => {
-                let outcomes = self.run_all(reads(&keys)).await;
-                let mut values = Vec::with_capacity(outcomes.len());
-                for outcome in outcomes {
-                    values.push(match outcome {
-                        // Like Redis: MGET answers nil for keys that do not hold strings.
-                        Outcome::Value(Some(value)) if !hash::is_hash(&value) => Reply::Bulk(value),
-                        Outcome::Value(_) => Reply::Null,
-                        Outcome::Error(error) => return error_reply(&error),
-                        other => return unexpected(other),
-                    });
-                }
-                Reply::Array(values)
-            }
+            Request::Exists(keys) => self.exists(keys).await,
+            Request::MGet(keys) => self.mget(keys).await,
             Request::MSet(pairs) => {
                 for (_, value) in &pairs {
                     if let Err(reply) = command::check_string_value(value) {
@@ -368,38 +363,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     .collect();
                 first_error_or(self.run_all(writes).await, Reply::ok())
             }
-            Request::HSet { key, pairs, reply_ok } => {
-                let limit = self.shared.settings.limits.bulk_bytes_max;
-                let encoded_bytes_max = u32::try_from(limit).unwrap_or(u32::MAX);
-                let op = RmwOp::HashSet { pairs, encoded_bytes_max };
-                match self.update_hash(key, op).await {
-                    Ok(_) if reply_ok => Reply::ok(),
-                    Ok(added) => Reply::Integer(added),
-                    Err(reply) => reply,
-                }
-            }
-            Request::HDel { key, fields: names } => {
-                match self.update_hash(key, RmwOp::HashDelete(names)).await {
-                    Ok(removed) => Reply::Integer(removed),
-                    Err(reply) => reply,
-                }
-            }
-            Request::HGet { key, field } => match self.read_hash(key).await {
-                Ok(fields) => Reply::optional(hash::get(&fields, &field).cloned()),
-                Err(reply) => reply,
-            },
-            Request::HMGet { key, fields: names } => match self.read_hash(key).await {
-                Ok(fields) => Reply::Array(
-                    names.iter().map(|name| Reply::optional(hash::get(&fields, name).cloned())).collect(),
-                ),
-                Err(reply) => reply,
-            },
-            Request::HGetAll(key) => match self.read_hash(key).await {
-                Ok(fields) => {
-                    Reply::Map(fields.into_iter().map(|(f, v)| (Reply::Bulk(f), Reply::Bulk(v))).collect())
-                }
-                Err(reply) => reply,
-            },
+            Request::HSet { .. } | Request::HDel { .. } => self.update_hash(request).await,
+            Request::Data(args) => self.run_data(args).await,
+            Request::Admin(args) => self.admin(args).await,
+            Request::Keyspace(args) => self.keyspace(args).await,
             Request::DbSize => match self.engine().status().await {
                 Some(status) => Reply::Integer(status.keys as i64),
                 None => error_reply(&crate::engine::SHUTTING_DOWN),
@@ -463,6 +430,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
     /// Between MULTI and EXEC: queue single-key commands, run EXEC or DISCARD.
     async fn in_multi(&mut self, request: Request) -> Reply {
+        let bytes_max = self.bytes_max();
         let multi = self.multi.as_mut().expect("in MULTI");
         match request {
             Request::Multi => Reply::err("MULTI calls can not be nested"),
@@ -489,7 +457,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         .collect(),
                 )
             }
-            request => match command::single_key_command(&request) {
+            request => match command::queued_command(&request, command::wall_clock_ms(), bytes_max) {
                 Some(Ok(plan)) => {
                     multi.queued.push(plan);
                     Reply::Status("QUEUED")
@@ -501,7 +469,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 None => {
                     multi.aborted = true;
                     Reply::err(
-                        "only single-key commands (GET, SET, SETNX, GETSET, INCR, INCRBY, DECR, DECRBY, CAS) can be queued in a transaction",
+                        "only single-key commands (GET, SET, INCR, CAS, HSET, LPUSH, SADD, ZADD, EXPIRE, ...) can be queued in a transaction",
                     )
                 }
             },
@@ -557,43 +525,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         }
     }
 
-    /// DEL: read each key (local), then swap present keys to absent to learn whether each
-    /// delete removed something. A key absent at the read is linearized there as a no-op.
-    async fn del(&mut self, keys: Vec<Bytes>) -> Reply {
-        let outcomes = self.run_all(reads(&keys)).await;
-        let mut present = Vec::new();
-        for (key, outcome) in keys.into_iter().zip(outcomes) {
-            match outcome {
-                Outcome::Value(Some(_)) => present.push(Command::Rmw { key, op: RmwOp::Swap(None) }),
-                Outcome::Value(None) => {}
-                Outcome::Error(error) => return error_reply(&error),
-                other => return unexpected(other),
-            }
-        }
-        count_values(self.run_all(present).await)
-    }
-
-    async fn read_hash(&mut self, key: Bytes) -> Result<hash::Fields, Reply> {
-        match self.run_one(Command::Read { key }).await {
-            Outcome::Value(value) => hash::decode(value.as_ref()).map_err(hash_error),
-            Outcome::Error(error) => Err(error_reply(&error)),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// A hash update is one read-modify-write the core runs atomically (see
-    /// [`chorus_core::hash`]); the outcome is the count of fields added or removed.
-    async fn update_hash(&mut self, key: Bytes, op: RmwOp) -> Result<i64, Reply> {
-        match self.run_one(Command::Rmw { key, op }).await {
-            Outcome::Integer(count) => Ok(count),
-            Outcome::Error(CommandError::ValueTooLarge) => {
-                Err(Reply::err("the hash would exceed the value size limit"))
-            }
-            Outcome::Error(error) => Err(error_reply(&error)),
-            other => Err(unexpected(other)),
-        }
-    }
-
     async fn info(&mut self, sections: &[String]) -> Reply {
         let all =
             sections.is_empty() || sections.iter().any(|s| s == "all" || s == "everything" || s == "default");
@@ -607,6 +538,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             info.field("redis_version", &crate::REDIS_COMPATIBLE_VERSION);
             info.field("chorus_version", &env!("CARGO_PKG_VERSION"));
             info.field("redis_mode", &"standalone");
+            info.field("os", &std::env::consts::OS);
+            info.field(
+                "run_id",
+                &format!("{:040x}", settings.node_id as u128 * 0x9e37_79b9 + std::process::id() as u128),
+            );
             info.field("arch_bits", &(usize::BITS));
             info.field("process_id", &std::process::id());
             info.field("tcp_port", &settings.client_addr.port());
@@ -674,6 +610,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 }
             }
         }
+        if wanted("persistence") {
+            // Durability is the protocol's (docs/operations.md); there are no RDB/AOF files.
+            info.section("Persistence");
+            info.field("loading", &0);
+            info.field("rdb_changes_since_last_save", &0);
+            info.field("rdb_bgsave_in_progress", &0);
+            info.field("rdb_last_bgsave_status", &"ok");
+            info.field("aof_enabled", &0);
+            info.field("aof_rewrite_in_progress", &0);
+        }
+        if wanted("cluster") {
+            // Redis Cluster is not spoken: every replica holds every key (docs/resp.md).
+            info.section("Cluster");
+            info.field("cluster_enabled", &0);
+        }
         if wanted("keyspace") {
             info.section("Keyspace");
             if let Some(status) = status.as_ref().filter(|status| status.keys > 0) {
@@ -702,6 +653,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             ("client-query-buffer-limit", clients.query_buffer_bytes_max.to_string()),
             ("cluster-enabled", "no".into()),
             ("io-threads", "1".into()),
+            // The thresholds OBJECT ENCODING answers by (chorus_core::data::keys); chorus
+            // stores every type the same way, so they change no memory use.
+            ("hash-max-listpack-entries", "128".into()),
+            ("hash-max-listpack-value", "64".into()),
+            ("set-max-intset-entries", "512".into()),
+            ("set-max-listpack-entries", "128".into()),
+            ("zset-max-listpack-entries", "128".into()),
+            ("zset-max-listpack-value", "64".into()),
+            ("list-max-listpack-size", "-2".into()),
         ];
         let mut pairs = Vec::new();
         for (name, value) in &parameters {
@@ -751,10 +711,6 @@ fn first_error_or(outcomes: Vec<Outcome>, reply: Reply) -> Reply {
 
 fn unexpected(outcome: Outcome) -> Reply {
     Reply::err(format!("internal error: unexpected outcome {outcome:?}"))
-}
-
-fn hash_error(error: HashError) -> Reply {
-    Reply::error(error.to_string())
 }
 
 fn command_info(spec: &command::CommandSpec) -> Reply {

@@ -12,6 +12,7 @@
 //! * [`memory`]: `used_memory` (the allocator's figure) for INFO and `maxmemory`.
 //! * [`files`]: private data directories, unpredictable temporary ones.
 
+pub mod admin;
 pub mod command;
 pub mod config;
 pub mod connection;

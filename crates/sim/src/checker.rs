@@ -888,6 +888,13 @@ impl fmt::Display for RmwDisplay<'_> {
                 }
                 write!(f, ")")
             }
+            RmwOp::Exec(exec) => {
+                write!(f, "EXEC(now_ms={}", exec.now_ms)?;
+                for arg in &exec.args {
+                    write!(f, ", {}", BytesDisplay(arg))?;
+                }
+                write!(f, ")")
+            }
         }
     }
 }
@@ -907,6 +914,7 @@ impl fmt::Display for OutcomeDisplay<'_> {
             Outcome::Integer(number) => write!(f, "{number}"),
             Outcome::Flag(flag) => write!(f, "{flag}"),
             Outcome::Error(error) => write!(f, "ERR {error}"),
+            Outcome::Data(data) => write!(f, "{data:?}"),
         }
     }
 }

@@ -1374,6 +1374,7 @@ fn update_bytes_bound(command: &Command, current_bytes: usize) -> u64 {
                 current_bytes.max(chorus_core::hash::MAGIC.len() + 4) + added
             }
             RmwOp::HashDelete(_) => current_bytes,
+            RmwOp::Exec(exec) => chorus_core::data::bytes_bound(exec, current_bytes),
         },
         Command::Read { .. } => 0,
     };

@@ -184,6 +184,9 @@ pub fn command_bytes(command: &Command) -> usize {
                     RmwOp::HashDelete(fields) => {
                         FIELD + fields.iter().map(|field| FIELD + field.len()).sum::<usize>()
                     }
+                    RmwOp::Exec(exec) => {
+                        2 * FIELD + exec.args.iter().map(|arg| FIELD + arg.len()).sum::<usize>()
+                    }
                 }
         }
     }

@@ -1,0 +1,130 @@
+//! Redis' data types, expiry and multi-key commands through the real binary on every
+//! protocol, with a real client (the `redis` crate): written at one replica, read at another
+//! (issue 19, points 1-3).
+
+use redis::Value;
+use support::loopback::Cluster;
+
+mod support;
+
+const PROTOCOLS: [&str; 5] = ["hermes", "craq", "zab", "raftlog", "chain"];
+
+fn query<T: redis::FromRedisValue>(con: &mut redis::Connection, line: &str) -> T {
+    let mut cmd = redis::cmd(line.split(' ').next().unwrap());
+    for arg in line.split(' ').skip(1) {
+        cmd.arg(arg);
+    }
+    cmd.query(con).unwrap_or_else(|error| panic!("{line}: {error}"))
+}
+
+fn error_of(con: &mut redis::Connection, line: &str) -> String {
+    let mut cmd = redis::cmd(line.split(' ').next().unwrap());
+    for arg in line.split(' ').skip(1) {
+        cmd.arg(arg);
+    }
+    match cmd.query::<Value>(con) {
+        Err(error) => error.to_string(),
+        Ok(value) => panic!("{line}: expected an error, got {value:?}"),
+    }
+}
+
+#[test]
+fn typed_values_written_at_one_replica_are_read_at_another_on_every_protocol() {
+    for protocol in PROTOCOLS {
+        let cluster = Cluster::start(3, &["--protocol", protocol]);
+        let (mut a, mut b) = (cluster.client(0), cluster.client(1));
+        let p = protocol;
+
+        assert_eq!(query::<i64>(&mut a, "RPUSH queue j1 j2 j3"), 3, "{p}");
+        assert_eq!(query::<Vec<String>>(&mut b, "LRANGE queue 0 -1"), ["j1", "j2", "j3"], "{p}");
+        assert_eq!(query::<Option<String>>(&mut b, "LPOP queue"), Some("j1".into()), "{p}");
+        assert_eq!(query::<i64>(&mut a, "LLEN queue"), 2, "{p}");
+
+        assert_eq!(query::<i64>(&mut a, "SADD tags x y z x"), 3, "{p}");
+        assert_eq!(query::<i64>(&mut b, "SISMEMBER tags y"), 1, "{p}");
+        assert_eq!(query::<i64>(&mut b, "SREM tags y"), 1, "{p}");
+        assert_eq!(query::<Vec<String>>(&mut a, "SMEMBERS tags"), ["x", "z"], "{p}");
+
+        assert_eq!(query::<i64>(&mut a, "ZADD board 10 ann 20 bob 15 cy"), 3, "{p}");
+        assert_eq!(query::<Vec<String>>(&mut b, "ZREVRANGE board 0 1"), ["bob", "cy"], "{p}");
+        assert_eq!(query::<String>(&mut b, "ZINCRBY board 11 ann"), "21", "{p}");
+        assert_eq!(query::<Option<i64>>(&mut a, "ZRANK board ann"), Some(2), "{p}");
+
+        assert_eq!(query::<i64>(&mut a, "HSET user name ann visits 1"), 2, "{p}");
+        assert_eq!(query::<i64>(&mut b, "HINCRBY user visits 4"), 5, "{p}");
+        assert_eq!(query::<i64>(&mut a, "HLEN user"), 2, "{p}");
+
+        assert_eq!(query::<i64>(&mut a, "GEOADD places 2.1909389952632 41.433791470673 p1"), 1, "{p}");
+        query::<i64>(&mut a, "GEOADD places 2.1873744593677 41.406342043777 p2");
+        assert_eq!(query::<String>(&mut b, "GEODIST places p1 p2 km"), "3.0674", "{p}");
+        assert_eq!(query::<Vec<String>>(&mut b, "GEOHASH places p1"), ["sp3e9yg3kd0"], "{p}");
+
+        // WRONGTYPE as Redis words it, and nothing changes.
+        let wrong = error_of(&mut b, "SADD queue x");
+        assert!(
+            wrong.contains("WRONGTYPE")
+                && wrong.contains("Operation against a key holding the wrong kind of value"),
+            "{p}: {wrong}"
+        );
+        assert!(error_of(&mut a, "GET board").contains("WRONGTYPE"), "{p}");
+        assert_eq!(query::<String>(&mut a, "TYPE board"), "zset", "{p}");
+
+        // Multi-key commands, per key.
+        assert_eq!(query::<i64>(&mut a, "SADD more z w"), 2, "{p}");
+        assert_eq!(query::<i64>(&mut b, "SINTERSTORE both tags more"), 1, "{p}");
+        assert_eq!(query::<Vec<String>>(&mut a, "SMEMBERS both"), ["z"], "{p}");
+        assert_eq!(query::<i64>(&mut a, "ZUNIONSTORE sum 2 board board WEIGHTS 1 2"), 3, "{p}");
+        assert_eq!(query::<Option<String>>(&mut b, "ZSCORE sum ann"), Some("63".into()), "{p}");
+        assert_eq!(query::<Option<String>>(&mut a, "RPOPLPUSH queue done"), Some("j3".into()), "{p}");
+        assert_eq!(query::<Vec<String>>(&mut b, "LRANGE done 0 -1"), ["j3"], "{p}");
+
+        // DEL removes typed values too; the last element gone, the key is gone.
+        assert_eq!(query::<i64>(&mut b, "DEL queue tags board"), 3, "{p}");
+        assert_eq!(query::<i64>(&mut a, "EXISTS queue tags board user"), 1, "{p}");
+        assert_eq!(query::<Option<String>>(&mut a, "LPOP done"), Some("j3".into()), "{p}");
+        assert_eq!(query::<i64>(&mut b, "EXISTS done"), 0, "{p}");
+    }
+}
+
+#[test]
+fn a_deadline_set_at_one_replica_holds_at_every_replica() {
+    for protocol in PROTOCOLS {
+        let cluster = Cluster::start(3, &["--protocol", protocol]);
+        let (mut a, mut b, mut c) = (cluster.client(0), cluster.client(1), cluster.client(2));
+        let p = protocol;
+
+        assert_eq!(query::<String>(&mut a, "SET session s1 EX 1000"), "OK", "{p}");
+        let ttl: i64 = query(&mut b, "TTL session");
+        assert!((999..=1000).contains(&ttl), "{p}: TTL {ttl}");
+        assert_eq!(query::<Option<String>>(&mut c, "GET session"), Some("s1".into()), "{p}");
+        assert_eq!(query::<i64>(&mut c, "PERSIST session"), 1, "{p}");
+        assert_eq!(query::<i64>(&mut b, "TTL session"), -1, "{p}");
+
+        // A deadline in the past: every replica sees the key gone, now and later.
+        assert_eq!(query::<i64>(&mut b, "PEXPIREAT session 1000"), 1, "{p}");
+        for con in [&mut a, &mut b, &mut c] {
+            assert_eq!(query::<Option<String>>(con, "GET session"), None, "{p}");
+            assert_eq!(query::<i64>(con, "TTL session"), -2, "{p}");
+        }
+
+        // Typed values keep their deadline through updates; a plain SET forgets it.
+        query::<i64>(&mut a, "RPUSH jobs a");
+        assert_eq!(query::<i64>(&mut b, "EXPIRE jobs 500 NX"), 1, "{p}");
+        assert_eq!(query::<i64>(&mut c, "RPUSH jobs b"), 2, "{p}");
+        assert!(query::<i64>(&mut a, "TTL jobs") > 0, "{p}");
+        assert_eq!(query::<i64>(&mut b, "EXPIRE jobs 100 GT"), 0, "{p}");
+        assert_eq!(query::<String>(&mut a, "SET lock owner NX PX 60000"), "OK", "{p}");
+        assert_eq!(
+            query::<Option<String>>(&mut b, "SET lock other NX PX 60000"),
+            None,
+            "{p}: the lock is held"
+        );
+        assert_eq!(query::<Option<String>>(&mut c, "GETDEL lock"), Some("owner".into()), "{p}");
+        assert_eq!(query::<Option<String>>(&mut a, "GETEX lock"), None, "{p}");
+        assert_eq!(query::<String>(&mut a, "SETEX cache 100 v"), "OK", "{p}");
+        assert_eq!(query::<String>(&mut b, "SET cache w"), "OK", "{p}");
+        assert_eq!(query::<i64>(&mut c, "TTL cache"), -1, "{p}");
+        let invalid = error_of(&mut a, "SET cache v EX 0");
+        assert!(invalid.contains("invalid expire time in 'set' command"), "{p}: {invalid}");
+    }
+}

@@ -1,0 +1,287 @@
+use super::*;
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+/// One key's register and a clock: runs commands as the replicas would.
+struct Key {
+    value: Option<Bytes>,
+    now_ms: u64,
+}
+
+impl Key {
+    fn new() -> Key {
+        Key { value: None, now_ms: 1_000_000 }
+    }
+    fn run(&mut self, line: &str) -> Data {
+        let args = line.split(' ').map(b).collect();
+        let op = ExecOp { now_ms: self.now_ms, bytes_max: 1 << 20, args };
+        let effect = apply(&op, self.value.as_ref());
+        if let Some(write) = effect.write {
+            self.value = write;
+        }
+        match effect.outcome {
+            Outcome::Data(data) => data,
+            other => panic!("typed command answered {other:?}"),
+        }
+    }
+}
+
+fn int(n: i64) -> Data {
+    Data::Integer(n)
+}
+fn bulks(items: &[&str]) -> Data {
+    Data::Array(items.iter().map(Data::bulk).collect())
+}
+fn err(line: &str) -> Data {
+    Data::Error(line.into())
+}
+
+#[test]
+fn lists_push_pop_range_and_edit() {
+    let mut key = Key::new();
+    assert_eq!(key.run("RPUSH l a b c"), int(3));
+    assert_eq!(key.run("LPUSH l z"), int(4));
+    assert_eq!(key.run("LRANGE l 0 -1"), bulks(&["z", "a", "b", "c"]));
+    assert_eq!(key.run("LPOP l 2"), bulks(&["z", "a"]));
+    assert_eq!(key.run("RPOP l"), Data::bulk("c"));
+    assert_eq!(key.run("LINSERT l BEFORE b x"), int(2));
+    assert_eq!(key.run("LINDEX l -1"), Data::bulk("b"));
+    assert_eq!(key.run("LSET l 0 y"), Data::ok());
+    assert_eq!(key.run("LSET l 9 y"), err("ERR index out of range"));
+    assert_eq!(key.run("RPUSH l y y"), int(4));
+    assert_eq!(key.run("LPOS l y RANK -1"), int(3));
+    assert_eq!(key.run("LREM l -2 y"), int(2));
+    assert_eq!(key.run("LRANGE l 0 -1"), bulks(&["y", "b"]));
+    assert_eq!(key.run("LTRIM l 5 9"), Data::ok());
+    // The last element gone, the key is gone (as in Redis).
+    assert_eq!(key.value, None);
+    assert_eq!(key.run("LPOP l 1"), Data::NilArray);
+}
+
+#[test]
+fn sets_add_remove_and_pop_deterministically() {
+    let mut key = Key::new();
+    assert_eq!(key.run("SADD s a b c a"), int(3));
+    assert_eq!(key.run("SMEMBERS s"), bulks(&["a", "b", "c"]));
+    assert_eq!(key.run("SMISMEMBER s a x"), Data::Array(vec![int(1), int(0)]));
+    assert_eq!(key.run("SREM s a x"), int(1));
+    let mut twin = Key { value: key.value.clone(), now_ms: key.now_ms };
+    // Every replica applying the same SPOP removes the same member.
+    assert_eq!(key.run("SPOP s"), twin.run("SPOP s"));
+    assert_eq!(key.value, twin.value);
+    assert_eq!(key.run("SCARD s"), int(1));
+}
+
+#[test]
+fn sorted_sets_order_by_score_then_member() {
+    let mut key = Key::new();
+    assert_eq!(key.run("ZADD z 2 b 1 a 2 a2 3 c"), int(4));
+    assert_eq!(key.run("ZRANGE z 0 -1"), bulks(&["a", "a2", "b", "c"]));
+    assert_eq!(key.run("ZRANGE z (1 2 BYSCORE WITHSCORES"), bulks(&["a2", "2", "b", "2"]));
+    assert_eq!(key.run("ZRANGE z +inf -inf BYSCORE REV LIMIT 0 1"), bulks(&["c"]));
+    assert_eq!(key.run("ZADD z XX CH 5 a 9 nope"), int(1));
+    assert_eq!(key.run("ZADD z GT 1 a"), int(0));
+    assert_eq!(key.run("ZSCORE z a"), Data::bulk("5"));
+    assert_eq!(key.run("ZINCRBY z 0.5 a"), Data::bulk("5.5"));
+    assert_eq!(key.run("ZRANK z a"), int(3));
+    assert_eq!(key.run("ZREVRANK z a"), int(0));
+    assert_eq!(key.run("ZCOUNT z -inf (3"), int(2));
+    assert_eq!(key.run("ZPOPMIN z"), bulks(&["a2", "2"]));
+    assert_eq!(key.run("ZREMRANGEBYSCORE z 3 +inf"), int(2));
+    assert_eq!(key.run("ZRANGE z 0 -1"), bulks(&["b"]));
+    assert_eq!(key.run("ZADD z NX XX 1 a"), err("ERR XX and NX options at the same time are not compatible"));
+}
+
+#[test]
+fn hashes_increment_and_refuse_non_numbers() {
+    let mut key = Key::new();
+    assert_eq!(key.run("HSET h f 1 g x"), int(2));
+    assert_eq!(key.run("HINCRBY h f 41"), int(42));
+    assert_eq!(key.run("HINCRBY h g 1"), err("ERR hash value is not an integer"));
+    assert_eq!(key.run("HINCRBYFLOAT h n 1.5"), Data::bulk("1.5"));
+    assert_eq!(key.run("HSETNX h f 0"), int(0));
+    assert_eq!(key.run("HLEN h"), int(3));
+    assert_eq!(key.run("HKEYS h"), bulks(&["f", "g", "n"]));
+}
+
+#[test]
+fn wrong_type_is_refused_as_redis_words_it_and_changes_nothing() {
+    let mut key = Key::new();
+    key.run("RPUSH k a");
+    let before = key.value.clone();
+    for line in ["SADD k x", "ZADD k 1 x", "HSET k f v", "GET k", "INCR k", "APPEND k x", "ZSCORE k x"] {
+        assert_eq!(key.run(line), err(WRONGTYPE), "{line}");
+        assert_eq!(key.value, before, "{line}");
+    }
+    assert_eq!(key.run("TYPE k"), Data::Status("list".into()));
+    // SET replaces any type.
+    assert_eq!(key.run("SET k v"), Data::ok());
+    assert_eq!(key.run("TYPE k"), Data::Status("string".into()));
+}
+
+#[test]
+fn strings_ranges_floats_and_bits() {
+    let mut key = Key::new();
+    assert_eq!(key.run("APPEND s hello"), int(5));
+    assert_eq!(key.run("SETRANGE s 6 world"), int(11));
+    assert_eq!(key.run("GETRANGE s -5 -1"), Data::bulk("world"));
+    assert_eq!(key.run("STRLEN s"), int(11));
+    let mut n = Key::new();
+    assert_eq!(n.run("INCRBYFLOAT n 10.5"), Data::bulk("10.5"));
+    assert_eq!(n.run("INCRBYFLOAT n -0.5"), Data::bulk("10"));
+    let mut bits = Key::new();
+    assert_eq!(bits.run("SETBIT b 7 1"), int(0));
+    assert_eq!(bits.run("GETBIT b 7"), int(1));
+    assert_eq!(bits.run("BITCOUNT b"), int(1));
+    assert_eq!(bits.run("BITPOS b 1"), int(7));
+}
+
+#[test]
+fn a_deadline_travels_with_the_value_and_is_judged_by_the_ops_clock() {
+    let mut key = Key::new();
+    assert_eq!(key.run("SET k v PX 100"), Data::ok());
+    assert_eq!(key.run("PTTL k"), int(100));
+    key.now_ms += 99;
+    assert_eq!(key.run("GET k"), Data::bulk("v"));
+    key.now_ms += 1;
+    // At the deadline the key is gone, for reads and writes alike, and the op deletes it.
+    assert_eq!(key.run("GET k"), Data::Nil);
+    assert_eq!(key.value, None);
+    assert_eq!(key.run("TTL k"), int(-2));
+}
+
+#[test]
+fn expire_options_follow_redis() {
+    let mut key = Key::new();
+    assert_eq!(key.run("EXPIRE k 10"), int(0));
+    key.run("SET k v");
+    assert_eq!(key.run("TTL k"), int(-1));
+    assert_eq!(key.run("EXPIRE k 10 XX"), int(0));
+    assert_eq!(key.run("EXPIRE k 10 NX"), int(1));
+    assert_eq!(key.run("EXPIRE k 5 GT"), int(0));
+    assert_eq!(key.run("EXPIRE k 20 GT"), int(1));
+    assert_eq!(key.run("EXPIRE k 30 LT"), int(0));
+    assert_eq!(key.run("PEXPIRETIME k"), int(1_000_000 + 20_000));
+    assert_eq!(key.run("PERSIST k"), int(1));
+    assert_eq!(key.run("PERSIST k"), int(0));
+    assert_eq!(key.run("SET k w KEEPTTL"), Data::ok());
+    assert_eq!(key.run("GETEX k EX 1"), Data::bulk("w"));
+    assert_eq!(key.run("TTL k"), int(1));
+    assert_eq!(key.run("SET k x"), Data::ok());
+    assert_eq!(key.run("TTL k"), int(-1), "a plain SET forgets the deadline");
+    assert_eq!(key.run("EXPIRE k -1"), int(1));
+    assert_eq!(key.value, None, "a deadline in the past deletes");
+    assert_eq!(key.run("SET k v EX 0"), err("ERR invalid expire time in 'set' command"));
+}
+
+#[test]
+fn a_failed_command_still_deletes_the_expired_key_it_found() {
+    let mut key = Key::new();
+    key.run("SET k v PX 5");
+    key.now_ms += 5;
+    assert_eq!(key.run("LPOS k x RANK 0").clone(), err("ERR RANK can't be zero: use 1 to start from the first match, 2 from the second ... or use negative to start from the end of the list"));
+    assert_eq!(key.value, None);
+}
+
+#[test]
+fn a_value_over_the_limit_is_refused_and_nothing_changes() {
+    let mut key = Key::new();
+    let op = |args: &str| ExecOp { now_ms: 0, bytes_max: 64, args: args.split(' ').map(b).collect() };
+    let effect = apply(
+        &op("RPUSH l 0123456789012345678901234567890123456789 0123456789012345678901234567890123456789"),
+        None,
+    );
+    assert_eq!(effect.write, None);
+    assert!(matches!(effect.outcome, Outcome::Data(Data::Error(line)) if line.contains("size limit")));
+    assert_eq!(key.run("RPUSH l a"), int(1));
+}
+
+#[test]
+fn the_bytes_bound_covers_what_every_command_writes() {
+    let mut key = Key::new();
+    for line in [
+        "RPUSH k a bb ccc",
+        "LINSERT k AFTER a zz",
+        "LSET k 0 qqqqqq",
+        "EXPIRE k 100",
+        "SET s 1",
+        "INCRBYFLOAT s 0.1",
+        "INCRBYFLOAT s 0.2",
+        "SETRANGE s 300 x",
+        "SETBIT s 9000 1",
+        "ZADD z 1 a 2 b",
+        "ZINCRBY z 0.1 a",
+        "HSET h f 1",
+        "HINCRBYFLOAT h f 0.1",
+        "SADD t x y",
+    ] {
+        let args: Vec<Bytes> = line.split(' ').map(b).collect();
+        let name = args[1].clone();
+        let op = ExecOp { now_ms: key.now_ms, bytes_max: u32::MAX, args };
+        let current = if name == "k" { key.value.clone() } else { None };
+        let before = current.as_ref().map_or(0, |v| v.len());
+        let effect = apply(&op, current.as_ref());
+        let after = effect.write.clone().flatten().map_or(before, |v| v.len());
+        assert!(after <= bytes_bound(&op, before), "{line}: {after} > {}", bytes_bound(&op, before));
+        if name == "k" {
+            if let Some(write) = effect.write {
+                key.value = write;
+            }
+        }
+    }
+}
+
+#[test]
+fn glob_patterns_match_as_redis() {
+    assert!(glob_match(b"h?llo", b"hello"));
+    assert!(glob_match(b"h*llo", b"heeeello"));
+    assert!(glob_match(b"h[ae]llo", b"hallo"));
+    assert!(!glob_match(b"h[^e]llo", b"hello"));
+    assert!(glob_match(b"h[a-b]llo", b"hbllo"));
+    assert!(glob_match(b"*", b""));
+    assert!(!glob_match(b"a*b", b"ac"));
+}
+
+#[test]
+fn doubles_print_as_redis_prints_them() {
+    assert_eq!(format_double(1.5), "1.5");
+    assert_eq!(format_double(3.0), "3");
+    assert_eq!(format_double(f64::INFINITY), "inf");
+    assert_eq!(format_double(0.1 + 0.2), "0.30000000000000004");
+    assert!(parse_float(b"nan").is_err());
+    assert_eq!(parse_float(b"-inf"), Ok(f64::NEG_INFINITY));
+}
+
+#[test]
+fn geo_positions_hashes_and_distances_match_redis() {
+    let mut key = Key::new();
+    assert_eq!(
+        key.run("GEOADD g 2.1909389952632 41.433791470673 p1 2.1873744593677 41.406342043777 p2"),
+        int(2)
+    );
+    // Redis 7's answers for the same commands (redis-py's tests/test_commands.py).
+    assert_eq!(
+        key.run("GEOHASH g p1 p2 p3"),
+        Data::Array(vec![Data::bulk("sp3e9yg3kd0"), Data::bulk("sp3e9cbc3t0"), Data::Nil])
+    );
+    assert_eq!(key.run("GEODIST g p1 p2 km"), Data::bulk("3.0674"));
+    let Data::Array(positions) = key.run("GEOPOS g p1 nope") else { panic!("GEOPOS answers an array") };
+    assert_eq!(
+        positions[0],
+        Data::Array(vec![
+            Data::double("2.19093829393386841".parse().unwrap()),
+            Data::double("41.43379028184083523".parse().unwrap())
+        ])
+    );
+    assert_eq!(positions[1], Data::NilArray);
+    assert_eq!(
+        key.run("GEOSEARCH g FROMLONLAT 2.191 41.433 BYRADIUS 1 km WITHDIST WITHHASH"),
+        Data::Array(vec![Data::Array(vec![Data::bulk("p1"), Data::bulk("0.0881"), int(3471609698139488)])])
+    );
+    assert_eq!(key.run("GEORADIUS g 2.191 41.433 3000 m DESC"), bulks(&["p2", "p1"]));
+    assert_eq!(key.run("GEORADIUS g 2.191 41.433 3000 m COUNT 1 ANY"), bulks(&["p2"]));
+    assert_eq!(key.run("GEOADD g 181 0 bad"), err("ERR invalid longitude,latitude pair 181.000000,0.000000"));
+    assert_eq!(key.run("TYPE g"), Data::Status("zset".into()));
+}
