@@ -18,6 +18,11 @@ pub enum Bug {
     NoTxnLocks,
 }
 
+impl Bug {
+    /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
+    pub const ALL: [Bug; 3] = [Bug::LocalReads, Bug::NoSessions, Bug::NoTxnLocks];
+}
+
 #[derive(Clone, Debug)]
 pub struct RaftLogConfig {
     /// This replica.

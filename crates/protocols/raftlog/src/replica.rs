@@ -1446,6 +1446,15 @@ impl Replica for RaftLog {
         self.flush(now, out);
     }
 
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        let stats = &self.stats;
+        report("raftlog.batches_resent", stats.batches_resent);
+        report("raftlog.proposals_duplicate", stats.proposals_duplicate);
+        report("raftlog.read_rounds_retried", stats.read_rounds_retried);
+        report("raftlog.snapshots_taken", stats.snapshots_taken);
+        report("raftlog.snapshots_installed", stats.snapshots_installed);
+    }
+
     fn on_view(&mut self, _now: Time, view: View, _out: &mut Outbox<Message>) {
         // Informational: every group's quorum already tolerates a crashed minority, and the
         // voters stay fixed (no conf changes yet). See docs/protocols/raftlog.md.

@@ -1393,6 +1393,18 @@ impl Replica for Zab {
         }
     }
 
+    fn installed_view(&self) -> Option<View> {
+        Some(self.view)
+    }
+
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        let stats = &self.stats;
+        report("zab.reads_synced", stats.reads_synced);
+        report("zab.recoveries", stats.recoveries);
+        report("zab.retransmits", stats.retransmits);
+        report("zab.snapshots_installed", stats.snapshots_installed);
+    }
+
     /// Until a restarted replica has been synchronised, the membership service must not count
     /// it as holding the data.
     fn is_caught_up(&self) -> bool {
