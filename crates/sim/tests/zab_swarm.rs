@@ -83,3 +83,15 @@ fn zab_local_reads_are_not_linearizable() {
         assert_eq!(summary.liveness_failures, 0, "local reads must stay live");
     }
 }
+
+/// Found by the main swarm (pauses and drifting clocks, no partition, no crash): a leader
+/// paused past its removal rejoined with the lowest id, so the join view made it leader while
+/// the old leader, still live and leased, kept answering reads as the established leader of
+/// the old epoch; the new one's quorum committed writes without it, and the old one served
+/// stale values until it installed the join view. A new leader now waits for every live
+/// member's answer to `NewEpoch` (docs/protocols/zab.md). This seed failed before.
+#[test]
+fn a_leader_change_by_a_join_waits_out_the_old_leader() {
+    let verdict = check_seed(&ProtocolSetup::zab(ReadMode::Sync), &SimConfig::new(1641, 3));
+    assert!(verdict.passed(), "{}", describe_failure(&verdict));
+}
