@@ -15,10 +15,14 @@ pub struct FileStorage {
 }
 
 impl FileStorage {
-    /// Use `dir`, creating it if missing.
+    /// Use `dir`, creating it (mode 0700) if missing. Files it creates are mode 0600: they
+    /// hold votes, logs and data only this user may read.
     pub fn open(dir: impl Into<PathBuf>) -> io::Result<FileStorage> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir)?;
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(&dir)?;
         Ok(FileStorage { dir, open: Vec::new() })
     }
 
@@ -31,12 +35,7 @@ impl FileStorage {
         let index = match self.open.iter().position(|(open, _)| open == name) {
             Some(index) => index,
             None => {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(self.dir.join(name))?;
+                let file = private().read(true).write(true).truncate(false).open(self.dir.join(name))?;
                 self.open.push((name.to_string(), file));
                 self.open.len() - 1
             }
@@ -47,6 +46,14 @@ impl FileStorage {
     fn sync_dir(&self) -> io::Result<()> {
         File::open(&self.dir)?.sync_all()
     }
+}
+
+/// Options that create a file readable and writable by this user only.
+fn private() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.create(true);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options
 }
 
 impl Storage for FileStorage {
@@ -81,7 +88,7 @@ impl Storage for FileStorage {
 
     fn replace(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
         let tmp = self.dir.join(format!("{name}.tmp"));
-        let mut file = File::create(&tmp)?;
+        let mut file = private().write(true).truncate(true).open(&tmp)?;
         file.write_all(data)?;
         file.sync_all()?;
         std::fs::rename(&tmp, self.dir.join(name))?;
