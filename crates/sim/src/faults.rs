@@ -21,6 +21,8 @@ pub struct PlanLimits {
     pub clock_drift_max_ppm: u32,
     /// Node pauses (a stopped process whose clock runs on) may be drawn.
     pub pauses: bool,
+    /// A power loss of every node at once may be drawn (replicas that keep their data on disk).
+    pub power_loss: bool,
 }
 
 /// The fault rates and events one seed runs with.
@@ -46,6 +48,9 @@ pub struct FaultPlan {
     /// configured bound.
     pub clock_ppm: Vec<i32>,
     pub pauses: Vec<Pause>,
+    /// When every node loses power at once, if it does.
+    #[serde(skip)]
+    pub power_loss: Option<Time>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -95,6 +100,7 @@ impl FaultPlan {
             view_spread_us: 1_000,
             clock_ppm: vec![0; replicas],
             pauses: Vec::new(),
+            power_loss: None,
         }
     }
 
@@ -127,6 +133,8 @@ impl FaultPlan {
                 node: rng.below(replicas as u64) as u8,
             })
             .collect();
+        let power_loss =
+            (limits.power_loss && rng.chance(0.25)).then(|| Time::from_micros(rng.below(phase_us)));
         FaultPlan {
             phase: fault_phase,
             loss_rate,
@@ -140,6 +148,7 @@ impl FaultPlan {
             view_spread_us,
             clock_ppm,
             pauses,
+            power_loss,
         }
     }
 
@@ -241,6 +250,11 @@ pub struct FaultCounts {
     /// Crashes the plan asked for but the simulator skipped: they would have left fewer than
     /// a majority up.
     pub crashes_skipped: u64,
+    /// Crashes between a turn's writes and their sync: the writes may be torn, nothing of the
+    /// turn left.
+    pub crashes_before_sync: u64,
+    /// Every node crashed at once.
+    pub power_losses: u64,
     /// Crashed nodes brought back (`SimConfig::restart_after`).
     pub restarts: u64,
     /// Nodes whose clock ran fast or slow, and process pauses.
@@ -277,6 +291,7 @@ impl FaultCounts {
             + self.messages_blocked_by_partition
             + self.partitions
             + self.crashes
+            + self.power_losses
             + self.pauses
             + self.storage_writes_lost
             + self.storage_writes_torn
@@ -300,6 +315,8 @@ impl FaultCounts {
             "crashes" => self.crashes,
             "crashes_mid_broadcast" => self.crashes_mid_broadcast,
             "crashes_skipped" => self.crashes_skipped,
+            "crashes_before_sync" => self.crashes_before_sync,
+            "power_losses" => self.power_losses,
             "restarts" => self.restarts,
             "clocks_drifting" => self.clocks_drifting,
             "pauses" => self.pauses,
@@ -326,6 +343,8 @@ impl FaultCounts {
         self.crashes += other.crashes;
         self.crashes_mid_broadcast += other.crashes_mid_broadcast;
         self.crashes_skipped += other.crashes_skipped;
+        self.crashes_before_sync += other.crashes_before_sync;
+        self.power_losses += other.power_losses;
         self.restarts += other.restarts;
         self.clocks_drifting += other.clocks_drifting;
         self.pauses += other.pauses;

@@ -4,6 +4,11 @@
 //! crashed nodes restarting from what they kept (the membership's Raft records; the protocol's
 //! keys are in memory, so the node joins and copies them from its peers).
 //!
+//! Each node's `membership.log` lives on its own simulated disk (`chorus_storage::SimDisk`):
+//! a crash between a turn's write and its sync tears it, and on a quarter of the seeds one
+//! restart finds a corrupted sector, which the log's checksums must catch (the node then
+//! refuses to start and stays down).
+//!
 //! The membership's timing is scaled to the simulator's partitions (5 to 300 ms): 10 ms
 //! heartbeats, suspicion after 5 missed, a 60 ms lease with a 15 ms drift margin. Each node's
 //! clock may run fast or slow within the bound that margin covers (10%).
@@ -11,11 +16,14 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use chorus_core::{NodeId, NodeSet, Replica, Time};
-use chorus_membership::{Membership, MembershipConfig, WithMembership};
+use chorus_core::{ClientRequestId, Command, NodeId, NodeSet, Outbox, Replica, Time, View};
+use chorus_membership::{Membership, MembershipConfig, MembershipLog, WithMembership};
+use chorus_storage::SimDisk;
 
 use crate::rng::Rng;
-use crate::simulator::{simulate_with_restarts, RestartContext, Restarted, SeedRun, SimConfig};
+use crate::simulator::{
+    simulate_with_restarts, RestartContext, Restarted, SeedRun, SimConfig, StorageFaults,
+};
 
 /// A change applied to every node's membership configuration (a broken variant).
 pub type MembershipTweak = Arc<dyn Fn(&mut MembershipConfig) + Send + Sync>;
@@ -105,18 +113,107 @@ where
         config
     };
     let build = std::cell::RefCell::new(build);
+    let mut corrupt_one_restart = Rng::new(config.seed ^ 0x4C4F_4753).chance(0.25);
     let mut first = |me: NodeId, replicas: NodeSet, seed: u64| {
         let membership = Membership::new(membership_config(me, replicas), Time::ZERO);
-        WithMembership::new((build.borrow_mut())(me, replicas, seed, None), membership)
+        let node = WithMembership::new((build.borrow_mut())(me, replicas, seed, None), membership);
+        OnDisk::new(node, SimDisk::new()).expect("an empty disk opens")
     };
-    let mut restart = |context: RestartContext, crashed: &WithMembership<P>| {
-        let records = crashed.membership().durable_records();
-        let mut config = membership_config(context.node, context.replicas);
-        config.join = Some(context.seed | 1);
-        let membership = Membership::restore(config, context.now, &records);
-        let protocol =
-            (build.borrow_mut())(context.node, context.replicas, context.seed, Some(crashed.protocol()));
-        Restarted::up(WithMembership::new(protocol, membership))
+    let mut restart = |context: RestartContext, crashed: &OnDisk<P>| {
+        let disk = crashed.disk.clone();
+        let crash = disk.crash(context.seed);
+        let mut storage = StorageFaults {
+            writes_lost: crash.files_lost,
+            writes_torn: crash.files_torn,
+            ..StorageFaults::default()
+        };
+        if std::mem::take(&mut corrupt_one_restart) && disk.corrupt(context.seed).is_some() {
+            storage.sectors_corrupted += 1;
+        }
+        let replica =
+            MembershipLog::open(disk.clone()).map_err(|error| error.to_string()).map(|(log, records)| {
+                let mut config = membership_config(context.node, context.replicas);
+                config.join = Some(context.seed | 1);
+                let membership = Membership::restore(config, context.now, &records);
+                let protocol = (build.borrow_mut())(
+                    context.node,
+                    context.replicas,
+                    context.seed,
+                    Some(crashed.node.protocol()),
+                );
+                OnDisk { node: WithMembership::new(protocol, membership), log, disk }
+            });
+        // Refused: a checksum caught the damage to `membership.log` (the node stays down).
+        storage.corruption_detected += replica.is_err() as u64;
+        Restarted { replica, storage }
     };
     simulate_with_restarts(config, &mut first, &mut restart)
+}
+
+/// A node with the membership service whose `membership.log` is on its simulated disk: the
+/// Raft records of each turn are written, then synced before the turn's messages leave, and a
+/// restart reads back what the disk kept.
+pub struct OnDisk<P: Replica> {
+    node: WithMembership<P>,
+    log: MembershipLog<SimDisk>,
+    disk: SimDisk,
+}
+
+impl<P: Replica> OnDisk<P> {
+    fn new(node: WithMembership<P>, disk: SimDisk) -> Result<OnDisk<P>, String> {
+        let (log, _) = MembershipLog::open(disk.clone()).map_err(|error| error.to_string())?;
+        Ok(OnDisk { node, log, disk })
+    }
+}
+
+impl<P: Replica> Replica for OnDisk<P> {
+    type Message = <WithMembership<P> as Replica>::Message;
+
+    fn id(&self) -> NodeId {
+        self.node.id()
+    }
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.node.on_client(now, request, command, out);
+    }
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Self::Message,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.node.on_message(now, from, message, out);
+    }
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.node.on_tick(now, out);
+    }
+    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
+        self.node.on_view(now, view, out);
+    }
+    fn is_caught_up(&self) -> bool {
+        self.node.is_caught_up()
+    }
+    fn is_control(message: &Self::Message) -> bool {
+        WithMembership::<P>::is_control(message)
+    }
+    fn installed_view(&self) -> Option<View> {
+        self.node.installed_view()
+    }
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        self.node.event_counts(report);
+    }
+    fn write_durable(&mut self) -> bool {
+        let records = self.node.take_persist_records();
+        self.log.append(&records).expect("the simulated disk never fails a write");
+        !records.is_empty()
+    }
+    fn sync_durable(&mut self) {
+        self.log.sync().expect("the simulated disk never fails a sync");
+    }
 }

@@ -8,10 +8,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use chorus_core::{NodeId, NodeSet, Time};
+use chorus_core::{ClientRequestId, Command, NodeId, NodeSet, Outbox, Replica, Time, View};
 use chorus_craq::{Craq, CraqConfig};
 use chorus_hermes::{Hermes, HermesConfig, Optimizations};
-use chorus_raftlog::{RaftLog, RaftLogConfig};
+use chorus_raftlog::disk::{DiskOptions, DurableRaftLog};
+use chorus_raftlog::RaftLogConfig;
+use chorus_storage::{SimDisk, StorageRegion};
 pub use chorus_zab::ReadMode;
 use chorus_zab::{Zab, ZabConfig};
 
@@ -19,7 +21,9 @@ use crate::checker::{check_history, CheckerConfig, Violation};
 use crate::faults::FaultCounts;
 use crate::managed::{managed_sim_config, simulate_managed, MembershipTweak};
 use crate::rng::Rng;
-use crate::simulator::{simulate, SeedRun, SimConfig};
+use crate::simulator::{
+    simulate_with_restarts, RestartContext, Restarted, SeedRun, SimConfig, StorageFaults,
+};
 
 /// A change applied to every replica's configuration, e.g. to select a broken variant.
 pub type HermesTweak = Arc<dyn Fn(&mut HermesConfig) + Send + Sync>;
@@ -208,19 +212,120 @@ fn simulate_zab(
     (simulate_managed(&managed_sim_config(config), membership, &mut build), description)
 }
 
-/// Each seed draws the number of Raft logs, so one busy log and many quiet ones both run.
-/// (crates/protocols/raftlog/tests/swarm.rs holds the raftlog sweeps and broken variants.)
+/// Raftlog runs its own Raft groups (views are informational to it), so no membership service:
+/// each node keeps its two-level log and checkpoints on its own simulated disk, crashed nodes
+/// (and, on some seeds, every node at once: a power loss) restart from what the disk kept
+/// (unsynced writes lost or torn, and on some seeds a sector of one restart corrupted), and
+/// clocks drift and processes pause. Each seed draws the number of Raft logs (one busy log or
+/// many quiet ones), how often logs are compacted (so lagging followers install snapshots) and
+/// how small the circular log is (so it drains into the file often).
 fn simulate_raftlog(config: &SimConfig, tweak: Option<&RaftlogTweak>) -> (SeedRun, String) {
-    let logs = [1, 2, 8][(config.seed % 3) as usize];
-    let mut build = |me: NodeId, replicas: NodeSet, _seed: u64| {
+    let mut options_rng = Rng::new(config.seed ^ 0x5241_4654);
+    let logs = *options_rng.pick(&[1, 2, 8]);
+    let snapshot_entries = *options_rng.pick(&[10, 40, 20_000]);
+    let circular_bytes = *options_rng.pick(&[128 + 4096, 128 + 16_384]);
+    let mut corrupt_one_restart = options_rng.chance(0.25);
+    let description = format!(
+        "{logs} logs, snapshot every {snapshot_entries}, circular log {circular_bytes} B{}",
+        if corrupt_one_restart { ", one restart finds a corrupted sector" } else { "" }
+    );
+    let raftlog_config = |me: NodeId, replicas: NodeSet| {
         let mut raftlog_config = RaftLogConfig::new(me, replicas);
         raftlog_config.logs = logs;
+        raftlog_config.snapshot_entries = snapshot_entries;
         if let Some(tweak) = tweak {
             tweak(&mut raftlog_config);
         }
-        RaftLog::new(raftlog_config)
+        raftlog_config
     };
-    (simulate(config, &mut build), format!("{logs} logs"))
+    let open = |me: NodeId, replicas: NodeSet, disk: SimDisk| {
+        let region = StorageRegion::open(disk.clone(), "circular.region", circular_bytes)
+            .map_err(|error| error.to_string())?;
+        let options = DiskOptions { circular_bytes, ..DiskOptions::default() };
+        DurableRaftLog::open_on(
+            raftlog_config(me, replicas),
+            Box::new(disk.clone()),
+            Box::new(region),
+            options,
+        )
+        .map(|replica| SimRaftlog { replica, disk })
+        .map_err(|error| error.to_string())
+    };
+    let mut build = |me: NodeId, replicas: NodeSet, _seed: u64| {
+        open(me, replicas, SimDisk::new()).expect("an empty disk opens")
+    };
+    let mut restart = |context: RestartContext, crashed: &SimRaftlog| {
+        let disk = crashed.disk.clone();
+        let crash = disk.crash(context.seed);
+        let mut storage = StorageFaults {
+            writes_lost: crash.files_lost,
+            writes_torn: crash.files_torn,
+            ..StorageFaults::default()
+        };
+        if std::mem::take(&mut corrupt_one_restart) && disk.corrupt(context.seed).is_some() {
+            storage.sectors_corrupted += 1;
+        }
+        let replica = open(context.node, context.replicas, disk);
+        // Refused: a checksum caught the damage (the node stays down).
+        storage.corruption_detected += replica.is_err() as u64;
+        Restarted { replica, storage }
+    };
+    let mut sim = config.clone();
+    sim.scripted_membership = false;
+    sim.fault_phase_max = Time::from_millis(1_500);
+    sim.restart_after = Some(Time::from_millis(*options_rng.pick(&[40, 100, 300])));
+    // Raft elections and ReadIndex lean on no clock bound: any drift within 10% is fine.
+    sim.clock_drift_max_ppm = 100_000;
+    sim.pauses = true;
+    sim.power_loss = true;
+    (simulate_with_restarts(&sim, &mut build, &mut restart), description)
+}
+
+/// A raftlog node and its simulated disk (the restart needs the disk back).
+pub struct SimRaftlog {
+    replica: DurableRaftLog,
+    disk: SimDisk,
+}
+
+impl Replica for SimRaftlog {
+    type Message = chorus_raftlog::Message;
+
+    fn id(&self) -> NodeId {
+        self.replica.id()
+    }
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.replica.on_client(now, request, command, out);
+    }
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Self::Message,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.replica.on_message(now, from, message, out);
+    }
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.replica.on_tick(now, out);
+    }
+    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
+        self.replica.on_view(now, view, out);
+    }
+    fn write_durable(&mut self) -> bool {
+        self.replica.write_durable()
+    }
+    fn sync_durable(&mut self) {
+        self.replica.sync_durable();
+    }
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        self.replica.event_counts(report);
+    }
 }
 
 /// The verdict on one seed.

@@ -51,6 +51,9 @@ pub struct SimConfig {
     pub clock_drift_max_ppm: u32,
     /// Seeds may pause a node's process (it handles nothing while its clock runs on).
     pub pauses: bool,
+    /// Seeds may cut the power to every node at once (for replicas that keep everything they
+    /// acknowledged on disk: every node restarts from what its disk kept).
+    pub power_loss: bool,
 }
 
 impl SimConfig {
@@ -68,6 +71,7 @@ impl SimConfig {
             restart_after: None,
             clock_drift_max_ppm: 0,
             pauses: false,
+            power_loss: false,
         }
     }
 
@@ -78,6 +82,7 @@ impl SimConfig {
             restarts: self.restart_after.is_some(),
             clock_drift_max_ppm: self.clock_drift_max_ppm,
             pauses: self.pauses,
+            power_loss: self.power_loss && self.restart_after.is_some(),
         }
     }
 }
@@ -108,14 +113,15 @@ pub struct StorageFaults {
 
 /// What the restart builder made of a crashed node.
 pub struct Restarted<P> {
-    /// `None`: the node refused to start (its storage failed a check) and stays down.
-    pub replica: Option<P>,
+    /// `Err`: the node refused to start, saying why (its storage failed a check), and stays
+    /// down.
+    pub replica: Result<P, String>,
     pub storage: StorageFaults,
 }
 
 impl<P> Restarted<P> {
     pub fn up(replica: P) -> Restarted<P> {
-        Restarted { replica: Some(replica), storage: StorageFaults::default() }
+        Restarted { replica: Ok(replica), storage: StorageFaults::default() }
     }
 }
 
@@ -156,6 +162,7 @@ enum Event<M> {
     PartitionStart(usize),
     PartitionHeal(usize),
     Pause(usize),
+    PowerLoss,
     FaultPhaseEnd,
 }
 
@@ -383,6 +390,9 @@ where
         for index in 0..self.plan.pauses.len() {
             self.schedule(self.plan.pauses[index].at, Event::Pause(index));
         }
+        if let Some(at) = self.plan.power_loss {
+            self.schedule(at, Event::PowerLoss);
+        }
         self.schedule(self.plan.phase, Event::FaultPhaseEnd);
     }
 
@@ -434,6 +444,7 @@ where
             Event::PartitionStart(index) => self.partition_start(index),
             Event::PartitionHeal(index) => self.partition_heal(index),
             Event::Pause(index) => self.pause(index),
+            Event::PowerLoss => self.power_loss(),
             Event::FaultPhaseEnd => self.end_fault_phase(),
         }
     }
@@ -515,10 +526,22 @@ where
     /// Do what a replica asked for: send its messages, hand replies to clients.
     fn perform_outbox(&mut self, node: NodeId) {
         let mut outbox = std::mem::take(&mut self.outbox);
+        // What the call must make durable is written first; the turn's messages and replies
+        // leave only once it is synced.
+        let wrote = self.nodes[node.index()].write_durable();
         // An armed crash strikes in the middle of a broadcast of the protocol's own traffic
         // (an INV, a proposal: messages to two nodes or more), not of a heartbeat or a lone
         // acknowledgement that happens to leave first.
         let dies_now = self.crash_armed[node.index()] && broadcasts::<P>(&outbox) && self.may_crash(node);
+        if dies_now && wrote && self.rng.chance(0.5) {
+            // Before the sync returned: its writes may be torn, and nothing of the turn left.
+            outbox.clear();
+            self.outbox = outbox;
+            self.counts.crashes_before_sync += 1;
+            self.crash(node);
+            return;
+        }
+        self.nodes[node.index()].sync_durable();
         for (destination, message) in outbox.messages.drain(..) {
             for to in destination.nodes().iter() {
                 debug_assert_ne!(to, node, "a replica never sends to itself");
@@ -611,6 +634,24 @@ where
             self.counts.crashes_skipped += 1;
             return;
         }
+        self.kill(node);
+    }
+
+    /// Every node loses power at once; each restarts later from what its disk kept.
+    fn power_loss(&mut self) {
+        if self.quiescent {
+            return;
+        }
+        self.counts.power_losses += 1;
+        self.trace(|| "power loss: every node crashes".to_string());
+        for node in 0..self.config.replicas as u8 {
+            if !self.crashed[node as usize] {
+                self.kill(NodeId(node));
+            }
+        }
+    }
+
+    fn kill(&mut self, node: NodeId) {
         self.crashed[node.index()] = true;
         self.without_data[node.index()] = true;
         self.crash_armed[node.index()] = false;
@@ -670,9 +711,12 @@ where
         self.counts.storage_writes_torn += storage.writes_torn;
         self.counts.storage_sectors_corrupted += storage.sectors_corrupted;
         self.counts.storage_corruption_detected += storage.corruption_detected;
-        let Some(fresh) = restarted.replica else {
-            self.trace(|| format!("{node} refuses to start: its storage failed a check"));
-            return;
+        let fresh = match restarted.replica {
+            Ok(fresh) => fresh,
+            Err(reason) => {
+                self.trace(|| format!("{node} refuses to start: {reason}"));
+                return;
+            }
         };
         let old = std::mem::replace(&mut self.nodes[node.index()], fresh);
         add_counters(&mut self.counts.events, &old);
@@ -710,6 +754,11 @@ where
             return;
         }
         let up: Vec<u8> = (0..self.config.replicas as u8).filter(|n| !self.crashed[*n as usize]).collect();
+        if up.is_empty() {
+            // Every node is down (a power loss): try again a little later.
+            self.schedule(self.now + Time::from_millis(5), Event::ClientNext(client));
+            return;
+        }
         let last = self.clients[client as usize].last_node;
         let node = match last {
             Some(node) if !self.crashed[node.index()] && self.rng.chance(self.workload.stickiness) => node,

@@ -77,4 +77,6 @@ caught! {
     raftlog_reads_without_read_index: "raftlog" "local-reads",
     raftlog_without_sessions: "raftlog" "no-sessions",
     raftlog_transactions_without_locks: "raftlog" "no-txn-locks",
+    // Acknowledges before syncing: caught after a power loss of every node.
+    raftlog_acknowledging_before_syncing: "raftlog" "ack-before-sync",
 }

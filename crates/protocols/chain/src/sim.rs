@@ -18,7 +18,8 @@ use chorus_sim::simulator::SimConfig;
 /// wrap-around and probing are exercised). A restarted node keeps its region file on half of
 /// its restarts (a restart on its data directory) and starts with an empty one on the others
 /// (a replacement machine); either way it joins and the coordinator copies the head's region
-/// to it before linking it as the tail (HyperLoop §5.1).
+/// to it before linking it as the tail (HyperLoop §5.1). A kept region holds what the member
+/// had flushed (`Region::simulated`): writes it had not flushed are lost.
 pub fn setup(tweak: Option<ChainTweak>) -> ProtocolSetup {
     let simulate_seed = move |config: &SimConfig| {
         let mut options = Rng::new(config.seed ^ 0x4348_4149_4E00);
@@ -42,12 +43,13 @@ pub fn setup(tweak: Option<ChainTweak>) -> ProtocolSetup {
             if let Some(tweak) = &tweak {
                 tweak(&mut chain_config);
             }
-            let Some(crashed) = crashed else { return Chain::new(chain_config) };
+            // A simulated region: what a crash keeps is what the member flushed (gFLUSH).
             let bytes = chain_config.layout.region_bytes();
             let mut region =
-                Region::volatile(TenantId(0), "chain", bytes).expect("a region of the layout's size");
-            if let (Some(kept), true) = (crashed.region(), seed % 2 == 1) {
-                region.write(0, &kept.as_bytes()[..bytes as usize]).expect("same layout, same size");
+                Region::simulated(TenantId(0), "chain", bytes).expect("a region of the layout's size");
+            if let (Some(kept), true) = (crashed.and_then(Chain::region), seed % 2 == 1) {
+                region.write(0, &kept.crash_image()[..bytes as usize]).expect("same layout, same size");
+                region.flush().expect("a simulated region flushes");
             }
             Chain::with_region(chain_config, region)
         };
