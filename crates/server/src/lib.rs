@@ -459,7 +459,17 @@ fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Durabl
         return Ok(DurableRaftLog::in_memory(raftlog));
     };
     let dir = data_dir.join("raftlog");
-    let options = DiskOptions { flush: config.raftlog.flush, ..DiskOptions::default() };
+    let mut options = DiskOptions {
+        flush: config.raftlog.flush,
+        storage: config.raftlog.storage,
+        ..DiskOptions::default()
+    };
+    if options.storage == chorus_raftlog::disk::StorageKind::CrashTest {
+        warn!("raftlog_storage = \"crash-test\": unsynced writes wait in memory (process crash tests only)");
+        // A small circular log, so a crash test drains it into the log file every few hundred
+        // records and a power loss can strike between a drain and the next checkpoint.
+        options.circular_bytes = 128 + 16 * 1024;
+    }
     let replica = DurableRaftLog::open(raftlog, &dir, options)
         .with_context(|| format!("cannot open the raftlog data in {}", dir.display()))?;
     info!(boot = replica.boot(), dir = %dir.display(), "raftlog state restored");
