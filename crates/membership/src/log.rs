@@ -21,6 +21,11 @@ pub enum LogError {
     /// node must not start on a log that may have lost a vote.
     #[error("{path} is corrupt ({source}); refusing to start on it")]
     Corrupt { path: String, source: DecodeError },
+    /// The frame at byte `at` does not end inside the file, but a whole, valid frame lies
+    /// after its start: it is not a torn tail but a damaged length, and cutting there would
+    /// drop the records after it (a vote among them).
+    #[error("{path}: the record at byte {at} is damaged and records follow it; refusing to start on it")]
+    Damaged { path: String, at: usize },
 }
 
 /// The log file on some storage.
@@ -37,6 +42,9 @@ impl<S: Storage> MembershipLog<S> {
         let bytes = storage.read(MEMBERSHIP_LOG).map_err(io)?.unwrap_or_default();
         let (records, valid_bytes) =
             decode_records(&bytes).map_err(|source| LogError::Corrupt { path: path.clone(), source })?;
+        if valid_bytes < bytes.len() && whole_frame_after(&bytes, valid_bytes) {
+            return Err(LogError::Damaged { path: path.clone(), at: valid_bytes });
+        }
         if valid_bytes < bytes.len() {
             storage.truncate(MEMBERSHIP_LOG, valid_bytes as u64).map_err(io)?;
             storage.sync(MEMBERSHIP_LOG).map_err(io)?;
@@ -61,6 +69,29 @@ impl<S: Storage> MembershipLog<S> {
     pub fn describe(&self) -> String {
         self.storage.describe(MEMBERSHIP_LOG)
     }
+}
+
+/// Whether a whole frame of this log (right kind, checksum matching) starts somewhere after
+/// `at`. A torn tail is a prefix of one frame (the frames before it in the same append were
+/// whole and have been read), so it holds none; a frame whose length was damaged is followed
+/// by the rest of the log. Read only at start-up, and only when the log ends early.
+fn whole_frame_after(bytes: &[u8], at: usize) -> bool {
+    use chorus_core::codec::{FRAME_HEADER_BYTES, WIRE_VERSION};
+    let whole_at = |start: usize| {
+        let header = &bytes[start..start + FRAME_HEADER_BYTES];
+        let length = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        let Some(end) = (start + 4).checked_add(length) else { return false };
+        if length < FRAME_HEADER_BYTES - 4 || end > bytes.len() {
+            return false;
+        }
+        let (version, kind) = (header[4], header[5]);
+        let expected = u32::from_le_bytes(header[6..10].try_into().expect("4 bytes"));
+        version == WIRE_VERSION
+            && kind == crate::message::PERSIST_FRAME_KIND
+            && chorus_storage::checksum(&[&[version, kind], &bytes[start + FRAME_HEADER_BYTES..end]])
+                == expected
+    };
+    (at + 1..bytes.len().saturating_sub(FRAME_HEADER_BYTES - 1)).any(whole_at)
 }
 
 #[cfg(test)]
@@ -111,5 +142,21 @@ mod tests {
         let mut writer = disk.clone();
         writer.write_at(MEMBERSHIP_LOG, 0, &bytes).unwrap();
         assert!(matches!(MembershipLog::open(disk), Err(LogError::Corrupt { .. })));
+    }
+
+    /// A damaged length makes a frame look longer than the file, as a torn one does; cutting
+    /// it would silently drop the votes after it.
+    #[test]
+    fn a_damaged_length_followed_by_records_refuses_the_start() {
+        let disk = SimDisk::new();
+        let (mut log, _) = MembershipLog::open(disk.clone()).unwrap();
+        log.append(&records()).unwrap();
+        log.append(&records()).unwrap();
+        log.sync().unwrap();
+        let mut bytes = disk.read(MEMBERSHIP_LOG).unwrap().unwrap();
+        bytes[2] ^= 0x01; // the first frame's length, now 64 KiB longer than the log
+        let mut writer = disk.clone();
+        writer.write_at(MEMBERSHIP_LOG, 0, &bytes).unwrap();
+        assert!(matches!(MembershipLog::open(disk), Err(LogError::Damaged { at: 0, .. })));
     }
 }
