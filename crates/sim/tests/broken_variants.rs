@@ -37,13 +37,17 @@ macro_rules! caught {
             }
         )*
 
-        /// Every variant the registry lists has its test above.
+        /// Every variant the registry lists has its test above, or is caught by its named
+        /// invariant in the test listed in [`CAUGHT_BY_AN_INVARIANT`].
         #[test]
         fn every_broken_variant_has_a_test() {
             let tested = [$(($protocol, $name)),*];
             for variant in variants() {
+                let elsewhere = CAUGHT_BY_AN_INVARIANT
+                    .iter()
+                    .any(|(protocol, name, _)| (*protocol, *name) == (variant.protocol, variant.name.as_str()));
                 assert!(
-                    tested.contains(&(variant.protocol, variant.name.as_str())),
+                    elsewhere || tested.contains(&(variant.protocol, variant.name.as_str())),
                     "{} {} has no test in broken_variants.rs",
                     variant.protocol,
                     variant.name
@@ -52,6 +56,16 @@ macro_rules! caught {
         }
     };
 }
+
+/// Variants the swarm's workload cannot express, each caught by its named invariant (an
+/// error the test checks for, not a panic) in another test: transactions are not in the
+/// simulator's workload, so taking no locks is caught by the bank (every audit and every
+/// replica's copy must total the same).
+const CAUGHT_BY_AN_INVARIANT: &[(&str, &str, &str)] = &[(
+    "raftlog",
+    "no-txn-locks",
+    "crates/protocols/raftlog/tests/bank.rs: transactions_without_locks_are_caught_by_the_bank",
+)];
 
 caught! {
     hermes_reads_in_any_state: "hermes" "read-in-any-state",
@@ -76,7 +90,6 @@ caught! {
     zab_joiners_serving_early: "zab" "joiner-serves-early",
     raftlog_reads_without_read_index: "raftlog" "local-reads",
     raftlog_without_sessions: "raftlog" "no-sessions",
-    raftlog_transactions_without_locks: "raftlog" "no-txn-locks",
     // Acknowledges before syncing: caught after a power loss of every node.
     raftlog_acknowledging_before_syncing: "raftlog" "ack-before-sync",
 }
