@@ -14,7 +14,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chorus_core::{Command, Outcome, RmwOp};
 use chorus_sim::checker::{check_history, CheckerConfig};
@@ -33,21 +33,6 @@ const ARGS: &[&str] = &[
     "--raftlog-storage",
     "crash-test",
 ];
-
-fn counter_value(cluster: &Cluster, node: usize, key: &str) -> i64 {
-    let started = Instant::now();
-    loop {
-        let result: redis::RedisResult<Option<i64>> =
-            cluster.try_client(node).and_then(|mut con| redis::cmd("GET").arg(key).query(&mut con));
-        match result {
-            Ok(value) => return value.unwrap_or(0),
-            Err(error) => {
-                assert!(started.elapsed() < Duration::from_secs(30), "GET {key} at node {node}: {error}");
-                thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
 
 fn power_loss(cluster: &mut Cluster) {
     for node in 0..3 {
@@ -119,7 +104,7 @@ fn a_raftlog_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_lo
     for (key, (max_acked, attempts)) in &promised {
         let key = std::str::from_utf8(key).unwrap();
         for node in 0..3 {
-            let value = counter_value(&cluster, node, key);
+            let value = cluster.counter(node, key);
             assert!(
                 (*max_acked..=*attempts).contains(&value),
                 "{key} at node {node} after power losses: {value}, acknowledged up to {max_acked}, \

@@ -39,7 +39,12 @@ impl<S: Storage> MembershipLog<S> {
     pub fn open(mut storage: S) -> Result<(MembershipLog<S>, Vec<PersistRecord>), LogError> {
         let path = storage.describe(MEMBERSHIP_LOG);
         let io = |source| LogError::Io { path: path.clone(), source };
-        let bytes = storage.read(MEMBERSHIP_LOG).map_err(io)?.unwrap_or_default();
+        let Some(bytes) = storage.read(MEMBERSHIP_LOG).map_err(io)? else {
+            // Created at once (private, like every data file), not at the first vote.
+            storage.append(MEMBERSHIP_LOG, &[]).map_err(io)?;
+            storage.sync(MEMBERSHIP_LOG).map_err(io)?;
+            return Ok((MembershipLog { storage }, Vec::new()));
+        };
         let (records, valid_bytes) =
             decode_records(&bytes).map_err(|source| LogError::Corrupt { path: path.clone(), source })?;
         if valid_bytes < bytes.len() && whole_frame_after(&bytes, valid_bytes) {
