@@ -121,15 +121,7 @@ where
     };
     let mut restart = |context: RestartContext, crashed: &OnDisk<P>| {
         let disk = crashed.disk.clone();
-        let crash = disk.crash(context.seed);
-        let mut storage = StorageFaults {
-            writes_lost: crash.files_lost,
-            writes_torn: crash.files_torn,
-            ..StorageFaults::default()
-        };
-        if std::mem::take(&mut corrupt_one_restart) && disk.corrupt(context.seed).is_some() {
-            storage.sectors_corrupted += 1;
-        }
+        let mut storage = StorageFaults::crash(&disk, context.seed, std::mem::take(&mut corrupt_one_restart));
         let replica =
             MembershipLog::open(disk.clone()).map_err(|error| error.to_string()).map(|(log, records)| {
                 let mut config = membership_config(context.node, context.replicas);

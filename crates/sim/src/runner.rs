@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use chorus_core::{ClientRequestId, Command, NodeId, NodeSet, Outbox, Replica, Time, View};
+use chorus_core::{NodeId, NodeSet, Time};
 use chorus_craq::{Craq, CraqConfig};
 use chorus_hermes::{Hermes, HermesConfig, Optimizations};
 use chorus_raftlog::disk::{DiskOptions, DurableRaftLog};
@@ -242,29 +242,20 @@ fn simulate_raftlog(config: &SimConfig, tweak: Option<&RaftlogTweak>) -> (SeedRu
         let region = StorageRegion::open(disk.clone(), "circular.region", circular_bytes)
             .map_err(|error| error.to_string())?;
         let options = DiskOptions { circular_bytes, ..DiskOptions::default() };
-        DurableRaftLog::open_on(
-            raftlog_config(me, replicas),
-            Box::new(disk.clone()),
-            Box::new(region),
-            options,
-        )
-        .map(|replica| SimRaftlog { replica, disk })
-        .map_err(|error| error.to_string())
+        DurableRaftLog::open_on(raftlog_config(me, replicas), Box::new(disk), Box::new(region), options)
+            .map_err(|error| error.to_string())
     };
+    // Each node's disk, kept apart from its incarnations: a restart opens what it kept.
+    let disks: std::cell::RefCell<Vec<SimDisk>> = Default::default();
     let mut build = |me: NodeId, replicas: NodeSet, _seed: u64| {
-        open(me, replicas, SimDisk::new()).expect("an empty disk opens")
+        let disk = SimDisk::new();
+        disks.borrow_mut().push(disk.clone());
+        debug_assert_eq!(disks.borrow().len(), me.index() + 1, "nodes are built in order");
+        open(me, replicas, disk).expect("an empty disk opens")
     };
-    let mut restart = |context: RestartContext, crashed: &SimRaftlog| {
-        let disk = crashed.disk.clone();
-        let crash = disk.crash(context.seed);
-        let mut storage = StorageFaults {
-            writes_lost: crash.files_lost,
-            writes_torn: crash.files_torn,
-            ..StorageFaults::default()
-        };
-        if std::mem::take(&mut corrupt_one_restart) && disk.corrupt(context.seed).is_some() {
-            storage.sectors_corrupted += 1;
-        }
+    let mut restart = |context: RestartContext, _crashed: &DurableRaftLog| {
+        let disk = disks.borrow()[context.node.index()].clone();
+        let mut storage = StorageFaults::crash(&disk, context.seed, std::mem::take(&mut corrupt_one_restart));
         let replica = open(context.node, context.replicas, disk);
         // Refused: a checksum caught the damage (the node stays down).
         storage.corruption_detected += replica.is_err() as u64;
@@ -279,53 +270,6 @@ fn simulate_raftlog(config: &SimConfig, tweak: Option<&RaftlogTweak>) -> (SeedRu
     sim.pauses = true;
     sim.power_loss = true;
     (simulate_with_restarts(&sim, &mut build, &mut restart), description)
-}
-
-/// A raftlog node and its simulated disk (the restart needs the disk back).
-pub struct SimRaftlog {
-    replica: DurableRaftLog,
-    disk: SimDisk,
-}
-
-impl Replica for SimRaftlog {
-    type Message = chorus_raftlog::Message;
-
-    fn id(&self) -> NodeId {
-        self.replica.id()
-    }
-    fn on_client(
-        &mut self,
-        now: Time,
-        request: ClientRequestId,
-        command: Command,
-        out: &mut Outbox<Self::Message>,
-    ) {
-        self.replica.on_client(now, request, command, out);
-    }
-    fn on_message(
-        &mut self,
-        now: Time,
-        from: NodeId,
-        message: Self::Message,
-        out: &mut Outbox<Self::Message>,
-    ) {
-        self.replica.on_message(now, from, message, out);
-    }
-    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
-        self.replica.on_tick(now, out);
-    }
-    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
-        self.replica.on_view(now, view, out);
-    }
-    fn write_durable(&mut self) -> bool {
-        self.replica.write_durable()
-    }
-    fn sync_durable(&mut self) {
-        self.replica.sync_durable();
-    }
-    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
-        self.replica.event_counts(report);
-    }
 }
 
 /// The verdict on one seed.

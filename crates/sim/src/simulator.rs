@@ -111,6 +111,20 @@ pub struct StorageFaults {
     pub corruption_detected: u64,
 }
 
+impl StorageFaults {
+    /// Crash `disk` (its unsynced writes lost, kept or torn, drawn from `seed`) and, if
+    /// `corrupt`, flip a byte of its synced data: what a restarting node finds.
+    pub fn crash(disk: &chorus_storage::SimDisk, seed: u64, corrupt: bool) -> StorageFaults {
+        let crash = disk.crash(seed);
+        StorageFaults {
+            writes_lost: crash.files_lost,
+            writes_torn: crash.files_torn,
+            sectors_corrupted: (corrupt && disk.corrupt(seed).is_some()) as u64,
+            corruption_detected: 0,
+        }
+    }
+}
+
 /// What the restart builder made of a crashed node.
 pub struct Restarted<P> {
     /// `Err`: the node refused to start, saying why (its storage failed a check), and stays
