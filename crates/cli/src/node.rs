@@ -99,6 +99,9 @@ pub struct NodeArgs {
     /// raftlog: coupled (execute after commit, default) or decoupled.
     #[arg(long)]
     pub raftlog_execution: Option<String>,
+    /// raftlog, crash tests only: "crash-test" keeps unsynced writes in memory (docs/testing.md).
+    #[arg(long, hide = true)]
+    pub raftlog_storage: Option<String>,
     /// Join a running cluster (hermes, craq): this node starts as a shadow replica that takes
     /// part in writes while it copies the data in chunks from ADDR (the peer address, or the
     /// id, of a live replica; craq copies from its chain predecessor instead), then serves. A
@@ -179,6 +182,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_flush: args.raftlog_flush,
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
         raftlog_execution: args.raftlog_execution,
+        raftlog_storage: args.raftlog_storage,
         join: args.join,
         peer_link_timeout_ms: args.peer_link_timeout_ms,
         tls_port: args.tls_port,

@@ -5,7 +5,8 @@ use std::io::Write;
 use std::sync::Mutex;
 
 use anyhow::bail;
-use chorus_sim::runner::{check_seed, sweep, ProtocolSetup, ReadMode, SeedVerdict};
+use chorus_sim::broken::BrokenVariant;
+use chorus_sim::runner::{check_seed, sweep, ProtocolSetup, SeedVerdict};
 use chorus_sim::simulator::SimConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -33,20 +34,55 @@ pub struct SimArgs {
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Run a deliberately broken variant of --protocol (see --list-broken): the sweep should
+    /// find linearizability violations, and exits 1 when it does.
+    #[arg(long, value_name = "VARIANT")]
+    broken: Option<String>,
+    /// List every broken variant, one `PROTOCOL VARIANT` line each, and exit.
+    #[arg(long)]
+    list_broken: bool,
+}
+
+const PROTOCOLS: &str = "hermes, craq, zab, zab-local, raftlog, chain";
+
+/// Every protocol's broken variants: the simulator's and the chain store's.
+fn broken_variants() -> Vec<BrokenVariant> {
+    let mut all = chorus_sim::broken::variants();
+    all.extend(chorus_chain::sim::broken_variants());
+    all
+}
+
+fn setup_for(args: &SimArgs) -> anyhow::Result<ProtocolSetup> {
+    let Some(name) = &args.broken else {
+        return match args.protocol.as_str() {
+            "chain" => Ok(chorus_chain::sim::setup(None)),
+            other => ProtocolSetup::named(other)
+                .ok_or_else(|| anyhow::anyhow!("unknown protocol '{other}' (available: {PROTOCOLS})")),
+        };
+    };
+    let all = broken_variants();
+    match chorus_sim::broken::find(&all, &args.protocol, name) {
+        Some(variant) => Ok(variant.setup.clone()),
+        None => {
+            let known: Vec<&str> =
+                all.iter().filter(|v| v.protocol == args.protocol).map(|v| v.name.as_str()).collect();
+            bail!(
+                "no broken variant '{name}' of protocol '{}' (its variants: {}; see --list-broken)",
+                args.protocol,
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            )
+        }
+    }
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<i32> {
-    let setup = match args.protocol.as_str() {
-        "hermes" => ProtocolSetup::hermes(),
-        "craq" => ProtocolSetup::craq(),
-        "zab" => ProtocolSetup::zab(ReadMode::Sync),
-        "raftlog" => ProtocolSetup::Raftlog,
-        "zab-local" => ProtocolSetup::zab(ReadMode::Local),
-        "chain" => chorus_chain::sim::setup(None),
-        other => {
-            bail!("unknown protocol '{other}' (available: hermes, craq, zab, zab-local, raftlog, chain)")
+    if args.list_broken {
+        for variant in broken_variants() {
+            println!("{} {}", variant.protocol, variant.name);
         }
-    };
+        return Ok(0);
+    }
+    let setup = setup_for(&args)?;
     if !(1..=64).contains(&args.replicas) {
         bail!("--replicas must be between 1 and 64, got {}", args.replicas);
     }
@@ -65,51 +101,65 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
         progress.inc(1);
         if !verdict.passed() {
             *failures.lock().expect("lock") += 1;
-            progress.suspend(|| print_failure(&setup, args.replicas, verdict));
+            progress.suspend(|| print_failure(&args, verdict));
             progress.set_message(format!("{} failing", failures.lock().expect("lock")));
         }
         true
     };
-    let summary = sweep(&setup, args.replicas, &seeds, threads, &report);
+    let mut summary = sweep(&setup, args.replicas, &seeds, threads, &report);
+    summary.broken = args.broken.clone();
     progress.finish_and_clear();
+    let faults = &summary.faults;
     println!(
-        "{}: {} seeds at {} replicas, {} operations checked, {} faults injected ({} crashes of which {} mid-broadcast, {} partitions, {} lost, {} duplicated), {} violations, {} liveness failures{}",
+        "{}{}: {} seeds at {} replicas, {} operations checked ({} overlapping), {} faults injected \
+         ({} crashes of which {} mid-broadcast, {} restarts, {} partitions, {} pauses, {} drifting clocks, \
+         {} lost, {} duplicated; {} views, {} live nodes removed; storage: {} writes lost, {} torn, \
+         {} sectors corrupted), {} violations, {} liveness failures, {} keys inconclusive",
         summary.protocol,
+        summary.broken.as_ref().map_or(String::new(), |name| format!(" (broken: {name})")),
         summary.seeds,
         summary.replicas,
         summary.ops_checked,
+        faults.ops_overlapping,
         summary.faults_injected,
-        summary.faults.crashes,
-        summary.faults.crashes_mid_broadcast,
-        summary.faults.partitions,
-        summary.faults.messages_lost,
-        summary.faults.messages_duplicated,
+        faults.crashes,
+        faults.crashes_mid_broadcast,
+        faults.restarts,
+        faults.partitions,
+        faults.pauses,
+        faults.clocks_drifting,
+        faults.messages_lost,
+        faults.messages_duplicated,
+        faults.views_installed,
+        faults.live_nodes_removed,
+        faults.storage_writes_lost,
+        faults.storage_writes_torn,
+        faults.storage_sectors_corrupted,
         summary.violations,
         summary.liveness_failures,
-        if summary.inconclusive_keys > 0 {
-            format!(", {} keys inconclusive (search budget)", summary.inconclusive_keys)
-        } else {
-            String::new()
-        }
+        summary.inconclusive_keys,
     );
     for (seed, message) in &summary.panicked_seeds {
-        println!(
-            "seed {seed} PANICKED: {message}\n  replay: {}",
-            replay_command(&setup, args.replicas, *seed)
-        );
+        println!("seed {seed} PANICKED: {message}\n  replay: {}", replay_command(&args, *seed));
     }
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     }
     std::io::stdout().flush()?;
+    // A seed fails for a violation, a liveness failure, a key the checker gave up on, or a
+    // panic: each makes the exit code 1.
     Ok(if summary.failing_seeds.is_empty() { 0 } else { 1 })
 }
 
-fn replay_command(setup: &ProtocolSetup, replicas: usize, seed: u64) -> String {
-    format!("chorus sim --protocol {} --replicas {replicas} --seed {seed} --seeds 1 --trace", setup.name())
+fn replay_command(args: &SimArgs, seed: u64) -> String {
+    let broken = args.broken.as_ref().map_or(String::new(), |name| format!(" --broken {name}"));
+    format!(
+        "chorus sim --protocol {}{broken} --replicas {} --seed {seed} --seeds 1 --trace",
+        args.protocol, args.replicas
+    )
 }
 
-fn print_failure(setup: &ProtocolSetup, replicas: usize, verdict: &SeedVerdict) {
+fn print_failure(args: &SimArgs, verdict: &SeedVerdict) {
     println!("seed {} FAILED ({})", verdict.seed, verdict.protocol_options);
     for violation in &verdict.violations {
         println!("  linearizability violation: {violation}");
@@ -120,7 +170,13 @@ fn print_failure(setup: &ProtocolSetup, replicas: usize, verdict: &SeedVerdict) 
     if verdict.liveness_failures.len() > 5 {
         println!("  ... and {} more pending operations", verdict.liveness_failures.len() - 5);
     }
-    println!("  replay: {}", replay_command(setup, replicas, verdict.seed));
+    if verdict.inconclusive_keys > 0 {
+        println!(
+            "  {} keys inconclusive: the checker's search budget ran out (this fails the seed)",
+            verdict.inconclusive_keys
+        );
+    }
+    println!("  replay: {}", replay_command(args, verdict.seed));
 }
 
 fn trace_one(setup: &ProtocolSetup, args: &SimArgs) -> anyhow::Result<i32> {
@@ -137,13 +193,14 @@ fn trace_one(setup: &ProtocolSetup, args: &SimArgs) -> anyhow::Result<i32> {
     if passed {
         println!("seed {} passed: {} operations linearizable, all completed", args.seed, verdict.ops_checked);
     } else {
-        print_failure(setup, args.replicas, &verdict);
+        print_failure(args, &verdict);
     }
     if args.json {
         let line = serde_json::json!({
             "protocol": setup.name(), "replicas": args.replicas, "seeds": 1,
             "ops_checked": verdict.ops_checked, "faults_injected": verdict.faults.total(),
             "violations": verdict.violations.len(), "liveness_failures": verdict.liveness_failures.len(),
+            "inconclusive_keys": verdict.inconclusive_keys, "broken": args.broken,
         });
         println!("{line}");
     }

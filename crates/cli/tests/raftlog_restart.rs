@@ -9,7 +9,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chorus_core::{Command, Outcome, RmwOp};
 use chorus_sim::checker::{check_history, CheckerConfig};
@@ -19,21 +19,6 @@ use support::workload::{self, Workload};
 /// Small logs and frequent checkpoints, so the run drains the circular log into the log
 /// file and truncates both behind checkpoints many times.
 const ARGS: &[&str] = &["--protocol", "raftlog", "--raftlog-logs", "4", "--raftlog-snapshot-entries", "300"];
-
-fn counter_value(cluster: &Cluster, node: usize, key: &str) -> i64 {
-    let started = Instant::now();
-    loop {
-        let result: redis::RedisResult<Option<i64>> =
-            cluster.try_client(node).and_then(|mut con| redis::cmd("GET").arg(key).query(&mut con));
-        match result {
-            Ok(value) => return value.unwrap_or(0),
-            Err(error) => {
-                assert!(started.elapsed() < Duration::from_secs(30), "GET {key} at node {node}: {error}");
-                thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
 
 #[test]
 fn killed_raftlog_nodes_rejoin_under_their_ids_and_lose_no_acknowledged_write() {
@@ -105,7 +90,7 @@ fn killed_raftlog_nodes_rejoin_under_their_ids_and_lose_no_acknowledged_write() 
     for (key, (max_acked, attempts)) in &promised {
         let key = std::str::from_utf8(key).unwrap();
         for node in 0..3 {
-            let value = counter_value(&cluster, node, key);
+            let value = cluster.counter(node, key);
             assert!(
                 (*max_acked..=*attempts).contains(&value),
                 "{key} at node {node} after a full restart: {value}, acknowledged up to {max_acked}, \

@@ -116,4 +116,36 @@ pub trait Replica {
     fn is_caught_up(&self) -> bool {
         true
     }
+
+    /// Whether `message` is control traffic (membership heartbeats, leases, its Raft) rather
+    /// than the protocol's own. The simulator's mid-broadcast crashes cut the protocol's
+    /// broadcasts, not a heartbeat that happens to leave first.
+    fn is_control(_message: &Self::Message) -> bool {
+        false
+    }
+
+    /// The view this replica acts in, if it has one: the simulator counts view changes and
+    /// which of them removed a node that was still alive.
+    fn installed_view(&self) -> Option<View> {
+        None
+    }
+
+    /// Write the durable state this call produced, without making it stable yet. The
+    /// simulator calls it, then [`Replica::sync_durable`], before it performs the call's
+    /// outbox, so a crash can strike between the two with the writes not synced (the server
+    /// persists through its own path, in the same order). Returns whether anything was written
+    /// (only then can a crash before the sync tear something). Cores without durable state
+    /// ignore both.
+    fn write_durable(&mut self) -> bool {
+        false
+    }
+
+    /// Make what [`Replica::write_durable`] wrote stable: the call's messages and replies may
+    /// leave only after this.
+    fn sync_durable(&mut self) {}
+
+    /// Named event counters (replays, RMW aborts, snapshots, ...), for the simulator's
+    /// coverage report: a sweep asserts minimums so a swarm that stops exercising a path
+    /// fails loudly. Names are `protocol.event`.
+    fn event_counts(&self, _report: &mut dyn FnMut(&'static str, u64)) {}
 }

@@ -174,7 +174,10 @@ pub fn membership(input: &[u8]) -> u64 {
     match selector % 2 {
         0 => batch::<MembershipMessage>(Bytes::copy_from_slice(rest), &mut signature),
         _ => match chorus_membership::decode_records(rest) {
-            Ok(records) => signature.add(records.len().min(4) as u64),
+            Ok((records, valid_bytes)) => {
+                assert!(valid_bytes <= rest.len(), "whole frames past the input's end");
+                signature.add(records.len().min(4) as u64)
+            }
             Err(error) => signature.add_text(&error.to_string()),
         },
     }

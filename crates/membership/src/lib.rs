@@ -26,10 +26,12 @@
 //!
 //! The core is sans-I/O like the protocols: ticks and messages in, messages and events out.
 
+mod log;
 mod managed;
 mod message;
 mod node;
 
+pub use log::{LogError, MembershipLog, MEMBERSHIP_LOG};
 pub use managed::{Wire, WithMembership};
 pub use message::{decode_records, encode_records, MembershipMessage, PERSIST_FRAME_KIND};
 pub use node::{

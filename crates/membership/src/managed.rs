@@ -123,6 +123,33 @@ impl<P: Replica> Replica for WithMembership<P> {
 
     /// Views come from the membership node, not from outside.
     fn on_view(&mut self, _now: Time, _view: View, _out: &mut Outbox<Self::Message>) {}
+
+    /// Joined (or never left) and holding all the data.
+    fn is_caught_up(&self) -> bool {
+        !self.membership.is_joining() && self.protocol.is_caught_up()
+    }
+
+    fn is_control(message: &Self::Message) -> bool {
+        match message {
+            Wire::Membership(_) => true,
+            Wire::Protocol(message) => P::is_control(message),
+        }
+    }
+
+    /// The view the protocol acts in: a joiner's protocol hears of none before its join.
+    fn installed_view(&self) -> Option<View> {
+        if self.membership.is_joining() {
+            return None;
+        }
+        Some(self.membership.view())
+    }
+
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        self.protocol.event_counts(report);
+        let stats = self.membership.stats();
+        report("membership.lease_lapses", stats.lease_lapses);
+        report("membership.rejoins", self.membership.rejoins());
+    }
 }
 
 const TAG_PROTOCOL: u8 = 1;

@@ -161,9 +161,11 @@ pub fn encode_records(records: &[PersistRecord], log: &mut BytesMut) {
     }
 }
 
-/// Read back what [`encode_records`] wrote. A torn last frame (a crash mid-append) ends the
-/// log; anything else malformed is an error: the node must not start on a corrupt vote.
-pub fn decode_records(bytes: &[u8]) -> Result<Vec<PersistRecord>, DecodeError> {
+/// Read back what [`encode_records`] wrote, and how many bytes of it are whole frames. A torn
+/// last frame (a crash mid-append) ends the log: the caller must cut it before appending, or
+/// the next start would find it in the middle; anything else malformed is an error: the node
+/// must not start on a corrupt vote.
+pub fn decode_records(bytes: &[u8]) -> Result<(Vec<PersistRecord>, usize), DecodeError> {
     let mut stream = BytesMut::from(bytes);
     let mut records = Vec::new();
     while let Some(frame) = chorus_core::codec::decode_frame(&mut stream, 64 * 1024 * 1024)? {
@@ -172,7 +174,7 @@ pub fn decode_records(bytes: &[u8]) -> Result<Vec<PersistRecord>, DecodeError> {
         }
         records.push(PersistRecord::decode_exact(frame.payload)?);
     }
-    Ok(records)
+    Ok((records, bytes.len() - stream.len()))
 }
 
 #[cfg(test)]
@@ -190,9 +192,11 @@ mod record_tests {
         ];
         let mut log = BytesMut::new();
         encode_records(&records, &mut log);
-        assert_eq!(decode_records(&log).unwrap(), records);
+        assert_eq!(decode_records(&log).unwrap(), (records.clone(), log.len()));
         let torn = &log[..log.len() - 5];
-        assert_eq!(decode_records(torn).unwrap(), records[..2]);
+        let (whole, valid_bytes) = decode_records(torn).unwrap();
+        assert_eq!(whole, records[..2]);
+        assert!(valid_bytes < torn.len());
         let mut corrupt = log.to_vec();
         corrupt[12] ^= 0xFF;
         assert!(decode_records(&corrupt).is_err());

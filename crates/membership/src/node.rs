@@ -394,6 +394,11 @@ impl Membership {
         self.leaving = Some(Some(now));
     }
 
+    /// How many times this process rejoined after being removed while alive.
+    pub fn rejoins(&self) -> u64 {
+        self.rejoins
+    }
+
     pub fn on_tick(&mut self, now: Time, out: &mut MembershipOutbox) {
         let leased = self.holds_lease(now);
         if self.leased_at_last_tick && !leased && self.installed.live.contains(self.config.me) {

@@ -176,10 +176,38 @@ pub trait RegionMemory {
     }
 }
 
+/// A boxed region (a runtime choosing its region's backing at start) is one too.
+impl<M: RegionMemory + ?Sized> RegionMemory for Box<M> {
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError> {
+        (**self).read(offset, buf)
+    }
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        (**self).write(offset, data)
+    }
+    fn memcpy(&mut self, src: u64, dst: u64, len: u64) -> Result<(), RegionError> {
+        (**self).memcpy(src, dst, len)
+    }
+    fn cas(&mut self, offset: u64, old: u64, new: u64) -> Result<u64, RegionError> {
+        (**self).cas(offset, old, new)
+    }
+    fn flush(&mut self) -> Result<(), RegionError> {
+        (**self).flush()
+    }
+}
+
 enum Backing {
     Mmap(MmapMut),
     Dax(dax::DaxMap),
     Heap(Vec<u8>),
+    /// The simulator's: memory, and apart from it what a crash would keep (the bytes as of
+    /// each flush).
+    Simulated {
+        bytes: Vec<u8>,
+        durable: Vec<u8>,
+    },
 }
 
 /// One registered region.
@@ -216,6 +244,28 @@ impl Region {
         }
         let bytes = usize::try_from(size).map_err(|_| RegionError::InvalidSize { size })?;
         Ok(Region::with_backing(tenant, name, None, FlushBackend::None, Backing::Heap(vec![0u8; bytes])))
+    }
+
+    /// A heap-backed region that remembers what a crash would keep: every write is in memory
+    /// at once and durable at the next [`Region::flush`] (the simulator's regions; see
+    /// [`Region::crash_image`]).
+    pub fn simulated(tenant: TenantId, name: &str, size: u64) -> Result<Region, RegionError> {
+        check_name(name)?;
+        if size == 0 || size > REGION_BYTES_MAX {
+            return Err(RegionError::InvalidSize { size });
+        }
+        let bytes = usize::try_from(size).map_err(|_| RegionError::InvalidSize { size })?;
+        let backing = Backing::Simulated { bytes: vec![0u8; bytes], durable: vec![0u8; bytes] };
+        Ok(Region::with_backing(tenant, name, None, FlushBackend::Msync, backing))
+    }
+
+    /// What a crash would leave of this region: for a simulated region, its bytes as of the
+    /// last flush; for every other kind, its bytes (a mapping survives the process).
+    pub fn crash_image(&self) -> &[u8] {
+        match &self.backing {
+            Backing::Simulated { durable, .. } => durable,
+            _ => self.as_bytes(),
+        }
     }
 
     fn with_backing(
@@ -260,7 +310,7 @@ impl Region {
         match &self.backing {
             Backing::Mmap(map) => map,
             Backing::Dax(map) => map.as_slice(),
-            Backing::Heap(bytes) => bytes,
+            Backing::Heap(bytes) | Backing::Simulated { bytes, .. } => bytes,
         }
     }
 
@@ -268,7 +318,7 @@ impl Region {
         match &mut self.backing {
             Backing::Mmap(map) => map,
             Backing::Dax(map) => map.as_mut_slice(),
-            Backing::Heap(bytes) => bytes,
+            Backing::Heap(bytes) | Backing::Simulated { bytes, .. } => bytes,
         }
     }
 
@@ -315,7 +365,7 @@ impl RegionMemory for Region {
     fn cas(&mut self, offset: u64, old: u64, new: u64) -> Result<u64, RegionError> {
         let at = check_word(offset, self.size())?;
         let original = match &mut self.backing {
-            Backing::Heap(bytes) => {
+            Backing::Heap(bytes) | Backing::Simulated { bytes, .. } => {
                 // Exclusive access through `&mut self` and no other process can see a heap
                 // region, so a plain read-compare-write is atomic enough.
                 let word = &mut bytes[at..at + 8];
@@ -344,6 +394,9 @@ impl RegionMemory for Region {
                 .map_err(|e| RegionError::io(format!("msync of region `{}`", self.name), e))?,
             Backing::Dax(map) => map.clwb_range(offset, len),
             Backing::Heap(_) => {}
+            Backing::Simulated { bytes, durable } => {
+                durable[offset..offset + len].copy_from_slice(&bytes[offset..offset + len])
+            }
         }
         self.dirty_low = usize::MAX;
         self.dirty_high = 0;

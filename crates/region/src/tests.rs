@@ -241,3 +241,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_simulated_region_keeps_what_was_flushed_across_a_crash() {
+    let mut region = Region::simulated(TenantId(1), "sim", 4096).unwrap();
+    region.write(0, b"flushed").unwrap();
+    region.flush().unwrap();
+    region.write(64, b"lost").unwrap();
+    region.cas(128, 0, 7).unwrap();
+    assert_eq!(&region.as_bytes()[64..68], b"lost");
+    assert_eq!(&region.crash_image()[..7], b"flushed");
+    assert_eq!(&region.crash_image()[64..68], &[0; 4]);
+    assert_eq!(&region.crash_image()[128..136], &[0; 8]);
+    region.flush().unwrap();
+    assert_eq!(&region.crash_image()[64..68], b"lost");
+}

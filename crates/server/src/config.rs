@@ -82,6 +82,10 @@ pub struct RawConfig {
     /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
     /// executes on arrival and releases the result at commit).
     pub raftlog_execution: Option<String>,
+    /// raftlog only, for process-level crash tests (docs/testing.md): "files" (default) or
+    /// "crash-test", which keeps every write in the process's memory until it is synced, so a
+    /// SIGKILL loses exactly what a power cut would. Never a production choice.
+    pub raftlog_storage: Option<String>,
     /// Join a running cluster (Hermes §3.4 Recovery): the peer address of a live replica to
     /// copy the data from. `chorus node --join ADDR`.
     pub join: Option<String>,
@@ -325,6 +329,8 @@ pub struct RaftlogOptions {
     pub flush: chorus_raftlog::disk::FlushBackend,
     pub snapshot_entries: u64,
     pub decoupled: bool,
+    /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
+    pub storage: chorus_raftlog::disk::StorageKind,
 }
 
 impl Default for RaftlogOptions {
@@ -335,6 +341,7 @@ impl Default for RaftlogOptions {
             flush: chorus_raftlog::disk::FlushBackend::Msync,
             snapshot_entries: 20_000,
             decoupled: false,
+            storage: chorus_raftlog::disk::StorageKind::Files,
         }
     }
 }
@@ -403,6 +410,7 @@ impl RawConfig {
             raftlog_flush: overrides.raftlog_flush.or(self.raftlog_flush),
             raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
+            raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             join: overrides.join.or(self.join),
             peer_link_timeout_ms: overrides.peer_link_timeout_ms.or(self.peer_link_timeout_ms),
             tls_port: overrides.tls_port.or(self.tls_port),
@@ -723,6 +731,7 @@ impl RawConfig {
             ("raftlog_flush", self.raftlog_flush.is_some()),
             ("raftlog_snapshot_entries", self.raftlog_snapshot_entries.is_some()),
             ("raftlog_execution", self.raftlog_execution.is_some()),
+            ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
         if protocol != Protocol::Raftlog {
             if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
@@ -760,7 +769,17 @@ impl RawConfig {
                 ))
             }
         };
-        Ok(RaftlogOptions { logs, batch_commands_max, flush, snapshot_entries, decoupled })
+        let storage = match self.raftlog_storage.as_deref() {
+            None | Some("files") => chorus_raftlog::disk::StorageKind::Files,
+            Some("crash-test") => chorus_raftlog::disk::StorageKind::CrashTest,
+            Some(other) => {
+                return Err(field_error(
+                    "raftlog_storage",
+                    format!("{other:?} is neither \"files\" nor \"crash-test\""),
+                ))
+            }
+        };
+        Ok(RaftlogOptions { logs, batch_commands_max, flush, snapshot_entries, decoupled, storage })
     }
 
     fn membership_timing(&self, protocol: Protocol) -> Result<Option<MembershipTiming>, ConfigError> {

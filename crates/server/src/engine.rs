@@ -661,7 +661,7 @@ where
     last_tick: Time,
     /// Append-only file for [`ServedReplica::take_durable_records`], fsynced every turn that
     /// adds to it. `None`: the node has no data directory and keeps such state in memory.
-    durable_log: Option<std::fs::File>,
+    durable_log: Option<chorus_membership::MembershipLog<chorus_storage::FileStorage>>,
     /// The view and serving state last logged: every change is logged once, at INFO.
     logged: Option<(View, bool)>,
 }
@@ -677,7 +677,7 @@ pub async fn run<R>(
     mut requests: mpsc::Receiver<EngineRequest>,
     mut inbound: chorus_net::Inbound<R::Message>,
     mut shutdown: watch::Receiver<bool>,
-    durable_log: Option<std::fs::File>,
+    durable_log: Option<chorus_membership::MembershipLog<chorus_storage::FileStorage>>,
 ) where
     R: ServedReplica,
     R::Message: WireMessage + Send + 'static,
@@ -962,10 +962,8 @@ where
     /// leaves. A node that cannot write them must stop rather than risk voting twice.
     fn persist_durable_records(&mut self) {
         let records = self.replica.take_durable_records();
-        let Some(file) = self.durable_log.as_mut().filter(|_| !records.is_empty()) else { return };
-        let mut bytes = bytes::BytesMut::new();
-        chorus_membership::encode_records(&records, &mut bytes);
-        if let Err(error) = std::io::Write::write_all(file, &bytes).and_then(|()| file.sync_data()) {
+        let Some(log) = self.durable_log.as_mut().filter(|_| !records.is_empty()) else { return };
+        if let Err(error) = log.append(&records).and_then(|()| log.sync()) {
             tracing::error!(%error, "cannot persist membership state; stopping this node");
             std::process::exit(1);
         }

@@ -33,10 +33,11 @@ use chorus_core::NodeSet;
 use chorus_core::Time;
 use chorus_craq::{Craq, CraqConfig};
 use chorus_hermes::{Hermes, HermesConfig};
-use chorus_membership::{decode_records, Membership, MembershipConfig, PersistRecord, WithMembership};
+use chorus_membership::{Membership, MembershipConfig, MembershipLog, WithMembership, MEMBERSHIP_LOG};
 use chorus_net::{NetConfig, NetStats};
 use chorus_raftlog::disk::{DiskOptions, DurableRaftLog};
 use chorus_raftlog::RaftLogConfig;
+use chorus_storage::FileStorage;
 use chorus_zab::{Zab, ZabConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -367,7 +368,11 @@ impl Start {
         }
     }
 
-    async fn run<R>(self, replica: R, durable_log: Option<std::fs::File>) -> anyhow::Result<Arc<NetStats>>
+    async fn run<R>(
+        self,
+        replica: R,
+        durable_log: Option<MembershipLog<FileStorage>>,
+    ) -> anyhow::Result<Arc<NetStats>>
     where
         R: ServedReplica,
         R::Message: WireMessage + Send + 'static,
@@ -455,7 +460,17 @@ fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Durabl
         return Ok(DurableRaftLog::in_memory(raftlog));
     };
     let dir = data_dir.join("raftlog");
-    let options = DiskOptions { flush: config.raftlog.flush, ..DiskOptions::default() };
+    let mut options = DiskOptions {
+        flush: config.raftlog.flush,
+        storage: config.raftlog.storage,
+        ..DiskOptions::default()
+    };
+    if options.storage == chorus_raftlog::disk::StorageKind::CrashTest {
+        warn!("raftlog_storage = \"crash-test\": unsynced writes wait in memory (process crash tests only)");
+        // A small circular log, so a crash test drains it into the log file every few hundred
+        // records and a power loss can strike between a drain and the next checkpoint.
+        options.circular_bytes = 128 + 16 * 1024;
+    }
     let replica = DurableRaftLog::open(raftlog, &dir, options)
         .with_context(|| format!("cannot open the raftlog data in {}", dir.display()))?;
     info!(boot = replica.boot(), dir = %dir.display(), "raftlog state restored");
@@ -473,21 +488,14 @@ fn incarnation() -> u64 {
 /// The membership node, restored from the data directory's `membership.log`.
 struct Managed {
     membership: Membership,
-    durable_log: std::fs::File,
+    durable_log: MembershipLog<FileStorage>,
 }
 
 impl Managed {
     fn open(config: &NodeConfig, timing: MembershipTiming, dir: &std::path::Path) -> anyhow::Result<Managed> {
-        let path = dir.join("membership.log");
-        let existing = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
-        };
-        let records: Vec<PersistRecord> = decode_records(&existing)
-            .with_context(|| format!("{} is corrupt; refusing to start on it", path.display()))?;
-        let durable_log =
-            files::open_private_append(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        let storage = FileStorage::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
+        let path = dir.join(MEMBERSHIP_LOG);
+        let (durable_log, records) = MembershipLog::open(storage)?;
         let replicas: NodeSet = config.replicas.keys().copied().collect();
         let mut membership_config = MembershipConfig::new(config.node_id, replicas);
         membership_config.heartbeat_period = Time::from_millis(timing.heartbeat_ms);

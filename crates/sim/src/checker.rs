@@ -164,10 +164,20 @@ fn check_relevant(key: &Key, operations: &[&Operation], config: &CheckerConfig) 
 /// What an operation does to the register when linearized at some value.
 struct Transition {
     value_after: Option<Value>,
-    /// Whether it writes at all. A read never does, and an RMW's recorded outcome says
+    /// Whether it writes at all. A read never does; for most RMWs the recorded outcome says
     /// whether it did (swapped or not, flag set or not, a number or an error), so one that
-    /// does not write here writes nowhere its outcome is possible.
+    /// does not write here writes nowhere its outcome is possible. Not for HSET: see
+    /// [`outcome_tells_whether_it_writes`].
     writes: bool,
+}
+
+/// Whether a recorded outcome of `command` fixes whether it writes, wherever it is placed.
+/// HSET's outcome is the count of *new* fields, so `0` is the answer both when it sets every
+/// field to the value it already holds (no write) and when it overwrites one (a write): it may
+/// not be linearized greedily where it happens not to write. (HDEL's count of removed fields is
+/// `0` exactly when it changes nothing.)
+fn outcome_tells_whether_it_writes(command: &Command) -> bool {
+    !matches!(command, Command::Rmw { op: RmwOp::HashSet { .. }, .. })
 }
 
 /// What `command` does at `current`, if the recorded `outcome` (`None`: unknown, anything
@@ -668,7 +678,8 @@ impl<'a> Search<'a> {
     /// linearization valid (everyone else sees the same values, and one fewer pending return
     /// only relaxes the real-time order). So if the configuration after it fails, the current
     /// one fails too, and its other branches need no exploring. A write of the current value
-    /// does not qualify: elsewhere in the order it would change the value.
+    /// does not qualify: elsewhere in the order it would change the value; nor does an HSET
+    /// whose count of new fields is also what an overwriting HSET returns.
     fn try_linearize(&mut self, cursor: Cursor, op: usize) -> Step {
         let operation = self.operations[op];
         if self.waits_for_twin(op) || self.overwrites_unknown(&operation.command) {
@@ -679,7 +690,7 @@ impl<'a> Search<'a> {
         else {
             return Step::Skipped;
         };
-        let greedy = outcome.is_some() && !writes;
+        let greedy = outcome.is_some() && !writes && outcome_tells_whether_it_writes(&operation.command);
         self.mark(op, true);
         if !self.memo.first_visit(&self.completed, &self.unknown, &value_after) {
             self.mark(op, false);
@@ -1233,20 +1244,57 @@ mod tests {
                 RmwOp::Swap(value.clone()),
             ]
         });
-        for op in ops {
-            for here in &values {
-                for there in &values {
+        let hash = |pairs: &[(&str, &str)]| {
+            let fields = pairs.iter().map(|(field, value)| (b(field), b(value))).collect();
+            chorus_core::hash::encode(&fields)
+        };
+        let hash_values =
+            [None, Some(b("text")), hash(&[("f", "a")]), hash(&[("f", "b")]), hash(&[("g", "a")])];
+        let hash_set =
+            |value: &str| RmwOp::HashSet { pairs: vec![(b("f"), b(value))], encoded_bytes_max: 1024 };
+        let hash_ops = [hash_set("a"), hash_set("b"), RmwOp::HashDelete(vec![b("f")])];
+        let cases =
+            ops.map(|op| (op, &values[..])).chain(hash_ops.into_iter().map(|op| (op, &hash_values[..])));
+        for (op, values) in cases {
+            let command = Command::Rmw { key: b("k"), op: op.clone() };
+            let mut ambiguous = false;
+            for here in values {
+                for there in values {
                     let (at_here, at_there) = (op.apply(here.as_ref()), op.apply(there.as_ref()));
                     if at_here.outcome == at_there.outcome {
-                        assert_eq!(
-                            at_here.write.is_some(),
-                            at_there.write.is_some(),
-                            "{op:?} at {here:?}, {there:?}"
-                        );
+                        ambiguous |= at_here.write.is_some() != at_there.write.is_some();
                     }
                 }
             }
+            // The greedy shortcut relies on this for every RMW it is allowed on.
+            if outcome_tells_whether_it_writes(&command) {
+                assert!(!ambiguous, "{op:?}: one outcome both with and without a write");
+            }
         }
+        assert!(!outcome_tells_whether_it_writes(&Command::Rmw { key: b("k"), op: hash_set("a") }));
+    }
+
+    /// HSET answers 0 both when it overwrites a field and when it sets the value already there.
+    /// Taking the second reading greedily hid the first: the search reported a violation for
+    /// this history, which has a linearization (A, B, C, read).
+    #[test]
+    fn hset_counting_no_new_field_may_still_overwrite() {
+        let hset = |value: &str| RmwOp::HashSet { pairs: vec![(b("f"), b(value))], encoded_bytes_max: 1024 };
+        let set_a = chorus_core::hash::encode(&vec![(b("f"), b("a"))]).unwrap();
+        let history = Builder::default()
+            .rmw(1, "h", hset("a"), Outcome::Integer(1), 0, 1)
+            .rmw(2, "h", hset("a"), Outcome::Integer(0), 2, 5)
+            .rmw(3, "h", hset("b"), Outcome::Integer(0), 3, 5)
+            .op(1, Command::Read { key: b("h") }, 6, Some((7, Outcome::Value(Some(set_a.clone())))))
+            .build();
+        assert_linearizable(&history);
+        // With the read seeing `b` after both, the order C, B fits instead; with `a` before
+        // either started it is a plain read. Only a value neither can leave is a violation.
+        let set_c = chorus_core::hash::encode(&vec![(b("f"), b("c"))]).unwrap();
+        let mut stale = history.clone();
+        stale.operations[3].completion =
+            Some(Completion { at: Time::from_millis(7), outcome: Outcome::Value(Some(set_c)) });
+        assert_violation(&stale, "h");
     }
 
     #[test]

@@ -4,11 +4,18 @@
 //!   faults ([`faults`]) and simulated clients ([`workload`]), recording a [`history`].
 //! * [`checker`]: Wing-Gong-Lowe linearizability search, per key, for a register with the
 //!   RMWs of [`chorus_core::RmwOp`].
+//! * [`managed`]: protocols paired with the real membership service (leases, removals of
+//!   live nodes, rejoins, restarts), as the main swarms run them.
 //! * [`runner`]: seed sweeps and verdicts, used by `chorus sim` and the tests.
+//! * `broken` (feature `broken-variants`): every protocol's deliberately broken variants,
+//!   by name, which the checker must catch.
 
+#[cfg(feature = "broken-variants")]
+pub mod broken;
 pub mod checker;
 pub mod faults;
 pub mod history;
+pub mod managed;
 pub mod rng;
 pub mod runner;
 pub mod simulator;

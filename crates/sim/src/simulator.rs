@@ -1,24 +1,26 @@
 //! The deterministic simulator: virtual time, one event queue, one seeded RNG.
 //!
 //! Replicas are protocol cores (anything implementing [`Replica`]); the simulator plays the
-//! network (delay, loss, duplication, reordering, partitions), the clients, and the
-//! membership service (after a crash, it waits out the lease and installs a view with a
-//! higher epoch at every surviving replica, at slightly different times). Given the same
-//! seed, a run makes exactly the same choices in the same order.
+//! network (delay, loss, duplication, reordering, partitions), the clients, each node's clock
+//! (its own rate within the configured drift bound, and pauses of the whole process), crashes
+//! and restarts, and, unless the replicas run their own membership service, the membership
+//! service too (after a crash, it waits out the lease and installs a view with a higher epoch
+//! at every surviving replica, at slightly different times). Given the same seed, a run makes
+//! exactly the same choices in the same order.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt::Debug;
 
 use chorus_core::{
-    ClientRequestId, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
+    ClientRequestId, Command, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
 };
 use rustc_hash::FxHashMap;
 
-use crate::faults::{FaultCounts, FaultPlan};
+use crate::faults::{FaultCounts, FaultPlan, PlanLimits};
 use crate::history::{Completion, History, Operation};
 use crate::rng::Rng;
-use crate::workload::{CommandGenerator, WorkloadPlan};
+use crate::workload::{CommandGenerator, KeySpace, WorkloadPlan};
 
 /// How one seed runs.
 #[derive(Clone, Debug)]
@@ -43,6 +45,15 @@ pub struct SimConfig {
     /// through the `restart` builder of [`simulate_with_restarts`]. `None`: crashed nodes
     /// stay down.
     pub restart_after: Option<Time>,
+    /// The clock-rate error the replicas are configured to tolerate (their leases' drift
+    /// margin), in parts per million: half the seeds run each node's clock at its own rate
+    /// within it. 0: every clock runs true.
+    pub clock_drift_max_ppm: u32,
+    /// Seeds may pause a node's process (it handles nothing while its clock runs on).
+    pub pauses: bool,
+    /// Seeds may cut the power to every node at once (for replicas that keep everything they
+    /// acknowledged on disk: every node restarts from what its disk kept).
+    pub power_loss: bool,
 }
 
 impl SimConfig {
@@ -58,6 +69,20 @@ impl SimConfig {
             trace: false,
             scripted_membership: true,
             restart_after: None,
+            clock_drift_max_ppm: 0,
+            pauses: false,
+            power_loss: false,
+        }
+    }
+
+    fn plan_limits(&self) -> PlanLimits {
+        PlanLimits {
+            replicas: self.replicas,
+            phase_max: self.fault_phase_max,
+            restarts: self.restart_after.is_some(),
+            clock_drift_max_ppm: self.clock_drift_max_ppm,
+            pauses: self.pauses,
+            power_loss: self.power_loss && self.restart_after.is_some(),
         }
     }
 }
@@ -76,6 +101,58 @@ pub struct SeedRun {
     pub end: Time,
 }
 
+/// What a restart did to the node's storage, for the run's counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StorageFaults {
+    pub writes_lost: u64,
+    pub writes_torn: u64,
+    pub sectors_corrupted: u64,
+    /// A checksum caught corruption at start-up.
+    pub corruption_detected: u64,
+}
+
+impl StorageFaults {
+    /// Crash `disk` (its unsynced writes lost, kept or torn, drawn from `seed`) and, if
+    /// `corrupt`, flip a byte of its synced data: what a restarting node finds.
+    pub fn crash(disk: &chorus_storage::SimDisk, seed: u64, corrupt: bool) -> StorageFaults {
+        let crash = disk.crash(seed);
+        StorageFaults {
+            writes_lost: crash.files_lost,
+            writes_torn: crash.files_torn,
+            sectors_corrupted: (corrupt && disk.corrupt(seed).is_some()) as u64,
+            corruption_detected: 0,
+        }
+    }
+}
+
+/// What the restart builder made of a crashed node.
+pub struct Restarted<P> {
+    /// `Err`: the node refused to start, saying why (its storage failed a check), and stays
+    /// down.
+    pub replica: Result<P, String>,
+    pub storage: StorageFaults,
+}
+
+impl<P> Restarted<P> {
+    pub fn up(replica: P) -> Restarted<P> {
+        Restarted { replica: Ok(replica), storage: StorageFaults::default() }
+    }
+}
+
+/// What a restart builder is told.
+#[derive(Clone, Copy, Debug)]
+pub struct RestartContext {
+    pub node: NodeId,
+    pub replicas: NodeSet,
+    /// Fresh randomness for this restart (an incarnation number, storage faults).
+    pub seed: u64,
+    /// The node's own clock.
+    pub now: Time,
+}
+
+/// Builds a restarted node from the crashed one (whose durable state it may keep).
+pub type RestartFn<'a, P> = dyn FnMut(RestartContext, &P) -> Restarted<P> + 'a;
+
 enum Event<M> {
     Deliver {
         from: NodeId,
@@ -84,14 +161,35 @@ enum Event<M> {
     },
     Tick(NodeId),
     ClientNext(u32),
+    /// A client request reaching its replica (later than its invocation if the node was
+    /// paused).
+    ClientArrives {
+        request: ClientRequestId,
+        node: NodeId,
+        command: Command,
+    },
     Crash(NodeId),
     Restart(NodeId),
-    /// From now on, crash the node partway through its next outbox with messages.
+    /// From now on, crash the node partway through its next outbox with protocol messages.
     ArmCrash(NodeId),
     InstallView(NodeId, View),
     PartitionStart(usize),
     PartitionHeal(usize),
+    Pause(usize),
+    PowerLoss,
     FaultPhaseEnd,
+}
+
+impl<M> Event<M> {
+    /// The node whose process handles this event, if one does: a paused node's events wait.
+    fn handled_by(&self) -> Option<NodeId> {
+        match self {
+            Event::Deliver { to, .. } => Some(*to),
+            Event::Tick(node) | Event::InstallView(node, _) => Some(*node),
+            Event::ClientArrives { node, .. } => Some(*node),
+            _ => None,
+        }
+    }
 }
 
 struct Scheduled<M> {
@@ -127,10 +225,22 @@ struct PendingOp {
 struct Client {
     generator: CommandGenerator,
     ops_issued: usize,
+    /// The replica this client sent its last request to.
+    last_node: Option<NodeId>,
 }
 
-/// Builds a restarted node from the crashed one (whose durable state it may keep).
-pub type RestartFn<'a, P> = dyn FnMut(NodeId, NodeSet, u64, Time, &P) -> P + 'a;
+/// A node's clock: it runs at `1 + ppm / 10^6` times the simulator's rate, from zero.
+#[derive(Clone, Copy)]
+struct Clock {
+    ppm: i32,
+}
+
+impl Clock {
+    fn local(self, global: Time) -> Time {
+        let nanos = global.as_nanos() as i128;
+        Time::from_nanos((nanos + nanos * self.ppm as i128 / 1_000_000) as u64)
+    }
+}
 
 struct Engine<'a, P: Replica> {
     restart: Option<&'a mut RestartFn<'a, P>>,
@@ -141,19 +251,27 @@ struct Engine<'a, P: Replica> {
     seq: u64,
     nodes: Vec<P>,
     crashed: Vec<bool>,
-    /// Nodes that die partway through their next outbox with messages.
+    /// Crashed, or restarted and not yet caught up.
+    without_data: Vec<bool>,
+    /// Nodes that die partway through their next outbox with protocol messages.
     crash_armed: Vec<bool>,
+    clocks: Vec<Clock>,
+    /// A paused node handles nothing before this (global) time.
+    paused_until: Vec<Time>,
     /// `blocked[from][to]`: how many active partitions cut that directed link.
     blocked: Vec<Vec<u32>>,
     partition_active: Vec<bool>,
     plan: FaultPlan,
     workload: WorkloadPlan,
+    keys: KeySpace,
     clients: Vec<Client>,
     history: History,
     pending: FxHashMap<ClientRequestId, PendingOp>,
     counts: FaultCounts,
-    /// The membership service's current view.
+    /// The membership service's current view (scripted membership).
     view: View,
+    /// The newest view any replica installed, for counting view changes.
+    newest_view: View,
     quiescent: bool,
     outbox: Outbox<P::Message>,
     trace: Vec<String>,
@@ -168,8 +286,8 @@ where
     run_seed(config, build, None)
 }
 
-/// Like [`simulate`], and every crashed node comes back `config.restart_after` later, as
-/// `restart(node, replicas, seed, now, crashed_node)` builds it.
+/// Like [`simulate`], and every crashed node comes back `config.restart_after` later (if
+/// set), as `restart(context, crashed_node)` builds it.
 pub fn simulate_with_restarts<'a, P>(
     config: &SimConfig,
     build: &mut dyn FnMut(NodeId, NodeSet, u64) -> P,
@@ -179,7 +297,6 @@ where
     P: Replica,
     P::Message: Debug,
 {
-    assert!(config.restart_after.is_some(), "restarts need restart_after");
     run_seed(config, build, Some(restart))
 }
 
@@ -194,16 +311,21 @@ where
 {
     let mut rng = Rng::new(config.seed);
     let plan = if config.faults {
-        FaultPlan::draw(&mut rng, config.replicas, config.fault_phase_max)
+        FaultPlan::draw(&mut rng, config.plan_limits())
     } else {
-        FaultPlan::none(config.fault_phase_max)
+        FaultPlan::none(config.fault_phase_max, config.replicas)
     };
     let workload = WorkloadPlan::draw(&mut rng);
     let all: NodeSet = (0..config.replicas as u8).map(NodeId).collect();
     let nodes = (0..config.replicas as u8).map(|n| build(NodeId(n), all, rng.next_u64())).collect();
     let clients = (0..workload.clients as u32)
-        .map(|client| Client { generator: CommandGenerator::new(client), ops_issued: 0 })
+        .map(|client| Client { generator: CommandGenerator::new(client), ops_issued: 0, last_node: None })
         .collect();
+    let counts = FaultCounts {
+        clocks_drifting: plan.clock_ppm.iter().filter(|ppm| **ppm != 0).count() as u64,
+        ..FaultCounts::default()
+    };
+    let first_view = View { epoch: Epoch(1), live: all };
     let mut engine = Engine {
         restart,
         config: config.clone(),
@@ -213,16 +335,21 @@ where
         seq: 0,
         nodes,
         crashed: vec![false; config.replicas],
+        without_data: vec![false; config.replicas],
         crash_armed: vec![false; config.replicas],
+        clocks: plan.clock_ppm.iter().map(|&ppm| Clock { ppm }).collect(),
+        paused_until: vec![Time::ZERO; config.replicas],
         blocked: vec![vec![0; config.replicas]; config.replicas],
         partition_active: vec![false; plan.partitions.len()],
         plan,
         workload,
+        keys: KeySpace::default(),
         clients,
         history: History::default(),
         pending: FxHashMap::default(),
-        counts: FaultCounts::default(),
-        view: View { epoch: Epoch(1), live: all },
+        counts,
+        view: first_view,
+        newest_view: first_view,
         quiescent: false,
         outbox: Outbox::default(),
         trace: Vec::new(),
@@ -240,6 +367,11 @@ where
     fn schedule(&mut self, at: Time, event: Event<P::Message>) {
         self.seq += 1;
         self.queue.push(Scheduled { at, seq: self.seq, event });
+    }
+
+    /// `node`'s own clock now.
+    fn local_now(&self, node: NodeId) -> Time {
+        self.clocks[node.index()].local(self.now)
     }
 
     fn schedule_initial_events(&mut self) {
@@ -269,6 +401,12 @@ where
                 self.schedule(at, Event::Crash(node));
             }
         }
+        for index in 0..self.plan.pauses.len() {
+            self.schedule(self.plan.pauses[index].at, Event::Pause(index));
+        }
+        if let Some(at) = self.plan.power_loss {
+            self.schedule(at, Event::PowerLoss);
+        }
         self.schedule(self.plan.phase, Event::FaultPhaseEnd);
     }
 
@@ -282,8 +420,20 @@ where
             }
             debug_assert!(scheduled.at >= self.now, "time never runs backwards");
             self.now = scheduled.at;
+            if let Some(node) = scheduled.event.handled_by() {
+                let wake = self.paused_until[node.index()];
+                if self.now < wake && !self.crashed[node.index()] {
+                    // A stopped process: its events wait, in order, for it to wake.
+                    self.schedule(wake, scheduled.event);
+                    continue;
+                }
+            }
             events += 1;
+            let node = scheduled.event.handled_by();
             self.handle(scheduled.event);
+            if let Some(node) = node {
+                self.note_view(node);
+            }
             if self.quiescent && self.pending.is_empty() {
                 break;
             }
@@ -296,6 +446,7 @@ where
             Event::Deliver { from, to, message } => self.deliver(from, to, message),
             Event::Tick(node) => self.tick(node),
             Event::ClientNext(client) => self.client_next(client),
+            Event::ClientArrives { request, node, command } => self.client_arrives(request, node, command),
             Event::Crash(node) => self.crash(node),
             Event::Restart(node) => self.restart(node),
             Event::ArmCrash(node) => {
@@ -306,6 +457,8 @@ where
             Event::InstallView(node, view) => self.install_view(node, view),
             Event::PartitionStart(index) => self.partition_start(index),
             Event::PartitionHeal(index) => self.partition_heal(index),
+            Event::Pause(index) => self.pause(index),
+            Event::PowerLoss => self.power_loss(),
             Event::FaultPhaseEnd => self.end_fault_phase(),
         }
     }
@@ -315,6 +468,32 @@ where
             let line = format!("{:>14} {}", format!("{:?}", self.now), line());
             self.trace.push(line);
         }
+    }
+
+    /// Count a view newer than any installed so far: its removals (of running nodes too, the
+    /// ones a partition or a pause got removed) and re-additions.
+    fn note_view(&mut self, node: NodeId) {
+        if self.without_data[node.index()]
+            && !self.crashed[node.index()]
+            && self.nodes[node.index()].is_caught_up()
+        {
+            self.without_data[node.index()] = false;
+        }
+        let Some(view) = self.nodes[node.index()].installed_view() else { return };
+        if view.epoch <= self.newest_view.epoch || self.crashed[node.index()] {
+            return;
+        }
+        let before = self.newest_view.live;
+        self.newest_view = view;
+        self.counts.views_installed += 1;
+        for removed in before.iter().filter(|old| !view.live.contains(*old)) {
+            self.counts.nodes_removed += 1;
+            if !self.crashed[removed.index()] {
+                self.counts.live_nodes_removed += 1;
+            }
+        }
+        self.counts.nodes_readded += view.live.iter().filter(|new| !before.contains(*new)).count() as u64;
+        self.trace(|| format!("{node} is first to install {:?} live {:?}", view.epoch, view.live));
     }
 
     // ------------------------------------------------------------------ network
@@ -329,7 +508,7 @@ where
             return;
         }
         self.trace(|| format!("{from} -> {to} {message:?}"));
-        let now = self.now;
+        let now = self.local_now(to);
         self.nodes[to.index()].on_message(now, from, message, &mut self.outbox);
         self.perform_outbox(to);
     }
@@ -361,7 +540,22 @@ where
     /// Do what a replica asked for: send its messages, hand replies to clients.
     fn perform_outbox(&mut self, node: NodeId) {
         let mut outbox = std::mem::take(&mut self.outbox);
-        let dies_now = self.crash_armed[node.index()] && !outbox.messages.is_empty();
+        // What the call must make durable is written first; the turn's messages and replies
+        // leave only once it is synced.
+        let wrote = self.nodes[node.index()].write_durable();
+        // An armed crash strikes in the middle of a broadcast of the protocol's own traffic
+        // (an INV, a proposal: messages to two nodes or more), not of a heartbeat or a lone
+        // acknowledgement that happens to leave first.
+        let dies_now = self.crash_armed[node.index()] && broadcasts::<P>(&outbox) && self.may_crash(node);
+        if dies_now && wrote && self.rng.chance(0.5) {
+            // Before the sync returned: its writes may be torn, and nothing of the turn left.
+            outbox.clear();
+            self.outbox = outbox;
+            self.counts.crashes_before_sync += 1;
+            self.crash(node);
+            return;
+        }
+        self.nodes[node.index()].sync_durable();
         for (destination, message) in outbox.messages.drain(..) {
             for to in destination.nodes().iter() {
                 debug_assert_ne!(to, node, "a replica never sends to itself");
@@ -407,6 +601,17 @@ where
         self.trace(|| format!("partition {index} heals"));
     }
 
+    fn pause(&mut self, index: usize) {
+        let (node, duration) = (NodeId(self.plan.pauses[index].node), self.plan.pauses[index].duration);
+        if self.quiescent || self.crashed[node.index()] {
+            return;
+        }
+        let wake = self.now + duration;
+        self.paused_until[node.index()] = self.paused_until[node.index()].max(wake);
+        self.counts.pauses += 1;
+        self.trace(|| format!("{node} pauses until {wake:?}"));
+    }
+
     fn end_fault_phase(&mut self) {
         // A crash armed for mid-broadcast that found nothing to send happens now, while
         // crashes are still allowed.
@@ -428,18 +633,43 @@ where
         if self.crashed[node.index()] {
             return;
         }
-        let now = self.now;
+        let now = self.local_now(node);
         self.nodes[node.index()].on_tick(now, &mut self.outbox);
         self.perform_outbox(node);
-        self.schedule(now + self.config.tick_period, Event::Tick(node));
+        self.schedule(self.now + self.config.tick_period, Event::Tick(node));
     }
 
     fn crash(&mut self, node: NodeId) {
         if self.crashed[node.index()] || self.quiescent {
             return;
         }
+        if !self.may_crash(node) {
+            self.crash_armed[node.index()] = false;
+            self.counts.crashes_skipped += 1;
+            return;
+        }
+        self.kill(node);
+    }
+
+    /// Every node loses power at once; each restarts later from what its disk kept.
+    fn power_loss(&mut self) {
+        if self.quiescent {
+            return;
+        }
+        self.counts.power_losses += 1;
+        self.trace(|| "power loss: every node crashes".to_string());
+        for node in 0..self.config.replicas as u8 {
+            if !self.crashed[node as usize] {
+                self.kill(NodeId(node));
+            }
+        }
+    }
+
+    fn kill(&mut self, node: NodeId) {
         self.crashed[node.index()] = true;
+        self.without_data[node.index()] = true;
         self.crash_armed[node.index()] = false;
+        self.paused_until[node.index()] = Time::ZERO;
         self.counts.crashes += 1;
         self.trace(|| format!("{node} crashes"));
         // Its clients see the connection drop: the outcome of what they sent is unknown.
@@ -459,12 +689,21 @@ where
         }
         // The membership service waits out the lease, then installs the next view everywhere.
         self.view = View { epoch: Epoch(self.view.epoch.0 + 1), live: self.view.live.without(node) };
-        self.counts.views_installed += 1;
         let view = self.view;
         for survivor in view.live.iter() {
             let delay = self.plan.lease_us + self.rng.below(self.plan.view_spread_us + 1);
             self.schedule(self.now + Time::from_micros(delay), Event::InstallView(survivor, view));
         }
+    }
+
+    /// A majority must stay up with its data (for the membership service and every quorum): a
+    /// crash that would leave fewer is skipped. A restarted node counts as down until it has
+    /// caught up (`Replica::is_caught_up`): protocols that keep their data in memory lose it
+    /// at a crash, and a majority restarted empty could not know what was committed.
+    fn may_crash(&self, node: NodeId) -> bool {
+        let crash_max = (self.config.replicas - 1) / 2;
+        !self.crashed[node.index()]
+            && self.without_data.iter().filter(|without| **without).count() < crash_max
     }
 
     /// A crashed node comes back with what it kept on disk (the restart builder decides).
@@ -474,10 +713,27 @@ where
         if !self.crashed[node.index()] {
             return;
         }
-        let all: NodeSet = (0..self.config.replicas as u8).map(NodeId).collect();
-        let seed = self.rng.next_u64();
-        let fresh = restart(node, all, seed, self.now, &self.nodes[node.index()]);
-        self.nodes[node.index()] = fresh;
+        let context = RestartContext {
+            node,
+            replicas: (0..self.config.replicas as u8).map(NodeId).collect(),
+            seed: self.rng.next_u64(),
+            now: self.clocks[node.index()].local(self.now),
+        };
+        let restarted = restart(context, &self.nodes[node.index()]);
+        let storage = restarted.storage;
+        self.counts.storage_writes_lost += storage.writes_lost;
+        self.counts.storage_writes_torn += storage.writes_torn;
+        self.counts.storage_sectors_corrupted += storage.sectors_corrupted;
+        self.counts.storage_corruption_detected += storage.corruption_detected;
+        let fresh = match restarted.replica {
+            Ok(fresh) => fresh,
+            Err(reason) => {
+                self.trace(|| format!("{node} refuses to start: {reason}"));
+                return;
+            }
+        };
+        let old = std::mem::replace(&mut self.nodes[node.index()], fresh);
+        add_counters(&mut self.counts.events, &old);
         self.crashed[node.index()] = false;
         self.crash_armed[node.index()] = false;
         self.counts.restarts += 1;
@@ -490,15 +746,19 @@ where
             return;
         }
         self.trace(|| format!("{node} installs view {:?} live {:?}", view.epoch, view.live));
-        let now = self.now;
+        let now = self.local_now(node);
         self.nodes[node.index()].on_view(now, view, &mut self.outbox);
         self.perform_outbox(node);
     }
 
     // ------------------------------------------------------------------ clients
 
+    /// A client's next request leaves strictly after its previous answer: the checker orders
+    /// operations by real time only, and touching intervals count as concurrent, so a burst
+    /// of instant answers (a replica alone in its view, refusals while joining) would
+    /// otherwise make a client's whole burst one concurrent blob.
     fn schedule_client_next(&mut self, client: u32) {
-        let think = Time::from_micros(self.rng.below(self.workload.think_max_us + 1));
+        let think = Time::from_micros(1 + self.rng.below(self.workload.think_max_us + 1));
         self.schedule(self.now + think, Event::ClientNext(client));
     }
 
@@ -508,9 +768,19 @@ where
             return;
         }
         let up: Vec<u8> = (0..self.config.replicas as u8).filter(|n| !self.crashed[*n as usize]).collect();
-        let node = NodeId(*self.rng.pick(&up));
+        if up.is_empty() {
+            // Every node is down (a power loss): try again a little later.
+            self.schedule(self.now + Time::from_millis(5), Event::ClientNext(client));
+            return;
+        }
+        let last = self.clients[client as usize].last_node;
+        let node = match last {
+            Some(node) if !self.crashed[node.index()] && self.rng.chance(self.workload.stickiness) => node,
+            _ => NodeId(*self.rng.pick(&up)),
+        };
         let state = &mut self.clients[client as usize];
-        let command = state.generator.next(&mut self.rng, &self.workload);
+        state.last_node = Some(node);
+        let command = state.generator.next(&mut self.rng, &self.workload, &mut self.keys);
         state.ops_issued += 1;
         let op_index = self.history.operations.len();
         let request = ClientRequestId(op_index as u64);
@@ -523,7 +793,19 @@ where
             completion: None,
         });
         self.pending.insert(request, PendingOp { op_index, client, node });
-        let now = self.now;
+        self.client_arrives(request, node, command);
+    }
+
+    /// The request reaches its replica (a paused one gets it when it wakes: see `run`).
+    fn client_arrives(&mut self, request: ClientRequestId, node: NodeId, command: Command) {
+        if self.now < self.paused_until[node.index()] {
+            self.schedule(self.paused_until[node.index()], Event::ClientArrives { request, node, command });
+            return;
+        }
+        if !self.pending.contains_key(&request) || self.crashed[node.index()] {
+            return; // The connection dropped with a crash while the node was paused.
+        }
+        let now = self.local_now(node);
         self.nodes[node.index()].on_client(now, request, command, &mut self.outbox);
         self.perform_outbox(node);
     }
@@ -556,6 +838,16 @@ where
                 )
             })
             .collect();
+        for node in &self.nodes {
+            add_counters(&mut self.counts.events, node);
+        }
+        self.counts.ops_overlapping = count_overlapping(&self.history, self.now);
+        self.counts.updates_interrupted = self
+            .history
+            .operations
+            .iter()
+            .filter(|op| op.command.is_update() && op.completion.is_none())
+            .count() as u64;
         SeedRun {
             history: std::mem::take(&mut self.history),
             fault_plan: self.plan,
@@ -567,4 +859,55 @@ where
             end: self.now,
         }
     }
+}
+
+/// Whether an outbox sends protocol (not control) messages to two nodes or more.
+fn broadcasts<P: Replica>(outbox: &Outbox<P::Message>) -> bool {
+    let mut reached = NodeSet::EMPTY;
+    for (destination, message) in &outbox.messages {
+        if !P::is_control(message) {
+            reached = NodeSet::from_bits(reached.bits() | destination.nodes().bits());
+        }
+    }
+    reached.len() >= 2
+}
+
+fn add_counters<P: Replica>(totals: &mut BTreeMap<String, u64>, replica: &P) {
+    replica.event_counts(&mut |name, count| {
+        if count > 0 {
+            *totals.entry(name.to_string()).or_default() += count;
+        }
+    });
+}
+
+/// Operations whose interval (invocation to completion, or to the end for unknown outcomes)
+/// overlaps another client's operation on the same key: the concurrency the checker has to
+/// untangle.
+fn count_overlapping(history: &History, end: Time) -> u64 {
+    let mut by_key: FxHashMap<&[u8], Vec<(Time, Time, u32)>> = FxHashMap::default();
+    for op in &history.operations {
+        let done = op.completion.as_ref().map_or(end, |completion| completion.at);
+        by_key.entry(op.command.key()).or_default().push((op.invoke, done, op.client));
+    }
+    let mut overlapping = 0;
+    for intervals in by_key.values_mut() {
+        intervals.sort_unstable();
+        let mut flags = vec![false; intervals.len()];
+        // Each interval against the later-starting ones it reaches (sorted by start).
+        for i in 0..intervals.len() {
+            let (_, end_i, client_i) = intervals[i];
+            for j in i + 1..intervals.len() {
+                let (start_j, _, client_j) = intervals[j];
+                if start_j > end_i {
+                    break;
+                }
+                if client_i != client_j {
+                    flags[i] = true;
+                    flags[j] = true;
+                }
+            }
+        }
+        overlapping += flags.iter().filter(|flag| **flag).count() as u64;
+    }
+    overlapping
 }

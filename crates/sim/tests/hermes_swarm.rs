@@ -1,29 +1,45 @@
-//! Hermes under the swarm: thousands of seeds with faults, every history checked for
-//! linearizability, every operation required to complete once the network heals.
+//! Hermes under the main swarm: the real membership service (leases, live nodes removed by
+//! partitions and pauses, rejoins, restarts), drifting clocks, and network faults; every
+//! history checked for linearizability, every operation required to complete once the
+//! network heals, and every kind of fault and protocol event counted above a floor.
 
-use chorus_sim::runner::{assert_swarm_passes, check_seed, describe_failure, sweep, ProtocolSetup};
+use chorus_sim::runner::{
+    assert_swarm_passes, check_seed, describe_failure, sweep, Minimum, ProtocolSetup, MANAGED_MINIMUMS,
+};
 use chorus_sim::simulator::SimConfig;
 
 /// Seeds per replica count. Each seed is a distinct fault mix and Hermes option set.
-const SEEDS: u64 = 2_000;
+const SEEDS: u64 = 1_500;
 
-fn swarm(replicas: usize) {
-    assert_swarm_passes(&ProtocolSetup::hermes(), replicas, SEEDS);
+/// Hermes' own paths, per 1,000 seeds: replays, RMW aborts, retransmissions, shadows copying.
+const HERMES_MINIMUMS: &[Minimum] = &[
+    Minimum { counter: "crashes_mid_broadcast", per_1000_seeds: 50 },
+    Minimum { counter: "hermes.replays", per_1000_seeds: 1_000 },
+    Minimum { counter: "hermes.rmw_aborts", per_1000_seeds: 1_000 },
+    Minimum { counter: "hermes.inv_retransmits", per_1000_seeds: 5_000 },
+    Minimum { counter: "hermes.recoveries", per_1000_seeds: 300 },
+    Minimum { counter: "membership.rejoins", per_1000_seeds: 300 },
+];
+
+fn swarm(replicas: usize, seeds: u64) {
+    let minimums: Vec<Minimum> = MANAGED_MINIMUMS.iter().chain(HERMES_MINIMUMS).copied().collect();
+    let summary = assert_swarm_passes(&ProtocolSetup::hermes(), replicas, seeds, &minimums);
+    eprintln!("{replicas} replicas: {:?}", summary.faults);
 }
 
 #[test]
 fn hermes_is_linearizable_and_live_under_faults_with_3_replicas() {
-    swarm(3);
+    swarm(3, SEEDS);
 }
 
 #[test]
 fn hermes_is_linearizable_and_live_under_faults_with_5_replicas() {
-    swarm(5);
+    swarm(5, SEEDS / 2);
 }
 
 #[test]
 fn hermes_with_7_replicas_passes_a_shorter_sweep() {
-    let seeds: Vec<u64> = (0..300).collect();
+    let seeds: Vec<u64> = (0..200).collect();
     let summary = sweep(&ProtocolSetup::hermes(), 7, &seeds, 2, &|_| true);
     assert!(summary.failing_seeds.is_empty(), "failing seeds at 7 replicas: {:?}", summary.failing_seeds);
 }
@@ -47,6 +63,7 @@ fn without_faults_every_operation_completes_with_a_known_outcome() {
         let verdict = check_seed(&ProtocolSetup::hermes(), &config);
         assert!(verdict.passed(), "{}", describe_failure(&verdict));
         assert_eq!(verdict.faults.total(), 0);
+        assert_eq!(verdict.faults.views_installed, 0, "seed {seed}: a view change without a fault");
         let unknown = verdict.run.history.operations.iter().filter(|op| op.completion.is_none()).count();
         assert_eq!(unknown, 0, "seed {seed}: no fault, yet {unknown} outcomes unknown");
     }
@@ -65,6 +82,7 @@ fn a_panicking_seed_is_a_failing_seed() {
     let seeds: Vec<u64> = (0..6).collect();
     let summary = sweep(&setup, 3, &seeds, 1, &|_| true);
     assert_eq!(summary.failing_seeds, vec![3]);
+    assert_eq!(summary.seeds, 6, "the sweep goes on after a panic");
     assert_eq!(summary.panicked_seeds.len(), 1);
     assert!(
         summary.panicked_seeds[0].1.contains("invariant broken on purpose"),

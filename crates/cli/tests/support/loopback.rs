@@ -164,6 +164,23 @@ impl Cluster {
         }
     }
 
+    /// The integer at `key` on node `i` (0 if unset), retrying for 30 s while the node is
+    /// not yet serving (just restarted).
+    pub fn counter(&self, i: usize, key: &str) -> i64 {
+        let started = Instant::now();
+        loop {
+            let result: redis::RedisResult<Option<i64>> =
+                self.try_client(i).and_then(|mut con| redis::cmd("GET").arg(key).query(&mut con));
+            match result {
+                Ok(value) => return value.unwrap_or(0),
+                Err(error) => {
+                    assert!(started.elapsed() < Duration::from_secs(30), "GET {key} at node {i}: {error}");
+                    thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
     pub fn sigkill(&mut self, i: usize) {
         let mut child = self.nodes[i].child.take().unwrap();
         child.kill().unwrap(); // SIGKILL on Unix

@@ -19,6 +19,11 @@ pub enum Bug {
     LinkBeforeCopyCompletes,
 }
 
+impl Bug {
+    /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
+    pub const ALL: [Bug; 3] = [Bug::ReadWithoutLock, Bug::NoWriteLock, Bug::LinkBeforeCopyCompletes];
+}
+
 #[derive(Clone, Debug)]
 pub struct ChainConfig {
     pub me: NodeId,

@@ -1539,6 +1539,18 @@ impl Replica for Chain {
         self.retry_parked_reads(now, out);
     }
 
+    fn installed_view(&self) -> Option<View> {
+        Some(self.view)
+    }
+
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        let stats = &self.stats;
+        report("chain.recoveries", stats.recoveries);
+        report("chain.lock_failures", stats.lock_failures);
+        report("chain.forward_retransmits", stats.forward_retransmits);
+        report("chain.joins_linked", stats.joins_linked);
+    }
+
     /// A joiner is caught up once it is linked into the chain (§5.1): the membership service
     /// then counts it as holding all the data.
     fn is_caught_up(&self) -> bool {

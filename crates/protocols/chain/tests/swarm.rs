@@ -1,26 +1,39 @@
-//! The chain store under the simulator's swarm: seeds with message loss, duplication,
-//! reordering, partitions and crashes of any chain position (the scripted membership then
-//! installs a view without it and the new head recovers, HyperLoop §5.1). Every history is
-//! checked for linearizability and every operation must complete once the network heals. The
-//! broken variants show the checker sees what the write and read locks prevent (§5.2).
+//! The chain store under the main swarm: the real membership service (live nodes removed by
+//! partitions and pauses, rejoins, restarts whose region is kept or lost, the coordinator
+//! copying it to joiners), drifting clocks and network faults (HyperLoop §5.1). Every history
+//! is checked for linearizability and every operation must complete once the network heals.
+//! The broken variants show the checker sees what the locks and the copy-before-link rule
+//! prevent (§5.1, §5.2): each must give a linearizability violation, not a panic or a stall.
 
-use std::sync::Arc;
-
-use chorus_chain::sim::setup as sim_setup;
-use chorus_chain::Bug;
-use chorus_sim::runner::{assert_swarm_passes, check_seed, describe_failure, sweep};
+use chorus_chain::sim::{broken_variants, setup as sim_setup};
+use chorus_sim::runner::{
+    assert_swarm_passes, check_seed, describe_failure, first_violation, Minimum, MANAGED_MINIMUMS,
+};
 use chorus_sim::simulator::SimConfig;
 
-const SEEDS: u64 = 1_000;
+const SEEDS: u64 = 600;
+
+const CHAIN_MINIMUMS: &[Minimum] = &[
+    Minimum { counter: "crashes_mid_broadcast", per_1000_seeds: 15 },
+    Minimum { counter: "chain.recoveries", per_1000_seeds: 300 },
+    Minimum { counter: "chain.joins_linked", per_1000_seeds: 300 },
+    Minimum { counter: "chain.forward_retransmits", per_1000_seeds: 1_000 },
+];
+
+fn swarm(replicas: usize, seeds: u64) {
+    let minimums: Vec<Minimum> = MANAGED_MINIMUMS.iter().chain(CHAIN_MINIMUMS).copied().collect();
+    let summary = assert_swarm_passes(&sim_setup(None), replicas, seeds, &minimums);
+    eprintln!("{replicas} replicas: {:?}", summary.faults);
+}
 
 #[test]
 fn chain_is_linearizable_and_live_under_faults_with_3_replicas() {
-    assert_swarm_passes(&sim_setup(None), 3, SEEDS);
+    swarm(3, SEEDS);
 }
 
 #[test]
 fn chain_is_linearizable_and_live_under_faults_with_5_replicas() {
-    assert_swarm_passes(&sim_setup(None), 5, SEEDS);
+    swarm(5, SEEDS / 2);
 }
 
 #[test]
@@ -54,25 +67,42 @@ fn a_chain_seed_replays_exactly() {
     assert_eq!(first.run.events, second.run.events);
 }
 
-fn first_failing_seed(bug: Bug, replicas: usize, seeds_max: u64) -> Option<u64> {
-    let setup = sim_setup(Some(Arc::new(move |config| config.bug = Some(bug))));
-    let seeds: Vec<u64> = (0..seeds_max).collect();
-    let summary = sweep(&setup, replicas, &seeds, 2, &|verdict| verdict.passed());
-    summary.failing_seeds.first().copied()
+fn assert_caught(name: &str) {
+    let all = broken_variants();
+    let variant = all.iter().find(|variant| variant.name == name).expect("a chain variant");
+    let catch = first_violation(&variant.setup, 3, variant.seeds_max, 2);
+    eprintln!(
+        "chain {name}: first violation at seed {:?} ({} seeds run)",
+        catch.violation_seed, catch.seeds_run
+    );
+    assert!(
+        catch.violation_seed.is_some(),
+        "chain {name} survived {} seeds without a violation (panics {:?}, stalls {:?})",
+        variant.seeds_max,
+        catch.panicked_seeds.first(),
+        catch.liveness_only_seeds.first()
+    );
 }
 
 #[test]
 fn reading_at_a_non_tail_replica_without_the_read_lock_is_caught() {
-    for replicas in [3, 5] {
-        let found = first_failing_seed(Bug::ReadWithoutLock, replicas, 300);
-        assert!(found.is_some(), "ReadWithoutLock at {replicas} replicas survived 300 seeds");
-    }
+    assert_caught("read-without-lock");
 }
 
 #[test]
 fn executing_without_the_group_write_lock_is_caught() {
-    for replicas in [3, 5] {
-        let found = first_failing_seed(Bug::NoWriteLock, replicas, 300);
-        assert!(found.is_some(), "NoWriteLock at {replicas} replicas survived 300 seeds");
+    assert_caught("no-write-lock");
+}
+
+#[test]
+fn linking_a_joiner_before_its_copy_is_acknowledged_is_caught() {
+    assert_caught("link-before-copy-completes");
+}
+
+#[test]
+fn every_chain_variant_has_a_test() {
+    let tested = ["read-without-lock", "no-write-lock", "link-before-copy-completes"];
+    for variant in broken_variants() {
+        assert!(tested.contains(&variant.name.as_str()), "{} has no test", variant.name);
     }
 }

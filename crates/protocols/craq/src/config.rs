@@ -24,6 +24,12 @@ pub enum Bug {
     RejoinWithoutCopy,
 }
 
+impl Bug {
+    /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
+    pub const ALL: [Bug; 5] =
+        [Bug::ReadDirtyLocally, Bug::AckAtHead, Bug::IgnoreLease, Bug::JoinerServes, Bug::RejoinWithoutCopy];
+}
+
 #[derive(Clone, Debug)]
 pub struct CraqConfig {
     /// This replica.

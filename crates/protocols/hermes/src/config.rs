@@ -48,6 +48,25 @@ pub enum Bug {
     ChunkOverwritesNewer,
     /// A shadow serves clients before it has copied every chunk.
     ShadowServes,
+    /// Local reads (and RMWs) are served without a valid membership lease (§2.4): a replica
+    /// cut off from the others, or paused past its lease, answers from its own state after
+    /// the others moved on without it.
+    IgnoreLease,
+}
+
+impl Bug {
+    /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
+    pub const ALL: [Bug; 9] = [
+        Bug::ReadInAnyState,
+        Bug::ValIgnoresTimestamp,
+        Bug::KeepAcksOnViewChange,
+        Bug::RmwNeverAborts,
+        Bug::CommitOnMajority,
+        Bug::ValidateSuperseded,
+        Bug::ChunkOverwritesNewer,
+        Bug::ShadowServes,
+        Bug::IgnoreLease,
+    ];
 }
 
 #[derive(Clone, Debug)]

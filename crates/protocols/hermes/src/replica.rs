@@ -197,6 +197,11 @@ impl Hermes {
         false
     }
 
+    /// §2.4: local reads (and the local half of RMWs) need a valid lease.
+    fn leased(&self, now: Time) -> bool {
+        self.lease.is_valid(now) || self.has_bug(Bug::IgnoreLease)
+    }
+
     /// O2: a fresh (virtual) coordinator id for a new update's timestamp.
     fn next_cid(&mut self) -> u32 {
         let per_node = self.config.optimizations.virtual_ids_per_node;
@@ -226,7 +231,7 @@ impl Hermes {
     /// Serve stalled requests of `key` in arrival order, as far as the key's state allows.
     fn drain(&mut self, now: Time, key: &Key, out: &mut Outbox<Message>) {
         let read_in_any_state = self.has_bug(Bug::ReadInAnyState);
-        let leased = self.lease.is_valid(now);
+        let leased = self.leased(now);
         loop {
             let entry = self.keys.get_mut(&key[..]).expect("drained key exists");
             let Some(front) = entry.waiting.front() else { break };
@@ -686,7 +691,7 @@ impl Hermes {
     /// The membership (re-)added this replica: start over as a shadow. Whatever it held is
     /// dropped: it may be stale, and every value it needs comes from a donor or a new INV.
     fn become_shadow(&mut self, now: Time, out: &mut Outbox<Message>) {
-        debug_assert!(self.watched.is_empty() || !self.retired);
+        debug_assert!(self.watched.is_empty() || !self.retired || self.has_bug(Bug::ShadowServes));
         self.keys.clear();
         self.watched.clear();
         self.retired = false;
@@ -862,7 +867,7 @@ impl Replica for Hermes {
         // Without a lease the request waits (drain checks the lease) rather than failing:
         // under overload a renewal can come late, and a late answer beats an error. If the
         // replica is removed instead, leaving the view answers every waiter.
-        let leased = self.lease.is_valid(now);
+        let leased = self.leased(now);
         let command = if leased {
             match self.serve_without_queueing(now, request, &key, command, out) {
                 Some(queued) => queued,
@@ -926,14 +931,28 @@ impl Replica for Hermes {
         self.scratch_keys = keys;
     }
 
+    fn installed_view(&self) -> Option<View> {
+        Some(self.view)
+    }
+
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        let stats = &self.stats;
+        report("hermes.replays", stats.replays_started);
+        report("hermes.rmw_aborts", stats.rmw_aborts);
+        report("hermes.inv_retransmits", stats.inv_retransmits);
+        report("hermes.reads_stalled", stats.reads_stalled);
+        report("hermes.keys_copied", stats.keys_copied);
+        report("hermes.recoveries", stats.recoveries_completed);
+    }
+
     fn is_caught_up(&self) -> bool {
         self.participates() && self.shadow.is_none()
     }
 
     fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
-        let was_valid = self.lease.is_valid(now);
+        let was_valid = self.leased(now);
         self.lease = Lease::Until(valid_until);
-        if !was_valid && self.lease.is_valid(now) {
+        if !was_valid && self.leased(now) {
             // Requests stalled only for want of a lease can go now.
             let mut keys = std::mem::take(&mut self.scratch_keys);
             keys.extend(self.watched.iter().cloned());

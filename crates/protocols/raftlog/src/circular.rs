@@ -35,6 +35,8 @@ pub enum CircularError {
     TooLarge(u64),
     #[error("circular log is full: drain it first")]
     Full,
+    #[error("circular log: both header slots are damaged but the region holds data")]
+    HeaderDamaged,
 }
 
 /// One record found by replay.
@@ -55,6 +57,8 @@ pub struct CircularLog<M: RegionMemory> {
     next_seq: u64,
     /// The header slot counter last written.
     counter: u64,
+    /// Set by replay: a damaged record with valid ones after it.
+    damaged: Option<u64>,
 }
 
 fn header_crc(words: &[u64; 4]) -> u32 {
@@ -90,8 +94,16 @@ impl<M: RegionMemory> CircularLog<M> {
             tail: 0,
             next_seq: first_seq,
             counter: 0,
+            damaged: None,
         };
         let Some((counter, head, head_seq)) = log.read_header()? else {
+            // No valid header: a new region (all zeros) is formatted; anything else lost both
+            // header slots to damage, and formatting it would silently drop its records.
+            if !log.is_blank()? {
+                return Err(CircularError::HeaderDamaged);
+            }
+            // Both slots, so that one damaged slot later still leaves a valid one.
+            log.write_header(0, first_seq)?;
             log.write_header(0, first_seq)?;
             log.region.flush()?;
             return Ok((log, Vec::new()));
@@ -101,6 +113,21 @@ impl<M: RegionMemory> CircularLog<M> {
         log.head_seq = head_seq;
         let records = log.scan()?;
         Ok((log, records))
+    }
+
+    /// Whether the region holds nothing but zeros (never formatted).
+    fn is_blank(&self) -> Result<bool, CircularError> {
+        let mut chunk = vec![0u8; 4096];
+        let mut offset = 0;
+        while offset < self.region.size() {
+            let len = (self.region.size() - offset).min(chunk.len() as u64) as usize;
+            self.region.read(offset, &mut chunk[..len])?;
+            if chunk[..len].iter().any(|byte| *byte != 0) {
+                return Ok(false);
+            }
+            offset += len as u64;
+        }
+        Ok(true)
     }
 
     fn read_header(&self) -> Result<Option<(u64, u64, u64)>, CircularError> {
@@ -185,7 +212,40 @@ impl<M: RegionMemory> CircularLog<M> {
         }
         self.tail = at;
         self.next_seq = seq;
+        self.damaged = self.later_record_after(at, seq)?.then_some(seq);
         Ok(records)
+    }
+
+    /// Whether a valid record with a sequence number after `seq` lies past `at` (where the
+    /// scan stopped). Records are written in order, so past a torn tail nothing newer can be
+    /// valid: one that is means the record at `at` was damaged after it was written. Read only
+    /// at start-up, and only when the scan stopped before the end.
+    fn later_record_after(&self, at: u64, seq: u64) -> Result<bool, CircularError> {
+        let end = self.head + self.capacity;
+        let mut probe = at + 1;
+        while probe + RECORD_HEADER_BYTES <= end {
+            let mut header = [0u8; RECORD_HEADER_BYTES as usize];
+            self.read_wrapped(probe, &mut header)?;
+            let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
+            let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+            let record_seq = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+            let plausible = record_seq > seq && record_seq - seq < 1 << 32;
+            if plausible && probe + RECORD_HEADER_BYTES + len as u64 <= end {
+                let mut payload = vec![0u8; len as usize];
+                self.read_wrapped(probe + RECORD_HEADER_BYTES, &mut payload)?;
+                if record_crc(len, record_seq, &payload) == crc {
+                    return Ok(true);
+                }
+            }
+            probe += 1;
+        }
+        Ok(false)
+    }
+
+    /// The sequence number of a damaged record the replay stopped at, if valid records follow
+    /// it: the start must be refused rather than drop them.
+    pub fn damaged_record(&self) -> Option<u64> {
+        self.damaged
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -369,6 +429,20 @@ mod tests {
             records.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(),
             vec![b"one".to_vec(), b"two".to_vec()]
         );
+    }
+
+    #[test]
+    fn a_new_log_has_two_header_slots_and_losing_both_refuses_to_open() {
+        let (mut log, _) = CircularLog::open(region(8192), 1).unwrap();
+        log.append(b"record").unwrap();
+        log.flush().unwrap();
+        let mut region = log.into_region();
+        region.write(8, &[0xff; 8]).unwrap(); // slot A's counter
+        let (log, records) = CircularLog::open(region, 1).unwrap();
+        assert_eq!(records.len(), 1, "slot B still holds the head");
+        let mut region = log.into_region();
+        region.write(SLOT_BYTES + 8, &[0xff; 8]).unwrap(); // and slot B's
+        assert!(matches!(CircularLog::open(region, 1), Err(CircularError::HeaderDamaged)));
     }
 
     #[test]

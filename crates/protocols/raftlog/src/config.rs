@@ -16,6 +16,15 @@ pub enum Bug {
     /// Transactions take no locks: a lock step always grants, and single-key commands are
     /// never held back. Concurrent transfers lose updates and audits see half-done ones.
     NoTxnLocks,
+    /// The runtime syncs the two-level log only every 64th turn while every turn's messages
+    /// and replies leave at once (what `appendfsync everysec` trades): an acknowledged entry
+    /// can be lost when a majority crashes together.
+    AckBeforeSync,
+}
+
+impl Bug {
+    /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
+    pub const ALL: [Bug; 4] = [Bug::LocalReads, Bug::NoSessions, Bug::NoTxnLocks, Bug::AckBeforeSync];
 }
 
 #[derive(Clone, Debug)]
@@ -77,6 +86,14 @@ impl RaftLogConfig {
     /// Snapshots larger than this travel in chunks of this size.
     pub fn snapshot_chunk_bytes(&self) -> usize {
         (self.message_bytes_max / 2).clamp(1, SNAPSHOT_CHUNK_BYTES_MAX)
+    }
+
+    /// Whether a deliberately broken variant is on; always false without the feature.
+    pub fn has_bug(&self, _bug: Bug) -> bool {
+        #[cfg(feature = "broken-variants")]
+        return self.bug == Some(_bug);
+        #[cfg(not(feature = "broken-variants"))]
+        false
     }
 
     /// Defaults: 8 logs, 10 ms Raft ticks, elections after 100-160 ms at 3 replicas,

@@ -12,29 +12,45 @@
 //!   boot                       incarnation counter: this node's session client id
 //! ```
 //!
+//! Every file goes through a [`chorus_storage::Storage`] and the circular log through a
+//! `RegionMemory`: real files and an mmap'd region in production, the simulator's disk (which
+//! loses, tears and corrupts what was not synced) in the swarms, and a crash-test storage
+//! that keeps unsynced writes in the process's memory in process-level crash tests.
+//!
 //! Records carry sequence numbers that only grow. A checkpoint file records the first
 //! sequence number after it; writing it (to a temporary file, fsync, rename, fsync of the
 //! directory) is the commit point, after which the log file is truncated and the circular
 //! log emptied. Replay reads the checkpoint, then the log file's records, then the circular
 //! log's, keeping each sequence number once and requiring them to be consecutive: a crash
 //! between any two steps leaves either duplicates (skipped) or records older than the
-//! checkpoint (skipped), never a hole.
+//! checkpoint (skipped), never a hole. The circular log's header says which records were
+//! drained (durably) to the file, so the file must reach that far; a damaged record there, or
+//! in the middle of the circular log, refuses the start instead of silently dropping what
+//! followed it.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read as _, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
 use chorus_core::codec::WireMessage;
 use chorus_core::{ClientRequestId, Command, NodeId, Outbox, Replica, Time, View};
 pub use chorus_region::FlushBackend;
-use chorus_region::{Region, RegionStore, TenantId};
+use chorus_region::{RegionMemory, RegionStore, TenantId};
+use chorus_storage::{CrashTestStorage, FileStorage, Storage, StorageRegion};
 
 use crate::circular::{CircularError, CircularLog, RECORD_HEADER_BYTES};
 use crate::durable::{Checkpoint, Record, Recovered};
 use crate::{Message, RaftLog, RaftLogConfig};
 
 const SNAPSHOT_MAGIC: u64 = 0x7061_6e73_676f_6c72; // "rlogsnap"
+const LOG: &str = "log";
+const SNAPSHOT: &str = "snapshot";
+const BOOT: &str = "boot";
+const CIRCULAR: &str = "circular.region";
+
+/// The storage a two-level log uses for its files.
+pub type BoxedStorage = Box<dyn Storage + Send>;
+/// The memory its circular log lives in.
+pub type BoxedRegion = Box<dyn RegionMemory + Send>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
@@ -51,6 +67,18 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> DiskError {
     move |source| DiskError::Io { context, source }
 }
 
+/// Where the two-level log's files live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StorageKind {
+    /// Real files, the circular log in an mmap'd region.
+    #[default]
+    Files,
+    /// For process-level crash tests only: real files, but every write waits in the
+    /// process's memory until synced, and the circular log is a file of the same storage, so
+    /// killing the process loses exactly the unsynced writes (docs/testing.md).
+    CrashTest,
+}
+
 /// How the two-level log is set up.
 #[derive(Clone, Copy, Debug)]
 pub struct DiskOptions {
@@ -58,11 +86,20 @@ pub struct DiskOptions {
     pub circular_bytes: u64,
     /// How the circular log is made durable: `msync` (default) or `none` (volatile).
     pub flush: FlushBackend,
+    pub storage: StorageKind,
+    /// Broken variant `Bug::AckBeforeSync`: sync only every this many turns, while every
+    /// turn's messages and replies leave at once. 1 (correct): every turn.
+    pub sync_every_turns: u32,
 }
 
 impl Default for DiskOptions {
     fn default() -> Self {
-        DiskOptions { circular_bytes: 4 << 20, flush: FlushBackend::Msync }
+        DiskOptions {
+            circular_bytes: 4 << 20,
+            flush: FlushBackend::Msync,
+            storage: StorageKind::Files,
+            sync_every_turns: 1,
+        }
     }
 }
 
@@ -77,12 +114,13 @@ pub struct DiskStats {
 }
 
 pub struct TwoLevelLog {
-    dir: PathBuf,
-    circular: CircularLog<Region>,
-    file: File,
+    storage: BoxedStorage,
+    circular: CircularLog<BoxedRegion>,
     /// The largest sequence number in the log file.
     file_last_seq: u64,
     stats: DiskStats,
+    sync_every_turns: u32,
+    turns_unsynced: u32,
 }
 
 fn frame(seq: u64, payload: &[u8], buf: &mut Vec<u8>) {
@@ -124,36 +162,62 @@ fn parse_log_file(bytes: &[u8]) -> (Vec<(u64, Bytes)>, usize) {
     (records, at)
 }
 
-fn sync_dir(dir: &Path) -> Result<(), DiskError> {
-    File::open(dir).and_then(|dir_file| dir_file.sync_all()).map_err(io(format!("fsync {}", dir.display())))
+/// The storage and circular-log region `options` ask for, in `dir`.
+fn open_storage(dir: &Path, options: DiskOptions) -> Result<(BoxedStorage, BoxedRegion), DiskError> {
+    match options.storage {
+        StorageKind::Files => {
+            let storage = FileStorage::open(dir).map_err(io(format!("opening {}", dir.display())))?;
+            let store = RegionStore::open(dir, options.flush).map_err(CircularError::from)?;
+            let region = store
+                .register(TenantId(0), "circular", options.circular_bytes)
+                .map_err(CircularError::from)?;
+            Ok((Box::new(storage), Box::new(region)))
+        }
+        StorageKind::CrashTest => {
+            let storage = CrashTestStorage::open(dir).map_err(io(format!("opening {}", dir.display())))?;
+            let region = StorageRegion::open(storage.clone(), CIRCULAR, options.circular_bytes)
+                .map_err(CircularError::from)?;
+            Ok((Box::new(storage), Box::new(region)))
+        }
+    }
 }
 
 impl TwoLevelLog {
     /// Open (or create) the two-level log in `dir` and recover what it holds.
     pub fn open(dir: &Path, options: DiskOptions) -> Result<(TwoLevelLog, Recovered), DiskError> {
-        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-        let (checkpoint, first_seq) = read_checkpoint(&dir.join("snapshot"))?;
+        let (storage, region) = open_storage(dir, options)?;
+        TwoLevelLog::open_on(storage, region, options)
+    }
 
-        let log_path = dir.join("log");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&log_path)
-            .map_err(io(format!("opening {}", log_path.display())))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(io(format!("reading {}", log_path.display())))?;
+    /// Open the two-level log on `storage` (its files) and `region` (its circular log).
+    pub fn open_on(
+        mut storage: BoxedStorage,
+        region: BoxedRegion,
+        options: DiskOptions,
+    ) -> Result<(TwoLevelLog, Recovered), DiskError> {
+        let (checkpoint, first_seq) = read_checkpoint(storage.as_ref())?;
+        let bytes =
+            storage.read(LOG).map_err(io(format!("reading {}", storage.describe(LOG))))?.unwrap_or_default();
         let (file_records, valid_bytes) = parse_log_file(&bytes);
         if valid_bytes < bytes.len() {
-            file.set_len(valid_bytes as u64).map_err(io(format!("truncating {}", log_path.display())))?;
-            file.sync_data().map_err(io(format!("fsync {}", log_path.display())))?;
+            // A torn drain: cut it (the circular log still holds what it carried). If it was
+            // damage instead, the sequence check below finds the records it hid missing.
+            storage
+                .truncate(LOG, valid_bytes as u64)
+                .map_err(io(format!("truncating {}", storage.describe(LOG))))?;
+            storage.sync(LOG).map_err(io(format!("fsync {}", storage.describe(LOG))))?;
         }
         let file_last_seq = file_records.last().map_or(0, |(seq, _)| *seq);
 
-        let store = RegionStore::open(dir, options.flush).map_err(CircularError::from)?;
-        let region =
-            store.register(TenantId(0), "circular", options.circular_bytes).map_err(CircularError::from)?;
         let (mut circular, circular_records) = CircularLog::open(region, first_seq.max(file_last_seq + 1))?;
+        if let Some(damaged) = circular.damaged_record() {
+            return Err(DiskError::Corrupt(format!(
+                "{}: circular log record {damaged} is damaged and later records follow it",
+                storage.describe(CIRCULAR)
+            )));
+        }
+        // Everything before the circular log's head was drained to the file, durably.
+        let drained_through = circular.head_seq().saturating_sub(1);
 
         // Keep every sequence number from the checkpoint on, once, in order.
         let mut expected = first_seq;
@@ -168,13 +232,20 @@ impl TwoLevelLog {
             if seq > expected {
                 return Err(DiskError::Corrupt(format!(
                     "{}: record {expected} is missing (next found: {seq})",
-                    dir.display()
+                    storage.describe(LOG)
                 )));
             }
-            let record = Record::decode_exact(payload)
-                .map_err(|error| DiskError::Corrupt(format!("{}: record {seq}: {error}", dir.display())))?;
+            let record = Record::decode_exact(payload).map_err(|error| {
+                DiskError::Corrupt(format!("{}: record {seq}: {error}", storage.describe(LOG)))
+            })?;
             records.push(record);
             expected += 1;
+        }
+        if expected <= drained_through {
+            return Err(DiskError::Corrupt(format!(
+                "{}: records {expected}..={drained_through} were drained to it but are not there (damaged)",
+                storage.describe(LOG)
+            )));
         }
         // Appends continue after everything recovered (a checkpoint may be ahead of a
         // circular log whose reset the crash interrupted).
@@ -182,11 +253,12 @@ impl TwoLevelLog {
             circular.truncate_all(expected)?;
         }
         let log = TwoLevelLog {
-            dir: dir.to_path_buf(),
+            storage,
             circular,
-            file,
             file_last_seq,
             stats: DiskStats::default(),
+            sync_every_turns: options.sync_every_turns.max(1),
+            turns_unsynced: 0,
         };
         Ok((log, Recovered { checkpoint, records }))
     }
@@ -198,9 +270,13 @@ impl TwoLevelLog {
     /// Make `records` durable, in order; returns once they are (the circular log flushed,
     /// or a checkpoint file renamed into place).
     pub fn persist(&mut self, records: &[Record]) -> Result<(), DiskError> {
-        if records.is_empty() {
-            return Ok(());
-        }
+        self.write(records)?;
+        self.sync()
+    }
+
+    /// Write `records` (a checkpoint is made durable at once; the rest waits for
+    /// [`TwoLevelLog::sync`]).
+    pub fn write(&mut self, records: &[Record]) -> Result<(), DiskError> {
         let mut buf = BytesMut::new();
         for record in records {
             if let Record::Checkpoint(checkpoint) = record {
@@ -212,9 +288,19 @@ impl TwoLevelLog {
             self.append(&buf)?;
             self.stats.records_appended += 1;
         }
+        Ok(())
+    }
+
+    /// Make every record written so far durable: flush the circular log, and drain it into
+    /// the file once it is half full (Cyclone drains in batches).
+    pub fn sync(&mut self) -> Result<(), DiskError> {
+        self.turns_unsynced += 1;
+        if self.turns_unsynced < self.sync_every_turns {
+            return Ok(()); // Broken variant AckBeforeSync: the turn's messages leave anyway.
+        }
+        self.turns_unsynced = 0;
         self.circular.flush()?;
         self.stats.flushes += 1;
-        // Cyclone drains in batches: once half full, everything goes to the file at once.
         if self.circular.used_bytes() > self.circular.capacity_bytes() / 2 {
             self.drain()?;
         }
@@ -241,9 +327,9 @@ impl TwoLevelLog {
     }
 
     fn write_file(&mut self, bytes: &[u8]) -> Result<(), DiskError> {
-        let path = self.dir.join("log");
-        self.file.write_all(bytes).map_err(io(format!("appending to {}", path.display())))?;
-        self.file.sync_data().map_err(io(format!("fsync {}", path.display())))
+        let describe = self.storage.describe(LOG);
+        self.storage.append(LOG, bytes).map_err(io(format!("appending to {describe}")))?;
+        self.storage.sync(LOG).map_err(io(format!("fsync {describe}")))
     }
 
     /// Move every record of the circular log to the log file, then empty the circular log.
@@ -272,18 +358,12 @@ impl TwoLevelLog {
         let mut bytes = Vec::with_capacity(payload.len() + 24);
         bytes.extend_from_slice(&SNAPSHOT_MAGIC.to_le_bytes());
         frame(next_seq, &payload, &mut bytes);
-        let path = self.dir.join("snapshot");
-        let tmp = self.dir.join("snapshot.tmp");
-        let mut file = File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(io(format!("writing {}", tmp.display())))?;
-        std::fs::rename(&tmp, &path).map_err(io(format!("renaming {}", tmp.display())))?;
-        sync_dir(&self.dir)?;
+        let describe = self.storage.describe(SNAPSHOT);
+        self.storage.replace(SNAPSHOT, &bytes).map_err(io(format!("writing {describe}")))?;
         // The checkpoint is in place: both levels of the log may go.
-        let log_path = self.dir.join("log");
-        self.file.set_len(0).map_err(io(format!("truncating {}", log_path.display())))?;
-        self.file.sync_data().map_err(io(format!("fsync {}", log_path.display())))?;
+        let log = self.storage.describe(LOG);
+        self.storage.truncate(LOG, 0).map_err(io(format!("truncating {log}")))?;
+        self.storage.sync(LOG).map_err(io(format!("fsync {log}")))?;
         self.file_last_seq = next_seq.saturating_sub(1);
         self.circular.truncate_all(next_seq)?;
         self.stats.checkpoints += 1;
@@ -292,13 +372,12 @@ impl TwoLevelLog {
 }
 
 /// The checkpoint and the sequence number of the first record after it (1 without one).
-fn read_checkpoint(path: &Path) -> Result<(Option<Checkpoint>, u64), DiskError> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok((None, 1)),
-        Err(error) => return Err(io(format!("reading {}", path.display()))(error)),
+fn read_checkpoint(storage: &(dyn Storage + Send)) -> Result<(Option<Checkpoint>, u64), DiskError> {
+    let path = storage.describe(SNAPSHOT);
+    let Some(bytes) = storage.read(SNAPSHOT).map_err(io(format!("reading {path}")))? else {
+        return Ok((None, 1));
     };
-    let corrupt = |what: &str| DiskError::Corrupt(format!("{}: {what}", path.display()));
+    let corrupt = |what: &str| DiskError::Corrupt(format!("{path}: {what}"));
     if bytes.len() < 8 || bytes[..8] != SNAPSHOT_MAGIC.to_le_bytes() {
         return Err(corrupt("not a raftlog snapshot"));
     }
@@ -311,24 +390,28 @@ fn read_checkpoint(path: &Path) -> Result<(Option<Checkpoint>, u64), DiskError> 
     Ok((Some(checkpoint), next_seq))
 }
 
-/// Read, increment and durably store this node's incarnation counter.
-fn next_boot(dir: &Path) -> Result<u64, DiskError> {
-    let path = dir.join("boot");
-    let boot = match std::fs::read_to_string(&path) {
-        Ok(text) => text
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| DiskError::Corrupt(format!("{}: not a number", path.display())))?,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(error) => return Err(io(format!("reading {}", path.display()))(error)),
+/// Read, increment and durably store this node's incarnation counter: `"N CRC\n"`, the CRC-32
+/// of the decimal `N` (a damaged counter could reuse an old session's id). A bare `"N\n"`
+/// from before the checksum is still read.
+fn next_boot(storage: &mut (dyn Storage + Send)) -> Result<u64, DiskError> {
+    let path = storage.describe(BOOT);
+    let boot = match storage.read(BOOT).map_err(io(format!("reading {path}")))? {
+        None => 0,
+        Some(bytes) => {
+            let corrupt = || DiskError::Corrupt(format!("{path}: not a boot counter"));
+            let text = std::str::from_utf8(&bytes).map_err(|_| corrupt())?;
+            let mut words = text.split_whitespace();
+            let number = words.next().ok_or_else(corrupt)?;
+            if let Some(crc) = words.next() {
+                if crc.parse::<u32>().ok() != Some(chorus_storage::checksum(&[number.as_bytes()])) {
+                    return Err(DiskError::Corrupt(format!("{path}: checksum mismatch")));
+                }
+            }
+            number.parse::<u64>().map_err(|_| corrupt())?
+        }
     } + 1;
-    let tmp = dir.join("boot.tmp");
-    let mut file = File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
-    file.write_all(format!("{boot}\n").as_bytes())
-        .and_then(|()| file.sync_all())
-        .map_err(io(format!("writing {}", tmp.display())))?;
-    std::fs::rename(&tmp, &path).map_err(io(format!("renaming {}", tmp.display())))?;
-    sync_dir(dir)?;
+    let text = format!("{boot} {}\n", chorus_storage::checksum(&[boot.to_string().as_bytes()]));
+    storage.replace(BOOT, text.as_bytes()).map_err(io(format!("writing {path}")))?;
     Ok(boot)
 }
 
@@ -351,19 +434,32 @@ impl DurableRaftLog {
     /// Open `dir` (created if missing) and restore the replica the previous incarnation
     /// left there; the node rejoins under its old id.
     pub fn open(
-        mut config: RaftLogConfig,
+        config: RaftLogConfig,
         dir: &Path,
         options: DiskOptions,
     ) -> Result<DurableRaftLog, DiskError> {
-        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-        let boot = next_boot(dir)?;
+        let (storage, region) = open_storage(dir, options)?;
+        DurableRaftLog::open_on(config, storage, region, options)
+    }
+
+    /// Like [`DurableRaftLog::open`], on given storage (the simulator's disk).
+    pub fn open_on(
+        mut config: RaftLogConfig,
+        mut storage: BoxedStorage,
+        region: BoxedRegion,
+        mut options: DiskOptions,
+    ) -> Result<DurableRaftLog, DiskError> {
+        let boot = next_boot(storage.as_mut())?;
         // One at-most-once session per incarnation: the previous one may have batches in
         // flight under sequence numbers this one would reuse.
         config.session_client_id = ((config.me.0 as u64) << 40) | boot;
         config.durable = true;
-        let (disk, recovered) = TwoLevelLog::open(dir, options)?;
-        let core = RaftLog::restore(config, recovered)
-            .map_err(|error| DiskError::Corrupt(format!("{}: {error}", dir.display())))?;
+        if config.has_bug(crate::Bug::AckBeforeSync) {
+            options.sync_every_turns = 64;
+        }
+        let (disk, recovered) = TwoLevelLog::open_on(storage, region, options)?;
+        let core =
+            RaftLog::restore(config, recovered).map_err(|error| DiskError::Corrupt(error.to_string()))?;
         Ok(DurableRaftLog { core, disk: Some(disk), boot })
     }
 
@@ -422,6 +518,30 @@ impl Replica for DurableRaftLog {
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Message>) {
         self.core.on_view(now, view, out);
     }
+
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        self.core.event_counts(report);
+        let stats = self.disk_stats();
+        report("raftlog.disk_drains", stats.drains);
+        report("raftlog.disk_checkpoints", stats.checkpoints);
+    }
+
+    /// The simulator's two halves of `persist`: a crash may strike between them.
+    /// A node that cannot write must stop (the server exits); the simulator's disk never
+    /// fails a write, so here that is a panic the sweep reports.
+    fn write_durable(&mut self) -> bool {
+        let records = self.core.take_durable();
+        if let Some(disk) = &mut self.disk {
+            disk.write(&records).expect("the two-level log cannot be written");
+        }
+        !records.is_empty()
+    }
+
+    fn sync_durable(&mut self) {
+        if let Some(disk) = &mut self.disk {
+            disk.sync().expect("the two-level log cannot be synced");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -429,6 +549,9 @@ mod tests {
     use super::*;
     use crate::durable::LogCheckpoint;
     use raft::prelude::Entry;
+    use std::fs::OpenOptions;
+    use std::io::Write as _;
+    use std::path::PathBuf;
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("raftlog-disk-{}-{name}", std::process::id()));
@@ -437,7 +560,7 @@ mod tests {
     }
 
     fn small() -> DiskOptions {
-        DiskOptions { circular_bytes: 128 + 4096, flush: FlushBackend::Msync }
+        DiskOptions { circular_bytes: 128 + 4096, ..DiskOptions::default() }
     }
 
     fn entries(log: u32, from: u64, count: u64, size: usize) -> Record {
@@ -525,5 +648,61 @@ mod tests {
         std::fs::write(dir.join("snapshot"), b"garbage!garbage").unwrap();
         assert!(matches!(TwoLevelLog::open(&dir, small()), Err(DiskError::Corrupt(_))));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn on_sim(disk: &chorus_storage::SimDisk) -> Result<(TwoLevelLog, Recovered), DiskError> {
+        let region = StorageRegion::open(disk.clone(), CIRCULAR, 128 + 4096).unwrap();
+        TwoLevelLog::open_on(Box::new(disk.clone()), Box::new(region), DiskOptions::default())
+    }
+
+    /// Damage one byte of `file` at `at` (what a latent sector error does).
+    fn flip(disk: &chorus_storage::SimDisk, file: &str, at: usize) {
+        let mut bytes = disk.read(file).unwrap().unwrap();
+        bytes[at] ^= 0x40;
+        let mut writer = disk.clone();
+        writer.write_at(file, 0, &bytes).unwrap();
+        writer.sync(file).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_record_in_the_middle_of_the_circular_log_refuses_the_start() {
+        let disk = chorus_storage::SimDisk::new();
+        let (mut log, _) = on_sim(&disk).unwrap();
+        let records: Vec<Record> = (0..4).map(|i| entries(0, i + 1, 1, 100)).collect();
+        log.persist(&records).unwrap();
+        drop(log);
+        // The second record's payload: the first lies at the data area's start (128).
+        flip(&disk, CIRCULAR, 128 + (16 + 100 + 20) + 16 + 30);
+        match on_sim(&disk) {
+            Err(DiskError::Corrupt(message)) => assert!(message.contains("damaged"), "{message}"),
+            other => {
+                panic!("expected a refusal, got {:?}", other.map(|(_, recovered)| recovered.records.len()))
+            }
+        }
+    }
+
+    #[test]
+    fn a_damaged_record_in_the_log_file_refuses_the_start_even_with_the_circular_log_empty() {
+        let disk = chorus_storage::SimDisk::new();
+        let (mut log, _) = on_sim(&disk).unwrap();
+        let records: Vec<Record> = (0..3).map(|i| entries(0, i + 1, 1, 100)).collect();
+        log.persist(&records).unwrap();
+        log.drain().unwrap();
+        drop(log);
+        // The last record in the file, which the circular log no longer holds.
+        let file_bytes = disk.read(LOG).unwrap().unwrap().len();
+        flip(&disk, LOG, file_bytes - 10);
+        assert!(matches!(on_sim(&disk), Err(DiskError::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_damaged_boot_counter_refuses_the_start() {
+        let mut disk: BoxedStorage = Box::new(chorus_storage::SimDisk::new());
+        assert_eq!(next_boot(disk.as_mut()).unwrap(), 1);
+        assert_eq!(next_boot(disk.as_mut()).unwrap(), 2);
+        disk.replace(BOOT, b"7 12345\n").unwrap();
+        assert!(matches!(next_boot(disk.as_mut()), Err(DiskError::Corrupt(_))));
+        disk.replace(BOOT, b"7\n").unwrap(); // the format before the checksum
+        assert_eq!(next_boot(disk.as_mut()).unwrap(), 8);
     }
 }

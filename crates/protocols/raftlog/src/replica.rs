@@ -303,8 +303,16 @@ impl RaftLog {
                 storage
                     .append(&saved.entries)
                     .map_err(|error| format!("checkpoint of log {log}: {error}"))?;
-                *state = LogState::decode(saved.state.clone())
-                    .map_err(|error| format!("checkpoint of log {log}: state machine: {error}"))?;
+                // A log that had applied nothing when the checkpoint was taken (its first
+                // election still pending) was never compacted: its state is the empty one,
+                // saved as no bytes. Such a node used to refuse to restart (the simulator's
+                // power losses found it).
+                *state = if saved.snapshot_index == 0 && saved.state.is_empty() {
+                    LogState::default()
+                } else {
+                    LogState::decode(saved.state.clone())
+                        .map_err(|error| format!("checkpoint of log {log}: state machine: {error}"))?
+                };
             }
         }
         for record in recovered.records {
@@ -1378,8 +1386,10 @@ impl Replica for RaftLog {
                     self.stats.messages_refused += 1;
                     return;
                 }
+                let mut message = *message;
+                guard_log_length(&mut group.raft, &mut message);
                 // A stale or out-of-order message is the sender's problem, not a reason to stop.
-                let _ = group.raft.step(*message);
+                let _ = group.raft.step(message);
             }
             Message::SnapshotChunk { log, index, offset, total, header, data } => {
                 let Some(group) = self.groups.get_mut(log as usize) else {
@@ -1446,6 +1456,15 @@ impl Replica for RaftLog {
         self.flush(now, out);
     }
 
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        let stats = &self.stats;
+        report("raftlog.batches_resent", stats.batches_resent);
+        report("raftlog.proposals_duplicate", stats.proposals_duplicate);
+        report("raftlog.read_rounds_retried", stats.read_rounds_retried);
+        report("raftlog.snapshots_taken", stats.snapshots_taken);
+        report("raftlog.snapshots_installed", stats.snapshots_installed);
+    }
+
     fn on_view(&mut self, _now: Time, view: View, _out: &mut Outbox<Message>) {
         // Informational: every group's quorum already tolerates a crashed minority, and the
         // voters stay fixed (no conf changes yet). See docs/protocols/raftlog.md.
@@ -1484,6 +1503,29 @@ fn speculate_entry(group: &mut Group, batch: &EntryBatch, stats: &mut RaftLogSta
     }
 }
 
+/// Two messages raft-rs mishandles when a follower's log is shorter than the leader thinks
+/// (a node that lost its last entries: a replaced disk, or one that acknowledged before it
+/// synced): a heartbeat committing past the follower's end makes raft-rs panic, so it is
+/// clamped to what the log holds (a heartbeat commits nothing it does not hold); and the
+/// follower's rejection, hinting at an end below what it acknowledged, is taken for a stale
+/// message and ignored forever, so the leader lowers what it counts as matched and probes
+/// from there (commits may come later, never wrongly). chorus-membership does the same.
+fn guard_log_length(raft: &mut RawNode<LogStorage>, message: &mut raft::prelude::Message) {
+    let last_index = raft.raft.raft_log.last_index();
+    if message.get_msg_type() == MessageType::MsgHeartbeat && message.get_commit() > last_index {
+        message.set_commit(last_index);
+    }
+    if message.get_msg_type() == MessageType::MsgAppendResponse && message.get_reject() {
+        let hint = message.get_reject_hint();
+        if let Some(progress) = raft.raft.mut_prs().get_mut(message.get_from()) {
+            if hint < progress.matched {
+                progress.matched = hint;
+                progress.become_probe();
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1494,6 +1536,28 @@ mod tests {
         assert_eq!(log_of(b"", 8), (0xcbf2_9ce4_8422_2325u64 % 8) as usize);
         assert_eq!(log_of(b"a", 1_000_003), (0xaf63_dc4c_8601_ec8cu64 % 1_000_003) as usize);
         assert_eq!(log_of(b"foobar", 1_000_003), (0x85944171f73967e8u64 % 1_000_003) as usize);
+    }
+
+    /// A checkpoint taken before a log applied anything holds no state bytes for it (never
+    /// compacted): the node must still restart from it.
+    #[test]
+    fn a_checkpoint_with_a_log_that_applied_nothing_restores() {
+        let members: NodeSet = (0..3).map(NodeId).collect();
+        let mut config = RaftLogConfig::new(NodeId(0), members);
+        config.logs = 2;
+        config.durable = true;
+        let busy = LogCheckpoint {
+            snapshot_index: 3,
+            snapshot_term: 1,
+            state: LogState::default().encode(),
+            term: 1,
+            commit: 3,
+            ..LogCheckpoint::default()
+        };
+        let idle = LogCheckpoint::default();
+        let recovered =
+            Recovered { checkpoint: Some(Checkpoint { logs: vec![busy, idle] }), records: Vec::new() };
+        assert!(RaftLog::restore(config, recovered).is_ok());
     }
 
     #[test]

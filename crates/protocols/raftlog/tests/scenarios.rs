@@ -571,6 +571,32 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
     assert_eq!(cluster.reply_of(request), Some(Outcome::Written), "still serving");
 }
 
+/// A heartbeat committing past the end of the follower's log (its sender believes it holds
+/// more) made raft-rs panic: a panic reachable from the network. It is clamped instead.
+#[test]
+fn a_heartbeat_committing_past_the_log_does_not_panic() {
+    let mut cluster = settled_single_log();
+    let leader = cluster.leader_of(0, 0).expect("a leader");
+    let follower = (0..3).map(NodeId).find(|node| *node != leader).expect("a follower");
+    let mut heartbeat = raft::prelude::Message::default();
+    heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+    heartbeat.from = leader.0 as u64 + 1;
+    heartbeat.to = follower.0 as u64 + 1;
+    heartbeat.term = cluster.nodes[follower.index()].term(0);
+    heartbeat.commit = 1_000;
+    let mut out = Outbox::default();
+    let now = cluster.now;
+    cluster.nodes[follower.index()].on_message(
+        now,
+        leader,
+        Message::Raft { log: 0, message: Box::new(heartbeat) },
+        &mut out,
+    );
+    let request = cluster.client(follower.0, write("k", "v"));
+    cluster.deliver_all();
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Written), "still serving");
+}
+
 // ================================================================ broken variants
 
 #[test]

@@ -40,6 +40,12 @@ pub enum Bug {
     JoinerServesEarly,
 }
 
+impl Bug {
+    /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
+    pub const ALL: [Bug; 4] =
+        [Bug::CommitWithoutQuorum, Bug::LeaderReadsUncommitted, Bug::IgnoreLease, Bug::JoinerServesEarly];
+}
+
 #[derive(Clone, Debug)]
 pub struct ZabConfig {
     /// This replica.

@@ -795,17 +795,30 @@ impl Zab {
     /// (currentEpoch, last zxid). Comparing currentEpoch first matters: a history that a later
     /// leader synchronised a quorum to beats a longer one from an older epoch whose tail that
     /// leader discarded.
+    ///
+    /// Besides a quorum, every live member of the view must have answered. A view that adds a
+    /// node with a lower id than the old leader's moves the leadership to it while the old
+    /// leader stays live, and nothing else makes the old leader stop: its membership lease
+    /// goes on (the others still acknowledge a live member), so until it installs the new view
+    /// it keeps answering reads as the established leader of the old epoch, while the new
+    /// leader's quorum commits writes without it. A member answers `NewEpoch` only once it
+    /// has installed the new view, so waiting for every live member waits out the old
+    /// leader's reign. The simulator's main swarm found this (a paused leader rejoining). A
+    /// live member that cannot reach the new leader stalls recovery until the membership
+    /// removes it or the partition heals, as a Hermes write would.
     fn choose_history(&mut self, now: Time, out: &mut Outbox<Message>) {
         let quorum = self.config.quorum();
         let me = self.me();
         let from_index = self.fetch_from_index();
         let epoch = self.view.epoch;
         let timeout = self.config.retransmit_timeout;
+        let live = self.view.live;
         let Some(state) = self.leader_state() else { return };
         // A replica that restarted empty may have acknowledged entries it no longer holds: a
         // quorum of such replicas could miss a committed entry. Only complete ones count.
         let complete = state.infos.values().filter(|info| info.complete).count();
-        if state.phase != Phase::Discovery || complete < quorum {
+        let every_live_member = live.iter().all(|node| state.infos.contains_key(&node));
+        if state.phase != Phase::Discovery || complete < quorum || !every_live_member {
             return;
         }
         let rank = |node: NodeId, info: &FollowerInfo| (info.current_epoch, info.last_zxid, node == me);
@@ -1391,6 +1404,18 @@ impl Replica for Zab {
             // Leader-only messages from a replica that does not lead our view.
             _ => {}
         }
+    }
+
+    fn installed_view(&self) -> Option<View> {
+        Some(self.view)
+    }
+
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        let stats = &self.stats;
+        report("zab.reads_synced", stats.reads_synced);
+        report("zab.recoveries", stats.recoveries);
+        report("zab.retransmits", stats.retransmits);
+        report("zab.snapshots_installed", stats.snapshots_installed);
     }
 
     /// Until a restarted replica has been synchronised, the membership service must not count

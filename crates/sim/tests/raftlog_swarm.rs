@@ -1,0 +1,39 @@
+//! raftlog under the disk swarm (`chorus sim --protocol raftlog`): each node keeps its
+//! two-level log and checkpoints on its own simulated disk; crashes (some between a turn's
+//! writes and their sync), power losses of every node, restarts from what the disk kept
+//! (unsynced writes lost or torn), corrupted sectors that checksums must catch, drifting
+//! clocks and pauses, over network faults. Every history must be linearizable and live, and
+//! every kind of storage fault must have happened often enough for that to mean something.
+//! (crates/protocols/raftlog/tests/swarm.rs runs the in-memory core under the plain swarm.)
+
+use chorus_sim::runner::{assert_swarm_passes, Minimum, ProtocolSetup};
+
+const SEEDS: u64 = 1_000;
+
+/// Per 1,000 seeds; about half of what the sweep counted when the floors were set.
+const RAFTLOG_DISK_MINIMUMS: &[Minimum] = &[
+    Minimum { counter: "messages_lost", per_1000_seeds: 1_000 },
+    Minimum { counter: "partitions", per_1000_seeds: 500 },
+    Minimum { counter: "crashes", per_1000_seeds: 500 },
+    Minimum { counter: "crashes_mid_broadcast", per_1000_seeds: 50 },
+    Minimum { counter: "crashes_before_sync", per_1000_seeds: 8 },
+    Minimum { counter: "power_losses", per_1000_seeds: 120 },
+    Minimum { counter: "restarts", per_1000_seeds: 500 },
+    Minimum { counter: "storage_writes_lost", per_1000_seeds: 4 },
+    Minimum { counter: "storage_writes_torn", per_1000_seeds: 1 },
+    Minimum { counter: "storage_sectors_corrupted", per_1000_seeds: 60 },
+    Minimum { counter: "storage_corruption_detected", per_1000_seeds: 40 },
+    Minimum { counter: "clocks_drifting", per_1000_seeds: 500 },
+    Minimum { counter: "pauses", per_1000_seeds: 400 },
+    Minimum { counter: "ops_overlapping", per_1000_seeds: 50_000 },
+    Minimum { counter: "updates_interrupted", per_1000_seeds: 300 },
+    Minimum { counter: "raftlog.disk_drains", per_1000_seeds: 2_500 },
+    Minimum { counter: "raftlog.disk_checkpoints", per_1000_seeds: 5_000 },
+    Minimum { counter: "raftlog.snapshots_installed", per_1000_seeds: 400 },
+];
+
+#[test]
+fn raftlog_on_simulated_disks_loses_no_acknowledged_write_under_crashes_power_losses_and_corruption() {
+    let summary = assert_swarm_passes(&ProtocolSetup::raftlog(), 3, SEEDS, RAFTLOG_DISK_MINIMUMS);
+    eprintln!("{:?}", summary.faults);
+}
