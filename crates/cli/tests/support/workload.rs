@@ -1,6 +1,7 @@
 //! Concurrent Redis clients that record what they saw as a history for the linearizability
 //! checker: reads, writes and CAS on registers, INCR on counters, over a few hot keys.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -113,13 +114,21 @@ fn observed(command: &Command, outcome: &Option<Outcome>) -> Option<Option<Bytes
     }
 }
 
-fn client_loop(workload: Arc<Workload>, client: usize, origin: Instant) -> Vec<Operation> {
+fn client_loop(
+    workload: Arc<Workload>,
+    stop: Arc<AtomicBool>,
+    client: usize,
+    origin: Instant,
+) -> Vec<Operation> {
     let target = workload.targets[client % workload.targets.len()].clone();
     let mut con = connect(&target, workload.reply_timeout);
     let mut rng = Lcg(client as u64 + 1);
     let mut last_seen = None;
     let mut operations = Vec::new();
     for i in 0..workload.ops_per_client {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         thread::sleep(workload.think);
         let command = next_command(&mut rng, client, i, &last_seen);
         let invoke = Time::from_nanos(origin.elapsed().as_nanos() as u64);
@@ -154,12 +163,18 @@ fn client_loop(workload: Arc<Workload>, client: usize, origin: Instant) -> Vec<O
 
 /// Run every client to completion; the history is in invocation order.
 pub fn run(workload: Workload) -> History {
+    run_until(workload, Arc::new(AtomicBool::new(false)))
+}
+
+/// Run every client until it has issued `ops_per_client` operations or `stop` is set, so a
+/// test can keep clients running until the faults it injects have done what it needs.
+pub fn run_until(workload: Workload, stop: Arc<AtomicBool>) -> History {
     let origin = Instant::now();
     let workload = Arc::new(workload);
     let workers: Vec<_> = (0..workload.clients)
         .map(|client| {
-            let workload = workload.clone();
-            thread::spawn(move || client_loop(workload, client, origin))
+            let (workload, stop) = (workload.clone(), stop.clone());
+            thread::spawn(move || client_loop(workload, stop, client, origin))
         })
         .collect();
     let mut operations: Vec<Operation> =
