@@ -49,7 +49,7 @@ struct Chain {
     _hosts: Vec<ChildProcess>,
     addrs: Vec<SocketAddr>,
     _dir: TempDir,
-    _lab: NetLab,
+    lab: NetLab,
 }
 
 struct TempDir(PathBuf);
@@ -61,6 +61,12 @@ impl Drop for TempDir {
 }
 
 async fn start_chain(members: usize, loss_per_million: u32) -> Chain {
+    start_chain_with(members, loss_per_million, None).await
+}
+
+/// With `caller_rps_cpus`, every host steers its callers' datagrams to those CPUs
+/// (`HostConfig::kernel_caller_rps_cpus`: generic XDP on the callers' interface, then RPS).
+async fn start_chain_with(members: usize, loss_per_million: u32, caller_rps_cpus: Option<&str>) -> Chain {
     let lab = NetLab::create(members).expect("building the namespaces");
     let dir = TempDir(std::env::temp_dir().join(format!(
         "ck-kernel-test-{}-{}",
@@ -79,6 +85,7 @@ async fn start_chain(members: usize, loss_per_million: u32) -> Chain {
         config.flush = FlushBackend::None;
         config.datapath = Datapath::Kernel;
         config.kernel_loss_per_million = loss_per_million;
+        config.kernel_caller_rps_cpus = caller_rps_cpus.map(str::to_string);
         config.peers = peers.clone();
         config.worker_threads = 1;
         let command = lab.command_in(host, &[env!("CARGO_BIN_EXE_chorus-group-child").to_string()]);
@@ -87,7 +94,18 @@ async fn start_chain(members: usize, loss_per_million: u32) -> Chain {
         addrs.push(addr);
         hosts.push(child);
     }
-    Chain { _hosts: hosts, addrs, _dir: dir, _lab: lab }
+    Chain { _hosts: hosts, addrs, _dir: dir, lab }
+}
+
+/// `ip netns exec <namespace> <command>`'s standard output.
+fn in_namespace(chain: &Chain, host: usize, command: &[&str]) -> String {
+    let output = std::process::Command::new("ip")
+        .args(["netns", "exec", &chain.lab.namespace(host)])
+        .args(command)
+        .output()
+        .expect("ip netns exec");
+    assert!(output.status.success(), "{command:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn spec(chain: &Chain, group: u64, faults: Option<WireFaults>) -> GroupSpec {
@@ -205,6 +223,30 @@ fn kernel_path_matches_the_model_under_loss_duplication_and_reordering() {
                 reorder_per_million: 100_000,
             };
             differential(&chain, seed, 4, Some(faults)).await;
+        }
+    });
+}
+
+/// Every hop in the softirq of a steered CPU instead of the caller's `sendto`: the callers'
+/// interface runs the program in generic (skb) mode behind Receive Packet Steering, the other
+/// interfaces natively. Same operations, same model, same bytes.
+#[test]
+fn kernel_path_with_steered_arrivals_matches_the_model() {
+    require_kernel_path!();
+    runtime().block_on(async {
+        // CPU 0 exists everywhere; which CPU does not matter to the results.
+        let chain = start_chain_with(3, 0, Some("1")).await;
+        for host in 0..3 {
+            let link = in_namespace(&chain, host, &["ip", "link", "show", "ckr"]);
+            assert!(
+                link.contains("xdpgeneric"),
+                "host {host}: the callers' interface in generic mode: {link}"
+            );
+            let mask = in_namespace(&chain, host, &["cat", "/sys/class/net/ckr/queues/rx-0/rps_cpus"]);
+            assert_eq!(mask.trim().trim_start_matches(['0', ',']), "1", "host {host}: RPS mask");
+        }
+        for seed in 20..=21 {
+            differential(&chain, seed, 4, None).await;
         }
     });
 }

@@ -416,6 +416,9 @@ pub(crate) struct HostsPlan<'a> {
     /// path can run; `None`: on loopback.
     pub lab: Option<&'a NetLab>,
     pub datapath: Datapath,
+    /// The kernel path's RPS CPU mask at the interface facing the callers
+    /// ([`HostConfig::kernel_caller_rps_cpus`]).
+    pub caller_rps_cpus: Option<&'a str>,
 }
 
 pub(crate) async fn start_hosts(plan: HostsPlan<'_>) -> anyhow::Result<(Hosts, Vec<SocketAddr>)> {
@@ -439,6 +442,7 @@ pub(crate) async fn start_hosts(plan: HostsPlan<'_>) -> anyhow::Result<(Hosts, V
         };
         let mut host = HostConfig::new(listen, plan.dir.join(format!("host{i}")), credentials.clone());
         host.datapath = plan.datapath;
+        host.kernel_caller_rps_cpus = plan.caller_rps_cpus.map(str::to_string);
         // A 1 MiB kernel region slot per tenant (the default 64 would refuse T = 100).
         host.kernel_slots = (plan.tenants as u32).max(64);
         if let Some(lab) = plan.lab {
@@ -909,6 +913,7 @@ async fn run_all(
                 start_timeout: Duration::from_secs(10),
                 lab: lab.as_ref(),
                 datapath,
+                caller_rps_cpus: None,
             })
             .await?;
             let clients = groups(&addrs, 1, config.window, &tag, datapath).await?;

@@ -92,6 +92,16 @@ pub struct TenantsArgs {
     /// clients' threads are the chain's share of the CPU.
     #[arg(long, default_value_t = 1)]
     pub client_threads: usize,
+    /// Keep the tenants' client event loops on this CPU (every protocol alike; the replicas
+    /// and the background load stay free to run anywhere).
+    #[arg(long, value_name = "CPU")]
+    pub client_cpu: Option<usize>,
+    /// Kernel path: steer the callers' datagrams at every chain host to these CPUs (a
+    /// hexadecimal mask, e.g. 2 for CPU 1) with Receive Packet Steering, so every hop runs in
+    /// those CPUs' NET_RX softirq instead of inside the clients' `sendto`. With --client-cpu
+    /// outside the mask, no hop runs on the clients' CPU.
+    #[arg(long, value_name = "MASK")]
+    pub caller_rps_cpus: Option<String>,
     /// End the output with one JSON line: the data path, the target's ratios at T=32 under
     /// load, and the chain replicas' user CPU per operation there.
     #[arg(long)]
@@ -141,6 +151,14 @@ pub fn config_of(
     config.rounds = args.rounds;
     anyhow::ensure!(args.client_threads >= 1, "--client-threads is at least 1");
     config.client_threads = args.client_threads;
+    config.client_cpu = args.client_cpu;
+    if let Some(mask) = &args.caller_rps_cpus {
+        anyhow::ensure!(
+            !mask.is_empty() && mask.chars().all(|c| c.is_ascii_hexdigit()),
+            "--caller-rps-cpus is a hexadecimal CPU mask, e.g. 2 for CPU 1"
+        );
+        config.caller_rps_cpus = Some(mask.clone());
+    }
     config.child_command = Some(child_command);
     anyhow::ensure!(
         !args.idle_load || background_load_command.is_some(),
@@ -400,6 +418,12 @@ pub fn summary(report: &TenantsReport) -> String {
             config.replica_nice, config.client_nice, config.client_threads
         )
     };
+    if let Some(cpu) = config.client_cpu {
+        let _ = write!(text, "; clients on CPU {cpu}");
+    }
+    if let Some(mask) = &config.caller_rps_cpus {
+        let _ = write!(text, "; the chain's hops steered to CPU mask {mask} (RPS)");
+    }
     if config.rounds > 1 {
         let _ = write!(text, "; every point the median of {} interleaved rounds", config.rounds);
     }

@@ -156,6 +156,17 @@ pub struct TenantsConfig {
     /// Event-loop threads the tenants' clients are spread over (every mode alike).
     #[serde(default = "one_loop")]
     pub client_threads: usize,
+    /// Keep the clients' event loops on this CPU (every mode alike); the replicas and the
+    /// background load stay free. With [`TenantsConfig::caller_rps_cpus`] naming the other
+    /// CPUs, the chain's hops never run on the clients' CPU.
+    #[serde(default)]
+    pub client_cpu: Option<usize>,
+    /// Kernel path: the chain's hosts steer their callers' datagrams to these CPUs (a
+    /// hexadecimal mask) with Receive Packet Steering, so every hop runs in those CPUs'
+    /// softirq instead of inside the clients' `sendto`
+    /// ([`chorus_group::runtime::HostConfig::kernel_caller_rps_cpus`]).
+    #[serde(default)]
+    pub caller_rps_cpus: Option<String>,
 }
 
 fn one_loop() -> usize {
@@ -189,6 +200,8 @@ impl Default for TenantsConfig {
             rounds: 1,
             datapath: Datapath::User,
             client_threads: 1,
+            client_cpu: None,
+            caller_rps_cpus: None,
         }
     }
 }
@@ -255,6 +268,11 @@ pub struct TenantsResult {
     /// 1.0, the clients themselves were the bottleneck. `None` in older reports.
     #[serde(default)]
     pub client_cpu_cores: Option<f64>,
+    /// Time the clients' event loops spent runnable but waiting for a CPU (the run-queue
+    /// wait of /proc/thread-self/schedstat), over the window: the share of every operation's
+    /// latency that is the client's scheduling, not the replicas' work. `None` in older reports.
+    #[serde(default)]
+    pub client_wait_cores: Option<f64>,
     /// Where the chain's operations were applied (Naïve and Hermes: always user space).
     #[serde(default)]
     pub datapath: Datapath,
@@ -313,6 +331,7 @@ impl TenantsResult {
                 .collect::<Option<Vec<bool>>>()
                 .map(|each| each.into_iter().all(|fifo| fifo)),
             client_cpu_cores: median_some(&|r| r.client_cpu_cores),
+            client_wait_cores: median_some(&|r| r.client_wait_cores),
             datapath: first.datapath,
             replica_user_cpu_us_per_op: median_some(&|r| r.replica_user_cpu_us_per_op),
             per_op: rounds.iter().all(|r| r.per_op.is_some()).then(|| {
@@ -349,7 +368,7 @@ impl TenantsReport {
 
     pub fn table(&self) -> String {
         let mut text = format!(
-            "{:<20} {:<4} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>6}\n",
+            "{:<20} {:<4} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}\n",
             "mode",
             "load",
             "T",
@@ -361,11 +380,13 @@ impl TenantsReport {
             "cpu_us/op",
             "usr_us/op",
             "sirq_us/op",
+            "cli_cpu",
+            "cli_wait",
             "procs"
         );
         for r in &self.results {
             text.push_str(&format!(
-                "{:<20} {:<4} {:>4} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>9} {:>9} {:>9} {:>6}\n",
+                "{:<20} {:<4} {:>4} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}\n",
                 format!("{} ({})", r.mode.name(), r.datapath.name()),
                 if r.background_load { "bg" } else { "-" },
                 r.tenants,
@@ -377,6 +398,8 @@ impl TenantsReport {
                 r.replica_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.0}")),
                 r.replica_user_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.1}")),
                 r.per_op.map_or("-".to_string(), |p| format!("{:.1}", p.softirq_us)),
+                r.client_cpu_cores.map_or("-".to_string(), |c| format!("{c:.2}")),
+                r.client_wait_cores.map_or("-".to_string(), |c| format!("{c:.2}")),
                 r.replica_processes,
             ));
         }
@@ -564,6 +587,7 @@ fn summarize(
         update_p99_rounds_us: vec![micros(&updates, 0.99)],
         replicas_fifo: None,
         client_cpu_cores: None,
+        client_wait_cores: None,
         datapath: Datapath::User,
         replica_user_cpu_us_per_op: None,
         per_op: None,
@@ -614,13 +638,15 @@ where
     let measured = measure_on_loops(config, tenants, &replicas, &connect)?;
     let result =
         summarize(mode, tenants, loaded, &replicas, measured.runs, measured.window, measured.cpu_us)?;
-    let client_cpu_cores =
-        Some(measured.client_cpu_us as f64 / 1e6 / measured.window.as_secs_f64().max(1e-9));
+    let window_s = measured.window.as_secs_f64().max(1e-9);
+    let client_cpu_cores = Some(measured.client_cpu_us as f64 / 1e6 / window_s);
+    let client_wait_cores = measured.client_wait_us.map(|wait| wait as f64 / 1e6 / window_s);
     let ops = result.updates + result.reads;
     let per_op = measured.counters.map(|counters| counters.per_op(ops));
     Ok(TenantsResult {
         replicas_fifo: measured.replicas_fifo,
         client_cpu_cores,
+        client_wait_cores,
         replica_user_cpu_us_per_op: per_op.map(|p| p.user_us),
         per_op,
         ..result
@@ -679,14 +705,22 @@ where
                         // Every tenant is idle here: the /proc reads stay outside the window.
                         barrier.wait();
                         let cpu_before = thread_cpu_us();
+                        let wait_before = thread_wait_us();
                         let done = warmed.and_then(|warmed| {
                             let clients = warmed.into_iter().map(|(client, rng, _)| (client, rng)).collect();
                             local.block_on(runtime, drive_all(clients, measure, workload))
                         });
                         let cpu_us = thread_cpu_us().saturating_sub(cpu_before);
+                        let wait_us = thread_wait_us()
+                            .zip(wait_before)
+                            .map(|(after, before)| after.saturating_sub(before));
                         barrier.wait();
                         done.map(|done| {
-                            (done.into_iter().map(|(_, _, run)| run).collect::<Vec<TenantRun>>(), cpu_us)
+                            (
+                                done.into_iter().map(|(_, _, run)| run).collect::<Vec<TenantRun>>(),
+                                cpu_us,
+                                wait_us,
+                            )
                         })
                     };
                     match runtime {
@@ -718,14 +752,16 @@ where
             .map(|(after, before)| after.since(&before));
         let mut runs = Vec::with_capacity(tenants);
         let mut client_cpu_us = 0;
+        let mut client_wait_us = Some(0);
         for thread in threads {
-            let (loop_runs, cpu) =
+            let (loop_runs, cpu, wait) =
                 thread.join().map_err(|_| anyhow::anyhow!("a tenants' event loop panicked"))??;
             runs.extend(loop_runs);
             client_cpu_us += cpu;
+            client_wait_us = client_wait_us.zip(wait).map(|(sum, wait)| sum + wait);
         }
         anyhow::ensure!(runs.len() == tenants, "{} of {tenants} tenants reported", runs.len());
-        Ok(Measured { runs, window, cpu_us, replicas_fifo, client_cpu_us, counters })
+        Ok(Measured { runs, window, cpu_us, replicas_fifo, client_cpu_us, client_wait_us, counters })
     })
 }
 
@@ -739,6 +775,8 @@ struct Measured {
     replicas_fifo: Option<bool>,
     /// The event loops' own CPU time in the window.
     client_cpu_us: u64,
+    /// The event loops' run-queue wait in the window (`None` without schedstat).
+    client_wait_us: Option<u64>,
     /// The replicas' and the machine's counters over the window.
     counters: Option<HostCounters>,
 }
@@ -752,6 +790,14 @@ fn thread_cpu_us() -> u64 {
         return 0;
     }
     now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
+}
+
+/// Time the calling thread has spent runnable but waiting for a CPU (the second field of
+/// /proc/thread-self/schedstat, in nanoseconds). `None` where the kernel has no schedstat.
+fn thread_wait_us() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let wait_ns: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(wait_ns / 1_000)
 }
 
 /// Run every tenant's closed loop for `duration`, concurrently on the current `LocalSet`;
@@ -817,6 +863,9 @@ async fn drive_loop(
 /// [`TenantsConfig::fifo`], else `client_nice` (Linux niceness is per thread). Best effort: an
 /// unprivileged process cannot raise either, and the run goes on at the inherited priority.
 fn schedule_client_thread(config: &TenantsConfig) {
+    if let Some(cpu) = config.client_cpu {
+        pin_client_thread(cpu);
+    }
     // SAFETY: gettid, sched_setscheduler and setpriority on the calling thread; the only
     // memory passed is a sched_param that outlives the call.
     let (result, what) = unsafe {
@@ -833,6 +882,21 @@ fn schedule_client_thread(config: &TenantsConfig) {
     };
     if result != 0 {
         eprintln!("tenants: cannot set the clients' {what}: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// Keep the calling (client) thread on `cpu` ([`TenantsConfig::client_cpu`]). Best effort, as
+/// the other scheduling options: the run goes on unpinned, saying so.
+fn pin_client_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity on the
+    // calling thread (tid 0) only read it.
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if result != 0 {
+        eprintln!("tenants: cannot pin the clients to CPU {cpu}: {}", std::io::Error::last_os_error());
     }
 }
 
@@ -865,6 +929,7 @@ fn run_point(
         start_timeout: Duration::from_secs(30),
         lab: lab.as_ref(),
         datapath,
+        caller_rps_cpus: config.caller_rps_cpus.as_deref(),
     }))?;
     let host_pids = hosts.pids();
     let processes = if mode.is_naive() { GROUP_SIZE * (tenants + 1) } else { GROUP_SIZE };
@@ -1089,6 +1154,7 @@ mod tests {
             update_p99_rounds_us: vec![p99],
             replicas_fifo: Some(true),
             client_cpu_cores: cpu,
+            client_wait_cores: None,
             datapath: Datapath::User,
             replica_user_cpu_us_per_op: cpu,
             per_op: cpu.map(|c| PerOp { user_us: c, ..PerOp::default() }),

@@ -97,8 +97,15 @@ pub struct KernelDatapath {
 
 impl KernelDatapath {
     /// Load and attach to `interfaces` (empty: every interface here but `lo`), serving UDP
-    /// `port`, with `slots` regions of up to [`REGION_BYTES_MAX`] (0: the default).
-    pub fn start(port: u16, interfaces: &[String], slots: u32) -> Result<KernelDatapath, String> {
+    /// `port`, with `slots` regions of up to [`REGION_BYTES_MAX`] (0: the default). With
+    /// `caller_rps_cpus`, the interface facing the callers steers arrivals to those CPUs
+    /// ([`HostConfig::kernel_caller_rps_cpus`](crate::runtime::HostConfig)).
+    pub fn start(
+        port: u16,
+        interfaces: &[String],
+        slots: u32,
+        caller_rps_cpus: Option<&str>,
+    ) -> Result<KernelDatapath, String> {
         if let Some(reason) = unavailable_reason() {
             return Err(reason);
         }
@@ -119,6 +126,13 @@ impl KernelDatapath {
             .map_err(|e| format!("ck_group_xdp: {e}"))?;
         program.load().map_err(|e| format!("the verifier refused ck_group_xdp: {e:?}"))?;
         for interface in &interfaces {
+            if let Some(mask) = caller_rps_cpus.filter(|_| interface == CALLER_INTERFACE) {
+                steer_arrivals(interface, mask)?;
+                program
+                    .attach(interface, XdpFlags::SKB_MODE)
+                    .map_err(|e| format!("attaching XDP (generic) to {interface}: {e}"))?;
+                continue;
+            }
             program
                 .attach(interface, XdpFlags::DRV_MODE)
                 .map_err(|e| format!("attaching XDP (native) to {interface}: {e}"))?;
@@ -259,8 +273,8 @@ impl KernelDatapath {
     /// Drop this share of the datagrams arriving here (tests: loss on the wire).
     pub fn set_loss_per_million(&self, loss_per_million: u32) -> Result<(), String> {
         let mut maps = self.maps();
-        let port = maps.config.get(&0, 0).map_err(|e| e.to_string())?.port;
-        maps.config.set(0, Config { port, reserved: 0, loss_per_million }, 0).map_err(|e| e.to_string())
+        let config = maps.config.get(&0, 0).map_err(|e| e.to_string())?;
+        maps.config.set(0, Config { loss_per_million, ..config }, 0).map_err(|e| e.to_string())
     }
 
     /// The program's counters, summed over CPUs.
@@ -275,6 +289,21 @@ impl KernelDatapath {
             })
             .collect()
     }
+}
+
+/// The interface that faces the callers in a `netlab` namespace.
+const CALLER_INTERFACE: &str = "ckr";
+
+/// The interface facing the callers takes the program in generic (skb) mode, without NAPI, so
+/// a caller's datagram goes through `netif_rx`, and Receive Packet Steering queues it to a CPU
+/// of `mask` (hexadecimal), whose NET_RX softirq (raised by an IPI, preempting whatever task
+/// runs there) runs the program and every later hop, instead of the caller's own `sendto`.
+fn steer_arrivals(interface: &str, mask: &str) -> Result<(), String> {
+    if mask.is_empty() || !mask.chars().all(|c| c.is_ascii_hexdigit() || c == ',') {
+        return Err(format!("RPS CPU mask {mask:?}: expected hexadecimal digits, e.g. 2 for CPU 1"));
+    }
+    let path = format!("/sys/class/net/{interface}/queues/rx-0/rps_cpus");
+    std::fs::write(&path, mask).map_err(|e| format!("writing {mask:?} to {path}: {e}"))
 }
 
 fn map_regions(map: aya::maps::Map, slots: u32) -> Result<Regions, String> {

@@ -207,6 +207,13 @@ pub struct HostConfig {
     /// Kernel path: drop this share of arriving datagrams (tests: loss on the wire).
     #[serde(default)]
     pub kernel_loss_per_million: u32,
+    /// Kernel path, inside a `kernel::netlab` namespace: a hexadecimal CPU mask for Receive
+    /// Packet Steering on the interface facing the callers (`ckr`), which then takes the program
+    /// in generic mode, so every hop of an operation runs in the NET_RX softirq of a CPU of the
+    /// mask (raised by an IPI) rather than inside the caller's `sendto`. `None`: native XDP
+    /// everywhere. docs/benchmarks.md ("The chain on the kernel data path") measures both.
+    #[serde(default)]
+    pub kernel_caller_rps_cpus: Option<String>,
     #[serde(default)]
     pub quotas: TenantQuotas,
     /// The other group hosts: a member's next hop must have one of their IP addresses (or a
@@ -253,6 +260,7 @@ impl HostConfig {
             kernel_interfaces: Vec::new(),
             kernel_slots: 0,
             kernel_loss_per_million: 0,
+            kernel_caller_rps_cpus: None,
             quotas: TenantQuotas::default(),
             peers: Vec::new(),
         }
@@ -361,7 +369,8 @@ fn start_kernel(config: &HostConfig, port: u16) -> Option<KernelDatapath> {
         warn!("the Naïve baseline has no kernel data path: its replicas do the work");
         return None;
     }
-    match KernelDatapath::start(port, &config.kernel_interfaces, config.kernel_slots) {
+    let rps = config.kernel_caller_rps_cpus.as_deref();
+    match KernelDatapath::start(port, &config.kernel_interfaces, config.kernel_slots, rps) {
         Ok(kernel) => {
             if config.kernel_loss_per_million > 0 {
                 if let Err(error) = kernel.set_loss_per_million(config.kernel_loss_per_million) {
