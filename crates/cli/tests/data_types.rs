@@ -59,6 +59,19 @@ fn typed_values_written_at_one_replica_are_read_at_another_on_every_protocol() {
         assert_eq!(query::<String>(&mut b, "GEODIST places p1 p2 km"), "3.0674", "{p}");
         assert_eq!(query::<Vec<String>>(&mut b, "GEOHASH places p1"), ["sp3e9yg3kd0"], "{p}");
 
+        // Streams: explicit IDs (auto IDs come from the coordinator's clock), a consumer
+        // group whose pending entries follow the stream to another replica.
+        assert_eq!(query::<String>(&mut a, "XADD events 1-1 kind signup"), "1-1", "{p}");
+        assert_eq!(query::<String>(&mut b, "XADD events 1-2 kind login"), "1-2", "{p}");
+        assert!(error_of(&mut a, "XADD events 1-1 kind late").contains("equal or smaller"), "{p}");
+        assert_eq!(query::<i64>(&mut a, "XLEN events"), 2, "{p}");
+        assert_eq!(query::<String>(&mut a, "XGROUP CREATE events workers 0"), "OK", "{p}");
+        let read: Value = query(&mut b, "XREADGROUP GROUP workers w1 COUNT 1 STREAMS events >");
+        assert!(format!("{read:?}").contains("signup"), "{p}: {read:?}");
+        assert_eq!(query::<i64>(&mut a, "XACK events workers 1-1"), 1, "{p}");
+        assert_eq!(query::<i64>(&mut a, "XTRIM events MAXLEN ~ 0"), 2, "{p}");
+        assert_eq!(query::<String>(&mut b, "TYPE events"), "stream", "{p}");
+
         // WRONGTYPE as Redis words it, and nothing changes.
         let wrong = error_of(&mut b, "SADD queue x");
         assert!(

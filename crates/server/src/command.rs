@@ -221,6 +221,20 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("georadius_ro", -6, &["readonly"], ONE_KEY),
     spec("georadiusbymember", -5, &["write", "denyoom"], ONE_KEY),
     spec("georadiusbymember_ro", -5, &["readonly"], ONE_KEY),
+    spec("xadd", -5, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("xlen", 2, &["readonly", "fast"], ONE_KEY),
+    spec("xrange", -4, &["readonly"], ONE_KEY),
+    spec("xrevrange", -4, &["readonly"], ONE_KEY),
+    spec("xdel", -3, &["write", "fast"], ONE_KEY),
+    spec("xtrim", -4, &["write"], ONE_KEY),
+    spec("xread", -4, &["readonly", "blocking"], NO_KEYS),
+    spec("xreadgroup", -7, &["write", "blocking"], NO_KEYS),
+    spec("xgroup", -2, &["write"], NO_KEYS),
+    spec("xack", -4, &["write", "fast"], ONE_KEY),
+    spec("xpending", -3, &["readonly"], ONE_KEY),
+    spec("xclaim", -6, &["write", "fast"], ONE_KEY),
+    spec("xautoclaim", -6, &["write", "fast"], ONE_KEY),
+    spec("xinfo", -2, &["readonly"], NO_KEYS),
 ];
 
 /// Every command name for metrics, plus `unknown` for everything else.

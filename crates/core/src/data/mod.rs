@@ -15,6 +15,7 @@ mod hashes;
 mod keys;
 mod list;
 mod set;
+pub mod stream;
 mod strings;
 pub mod value;
 mod zset;
@@ -213,6 +214,21 @@ pub const COMMANDS: &[(&str, i64, Access)] = {
         ("georadius_ro", -6, R),
         ("georadiusbymember", -5, R),
         ("georadiusbymember_ro", -5, R),
+        // streams (XREAD/XREADGROUP over several keys are split into one op per key)
+        ("xadd", -5, W),
+        ("xlen", 2, R),
+        ("xrange", -4, R),
+        ("xrevrange", -4, R),
+        ("xdel", -3, W),
+        ("xtrim", -4, W),
+        ("xread", -4, R),
+        ("xreadgroup", -7, W),
+        ("xgroup", -4, W),
+        ("xack", -4, W),
+        ("xpending", -3, R),
+        ("xclaim", -6, W),
+        ("xautoclaim", -6, W),
+        ("xinfo", -3, R),
     ]
 };
 
@@ -225,8 +241,19 @@ pub fn access(name: &str) -> Option<Access> {
 pub fn key_of(args: &[Bytes]) -> &Bytes {
     let name = args[0].to_ascii_lowercase();
     match name.as_slice() {
-        b"object" | b"memory" => &args[2],
+        b"object" | b"memory" | b"xgroup" | b"xinfo" => &args[2],
+        b"xread" | b"xreadgroup" => key_of_stream_read(args),
         _ => &args[1],
+    }
+}
+
+/// The key of XREAD/XREADGROUP `... STREAMS key id` (the server splits several keys into
+/// one op each); the last argument but one if the command is malformed (it then fails).
+pub fn key_of_stream_read(args: &[Bytes]) -> &Bytes {
+    let streams = args.iter().position(|arg| arg.eq_ignore_ascii_case(b"streams"));
+    match streams {
+        Some(at) if at + 1 < args.len() => &args[at + 1],
+        _ => &args[args.len().saturating_sub(2).max(1).min(args.len() - 1)],
     }
 }
 
@@ -245,6 +272,9 @@ pub fn bytes_bound(op: &ExecOp, current_bytes: usize) -> usize {
     let grown_to = match name.as_slice() {
         b"setrange" => offset(2).saturating_add(op.args.get(3).map_or(0, |patch| patch.len())),
         b"setbit" => offset(2) / 8 + 1,
+        // A delivery or a claim adds a pending entry per stream entry: bounded only by the
+        // limit itself.
+        b"xreadgroup" | b"xclaim" | b"xautoclaim" => return op.bytes_max as usize,
         _ => 0,
     };
     current_bytes.max(grown_to).saturating_add(added + HEADER_BYTES).min(op.bytes_max as usize)
@@ -319,6 +349,7 @@ typed_access!(hash, hash_mut, Hash, crate::hash::Fields, Vec::new());
 typed_access!(list, list_mut, List, Vec<Bytes>, Vec::new());
 typed_access!(set, set_mut, Set, std::collections::BTreeSet<Bytes>, Default::default());
 typed_access!(zset, zset_mut, ZSet, std::collections::BTreeMap<Bytes, f64>, Default::default());
+typed_access!(stream, stream_mut, Stream, Box<stream::Stream>, Default::default());
 
 /// Run a typed command against a key's stored value. Pure and deterministic: the same op on
 /// the same value gives the same effect at every replica.
@@ -362,6 +393,7 @@ fn run(args: &[Bytes], slot: &mut Slot) -> Reply {
         .or_else(|| set::run(&name, &args, slot))
         .or_else(|| zset::run(&name, &args, slot))
         .or_else(|| geo::run(&name, &args, slot))
+        .or_else(|| stream::run(&name, &args, slot))
         .unwrap_or_else(|| Err(format!("ERR unknown command '{name}'")))
 }
 

@@ -285,3 +285,49 @@ fn geo_positions_hashes_and_distances_match_redis() {
     assert_eq!(key.run("GEOADD g 181 0 bad"), err("ERR invalid longitude,latitude pair 181.000000,0.000000"));
     assert_eq!(key.run("TYPE g"), Data::Status("zset".into()));
 }
+
+#[test]
+fn streams_add_read_trim_and_track_pending_entries() {
+    let mut key = Key::new();
+    assert_eq!(key.run("XADD s 5-1 f a"), Data::bulk("5-1"));
+    // An automatic ID never goes below the last one, whatever the clock says.
+    key.now_ms = 3;
+    assert_eq!(key.run("XADD s * f b"), Data::bulk("5-2"));
+    key.now_ms = 7;
+    assert_eq!(key.run("XADD s 7-* f c"), Data::bulk("7-0"));
+    assert_eq!(
+        key.run("XADD s 6-0 f d"),
+        err("ERR The ID specified in XADD is equal or smaller than the target stream top item")
+    );
+    assert_eq!(key.run("XLEN s"), int(3));
+    assert_eq!(key.run("XGROUP CREATE s g 0"), Data::ok());
+    let delivered = key.run("XREADGROUP GROUP g c COUNT 2 STREAMS s >");
+    assert!(format!("{delivered:?}").contains("5-2") && !format!("{delivered:?}").contains("7-0"));
+    assert_eq!(key.run("XACK s g 5-1 9-9"), int(1));
+    // Approximate trimming removes whole nodes only: the one node goes when MAXLEN is 0.
+    assert_eq!(key.run("XTRIM s MAXLEN ~ 1"), int(0));
+    assert_eq!(key.run("XTRIM s MAXLEN ~ 0"), int(3));
+    assert_eq!(key.run("XLEN s"), int(0));
+    // The still pending entry was deleted: its history answers it without fields.
+    let history = key.run("XREADGROUP GROUP g c STREAMS s 0");
+    assert_eq!(history, Data::Array(vec![Data::Array(vec![Data::bulk("5-2"), Data::NilArray])]));
+    // An empty stream stays, with its last ID.
+    assert_eq!(
+        key.run("XADD s 7-0 f e"),
+        err("ERR The ID specified in XADD is equal or smaller than the target stream top item")
+    );
+}
+
+#[test]
+fn exact_trimming_removes_entries_one_by_one() {
+    let mut key = Key::new();
+    for seq in 1..=5 {
+        key.run(&format!("XADD s 1-{seq} f v"));
+    }
+    assert_eq!(key.run("XTRIM s MAXLEN 2"), int(3));
+    assert_eq!(key.run("XTRIM s MINID 1-5"), int(1));
+    assert_eq!(
+        key.run("XRANGE s - +"),
+        Data::Array(vec![Data::Array(vec![Data::bulk("1-5"), bulks(&["f", "v"])])])
+    );
+}

@@ -20,6 +20,16 @@ use crate::command::{self, error_reply};
 use crate::resp::Reply;
 
 const BLOCK_POLL_MS: u64 = 10;
+
+/// XREAD's `BLOCK ms` among the options before STREAMS, if given.
+fn block_option(options: &[Bytes]) -> Result<Option<u64>, Reply> {
+    let Some(at) = options.iter().position(|arg| arg.eq_ignore_ascii_case(b"block")) else { return Ok(None) };
+    let ms = options
+        .get(at + 1)
+        .and_then(|arg| parse_int(arg).ok())
+        .ok_or_else(|| Reply::err("timeout is not an integer or out of range"))?;
+    u64::try_from(ms).map(Some).map_err(|_| Reply::err("timeout is negative"))
+}
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
@@ -81,6 +91,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             "bitop" => self.bitop(args).await,
             "geosearchstore" | "georadius" | "georadiusbymember" => self.geo_store(name, args).await,
             "zrangestore" => self.zrangestore(args).await,
+            "xread" | "xreadgroup" => self.stream_read(args).await,
             _ => Err(Reply::err(format!("internal error: unhandled multi-key command '{name}'"))),
         };
         result.unwrap_or_else(|reply| reply)
@@ -361,6 +372,67 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
+    /// XREAD/XREADGROUP `[options] STREAMS key... id...`: one op per key (each linearizable,
+    /// the whole not atomic, as MGET), keys with nothing new left out, nil if none has
+    /// anything. With BLOCK it polls like the blocking pops; `$` is resolved once, first.
+    async fn stream_read(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
+        let streams = args
+            .iter()
+            .position(|arg| arg.eq_ignore_ascii_case(b"streams"))
+            .ok_or_else(|| Reply::err("syntax error"))?;
+        let listed = &args[streams + 1..];
+        if listed.is_empty() || listed.len() % 2 != 0 {
+            return Err(Reply::err(
+                "Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
+            ));
+        }
+        let (keys, ids) = listed.split_at(listed.len() / 2);
+        let block_ms = block_option(&args[..streams])?;
+        let mut ids = ids.to_vec();
+        for (key, id) in keys.iter().zip(&mut ids) {
+            if id.as_ref() == b"$" && block_ms.is_some() {
+                *id = self.last_stream_id(key).await?;
+            }
+        }
+        let deadline = block_ms.filter(|ms| *ms > 0).map(|ms| Instant::now() + Duration::from_millis(ms));
+        loop {
+            let mut found = Vec::new();
+            for (key, id) in keys.iter().zip(&ids) {
+                let mut one: Vec<Bytes> = args[..=streams].to_vec();
+                one.extend([key.clone(), id.clone()]);
+                match self.run_data(one).await {
+                    Reply::NullArray => {}
+                    Reply::Array(entries) => found.push((Reply::Bulk(key.clone()), Reply::Array(entries))),
+                    other => return Err(other),
+                }
+            }
+            if !found.is_empty() {
+                return Ok(if self.resp >= 3 {
+                    Reply::Map(found)
+                } else {
+                    Reply::Array(
+                        found.into_iter().map(|(key, entries)| Reply::Array(vec![key, entries])).collect(),
+                    )
+                });
+            }
+            if block_ms.is_none() || deadline.is_some_and(|at| Instant::now() >= at) {
+                return Ok(Reply::NullArray);
+            }
+            tokio::time::sleep(Duration::from_millis(BLOCK_POLL_MS)).await;
+        }
+    }
+
+    /// The stream's last ID (`0-0` if absent), for `$` in a blocking read.
+    async fn last_stream_id(&mut self, key: &Bytes) -> Result<Bytes, Reply> {
+        match self.read_entry(key).await? {
+            None => Ok(Bytes::from_static(b"0-0")),
+            Some(Entry { value: Typed::Stream(stream), .. }) => {
+                Ok(Bytes::from(format!("{}-{}", stream.last_id.ms, stream.last_id.seq)))
+            }
+            Some(_) => Err(Reply::error(WRONGTYPE)),
+        }
+    }
+
     /// LMPOP/ZMPOP `numkeys key... LEFT|RIGHT|MIN|MAX [COUNT n]`: pop from the first
     /// non-empty key; `None` if all are empty.
     async fn mpop(&mut self, name: &str, args: &[Bytes]) -> Result<Option<Reply>, Reply> {
@@ -641,6 +713,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
 /// Names of the commands [`Connection::multikey`] runs.
 pub const COMMANDS: &[&str] = &[
+    "xread",
+    "xreadgroup",
     "zunionstore",
     "zinterstore",
     "zdiffstore",
