@@ -42,6 +42,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("auth", -2, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
     spec("select", 2, &["loading", "stale", "fast"], NO_KEYS),
     spec("quit", -1, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
+    spec("reset", 1, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
     spec("get", 2, &["readonly", "fast"], ONE_KEY),
     spec("set", -3, &["write", "denyoom"], ONE_KEY),
     spec("setnx", 3, &["write", "denyoom", "fast"], ONE_KEY),
@@ -294,6 +295,9 @@ pub enum Request {
     },
     Select(i64),
     Quit,
+    /// Back to a fresh connection's state (RESP2, no name, out of MULTI, authenticated only
+    /// if no password is set).
+    Reset,
     Get(Bytes),
     Set {
         key: Bytes,
@@ -379,7 +383,7 @@ pub enum Request {
 impl Request {
     /// Allowed before AUTH when `requirepass` is set.
     pub fn allowed_unauthenticated(&self) -> bool {
-        matches!(self, Request::Auth { .. } | Request::Hello { .. } | Request::Quit)
+        matches!(self, Request::Auth { .. } | Request::Hello { .. } | Request::Quit | Request::Reset)
     }
 }
 
@@ -470,6 +474,7 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         },
         "select" => Request::Select(parse_i64(&args[1])?),
         "quit" => Request::Quit,
+        "reset" => Request::Reset,
         "get" => Request::Get(arg(1)),
         "set" => parse_set(args)?,
         "setnx" => Request::SetNx { key: arg(1), value: arg(2) },

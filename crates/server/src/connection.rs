@@ -37,6 +37,8 @@ pub struct Shared {
     pub net: Arc<NetStats>,
     pub settings: Settings,
     pub next_client_id: AtomicU64,
+    /// Every connected client, for CLIENT LIST and CLIENT KILL.
+    pub clients: crate::clients::Registry,
     /// Turns true when the node stops: connections close once their command is answered.
     pub closing: watch::Receiver<bool>,
     /// SHUTDOWN asks the node to stop through this.
@@ -80,6 +82,15 @@ pub struct Connection<S> {
     incomplete_since: Option<Instant>,
     /// When bytes last arrived (Redis' `timeout` closes a connection idle for longer).
     last_read: Instant,
+    /// Woken by another client's CLIENT KILL.
+    kill: Arc<Notify>,
+}
+
+/// The connection's two ends, for CLIENT LIST and CLIENT KILL.
+#[derive(Clone, Copy, Debug)]
+pub struct Addresses {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
 }
 
 #[derive(Default)]
@@ -87,6 +98,12 @@ struct Multi {
     queued: Vec<(chorus_core::Command, command::ReplyShape)>,
     /// A command was refused while queueing: EXEC discards the transaction (as Redis does).
     aborted: bool,
+}
+
+impl<S> Drop for Connection<S> {
+    fn drop(&mut self) {
+        self.shared.clients.deregister(self.id);
+    }
 }
 
 /// Why a connection stops waiting for input.
@@ -98,9 +115,19 @@ enum Expiry {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
-    pub fn new(shared: Arc<Shared>, stream: S) -> Connection<S> {
+    pub fn new(shared: Arc<Shared>, stream: S, addresses: Addresses) -> Connection<S> {
         let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
         let authenticated = shared.settings.requirepass.is_none();
+        let kill = Arc::new(Notify::new());
+        shared.clients.register(crate::clients::ClientInfo {
+            id,
+            addr: addresses.peer,
+            laddr: addresses.local,
+            name: None,
+            resp: 2,
+            connected: Instant::now(),
+            kill: kill.clone(),
+        });
         Connection {
             shared,
             stream,
@@ -115,6 +142,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             marks: WriteMarks::default(),
             incomplete_since: None,
             last_read: Instant::now(),
+            kill,
         }
     }
 
@@ -132,6 +160,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         // register with the watch's waiter list (a lock) on every command.
         let closed = closing.changed();
         tokio::pin!(closed);
+        let kill = self.kill.clone();
+        let killed = kill.notified();
+        tokio::pin!(killed);
         let idle_timeout = self.shared.settings.clients.idle_timeout_s > 0;
         loop {
             let close = self.run_pipeline().await?;
@@ -168,6 +199,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     return self.refuse(error).await;
                 }
                 _ = &mut closed => return Ok(()),
+                () = &mut killed => {
+                    debug!(client = self.id, "killed by CLIENT KILL");
+                    return Ok(());
+                }
             }
         }
     }
@@ -278,6 +313,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 }
                 command::out_of_memory()
             }
+            Ok(Request::Reset) => self.reset(),
             Ok(request) if self.multi.is_some() => self.in_multi(request).await,
             Ok(Request::Multi) => self.multi_start(),
             Ok(Request::Exec) => Reply::err("EXEC without MULTI"),
@@ -397,7 +433,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 if name.iter().any(|byte| *byte <= b' ' || *byte > b'~') {
                     return Reply::err("Client names cannot contain spaces, newlines or special characters.");
                 }
-                self.name = (!name.is_empty()).then_some(name);
+                self.set_name((!name.is_empty()).then_some(name));
                 Reply::ok()
             }
             Request::ClientGetName => Reply::optional(self.name.clone()),
@@ -476,6 +512,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         }
     }
 
+    fn reset(&mut self) -> Reply {
+        self.multi = None;
+        self.resp = 2;
+        self.shared.clients.update(self.id, |info| info.resp = 2);
+        self.set_name(None);
+        self.authenticated = self.shared.settings.requirepass.is_none();
+        Reply::Status("RESET")
+    }
+
+    fn set_name(&mut self, name: Option<Bytes>) {
+        self.shared.clients.update(self.id, |info| info.name = name.clone());
+        self.name = name;
+    }
+
     fn engine(&self) -> &EngineHandle {
         &self.shared.engine
     }
@@ -493,10 +543,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             );
         }
         if let Some(name) = setname {
-            self.name = Some(name);
+            self.set_name(Some(name));
         }
         if let Some(version) = protover {
             self.resp = version;
+            self.shared.clients.update(self.id, |info| info.resp = version);
         }
         let text = |s: &str| Reply::text(s);
         Reply::Map(vec![
