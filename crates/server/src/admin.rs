@@ -235,31 +235,37 @@ fn client_kill(args: &[Bytes], client: &ClientView) -> Reply {
     }
     let mut filter = KillFilter { skip_me: true, ..KillFilter::default() };
     for pair in args[2..].chunks(2) {
-        let value = String::from_utf8_lossy(&pair[1]).into_owned();
-        let number = || value.parse::<u64>().map_err(|_| Reply::err("syntax error"));
-        let parsed = match word(&pair[0]).as_str() {
-            "ID" => number().map(|id| filter.id = Some(id)),
-            "ADDR" => Ok(filter.addr = Some(value)),
-            "LADDR" => Ok(filter.laddr = Some(value)),
-            "USER" => Ok(filter.user = Some(value)),
-            "MAXAGE" => number().map(|age| filter.max_age_s = Some(age)),
-            "TYPE" => match value.to_ascii_lowercase().as_str() {
-                "normal" => Ok(()),
-                "master" | "replica" | "slave" | "pubsub" => return Reply::Integer(0),
-                _ => Err(Reply::err(format!("Unknown client type '{value}'"))),
-            },
-            "SKIPME" => match value.to_ascii_lowercase().as_str() {
-                "yes" => Ok(filter.skip_me = true),
-                "no" => Ok(filter.skip_me = false),
-                _ => Err(Reply::err("syntax error")),
-            },
-            _ => Err(Reply::err("syntax error")),
-        };
-        if let Err(reply) = parsed {
+        if let Err(reply) = kill_filter(&mut filter, &word(&pair[0]), &pair[1]) {
             return reply;
         }
     }
     Reply::Integer(client.clients.kill(&filter, client.id) as i64)
+}
+
+/// One `filter value` pair of CLIENT KILL into `filter`. A TYPE other than normal matches
+/// no client chorus has: it becomes an ID no client has.
+fn kill_filter(filter: &mut KillFilter, name: &str, value: &[u8]) -> Result<(), Reply> {
+    let text = String::from_utf8_lossy(value).into_owned();
+    let number = || text.parse::<u64>().map_err(|_| Reply::err("syntax error"));
+    match name {
+        "ID" => filter.id = Some(number()?),
+        "ADDR" => filter.addr = Some(text),
+        "LADDR" => filter.laddr = Some(text),
+        "USER" => filter.user = Some(text),
+        "MAXAGE" => filter.max_age_s = Some(number()?),
+        "TYPE" => match text.to_ascii_lowercase().as_str() {
+            "normal" => {}
+            "master" | "replica" | "slave" | "pubsub" => filter.id = Some(0),
+            _ => return Err(Reply::err(format!("Unknown client type '{text}'"))),
+        },
+        "SKIPME" => match text.to_ascii_lowercase().as_str() {
+            "yes" => filter.skip_me = true,
+            "no" => filter.skip_me = false,
+            _ => return Err(Reply::err("syntax error")),
+        },
+        _ => return Err(Reply::err("syntax error")),
+    }
+    Ok(())
 }
 
 fn client_command(args: &[Bytes], client: &ClientView) -> Reply {

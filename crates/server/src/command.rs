@@ -368,7 +368,8 @@ pub enum Request {
     },
     Exec,
     Discard,
-    Watch,
+    Watch(Vec<Bytes>),
+    Unwatch,
     /// A typed command (lists, sets, sorted sets, expiry, the hash family, ...), run by
     /// `chorus_core::data` as one read or one RMW of its key. The arguments as sent.
     Data(Vec<Bytes>),
@@ -568,7 +569,8 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         "multi" => Request::Multi,
         "exec" => Request::Exec,
         "discard" => Request::Discard,
-        "watch" | "unwatch" => Request::Watch,
+        "watch" => Request::Watch(args[1..].to_vec()),
+        "unwatch" => Request::Unwatch,
         "shutdown" => {
             for option in &args[1..] {
                 match upper(option).as_slice() {

@@ -203,7 +203,8 @@ impl CommandGenerator {
             }
         };
         if args[0] == "PEXPIRE" && rng.chance(0.4) {
-            args.push(word(*rng.pick(&["NX", "XX", "GT", "LT"])));
+            let flag = *rng.pick(&["NX", "XX", "GT", "LT"]);
+            args.push(word(flag));
         }
         let key = args[1].clone();
         Command::Rmw { key, op: RmwOp::Exec(ExecOp { now_ms: 0, bytes_max: HASH_BYTES_MAX, args }) }

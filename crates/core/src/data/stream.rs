@@ -347,7 +347,7 @@ fn xadd(args: &Args, slot: &mut Slot) -> Reply {
         }
     }
     let fields = args.from(at + 1);
-    if fields.is_empty() || fields.len() % 2 != 0 {
+    if fields.is_empty() || !fields.len().is_multiple_of(2) {
         return Err("ERR wrong number of arguments for 'xadd' command".into());
     }
     let requested = args.get(at).clone();

@@ -15,7 +15,9 @@ impl Key {
         Key { value: None, now_ms: 1_000_000 }
     }
     fn run(&mut self, line: &str) -> Data {
-        let args = line.split(' ').map(b).collect();
+        self.run_args(line.split(' ').map(b).collect())
+    }
+    fn run_args(&mut self, args: Vec<Bytes>) -> Data {
         let op = ExecOp { now_ms: self.now_ms, bytes_max: 1 << 20, args };
         let effect = apply(&op, self.value.as_ref());
         if let Some(write) = effect.write {
@@ -330,4 +332,41 @@ fn exact_trimming_removes_entries_one_by_one() {
         key.run("XRANGE s - +"),
         Data::Array(vec![Data::Array(vec![Data::bulk("1-5"), bulks(&["f", "v"])])])
     );
+}
+
+fn batch(guard: Option<Option<Bytes>>, commands: &[&str]) -> Vec<Bytes> {
+    let batch = Batch {
+        key: b("k"),
+        guard,
+        commands: commands.iter().map(|line| line.split(' ').map(b).collect()).collect(),
+    };
+    assert_eq!(Batch::parse(&batch.args()).as_ref(), Some(&batch));
+    batch.args()
+}
+
+#[test]
+fn a_transaction_on_one_key_runs_its_commands_in_one_rmw() {
+    let mut key = Key::new();
+    let replies = key.run_args(batch(None, &["SET k 1", "INCR k", "LPUSH k x", "GET k"]));
+    let wrong = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    assert_eq!(replies, Data::Array(vec![Data::ok(), int(2), err(wrong), Data::bulk("2")]));
+    assert_eq!(key.run("GET k"), Data::bulk("2"));
+}
+
+#[test]
+fn a_watched_transaction_runs_only_if_the_key_is_unchanged() {
+    let mut key = Key::new();
+    key.run("SET k 5 PX 100");
+    let watched = key.value.clone();
+    // The value WATCH read: it runs.
+    assert_eq!(key.run_args(batch(Some(watched.clone()), &["INCR k"])), Data::Array(vec![int(6)]));
+    // Changed since: aborted (nil), nothing written.
+    assert_eq!(key.run_args(batch(Some(watched.clone()), &["SET k 0"])), Data::NilArray);
+    assert_eq!(key.run("GET k"), Data::bulk("6"));
+    // Expired since, though its bytes are the same: aborted, and the key is gone.
+    let watched = key.value.clone();
+    key.now_ms += 100;
+    assert_eq!(key.run_args(batch(Some(watched.clone()), &["SET k 0"])), Data::NilArray);
+    assert_eq!(key.value, None);
+    assert_eq!(key.run_args(batch(Some(None), &["SET k 1"])), Data::Array(vec![Data::ok()]));
 }

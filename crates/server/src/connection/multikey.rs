@@ -381,7 +381,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             .position(|arg| arg.eq_ignore_ascii_case(b"streams"))
             .ok_or_else(|| Reply::err("syntax error"))?;
         let listed = &args[streams + 1..];
-        if listed.is_empty() || listed.len() % 2 != 0 {
+        if listed.is_empty() || !listed.len().is_multiple_of(2) {
             return Err(Reply::err(
                 "Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
             ));
