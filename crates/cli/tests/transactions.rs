@@ -6,20 +6,13 @@ use std::thread;
 
 use redis::Value;
 use support::loopback::Cluster;
+use support::query;
 
 mod support;
 
 const PROTOCOLS: [&str; 5] = ["hermes", "craq", "zab", "raftlog", "chain"];
 const WORKERS: usize = 3;
 const INCREMENTS: usize = 12;
-
-fn query<T: redis::FromRedisValue>(con: &mut redis::Connection, line: &str) -> T {
-    let mut cmd = redis::cmd(line.split(' ').next().unwrap());
-    for arg in line.split(' ').skip(1) {
-        cmd.arg(arg);
-    }
-    cmd.query(con).unwrap_or_else(|error| panic!("{line}: {error}"))
-}
 
 /// The optimistic increment Redis' documentation teaches: WATCH, read, MULTI, write, EXEC,
 /// again if EXEC answered nil. Returns how many EXECs were aborted.

@@ -211,6 +211,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("sort", -2, &["write", "denyoom"], ONE_KEY),
     spec("sort_ro", -2, &["readonly"], ONE_KEY),
     spec("bitop", -4, &["write", "denyoom"], (2, -1, 1)),
+    spec("lcs", -3, &["readonly"], (1, 2, 1)),
     spec("geosearchstore", -8, &["write", "denyoom"], (1, 2, 1)),
     spec("zrangestore", -5, &["write", "denyoom"], (1, 2, 1)),
     spec("geoadd", -5, &["write", "denyoom"], ONE_KEY),

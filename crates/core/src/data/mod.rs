@@ -13,6 +13,7 @@
 pub mod geo;
 mod hashes;
 mod keys;
+pub mod lcs;
 mod list;
 mod set;
 pub mod stream;

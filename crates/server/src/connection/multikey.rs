@@ -89,6 +89,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
             "sort" | "sort_ro" => self.sort(name, args).await,
             "bitop" => self.bitop(args).await,
+            "lcs" => self.lcs(args).await,
             "geosearchstore" | "georadius" | "georadiusbymember" => self.geo_store(name, args).await,
             "zrangestore" => self.zrangestore(args).await,
             "xread" | "xreadgroup" => self.stream_read(args).await,
@@ -607,6 +608,65 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
     /// BITOP AND|OR|XOR|NOT dest key...: missing keys are empty strings, shorter ones padded
     /// with zero bytes, as in Redis.
+    /// LCS `a b [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN]`: the two strings read one after
+    /// the other (each linearizable, the pair not atomic, as MGET), compared as Redis does.
+    async fn lcs(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
+        let (mut get_len, mut get_idx, mut with_len, mut min_len) = (false, false, false, 0);
+        let mut at = 3;
+        while at < args.len() {
+            match args[at].to_ascii_uppercase().as_slice() {
+                b"LEN" => get_len = true,
+                b"IDX" => get_idx = true,
+                b"WITHMATCHLEN" => with_len = true,
+                b"MINMATCHLEN" if at + 1 < args.len() => {
+                    at += 1;
+                    let n = parse_int(&args[at])
+                        .map_err(|_| Reply::err("value is not an integer or out of range"))?;
+                    min_len = usize::try_from(n).unwrap_or(0);
+                }
+                _ => return Err(Reply::err("syntax error")),
+            }
+            at += 1;
+        }
+        if get_len && get_idx {
+            return Err(Reply::err("If you want both the length and indexes, please just use IDX."));
+        }
+        let mut strings = Vec::with_capacity(2);
+        for key in &args[1..3] {
+            match self.read_entry(key).await? {
+                None => strings.push(Bytes::new()),
+                Some(Entry { value: Typed::String(bytes), .. }) => strings.push(bytes),
+                Some(_) => return Err(Reply::error(WRONGTYPE)),
+            }
+        }
+        let (string, matches) = chorus_core::data::lcs::lcs(&strings[0], &strings[1])
+            .ok_or_else(|| Reply::err("LCS of strings this long would need more than 1 GiB"))?;
+        if get_len {
+            return Ok(Reply::Integer(string.len() as i64));
+        }
+        if !get_idx {
+            return Ok(Reply::Bulk(Bytes::from(string)));
+        }
+        let range = |(start, end): (usize, usize)| {
+            Reply::Array(vec![Reply::Integer(start as i64), Reply::Integer(end as i64)])
+        };
+        let ranges = matches
+            .iter()
+            .filter(|run| run.length() >= min_len)
+            .map(|run| {
+                let mut item = vec![range(run.a), range(run.b)];
+                if with_len {
+                    item.push(Reply::Integer(run.length() as i64));
+                }
+                Reply::Array(item)
+            })
+            .collect();
+        Ok(Reply::Map(vec![
+            (Reply::text("matches"), Reply::Array(ranges)),
+            (Reply::text("len"), Reply::Integer(string.len() as i64)),
+        ]))
+    }
+
     async fn bitop(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
         let op = args[1].to_ascii_uppercase();
         if !matches!(op.as_slice(), b"AND" | b"OR" | b"XOR" | b"NOT") {
@@ -744,6 +804,7 @@ pub const COMMANDS: &[&str] = &[
     "sort",
     "sort_ro",
     "bitop",
+    "lcs",
     "geosearchstore",
     "zrangestore",
 ];
