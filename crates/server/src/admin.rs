@@ -283,7 +283,7 @@ fn client_command(args: &[Bytes], client: &ClientView) -> Reply {
         "GETREDIR" => Reply::Integer(-1),
         "UNBLOCK" => Reply::Integer(0),
         other => Reply::err(format!(
-            "CLIENT {other} is not supported by chorus (connections are independent; no client can act on another)"
+            "CLIENT {other} is not supported by chorus (only LIST, INFO, KILL, ID, SETNAME, GETNAME, SETINFO, NO-EVICT, NO-TOUCH)"
         )),
     }
 }
