@@ -62,7 +62,9 @@ if [ ! -d "$src/tests" ]; then
   tar -xzf "$cache/redis-$redis_py.tar.gz" -C "$cache"
 fi
 venv="$cache/venv"
-if [ ! -x "$venv/bin/pytest" ]; then
+# Checked by importing, not by the script's presence: a venv copied from elsewhere keeps
+# scripts whose #! names the old path.
+if ! "$venv/bin/python" -c "import pytest, packaging" 2>/dev/null; then
   say "creating a virtualenv with pytest in $venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet pytest packaging
@@ -92,7 +94,7 @@ wait_for_port() {
 
 # The suite imports `redis` from the source tree it ships with, so it runs from there.
 run_suite() { # name port
-  (cd "$src" && "$venv/bin/pytest" tests/test_commands.py -q -p no:cacheprovider \
+  (cd "$src" && "$venv/bin/python" -m pytest tests/test_commands.py -q -p no:cacheprovider \
       --redis-url="redis://127.0.0.1:$2/0" --junitxml="$out/$1.xml" "${pytest_args[@]}" \
       >"$out/$1.log" 2>&1) || true
   say "$1: $(tail -n 1 "$out/$1.log")"

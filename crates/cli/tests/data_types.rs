@@ -4,29 +4,11 @@
 
 use redis::Value;
 use support::loopback::Cluster;
+use support::{error_of, query};
 
 mod support;
 
 const PROTOCOLS: [&str; 5] = ["hermes", "craq", "zab", "raftlog", "chain"];
-
-fn query<T: redis::FromRedisValue>(con: &mut redis::Connection, line: &str) -> T {
-    let mut cmd = redis::cmd(line.split(' ').next().unwrap());
-    for arg in line.split(' ').skip(1) {
-        cmd.arg(arg);
-    }
-    cmd.query(con).unwrap_or_else(|error| panic!("{line}: {error}"))
-}
-
-fn error_of(con: &mut redis::Connection, line: &str) -> String {
-    let mut cmd = redis::cmd(line.split(' ').next().unwrap());
-    for arg in line.split(' ').skip(1) {
-        cmd.arg(arg);
-    }
-    match cmd.query::<Value>(con) {
-        Err(error) => error.to_string(),
-        Ok(value) => panic!("{line}: expected an error, got {value:?}"),
-    }
-}
 
 #[test]
 fn typed_values_written_at_one_replica_are_read_at_another_on_every_protocol() {
@@ -58,6 +40,31 @@ fn typed_values_written_at_one_replica_are_read_at_another_on_every_protocol() {
         query::<i64>(&mut a, "GEOADD places 2.1873744593677 41.406342043777 p2");
         assert_eq!(query::<String>(&mut b, "GEODIST places p1 p2 km"), "3.0674", "{p}");
         assert_eq!(query::<Vec<String>>(&mut b, "GEOHASH places p1"), ["sp3e9yg3kd0"], "{p}");
+
+        // Streams: explicit IDs (auto IDs come from the coordinator's clock), a consumer
+        // group whose pending entries follow the stream to another replica.
+        assert_eq!(query::<String>(&mut a, "XADD events 1-1 kind signup"), "1-1", "{p}");
+        assert_eq!(query::<String>(&mut b, "XADD events 1-2 kind login"), "1-2", "{p}");
+        assert!(error_of(&mut a, "XADD events 1-1 kind late").contains("equal or smaller"), "{p}");
+        assert_eq!(query::<i64>(&mut a, "XLEN events"), 2, "{p}");
+        assert_eq!(query::<String>(&mut a, "XGROUP CREATE events workers 0"), "OK", "{p}");
+        let read: Value = query(&mut b, "XREADGROUP GROUP workers w1 COUNT 1 STREAMS events >");
+        assert!(format!("{read:?}").contains("signup"), "{p}: {read:?}");
+        assert_eq!(query::<i64>(&mut a, "XACK events workers 1-1"), 1, "{p}");
+        assert_eq!(query::<i64>(&mut a, "XTRIM events MAXLEN ~ 0"), 2, "{p}");
+        assert_eq!(query::<String>(&mut b, "TYPE events"), "stream", "{p}");
+
+        // LCS of two strings written at different replicas, as Redis answers it.
+        query::<()>(&mut a, "SET lcs:a ohmytext");
+        query::<()>(&mut b, "SET lcs:b mynewtext");
+        assert_eq!(query::<String>(&mut a, "LCS lcs:a lcs:b"), "mytext", "{p}");
+        type Idx = (String, Vec<((i64, i64), (i64, i64), i64)>, String, i64);
+        let (matches, runs, len, length): Idx =
+            query(&mut b, "LCS lcs:a lcs:b IDX MINMATCHLEN 3 WITHMATCHLEN");
+        assert_eq!(
+            (matches.as_str(), runs, len.as_str(), length),
+            ("matches", vec![((4, 7), (5, 8), 4)], "len", 6)
+        );
 
         // WRONGTYPE as Redis words it, and nothing changes.
         let wrong = error_of(&mut b, "SADD queue x");

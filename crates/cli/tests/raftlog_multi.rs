@@ -1,5 +1,5 @@
 //! RESP MULTI/EXEC through the real binary (issue 8 point 5): atomic across raftlog's logs,
-//! refused (not faked) by protocols that cannot make it atomic.
+//! refused (not faked) over several keys by protocols that cannot make it atomic.
 
 mod support;
 
@@ -91,8 +91,15 @@ fn multi_exec_is_atomic_across_raftlog_logs_and_refused_elsewhere() {
     eprintln!("{}", info.lines().filter(|line| line.contains("txn")).collect::<Vec<_>>().join("\n"));
     drop(cluster);
 
-    // Another protocol: MULTI says it cannot, rather than run the commands one by one.
+    // Another protocol: a transaction over several keys is refused at EXEC, naming the
+    // protocol that can, rather than run the commands one by one; nothing was written.
     let cluster = Cluster::start(3, &["--protocol", "craq"]);
-    let error = redis::cmd("MULTI").query::<()>(&mut cluster.client(0)).unwrap_err();
-    assert!(error.to_string().contains("only supported (and atomic) with protocol raftlog"), "{error}");
+    let mut con = cluster.client(0);
+    let _: () = redis::cmd("MULTI").query(&mut con).unwrap();
+    queued(&mut con, &["SET", "a", "1"]);
+    queued(&mut con, &["SET", "b", "1"]);
+    let error = redis::cmd("EXEC").query::<()>(&mut con).unwrap_err();
+    assert!(error.to_string().contains("only atomic with protocol raftlog"), "{error}");
+    let a: Option<String> = redis::cmd("GET").arg("a").query(&mut con).unwrap();
+    assert_eq!(a, None);
 }

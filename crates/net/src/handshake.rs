@@ -32,8 +32,12 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 const MAGIC: &[u8] = b"CHORUS";
-/// Version 2: challenge-response. Version 1 sent the token in clear text.
-pub const HANDSHAKE_VERSION: u8 = 2;
+/// Version 2: challenge-response. Version 1 sent the token in clear text. Version 3: the
+/// same exchange, bumped because the replicated typed commands (`RmwOp::Exec`) gained
+/// streams: every replica must run the same command set, or one would apply an XADD that
+/// another answers "unknown command", so peers of different command sets must not form a
+/// cluster. Bump it again whenever a typed command is added or changes what it writes.
+pub const HANDSHAKE_VERSION: u8 = 3;
 pub const NONCE_BYTES: usize = 32;
 pub const MAC_BYTES: usize = 32;
 /// Bound on a handshake frame: enough for a MAC and a protocol name, small enough that a
@@ -327,10 +331,12 @@ mod tests {
     }
 
     #[test]
-    fn version_one_hellos_are_refused_clearly() {
-        let mut old = BytesMut::from(&b"CHORUS"[..]);
-        old.extend_from_slice(&[1, 1]);
-        let error = Hello::decode_exact(old.freeze()).unwrap_err();
-        assert!(error.to_string().contains("version"), "{error}");
+    fn hellos_of_older_versions_are_refused_clearly() {
+        for version in 1..HANDSHAKE_VERSION {
+            let mut old = BytesMut::from(&b"CHORUS"[..]);
+            old.extend_from_slice(&[version, 1]);
+            let error = Hello::decode_exact(old.freeze()).unwrap_err();
+            assert!(error.to_string().contains("version"), "{error}");
+        }
     }
 }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::clients::{ClientInfo, KillFilter, Registry};
 use crate::connection::Settings;
 use crate::resp::Reply;
 
@@ -16,6 +17,8 @@ pub struct ClientView<'a> {
     pub resp: u8,
     pub started: Instant,
     pub settings: &'a Settings,
+    /// The node's connected clients (CLIENT LIST, CLIENT KILL).
+    pub clients: &'a Registry,
 }
 
 fn word(arg: &[u8]) -> String {
@@ -173,22 +176,106 @@ fn memory(args: &[Bytes]) -> Reply {
     }
 }
 
-/// This connection's CLIENT LIST line (Redis' format).
-fn client_line(client: &ClientView) -> String {
+/// One client's CLIENT LIST line (Redis' format; fields chorus does not track read 0).
+fn client_line(client: &ClientInfo) -> String {
     let name = client.name.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default();
     format!(
-        "id={} addr=?:0 laddr={} fd=-1 name={} age=0 idle=0 flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 \
+        "id={} addr={} laddr={} fd=-1 name={} age={} idle=0 flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 \
          qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r \
          cmd=client|list user=default redir=-1 resp={} lib-name= lib-ver=",
-        client.id, client.settings.client_addr, name, client.resp
+        client.id,
+        client.addr,
+        client.laddr,
+        name,
+        client.connected.elapsed().as_secs(),
+        client.resp
     )
+}
+
+fn client_lines(clients: &[ClientInfo]) -> Reply {
+    Reply::Verbatim(clients.iter().map(|client| format!("{}\n", client_line(client))).collect())
+}
+
+/// CLIENT LIST `[TYPE normal|master|replica|pubsub] [ID id...]`: this node's clients (all of
+/// them normal ones).
+fn client_list(args: &[Bytes], client: &ClientView) -> Reply {
+    match args.get(2).map(|arg| word(arg)).as_deref() {
+        None => client_lines(&client.clients.list(None)),
+        Some("TYPE") if args.len() == 4 => match word(&args[3]).as_str() {
+            "NORMAL" => client_lines(&client.clients.list(None)),
+            "MASTER" | "REPLICA" | "SLAVE" | "PUBSUB" => Reply::Verbatim(String::new()),
+            other => Reply::err(format!("Unknown client type '{other}'")),
+        },
+        Some("ID") if args.len() > 3 => {
+            let ids: Result<Vec<u64>, _> =
+                args[3..].iter().map(|id| String::from_utf8_lossy(id).parse::<u64>()).collect();
+            match ids {
+                Ok(ids) => client_lines(&client.clients.list(Some(&ids))),
+                Err(_) => Reply::err("Invalid client ID"),
+            }
+        }
+        _ => Reply::err("syntax error"),
+    }
+}
+
+/// CLIENT KILL `addr` (the old form: OK or an error) or `filter value ...` (how many).
+fn client_kill(args: &[Bytes], client: &ClientView) -> Reply {
+    if args.len() == 3 {
+        let filter = KillFilter {
+            addr: Some(String::from_utf8_lossy(&args[2]).into_owned()),
+            ..KillFilter::default()
+        };
+        return match client.clients.kill(&filter, client.id) {
+            0 => Reply::err("No such client"),
+            _ => Reply::ok(),
+        };
+    }
+    if args.len() < 4 || !args.len().is_multiple_of(2) {
+        return Reply::err("syntax error");
+    }
+    let mut filter = KillFilter { skip_me: true, ..KillFilter::default() };
+    for pair in args[2..].chunks(2) {
+        if let Err(reply) = kill_filter(&mut filter, &word(&pair[0]), &pair[1]) {
+            return reply;
+        }
+    }
+    Reply::Integer(client.clients.kill(&filter, client.id) as i64)
+}
+
+/// One `filter value` pair of CLIENT KILL into `filter`. A TYPE other than normal matches
+/// no client chorus has: it becomes an ID no client has.
+fn kill_filter(filter: &mut KillFilter, name: &str, value: &[u8]) -> Result<(), Reply> {
+    let text = String::from_utf8_lossy(value).into_owned();
+    let number = || text.parse::<u64>().map_err(|_| Reply::err("syntax error"));
+    match name {
+        "ID" => filter.id = Some(number()?),
+        "ADDR" => filter.addr = Some(text),
+        "LADDR" => filter.laddr = Some(text),
+        "USER" => filter.user = Some(text),
+        "MAXAGE" => filter.max_age_s = Some(number()?),
+        "TYPE" => match text.to_ascii_lowercase().as_str() {
+            "normal" => {}
+            "master" | "replica" | "slave" | "pubsub" => filter.id = Some(0),
+            _ => return Err(Reply::err(format!("Unknown client type '{text}'"))),
+        },
+        "SKIPME" => match text.to_ascii_lowercase().as_str() {
+            "yes" => filter.skip_me = true,
+            "no" => filter.skip_me = false,
+            _ => return Err(Reply::err("syntax error")),
+        },
+        _ => return Err(Reply::err("syntax error")),
+    }
+    Ok(())
 }
 
 fn client_command(args: &[Bytes], client: &ClientView) -> Reply {
     match word(&args[1]).as_str() {
-        // Only the calling connection: connections do not share a registry (docs/resp.md).
-        "LIST" => Reply::Verbatim(format!("{}\n", client_line(client))),
-        "INFO" => Reply::Verbatim(format!("{}\n", client_line(client))),
+        "LIST" => client_list(args, client),
+        "INFO" => match client.clients.get(client.id) {
+            Some(me) => Reply::Verbatim(format!("{}\n", client_line(&me))),
+            None => Reply::err("internal error: this client is not registered"),
+        },
+        "KILL" => client_kill(args, client),
         "NO-EVICT" | "NO-TOUCH" => match args.get(2).map(|a| word(a)).as_deref() {
             Some("ON" | "OFF") if args.len() == 3 => Reply::ok(),
             _ => Reply::err("syntax error"),
@@ -196,7 +283,7 @@ fn client_command(args: &[Bytes], client: &ClientView) -> Reply {
         "GETREDIR" => Reply::Integer(-1),
         "UNBLOCK" => Reply::Integer(0),
         other => Reply::err(format!(
-            "CLIENT {other} is not supported by chorus (connections are independent; no client can act on another)"
+            "CLIENT {other} is not supported by chorus (only LIST, INFO, KILL, ID, SETNAME, GETNAME, SETINFO, NO-EVICT, NO-TOUCH)"
         )),
     }
 }

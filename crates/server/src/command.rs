@@ -42,6 +42,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("auth", -2, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
     spec("select", 2, &["loading", "stale", "fast"], NO_KEYS),
     spec("quit", -1, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
+    spec("reset", 1, &["noscript", "loading", "stale", "fast", "no_auth"], NO_KEYS),
     spec("get", 2, &["readonly", "fast"], ONE_KEY),
     spec("set", -3, &["write", "denyoom"], ONE_KEY),
     spec("setnx", 3, &["write", "denyoom", "fast"], ONE_KEY),
@@ -210,6 +211,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("sort", -2, &["write", "denyoom"], ONE_KEY),
     spec("sort_ro", -2, &["readonly"], ONE_KEY),
     spec("bitop", -4, &["write", "denyoom"], (2, -1, 1)),
+    spec("lcs", -3, &["readonly"], (1, 2, 1)),
     spec("geosearchstore", -8, &["write", "denyoom"], (1, 2, 1)),
     spec("zrangestore", -5, &["write", "denyoom"], (1, 2, 1)),
     spec("geoadd", -5, &["write", "denyoom"], ONE_KEY),
@@ -221,6 +223,20 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("georadius_ro", -6, &["readonly"], ONE_KEY),
     spec("georadiusbymember", -5, &["write", "denyoom"], ONE_KEY),
     spec("georadiusbymember_ro", -5, &["readonly"], ONE_KEY),
+    spec("xadd", -5, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("xlen", 2, &["readonly", "fast"], ONE_KEY),
+    spec("xrange", -4, &["readonly"], ONE_KEY),
+    spec("xrevrange", -4, &["readonly"], ONE_KEY),
+    spec("xdel", -3, &["write", "fast"], ONE_KEY),
+    spec("xtrim", -4, &["write"], ONE_KEY),
+    spec("xread", -4, &["readonly", "blocking"], NO_KEYS),
+    spec("xreadgroup", -7, &["write", "blocking"], NO_KEYS),
+    spec("xgroup", -2, &["write"], NO_KEYS),
+    spec("xack", -4, &["write", "fast"], ONE_KEY),
+    spec("xpending", -3, &["readonly"], ONE_KEY),
+    spec("xclaim", -6, &["write", "fast"], ONE_KEY),
+    spec("xautoclaim", -6, &["write", "fast"], ONE_KEY),
+    spec("xinfo", -2, &["readonly"], NO_KEYS),
 ];
 
 /// Every command name for metrics, plus `unknown` for everything else.
@@ -280,6 +296,9 @@ pub enum Request {
     },
     Select(i64),
     Quit,
+    /// Back to a fresh connection's state (RESP2, no name, out of MULTI, authenticated only
+    /// if no password is set).
+    Reset,
     Get(Bytes),
     Set {
         key: Bytes,
@@ -350,7 +369,8 @@ pub enum Request {
     },
     Exec,
     Discard,
-    Watch,
+    Watch(Vec<Bytes>),
+    Unwatch,
     /// A typed command (lists, sets, sorted sets, expiry, the hash family, ...), run by
     /// `chorus_core::data` as one read or one RMW of its key. The arguments as sent.
     Data(Vec<Bytes>),
@@ -365,7 +385,7 @@ pub enum Request {
 impl Request {
     /// Allowed before AUTH when `requirepass` is set.
     pub fn allowed_unauthenticated(&self) -> bool {
-        matches!(self, Request::Auth { .. } | Request::Hello { .. } | Request::Quit)
+        matches!(self, Request::Auth { .. } | Request::Hello { .. } | Request::Quit | Request::Reset)
     }
 }
 
@@ -456,6 +476,7 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         },
         "select" => Request::Select(parse_i64(&args[1])?),
         "quit" => Request::Quit,
+        "reset" => Request::Reset,
         "get" => Request::Get(arg(1)),
         "set" => parse_set(args)?,
         "setnx" => Request::SetNx { key: arg(1), value: arg(2) },
@@ -549,7 +570,8 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         "multi" => Request::Multi,
         "exec" => Request::Exec,
         "discard" => Request::Discard,
-        "watch" | "unwatch" => Request::Watch,
+        "watch" => Request::Watch(args[1..].to_vec()),
+        "unwatch" => Request::Unwatch,
         "shutdown" => {
             for option in &args[1..] {
                 match upper(option).as_slice() {

@@ -37,6 +37,8 @@ pub struct Shared {
     pub net: Arc<NetStats>,
     pub settings: Settings,
     pub next_client_id: AtomicU64,
+    /// Every connected client, for CLIENT LIST and CLIENT KILL.
+    pub clients: crate::clients::Registry,
     /// Turns true when the node stops: connections close once their command is answered.
     pub closing: watch::Receiver<bool>,
     /// SHUTDOWN asks the node to stop through this.
@@ -72,21 +74,40 @@ pub struct Connection<S> {
     authenticated: bool,
     name: Option<Bytes>,
     id: u64,
-    /// Commands queued since MULTI (raftlog only; docs/resp.md).
+    /// Commands queued since MULTI (docs/resp.md, "Transactions").
     multi: Option<Multi>,
+    /// Keys WATCHed since the last EXEC/DISCARD/UNWATCH, with the value each held then.
+    watched: Vec<(Bytes, Option<Bytes>)>,
     /// Where this connection's writes stand, for WAIT.
     marks: WriteMarks,
     /// When the first byte of the command being received arrived.
     incomplete_since: Option<Instant>,
     /// When bytes last arrived (Redis' `timeout` closes a connection idle for longer).
     last_read: Instant,
+    /// Woken by another client's CLIENT KILL.
+    kill: Arc<Notify>,
+}
+
+/// The connection's two ends, for CLIENT LIST and CLIENT KILL.
+#[derive(Clone, Copy, Debug)]
+pub struct Addresses {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
 }
 
 #[derive(Default)]
 struct Multi {
     queued: Vec<(chorus_core::Command, command::ReplyShape)>,
+    /// Each queued command's typed form (`None`: it has none), for a transaction on one key.
+    typed: Vec<Option<Vec<Bytes>>>,
     /// A command was refused while queueing: EXEC discards the transaction (as Redis does).
     aborted: bool,
+}
+
+impl<S> Drop for Connection<S> {
+    fn drop(&mut self) {
+        self.shared.clients.deregister(self.id);
+    }
 }
 
 /// Why a connection stops waiting for input.
@@ -98,9 +119,19 @@ enum Expiry {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
-    pub fn new(shared: Arc<Shared>, stream: S) -> Connection<S> {
+    pub fn new(shared: Arc<Shared>, stream: S, addresses: Addresses) -> Connection<S> {
         let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
         let authenticated = shared.settings.requirepass.is_none();
+        let kill = Arc::new(Notify::new());
+        shared.clients.register(crate::clients::ClientInfo {
+            id,
+            addr: addresses.peer,
+            laddr: addresses.local,
+            name: None,
+            resp: 2,
+            connected: Instant::now(),
+            kill: kill.clone(),
+        });
         Connection {
             shared,
             stream,
@@ -112,9 +143,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             name: None,
             id,
             multi: None,
+            watched: Vec::new(),
             marks: WriteMarks::default(),
             incomplete_since: None,
             last_read: Instant::now(),
+            kill,
         }
     }
 
@@ -132,6 +165,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         // register with the watch's waiter list (a lock) on every command.
         let closed = closing.changed();
         tokio::pin!(closed);
+        let kill = self.kill.clone();
+        let killed = kill.notified();
+        tokio::pin!(killed);
         let idle_timeout = self.shared.settings.clients.idle_timeout_s > 0;
         loop {
             let close = self.run_pipeline().await?;
@@ -168,6 +204,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     return self.refuse(error).await;
                 }
                 _ = &mut closed => return Ok(()),
+                () = &mut killed => {
+                    debug!(client = self.id, "killed by CLIENT KILL");
+                    return Ok(());
+                }
             }
         }
     }
@@ -278,11 +318,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 }
                 command::out_of_memory()
             }
+            Ok(Request::Reset) => self.reset(),
             Ok(request) if self.multi.is_some() => self.in_multi(request).await,
             Ok(Request::Multi) => self.multi_start(),
             Ok(Request::Exec) => Reply::err("EXEC without MULTI"),
             Ok(Request::Discard) => Reply::err("DISCARD without MULTI"),
-            Ok(Request::Watch) => Reply::err("WATCH is not supported; use CAS for optimistic updates"),
+            Ok(Request::Watch(keys)) => self.watch(keys).await,
+            Ok(Request::Unwatch) => {
+                self.watched.clear();
+                Reply::ok()
+            }
             Ok(request) => self.run_request(request).await,
         };
         self.shared.metrics.record(command::metric_index(name), reply.is_error(), started);
@@ -397,7 +442,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 if name.iter().any(|byte| *byte <= b' ' || *byte > b'~') {
                     return Reply::err("Client names cannot contain spaces, newlines or special characters.");
                 }
-                self.name = (!name.is_empty()).then_some(name);
+                self.set_name((!name.is_empty()).then_some(name));
                 Reply::ok()
             }
             Request::ClientGetName => Reply::optional(self.name.clone()),
@@ -418,35 +463,54 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     }
 
     fn multi_start(&mut self) -> Reply {
-        if self.shared.settings.protocol != "raftlog" {
-            return Reply::err(format!(
-                "MULTI/EXEC is only supported (and atomic) with protocol raftlog; this node runs {}",
-                self.shared.settings.protocol
-            ));
-        }
         self.multi = Some(Multi::default());
         Reply::ok()
     }
 
-    /// Between MULTI and EXEC: queue single-key commands, run EXEC or DISCARD.
-    async fn in_multi(&mut self, request: Request) -> Reply {
-        let bytes_max = self.bytes_max();
-        let multi = self.multi.as_mut().expect("in MULTI");
-        match request {
-            Request::Multi => Reply::err("MULTI calls can not be nested"),
-            Request::Watch => Reply::err("WATCH inside MULTI is not allowed"),
-            Request::Discard => {
-                self.multi = None;
-                Reply::ok()
+    /// WATCH: remember what each key holds now (one linearizable read each); EXEC runs only
+    /// if they still hold it.
+    async fn watch(&mut self, keys: Vec<Bytes>) -> Reply {
+        let outcomes = self.run_all(reads(&keys)).await;
+        for (key, outcome) in keys.into_iter().zip(outcomes) {
+            match outcome {
+                Outcome::Value(value) => self.watched.push((key, value)),
+                Outcome::Error(error) => return error_reply(&error),
+                other => return unexpected(other),
             }
-            Request::Exec => {
-                let multi = self.multi.take().expect("in MULTI");
-                if multi.aborted {
-                    return Reply::error("EXECABORT Transaction discarded because of previous errors.");
-                }
-                if multi.queued.is_empty() {
-                    return Reply::Array(Vec::new());
-                }
+        }
+        Reply::ok()
+    }
+
+    /// EXEC: a transaction on one key is one RMW on every protocol (`data::Batch`, with the
+    /// WATCH guard if its key was watched); one over several keys runs as raftlog's
+    /// multi-key transaction, and is refused elsewhere (docs/resp.md, "Transactions").
+    async fn exec(&mut self, multi: Multi, watched: Vec<(Bytes, Option<Bytes>)>) -> Reply {
+        let mut keys: Vec<&Bytes> = multi.queued.iter().map(|(command, _)| command.key()).collect();
+        keys.extend(watched.iter().map(|(key, _)| key));
+        keys.sort();
+        keys.dedup();
+        if multi.queued.is_empty() {
+            return self.exec_nothing(&watched).await;
+        }
+        let typed: Option<Vec<Vec<Bytes>>> = multi.typed.iter().cloned().collect();
+        match (keys.as_slice(), typed) {
+            ([key], Some(commands)) => {
+                let guard = watched.first().map(|(_, value)| value.clone());
+                let batch = chorus_core::data::Batch { key: (*key).clone(), guard, commands };
+                self.run_data(batch.args()).await
+            }
+            ([_], None) => Reply::err(format!(
+                "CAS cannot be part of a transaction on protocol {}; use WATCH and SET",
+                self.shared.settings.protocol
+            )),
+            _ if !watched.is_empty() => Reply::err(
+                "WATCH works with a transaction on the watched key alone (one key); a multi-key transaction cannot be watched",
+            ),
+            _ if self.shared.settings.protocol != "raftlog" => Reply::err(format!(
+                "a MULTI/EXEC over several keys is only atomic with protocol raftlog; this node runs {} (a transaction on one key works on every protocol)",
+                self.shared.settings.protocol
+            )),
+            _ => {
                 let (commands, shapes): (Vec<_>, Vec<_>) = multi.queued.into_iter().unzip();
                 let done = self.shared.engine.execute_transaction(commands).await;
                 Reply::Array(
@@ -457,9 +521,49 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         .collect(),
                 )
             }
+        }
+    }
+
+    /// An empty EXEC: an empty array, or nil if a watched key changed.
+    async fn exec_nothing(&mut self, watched: &[(Bytes, Option<Bytes>)]) -> Reply {
+        let keys: Vec<Bytes> = watched.iter().map(|(key, _)| key.clone()).collect();
+        let now = self.run_all(reads(&keys)).await;
+        let unchanged = watched
+            .iter()
+            .zip(now)
+            .all(|((_, then), now)| matches!(now, Outcome::Value(now) if now == *then));
+        if unchanged {
+            Reply::Array(Vec::new())
+        } else {
+            Reply::NullArray
+        }
+    }
+
+    /// Between MULTI and EXEC: queue single-key commands, run EXEC or DISCARD.
+    async fn in_multi(&mut self, request: Request) -> Reply {
+        let bytes_max = self.bytes_max();
+        let multi = self.multi.as_mut().expect("in MULTI");
+        match request {
+            Request::Multi => Reply::err("MULTI calls can not be nested"),
+            Request::Watch(_) => Reply::err("WATCH inside MULTI is not allowed"),
+            Request::Unwatch => Reply::Status("QUEUED"),
+            Request::Discard => {
+                self.multi = None;
+                self.watched.clear();
+                Reply::ok()
+            }
+            Request::Exec => {
+                let multi = self.multi.take().expect("in MULTI");
+                let watched = std::mem::take(&mut self.watched);
+                if multi.aborted {
+                    return Reply::error("EXECABORT Transaction discarded because of previous errors.");
+                }
+                self.exec(multi, watched).await
+            }
             request => match command::queued_command(&request, command::wall_clock_ms(), bytes_max) {
                 Some(Ok(plan)) => {
                     multi.queued.push(plan);
+                    multi.typed.push(command::as_typed(&request));
                     Reply::Status("QUEUED")
                 }
                 Some(Err(reply)) => {
@@ -474,6 +578,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 }
             },
         }
+    }
+
+    fn reset(&mut self) -> Reply {
+        self.multi = None;
+        self.watched.clear();
+        self.resp = 2;
+        self.shared.clients.update(self.id, |info| info.resp = 2);
+        self.set_name(None);
+        self.authenticated = self.shared.settings.requirepass.is_none();
+        Reply::Status("RESET")
+    }
+
+    fn set_name(&mut self, name: Option<Bytes>) {
+        self.shared.clients.update(self.id, |info| info.name = name.clone());
+        self.name = name;
     }
 
     fn engine(&self) -> &EngineHandle {
@@ -493,10 +612,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             );
         }
         if let Some(name) = setname {
-            self.name = Some(name);
+            self.set_name(Some(name));
         }
         if let Some(version) = protover {
             self.resp = version;
+            self.shared.clients.update(self.id, |info| info.resp = version);
         }
         let text = |s: &str| Reply::text(s);
         Reply::Map(vec![

@@ -13,6 +13,7 @@
 //! * [`files`]: private data directories, unpredictable temporary ones.
 
 pub mod admin;
+pub mod clients;
 pub mod command;
 pub mod config;
 pub mod connection;
@@ -220,6 +221,7 @@ async fn serve_node(
             clients: config.clients,
         },
         next_client_id: AtomicU64::new(0),
+        clients: clients::Registry::default(),
         closing,
         shutdown: stop_requested.clone(),
     });

@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
-use crate::connection::{Connection, Shared};
+use crate::connection::{Addresses, Connection, Shared};
 
 /// What a refused client reads before the connection closes (Redis' wording).
 const MAXCLIENTS_REPLY: &[u8] = b"-ERR max number of clients reached\r\n";
@@ -70,11 +70,11 @@ pub fn configure_socket(stream: &TcpStream, keepalive_s: u64) {
 }
 
 /// Serve one admitted client on `stream` (plain TCP, or TLS over it) until it leaves.
-pub async fn serve<S>(slot: ClientSlot, stream: S)
+pub async fn serve<S>(slot: ClientSlot, stream: S, addresses: Addresses)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    Connection::new(slot.shared.clone(), stream).run().await;
+    Connection::new(slot.shared.clone(), stream, addresses).run().await;
     drop(slot);
 }
 
@@ -88,8 +88,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Typically out of descriptors: back off instead of spinning.
                 warn!("accepting client connections failed: {error}");
@@ -99,10 +99,12 @@ where
         };
         let Some(slot) = admit(&shared, &stream) else { continue };
         configure_socket(&stream, shared.settings.clients.tcp_keepalive_s);
+        let local = stream.local_addr().unwrap_or(shared.settings.client_addr);
+        let addresses = Addresses { peer, local };
         let upgraded = upgrade(stream);
         tokio::spawn(async move {
             match upgraded.await {
-                Ok(stream) => serve(slot, stream).await,
+                Ok(stream) => serve(slot, stream, addresses).await,
                 Err(error) => debug!("client connection failed before serving: {error}"),
             }
         });

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::managed::MembershipTweak;
 use crate::runner::{ProtocolSetup, ReadMode};
+use crate::simulator::SimConfig;
 
 /// One broken variant and how to run it.
 #[derive(Clone)]
@@ -74,6 +75,22 @@ pub fn variants() -> Vec<BrokenVariant> {
         seeds_max: 5_000,
         setup: ProtocolSetup::Hermes { tweak: None, membership: Some(no_margin) },
     });
+    // The server's, not a protocol's: a replica that expires keys by its own clock (a typed
+    // read answers "absent" once its clock passes the deadline, without the replicated
+    // delete), under every protocol the server runs on.
+    for (protocol, setup) in [
+        ("hermes", ProtocolSetup::hermes()),
+        ("craq", ProtocolSetup::craq()),
+        ("zab", ProtocolSetup::zab(ReadMode::Sync)),
+        ("raftlog", ProtocolSetup::raftlog()),
+    ] {
+        all.push(BrokenVariant {
+            protocol,
+            name: "expiry-by-local-clock".to_string(),
+            seeds_max: 2_000,
+            setup: expiring_by_local_clock(protocol, setup),
+        });
+    }
     for bug in chorus_craq::Bug::ALL {
         let tweak = Arc::new(move |config: &mut chorus_craq::CraqConfig| config.bug = Some(bug));
         all.push(variant("craq", &bug, 2_000, ProtocolSetup::Craq { tweak: Some(tweak), membership: None }));
@@ -88,6 +105,15 @@ pub fn variants() -> Vec<BrokenVariant> {
         all.push(variant("raftlog", &bug, 1_000, ProtocolSetup::Raftlog { tweak: Some(tweak) }));
     }
     all
+}
+
+/// `setup` run by a server that expires keys by its replica's unsynchronised clock.
+fn expiring_by_local_clock(protocol: &'static str, setup: ProtocolSetup) -> ProtocolSetup {
+    let simulate = move |config: &SimConfig| {
+        let broken = SimConfig { expiry_by_local_clock: true, ..config.clone() };
+        setup.simulate(&broken)
+    };
+    ProtocolSetup::Custom { name: protocol, simulate: Arc::new(simulate) }
 }
 
 /// The variant `protocol`/`name` among `variants`.

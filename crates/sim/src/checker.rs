@@ -6,6 +6,14 @@
 //! against a register model whose read-modify-writes are [`RmwOp::apply`], the same function the
 //! replicas run.
 //!
+//! The model knows time through the operations: a typed command (SET PX, PEXPIRE, GET, PTTL,
+//! ...) carries the clock reading `now_ms` of the replica that decided it, stamped by the
+//! simulator from that replica's own (drifting) clock exactly where the server reads its wall
+//! clock. The register holds the deadline with the value, and an operation linearized where
+//! the deadline is at or before its clock reading sees the key absent (and deletes it, as the
+//! replicas do), so once an operation saw a key expired, every operation linearized after it
+//! sees it absent, whatever its own clock says (docs/expiry.md).
+//!
 //! The search walks a time-ordered list of call and return events. At each step it tries to
 //! linearize a pending operation whose call precedes the first remaining return; reaching a
 //! return means the operation that returned could not be placed, so it backtracks. Lowe's
@@ -175,9 +183,11 @@ struct Transition {
 /// HSET's outcome is the count of *new* fields, so `0` is the answer both when it sets every
 /// field to the value it already holds (no write) and when it overwrites one (a write): it may
 /// not be linearized greedily where it happens not to write. (HDEL's count of removed fields is
-/// `0` exactly when it changes nothing.)
+/// `0` exactly when it changes nothing.) Nor for typed commands: a GET answers nil both where
+/// the key is absent (no write) and where its deadline passed by the op's clock (it deletes
+/// the key), and a later read may need that delete.
 fn outcome_tells_whether_it_writes(command: &Command) -> bool {
-    !matches!(command, Command::Rmw { op: RmwOp::HashSet { .. }, .. })
+    !matches!(command, Command::Rmw { op: RmwOp::HashSet { .. } | RmwOp::Exec(_), .. })
 }
 
 /// What `command` does at `current`, if the recorded `outcome` (`None`: unknown, anything
@@ -1272,6 +1282,63 @@ mod tests {
             }
         }
         assert!(!outcome_tells_whether_it_writes(&Command::Rmw { key: b("k"), op: hash_set("a") }));
+    }
+
+    /// A typed command as the simulator records it: arguments and the deciding clock reading.
+    fn exec(args: &str, now_ms: u64) -> Command {
+        let args: Vec<Bytes> = args.split(' ').map(|word| Bytes::copy_from_slice(word.as_bytes())).collect();
+        let key = args[1].clone();
+        let op = chorus_core::data::ExecOp { now_ms, bytes_max: 1 << 20, args };
+        Command::Rmw { key, op: RmwOp::Exec(op) }
+    }
+
+    fn data(data: chorus_core::data::Data) -> Outcome {
+        Outcome::Data(data)
+    }
+
+    /// The model judges deadlines by each operation's clock reading: a GET read at or after
+    /// the deadline sees the key absent (and deletes it), and every operation after it does
+    /// too, whatever its own clock says; before the deadline the value is there.
+    #[test]
+    fn an_operation_after_the_deadline_sees_the_key_absent() {
+        use chorus_core::data::Data;
+        let value = || data(Data::bulk("v"));
+        let history = Builder::default()
+            .op(1, exec("SET e v PX 10", 100), 0, Some((1, data(Data::ok()))))
+            .op(2, exec("GET e", 105), 2, Some((3, value())))
+            .op(2, exec("GET e", 110), 4, Some((5, data(Data::Nil))))
+            // A replica whose clock lags still sees it absent: the read at 110 deleted it.
+            .op(3, exec("GET e", 104), 6, Some((7, data(Data::Nil))))
+            .op(3, exec("PTTL e", 104), 8, Some((9, data(Data::Integer(-2)))))
+            .build();
+        assert_linearizable(&history);
+
+        // The broken server's history: a fast clock answers nil without deleting, and a slow
+        // one sees the value afterwards. No order explains it.
+        let mut resurrected = history.clone();
+        resurrected.operations[3].completion =
+            Some(Completion { at: Time::from_millis(7), outcome: value() });
+        assert_violation(&resurrected, "e");
+
+        // Before the deadline by its clock, a read that answers nil is a violation too.
+        let mut early = history.clone();
+        early.operations[1].completion =
+            Some(Completion { at: Time::from_millis(3), outcome: data(Data::Nil) });
+        assert_violation(&early, "e");
+    }
+
+    /// A GET answering nil may have deleted an expired key or found none: taking it greedily
+    /// where the key is absent would hide the delete a later read needs (SET, then GET at a
+    /// clock past the deadline, then GET at an earlier clock that must see it gone).
+    #[test]
+    fn a_typed_read_answering_nil_is_not_taken_greedily() {
+        use chorus_core::data::Data;
+        let history = Builder::default()
+            .op(1, exec("GET e", 200), 0, Some((10, data(Data::Nil))))
+            .op(2, exec("SET e v PX 50", 100), 1, Some((2, data(Data::ok()))))
+            .op(3, exec("GET e", 120), 11, Some((12, data(Data::Nil))))
+            .build();
+        assert_linearizable(&history);
     }
 
     /// HSET answers 0 both when it overwrites a field and when it sets the value already there.

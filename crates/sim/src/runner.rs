@@ -444,6 +444,8 @@ pub const MANAGED_MINIMUMS: &[Minimum] = &[
     Minimum { counter: "nodes_readded", per_1000_seeds: 300 },
     Minimum { counter: "clocks_drifting", per_1000_seeds: 500 },
     Minimum { counter: "pauses", per_1000_seeds: 300 },
+    // Typed reads that found their key's deadline passed and ran the replicated delete.
+    Minimum { counter: "expiry.reads_found_expired", per_1000_seeds: 1_000 },
     Minimum { counter: "ops_overlapping", per_1000_seeds: 50_000 },
     Minimum { counter: "updates_interrupted", per_1000_seeds: 300 },
 ];

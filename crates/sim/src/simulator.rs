@@ -12,8 +12,10 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt::Debug;
 
+use chorus_core::data::{Access, ExecOp};
 use chorus_core::{
-    ClientRequestId, Command, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
+    ClientRequestId, Command, CommandError, Epoch, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time,
+    View,
 };
 use rustc_hash::FxHashMap;
 
@@ -54,6 +56,10 @@ pub struct SimConfig {
     /// Seeds may cut the power to every node at once (for replicas that keep everything they
     /// acknowledged on disk: every node restarts from what its disk kept).
     pub power_loss: bool,
+    /// A broken server (`expiry-by-local-clock`): a typed read that finds the key's deadline
+    /// passed by its replica's own clock answers "absent" at once instead of running the
+    /// replicated delete (docs/expiry.md). The checker must catch it under drifting clocks.
+    pub expiry_by_local_clock: bool,
 }
 
 impl SimConfig {
@@ -72,6 +78,7 @@ impl SimConfig {
             clock_drift_max_ppm: 0,
             pauses: false,
             power_loss: false,
+            expiry_by_local_clock: false,
         }
     }
 
@@ -220,6 +227,9 @@ struct PendingOp {
     op_index: usize,
     client: u32,
     node: NodeId,
+    /// A typed read (GET, PTTL of an expiring key) not yet found expired: the replica reads
+    /// the value locally and judges it, as the server does (`run_data`).
+    read_locally: bool,
 }
 
 struct Client {
@@ -792,7 +802,8 @@ where
             invoke: self.now,
             completion: None,
         });
-        self.pending.insert(request, PendingOp { op_index, client, node });
+        let read_locally = typed_read(&command).is_some();
+        self.pending.insert(request, PendingOp { op_index, client, node, read_locally });
         self.client_arrives(request, node, command);
     }
 
@@ -802,18 +813,65 @@ where
             self.schedule(self.paused_until[node.index()], Event::ClientArrives { request, node, command });
             return;
         }
-        if !self.pending.contains_key(&request) || self.crashed[node.index()] {
+        let Some(pending) = self.pending.get(&request) else {
             return; // The connection dropped with a crash while the node was paused.
+        };
+        if self.crashed[node.index()] {
+            return;
         }
+        let (op_index, read_locally) = (pending.op_index, pending.read_locally);
         let now = self.local_now(node);
+        let command = self.stamp_clock(op_index, command, now);
+        let command = if read_locally { Command::Read { key: command.key().clone() } } else { command };
         self.nodes[node.index()].on_client(now, request, command, &mut self.outbox);
         self.perform_outbox(node);
     }
 
+    /// A typed command carries the clock reading of the replica that submits it (the server's
+    /// `wall_clock_ms`): relative deadlines count from it and deadlines are judged against it.
+    /// The history records the command as stamped, so the checker's model judges expiry at
+    /// the very clock reading the replica used.
+    fn stamp_clock(&mut self, op_index: usize, command: Command, now: Time) -> Command {
+        let Command::Rmw { key, op: RmwOp::Exec(mut op) } = command else { return command };
+        op.now_ms = now.as_millis();
+        let stamped = Command::Rmw { key, op: RmwOp::Exec(op) };
+        self.history.operations[op_index].command = stamped.clone();
+        stamped
+    }
+
+    /// A typed read's locally read value, judged as the server judges it: answered if its
+    /// deadline has not passed by the op's clock reading; otherwise the command runs again as
+    /// a replicated RMW, stamped anew, and that decides. `None`: the operation goes on.
+    fn judge_typed_read(&mut self, request: ClientRequestId, outcome: Outcome) -> Option<Outcome> {
+        let pending = self.pending.get_mut(&request).expect("pending op");
+        let Outcome::Value(value) = outcome else { return Some(outcome) };
+        let command = &self.history.operations[pending.op_index].command;
+        let op = typed_read(command).expect("a typed read").clone();
+        let effect = chorus_core::data::apply(&op, value.as_ref());
+        if effect.write.is_none() || self.config.expiry_by_local_clock {
+            return Some(effect.outcome);
+        }
+        pending.read_locally = false;
+        let (node, command) = (pending.node, command.clone());
+        *self.counts.events.entry("expiry.reads_found_expired".to_string()).or_default() += 1;
+        self.trace(|| format!("#{} found its key expired: replicated delete", request.0));
+        self.schedule(self.now, Event::ClientArrives { request, node, command });
+        None
+    }
+
     fn complete(&mut self, request: ClientRequestId, outcome: Outcome) {
-        let Some(op) = self.pending.remove(&request) else {
+        let Some(pending) = self.pending.get(&request) else {
             return; // The client already gave up on it (its replica crashed).
         };
+        let outcome = if pending.read_locally {
+            match self.judge_typed_read(request, outcome) {
+                Some(outcome) => outcome,
+                None => return,
+            }
+        } else {
+            outcome
+        };
+        let op = self.pending.remove(&request).expect("pending op");
         self.trace(|| format!("#{} completes {outcome:?}", op.op_index));
         let known = !matches!(outcome, Outcome::Error(CommandError::OutcomeUnknown));
         if let Outcome::Value(value) | Outcome::Cas { previous: value, .. } = &outcome {
@@ -858,6 +916,18 @@ where
             events,
             end: self.now,
         }
+    }
+}
+
+/// The typed command of a read-only typed op (GET, PTTL, ...), which replicas run on a
+/// locally read value.
+fn typed_read(command: &Command) -> Option<&ExecOp> {
+    match command {
+        Command::Rmw { op: RmwOp::Exec(op), .. } => {
+            let name = String::from_utf8_lossy(&op.args[0]).to_ascii_lowercase();
+            (chorus_core::data::access(&name) == Some(Access::Read)).then_some(op)
+        }
+        _ => None,
     }
 }
 

@@ -5,9 +5,12 @@
 //! range, so two updates that a bug lets cancel out (one lost increment hidden behind an
 //! equal one, a stale value equal to the fresh one) almost never look alike: the checker sees
 //! the anomaly. Hash keys (`h0`, `h1`) take HSET and HDEL, whose outcome (a count of fields)
-//! does not always say whether they wrote.
+//! does not always say whether they wrote. Expiring keys (`e0`, `e1`) take Redis' expiry
+//! commands (SET PX, SET NX PX, PEXPIRE with its flags, PERSIST) and typed reads (GET, PTTL):
+//! deadlines a few milliseconds out, the scale at which drifting clocks disagree.
 
 use bytes::Bytes;
+use chorus_core::data::ExecOp;
 use chorus_core::{Command, Key, RmwOp, Value};
 
 use crate::rng::Rng;
@@ -23,6 +26,10 @@ pub const OPS_PER_KEY_MAX: u32 = 64;
 const HASH_FIELDS: u64 = 3;
 /// Encoded hashes stay far below this; the limit only exists for the server.
 const HASH_BYTES_MAX: u32 = 1 << 20;
+/// Relative deadlines (SET PX, PEXPIRE) an expiring key's commands draw from, in ms: around
+/// the tens of milliseconds by which drifting clocks come apart during a run, so replicas
+/// whose clocks disagree about a deadline are common.
+const EXPIRY_MS: [u64; 5] = [2, 5, 10, 25, 60];
 
 /// The operation mix one seed draws.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -32,6 +39,8 @@ pub struct WorkloadPlan {
     pub keys: usize,
     /// Hash keys `h0..`: reads, HSET, HDEL, deletes. 0 on some seeds.
     pub hash_keys: usize,
+    /// Expiring keys `e0..`: SET PX, PEXPIRE, PERSIST, typed GET and PTTL. 0 on some seeds.
+    pub expiry_keys: usize,
     pub ops_per_client: usize,
     pub read_ratio: f64,
     pub rmw_ratio: f64,
@@ -57,6 +66,8 @@ impl WorkloadPlan {
             rmw_ratio: (1.0 - read_ratio) * rmw_percent as f64 / 100.0,
             think_max_us: *rng.pick(&[0, 500, 2_000, 5_000]),
             stickiness: if rng.chance(0.5) { 0.0 } else { 0.9 },
+            // Drawn last, so the seeds without expiring keys run as they did before.
+            expiry_keys: rng.below(3) as usize,
         }
     }
 }
@@ -107,8 +118,12 @@ impl CommandGenerator {
     }
 
     pub fn next(&mut self, rng: &mut Rng, plan: &WorkloadPlan, keys: &mut KeySpace) -> Command {
-        let key_slots = (plan.keys + plan.hash_keys) as u64;
+        let key_slots = (plan.keys + plan.hash_keys + plan.expiry_keys) as u64;
         let slot = rng.below(key_slots) as usize;
+        if slot >= plan.keys + plan.hash_keys {
+            let key = keys.key('e', slot);
+            return self.next_expiry(rng, plan, key);
+        }
         if slot >= plan.keys {
             let key = keys.key('h', slot);
             return self.next_hash(rng, plan, key);
@@ -168,6 +183,32 @@ impl CommandGenerator {
         };
         Command::Rmw { key, op }
     }
+
+    /// An expiring key's command, as the typed command a Redis client would send. Its clock
+    /// reading (`now_ms`) is left 0: the simulator stamps it from the clock of the replica
+    /// that decides it, as the server does (see `Engine::client_arrives`).
+    fn next_expiry(&mut self, rng: &mut Rng, plan: &WorkloadPlan, key: Key) -> Command {
+        let ms = |rng: &mut Rng| Bytes::from(rng.pick(&EXPIRY_MS).to_string());
+        let word = |text: &'static str| Bytes::from_static(text.as_bytes());
+        let mut args = if rng.unit() < plan.read_ratio {
+            vec![word(if rng.chance(0.6) { "GET" } else { "PTTL" }), key]
+        } else {
+            match rng.below(10) {
+                0..=3 => vec![word("SET"), key, self.unique_value(), word("PX"), ms(rng)],
+                // A lock: set only if absent, with a deadline.
+                4 => vec![word("SET"), key, self.unique_value(), word("NX"), word("PX"), ms(rng)],
+                5 => vec![word("SET"), key, self.unique_value()],
+                6..=8 => vec![word("PEXPIRE"), key, ms(rng)],
+                _ => vec![word("PERSIST"), key],
+            }
+        };
+        if args[0] == "PEXPIRE" && rng.chance(0.4) {
+            let flag = *rng.pick(&["NX", "XX", "GT", "LT"]);
+            args.push(word(flag));
+        }
+        let key = args[1].clone();
+        Command::Rmw { key, op: RmwOp::Exec(ExecOp { now_ms: 0, bytes_max: HASH_BYTES_MAX, args }) }
+    }
 }
 
 #[cfg(test)]
@@ -208,6 +249,29 @@ mod tests {
             .iter()
             .filter(|c| matches!(c, Command::Rmw { op: RmwOp::HashSet { .. } | RmwOp::HashDelete(_), .. }))
             .all(|c| c.key().starts_with(b"h")));
+    }
+
+    #[test]
+    fn expiring_keys_get_deadlines_persist_and_typed_reads() {
+        let mut names = std::collections::BTreeMap::<String, usize>::new();
+        for seed in 0..10 {
+            let mut rng = Rng::new(seed);
+            let plan = WorkloadPlan { expiry_keys: 2, ..WorkloadPlan::draw(&mut rng) };
+            let (mut generator, mut keys) = (CommandGenerator::new(0), KeySpace::default());
+            for _ in 0..200 {
+                if let Command::Rmw { key, op: RmwOp::Exec(op) } = generator.next(&mut rng, &plan, &mut keys)
+                {
+                    assert!(key.starts_with(b"e"), "{key:?}");
+                    assert_eq!(op.now_ms, 0, "the simulator stamps the clock");
+                    let name = String::from_utf8_lossy(&op.args[0]).to_string();
+                    let px = op.args.iter().any(|arg| arg == "PX");
+                    *names.entry(if px { format!("{name} PX") } else { name }).or_default() += 1;
+                }
+            }
+        }
+        for name in ["SET PX", "SET", "PEXPIRE", "PERSIST", "GET", "PTTL"] {
+            assert!(names.get(name).is_some_and(|count| *count > 10), "{name}: {names:?}");
+        }
     }
 
     #[test]

@@ -92,4 +92,9 @@ caught! {
     raftlog_without_sessions: "raftlog" "no-sessions",
     // Acknowledges before syncing: caught after a power loss of every node.
     raftlog_acknowledging_before_syncing: "raftlog" "ack-before-sync",
+    // The server's: a replica expiring keys by its own clock, caught under drifting clocks.
+    hermes_expiring_by_the_local_clock: "hermes" "expiry-by-local-clock",
+    craq_expiring_by_the_local_clock: "craq" "expiry-by-local-clock",
+    zab_expiring_by_the_local_clock: "zab" "expiry-by-local-clock",
+    raftlog_expiring_by_the_local_clock: "raftlog" "expiry-by-local-clock",
 }

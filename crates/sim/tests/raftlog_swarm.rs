@@ -25,6 +25,7 @@ const RAFTLOG_DISK_MINIMUMS: &[Minimum] = &[
     Minimum { counter: "storage_corruption_detected", per_1000_seeds: 40 },
     Minimum { counter: "clocks_drifting", per_1000_seeds: 500 },
     Minimum { counter: "pauses", per_1000_seeds: 400 },
+    Minimum { counter: "expiry.reads_found_expired", per_1000_seeds: 1_000 },
     Minimum { counter: "ops_overlapping", per_1000_seeds: 50_000 },
     Minimum { counter: "updates_interrupted", per_1000_seeds: 300 },
     Minimum { counter: "raftlog.disk_drains", per_1000_seeds: 2_500 },

@@ -6,3 +6,26 @@ pub mod loopback;
 pub mod netns;
 pub mod scratch;
 pub mod workload;
+
+/// `line` (words separated by single spaces) sent as one command; panics with the line on
+/// an error reply.
+pub fn query<T: redis::FromRedisValue>(con: &mut redis::Connection, line: &str) -> T {
+    command(line).query(con).unwrap_or_else(|error| panic!("{line}: {error}"))
+}
+
+/// The error `line` answers; panics if it answers anything else.
+pub fn error_of(con: &mut redis::Connection, line: &str) -> String {
+    match command(line).query::<redis::Value>(con) {
+        Err(error) => error.to_string(),
+        Ok(value) => panic!("{line}: expected an error, got {value:?}"),
+    }
+}
+
+fn command(line: &str) -> redis::Cmd {
+    let mut words = line.split(' ');
+    let mut cmd = redis::cmd(words.next().expect("a command"));
+    for arg in words {
+        cmd.arg(arg);
+    }
+    cmd
+}

@@ -117,6 +117,7 @@ fn encoding(value: &Typed) -> &'static str {
             "listpack"
         }
         Typed::ZSet(_) => "skiplist",
+        Typed::Stream(_) => "stream",
     }
 }
 

@@ -13,8 +13,10 @@
 pub mod geo;
 mod hashes;
 mod keys;
+pub mod lcs;
 mod list;
 mod set;
+pub mod stream;
 mod strings;
 pub mod value;
 mod zset;
@@ -213,6 +215,21 @@ pub const COMMANDS: &[(&str, i64, Access)] = {
         ("georadius_ro", -6, R),
         ("georadiusbymember", -5, R),
         ("georadiusbymember_ro", -5, R),
+        // streams (XREAD/XREADGROUP over several keys are split into one op per key)
+        ("xadd", -5, W),
+        ("xlen", 2, R),
+        ("xrange", -4, R),
+        ("xrevrange", -4, R),
+        ("xdel", -3, W),
+        ("xtrim", -4, W),
+        ("xread", -4, R),
+        ("xreadgroup", -7, W),
+        ("xgroup", -4, W),
+        ("xack", -4, W),
+        ("xpending", -3, R),
+        ("xclaim", -6, W),
+        ("xautoclaim", -6, W),
+        ("xinfo", -3, R),
     ]
 };
 
@@ -225,8 +242,19 @@ pub fn access(name: &str) -> Option<Access> {
 pub fn key_of(args: &[Bytes]) -> &Bytes {
     let name = args[0].to_ascii_lowercase();
     match name.as_slice() {
-        b"object" | b"memory" => &args[2],
+        b"object" | b"memory" | b"xgroup" | b"xinfo" => &args[2],
+        b"xread" | b"xreadgroup" => key_of_stream_read(args),
         _ => &args[1],
+    }
+}
+
+/// The key of XREAD/XREADGROUP `... STREAMS key id` (the server splits several keys into
+/// one op each); the last argument but one if the command is malformed (it then fails).
+pub fn key_of_stream_read(args: &[Bytes]) -> &Bytes {
+    let streams = args.iter().position(|arg| arg.eq_ignore_ascii_case(b"streams"));
+    match streams {
+        Some(at) if at + 1 < args.len() => &args[at + 1],
+        _ => &args[args.len().saturating_sub(2).max(1).min(args.len() - 1)],
     }
 }
 
@@ -237,6 +265,12 @@ pub fn key_of(args: &[Bytes]) -> &Bytes {
 /// SETRANGE and SETBIT may grow a string to their offset. Never above `op.bytes_max`: a
 /// larger result is refused, not written.
 pub fn bytes_bound(op: &ExecOp, current_bytes: usize) -> usize {
+    if let Some(batch) = Batch::parse(&op.args) {
+        // Each command of a transaction grows the value from where the previous one left it.
+        return batch.commands.iter().fold(current_bytes, |bytes, args| {
+            bytes_bound(&ExecOp { now_ms: op.now_ms, bytes_max: op.bytes_max, args: args.clone() }, bytes)
+        });
+    }
     const ARG_FRAMING_BYTES: usize = 16;
     const HEADER_BYTES: usize = 128;
     let added: usize = op.args.iter().map(|arg| arg.len() + ARG_FRAMING_BYTES).sum();
@@ -245,6 +279,9 @@ pub fn bytes_bound(op: &ExecOp, current_bytes: usize) -> usize {
     let grown_to = match name.as_slice() {
         b"setrange" => offset(2).saturating_add(op.args.get(3).map_or(0, |patch| patch.len())),
         b"setbit" => offset(2) / 8 + 1,
+        // A delivery or a claim adds a pending entry per stream entry: bounded only by the
+        // limit itself.
+        b"xreadgroup" | b"xclaim" | b"xautoclaim" => return op.bytes_max as usize,
         _ => 0,
     };
     current_bytes.max(grown_to).saturating_add(added + HEADER_BYTES).min(op.bytes_max as usize)
@@ -319,10 +356,14 @@ typed_access!(hash, hash_mut, Hash, crate::hash::Fields, Vec::new());
 typed_access!(list, list_mut, List, Vec<Bytes>, Vec::new());
 typed_access!(set, set_mut, Set, std::collections::BTreeSet<Bytes>, Default::default());
 typed_access!(zset, zset_mut, ZSet, std::collections::BTreeMap<Bytes, f64>, Default::default());
+typed_access!(stream, stream_mut, Stream, Box<stream::Stream>, Default::default());
 
 /// Run a typed command against a key's stored value. Pure and deterministic: the same op on
 /// the same value gives the same effect at every replica.
 pub fn apply(op: &ExecOp, current: Option<&Bytes>) -> RmwEffect {
+    if let Some(batch) = Batch::parse(&op.args) {
+        return batch.apply(op, current);
+    }
     let fail = |line: Fail| RmwEffect { write: None, outcome: Outcome::Data(Data::Error(line)) };
     let (entry, expired) = match current.map(value::decode).transpose() {
         Ok(Some(entry)) if entry.deadline_ms.is_some_and(|deadline| deadline <= op.now_ms) => (None, true),
@@ -362,6 +403,7 @@ fn run(args: &[Bytes], slot: &mut Slot) -> Reply {
         .or_else(|| set::run(&name, &args, slot))
         .or_else(|| zset::run(&name, &args, slot))
         .or_else(|| geo::run(&name, &args, slot))
+        .or_else(|| stream::run(&name, &args, slot))
         .unwrap_or_else(|| Err(format!("ERR unknown command '{name}'")))
 }
 
@@ -582,3 +624,96 @@ pub fn scan_page<T: Clone>(
 
 #[cfg(test)]
 mod tests;
+
+/// The first argument of a transaction on one key: not a Redis command, so no client can
+/// send it (the server only builds it from MULTI ... EXEC).
+pub const BATCH: &str = "chorus-batch";
+
+/// MULTI/EXEC on one key, as one `ExecOp`: the commands run one after the other on the key's
+/// value inside one RMW, so on every protocol they are atomic (no other command on the key
+/// sees or lands between them). With a WATCH guard, nothing runs and the reply is a nil array
+/// (Redis' aborted EXEC) unless the key still holds the value WATCH read and has not expired.
+///
+/// Arguments: `chorus-batch key guard [value] (count args...)...`, where `guard` is `-` (no
+/// WATCH), `absent` or `value` (followed by the value read).
+#[derive(Debug, PartialEq)]
+pub struct Batch {
+    pub key: Bytes,
+    /// `Some(expected)`: the value WATCH read (`None`: absent).
+    pub guard: Option<Option<Bytes>>,
+    pub commands: Vec<Vec<Bytes>>,
+}
+
+impl Batch {
+    pub fn args(&self) -> Vec<Bytes> {
+        let mut args = vec![Bytes::from_static(BATCH.as_bytes()), self.key.clone()];
+        match &self.guard {
+            None => args.push(Bytes::from_static(b"-")),
+            Some(None) => args.push(Bytes::from_static(b"absent")),
+            Some(Some(value)) => args.extend([Bytes::from_static(b"value"), value.clone()]),
+        }
+        for command in &self.commands {
+            args.push(Bytes::from(command.len().to_string()));
+            args.extend(command.iter().cloned());
+        }
+        args
+    }
+
+    /// `None` unless `args` is a well-formed batch.
+    pub fn parse(args: &[Bytes]) -> Option<Batch> {
+        if args.first()?.as_ref() != BATCH.as_bytes() {
+            return None;
+        }
+        let key = args.get(1)?.clone();
+        let (guard, mut at) = match args.get(2)?.as_ref() {
+            b"-" => (None, 3),
+            b"absent" => (Some(None), 3),
+            b"value" => (Some(Some(args.get(3)?.clone())), 4),
+            _ => return None,
+        };
+        let mut commands = Vec::new();
+        while at < args.len() {
+            let count: usize = std::str::from_utf8(&args[at]).ok()?.parse().ok()?;
+            let command = args.get(at + 1..at + 1 + count)?;
+            if command.is_empty() {
+                return None;
+            }
+            commands.push(command.to_vec());
+            at += 1 + count;
+        }
+        Some(Batch { key, guard, commands })
+    }
+
+    fn apply(&self, op: &ExecOp, current: Option<&Bytes>) -> RmwEffect {
+        if let Some(expected) = &self.guard {
+            let expired = match current.map(value::decode) {
+                Some(Ok(entry)) => entry.deadline_ms.is_some_and(|deadline| deadline <= op.now_ms),
+                _ => false,
+            };
+            if expected.as_ref() != current || expired {
+                // Redis counts a watched key that expired as changed. The expired key is
+                // deleted all the same, as by any operation that finds it expired.
+                return RmwEffect { write: expired.then_some(None), outcome: Outcome::Data(Data::NilArray) };
+            }
+        }
+        let mut value = current.cloned();
+        let mut wrote = false;
+        let mut replies = Vec::with_capacity(self.commands.len());
+        for args in &self.commands {
+            let one = ExecOp { now_ms: op.now_ms, bytes_max: op.bytes_max, args: args.clone() };
+            let effect = apply(&one, value.as_ref());
+            if let Some(write) = effect.write {
+                value = write;
+                wrote = true;
+            }
+            replies.push(match effect.outcome {
+                Outcome::Data(data) => data,
+                other => Data::Error(format!("ERR internal error: {other:?}")),
+            });
+        }
+        RmwEffect {
+            write: (wrote && value.as_ref() != current).then_some(value),
+            outcome: Outcome::Data(Data::Array(replies)),
+        }
+    }
+}

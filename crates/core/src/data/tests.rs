@@ -15,7 +15,9 @@ impl Key {
         Key { value: None, now_ms: 1_000_000 }
     }
     fn run(&mut self, line: &str) -> Data {
-        let args = line.split(' ').map(b).collect();
+        self.run_args(line.split(' ').map(b).collect())
+    }
+    fn run_args(&mut self, args: Vec<Bytes>) -> Data {
         let op = ExecOp { now_ms: self.now_ms, bytes_max: 1 << 20, args };
         let effect = apply(&op, self.value.as_ref());
         if let Some(write) = effect.write {
@@ -284,4 +286,87 @@ fn geo_positions_hashes_and_distances_match_redis() {
     assert_eq!(key.run("GEORADIUS g 2.191 41.433 3000 m COUNT 1 ANY"), bulks(&["p2"]));
     assert_eq!(key.run("GEOADD g 181 0 bad"), err("ERR invalid longitude,latitude pair 181.000000,0.000000"));
     assert_eq!(key.run("TYPE g"), Data::Status("zset".into()));
+}
+
+#[test]
+fn streams_add_read_trim_and_track_pending_entries() {
+    let mut key = Key::new();
+    assert_eq!(key.run("XADD s 5-1 f a"), Data::bulk("5-1"));
+    // An automatic ID never goes below the last one, whatever the clock says.
+    key.now_ms = 3;
+    assert_eq!(key.run("XADD s * f b"), Data::bulk("5-2"));
+    key.now_ms = 7;
+    assert_eq!(key.run("XADD s 7-* f c"), Data::bulk("7-0"));
+    assert_eq!(
+        key.run("XADD s 6-0 f d"),
+        err("ERR The ID specified in XADD is equal or smaller than the target stream top item")
+    );
+    assert_eq!(key.run("XLEN s"), int(3));
+    assert_eq!(key.run("XGROUP CREATE s g 0"), Data::ok());
+    let delivered = key.run("XREADGROUP GROUP g c COUNT 2 STREAMS s >");
+    assert!(format!("{delivered:?}").contains("5-2") && !format!("{delivered:?}").contains("7-0"));
+    assert_eq!(key.run("XACK s g 5-1 9-9"), int(1));
+    // Approximate trimming removes whole nodes only: the one node goes when MAXLEN is 0.
+    assert_eq!(key.run("XTRIM s MAXLEN ~ 1"), int(0));
+    assert_eq!(key.run("XTRIM s MAXLEN ~ 0"), int(3));
+    assert_eq!(key.run("XLEN s"), int(0));
+    // The still pending entry was deleted: its history answers it without fields.
+    let history = key.run("XREADGROUP GROUP g c STREAMS s 0");
+    assert_eq!(history, Data::Array(vec![Data::Array(vec![Data::bulk("5-2"), Data::NilArray])]));
+    // An empty stream stays, with its last ID.
+    assert_eq!(
+        key.run("XADD s 7-0 f e"),
+        err("ERR The ID specified in XADD is equal or smaller than the target stream top item")
+    );
+}
+
+#[test]
+fn exact_trimming_removes_entries_one_by_one() {
+    let mut key = Key::new();
+    for seq in 1..=5 {
+        key.run(&format!("XADD s 1-{seq} f v"));
+    }
+    assert_eq!(key.run("XTRIM s MAXLEN 2"), int(3));
+    assert_eq!(key.run("XTRIM s MINID 1-5"), int(1));
+    assert_eq!(
+        key.run("XRANGE s - +"),
+        Data::Array(vec![Data::Array(vec![Data::bulk("1-5"), bulks(&["f", "v"])])])
+    );
+}
+
+fn batch(guard: Option<Option<Bytes>>, commands: &[&str]) -> Vec<Bytes> {
+    let batch = Batch {
+        key: b("k"),
+        guard,
+        commands: commands.iter().map(|line| line.split(' ').map(b).collect()).collect(),
+    };
+    assert_eq!(Batch::parse(&batch.args()).as_ref(), Some(&batch));
+    batch.args()
+}
+
+#[test]
+fn a_transaction_on_one_key_runs_its_commands_in_one_rmw() {
+    let mut key = Key::new();
+    let replies = key.run_args(batch(None, &["SET k 1", "INCR k", "LPUSH k x", "GET k"]));
+    let wrong = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    assert_eq!(replies, Data::Array(vec![Data::ok(), int(2), err(wrong), Data::bulk("2")]));
+    assert_eq!(key.run("GET k"), Data::bulk("2"));
+}
+
+#[test]
+fn a_watched_transaction_runs_only_if_the_key_is_unchanged() {
+    let mut key = Key::new();
+    key.run("SET k 5 PX 100");
+    let watched = key.value.clone();
+    // The value WATCH read: it runs.
+    assert_eq!(key.run_args(batch(Some(watched.clone()), &["INCR k"])), Data::Array(vec![int(6)]));
+    // Changed since: aborted (nil), nothing written.
+    assert_eq!(key.run_args(batch(Some(watched.clone()), &["SET k 0"])), Data::NilArray);
+    assert_eq!(key.run("GET k"), Data::bulk("6"));
+    // Expired since, though its bytes are the same: aborted, and the key is gone.
+    let watched = key.value.clone();
+    key.now_ms += 100;
+    assert_eq!(key.run_args(batch(Some(watched.clone()), &["SET k 0"])), Data::NilArray);
+    assert_eq!(key.value, None);
+    assert_eq!(key.run_args(batch(Some(None), &["SET k 1"])), Data::Array(vec![Data::ok()]));
 }

@@ -7,7 +7,8 @@
 //! * hash: [`crate::hash`]'s encoding (fields sorted);
 //! * list: `LIST_MAGIC`, u32 count, the elements in order;
 //! * set: `SET_MAGIC`, u32 count, the members sorted;
-//! * sorted set: `ZSET_MAGIC`, u32 count, (member, score as f64 bits) sorted by member.
+//! * sorted set: `ZSET_MAGIC`, u32 count, (member, score as f64 bits) sorted by member;
+//! * stream: `STREAM_MAGIC`, then [`super::stream`]'s layout.
 //!
 //! A key with an expiry deadline is wrapped: `TTL_MAGIC`, u64 LE deadline (ms since the Unix
 //! epoch), then the value as above. The deadline travels with the value, so every replica
@@ -17,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::stream::{self, Stream};
 use crate::codec::{Reader, WriteExt};
 use crate::hash;
 
@@ -26,6 +28,7 @@ pub const LIST_MAGIC: &[u8] = b"\x00\xffchorus-list\x01";
 pub const SET_MAGIC: &[u8] = b"\x00\xffchorus-set\x01";
 pub const ZSET_MAGIC: &[u8] = b"\x00\xffchorus-zset\x01";
 pub const TTL_MAGIC: &[u8] = b"\x00\xffchorus-ttl\x01";
+pub const STREAM_MAGIC: &[u8] = b"\x00\xffchorus-stream\x01";
 
 /// Whether a stored value is anything but a plain string without a deadline.
 pub fn is_reserved(value: &[u8]) -> bool {
@@ -45,6 +48,7 @@ pub enum Typed {
     List(Vec<Bytes>),
     Set(BTreeSet<Bytes>),
     ZSet(BTreeMap<Bytes, f64>),
+    Stream(Box<Stream>),
 }
 
 impl Typed {
@@ -56,10 +60,12 @@ impl Typed {
             Typed::List(_) => "list",
             Typed::Set(_) => "set",
             Typed::ZSet(_) => "zset",
+            Typed::Stream(_) => "stream",
         }
     }
 
-    /// Redis drops a collection once its last element goes.
+    /// Redis drops a collection once its last element goes (not a stream: an empty one
+    /// keeps its last ID and its groups).
     pub fn is_empty_collection(&self) -> bool {
         match self {
             Typed::String(_) => false,
@@ -67,6 +73,7 @@ impl Typed {
             Typed::List(items) => items.is_empty(),
             Typed::Set(members) => members.is_empty(),
             Typed::ZSet(members) => members.is_empty(),
+            Typed::Stream(_) => false,
         }
     }
 }
@@ -112,6 +119,8 @@ pub fn decode(raw: &Bytes) -> Result<Entry, Corrupt> {
             Ok((reader.bytes()?, f64::from_bits(reader.u64()?)))
         })?;
         Typed::ZSet(pairs.into_iter().collect())
+    } else if inner.starts_with(STREAM_MAGIC) {
+        Typed::Stream(Box::new(stream::decode(inner.slice(STREAM_MAGIC.len()..)).map_err(|_| Corrupt)?))
     } else if is_reserved(&inner) {
         return Err(Corrupt);
     } else {
@@ -154,6 +163,10 @@ pub fn encode(entry: &Entry) -> Option<Bytes> {
             buf.put_bytes_prefixed(member);
             buf.put_u64_le(score.to_bits());
         }),
+        Typed::Stream(body) => {
+            buf.put_slice(STREAM_MAGIC);
+            stream::encode(body, &mut buf);
+        }
     }
     Some(buf.freeze())
 }
@@ -204,10 +217,10 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_stored_bytes_never_panic(
-            magic in 0usize..5,
+            magic in 0usize..6,
             junk in proptest::collection::vec(any::<u8>(), 0..96),
         ) {
-            let magics = [LIST_MAGIC, SET_MAGIC, ZSET_MAGIC, TTL_MAGIC, RESERVED_PREFIX];
+            let magics = [LIST_MAGIC, SET_MAGIC, ZSET_MAGIC, TTL_MAGIC, RESERVED_PREFIX, STREAM_MAGIC];
             let mut raw = magics[magic].to_vec();
             raw.extend_from_slice(&junk);
             let _ = decode(&Bytes::from(raw));

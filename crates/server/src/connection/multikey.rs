@@ -20,6 +20,16 @@ use crate::command::{self, error_reply};
 use crate::resp::Reply;
 
 const BLOCK_POLL_MS: u64 = 10;
+
+/// XREAD's `BLOCK ms` among the options before STREAMS, if given.
+fn block_option(options: &[Bytes]) -> Result<Option<u64>, Reply> {
+    let Some(at) = options.iter().position(|arg| arg.eq_ignore_ascii_case(b"block")) else { return Ok(None) };
+    let ms = options
+        .get(at + 1)
+        .and_then(|arg| parse_int(arg).ok())
+        .ok_or_else(|| Reply::err("timeout is not an integer or out of range"))?;
+    u64::try_from(ms).map(Some).map_err(|_| Reply::err("timeout is negative"))
+}
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
@@ -79,8 +89,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
             "sort" | "sort_ro" => self.sort(name, args).await,
             "bitop" => self.bitop(args).await,
+            "lcs" => self.lcs(args).await,
             "geosearchstore" | "georadius" | "georadiusbymember" => self.geo_store(name, args).await,
             "zrangestore" => self.zrangestore(args).await,
+            "xread" | "xreadgroup" => self.stream_read(args).await,
             _ => Err(Reply::err(format!("internal error: unhandled multi-key command '{name}'"))),
         };
         result.unwrap_or_else(|reply| reply)
@@ -361,6 +373,67 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
+    /// XREAD/XREADGROUP `[options] STREAMS key... id...`: one op per key (each linearizable,
+    /// the whole not atomic, as MGET), keys with nothing new left out, nil if none has
+    /// anything. With BLOCK it polls like the blocking pops; `$` is resolved once, first.
+    async fn stream_read(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
+        let streams = args
+            .iter()
+            .position(|arg| arg.eq_ignore_ascii_case(b"streams"))
+            .ok_or_else(|| Reply::err("syntax error"))?;
+        let listed = &args[streams + 1..];
+        if listed.is_empty() || !listed.len().is_multiple_of(2) {
+            return Err(Reply::err(
+                "Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
+            ));
+        }
+        let (keys, ids) = listed.split_at(listed.len() / 2);
+        let block_ms = block_option(&args[..streams])?;
+        let mut ids = ids.to_vec();
+        for (key, id) in keys.iter().zip(&mut ids) {
+            if id.as_ref() == b"$" && block_ms.is_some() {
+                *id = self.last_stream_id(key).await?;
+            }
+        }
+        let deadline = block_ms.filter(|ms| *ms > 0).map(|ms| Instant::now() + Duration::from_millis(ms));
+        loop {
+            let mut found = Vec::new();
+            for (key, id) in keys.iter().zip(&ids) {
+                let mut one: Vec<Bytes> = args[..=streams].to_vec();
+                one.extend([key.clone(), id.clone()]);
+                match self.run_data(one).await {
+                    Reply::NullArray => {}
+                    Reply::Array(entries) => found.push((Reply::Bulk(key.clone()), Reply::Array(entries))),
+                    other => return Err(other),
+                }
+            }
+            if !found.is_empty() {
+                return Ok(if self.resp >= 3 {
+                    Reply::Map(found)
+                } else {
+                    Reply::Array(
+                        found.into_iter().map(|(key, entries)| Reply::Array(vec![key, entries])).collect(),
+                    )
+                });
+            }
+            if block_ms.is_none() || deadline.is_some_and(|at| Instant::now() >= at) {
+                return Ok(Reply::NullArray);
+            }
+            tokio::time::sleep(Duration::from_millis(BLOCK_POLL_MS)).await;
+        }
+    }
+
+    /// The stream's last ID (`0-0` if absent), for `$` in a blocking read.
+    async fn last_stream_id(&mut self, key: &Bytes) -> Result<Bytes, Reply> {
+        match self.read_entry(key).await? {
+            None => Ok(Bytes::from_static(b"0-0")),
+            Some(Entry { value: Typed::Stream(stream), .. }) => {
+                Ok(Bytes::from(format!("{}-{}", stream.last_id.ms, stream.last_id.seq)))
+            }
+            Some(_) => Err(Reply::error(WRONGTYPE)),
+        }
+    }
+
     /// LMPOP/ZMPOP `numkeys key... LEFT|RIGHT|MIN|MAX [COUNT n]`: pop from the first
     /// non-empty key; `None` if all are empty.
     async fn mpop(&mut self, name: &str, args: &[Bytes]) -> Result<Option<Reply>, Reply> {
@@ -535,6 +608,65 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
     /// BITOP AND|OR|XOR|NOT dest key...: missing keys are empty strings, shorter ones padded
     /// with zero bytes, as in Redis.
+    /// LCS `a b [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN]`: the two strings read one after
+    /// the other (each linearizable, the pair not atomic, as MGET), compared as Redis does.
+    async fn lcs(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
+        let (mut get_len, mut get_idx, mut with_len, mut min_len) = (false, false, false, 0);
+        let mut at = 3;
+        while at < args.len() {
+            match args[at].to_ascii_uppercase().as_slice() {
+                b"LEN" => get_len = true,
+                b"IDX" => get_idx = true,
+                b"WITHMATCHLEN" => with_len = true,
+                b"MINMATCHLEN" if at + 1 < args.len() => {
+                    at += 1;
+                    let n = parse_int(&args[at])
+                        .map_err(|_| Reply::err("value is not an integer or out of range"))?;
+                    min_len = usize::try_from(n).unwrap_or(0);
+                }
+                _ => return Err(Reply::err("syntax error")),
+            }
+            at += 1;
+        }
+        if get_len && get_idx {
+            return Err(Reply::err("If you want both the length and indexes, please just use IDX."));
+        }
+        let mut strings = Vec::with_capacity(2);
+        for key in &args[1..3] {
+            match self.read_entry(key).await? {
+                None => strings.push(Bytes::new()),
+                Some(Entry { value: Typed::String(bytes), .. }) => strings.push(bytes),
+                Some(_) => return Err(Reply::error(WRONGTYPE)),
+            }
+        }
+        let (string, matches) = chorus_core::data::lcs::lcs(&strings[0], &strings[1])
+            .ok_or_else(|| Reply::err("LCS of strings this long would need more than 1 GiB"))?;
+        if get_len {
+            return Ok(Reply::Integer(string.len() as i64));
+        }
+        if !get_idx {
+            return Ok(Reply::Bulk(Bytes::from(string)));
+        }
+        let range = |(start, end): (usize, usize)| {
+            Reply::Array(vec![Reply::Integer(start as i64), Reply::Integer(end as i64)])
+        };
+        let ranges = matches
+            .iter()
+            .filter(|run| run.length() >= min_len)
+            .map(|run| {
+                let mut item = vec![range(run.a), range(run.b)];
+                if with_len {
+                    item.push(Reply::Integer(run.length() as i64));
+                }
+                Reply::Array(item)
+            })
+            .collect();
+        Ok(Reply::Map(vec![
+            (Reply::text("matches"), Reply::Array(ranges)),
+            (Reply::text("len"), Reply::Integer(string.len() as i64)),
+        ]))
+    }
+
     async fn bitop(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
         let op = args[1].to_ascii_uppercase();
         if !matches!(op.as_slice(), b"AND" | b"OR" | b"XOR" | b"NOT") {
@@ -641,6 +773,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
 /// Names of the commands [`Connection::multikey`] runs.
 pub const COMMANDS: &[&str] = &[
+    "xread",
+    "xreadgroup",
     "zunionstore",
     "zinterstore",
     "zdiffstore",
@@ -670,6 +804,7 @@ pub const COMMANDS: &[&str] = &[
     "sort",
     "sort_ro",
     "bitop",
+    "lcs",
     "geosearchstore",
     "zrangestore",
 ];

@@ -292,6 +292,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             resp: self.resp,
             started: self.shared.metrics.started,
             settings: &self.shared.settings,
+            clients: &self.shared.clients,
         };
         crate::admin::run(&args, &view)
     }
