@@ -35,6 +35,13 @@ pub struct RaftlogBenchArgs {
     /// Where the JSON report and the PNG go.
     #[arg(long, default_value = "bench-results/raftlog")]
     pub out: PathBuf,
+    /// Which sweeps to run (comma-separated): optimizations, replicas, payload, logs.
+    #[arg(long, value_delimiter = ',', default_value = "optimizations,replicas,payload,logs")]
+    pub sweeps: Vec<String>,
+    /// Shards (event loops) per node in the "logs" sweep's second series: 0 = one per core
+    /// (as many as divide the point's log count).
+    #[arg(long, default_value_t = 0)]
+    pub shards: usize,
 }
 
 /// One measured configuration.
@@ -45,6 +52,8 @@ pub struct Point {
     pub label: String,
     pub replicas: usize,
     pub logs: usize,
+    /// Event loops (threads) per node the logs are split over.
+    pub shards: usize,
     pub batch_max: usize,
     pub payload_bytes: usize,
     pub clients: usize,
@@ -70,16 +79,25 @@ struct Setup {
     label: String,
     replicas: usize,
     logs: usize,
+    shards: usize,
     batch_max: usize,
     payload_bytes: usize,
 }
 
-fn plan() -> Vec<Setup> {
+/// Shards per node for `logs` logs when asked for `shards` (0: one per core, as many as
+/// divide `logs`).
+fn shards_for(logs: usize, shards: usize) -> usize {
+    let wanted = if shards == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { shards };
+    (1..=wanted.min(logs)).rev().find(|count| logs % count == 0).unwrap_or(1)
+}
+
+fn plan(shards: usize) -> Vec<Setup> {
     let setup = |sweep, label: &str, replicas, logs, batch_max, payload_bytes| Setup {
         sweep,
         label: label.to_string(),
         replicas,
         logs,
+        shards: 1,
         batch_max,
         payload_bytes,
     };
@@ -94,6 +112,17 @@ fn plan() -> Vec<Setup> {
     for payload in [0, 64, 256, 512] {
         plan.push(setup("payload", &format!("{payload} B"), 3, 8, 1024, payload));
     }
+    // Throughput against the number of logs at a fixed client count: all logs on one event
+    // loop, then split over shards (one event loop and thread each).
+    for logs in [1, 2, 4, 8] {
+        plan.push(setup("logs", &format!("{logs} logs, 1 loop"), 3, logs, 1024, 64));
+    }
+    for logs in [1, 2, 4, 8] {
+        let shards = shards_for(logs, shards);
+        let mut point = setup("logs", &format!("{logs} logs, {shards} loops"), 3, logs, 1024, 64);
+        point.shards = shards;
+        plan.push(point);
+    }
     plan
 }
 
@@ -103,7 +132,8 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut points = Vec::new();
-    for (index, setup) in plan().into_iter().enumerate() {
+    let plan = plan(args.shards).into_iter().filter(|setup| args.sweeps.iter().any(|sweep| sweep == setup.sweep));
+    for (index, setup) in plan.enumerate() {
         eprintln!("chorus bench raftlog: {} / {}", setup.sweep, setup.label);
         let point = measure(chorus, &setup, index, args.clients, seconds, &stop)
             .with_context(|| format!("{} / {}", setup.sweep, setup.label))?;
@@ -148,6 +178,15 @@ pub fn table(points: &[Point]) -> String {
             logs.commands_per_s / batching.commands_per_s.max(1.0)
         ));
     }
+    // The logs sweep: each point against one log on one loop.
+    let logs: Vec<&Point> = points.iter().filter(|p| p.sweep == "logs").collect();
+    if let Some(base) = logs.iter().find(|p| p.logs == 1 && p.shards == 1) {
+        let ratios: Vec<String> = logs
+            .iter()
+            .map(|p| format!("{} x{:.2}", p.label, p.commands_per_s / base.commands_per_s.max(1.0)))
+            .collect();
+        text.push_str(&format!("logs vs 1 log (commands/s): {}\n", ratios.join(", ")));
+    }
     text
 }
 
@@ -173,6 +212,7 @@ fn measure(
             .args(["--cluster-token", "bench-raftlog-token-0123"])
             .args(["--data-dir", dir.join(format!("node-{node}")).to_str().expect("utf-8 path")])
             .args(["--raftlog-logs", &setup.logs.to_string()])
+            .args(["--raftlog-shards", &setup.shards.to_string()])
             .args(["--raftlog-batch-max", &setup.batch_max.to_string()])
             .args(["--log-level", "warn"]);
         for peer in 0..setup.replicas {
@@ -219,6 +259,7 @@ fn measure(
         label: setup.label.clone(),
         replicas: setup.replicas,
         logs: setup.logs,
+        shards: setup.shards,
         batch_max: setup.batch_max,
         payload_bytes: setup.payload_bytes,
         clients,
@@ -304,14 +345,19 @@ fn client_loop(
 
 fn plot(points: &[Point], path: &Path) -> anyhow::Result<()> {
     crate::plot::register_font_for_others();
-    let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
+    let root = BitMapBackend::new(path, (2000, 500)).into_drawing_area();
     root.fill(&WHITE)?;
-    let panels = root.split_evenly((1, 3));
-    for (panel, (sweep, title)) in panels.iter().zip([
+    let sweeps: Vec<(&str, &str)> = [
         ("optimizations", "Optimizations (3 replicas, 64 B)"),
         ("replicas", "Replicas (8 logs, batching, 64 B)"),
         ("payload", "Payload (3 replicas, 8 logs, batching)"),
-    ]) {
+        ("logs", "Logs and event loops (3 replicas, 64 B)"),
+    ]
+    .into_iter()
+    .filter(|(sweep, _)| points.iter().any(|p| p.sweep == *sweep))
+    .collect();
+    let panels = root.split_evenly((1, sweeps.len().max(1)));
+    for (panel, (sweep, title)) in panels.iter().zip(sweeps) {
         let sweep_points: Vec<&Point> = points.iter().filter(|p| p.sweep == sweep).collect();
         let top = sweep_points.iter().map(|p| p.commands_per_s).fold(1.0, f64::max) * 1.15;
         let labels: Vec<String> = sweep_points.iter().map(|p| p.label.clone()).collect();
@@ -350,7 +396,7 @@ mod tests {
 
     #[test]
     fn the_plan_covers_the_optimizations_replicas_and_payloads_of_the_issue() {
-        let plan = plan();
+        let plan = plan(2);
         let ladder: Vec<(usize, usize)> =
             plan.iter().filter(|s| s.sweep == "optimizations").map(|s| (s.logs, s.batch_max)).collect();
         assert_eq!(ladder, vec![(1, 1), (1, 1024), (8, 1024)]);
@@ -360,6 +406,9 @@ mod tests {
         let payloads: Vec<usize> =
             plan.iter().filter(|s| s.sweep == "payload").map(|s| s.payload_bytes).collect();
         assert_eq!((payloads.first(), payloads.last()), (Some(&0), Some(&512)));
+        let logs: Vec<(usize, usize)> =
+            plan.iter().filter(|s| s.sweep == "logs").map(|s| (s.logs, s.shards)).collect();
+        assert_eq!(logs, vec![(1, 1), (2, 1), (4, 1), (8, 1), (1, 1), (2, 2), (4, 2), (8, 2)]);
     }
 
     #[test]
@@ -369,6 +418,7 @@ mod tests {
             label: label.to_string(),
             replicas: 3,
             logs: 1,
+            shards: 1,
             batch_max: 1,
             payload_bytes: 64,
             clients: 32,

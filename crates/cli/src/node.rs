@@ -87,6 +87,9 @@ pub struct NodeArgs {
     /// raftlog: number of Raft logs (default 8).
     #[arg(long)]
     pub raftlog_logs: Option<usize>,
+    /// raftlog: event loops (threads) the logs are split over (default 1; 0: one per core).
+    #[arg(long)]
+    pub raftlog_shards: Option<usize>,
     /// raftlog: most client commands per batch (default 1024; 1 turns batching off).
     #[arg(long)]
     pub raftlog_batch_max: Option<usize>,
@@ -178,6 +181,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         value_bytes_max: args.value_bytes_max,
         worker_threads: args.worker_threads,
         raftlog_logs: args.raftlog_logs,
+        raftlog_shards: args.raftlog_shards,
         raftlog_batch_max: args.raftlog_batch_max,
         raftlog_flush: args.raftlog_flush,
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,

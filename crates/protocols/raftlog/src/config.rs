@@ -33,9 +33,16 @@ pub struct RaftLogConfig {
     pub me: NodeId,
     /// The cluster: every node is a voter of every Raft group.
     pub members: NodeSet,
-    /// How many independent Raft groups ("physical logs", Cyclone §4.1) every replica hosts.
-    /// A key's log is `fnv1a64(key) % logs`, identical on every node and in every build.
+    /// How many independent Raft groups ("physical logs", Cyclone §4.1) this core hosts.
+    /// A key's log is `fnv1a64(key) / shards % logs`, identical on every node and in every
+    /// build.
     pub logs: usize,
+    /// How many cores (shards) the node's logs are split over, each on its own event loop
+    /// and thread, and which one this is (Cyclone §3.2: one Raft core per group of logs).
+    /// A key belongs to shard `fnv1a64(key) % shards`; the server routes it there, and this
+    /// core refuses keys of other shards. Every shard hosts `logs` logs. Default: 1 shard.
+    pub shards: usize,
+    pub shard: usize,
     /// How often the Raft groups tick (raft-rs counts elections and heartbeats in ticks).
     pub raft_tick_period: Time,
     /// Election timeout, in ticks, of the replica that campaigns first for a log. Replica
@@ -103,6 +110,8 @@ impl RaftLogConfig {
             me,
             members,
             logs: 8,
+            shards: 1,
+            shard: 0,
             raft_tick_period: Time::from_millis(10),
             election_ticks: 10,
             heartbeat_ticks: 3,

@@ -87,15 +87,31 @@ pub struct RaftLogStats {
     pub speculation_rolled_back: u64,
 }
 
-/// Which log a key belongs to: FNV-1a (64-bit) of the key, modulo the number of logs. A fixed
-/// function, so every node and every build agree.
-pub fn log_of(key: &[u8], logs: usize) -> usize {
+/// FNV-1a (64-bit) of the key: the one hash that places keys on shards and logs.
+fn fnv1a64(key: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key {
         hash ^= *byte as u64;
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    (hash % logs as u64) as usize
+    hash
+}
+
+/// Which log a key belongs to on a node with one shard: FNV-1a (64-bit) of the key, modulo
+/// the number of logs. A fixed function, so every node and every build agree.
+pub fn log_of(key: &[u8], logs: usize) -> usize {
+    log_in_shard(key, logs, 1)
+}
+
+/// Which shard (event loop) of a node a key belongs to: the hash modulo the shard count.
+pub fn shard_of(key: &[u8], shards: usize) -> usize {
+    (fnv1a64(key) % shards as u64) as usize
+}
+
+/// Which of its shard's `logs` logs a key belongs to: the hash with the shard digit removed,
+/// so the keys of one shard spread over all of its logs. With one shard this is [`log_of`].
+pub fn log_in_shard(key: &[u8], logs: usize, shards: usize) -> usize {
+    (fnv1a64(key) / shards as u64 % logs as u64) as usize
 }
 
 /// Raft ids must be non-zero.
@@ -220,6 +236,9 @@ pub struct RaftLog {
 
 const READ_CONTEXT_BYTES: usize = 13;
 
+/// A key that another shard of this node serves reached this one (a routing bug).
+const OTHER_SHARD: CommandError = CommandError::Unavailable("the key belongs to another shard of this node");
+
 impl RaftLog {
     pub fn new(config: RaftLogConfig) -> RaftLog {
         assert!(config.logs >= 1, "at least one log");
@@ -230,6 +249,7 @@ impl RaftLog {
     fn with_groups(config: RaftLogConfig, groups: Vec<Group>) -> RaftLog {
         // (`ignore_locks` is the NoTxnLocks bug, set on every state machine below.)
         assert!(config.logs >= 1, "at least one log");
+        assert!(config.shard < config.shards, "the shard is one of the node's shards");
         assert!(u32::try_from(config.logs).is_ok(), "log numbers travel as u32");
         assert!(config.members.contains(config.me), "a node is a member of its own cluster");
         assert!(config.batch_commands_max >= 1, "a batch holds at least one command");
@@ -372,7 +392,13 @@ impl RaftLog {
     }
 
     pub fn log_of(&self, key: &[u8]) -> usize {
-        log_of(key, self.groups.len())
+        log_in_shard(key, self.groups.len(), self.config.shards)
+    }
+
+    /// Whether `key` belongs to this core's shard. The server routes every key to its shard;
+    /// a key of another shard here would be a routing bug, refused rather than misplaced.
+    pub fn owns(&self, key: &[u8]) -> bool {
+        shard_of(key, self.config.shards) == self.config.shard
     }
 
     /// The leader this replica knows for `log`, if any.
@@ -466,6 +492,10 @@ impl RaftLog {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
+        if !self.owns(command.key()) {
+            out.reply(request, Outcome::Error(OTHER_SHARD));
+            return;
+        }
         let log = self.log_of(command.key());
         let group = &mut self.groups[log];
         if let Some(waiter) = group.waiters.get_mut(&(SessionId::External(client), seq)) {
@@ -492,6 +522,12 @@ impl RaftLog {
         out: &mut Outbox<Message>,
     ) {
         if requests.is_empty() {
+            return;
+        }
+        if !requests.iter().all(|(_, command)| self.owns(command.key())) {
+            for (request, _) in requests {
+                out.reply(request, Outcome::Error(OTHER_SHARD));
+            }
             return;
         }
         let bytes: usize = requests.iter().map(|(_, command)| crate::message::command_bytes(command)).sum();
@@ -571,8 +607,8 @@ impl RaftLog {
         }
         let mut progressed = !self.txns_begun.is_empty() || !self.step_results.is_empty();
         for (txn, commands) in std::mem::take(&mut self.txns_begun) {
-            let logs = self.groups.len();
-            let driver = self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, logs));
+            let (logs, shards) = (self.groups.len(), self.config.shards);
+            let driver = self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, logs, shards));
             if let Some((clients, _)) = self.txn_clients.remove(&txn) {
                 driver.replies = clients;
             }
@@ -583,11 +619,11 @@ impl RaftLog {
                 // Begin (perhaps the whole transaction) did not. The origin still owes its
                 // client the outcomes: drive it here too (its steps come back as duplicates).
                 if let Some((clients, commands)) = self.txn_clients.remove(&result.txn) {
-                    let logs = self.groups.len();
+                    let (logs, shards) = (self.groups.len(), self.config.shards);
                     let driver = self
                         .drivers
                         .entry(result.txn)
-                        .or_insert_with(|| Driver::new(result.txn, commands, logs));
+                        .or_insert_with(|| Driver::new(result.txn, commands, logs, shards));
                     driver.replies = clients;
                     progressed = true;
                 }
@@ -1353,6 +1389,10 @@ impl Replica for RaftLog {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
+        if !self.owns(command.key()) {
+            out.reply(request, Outcome::Error(OTHER_SHARD));
+            return;
+        }
         let log = self.log_of(command.key());
         let group = &mut self.groups[log];
         match command {
