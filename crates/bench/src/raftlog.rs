@@ -87,7 +87,8 @@ struct Setup {
 /// Shards per node for `logs` logs when asked for `shards` (0: one per core, as many as
 /// divide `logs`).
 fn shards_for(logs: usize, shards: usize) -> usize {
-    let wanted = if shards == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { shards };
+    let wanted =
+        if shards == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { shards };
     (1..=wanted.min(logs)).rev().find(|count| logs % count == 0).unwrap_or(1)
 }
 
@@ -132,7 +133,8 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut points = Vec::new();
-    let plan = plan(args.shards).into_iter().filter(|setup| args.sweeps.iter().any(|sweep| sweep == setup.sweep));
+    let plan =
+        plan(args.shards).into_iter().filter(|setup| args.sweeps.iter().any(|sweep| sweep == setup.sweep));
     for (index, setup) in plan.enumerate() {
         eprintln!("chorus bench raftlog: {} / {}", setup.sweep, setup.label);
         let point = measure(chorus, &setup, index, args.clients, seconds, &stop)

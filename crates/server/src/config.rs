@@ -766,7 +766,9 @@ impl RawConfig {
             shards if logs % shards != 0 => {
                 return Err(field_error(
                     "raftlog_shards",
-                    format!("{shards} does not divide raftlog_logs = {logs} (every shard hosts as many logs)"),
+                    format!(
+                        "{shards} does not divide raftlog_logs = {logs} (every shard hosts as many logs)"
+                    ),
                 ))
             }
             shards => shards,

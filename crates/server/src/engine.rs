@@ -756,7 +756,8 @@ pub fn channel() -> (EngineHandle, mpsc::Receiver<EngineRequest>) {
 /// One request channel per shard (event loop), and the handle that routes to them by key.
 pub fn channels(shards: usize) -> (EngineHandle, Vec<mpsc::Receiver<EngineRequest>>) {
     assert!(shards >= 1, "at least one event loop");
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..shards).map(|_| mpsc::channel(REQUESTS_QUEUED_MAX)).unzip();
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..shards).map(|_| mpsc::channel(REQUESTS_QUEUED_MAX)).unzip();
     (EngineHandle { shards: senders.into() }, receivers)
 }
 

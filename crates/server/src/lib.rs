@@ -557,7 +557,8 @@ const SHARDS_FILE: &str = "shards";
 fn check_shard_layout(dir: &std::path::Path, shards: usize) -> anyhow::Result<()> {
     files::create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let path = dir.join(SHARDS_FILE);
-    let has_data = std::fs::read_dir(dir)?.any(|entry| entry.is_ok_and(|entry| entry.file_name() != SHARDS_FILE));
+    let has_data =
+        std::fs::read_dir(dir)?.any(|entry| entry.is_ok_and(|entry| entry.file_name() != SHARDS_FILE));
     let recorded = match std::fs::read_to_string(&path) {
         Ok(text) => text.trim().parse::<usize>().with_context(|| format!("{} is damaged", path.display()))?,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound && has_data => 1,
@@ -578,7 +579,11 @@ fn check_shard_layout(dir: &std::path::Path, shards: usize) -> anyhow::Result<()
 }
 
 /// Shard `shard` of the raftlog replica (the whole replica when there is one shard).
-fn open_raftlog_shard(config: &NodeConfig, replicas: NodeSet, shard: usize) -> anyhow::Result<DurableRaftLog> {
+fn open_raftlog_shard(
+    config: &NodeConfig,
+    replicas: NodeSet,
+    shard: usize,
+) -> anyhow::Result<DurableRaftLog> {
     let mut raftlog = RaftLogConfig::new(config.node_id, replicas);
     raftlog.logs = config.raftlog.logs / config.raftlog.shards;
     raftlog.shards = config.raftlog.shards;

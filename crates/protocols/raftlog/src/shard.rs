@@ -176,10 +176,8 @@ mod tests {
 
     #[test]
     fn messages_carry_their_shard_and_round_trip() {
-        let message = ShardMessage {
-            shard: 3,
-            message: Message::SnapshotAck { log: 1, index: 7, received: 9 },
-        };
+        let message =
+            ShardMessage { shard: 3, message: Message::SnapshotAck { log: 1, index: 7, received: 9 } };
         let mut buf = BytesMut::new();
         message.encode(&mut buf);
         assert_eq!(ShardMessage::decode_exact(buf.freeze()).unwrap(), message);
@@ -205,7 +203,8 @@ mod tests {
         let command = Command::Read { key: Bytes::from(foreign) };
         shard.on_client(Time::from_millis(600), ClientRequestId(1), command, &mut out);
         assert!(matches!(out.replies.as_slice(), [(ClientRequestId(1), Outcome::Error(_))]), "{out:?}");
-        let stray = ShardMessage { shard: 0, message: Message::SnapshotAck { log: 0, index: 1, received: 0 } };
+        let stray =
+            ShardMessage { shard: 0, message: Message::SnapshotAck { log: 0, index: 1, received: 0 } };
         shard.on_message(Time::from_millis(600), NodeId(1), stray, &mut Outbox::default());
         assert_eq!(shard.messages_misrouted, 1);
     }
