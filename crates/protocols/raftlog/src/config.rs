@@ -72,6 +72,11 @@ pub struct RaftLogConfig {
     /// all logs); when durable, each compaction is a checkpoint that truncates both levels
     /// of the on-disk log. 0: never.
     pub snapshot_entries: u64,
+    /// A compaction keeps up to this many of each log's latest applied entries (and at most
+    /// `trailing_bytes_max` of their data), so a follower that lags by less catches up from
+    /// the log rather than by a snapshot of the whole state machine. 0: keep none.
+    pub trailing_entries: u64,
+    pub trailing_bytes_max: u64,
     /// The largest message the transport carries (its frame payload limit). Batches and
     /// entries are cut at half of it (a single command always fits: the server bounds keys
     /// and values accordingly), transactions larger than that are refused, and snapshots
@@ -121,6 +126,8 @@ impl RaftLogConfig {
             decoupled: false,
             durable: false,
             snapshot_entries: 20_000,
+            trailing_entries: 1_000,
+            trailing_bytes_max: 4 << 20,
             message_bytes_max: chorus_core::codec::FRAME_PAYLOAD_BYTES_MAX,
             #[cfg(feature = "broken-variants")]
             bug: None,

@@ -1013,7 +1013,12 @@ impl RaftLog {
             // index is held as the snapshot itself).
             let index = group.applied_index.min(storage.last_index());
             if index > storage.snapshot_index() {
-                storage.compact(index, state.clone());
+                let trailing = storage.trailing_fitting(
+                    index,
+                    self.config.trailing_entries,
+                    self.config.trailing_bytes_max,
+                );
+                storage.compact_keeping(index, state.clone(), trailing);
             }
             if self.config.durable {
                 let hard_state = storage.hard_state();

@@ -688,9 +688,16 @@ fn a_retry_across_a_leader_crash_and_its_restart_executes_once() {
     }
 }
 
-#[test]
-fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
-    let mut cluster = durable_single_log();
+/// Writes 30 keys while node 2 is down, then restarts it: how it catches up depends on how
+/// many trailing entries the others kept when they compacted (every 5 entries).
+fn restart_behind_compaction(trailing_entries: u64) -> Cluster {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.durable = true;
+        config.snapshot_entries = 5;
+        config.trailing_entries = trailing_entries;
+    });
+    cluster.run_for(50);
     cluster.crash(2);
     for i in 0..30 {
         let id = cluster.client((i % 2) as u8, write(&format!("k{i}"), &format!("v{i}")));
@@ -699,11 +706,29 @@ fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
     }
     cluster.restart(2);
     cluster.run_for(500);
+    assert_eq!(cluster.nodes[2].key_count(), 30);
+    cluster
+}
+
+/// Issue 18 point 5: compaction keeps trailing entries, so a follower that lagged by fewer
+/// catches up from the log; nobody sends it the whole state machine.
+#[test]
+fn a_briefly_lagging_follower_catches_up_from_trailing_entries_without_a_snapshot() {
+    let cluster = restart_behind_compaction(100);
+    assert!(cluster.nodes[0].stats().snapshots_taken >= 5, "the others compacted");
+    assert_eq!(cluster.nodes[2].stats().snapshots_installed, 0, "{:?}", cluster.nodes[2].stats());
+    for node in 0..2 {
+        assert_eq!(cluster.nodes[node].stats().snapshot_chunks_sent, 0);
+    }
+}
+
+#[test]
+fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
+    let mut cluster = restart_behind_compaction(0);
     assert!(cluster.nodes[2].stats().snapshots_installed >= 1, "{:?}", cluster.nodes[2].stats());
     let read_id = cluster.client(2, read("k29"));
     cluster.run_for(100);
     assert_eq!(cluster.reply_of(read_id), Some(value("v29")));
-    assert_eq!(cluster.nodes[2].key_count(), 30);
     // And its own writes work under its new session.
     let id = cluster.client(2, write("after", "x"));
     cluster.run_for(100);
@@ -741,6 +766,7 @@ fn a_lagging_follower_catches_up_from_a_snapshot_larger_than_a_message() {
         config.logs = 1;
         config.durable = true;
         config.snapshot_entries = 20;
+        config.trailing_entries = 0; // the snapshot path, not trailing entries
         config.message_bytes_max = frame_bytes_max;
     });
     cluster.frame_bytes_max = Some(frame_bytes_max);
