@@ -89,7 +89,7 @@ struct Setup {
 fn shards_for(logs: usize, shards: usize) -> usize {
     let wanted =
         if shards == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { shards };
-    (1..=wanted.min(logs)).rev().find(|count| logs % count == 0).unwrap_or(1)
+    (1..=wanted.min(logs)).rev().find(|count| logs.is_multiple_of(*count)).unwrap_or(1)
 }
 
 fn plan(shards: usize) -> Vec<Setup> {
