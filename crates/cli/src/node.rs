@@ -99,6 +99,10 @@ pub struct NodeArgs {
     /// raftlog: checkpoint every this many applied entries (default 20000).
     #[arg(long)]
     pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog: forget a client session unused for this many entries of its log (default
+    /// 100000; 0: never).
+    #[arg(long)]
+    pub raftlog_session_expiry_entries: Option<u64>,
     /// raftlog: coupled (execute after commit, default) or decoupled.
     #[arg(long)]
     pub raftlog_execution: Option<String>,
@@ -185,6 +189,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_batch_max: args.raftlog_batch_max,
         raftlog_flush: args.raftlog_flush,
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
+        raftlog_session_expiry_entries: args.raftlog_session_expiry_entries,
         raftlog_execution: args.raftlog_execution,
         raftlog_storage: args.raftlog_storage,
         join: args.join,

@@ -84,6 +84,9 @@ pub struct RawConfig {
     /// raftlog only: checkpoint (and truncate the on-disk log) every this many applied
     /// entries (default 20000).
     pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog only: a client session unused for this many entries of its log is forgotten
+    /// (default 100000; 0 = never). docs/protocols/raftlog.md, "Session expiry".
+    pub raftlog_session_expiry_entries: Option<u64>,
     /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
     /// executes on arrival and releases the result at commit).
     pub raftlog_execution: Option<String>,
@@ -336,6 +339,7 @@ pub struct RaftlogOptions {
     pub batch_commands_max: usize,
     pub flush: chorus_raftlog::disk::FlushBackend,
     pub snapshot_entries: u64,
+    pub session_expiry_entries: u64,
     pub decoupled: bool,
     /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
     pub storage: chorus_raftlog::disk::StorageKind,
@@ -349,6 +353,7 @@ impl Default for RaftlogOptions {
             batch_commands_max: 1_024,
             flush: chorus_raftlog::disk::FlushBackend::Msync,
             snapshot_entries: 20_000,
+            session_expiry_entries: 100_000,
             decoupled: false,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
@@ -358,7 +363,7 @@ impl Default for RaftlogOptions {
 /// `raftlog_shards = 0`: one shard per core, as many as divide `logs` evenly.
 fn shards_per_core(logs: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get()).min(64);
-    (1..=cores.min(logs)).rev().find(|shards| logs % shards == 0).unwrap_or(1)
+    (1..=cores.min(logs)).rev().find(|shards| logs.is_multiple_of(*shards)).unwrap_or(1)
 }
 
 pub const DEFAULT_CLIENT_ADDR: &str = "127.0.0.1:7379";
@@ -425,6 +430,9 @@ impl RawConfig {
             raftlog_batch_max: overrides.raftlog_batch_max.or(self.raftlog_batch_max),
             raftlog_flush: overrides.raftlog_flush.or(self.raftlog_flush),
             raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
+            raftlog_session_expiry_entries: overrides
+                .raftlog_session_expiry_entries
+                .or(self.raftlog_session_expiry_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             join: overrides.join.or(self.join),
@@ -747,6 +755,7 @@ impl RawConfig {
             ("raftlog_batch_max", self.raftlog_batch_max.is_some()),
             ("raftlog_flush", self.raftlog_flush.is_some()),
             ("raftlog_snapshot_entries", self.raftlog_snapshot_entries.is_some()),
+            ("raftlog_session_expiry_entries", self.raftlog_session_expiry_entries.is_some()),
             ("raftlog_execution", self.raftlog_execution.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
@@ -763,7 +772,7 @@ impl RawConfig {
         let shards = match self.raftlog_shards.unwrap_or(defaults.shards) {
             0 => shards_per_core(logs),
             shards if shards > 64 => return Err(field_error("raftlog_shards", "must be at most 64")),
-            shards if logs % shards != 0 => {
+            shards if !logs.is_multiple_of(shards) => {
                 return Err(field_error(
                     "raftlog_shards",
                     format!(
@@ -789,6 +798,8 @@ impl RawConfig {
             }
         };
         let snapshot_entries = self.raftlog_snapshot_entries.unwrap_or(defaults.snapshot_entries);
+        let session_expiry_entries =
+            self.raftlog_session_expiry_entries.unwrap_or(defaults.session_expiry_entries);
         let decoupled = match self.raftlog_execution.as_deref() {
             None | Some("coupled") => false,
             Some("decoupled") => true,
@@ -809,7 +820,16 @@ impl RawConfig {
                 ))
             }
         };
-        Ok(RaftlogOptions { logs, shards, batch_commands_max, flush, snapshot_entries, decoupled, storage })
+        Ok(RaftlogOptions {
+            logs,
+            shards,
+            batch_commands_max,
+            flush,
+            snapshot_entries,
+            session_expiry_entries,
+            decoupled,
+            storage,
+        })
     }
 
     fn membership_timing(&self, protocol: Protocol) -> Result<Option<MembershipTiming>, ConfigError> {

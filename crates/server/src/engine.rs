@@ -244,6 +244,8 @@ impl ServedReplica for DurableRaftLog {
             ("commands_proposed", s.commands_proposed),
             ("proposals_executed", s.proposals_executed),
             ("proposals_duplicate", s.proposals_duplicate),
+            ("proposals_expired", s.proposals_expired),
+            ("session_records", self.core().session_records() as u64),
             ("batches_forwarded", s.batches_forwarded),
             ("batches_resent", s.batches_resent),
             ("read_rounds", s.read_rounds),

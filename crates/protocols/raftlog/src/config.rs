@@ -77,6 +77,10 @@ pub struct RaftLogConfig {
     /// the log rather than by a snapshot of the whole state machine. 0: keep none.
     pub trailing_entries: u64,
     pub trailing_bytes_max: u64,
+    /// A session record (at-most-once, Cyclone §3.4) that no proposal used for this many
+    /// entries of its log is dropped; a proposal made this long ago whose session has no
+    /// record is refused (`state::LogState`). 0: sessions never expire.
+    pub session_expiry_entries: u64,
     /// The largest message the transport carries (its frame payload limit). Batches and
     /// entries are cut at half of it (a single command always fits: the server bounds keys
     /// and values accordingly), transactions larger than that are refused, and snapshots
@@ -128,6 +132,7 @@ impl RaftLogConfig {
             snapshot_entries: 20_000,
             trailing_entries: 1_000,
             trailing_bytes_max: 4 << 20,
+            session_expiry_entries: 100_000,
             message_bytes_max: chorus_core::codec::FRAME_PAYLOAD_BYTES_MAX,
             #[cfg(feature = "broken-variants")]
             bug: None,

@@ -49,6 +49,9 @@ pub struct RaftLogStats {
     pub proposals_executed: u64,
     pub proposals_duplicate: u64,
     pub proposals_stale: u64,
+    /// Proposals refused because their session expired before they reached the log
+    /// (`state::LogState`'s rule): nothing ran, the client hears the outcome is unknown.
+    pub proposals_expired: u64,
     /// Committed entries whose contents did not decode (skipped identically everywhere).
     pub entries_malformed: u64,
     pub batches_forwarded: u64,
@@ -266,6 +269,7 @@ impl RaftLog {
         let mut groups = groups;
         for group in &mut groups {
             group.state.ignore_locks = ignore_locks;
+            group.state.session_expiry_entries = config.session_expiry_entries;
         }
         RaftLog {
             view: View { epoch: Epoch(1), live: config.members },
@@ -458,6 +462,11 @@ impl RaftLog {
     }
 
     /// What `client` last executed in `log`, as this replica has applied it.
+    /// Session records held over all logs (bounded by session expiry).
+    pub fn session_records(&self) -> usize {
+        self.groups.iter().map(|group| group.state.session_count()).sum()
+    }
+
     pub fn session(&self, log: usize, client: SessionId) -> Option<&SessionRecord> {
         self.groups[log].state.session(client)
     }
@@ -504,7 +513,8 @@ impl RaftLog {
             waiter.requests.push((0, request));
         } else {
             let client = SessionId::External(client);
-            let proposal = Proposal { client, seq, commands: vec![command], step: None };
+            let sent_at_index = group.applied_index;
+            let proposal = Proposal { client, seq, commands: vec![command], step: None, sent_at_index };
             let waiter = Waiter::new(proposal, vec![(0, request)], false, None);
             register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
         }
@@ -551,8 +561,8 @@ impl RaftLog {
         let coordinator = self.log_of(commands[0].key());
         self.txn_clients.insert(txn, (clients, commands.clone()));
         let client = crate::txn::step_client(txn, StepKind::Begin, coordinator, 0);
-        let proposal =
-            Proposal { client, seq: 1, commands: Vec::new(), step: Some(Step::Begin { txn, commands }) };
+        let step = Some(Step::Begin { txn, commands });
+        let proposal = Proposal { client, seq: 1, commands: Vec::new(), step, sent_at_index: 0 };
         let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
         let group = &mut self.groups[coordinator];
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
@@ -719,7 +729,8 @@ impl RaftLog {
         group.own_seq += 1;
         group.own_in_flight = true;
         let client = SessionId::Replica(self.config.session_client_id);
-        let proposal = Proposal { client, seq: group.own_seq, commands, step: None };
+        let sent_at_index = group.applied_index;
+        let proposal = Proposal { client, seq: group.own_seq, commands, step: None, sent_at_index };
         let waiter = Waiter::new(proposal, requests, true, None);
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
     }
@@ -964,9 +975,11 @@ impl RaftLog {
         let index = snapshot.get_metadata().index;
         let group = &mut self.groups[log];
         group.raft.mut_store().apply_snapshot(snapshot);
-        let ignore_locks = group.state.ignore_locks;
+        let (ignore_locks, expiry) = (group.state.ignore_locks, group.state.session_expiry_entries);
         group.state = state;
         group.state.ignore_locks = ignore_locks;
+        group.state.session_expiry_entries = expiry;
+        group.state.begin_entry(index);
         group.applied_index = index;
         self.stats.snapshots_installed += 1;
         self.checkpoint_due = true;
@@ -1101,6 +1114,7 @@ impl RaftLog {
         for entry in entries {
             debug_assert!(entry.index > group.applied_index, "entries apply in order, once");
             group.applied_index = entry.index;
+            group.state.begin_entry(entry.index);
             self.applied_since_snapshot += 1;
             // Leader no-ops are empty; no conf changes are ever proposed.
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
@@ -1113,10 +1127,16 @@ impl RaftLog {
             };
             for proposal in &batch.proposals {
                 let result = group.state.apply(proposal, self.dedupe);
+                // Applied: the session table (or its expiry rule) answers retries from now
+                // on, so the leader's memory of proposing it can go (it stays bounded).
+                if group.proposed.get(&proposal.client).is_some_and(|&seq| seq <= proposal.seq) {
+                    group.proposed.remove(&proposal.client);
+                }
                 match result {
                     ProposalResult::Executed => self.stats.proposals_executed += 1,
                     ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
                     ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
+                    ProposalResult::Expired => self.stats.proposals_expired += 1,
                 }
                 if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) =
                     (result, &proposal.step)
@@ -1305,6 +1325,13 @@ fn complete_waiter(
             debug_assert!(!waiter.own, "this replica's own session never goes backwards");
             for (_, request) in &waiter.requests {
                 out.reply(*request, Outcome::Error(CommandError::StaleSequence));
+            }
+        }
+        ProposalResult::Expired => {
+            // It did not run now, and whether an earlier copy ran is unknown (not
+            // `Unavailable`, which promises it never ran).
+            for (_, request) in &waiter.requests {
+                out.reply(*request, Outcome::Error(CommandError::OutcomeUnknown));
             }
         }
     }
@@ -1535,8 +1562,12 @@ fn speculate_entry(group: &mut Group, batch: &EntryBatch, stats: &mut RaftLogSta
         }
         group.speculation = Some(Speculation::new(term));
     }
-    if !batch.proposals.iter().all(Speculation::predictable) {
-        // A transaction step: stop predicting until the pipeline drains.
+    // The entry applies at (or before) the log's last index: its sessions must not expire
+    // before that, or the commit could refuse what the overlay ran.
+    let index = group.raft.raft.raft_log.last_index();
+    if !batch.proposals.iter().all(|proposal| Speculation::predictable(&group.state, proposal, index)) {
+        // A transaction step, or a session near its expiry: stop predicting until the
+        // pipeline drains.
         stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
         group.speculation = None;
         return;

@@ -119,7 +119,8 @@ impl Driver {
         StepRequest {
             log,
             attempt,
-            proposal: Proposal { client, seq: 1, commands: Vec::new(), step: Some(step) },
+            // Steps never expire (`LogState`), so their index does not matter.
+            proposal: Proposal { client, seq: 1, commands: Vec::new(), step: Some(step), sent_at_index: 0 },
         }
     }
 

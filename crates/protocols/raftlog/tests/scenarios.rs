@@ -33,6 +33,9 @@ impl Envelope {
     }
 }
 
+/// Which messages the network loses, whatever the link.
+type Loss = Box<dyn Fn(&Envelope) -> bool>;
+
 /// N raftlog replicas (ids 0..N) over a network the test controls message by message.
 struct Cluster {
     nodes: Vec<RaftLog>,
@@ -45,6 +48,8 @@ struct Cluster {
     net: Vec<Envelope>,
     /// Directed links that lose everything.
     cut: Vec<(u8, u8)>,
+    /// Messages lost whatever the link.
+    lost: Option<Loss>,
     replies: Vec<(ClientRequestId, Outcome)>,
     now: Time,
     next_request: u64,
@@ -75,6 +80,7 @@ impl Cluster {
             crashed: vec![false; n as usize],
             net: Vec::new(),
             cut: Vec::new(),
+            lost: None,
             replies: Vec::new(),
             now: Time::ZERO,
             next_request: 0,
@@ -131,6 +137,9 @@ impl Cluster {
     fn receive(&mut self, e: Envelope) {
         if self.crashed[e.to as usize] || self.crashed[e.from as usize] || self.cut.contains(&(e.from, e.to))
         {
+            return;
+        }
+        if self.lost.as_ref().is_some_and(|lost| lost(&e)) {
             return;
         }
         let mut out = Outbox::default();
@@ -515,6 +524,45 @@ fn an_external_retry_across_a_leader_change_executes_once() {
     assert_eq!(cluster.nodes[2].applied_value(b"k"), Some(&b("1")));
 }
 
+/// Issue 18 point 5: session records expire after `session_expiry_entries` entries of their
+/// log, so the table stays bounded however many clients come and go, and a replica's retry
+/// that reaches the log after its session expired is refused, not run a second time.
+#[test]
+fn sessions_expire_and_a_retry_that_arrives_after_the_expiry_is_refused_not_run_twice() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.session_expiry_entries = 8;
+    });
+    cluster.run_for(50);
+    // n1's increment commits at the leader, but n1 receives no entries (heartbeats only),
+    // so it keeps retrying; the leader skips the retries while the session is known.
+    cluster.lost = Some(Box::new(|e| e.to == 1 && e.raft_type() == Some(MessageType::MsgAppend)));
+    let first = cluster.client(1, incr("k"));
+    for client in 0..30u64 {
+        cluster.session((client % 2 * 2) as u8, 1_000 + client, 1, write(&format!("s{client}"), "v"));
+        cluster.run_for(10);
+    }
+    for node in [0, 2] {
+        let records = cluster.nodes[node].session_records();
+        assert!(records <= 12, "n{node} holds {records} session records for 31 sessions");
+    }
+    // Once the session expired, a retry reaches the log: refused. Then n1 receives entries,
+    // applies the original one and answers from that one execution.
+    assert!(cluster.nodes[0].stats().proposals_expired >= 1, "{:?}", cluster.nodes[0].stats());
+    assert!(cluster.reply_of(first).is_none());
+    cluster.lost = None;
+    cluster.run_for(500);
+    assert_eq!(cluster.reply_of(first), Some(Outcome::Integer(1)));
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("1")), "n{node}: ran once");
+    }
+    // A session within the expiry still gets its saved result.
+    let again = cluster.session(0, 1_029, 1, write("s29", "other"));
+    cluster.run_for(100);
+    assert_eq!(cluster.reply_of(again), Some(Outcome::Written));
+    assert_eq!(cluster.nodes[0].applied_value(b"s29"), Some(&b("v")), "the retry did not run");
+}
+
 // ================================================================ bad input
 
 #[test]
@@ -542,6 +590,7 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
                     seq: 1,
                     commands: vec![],
                     step: None,
+                    sent_at_index: 0,
                 },
                 relayed: false,
             },
@@ -555,6 +604,7 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
                     seq: 1,
                     commands: vec![],
                     step: None,
+                    sent_at_index: 0,
                 },
                 relayed: false,
             },

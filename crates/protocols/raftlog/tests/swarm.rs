@@ -34,6 +34,9 @@ fn config_for(me: NodeId, replicas: NodeSet, seed: u64) -> RaftLogConfig {
     // needs a snapshot), a few (most do), or many (a briefly lagging one catches up from
     // the log).
     config.trailing_entries = [0, 4, 1_000][(seed / 9 % 3) as usize];
+    // ... and, on half the seeds, sessions that expire after 20 entries of their log, so
+    // retries that arrive after the expiry are refused (never run twice).
+    config.session_expiry_entries = [100_000, 20][(seed / 27 % 2) as usize];
     config
 }
 
