@@ -65,6 +65,9 @@ pub struct RaftLogStats {
     pub messages_refused: u64,
     /// Compactions of every log to its applied index (each one a checkpoint when durable).
     pub snapshots_taken: u64,
+    /// Log state machines encoded by those compactions (logs unchanged since their last
+    /// snapshot are not encoded again).
+    pub snapshot_logs_encoded: u64,
     /// Snapshots received from a leader and installed (this replica had fallen behind).
     pub snapshots_installed: u64,
     /// Snapshot chunks sent, and snapshots streamed in chunks to the end or given up
@@ -1020,18 +1023,20 @@ impl RaftLog {
         self.stats.snapshots_taken += 1;
         let mut checkpoint = Checkpoint::default();
         for group in &mut self.groups {
-            let state = group.state.encode();
             let storage = group.raft.mut_store();
             // Only entries this replica holds can be compacted (a just-installed snapshot's
-            // index is held as the snapshot itself).
+            // index is held as the snapshot itself). A log that applied nothing since its
+            // last snapshot keeps it: encoding the state again would give the same bytes.
             let index = group.applied_index.min(storage.last_index());
             if index > storage.snapshot_index() {
+                let state = group.state.encode();
+                self.stats.snapshot_logs_encoded += 1;
                 let trailing = storage.trailing_fitting(
                     index,
                     self.config.trailing_entries,
                     self.config.trailing_bytes_max,
                 );
-                storage.compact_keeping(index, state.clone(), trailing);
+                storage.compact_keeping(index, state, trailing);
             }
             if self.config.durable {
                 let hard_state = storage.hard_state();

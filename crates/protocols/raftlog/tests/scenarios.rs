@@ -772,6 +772,29 @@ fn a_briefly_lagging_follower_catches_up_from_trailing_entries_without_a_snapsho
     }
 }
 
+/// Issue 18 point 5 (checkpoint cost): a compaction encodes only the logs that applied
+/// something since their last snapshot; the others keep theirs.
+#[test]
+fn a_compaction_encodes_only_the_logs_that_changed() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 8;
+        config.snapshot_entries = 5;
+    });
+    cluster.run_for(50);
+    for i in 0..30 {
+        let id = cluster.client(0, write("one-key", &format!("v{i}")));
+        cluster.run_for(20);
+        assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+    }
+    for node in 0..3 {
+        let stats = cluster.nodes[node].stats();
+        assert!(stats.snapshots_taken >= 3, "{stats:?}");
+        // The first compaction encodes all 8 logs (each applied its leader's no-op), later
+        // ones only the busy log: not 8 per compaction.
+        assert!(stats.snapshot_logs_encoded <= stats.snapshots_taken + 8, "{stats:?}");
+    }
+}
+
 #[test]
 fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
     let mut cluster = restart_behind_compaction(0);
