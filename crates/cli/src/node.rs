@@ -103,6 +103,10 @@ pub struct NodeArgs {
     /// 100000; 0: never).
     #[arg(long)]
     pub raftlog_session_expiry_entries: Option<u64>,
+    /// raftlog: entries each log keeps after a compaction for lagging followers (default
+    /// 1000; 0: none, a follower behind the compaction always gets a snapshot).
+    #[arg(long)]
+    pub raftlog_trailing_entries: Option<u64>,
     /// raftlog: coupled (execute after commit, default) or decoupled.
     #[arg(long)]
     pub raftlog_execution: Option<String>,
@@ -190,6 +194,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_flush: args.raftlog_flush,
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
         raftlog_session_expiry_entries: args.raftlog_session_expiry_entries,
+        raftlog_trailing_entries: args.raftlog_trailing_entries,
         raftlog_execution: args.raftlog_execution,
         raftlog_storage: args.raftlog_storage,
         join: args.join,

@@ -87,6 +87,9 @@ pub struct RawConfig {
     /// raftlog only: a client session unused for this many entries of its log is forgotten
     /// (default 100000; 0 = never). docs/protocols/raftlog.md, "Session expiry".
     pub raftlog_session_expiry_entries: Option<u64>,
+    /// raftlog only: how many of each log's latest entries a compaction keeps, so a briefly
+    /// lagging follower catches up from the log (default 1000; 0 = none).
+    pub raftlog_trailing_entries: Option<u64>,
     /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
     /// executes on arrival and releases the result at commit).
     pub raftlog_execution: Option<String>,
@@ -340,6 +343,7 @@ pub struct RaftlogOptions {
     pub flush: chorus_raftlog::disk::FlushBackend,
     pub snapshot_entries: u64,
     pub session_expiry_entries: u64,
+    pub trailing_entries: u64,
     pub decoupled: bool,
     /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
     pub storage: chorus_raftlog::disk::StorageKind,
@@ -354,6 +358,7 @@ impl Default for RaftlogOptions {
             flush: chorus_raftlog::disk::FlushBackend::Msync,
             snapshot_entries: 20_000,
             session_expiry_entries: 100_000,
+            trailing_entries: 1_000,
             decoupled: false,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
@@ -433,6 +438,7 @@ impl RawConfig {
             raftlog_session_expiry_entries: overrides
                 .raftlog_session_expiry_entries
                 .or(self.raftlog_session_expiry_entries),
+            raftlog_trailing_entries: overrides.raftlog_trailing_entries.or(self.raftlog_trailing_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             join: overrides.join.or(self.join),
@@ -756,6 +762,7 @@ impl RawConfig {
             ("raftlog_flush", self.raftlog_flush.is_some()),
             ("raftlog_snapshot_entries", self.raftlog_snapshot_entries.is_some()),
             ("raftlog_session_expiry_entries", self.raftlog_session_expiry_entries.is_some()),
+            ("raftlog_trailing_entries", self.raftlog_trailing_entries.is_some()),
             ("raftlog_execution", self.raftlog_execution.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
@@ -800,6 +807,7 @@ impl RawConfig {
         let snapshot_entries = self.raftlog_snapshot_entries.unwrap_or(defaults.snapshot_entries);
         let session_expiry_entries =
             self.raftlog_session_expiry_entries.unwrap_or(defaults.session_expiry_entries);
+        let trailing_entries = self.raftlog_trailing_entries.unwrap_or(defaults.trailing_entries);
         let decoupled = match self.raftlog_execution.as_deref() {
             None | Some("coupled") => false,
             Some("decoupled") => true,
@@ -827,6 +835,7 @@ impl RawConfig {
             flush,
             snapshot_entries,
             session_expiry_entries,
+            trailing_entries,
             decoupled,
             storage,
         })

@@ -591,6 +591,7 @@ fn open_raftlog_shard(
     raftlog.batch_commands_max = config.raftlog.batch_commands_max;
     raftlog.snapshot_entries = config.raftlog.snapshot_entries;
     raftlog.session_expiry_entries = config.raftlog.session_expiry_entries;
+    raftlog.trailing_entries = config.raftlog.trailing_entries;
     raftlog.decoupled = config.raftlog.decoupled;
     // Batches and entries are cut to fit the transport's frames; larger snapshots go in chunks.
     raftlog.message_bytes_max = frame_payload_bytes_max(config);
