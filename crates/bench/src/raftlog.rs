@@ -35,8 +35,9 @@ pub struct RaftlogBenchArgs {
     /// Where the JSON report and the PNG go.
     #[arg(long, default_value = "bench-results/raftlog")]
     pub out: PathBuf,
-    /// Which sweeps to run (comma-separated): optimizations, replicas, payload, logs.
-    #[arg(long, value_delimiter = ',', default_value = "optimizations,replicas,payload,logs")]
+    /// Which sweeps to run (comma-separated): optimizations, replicas, payload, logs,
+    /// checkpoint (write latency without checkpoints and with one every 2,000 entries).
+    #[arg(long, value_delimiter = ',', default_value = "optimizations,replicas,payload,logs,checkpoint")]
     pub sweeps: Vec<String>,
     /// Shards (event loops) per node in the "logs" sweep's second series: 0 = one per core
     /// (as many as divide the point's log count).
@@ -64,6 +65,9 @@ pub struct Point {
     pub commands_per_entry: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    pub p999_us: f64,
+    /// Checkpoints the nodes took while the point ran (summed).
+    pub checkpoints: u64,
     pub errors: u64,
 }
 
@@ -82,6 +86,8 @@ struct Setup {
     shards: usize,
     batch_max: usize,
     payload_bytes: usize,
+    /// `--raftlog-snapshot-entries`, if not the node's default.
+    snapshot_entries: Option<u64>,
 }
 
 /// Shards per node for `logs` logs when asked for `shards` (0: one per core, as many as
@@ -101,6 +107,7 @@ fn plan(shards: usize) -> Vec<Setup> {
         shards: 1,
         batch_max,
         payload_bytes,
+        snapshot_entries: None,
     };
     let mut plan = vec![
         setup("optimizations", "1 log, no batching", 3, 1, 1, 64),
@@ -124,6 +131,13 @@ fn plan(shards: usize) -> Vec<Setup> {
         point.shards = shards;
         plan.push(point);
     }
+    // Does a checkpoint stall writes? The same load without checkpoints and with one every
+    // 2,000 applied entries (each encodes, writes and fsyncs every log's state in the loop).
+    for (label, entries) in [("no checkpoints", 0), ("checkpoint / 2000 entries", 2_000)] {
+        let mut point = setup("checkpoint", label, 3, 8, 1024, 256);
+        point.snapshot_entries = Some(entries);
+        plan.push(point);
+    }
     plan
 }
 
@@ -140,8 +154,14 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
         let point = measure(chorus, &setup, index, args.clients, seconds, &stop)
             .with_context(|| format!("{} / {}", setup.sweep, setup.label))?;
         eprintln!(
-            "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us",
-            point.commands_per_s, point.entries_per_s, point.commands_per_entry, point.p50_us, point.p99_us
+            "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, {} checkpoints",
+            point.commands_per_s,
+            point.entries_per_s,
+            point.commands_per_entry,
+            point.p50_us,
+            point.p99_us,
+            point.p999_us,
+            point.checkpoints
         );
         points.push(point);
     }
@@ -163,13 +183,29 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
 pub fn table(points: &[Point]) -> String {
     let mut text = String::new();
     text.push_str(&format!(
-        "{:<14} {:<20} {:>12} {:>12} {:>9} {:>9} {:>9}\n",
-        "sweep", "configuration", "commands/s", "entries/s", "cmd/entry", "p50 us", "p99 us"
+        "{:<14} {:<26} {:>12} {:>12} {:>9} {:>9} {:>9} {:>10} {:>11}\n",
+        "sweep",
+        "configuration",
+        "commands/s",
+        "entries/s",
+        "cmd/entry",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "checkpoints"
     ));
     for p in points {
         text.push_str(&format!(
-            "{:<14} {:<20} {:>12.0} {:>12.0} {:>9.1} {:>9.0} {:>9.0}\n",
-            p.sweep, p.label, p.commands_per_s, p.entries_per_s, p.commands_per_entry, p.p50_us, p.p99_us
+            "{:<14} {:<26} {:>12.0} {:>12.0} {:>9.1} {:>9.0} {:>9.0} {:>10.0} {:>11}\n",
+            p.sweep,
+            p.label,
+            p.commands_per_s,
+            p.entries_per_s,
+            p.commands_per_entry,
+            p.p50_us,
+            p.p99_us,
+            p.p999_us,
+            p.checkpoints
         ));
     }
     let ladder: Vec<&Point> = points.iter().filter(|p| p.sweep == "optimizations").collect();
@@ -178,6 +214,17 @@ pub fn table(points: &[Point]) -> String {
             "ratios: batching x{:.2} over no batching, 8 logs x{:.2} over 1 log (commands/s)\n",
             batching.commands_per_s / none.commands_per_s.max(1.0),
             logs.commands_per_s / batching.commands_per_s.max(1.0)
+        ));
+    }
+    // The checkpoint sweep: tail latency with checkpoints against without.
+    let checkpoint: Vec<&Point> = points.iter().filter(|p| p.sweep == "checkpoint").collect();
+    if let [without, with] = checkpoint.as_slice() {
+        text.push_str(&format!(
+            "checkpoints: p99.9 x{:.2}, p99 x{:.2}, commands/s x{:.2} with a checkpoint every 2,000 entries ({} taken)\n",
+            with.p999_us / without.p999_us.max(1.0),
+            with.p99_us / without.p99_us.max(1.0),
+            with.commands_per_s / without.commands_per_s.max(1.0),
+            with.checkpoints
         ));
     }
     // The logs sweep: each point against one log on one loop.
@@ -217,6 +264,9 @@ fn measure(
             .args(["--raftlog-shards", &setup.shards.to_string()])
             .args(["--raftlog-batch-max", &setup.batch_max.to_string()])
             .args(["--log-level", "warn"]);
+        if let Some(entries) = setup.snapshot_entries {
+            command.args(["--raftlog-snapshot-entries", &entries.to_string()]);
+        }
         for peer in 0..setup.replicas {
             command.args(["--peer", &format!("{peer}={}", procs::localhost(ports[2 * peer + 1]))]);
         }
@@ -246,13 +296,16 @@ fn measure(
     while started.elapsed() < warmup {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let entries_at_warmup = entries_proposed(&client_addrs);
+    let entries_at_warmup = info_sum(&client_addrs, "raftlog_entries_proposed");
+    let checkpoints_at_warmup = info_sum(&client_addrs, "raftlog_disk_checkpoints");
     for worker in workers {
         let (h, e) = worker.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
         histogram.add(h).expect("same bounds");
         errors += e;
     }
-    let entries = entries_proposed(&client_addrs).saturating_sub(entries_at_warmup);
+    let entries = info_sum(&client_addrs, "raftlog_entries_proposed").saturating_sub(entries_at_warmup);
+    let checkpoints =
+        info_sum(&client_addrs, "raftlog_disk_checkpoints").saturating_sub(checkpoints_at_warmup);
     procs.stop();
     let _ = std::fs::remove_dir_all(&dir);
     let commands = histogram.len() as f64;
@@ -271,18 +324,21 @@ fn measure(
         commands_per_entry: if entries == 0 { 0.0 } else { commands / entries as f64 },
         p50_us: histogram.value_at_quantile(0.5) as f64 / 1_000.0,
         p99_us: histogram.value_at_quantile(0.99) as f64 / 1_000.0,
+        p999_us: histogram.value_at_quantile(0.999) as f64 / 1_000.0,
+        checkpoints,
         errors,
     })
 }
 
-/// Sum of `raftlog_entries_proposed` over the nodes.
-fn entries_proposed(addrs: &[SocketAddr]) -> u64 {
+/// Sum of the INFO counter `field` over the nodes.
+fn info_sum(addrs: &[SocketAddr], field: &str) -> u64 {
+    let prefix = format!("{field}:");
     addrs
         .iter()
         .filter_map(|addr| procs::resp_text(*addr, &[b"INFO"]).ok())
         .flat_map(|info| {
             info.lines()
-                .filter_map(|line| line.strip_prefix("raftlog_entries_proposed:"))
+                .filter_map(|line| line.strip_prefix(prefix.as_str()))
                 .filter_map(|value| value.trim().parse::<u64>().ok())
                 .collect::<Vec<_>>()
         })
@@ -430,6 +486,8 @@ mod tests {
             commands_per_entry: 1.0,
             p50_us: 1.0,
             p99_us: 2.0,
+            p999_us: 3.0,
+            checkpoints: 0,
             errors: 0,
         };
         let text = table(&[point("a", 100.0), point("b", 300.0), point("c", 150.0)]);
