@@ -35,6 +35,14 @@ pub struct RaftlogBenchArgs {
     /// Where the JSON report and the PNG go.
     #[arg(long, default_value = "bench-results/raftlog")]
     pub out: PathBuf,
+    /// Which sweeps to run (comma-separated): optimizations, replicas, payload, logs,
+    /// checkpoint (write latency without checkpoints and with one every 2,000 entries).
+    #[arg(long, value_delimiter = ',', default_value = "optimizations,replicas,payload,logs,checkpoint")]
+    pub sweeps: Vec<String>,
+    /// Shards (event loops) per node in the "logs" sweep's second series: 0 = one per core
+    /// (as many as divide the point's log count).
+    #[arg(long, default_value_t = 0)]
+    pub shards: usize,
 }
 
 /// One measured configuration.
@@ -45,6 +53,8 @@ pub struct Point {
     pub label: String,
     pub replicas: usize,
     pub logs: usize,
+    /// Event loops (threads) per node the logs are split over.
+    pub shards: usize,
     pub batch_max: usize,
     pub payload_bytes: usize,
     pub clients: usize,
@@ -55,6 +65,9 @@ pub struct Point {
     pub commands_per_entry: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    pub p999_us: f64,
+    /// Checkpoints the nodes took while the point ran (summed).
+    pub checkpoints: u64,
     pub errors: u64,
 }
 
@@ -70,18 +83,31 @@ struct Setup {
     label: String,
     replicas: usize,
     logs: usize,
+    shards: usize,
     batch_max: usize,
     payload_bytes: usize,
+    /// `--raftlog-snapshot-entries`, if not the node's default.
+    snapshot_entries: Option<u64>,
 }
 
-fn plan() -> Vec<Setup> {
+/// Shards per node for `logs` logs when asked for `shards` (0: one per core, as many as
+/// divide `logs`).
+fn shards_for(logs: usize, shards: usize) -> usize {
+    let wanted =
+        if shards == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { shards };
+    (1..=wanted.min(logs)).rev().find(|count| logs.is_multiple_of(*count)).unwrap_or(1)
+}
+
+fn plan(shards: usize) -> Vec<Setup> {
     let setup = |sweep, label: &str, replicas, logs, batch_max, payload_bytes| Setup {
         sweep,
         label: label.to_string(),
         replicas,
         logs,
+        shards: 1,
         batch_max,
         payload_bytes,
+        snapshot_entries: None,
     };
     let mut plan = vec![
         setup("optimizations", "1 log, no batching", 3, 1, 1, 64),
@@ -94,6 +120,24 @@ fn plan() -> Vec<Setup> {
     for payload in [0, 64, 256, 512] {
         plan.push(setup("payload", &format!("{payload} B"), 3, 8, 1024, payload));
     }
+    // Throughput against the number of logs at a fixed client count: all logs on one event
+    // loop, then split over shards (one event loop and thread each).
+    for logs in [1, 2, 4, 8] {
+        plan.push(setup("logs", &format!("{logs} logs, 1 loop"), 3, logs, 1024, 64));
+    }
+    for logs in [1, 2, 4, 8] {
+        let shards = shards_for(logs, shards);
+        let mut point = setup("logs", &format!("{logs} logs, {shards} loops"), 3, logs, 1024, 64);
+        point.shards = shards;
+        plan.push(point);
+    }
+    // Does a checkpoint stall writes? The same load without checkpoints and with one every
+    // 2,000 applied entries (each encodes, writes and fsyncs every log's state in the loop).
+    for (label, entries) in [("no checkpoints", 0), ("checkpoint / 2000 entries", 2_000)] {
+        let mut point = setup("checkpoint", label, 3, 8, 1024, 256);
+        point.snapshot_entries = Some(entries);
+        plan.push(point);
+    }
     plan
 }
 
@@ -103,13 +147,21 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut points = Vec::new();
-    for (index, setup) in plan().into_iter().enumerate() {
+    let plan =
+        plan(args.shards).into_iter().filter(|setup| args.sweeps.iter().any(|sweep| sweep == setup.sweep));
+    for (index, setup) in plan.enumerate() {
         eprintln!("chorus bench raftlog: {} / {}", setup.sweep, setup.label);
         let point = measure(chorus, &setup, index, args.clients, seconds, &stop)
             .with_context(|| format!("{} / {}", setup.sweep, setup.label))?;
         eprintln!(
-            "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us",
-            point.commands_per_s, point.entries_per_s, point.commands_per_entry, point.p50_us, point.p99_us
+            "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, {} checkpoints",
+            point.commands_per_s,
+            point.entries_per_s,
+            point.commands_per_entry,
+            point.p50_us,
+            point.p99_us,
+            point.p999_us,
+            point.checkpoints
         );
         points.push(point);
     }
@@ -131,13 +183,29 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
 pub fn table(points: &[Point]) -> String {
     let mut text = String::new();
     text.push_str(&format!(
-        "{:<14} {:<20} {:>12} {:>12} {:>9} {:>9} {:>9}\n",
-        "sweep", "configuration", "commands/s", "entries/s", "cmd/entry", "p50 us", "p99 us"
+        "{:<14} {:<26} {:>12} {:>12} {:>9} {:>9} {:>9} {:>10} {:>11}\n",
+        "sweep",
+        "configuration",
+        "commands/s",
+        "entries/s",
+        "cmd/entry",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "checkpoints"
     ));
     for p in points {
         text.push_str(&format!(
-            "{:<14} {:<20} {:>12.0} {:>12.0} {:>9.1} {:>9.0} {:>9.0}\n",
-            p.sweep, p.label, p.commands_per_s, p.entries_per_s, p.commands_per_entry, p.p50_us, p.p99_us
+            "{:<14} {:<26} {:>12.0} {:>12.0} {:>9.1} {:>9.0} {:>9.0} {:>10.0} {:>11}\n",
+            p.sweep,
+            p.label,
+            p.commands_per_s,
+            p.entries_per_s,
+            p.commands_per_entry,
+            p.p50_us,
+            p.p99_us,
+            p.p999_us,
+            p.checkpoints
         ));
     }
     let ladder: Vec<&Point> = points.iter().filter(|p| p.sweep == "optimizations").collect();
@@ -147,6 +215,26 @@ pub fn table(points: &[Point]) -> String {
             batching.commands_per_s / none.commands_per_s.max(1.0),
             logs.commands_per_s / batching.commands_per_s.max(1.0)
         ));
+    }
+    // The checkpoint sweep: tail latency with checkpoints against without.
+    let checkpoint: Vec<&Point> = points.iter().filter(|p| p.sweep == "checkpoint").collect();
+    if let [without, with] = checkpoint.as_slice() {
+        text.push_str(&format!(
+            "checkpoints: p99.9 x{:.2}, p99 x{:.2}, commands/s x{:.2} with a checkpoint every 2,000 entries ({} taken)\n",
+            with.p999_us / without.p999_us.max(1.0),
+            with.p99_us / without.p99_us.max(1.0),
+            with.commands_per_s / without.commands_per_s.max(1.0),
+            with.checkpoints
+        ));
+    }
+    // The logs sweep: each point against one log on one loop.
+    let logs: Vec<&Point> = points.iter().filter(|p| p.sweep == "logs").collect();
+    if let Some(base) = logs.iter().find(|p| p.logs == 1 && p.shards == 1) {
+        let ratios: Vec<String> = logs
+            .iter()
+            .map(|p| format!("{} x{:.2}", p.label, p.commands_per_s / base.commands_per_s.max(1.0)))
+            .collect();
+        text.push_str(&format!("logs vs 1 log (commands/s): {}\n", ratios.join(", ")));
     }
     text
 }
@@ -173,8 +261,12 @@ fn measure(
             .args(["--cluster-token", "bench-raftlog-token-0123"])
             .args(["--data-dir", dir.join(format!("node-{node}")).to_str().expect("utf-8 path")])
             .args(["--raftlog-logs", &setup.logs.to_string()])
+            .args(["--raftlog-shards", &setup.shards.to_string()])
             .args(["--raftlog-batch-max", &setup.batch_max.to_string()])
             .args(["--log-level", "warn"]);
+        if let Some(entries) = setup.snapshot_entries {
+            command.args(["--raftlog-snapshot-entries", &entries.to_string()]);
+        }
         for peer in 0..setup.replicas {
             command.args(["--peer", &format!("{peer}={}", procs::localhost(ports[2 * peer + 1]))]);
         }
@@ -204,13 +296,16 @@ fn measure(
     while started.elapsed() < warmup {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let entries_at_warmup = entries_proposed(&client_addrs);
+    let entries_at_warmup = info_sum(&client_addrs, "raftlog_entries_proposed");
+    let checkpoints_at_warmup = info_sum(&client_addrs, "raftlog_disk_checkpoints");
     for worker in workers {
         let (h, e) = worker.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
         histogram.add(h).expect("same bounds");
         errors += e;
     }
-    let entries = entries_proposed(&client_addrs).saturating_sub(entries_at_warmup);
+    let entries = info_sum(&client_addrs, "raftlog_entries_proposed").saturating_sub(entries_at_warmup);
+    let checkpoints =
+        info_sum(&client_addrs, "raftlog_disk_checkpoints").saturating_sub(checkpoints_at_warmup);
     procs.stop();
     let _ = std::fs::remove_dir_all(&dir);
     let commands = histogram.len() as f64;
@@ -219,6 +314,7 @@ fn measure(
         label: setup.label.clone(),
         replicas: setup.replicas,
         logs: setup.logs,
+        shards: setup.shards,
         batch_max: setup.batch_max,
         payload_bytes: setup.payload_bytes,
         clients,
@@ -228,18 +324,21 @@ fn measure(
         commands_per_entry: if entries == 0 { 0.0 } else { commands / entries as f64 },
         p50_us: histogram.value_at_quantile(0.5) as f64 / 1_000.0,
         p99_us: histogram.value_at_quantile(0.99) as f64 / 1_000.0,
+        p999_us: histogram.value_at_quantile(0.999) as f64 / 1_000.0,
+        checkpoints,
         errors,
     })
 }
 
-/// Sum of `raftlog_entries_proposed` over the nodes.
-fn entries_proposed(addrs: &[SocketAddr]) -> u64 {
+/// Sum of the INFO counter `field` over the nodes.
+fn info_sum(addrs: &[SocketAddr], field: &str) -> u64 {
+    let prefix = format!("{field}:");
     addrs
         .iter()
         .filter_map(|addr| procs::resp_text(*addr, &[b"INFO"]).ok())
         .flat_map(|info| {
             info.lines()
-                .filter_map(|line| line.strip_prefix("raftlog_entries_proposed:"))
+                .filter_map(|line| line.strip_prefix(prefix.as_str()))
                 .filter_map(|value| value.trim().parse::<u64>().ok())
                 .collect::<Vec<_>>()
         })
@@ -304,14 +403,19 @@ fn client_loop(
 
 fn plot(points: &[Point], path: &Path) -> anyhow::Result<()> {
     crate::plot::register_font_for_others();
-    let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
+    let root = BitMapBackend::new(path, (2000, 500)).into_drawing_area();
     root.fill(&WHITE)?;
-    let panels = root.split_evenly((1, 3));
-    for (panel, (sweep, title)) in panels.iter().zip([
+    let sweeps: Vec<(&str, &str)> = [
         ("optimizations", "Optimizations (3 replicas, 64 B)"),
         ("replicas", "Replicas (8 logs, batching, 64 B)"),
         ("payload", "Payload (3 replicas, 8 logs, batching)"),
-    ]) {
+        ("logs", "Logs and event loops (3 replicas, 64 B)"),
+    ]
+    .into_iter()
+    .filter(|(sweep, _)| points.iter().any(|p| p.sweep == *sweep))
+    .collect();
+    let panels = root.split_evenly((1, sweeps.len().max(1)));
+    for (panel, (sweep, title)) in panels.iter().zip(sweeps) {
         let sweep_points: Vec<&Point> = points.iter().filter(|p| p.sweep == sweep).collect();
         let top = sweep_points.iter().map(|p| p.commands_per_s).fold(1.0, f64::max) * 1.15;
         let labels: Vec<String> = sweep_points.iter().map(|p| p.label.clone()).collect();
@@ -350,7 +454,7 @@ mod tests {
 
     #[test]
     fn the_plan_covers_the_optimizations_replicas_and_payloads_of_the_issue() {
-        let plan = plan();
+        let plan = plan(2);
         let ladder: Vec<(usize, usize)> =
             plan.iter().filter(|s| s.sweep == "optimizations").map(|s| (s.logs, s.batch_max)).collect();
         assert_eq!(ladder, vec![(1, 1), (1, 1024), (8, 1024)]);
@@ -360,6 +464,9 @@ mod tests {
         let payloads: Vec<usize> =
             plan.iter().filter(|s| s.sweep == "payload").map(|s| s.payload_bytes).collect();
         assert_eq!((payloads.first(), payloads.last()), (Some(&0), Some(&512)));
+        let logs: Vec<(usize, usize)> =
+            plan.iter().filter(|s| s.sweep == "logs").map(|s| (s.logs, s.shards)).collect();
+        assert_eq!(logs, vec![(1, 1), (2, 1), (4, 1), (8, 1), (1, 1), (2, 2), (4, 2), (8, 2)]);
     }
 
     #[test]
@@ -369,6 +476,7 @@ mod tests {
             label: label.to_string(),
             replicas: 3,
             logs: 1,
+            shards: 1,
             batch_max: 1,
             payload_bytes: 64,
             clients: 32,
@@ -378,6 +486,8 @@ mod tests {
             commands_per_entry: 1.0,
             p50_us: 1.0,
             p99_us: 2.0,
+            p999_us: 3.0,
+            checkpoints: 0,
             errors: 0,
         };
         let text = table(&[point("a", 100.0), point("b", 300.0), point("c", 150.0)]);

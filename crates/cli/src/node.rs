@@ -87,6 +87,9 @@ pub struct NodeArgs {
     /// raftlog: number of Raft logs (default 8).
     #[arg(long)]
     pub raftlog_logs: Option<usize>,
+    /// raftlog: event loops (threads) the logs are split over (default 1; 0: one per core).
+    #[arg(long)]
+    pub raftlog_shards: Option<usize>,
     /// raftlog: most client commands per batch (default 1024; 1 turns batching off).
     #[arg(long)]
     pub raftlog_batch_max: Option<usize>,
@@ -96,6 +99,14 @@ pub struct NodeArgs {
     /// raftlog: checkpoint every this many applied entries (default 20000).
     #[arg(long)]
     pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog: forget a client session unused for this many entries of its log (default
+    /// 100000; 0: never).
+    #[arg(long)]
+    pub raftlog_session_expiry_entries: Option<u64>,
+    /// raftlog: entries each log keeps after a compaction for lagging followers (default
+    /// 1000; 0: none, a follower behind the compaction always gets a snapshot).
+    #[arg(long)]
+    pub raftlog_trailing_entries: Option<u64>,
     /// raftlog: coupled (execute after commit, default) or decoupled.
     #[arg(long)]
     pub raftlog_execution: Option<String>,
@@ -178,9 +189,12 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         value_bytes_max: args.value_bytes_max,
         worker_threads: args.worker_threads,
         raftlog_logs: args.raftlog_logs,
+        raftlog_shards: args.raftlog_shards,
         raftlog_batch_max: args.raftlog_batch_max,
         raftlog_flush: args.raftlog_flush,
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
+        raftlog_session_expiry_entries: args.raftlog_session_expiry_entries,
+        raftlog_trailing_entries: args.raftlog_trailing_entries,
         raftlog_execution: args.raftlog_execution,
         raftlog_storage: args.raftlog_storage,
         join: args.join,

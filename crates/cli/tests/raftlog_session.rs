@@ -66,3 +66,38 @@ fn protocols_without_sessions_refuse_session_commands() {
     let counter: Option<i64> = redis::cmd("GET").arg("counter").query(&mut con).unwrap();
     assert_eq!(counter, None, "the refused command did not run");
 }
+
+/// Issue 18 point 5: sessions expire. With `--raftlog-session-expiry-entries 16` and one log,
+/// 200 one-shot client sessions leave at most a few dozen session records on every replica
+/// (INFO `raftlog_session_records`; without expiry there would be 200), while a retry within
+/// the expiry still answers the saved result without running again.
+#[test]
+fn idle_sessions_expire_so_the_session_table_stays_bounded() {
+    let args = ["--protocol", "raftlog", "--raftlog-logs", "1", "--raftlog-session-expiry-entries", "16"];
+    let cluster = Cluster::start(3, &args);
+    assert_eq!(session_incr(&cluster, 0, 1).unwrap(), 1);
+    let mut con = cluster.client(0);
+    for client in 1_000..1_200u64 {
+        let reply: String = redis::cmd("SESSION")
+            .arg(client)
+            .arg(1)
+            .arg("SET")
+            .arg(format!("k{client}"))
+            .arg("v")
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(reply, "OK");
+    }
+    let retry: String =
+        redis::cmd("SESSION").arg(1_199).arg(1).arg("SET").arg("k1199").arg("other").query(&mut con).unwrap();
+    assert_eq!(retry, "OK");
+    let value: String = redis::cmd("GET").arg("k1199").query(&mut con).unwrap();
+    assert_eq!(value, "v", "a retry within the expiry did not run again");
+    for node in 0..3 {
+        cluster.wait_until("followers apply every entry", node, |cluster| {
+            cluster.info_number(node, "raftlog_proposals_executed").is_some_and(|executed| executed >= 201)
+        });
+        let records = cluster.info_number(node, "raftlog_session_records").expect("INFO field");
+        assert!(records <= 40, "n{node} holds {records} session records for 202 sessions");
+    }
+}

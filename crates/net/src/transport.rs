@@ -114,6 +114,7 @@ pub enum NetError {
 /// Frames for one peer: the frame and how many messages it carries.
 type QueuedFrame = (Bytes, u32);
 
+#[derive(Clone)]
 struct Link {
     node: NodeId,
     tx: mpsc::UnboundedSender<QueuedFrame>,
@@ -129,6 +130,15 @@ pub struct Inbound<M> {
 }
 
 impl<M> Inbound<M> {
+    /// An inbound stream fed by someone else: a runtime that splits one transport's batches
+    /// between several event loops (raftlog's shards) gives each its own.
+    pub fn from_channels(
+        priority: mpsc::Receiver<(NodeId, Vec<M>)>,
+        data: mpsc::Receiver<(NodeId, Vec<M>)>,
+    ) -> Inbound<M> {
+        Inbound { priority, data }
+    }
+
     /// The next batch, a priority one if any is waiting. `None` once every reader is gone.
     pub async fn recv(&mut self) -> Option<(NodeId, Vec<M>)> {
         tokio::select! {
@@ -219,6 +229,23 @@ where
 impl<M: WireMessage> Transport<M> {
     pub fn stats(&self) -> &Arc<NetStats> {
         &self.stats
+    }
+
+    /// Another sending handle on the same peer links, for another event loop of this node
+    /// (raftlog's shards): each batches its own turn's messages into its own frames, and the
+    /// frames of all of them share each peer's connection and credits.
+    pub fn sibling(&self) -> Transport<M> {
+        Transport {
+            links: self.links.clone(),
+            stats: self.stats.clone(),
+            frame_payload_bytes_max: self.frame_payload_bytes_max,
+            peer_queue_bytes_max: self.peer_queue_bytes_max,
+            arena: BytesMut::new(),
+            spans: Vec::new(),
+            payload: std::cell::RefCell::new(BytesMut::new()),
+            priority: self.priority,
+            _message: PhantomData,
+        }
     }
 
     /// Which messages take the priority lane (when [`NetConfig::priority_lane`] is on).

@@ -18,6 +18,8 @@
 //! metrics_addr = "127.0.0.1:9379"    # optional Prometheus endpoint
 //! value_bytes_max = 67108864         # optional, default 64 MiB
 //! worker_threads = 1                 # optional: threads running this node (default 1, see below)
+//! raftlog_logs = 8                   # raftlog only: Raft logs per node
+//! raftlog_shards = 1                 # raftlog only: event loops (threads) the logs are split over; 0: one per core
 //! peer_link_timeout_ms = 1000        # optional: a peer link silent this long is dropped and redialled
 //! tls-port = 6380                    # optional: TLS clients (Redis' names; tls_port works too)
 //! tls-cert-file = "node.pem"         # this node's certificate (PEM), for clients and peers
@@ -72,6 +74,9 @@ pub struct RawConfig {
     pub worker_threads: Option<usize>,
     /// raftlog only: number of Raft logs (default 8).
     pub raftlog_logs: Option<usize>,
+    /// raftlog only: event loops (threads) the logs are split over; 0 = one per core
+    /// (default 1).
+    pub raftlog_shards: Option<usize>,
     /// raftlog only: most client commands per batch (default 1024; 1 = no batching).
     pub raftlog_batch_max: Option<usize>,
     /// raftlog only: how the circular log is flushed, "msync" (default) or "none".
@@ -79,6 +84,12 @@ pub struct RawConfig {
     /// raftlog only: checkpoint (and truncate the on-disk log) every this many applied
     /// entries (default 20000).
     pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog only: a client session unused for this many entries of its log is forgotten
+    /// (default 100000; 0 = never). docs/protocols/raftlog.md, "Session expiry".
+    pub raftlog_session_expiry_entries: Option<u64>,
+    /// raftlog only: how many of each log's latest entries a compaction keeps, so a briefly
+    /// lagging follower catches up from the log (default 1000; 0 = none).
+    pub raftlog_trailing_entries: Option<u64>,
     /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
     /// executes on arrival and releases the result at commit).
     pub raftlog_execution: Option<String>,
@@ -324,10 +335,15 @@ impl Default for ClientLimits {
 /// raftlog settings (docs/protocols/raftlog.md, docs/operations.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RaftlogOptions {
+    /// Logs per node, over all shards.
     pub logs: usize,
+    /// Event loops (threads) the logs are split over, each with `logs / shards` logs.
+    pub shards: usize,
     pub batch_commands_max: usize,
     pub flush: chorus_raftlog::disk::FlushBackend,
     pub snapshot_entries: u64,
+    pub session_expiry_entries: u64,
+    pub trailing_entries: u64,
     pub decoupled: bool,
     /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
     pub storage: chorus_raftlog::disk::StorageKind,
@@ -337,13 +353,22 @@ impl Default for RaftlogOptions {
     fn default() -> Self {
         RaftlogOptions {
             logs: 8,
+            shards: 1,
             batch_commands_max: 1_024,
             flush: chorus_raftlog::disk::FlushBackend::Msync,
             snapshot_entries: 20_000,
+            session_expiry_entries: 100_000,
+            trailing_entries: 1_000,
             decoupled: false,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
     }
+}
+
+/// `raftlog_shards = 0`: one shard per core, as many as divide `logs` evenly.
+fn shards_per_core(logs: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get()).min(64);
+    (1..=cores.min(logs)).rev().find(|shards| logs.is_multiple_of(*shards)).unwrap_or(1)
 }
 
 pub const DEFAULT_CLIENT_ADDR: &str = "127.0.0.1:7379";
@@ -406,9 +431,14 @@ impl RawConfig {
             maxclients: overrides.maxclients.or(self.maxclients),
             worker_threads: overrides.worker_threads.or(self.worker_threads),
             raftlog_logs: overrides.raftlog_logs.or(self.raftlog_logs),
+            raftlog_shards: overrides.raftlog_shards.or(self.raftlog_shards),
             raftlog_batch_max: overrides.raftlog_batch_max.or(self.raftlog_batch_max),
             raftlog_flush: overrides.raftlog_flush.or(self.raftlog_flush),
             raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
+            raftlog_session_expiry_entries: overrides
+                .raftlog_session_expiry_entries
+                .or(self.raftlog_session_expiry_entries),
+            raftlog_trailing_entries: overrides.raftlog_trailing_entries.or(self.raftlog_trailing_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             join: overrides.join.or(self.join),
@@ -727,9 +757,12 @@ impl RawConfig {
     fn raftlog_options(&self, protocol: Protocol) -> Result<RaftlogOptions, ConfigError> {
         let fields = [
             ("raftlog_logs", self.raftlog_logs.is_some()),
+            ("raftlog_shards", self.raftlog_shards.is_some()),
             ("raftlog_batch_max", self.raftlog_batch_max.is_some()),
             ("raftlog_flush", self.raftlog_flush.is_some()),
             ("raftlog_snapshot_entries", self.raftlog_snapshot_entries.is_some()),
+            ("raftlog_session_expiry_entries", self.raftlog_session_expiry_entries.is_some()),
+            ("raftlog_trailing_entries", self.raftlog_trailing_entries.is_some()),
             ("raftlog_execution", self.raftlog_execution.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
@@ -743,6 +776,19 @@ impl RawConfig {
         if !(1..=1024).contains(&logs) {
             return Err(field_error("raftlog_logs", "must be between 1 and 1024"));
         }
+        let shards = match self.raftlog_shards.unwrap_or(defaults.shards) {
+            0 => shards_per_core(logs),
+            shards if shards > 64 => return Err(field_error("raftlog_shards", "must be at most 64")),
+            shards if !logs.is_multiple_of(shards) => {
+                return Err(field_error(
+                    "raftlog_shards",
+                    format!(
+                        "{shards} does not divide raftlog_logs = {logs} (every shard hosts as many logs)"
+                    ),
+                ))
+            }
+            shards => shards,
+        };
         let batch_commands_max = self.raftlog_batch_max.unwrap_or(defaults.batch_commands_max);
         if batch_commands_max == 0 {
             return Err(field_error("raftlog_batch_max", "must be at least 1 (1 turns batching off)"));
@@ -759,6 +805,9 @@ impl RawConfig {
             }
         };
         let snapshot_entries = self.raftlog_snapshot_entries.unwrap_or(defaults.snapshot_entries);
+        let session_expiry_entries =
+            self.raftlog_session_expiry_entries.unwrap_or(defaults.session_expiry_entries);
+        let trailing_entries = self.raftlog_trailing_entries.unwrap_or(defaults.trailing_entries);
         let decoupled = match self.raftlog_execution.as_deref() {
             None | Some("coupled") => false,
             Some("decoupled") => true,
@@ -779,7 +828,17 @@ impl RawConfig {
                 ))
             }
         };
-        Ok(RaftlogOptions { logs, batch_commands_max, flush, snapshot_entries, decoupled, storage })
+        Ok(RaftlogOptions {
+            logs,
+            shards,
+            batch_commands_max,
+            flush,
+            snapshot_entries,
+            session_expiry_entries,
+            trailing_entries,
+            decoupled,
+            storage,
+        })
     }
 
     fn membership_timing(&self, protocol: Protocol) -> Result<Option<MembershipTiming>, ConfigError> {

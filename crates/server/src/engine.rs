@@ -14,6 +14,7 @@
 //! fails what is still pending (docs/operations.md, "Stopping a node").
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus_core::codec::WireMessage;
@@ -25,6 +26,7 @@ use chorus_hermes::Hermes;
 use chorus_membership::{PersistRecord, Wire, WithMembership};
 use chorus_net::Transport;
 use chorus_raftlog::disk::DurableRaftLog;
+use chorus_raftlog::shard::{ShardCore, ShardMessage};
 use chorus_zab::Zab;
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -242,6 +244,8 @@ impl ServedReplica for DurableRaftLog {
             ("commands_proposed", s.commands_proposed),
             ("proposals_executed", s.proposals_executed),
             ("proposals_duplicate", s.proposals_duplicate),
+            ("proposals_expired", s.proposals_expired),
+            ("session_records", self.core().session_records() as u64),
             ("batches_forwarded", s.batches_forwarded),
             ("batches_resent", s.batches_resent),
             ("read_rounds", s.read_rounds),
@@ -254,6 +258,71 @@ impl ServedReplica for DurableRaftLog {
             ("speculation_rolled_back", s.speculation_rolled_back),
             ("reads_served", s.reads_served),
         ]
+    }
+}
+
+/// One shard of a raftlog node (`raftlog_shards > 1`): the shard's core, its messages tagged
+/// with the shard. A write's mark names its log globally, `local * shards + shard`, so WAIT
+/// can be split between the shards by the log number.
+impl ServedReplica for ShardCore {
+    fn protocol_name(&self) -> &'static str {
+        "raftlog"
+    }
+    fn current_view(&self) -> View {
+        self.inner().current_view()
+    }
+    fn operational(&self) -> bool {
+        true
+    }
+    fn keys_with_values(&self) -> usize {
+        self.inner().keys_with_values()
+    }
+    fn keys(&self) -> Vec<Key> {
+        ServedReplica::keys(self.inner())
+    }
+    fn persist_turn(&mut self) -> Result<(), String> {
+        self.inner_mut().persist_turn()
+    }
+    const REPLIES_AFTER_PERSIST: bool = true;
+    fn write_mark(&self, key: &Key) -> WriteMark {
+        match self.inner().write_mark(key) {
+            WriteMark::Log { log, index } => WriteMark::Log { log: self.global_log(log), index },
+            members => members,
+        }
+    }
+    fn log_holders(&self, log: u32, index: u64) -> NodeSet {
+        let shards = self.inner().core().config().shards as u32;
+        if log % shards != self.shard() as u32 {
+            return NodeSet::EMPTY;
+        }
+        self.inner().log_holders(log / shards, index)
+    }
+    fn on_transaction(
+        &mut self,
+        now: Time,
+        requests: Vec<(ClientRequestId, Command)>,
+        out: &mut Outbox<ShardMessage>,
+    ) {
+        self.with_outbox(out, |core, scratch| core.core_mut().on_transaction(now, requests, scratch));
+    }
+    fn on_session_command(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        client: u64,
+        seq: u64,
+        command: Command,
+        out: &mut Outbox<ShardMessage>,
+    ) {
+        self.with_outbox(out, |core, scratch| {
+            core.core_mut().on_session_command(now, request, client, seq, command, scratch)
+        });
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut counters = self.inner().counters();
+        counters.push(("shards", 1));
+        counters.push(("shard_messages_misrouted", self.messages_misrouted));
+        counters
     }
 }
 
@@ -513,10 +582,11 @@ pub enum EngineRequest {
     },
 }
 
-/// How connections reach the event loop. Cheap to clone.
+/// How connections reach the event loop, or, for raftlog with several shards, the event
+/// loop of the shard that owns each key (`chorus_raftlog::shard_of`). Cheap to clone.
 #[derive(Clone)]
 pub struct EngineHandle {
-    tx: mpsc::Sender<EngineRequest>,
+    shards: Arc<[mpsc::Sender<EngineRequest>]>,
 }
 
 /// A request submitted to a node that is stopping, or whose event loop is gone: not executed.
@@ -525,6 +595,12 @@ pub const SHUTTING_DOWN: CommandError = CommandError::Unavailable("the node is s
 /// [`CommandError::OutcomeUnknown`]).
 const PAST_DEADLINE: CommandError =
     CommandError::Unavailable("no answer within the request deadline; not executed, try another replica");
+/// A MULTI/EXEC whose keys live on different shards (event loops) of a raftlog node: no one
+/// core can run it atomically, so it runs nowhere (as Redis Cluster's CROSSSLOT).
+pub const CROSS_SHARD: CommandError = CommandError::Unavailable(
+    "the transaction's keys belong to different raftlog shards (raftlog_shards > 1); run it with \
+     raftlog_shards = 1 or keep its keys on one shard",
+);
 
 /// What a dropped reply means: the event loop stopped before the command completed. A read
 /// has no effect either way; an update may already have been sent to the others.
@@ -533,11 +609,16 @@ fn lost(is_update: bool) -> Done {
 }
 
 impl EngineHandle {
+    /// The event loop that serves `key`.
+    fn sender(&self, key: &[u8]) -> &mpsc::Sender<EngineRequest> {
+        &self.shards[chorus_raftlog::shard_of(key, self.shards.len())]
+    }
+
     /// Submit a command; the returned receiver completes once it has.
     async fn submit(&self, command: Command) -> oneshot::Receiver<Done> {
         let (reply, rx) = oneshot::channel();
         // If the loop is gone, `reply` is dropped with the request and `rx` reports it.
-        let _ = self.tx.send(EngineRequest::Command { command, reply }).await;
+        let _ = self.sender(command.key()).send(EngineRequest::Command { command, reply }).await;
         rx
     }
 
@@ -562,8 +643,14 @@ impl EngineHandle {
 
     /// Run `commands` as one transaction; the outcomes in order.
     pub async fn execute_transaction(&self, commands: Vec<Command>) -> Vec<Done> {
+        let Some(first) = commands.first() else { return Vec::new() };
+        let shards = self.shards.len();
+        let shard = chorus_raftlog::shard_of(first.key(), shards);
+        if commands.iter().any(|command| chorus_raftlog::shard_of(command.key(), shards) != shard) {
+            return commands.iter().map(|_| Done::failed(CROSS_SHARD)).collect();
+        }
         let (replies, receivers): (Vec<_>, Vec<_>) = commands.iter().map(|_| oneshot::channel()).unzip();
-        let _ = self.tx.send(EngineRequest::Transaction { commands, replies }).await;
+        let _ = self.shards[shard].send(EngineRequest::Transaction { commands, replies }).await;
         let mut done = Vec::with_capacity(receivers.len());
         for rx in receivers {
             done.push(rx.await.unwrap_or_else(|_| lost(true)));
@@ -575,35 +662,85 @@ impl EngineHandle {
     pub async fn execute_in_session(&self, client: u64, seq: u64, command: Command) -> Done {
         let (reply, rx) = oneshot::channel();
         let is_update = command.is_update();
-        let _ = self.tx.send(EngineRequest::SessionCommand { client, seq, command, reply }).await;
+        let sender = self.sender(command.key());
+        let _ = sender.send(EngineRequest::SessionCommand { client, seq, command, reply }).await;
         rx.await.unwrap_or_else(|_| lost(is_update))
     }
 
     /// How many other replicas hold every write in `marks`: as soon as `replicas` do, or
-    /// what is known at `deadline`. `None` if the event loop is gone.
+    /// what is known at `deadline`. `None` if the event loop is gone. With shards, each shard
+    /// answers for the logs it owns (a raftlog mark's log number names its shard) and the
+    /// answer is the smallest.
     pub async fn wait_for(
         &self,
         marks: WriteMarks,
         replicas: usize,
         deadline: Option<Instant>,
     ) -> Option<usize> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(EngineRequest::Wait { marks, replicas, deadline, reply }).await.ok()?;
-        rx.await.ok()
+        let shards = self.shards.len();
+        let mut answers = Vec::new();
+        for (shard, tx) in self.shards.iter().enumerate() {
+            let logs: Vec<(u32, u64)> =
+                marks.logs.iter().copied().filter(|(log, _)| *log as usize % shards == shard).collect();
+            if shard > 0 && logs.is_empty() {
+                continue;
+            }
+            let marks = WriteMarks { members: marks.members, logs };
+            let (reply, rx) = oneshot::channel();
+            tx.send(EngineRequest::Wait { marks, replicas, deadline, reply }).await.ok()?;
+            answers.push(rx);
+        }
+        let mut fewest = usize::MAX;
+        for rx in answers {
+            fewest = fewest.min(rx.await.ok()?);
+        }
+        Some(fewest)
     }
 
+    /// The node's state; with shards, theirs summed (counters, keys, requests).
     pub async fn status(&self) -> Option<EngineStatus> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(EngineRequest::Status { reply }).await.ok()?;
-        rx.await.ok()
+        let mut merged: Option<EngineStatus> = None;
+        for tx in self.shards.iter() {
+            let (reply, rx) = oneshot::channel();
+            tx.send(EngineRequest::Status { reply }).await.ok()?;
+            let status = rx.await.ok()?;
+            merged = Some(match merged {
+                None => status,
+                Some(total) => total.merge(status),
+            });
+        }
+        merged
     }
 
     pub async fn keys(&self) -> Vec<Key> {
-        let (reply, rx) = oneshot::channel();
-        if self.tx.send(EngineRequest::Keys { reply }).await.is_err() {
-            return Vec::new();
+        let mut keys = Vec::new();
+        for tx in self.shards.iter() {
+            let (reply, rx) = oneshot::channel();
+            if tx.send(EngineRequest::Keys { reply }).await.is_err() {
+                return Vec::new();
+            }
+            keys.extend(rx.await.unwrap_or_default());
         }
-        rx.await.unwrap_or_default()
+        keys
+    }
+}
+
+impl EngineStatus {
+    /// One node's status from two of its shards' (raftlog with `raftlog_shards > 1`).
+    fn merge(mut self, other: EngineStatus) -> EngineStatus {
+        self.operational &= other.operational;
+        self.keys += other.keys;
+        self.pending_requests += other.pending_requests;
+        self.requests_past_deadline += other.requests_past_deadline;
+        for (name, value) in other.counters {
+            match self.counters.iter_mut().find(|(known, _)| *known == name) {
+                // Per-shard identities (the incarnation, the shard number) are not summed.
+                Some((_, total)) if name == "boot" || name == "shard" => *total = (*total).max(value),
+                Some((_, total)) => *total += value,
+                None => self.counters.push((name, value)),
+            }
+        }
+        self
     }
 }
 
@@ -614,8 +751,16 @@ const EVENTS_PER_TURN_MAX: usize = 512;
 const TICK: Duration = Duration::from_millis(1);
 
 pub fn channel() -> (EngineHandle, mpsc::Receiver<EngineRequest>) {
-    let (tx, rx) = mpsc::channel(REQUESTS_QUEUED_MAX);
-    (EngineHandle { tx }, rx)
+    let (handle, mut receivers) = channels(1);
+    (handle, receivers.pop().expect("one receiver"))
+}
+
+/// One request channel per shard (event loop), and the handle that routes to them by key.
+pub fn channels(shards: usize) -> (EngineHandle, Vec<mpsc::Receiver<EngineRequest>>) {
+    assert!(shards >= 1, "at least one event loop");
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..shards).map(|_| mpsc::channel(REQUESTS_QUEUED_MAX)).unzip();
+    (EngineHandle { shards: senders.into() }, receivers)
 }
 
 /// How long a stopping node tries to leave the view before it stops anyway (the others then

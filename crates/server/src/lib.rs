@@ -37,6 +37,7 @@ use chorus_hermes::{Hermes, HermesConfig};
 use chorus_membership::{Membership, MembershipConfig, MembershipLog, WithMembership, MEMBERSHIP_LOG};
 use chorus_net::{NetConfig, NetStats};
 use chorus_raftlog::disk::{DiskOptions, DurableRaftLog};
+use chorus_raftlog::shard::{ShardCore, ShardMessage};
 use chorus_raftlog::RaftLogConfig;
 use chorus_storage::FileStorage;
 use chorus_zab::{Zab, ZabConfig};
@@ -91,6 +92,10 @@ async fn serve_node(
     // Nodes must agree on the protocol and on whether membership messages travel with it.
     let wire_protocol = match config.membership {
         Some(_) => format!("{}+membership", config.protocol.name()),
+        // Shards tag their messages, and a key's shard depends on their number.
+        None if config.protocol == Protocol::Raftlog && config.raftlog.shards > 1 => {
+            format!("raftlog/shards={}", config.raftlog.shards)
+        }
         None => config.protocol.name().to_string(),
     };
     let mut net = NetConfig::new(
@@ -137,7 +142,9 @@ async fn serve_node(
     };
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let (engine, requests) = engine::channel();
+    // raftlog with shards: one event loop per shard, each key's requests routed to its own.
+    let shards = if config.protocol == Protocol::Raftlog { config.raftlog.shards } else { 1 };
+    let (engine, requests) = engine::channels(shards);
     let membership = match (config.membership, &state_dir) {
         (Some(timing), Some(dir)) => Some(Managed::open(config, timing, dir)?),
         _ => None,
@@ -186,7 +193,8 @@ async fn serve_node(
             }
             start.spawn(Zab::new(zab_config)).await?
         }
-        Protocol::Raftlog => start.spawn(open_raftlog(config, replicas)?).await?,
+        Protocol::Raftlog if shards == 1 => start.spawn(open_raftlog(config, replicas)?).await?,
+        Protocol::Raftlog => start.run_shards(open_raftlog_shards(config, replicas)?).await?,
         Protocol::Chain => {
             let dir = state_dir.as_deref().expect("the chain store always has a directory");
             start.spawn(open_chain(config, dir, replicas, joining)?).await?
@@ -344,7 +352,8 @@ async fn tls_upgrade(
 /// What starting the event loop needs, whatever the protocol.
 struct Start {
     net: NetConfig,
-    requests: tokio::sync::mpsc::Receiver<EngineRequest>,
+    /// One per event loop: one, or one per raftlog shard.
+    requests: Vec<tokio::sync::mpsc::Receiver<EngineRequest>>,
     shutdown: watch::Receiver<bool>,
     membership: Option<Managed>,
     /// Run the event loop on a thread of its own rather than as a task of the node's runtime.
@@ -382,10 +391,10 @@ impl Start {
         let (mut transport, inbound, net_stats) = chorus_net::start(self.net).await?;
         transport.set_priority(R::is_priority);
         let stopped = self.stopped;
+        let [requests]: [_; 1] = self.requests.try_into().expect("one event loop, one request channel");
         let event_loop = async move {
             let deadline = self.request_deadline;
-            engine::run(replica, deadline, transport, self.requests, inbound, self.shutdown, durable_log)
-                .await;
+            engine::run(replica, deadline, transport, requests, inbound, self.shutdown, durable_log).await;
             let _ = stopped.send(());
         };
         // With one worker thread (the default) the event loop is one more task on it: a
@@ -410,6 +419,79 @@ impl Start {
             })
             .context("cannot start the event loop thread")?;
         Ok(net_stats)
+    }
+}
+
+impl Start {
+    /// Run raftlog's shards, each in its own event loop on its own thread (Cyclone §3.2's Raft
+    /// cores). They share the transport: each shard sends its turns' frames through its own
+    /// handle on the same peer links, and one task hands each shard the messages tagged
+    /// with its number.
+    async fn run_shards(self, shards: Vec<ShardCore>) -> anyhow::Result<Arc<NetStats>> {
+        assert_eq!(shards.len(), self.requests.len(), "one request channel per shard");
+        let (transport, inbound, net_stats) = chorus_net::start::<ShardMessage>(self.net).await?;
+        let mut inbound_senders = Vec::new();
+        let mut stopped = Vec::new();
+        for ((shard, requests), index) in shards.into_iter().zip(self.requests).zip(0..) {
+            let (data_tx, data_rx) = tokio::sync::mpsc::channel(SHARD_INBOUND_BATCHES_MAX);
+            // raftlog has no priority traffic: the lane's sender is dropped at once.
+            let (_, priority_rx) = tokio::sync::mpsc::channel(1);
+            inbound_senders.push(data_tx);
+            let inbound = chorus_net::Inbound::from_channels(priority_rx, data_rx);
+            let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel();
+            stopped.push(stopped_rx);
+            let (transport, shutdown, deadline) =
+                (transport.sibling(), self.shutdown.clone(), self.request_deadline);
+            let event_loop = async move {
+                engine::run(shard, deadline, transport, requests, inbound, shutdown, None).await;
+                let _ = stopped_tx.send(());
+            };
+            std::thread::Builder::new()
+                .name(format!("chorus-shard-{index}"))
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("a current-thread runtime for a shard's event loop");
+                    runtime.block_on(event_loop);
+                })
+                .context("cannot start a shard's event loop thread")?;
+        }
+        drop(transport);
+        tokio::spawn(split_inbound(inbound, inbound_senders));
+        let all_stopped = self.stopped;
+        tokio::spawn(async move {
+            for shard in stopped {
+                let _ = shard.await;
+            }
+            let _ = all_stopped.send(());
+        });
+        Ok(net_stats)
+    }
+}
+
+/// Batches of peer messages waiting for one shard's event loop.
+const SHARD_INBOUND_BATCHES_MAX: usize = 4096;
+
+/// Hand every received message to the event loop of its shard, keeping each sender's
+/// messages in order. A message naming a shard this node does not have is dropped (the
+/// handshake's protocol name, which carries the shard count, keeps such peers out).
+async fn split_inbound(
+    mut inbound: chorus_net::Inbound<ShardMessage>,
+    shards: Vec<tokio::sync::mpsc::Sender<(chorus_core::NodeId, Vec<ShardMessage>)>>,
+) {
+    while let Some((from, messages)) = inbound.recv().await {
+        let mut batches: Vec<Vec<ShardMessage>> = vec![Vec::new(); shards.len()];
+        for message in messages {
+            if let Some(batch) = batches.get_mut(message.shard as usize) {
+                batch.push(message);
+            }
+        }
+        for (batch, shard) in batches.into_iter().zip(&shards) {
+            if !batch.is_empty() && shard.send((from, batch)).await.is_err() {
+                return; // that event loop stopped: the node is stopping
+            }
+        }
     }
 }
 
@@ -450,10 +532,68 @@ fn frame_payload_bytes_max(config: &NodeConfig) -> usize {
 /// checkpoint); without a data directory it keeps everything in memory and must never
 /// rejoin under the same id after a restart.
 fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<DurableRaftLog> {
+    if let Some(data_dir) = &config.data_dir {
+        check_shard_layout(&data_dir.join("raftlog"), 1)?;
+    }
+    open_raftlog_shard(config, replicas, 0)
+}
+
+/// Every shard of a raftlog node with `raftlog_shards > 1`: shard 0 in `<data_dir>/raftlog`,
+/// shard `s` in `<data_dir>/raftlog/shard-<s>`.
+fn open_raftlog_shards(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Vec<ShardCore>> {
+    if let Some(data_dir) = &config.data_dir {
+        check_shard_layout(&data_dir.join("raftlog"), config.raftlog.shards)?;
+    }
+    info!(shards = config.raftlog.shards, logs = config.raftlog.logs, "raftlog logs split over shards");
+    (0..config.raftlog.shards)
+        .map(|shard| Ok(ShardCore::new(open_raftlog_shard(config, replicas, shard)?)))
+        .collect()
+}
+
+/// The file that records how many shards a raftlog data directory was written with.
+const SHARDS_FILE: &str = "shards";
+
+/// A key's shard and log depend on the shard count, so a data directory written with one
+/// count cannot be served with another: refuse, naming both. A directory without the file
+/// was written with one shard (before shards existed, or by a first start).
+fn check_shard_layout(dir: &std::path::Path, shards: usize) -> anyhow::Result<()> {
+    files::create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join(SHARDS_FILE);
+    let has_data =
+        std::fs::read_dir(dir)?.any(|entry| entry.is_ok_and(|entry| entry.file_name() != SHARDS_FILE));
+    let recorded = match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse::<usize>().with_context(|| format!("{} is damaged", path.display()))?,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && has_data => 1,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&path, format!("{shards}\n"))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            return Ok(());
+        }
+        Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
+    };
+    anyhow::ensure!(
+        recorded == shards,
+        "{} was written with raftlog_shards = {recorded}, but this node is configured with {shards}: \
+         keys would move between shards; start it with raftlog_shards = {recorded} (or a fresh data_dir)",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Shard `shard` of the raftlog replica (the whole replica when there is one shard).
+fn open_raftlog_shard(
+    config: &NodeConfig,
+    replicas: NodeSet,
+    shard: usize,
+) -> anyhow::Result<DurableRaftLog> {
     let mut raftlog = RaftLogConfig::new(config.node_id, replicas);
-    raftlog.logs = config.raftlog.logs;
+    raftlog.logs = config.raftlog.logs / config.raftlog.shards;
+    raftlog.shards = config.raftlog.shards;
+    raftlog.shard = shard;
     raftlog.batch_commands_max = config.raftlog.batch_commands_max;
     raftlog.snapshot_entries = config.raftlog.snapshot_entries;
+    raftlog.session_expiry_entries = config.raftlog.session_expiry_entries;
+    raftlog.trailing_entries = config.raftlog.trailing_entries;
     raftlog.decoupled = config.raftlog.decoupled;
     // Batches and entries are cut to fit the transport's frames; larger snapshots go in chunks.
     raftlog.message_bytes_max = frame_payload_bytes_max(config);
@@ -461,7 +601,10 @@ fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Durabl
         warn!("no data_dir: raftlog state is in memory only; a restarted node must not rejoin under its id");
         return Ok(DurableRaftLog::in_memory(raftlog));
     };
-    let dir = data_dir.join("raftlog");
+    let mut dir = data_dir.join("raftlog");
+    if shard > 0 {
+        dir = dir.join(format!("shard-{shard}"));
+    }
     let mut options = DiskOptions {
         flush: config.raftlog.flush,
         storage: config.raftlog.storage,
@@ -475,7 +618,7 @@ fn open_raftlog(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result<Durabl
     }
     let replica = DurableRaftLog::open(raftlog, &dir, options)
         .with_context(|| format!("cannot open the raftlog data in {}", dir.display()))?;
-    info!(boot = replica.boot(), dir = %dir.display(), "raftlog state restored");
+    info!(shard, boot = replica.boot(), dir = %dir.display(), "raftlog state restored");
     Ok(replica)
 }
 

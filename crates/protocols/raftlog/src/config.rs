@@ -33,9 +33,16 @@ pub struct RaftLogConfig {
     pub me: NodeId,
     /// The cluster: every node is a voter of every Raft group.
     pub members: NodeSet,
-    /// How many independent Raft groups ("physical logs", Cyclone §4.1) every replica hosts.
-    /// A key's log is `fnv1a64(key) % logs`, identical on every node and in every build.
+    /// How many independent Raft groups ("physical logs", Cyclone §4.1) this core hosts.
+    /// A key's log is `fnv1a64(key) / shards % logs`, identical on every node and in every
+    /// build.
     pub logs: usize,
+    /// How many cores (shards) the node's logs are split over, each on its own event loop
+    /// and thread, and which one this is (Cyclone §3.2: one Raft core per group of logs).
+    /// A key belongs to shard `fnv1a64(key) % shards`; the server routes it there, and this
+    /// core refuses keys of other shards. Every shard hosts `logs` logs. Default: 1 shard.
+    pub shards: usize,
+    pub shard: usize,
     /// How often the Raft groups tick (raft-rs counts elections and heartbeats in ticks).
     pub raft_tick_period: Time,
     /// Election timeout, in ticks, of the replica that campaigns first for a log. Replica
@@ -65,6 +72,15 @@ pub struct RaftLogConfig {
     /// all logs); when durable, each compaction is a checkpoint that truncates both levels
     /// of the on-disk log. 0: never.
     pub snapshot_entries: u64,
+    /// A compaction keeps up to this many of each log's latest applied entries (and at most
+    /// `trailing_bytes_max` of their data), so a follower that lags by less catches up from
+    /// the log rather than by a snapshot of the whole state machine. 0: keep none.
+    pub trailing_entries: u64,
+    pub trailing_bytes_max: u64,
+    /// A session record (at-most-once, Cyclone §3.4) that no proposal used for this many
+    /// entries of its log is dropped; a proposal made this long ago whose session has no
+    /// record is refused (`state::LogState`). 0: sessions never expire.
+    pub session_expiry_entries: u64,
     /// The largest message the transport carries (its frame payload limit). Batches and
     /// entries are cut at half of it (a single command always fits: the server bounds keys
     /// and values accordingly), transactions larger than that are refused, and snapshots
@@ -103,6 +119,8 @@ impl RaftLogConfig {
             me,
             members,
             logs: 8,
+            shards: 1,
+            shard: 0,
             raft_tick_period: Time::from_millis(10),
             election_ticks: 10,
             heartbeat_ticks: 3,
@@ -112,6 +130,9 @@ impl RaftLogConfig {
             decoupled: false,
             durable: false,
             snapshot_entries: 20_000,
+            trailing_entries: 1_000,
+            trailing_bytes_max: 4 << 20,
+            session_expiry_entries: 100_000,
             message_bytes_max: chorus_core::codec::FRAME_PAYLOAD_BYTES_MAX,
             #[cfg(feature = "broken-variants")]
             bug: None,

@@ -22,6 +22,7 @@ pub mod disk;
 pub mod durable;
 pub mod message;
 pub mod replica;
+pub mod shard;
 pub mod speculate;
 pub mod state;
 pub mod storage;
@@ -30,5 +31,5 @@ pub mod txn;
 
 pub use config::{Bug, RaftLogConfig};
 pub use message::{EntryBatch, Message, Proposal, SessionId, Step, StepKind, TxnId};
-pub use replica::{log_of, RaftLog, RaftLogStats};
+pub use replica::{log_in_shard, log_of, shard_of, RaftLog, RaftLogStats};
 pub use state::{LogState, ProposalResult, SessionRecord};

@@ -16,6 +16,10 @@ pub struct Proposal {
     pub commands: Vec<Command>,
     /// A step of a multi-key transaction (then `commands` is empty).
     pub step: Option<Step>,
+    /// The origin replica's applied index of the proposal's log when it made the proposal
+    /// (kept by every retry). Any copy of it that ran did so at a later index, so a copy
+    /// that finds its session expired (`LogState`'s rule) is refused without running.
+    pub sent_at_index: u64,
 }
 
 /// Whose sequence numbers a proposal carries. The kinds are separate name spaces, so no id an
@@ -155,7 +159,7 @@ const TAG_SNAPSHOT_CHUNK: u8 = 3;
 const TAG_SNAPSHOT_ACK: u8 = 4;
 
 /// Room for what a proposal carries besides its commands (ids, counts, tags).
-const PROPOSAL_OVERHEAD_BYTES: usize = 64;
+const PROPOSAL_OVERHEAD_BYTES: usize = 72;
 
 /// An upper bound on `command`'s encoded size, without encoding it: what batches and
 /// entries are cut by, so neither outgrows a peer message.
@@ -217,6 +221,7 @@ impl WireMessage for Proposal {
     fn encode(&self, buf: &mut BytesMut) {
         self.client.encode(buf);
         buf.put_u64_le(self.seq);
+        buf.put_u64_le(self.sent_at_index);
         buf.put_u32_le(u32::try_from(self.commands.len()).expect("batch over u32 commands"));
         for command in &self.commands {
             command.encode(buf);
@@ -233,6 +238,7 @@ impl WireMessage for Proposal {
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
         let client = SessionId::decode(reader)?;
         let seq = reader.u64()?;
+        let sent_at_index = reader.u64()?;
         let count = reader.u32()? as usize;
         // Every command takes at least one byte: a larger count is a lie, and believing it
         // would let a peer make us allocate gigabytes.
@@ -248,7 +254,7 @@ impl WireMessage for Proposal {
             1 => Some(Step::decode(reader)?),
             tag => return Err(DecodeError::UnknownTag { what: "proposal step flag", tag }),
         };
-        Ok(Proposal { client, seq, commands, step })
+        Ok(Proposal { client, seq, commands, step, sent_at_index })
     }
 }
 
@@ -497,8 +503,20 @@ mod tests {
     }
 
     fn arb_proposal() -> impl Strategy<Value = Proposal> {
-        (arb_session(), any::<u64>(), proptest::collection::vec(arb_command(), 0..5), arb_step())
-            .prop_map(|(client, seq, commands, step)| Proposal { client, seq, commands, step })
+        (
+            arb_session(),
+            any::<u64>(),
+            proptest::collection::vec(arb_command(), 0..5),
+            arb_step(),
+            any::<u64>(),
+        )
+            .prop_map(|(client, seq, commands, step, sent_at_index)| Proposal {
+                client,
+                seq,
+                commands,
+                step,
+                sent_at_index,
+            })
     }
 
     fn arb_message() -> impl Strategy<Value = Message> {

@@ -49,6 +49,9 @@ pub struct RaftLogStats {
     pub proposals_executed: u64,
     pub proposals_duplicate: u64,
     pub proposals_stale: u64,
+    /// Proposals refused because their session expired before they reached the log
+    /// (`state::LogState`'s rule): nothing ran, the client hears the outcome is unknown.
+    pub proposals_expired: u64,
     /// Committed entries whose contents did not decode (skipped identically everywhere).
     pub entries_malformed: u64,
     pub batches_forwarded: u64,
@@ -62,6 +65,9 @@ pub struct RaftLogStats {
     pub messages_refused: u64,
     /// Compactions of every log to its applied index (each one a checkpoint when durable).
     pub snapshots_taken: u64,
+    /// Log state machines encoded by those compactions (logs unchanged since their last
+    /// snapshot are not encoded again).
+    pub snapshot_logs_encoded: u64,
     /// Snapshots received from a leader and installed (this replica had fallen behind).
     pub snapshots_installed: u64,
     /// Snapshot chunks sent, and snapshots streamed in chunks to the end or given up
@@ -87,15 +93,31 @@ pub struct RaftLogStats {
     pub speculation_rolled_back: u64,
 }
 
-/// Which log a key belongs to: FNV-1a (64-bit) of the key, modulo the number of logs. A fixed
-/// function, so every node and every build agree.
-pub fn log_of(key: &[u8], logs: usize) -> usize {
+/// FNV-1a (64-bit) of the key: the one hash that places keys on shards and logs.
+fn fnv1a64(key: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key {
         hash ^= *byte as u64;
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    (hash % logs as u64) as usize
+    hash
+}
+
+/// Which log a key belongs to on a node with one shard: FNV-1a (64-bit) of the key, modulo
+/// the number of logs. A fixed function, so every node and every build agree.
+pub fn log_of(key: &[u8], logs: usize) -> usize {
+    log_in_shard(key, logs, 1)
+}
+
+/// Which shard (event loop) of a node a key belongs to: the hash modulo the shard count.
+pub fn shard_of(key: &[u8], shards: usize) -> usize {
+    (fnv1a64(key) % shards as u64) as usize
+}
+
+/// Which of its shard's `logs` logs a key belongs to: the hash with the shard digit removed,
+/// so the keys of one shard spread over all of its logs. With one shard this is [`log_of`].
+pub fn log_in_shard(key: &[u8], logs: usize, shards: usize) -> usize {
+    (fnv1a64(key) / shards as u64 % logs as u64) as usize
 }
 
 /// Raft ids must be non-zero.
@@ -220,6 +242,9 @@ pub struct RaftLog {
 
 const READ_CONTEXT_BYTES: usize = 13;
 
+/// A key that another shard of this node serves reached this one (a routing bug).
+const OTHER_SHARD: CommandError = CommandError::Unavailable("the key belongs to another shard of this node");
+
 impl RaftLog {
     pub fn new(config: RaftLogConfig) -> RaftLog {
         assert!(config.logs >= 1, "at least one log");
@@ -230,6 +255,7 @@ impl RaftLog {
     fn with_groups(config: RaftLogConfig, groups: Vec<Group>) -> RaftLog {
         // (`ignore_locks` is the NoTxnLocks bug, set on every state machine below.)
         assert!(config.logs >= 1, "at least one log");
+        assert!(config.shard < config.shards, "the shard is one of the node's shards");
         assert!(u32::try_from(config.logs).is_ok(), "log numbers travel as u32");
         assert!(config.members.contains(config.me), "a node is a member of its own cluster");
         assert!(config.batch_commands_max >= 1, "a batch holds at least one command");
@@ -246,6 +272,7 @@ impl RaftLog {
         let mut groups = groups;
         for group in &mut groups {
             group.state.ignore_locks = ignore_locks;
+            group.state.session_expiry_entries = config.session_expiry_entries;
         }
         RaftLog {
             view: View { epoch: Epoch(1), live: config.members },
@@ -372,7 +399,13 @@ impl RaftLog {
     }
 
     pub fn log_of(&self, key: &[u8]) -> usize {
-        log_of(key, self.groups.len())
+        log_in_shard(key, self.groups.len(), self.config.shards)
+    }
+
+    /// Whether `key` belongs to this core's shard. The server routes every key to its shard;
+    /// a key of another shard here would be a routing bug, refused rather than misplaced.
+    pub fn owns(&self, key: &[u8]) -> bool {
+        shard_of(key, self.config.shards) == self.config.shard
     }
 
     /// The leader this replica knows for `log`, if any.
@@ -432,6 +465,11 @@ impl RaftLog {
     }
 
     /// What `client` last executed in `log`, as this replica has applied it.
+    /// Session records held over all logs (bounded by session expiry).
+    pub fn session_records(&self) -> usize {
+        self.groups.iter().map(|group| group.state.session_count()).sum()
+    }
+
     pub fn session(&self, log: usize, client: SessionId) -> Option<&SessionRecord> {
         self.groups[log].state.session(client)
     }
@@ -466,6 +504,10 @@ impl RaftLog {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
+        if !self.owns(command.key()) {
+            out.reply(request, Outcome::Error(OTHER_SHARD));
+            return;
+        }
         let log = self.log_of(command.key());
         let group = &mut self.groups[log];
         if let Some(waiter) = group.waiters.get_mut(&(SessionId::External(client), seq)) {
@@ -474,7 +516,8 @@ impl RaftLog {
             waiter.requests.push((0, request));
         } else {
             let client = SessionId::External(client);
-            let proposal = Proposal { client, seq, commands: vec![command], step: None };
+            let sent_at_index = group.applied_index;
+            let proposal = Proposal { client, seq, commands: vec![command], step: None, sent_at_index };
             let waiter = Waiter::new(proposal, vec![(0, request)], false, None);
             register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
         }
@@ -492,6 +535,12 @@ impl RaftLog {
         out: &mut Outbox<Message>,
     ) {
         if requests.is_empty() {
+            return;
+        }
+        if !requests.iter().all(|(_, command)| self.owns(command.key())) {
+            for (request, _) in requests {
+                out.reply(request, Outcome::Error(OTHER_SHARD));
+            }
             return;
         }
         let bytes: usize = requests.iter().map(|(_, command)| crate::message::command_bytes(command)).sum();
@@ -515,8 +564,8 @@ impl RaftLog {
         let coordinator = self.log_of(commands[0].key());
         self.txn_clients.insert(txn, (clients, commands.clone()));
         let client = crate::txn::step_client(txn, StepKind::Begin, coordinator, 0);
-        let proposal =
-            Proposal { client, seq: 1, commands: Vec::new(), step: Some(Step::Begin { txn, commands }) };
+        let step = Some(Step::Begin { txn, commands });
+        let proposal = Proposal { client, seq: 1, commands: Vec::new(), step, sent_at_index: 0 };
         let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
         let group = &mut self.groups[coordinator];
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
@@ -571,8 +620,8 @@ impl RaftLog {
         }
         let mut progressed = !self.txns_begun.is_empty() || !self.step_results.is_empty();
         for (txn, commands) in std::mem::take(&mut self.txns_begun) {
-            let logs = self.groups.len();
-            let driver = self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, logs));
+            let (logs, shards) = (self.groups.len(), self.config.shards);
+            let driver = self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, logs, shards));
             if let Some((clients, _)) = self.txn_clients.remove(&txn) {
                 driver.replies = clients;
             }
@@ -583,11 +632,11 @@ impl RaftLog {
                 // Begin (perhaps the whole transaction) did not. The origin still owes its
                 // client the outcomes: drive it here too (its steps come back as duplicates).
                 if let Some((clients, commands)) = self.txn_clients.remove(&result.txn) {
-                    let logs = self.groups.len();
+                    let (logs, shards) = (self.groups.len(), self.config.shards);
                     let driver = self
                         .drivers
                         .entry(result.txn)
-                        .or_insert_with(|| Driver::new(result.txn, commands, logs));
+                        .or_insert_with(|| Driver::new(result.txn, commands, logs, shards));
                     driver.replies = clients;
                     progressed = true;
                 }
@@ -683,7 +732,8 @@ impl RaftLog {
         group.own_seq += 1;
         group.own_in_flight = true;
         let client = SessionId::Replica(self.config.session_client_id);
-        let proposal = Proposal { client, seq: group.own_seq, commands, step: None };
+        let sent_at_index = group.applied_index;
+        let proposal = Proposal { client, seq: group.own_seq, commands, step: None, sent_at_index };
         let waiter = Waiter::new(proposal, requests, true, None);
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
     }
@@ -928,9 +978,11 @@ impl RaftLog {
         let index = snapshot.get_metadata().index;
         let group = &mut self.groups[log];
         group.raft.mut_store().apply_snapshot(snapshot);
-        let ignore_locks = group.state.ignore_locks;
+        let (ignore_locks, expiry) = (group.state.ignore_locks, group.state.session_expiry_entries);
         group.state = state;
         group.state.ignore_locks = ignore_locks;
+        group.state.session_expiry_entries = expiry;
+        group.state.begin_entry(index);
         group.applied_index = index;
         self.stats.snapshots_installed += 1;
         self.checkpoint_due = true;
@@ -971,13 +1023,20 @@ impl RaftLog {
         self.stats.snapshots_taken += 1;
         let mut checkpoint = Checkpoint::default();
         for group in &mut self.groups {
-            let state = group.state.encode();
             let storage = group.raft.mut_store();
             // Only entries this replica holds can be compacted (a just-installed snapshot's
-            // index is held as the snapshot itself).
+            // index is held as the snapshot itself). A log that applied nothing since its
+            // last snapshot keeps it: encoding the state again would give the same bytes.
             let index = group.applied_index.min(storage.last_index());
             if index > storage.snapshot_index() {
-                storage.compact(index, state.clone());
+                let state = group.state.encode();
+                self.stats.snapshot_logs_encoded += 1;
+                let trailing = storage.trailing_fitting(
+                    index,
+                    self.config.trailing_entries,
+                    self.config.trailing_bytes_max,
+                );
+                storage.compact_keeping(index, state, trailing);
             }
             if self.config.durable {
                 let hard_state = storage.hard_state();
@@ -1060,6 +1119,7 @@ impl RaftLog {
         for entry in entries {
             debug_assert!(entry.index > group.applied_index, "entries apply in order, once");
             group.applied_index = entry.index;
+            group.state.begin_entry(entry.index);
             self.applied_since_snapshot += 1;
             // Leader no-ops are empty; no conf changes are ever proposed.
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
@@ -1072,10 +1132,16 @@ impl RaftLog {
             };
             for proposal in &batch.proposals {
                 let result = group.state.apply(proposal, self.dedupe);
+                // Applied: the session table (or its expiry rule) answers retries from now
+                // on, so the leader's memory of proposing it can go (it stays bounded).
+                if group.proposed.get(&proposal.client).is_some_and(|&seq| seq <= proposal.seq) {
+                    group.proposed.remove(&proposal.client);
+                }
                 match result {
                     ProposalResult::Executed => self.stats.proposals_executed += 1,
                     ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
                     ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
+                    ProposalResult::Expired => self.stats.proposals_expired += 1,
                 }
                 if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) =
                     (result, &proposal.step)
@@ -1266,6 +1332,13 @@ fn complete_waiter(
                 out.reply(*request, Outcome::Error(CommandError::StaleSequence));
             }
         }
+        ProposalResult::Expired => {
+            // It did not run now, and whether an earlier copy ran is unknown (not
+            // `Unavailable`, which promises it never ran).
+            for (_, request) in &waiter.requests {
+                out.reply(*request, Outcome::Error(CommandError::OutcomeUnknown));
+            }
+        }
     }
     stats.commands_blocked += blocked as u64;
     if waiter.own {
@@ -1353,6 +1426,10 @@ impl Replica for RaftLog {
         command: Command,
         out: &mut Outbox<Message>,
     ) {
+        if !self.owns(command.key()) {
+            out.reply(request, Outcome::Error(OTHER_SHARD));
+            return;
+        }
         let log = self.log_of(command.key());
         let group = &mut self.groups[log];
         match command {
@@ -1490,8 +1567,12 @@ fn speculate_entry(group: &mut Group, batch: &EntryBatch, stats: &mut RaftLogSta
         }
         group.speculation = Some(Speculation::new(term));
     }
-    if !batch.proposals.iter().all(Speculation::predictable) {
-        // A transaction step: stop predicting until the pipeline drains.
+    // The entry applies at (or before) the log's last index: its sessions must not expire
+    // before that, or the commit could refuse what the overlay ran.
+    let index = group.raft.raft.raft_log.last_index();
+    if !batch.proposals.iter().all(|proposal| Speculation::predictable(&group.state, proposal, index)) {
+        // A transaction step, or a session near its expiry: stop predicting until the
+        // pipeline drains.
         stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
         group.speculation = None;
         return;

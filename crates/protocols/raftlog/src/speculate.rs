@@ -43,9 +43,10 @@ impl Speculation {
         self.results.len()
     }
 
-    /// Whether `proposal` can be speculated (transaction steps cannot).
-    pub(crate) fn predictable(proposal: &Proposal) -> bool {
-        proposal.step.is_none()
+    /// Whether `proposal`, to be applied at `index` at the latest, can be speculated:
+    /// transaction steps cannot, nor a proposal whose session may expire before `index`.
+    pub(crate) fn predictable(state: &LogState, proposal: &Proposal, index: u64) -> bool {
+        proposal.step.is_none() && state.clear_of_expiry(proposal, index)
     }
 
     /// Execute `proposal` on the overlay, exactly as `LogState::apply` will at commit.
@@ -112,6 +113,7 @@ mod tests {
             seq,
             commands: vec![Command::Rmw { key: key.clone(), op: RmwOp::IncrementBy(2) }],
             step: None,
+            sent_at_index: 0,
         };
         let mut state = LogState::default();
         let mut spec = Speculation::new(3);

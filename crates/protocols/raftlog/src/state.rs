@@ -4,6 +4,18 @@
 //! copy holds the same keys and the same session table (Cyclone §3.4: "each execution core
 //! independently enforces that accepted RPC calls from the same client bear increasing
 //! sequence numbers", remembering the last sequence number and its result per client).
+//!
+//! **Session expiry** bounds that table, by a rule every copy applies identically because it
+//! counts log entries, not time: a session record (replica or external session; transaction
+//! steps are kept, see `crate::txn`) that no proposal used for `session_expiry_entries`
+//! entries of its log is dropped, at the first sweep after that (sweeps run at every index
+//! divisible by an eighth of the expiry). At-most-once still holds: a proposal whose session
+//! has no record runs only if its origin made it fewer than `session_expiry_entries` entries
+//! ago (`Proposal::sent_at_index`); an older one is refused (`ProposalResult::Expired`),
+//! since a copy of it may have run and had its record dropped since. A replica's retries
+//! keep their first `sent_at_index`, so they never run twice; an external client's retry
+//! is a new proposal wherever it lands, so it is deduplicated only if it arrives within the
+//! expiry of the session's last request.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
@@ -18,6 +30,9 @@ use crate::message::{Proposal, SessionId, Step, TxnId};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionRecord {
     pub last_seq: u64,
+    /// The log index of the session's latest proposal (executed or a retry): what expiry
+    /// counts from.
+    pub last_index: u64,
     /// The outcomes of `last_seq`'s commands, returned again to a retry.
     pub outcomes: Vec<Outcome>,
 }
@@ -32,6 +47,9 @@ pub enum ProposalResult {
     /// Older than the last executed sequence number of its client: nothing ran and the
     /// outcome is gone (Cyclone keeps only the last one per client).
     Stale { last_seq: u64 },
+    /// Its session has no record and it was made `session_expiry_entries` or more entries
+    /// ago: an earlier copy may have run and expired, so nothing ran; the outcome is unknown.
+    Expired,
 }
 
 #[derive(Default, Debug)]
@@ -46,6 +64,10 @@ pub struct LogState {
     txns: BTreeMap<TxnId, Vec<Command>>,
     /// Lock steps grant without recording or checking locks (the `NoTxnLocks` bug).
     pub(crate) ignore_locks: bool,
+    /// Settings, not state (a snapshot does not carry them): the expiry in entries (0:
+    /// never), and the index of the entry being applied.
+    pub(crate) session_expiry_entries: u64,
+    index: u64,
 }
 
 impl LogState {
@@ -71,23 +93,73 @@ impl LogState {
         self.sessions.get(&client).map_or(0, |record| record.last_seq)
     }
 
+    /// How many session records this copy holds.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Entry `index` is about to be applied: stamp its sessions with it, and drop the
+    /// records that expired (at a sweep index, so every copy drops the same ones).
+    pub fn begin_entry(&mut self, index: u64) {
+        debug_assert!(index >= self.index, "entries apply in order");
+        self.index = index;
+        let expiry = self.session_expiry_entries;
+        if expiry == 0 || !index.is_multiple_of((expiry / 8).max(1)) {
+            return;
+        }
+        self.sessions.retain(|client, record| {
+            matches!(client, SessionId::Step { .. }) || record.last_index + expiry > index
+        });
+    }
+
     /// Apply a committed proposal, at most once per `(client, seq)`. `dedupe: false` is the
     /// broken variant that executes every copy.
     pub fn apply(&mut self, proposal: &Proposal, dedupe: bool) -> ProposalResult {
-        let last_seq = self.last_seq(proposal.client);
-        if dedupe && proposal.seq == last_seq {
-            return ProposalResult::Duplicate;
-        }
-        if dedupe && proposal.seq < last_seq {
-            return ProposalResult::Stale { last_seq };
+        let index = self.index;
+        let record = self.sessions.get_mut(&proposal.client);
+        let last_seq = record.as_ref().map_or(0, |record| record.last_seq);
+        if dedupe {
+            if let Some(record) = record {
+                if proposal.seq <= record.last_seq {
+                    record.last_index = index;
+                    return match proposal.seq == last_seq {
+                        true => ProposalResult::Duplicate,
+                        false => ProposalResult::Stale { last_seq },
+                    };
+                }
+            } else if self.expired(proposal) {
+                return ProposalResult::Expired;
+            }
         }
         let outcomes = match &proposal.step {
             Some(step) => self.execute_step(step),
             None => proposal.commands.iter().map(|command| self.execute_unless_locked(command)).collect(),
         };
         let seq = if dedupe { proposal.seq } else { proposal.seq.max(last_seq) };
-        self.sessions.insert(proposal.client, SessionRecord { last_seq: seq, outcomes });
+        self.sessions.insert(proposal.client, SessionRecord { last_seq: seq, last_index: index, outcomes });
         ProposalResult::Executed
+    }
+
+    /// Whether `proposal`'s session is clear of the expiry rule up to index `index`, so its
+    /// fate at commit does not depend on where it lands up to there (what decoupled
+    /// execution needs before it executes a proposal ahead of its commit).
+    pub fn clear_of_expiry(&self, proposal: &Proposal, index: u64) -> bool {
+        let expiry = self.session_expiry_entries;
+        if expiry == 0 || matches!(proposal.client, SessionId::Step { .. }) {
+            return true;
+        }
+        let from =
+            self.sessions.get(&proposal.client).map_or(proposal.sent_at_index, |record| record.last_index);
+        from.saturating_add(expiry) > index
+    }
+
+    /// A proposal without a session record is refused if a copy of it could have run and
+    /// expired since (see the module comment). Transaction steps never expire.
+    fn expired(&self, proposal: &Proposal) -> bool {
+        let expiry = self.session_expiry_entries;
+        expiry > 0
+            && !matches!(proposal.client, SessionId::Step { .. })
+            && proposal.sent_at_index.saturating_add(expiry) <= self.index
     }
 
     pub fn is_locked(&self, key: &[u8]) -> bool {
@@ -191,6 +263,7 @@ impl LogState {
         for (client, record) in sessions {
             client.encode(&mut buf);
             buf.put_u64_le(record.last_seq);
+            buf.put_u64_le(record.last_index);
             buf.put_u32_le(u32::try_from(record.outcomes.len()).expect("outcomes fit u32"));
             for outcome in &record.outcomes {
                 outcome.encode(&mut buf);
@@ -236,6 +309,7 @@ impl LogState {
         for _ in 0..sessions {
             let client = SessionId::decode(&mut reader)?;
             let last_seq = reader.u64()?;
+            let last_index = reader.u64()?;
             let count = reader.u32()? as usize;
             if count > reader.remaining() {
                 return Err(DecodeError::Invalid("outcome count exceeds snapshot"));
@@ -244,7 +318,7 @@ impl LogState {
             for _ in 0..count {
                 outcomes.push(Outcome::decode(&mut reader)?);
             }
-            state.sessions.insert(client, SessionRecord { last_seq, outcomes });
+            state.sessions.insert(client, SessionRecord { last_seq, last_index, outcomes });
         }
         let locks = reader.u64()?;
         if locks > reader.remaining() as u64 {
@@ -296,6 +370,7 @@ mod tests {
             seq,
             commands: vec![Command::Rmw { key: Bytes::from_static(b"k"), op: RmwOp::IncrementBy(1) }],
             step: None,
+            sent_at_index: 0,
         }
     }
 
@@ -353,6 +428,7 @@ mod tests {
             seq: 1,
             commands: vec![],
             step: Some(step),
+            sent_at_index: 0,
         };
         state.apply(&step(10, Step::Lock { txn: t1, keys: vec![key.clone()] }), true);
         assert_eq!(
@@ -376,6 +452,42 @@ mod tests {
         state.apply(&step(12, Step::Update { txn: t1, writes, unlock: vec![key.clone()] }), true);
         state.apply(&incr(7, 2), true);
         assert_eq!(state.session(SessionId::External(7)).unwrap().outcomes, vec![Outcome::Integer(6)]);
+    }
+
+    #[test]
+    fn idle_sessions_expire_at_sweeps_and_old_proposals_without_a_record_are_refused() {
+        let mut state = LogState { session_expiry_entries: 16, ..LogState::default() };
+        let step_session = SessionId::Step {
+            txn: TxnId { origin: 1, number: 1 },
+            kind: crate::StepKind::Lock,
+            log: 0,
+            attempt: 0,
+        };
+        state.begin_entry(1);
+        state.apply(&incr(7, 1), true);
+        state.apply(&Proposal { client: step_session, ..incr(0, 1) }, true);
+        state.begin_entry(2);
+        state.apply(&incr(8, 1), true);
+        // Session 8 stays alive by retrying; 7 goes idle.
+        state.begin_entry(10);
+        assert_eq!(state.apply(&incr(8, 1), true), ProposalResult::Duplicate);
+        state.begin_entry(16);
+        assert_eq!(state.session_count(), 3, "not expired before 16 entries");
+        state.begin_entry(18);
+        assert!(state.session(SessionId::External(7)).is_none(), "7 expired at the sweep at 18");
+        assert!(state.session(SessionId::External(8)).is_some(), "8 was used at 10");
+        assert!(state.session(step_session).is_some(), "steps never expire");
+        // A copy of 7's request made at index 0 may have run at 1: refused, nothing runs.
+        assert_eq!(state.apply(&incr(7, 1), true), ProposalResult::Expired);
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"3")));
+        // One made recently is a new session's request and runs.
+        assert_eq!(
+            state.apply(&Proposal { sent_at_index: 17, ..incr(7, 2) }, true),
+            ProposalResult::Executed
+        );
+        // The record's index survives a snapshot.
+        let restored = LogState::decode(state.encode()).unwrap();
+        assert_eq!(restored.session(SessionId::External(7)).unwrap().last_index, 18);
     }
 
     #[test]

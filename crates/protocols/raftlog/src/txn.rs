@@ -29,7 +29,7 @@ use chorus_core::{ClientRequestId, Command, Key, Outcome, Time, Value};
 use rustc_hash::FxHashMap;
 
 use crate::message::{Proposal, SessionId, Step, StepKind, TxnId};
-use crate::replica::log_of;
+use crate::replica::log_in_shard;
 use crate::state::LogState;
 
 /// The at-most-once client of one step: the step's whole identity, so two steps never share
@@ -80,12 +80,13 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(txn: TxnId, commands: Vec<Command>, logs: usize) -> Driver {
+    pub(crate) fn new(txn: TxnId, commands: Vec<Command>, logs: usize, shards: usize) -> Driver {
         assert!(!commands.is_empty(), "a transaction has commands");
-        let coordinator = log_of(commands[0].key(), logs);
+        let log_of = |key: &[u8]| log_in_shard(key, logs, shards);
+        let coordinator = log_of(commands[0].key());
         let mut keys_by_log: BTreeMap<usize, Vec<Key>> = BTreeMap::new();
         for command in &commands {
-            keys_by_log.entry(log_of(command.key(), logs)).or_default().push(command.key().clone());
+            keys_by_log.entry(log_of(command.key())).or_default().push(command.key().clone());
         }
         for keys in keys_by_log.values_mut() {
             keys.sort_unstable();
@@ -118,7 +119,8 @@ impl Driver {
         StepRequest {
             log,
             attempt,
-            proposal: Proposal { client, seq: 1, commands: Vec::new(), step: Some(step) },
+            // Steps never expire (`LogState`), so their index does not matter.
+            proposal: Proposal { client, seq: 1, commands: Vec::new(), step: Some(step), sent_at_index: 0 },
         }
     }
 
@@ -271,7 +273,7 @@ mod tests {
             Command::Read { key: b("a") },
         ];
         let txn = TxnId { origin: 1, number: 1 };
-        let mut driver = Driver::new(txn, commands, logs);
+        let mut driver = Driver::new(txn, commands, logs, 1);
         driver.replies = vec![ClientRequestId(1), ClientRequestId(2), ClientRequestId(3)];
         let timeout = Time::from_millis(60);
         let mut now = Time::ZERO;

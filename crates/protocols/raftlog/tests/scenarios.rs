@@ -33,6 +33,9 @@ impl Envelope {
     }
 }
 
+/// Which messages the network loses, whatever the link.
+type Loss = Box<dyn Fn(&Envelope) -> bool>;
+
 /// N raftlog replicas (ids 0..N) over a network the test controls message by message.
 struct Cluster {
     nodes: Vec<RaftLog>,
@@ -45,6 +48,8 @@ struct Cluster {
     net: Vec<Envelope>,
     /// Directed links that lose everything.
     cut: Vec<(u8, u8)>,
+    /// Messages lost whatever the link.
+    lost: Option<Loss>,
     replies: Vec<(ClientRequestId, Outcome)>,
     now: Time,
     next_request: u64,
@@ -75,6 +80,7 @@ impl Cluster {
             crashed: vec![false; n as usize],
             net: Vec::new(),
             cut: Vec::new(),
+            lost: None,
             replies: Vec::new(),
             now: Time::ZERO,
             next_request: 0,
@@ -131,6 +137,9 @@ impl Cluster {
     fn receive(&mut self, e: Envelope) {
         if self.crashed[e.to as usize] || self.crashed[e.from as usize] || self.cut.contains(&(e.from, e.to))
         {
+            return;
+        }
+        if self.lost.as_ref().is_some_and(|lost| lost(&e)) {
             return;
         }
         let mut out = Outbox::default();
@@ -515,6 +524,45 @@ fn an_external_retry_across_a_leader_change_executes_once() {
     assert_eq!(cluster.nodes[2].applied_value(b"k"), Some(&b("1")));
 }
 
+/// Issue 18 point 5: session records expire after `session_expiry_entries` entries of their
+/// log, so the table stays bounded however many clients come and go, and a replica's retry
+/// that reaches the log after its session expired is refused, not run a second time.
+#[test]
+fn sessions_expire_and_a_retry_that_arrives_after_the_expiry_is_refused_not_run_twice() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.session_expiry_entries = 8;
+    });
+    cluster.run_for(50);
+    // n1's increment commits at the leader, but n1 receives no entries (heartbeats only),
+    // so it keeps retrying; the leader skips the retries while the session is known.
+    cluster.lost = Some(Box::new(|e| e.to == 1 && e.raft_type() == Some(MessageType::MsgAppend)));
+    let first = cluster.client(1, incr("k"));
+    for client in 0..30u64 {
+        cluster.session((client % 2 * 2) as u8, 1_000 + client, 1, write(&format!("s{client}"), "v"));
+        cluster.run_for(10);
+    }
+    for node in [0, 2] {
+        let records = cluster.nodes[node].session_records();
+        assert!(records <= 12, "n{node} holds {records} session records for 31 sessions");
+    }
+    // Once the session expired, a retry reaches the log: refused. Then n1 receives entries,
+    // applies the original one and answers from that one execution.
+    assert!(cluster.nodes[0].stats().proposals_expired >= 1, "{:?}", cluster.nodes[0].stats());
+    assert!(cluster.reply_of(first).is_none());
+    cluster.lost = None;
+    cluster.run_for(500);
+    assert_eq!(cluster.reply_of(first), Some(Outcome::Integer(1)));
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("1")), "n{node}: ran once");
+    }
+    // A session within the expiry still gets its saved result.
+    let again = cluster.session(0, 1_029, 1, write("s29", "other"));
+    cluster.run_for(100);
+    assert_eq!(cluster.reply_of(again), Some(Outcome::Written));
+    assert_eq!(cluster.nodes[0].applied_value(b"s29"), Some(&b("v")), "the retry did not run");
+}
+
 // ================================================================ bad input
 
 #[test]
@@ -542,6 +590,7 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
                     seq: 1,
                     commands: vec![],
                     step: None,
+                    sent_at_index: 0,
                 },
                 relayed: false,
             },
@@ -555,6 +604,7 @@ fn messages_that_lie_about_their_sender_or_log_are_refused() {
                     seq: 1,
                     commands: vec![],
                     step: None,
+                    sent_at_index: 0,
                 },
                 relayed: false,
             },
@@ -688,9 +738,16 @@ fn a_retry_across_a_leader_crash_and_its_restart_executes_once() {
     }
 }
 
-#[test]
-fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
-    let mut cluster = durable_single_log();
+/// Writes 30 keys while node 2 is down, then restarts it: how it catches up depends on how
+/// many trailing entries the others kept when they compacted (every 5 entries).
+fn restart_behind_compaction(trailing_entries: u64) -> Cluster {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.durable = true;
+        config.snapshot_entries = 5;
+        config.trailing_entries = trailing_entries;
+    });
+    cluster.run_for(50);
     cluster.crash(2);
     for i in 0..30 {
         let id = cluster.client((i % 2) as u8, write(&format!("k{i}"), &format!("v{i}")));
@@ -699,11 +756,52 @@ fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
     }
     cluster.restart(2);
     cluster.run_for(500);
+    assert_eq!(cluster.nodes[2].key_count(), 30);
+    cluster
+}
+
+/// Issue 18 point 5: compaction keeps trailing entries, so a follower that lagged by fewer
+/// catches up from the log; nobody sends it the whole state machine.
+#[test]
+fn a_briefly_lagging_follower_catches_up_from_trailing_entries_without_a_snapshot() {
+    let cluster = restart_behind_compaction(100);
+    assert!(cluster.nodes[0].stats().snapshots_taken >= 5, "the others compacted");
+    assert_eq!(cluster.nodes[2].stats().snapshots_installed, 0, "{:?}", cluster.nodes[2].stats());
+    for node in 0..2 {
+        assert_eq!(cluster.nodes[node].stats().snapshot_chunks_sent, 0);
+    }
+}
+
+/// Issue 18 point 5 (checkpoint cost): a compaction encodes only the logs that applied
+/// something since their last snapshot; the others keep theirs.
+#[test]
+fn a_compaction_encodes_only_the_logs_that_changed() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 8;
+        config.snapshot_entries = 5;
+    });
+    cluster.run_for(50);
+    for i in 0..30 {
+        let id = cluster.client(0, write("one-key", &format!("v{i}")));
+        cluster.run_for(20);
+        assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+    }
+    for node in 0..3 {
+        let stats = cluster.nodes[node].stats();
+        assert!(stats.snapshots_taken >= 3, "{stats:?}");
+        // The first compaction encodes all 8 logs (each applied its leader's no-op), later
+        // ones only the busy log: not 8 per compaction.
+        assert!(stats.snapshot_logs_encoded <= stats.snapshots_taken + 8, "{stats:?}");
+    }
+}
+
+#[test]
+fn a_restarted_node_behind_the_compaction_installs_the_leaders_snapshot() {
+    let mut cluster = restart_behind_compaction(0);
     assert!(cluster.nodes[2].stats().snapshots_installed >= 1, "{:?}", cluster.nodes[2].stats());
     let read_id = cluster.client(2, read("k29"));
     cluster.run_for(100);
     assert_eq!(cluster.reply_of(read_id), Some(value("v29")));
-    assert_eq!(cluster.nodes[2].key_count(), 30);
     // And its own writes work under its new session.
     let id = cluster.client(2, write("after", "x"));
     cluster.run_for(100);
@@ -741,6 +839,7 @@ fn a_lagging_follower_catches_up_from_a_snapshot_larger_than_a_message() {
         config.logs = 1;
         config.durable = true;
         config.snapshot_entries = 20;
+        config.trailing_entries = 0; // the snapshot path, not trailing entries
         config.message_bytes_max = frame_bytes_max;
     });
     cluster.frame_bytes_max = Some(frame_bytes_max);

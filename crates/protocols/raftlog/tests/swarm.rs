@@ -30,6 +30,13 @@ fn config_for(me: NodeId, replicas: NodeSet, seed: u64) -> RaftLogConfig {
     // partition comes back behind the compaction and must install the leader's snapshot
     // (state machine and session table) instead of entries.
     config.snapshot_entries = [10, 40, 20_000][(seed / 3 % 3) as usize];
+    // ... and how many trailing entries a compaction keeps: none (every lagging follower
+    // needs a snapshot), a few (most do), or many (a briefly lagging one catches up from
+    // the log).
+    config.trailing_entries = [0, 4, 1_000][(seed / 9 % 3) as usize];
+    // ... and, on half the seeds, sessions that expire after 20 entries of their log, so
+    // retries that arrive after the expiry are refused (never run twice).
+    config.session_expiry_entries = [100_000, 20][(seed / 27 % 2) as usize];
     config
 }
 
