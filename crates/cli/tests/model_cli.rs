@@ -10,8 +10,22 @@ fn chorus(args: &[&str]) -> std::process::Output {
 #[test]
 fn model_prints_one_prediction_per_client_count() {
     let output = chorus(&[
-        "model", "--protocol", "hermes", "--nodes", "3", "--cores", "4", "--network", "25gbe", "--clients", "1,8",
-        "--duration-ms", "20", "--warmup-ms", "20", "--json",
+        "model",
+        "--protocol",
+        "hermes",
+        "--nodes",
+        "3",
+        "--cores",
+        "4",
+        "--network",
+        "25gbe",
+        "--clients",
+        "1,8",
+        "--duration-ms",
+        "20",
+        "--warmup-ms",
+        "20",
+        "--json",
     ]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let reports: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");

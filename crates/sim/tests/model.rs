@@ -3,14 +3,23 @@
 
 use bytes::Bytes;
 use chorus_core::{Command, Time};
-use chorus_sim::model::{predict, resp_request_bytes, CostTable, Load, ModelConfig, ModelReport, Network, Workload};
+use chorus_sim::model::{
+    predict, resp_request_bytes, CostTable, Load, ModelConfig, ModelReport, Network, Workload,
+};
 
 /// A network that costs only its latency.
 fn latency_only(latency_ns: u64) -> Network {
     Network { name: "test".into(), latency_ns, bandwidth_bits_per_s: u64::MAX, packet_ns: 0 }
 }
 
-fn config(protocol: &str, nodes: usize, cores: u32, network: Network, clients: u32, writes: u32) -> ModelConfig {
+fn config(
+    protocol: &str,
+    nodes: usize,
+    cores: u32,
+    network: Network,
+    clients: u32,
+    writes: u32,
+) -> ModelConfig {
     let mut config = ModelConfig::new(protocol, nodes, cores, network, clients);
     config.costs = CostTable::zero();
     config.workload = Workload::named(&format!("kv-w{writes}")).expect("a workload");
@@ -82,11 +91,17 @@ fn the_protocol_thread_is_serial_whatever_the_cores() {
 /// `wire_ns(request bytes)`, and nothing else costs anything.
 #[test]
 fn a_saturated_link_caps_throughput_at_bandwidth_over_message_size() {
-    let network = Network { name: "1gbe".into(), latency_ns: 5_000, bandwidth_bits_per_s: 1_000_000_000, packet_ns: 1_000 };
+    let network = Network {
+        name: "1gbe".into(),
+        latency_ns: 5_000,
+        bandwidth_bits_per_s: 1_000_000_000,
+        packet_ns: 1_000,
+    };
     let mut config = config("hermes", 1, 1, network.clone(), 16, 100);
     config.workload.value_bytes = 100_000;
     let report = run(&config);
-    let request = Command::Write { key: Bytes::from("key:000000000000"), value: Some(Bytes::from(vec![0; 100_000])) };
+    let request =
+        Command::Write { key: Bytes::from("key:000000000000"), value: Some(Bytes::from(vec![0; 100_000])) };
     let expected = 1e9 / network.wire_ns(resp_request_bytes(&request)) as f64;
     assert_close(report.throughput_ops_per_s, expected, 0.02, "link-bound writes/s");
     assert!(report.nic_utilisation_max > 0.9, "{report:?}");

@@ -93,7 +93,12 @@ impl Network {
             "100gbe" => (100, 2_000, 30),
             _ => return None,
         };
-        Some(Network { name: name.into(), latency_ns, bandwidth_bits_per_s: gbits * 1_000_000_000, packet_ns })
+        Some(Network {
+            name: name.into(),
+            latency_ns,
+            bandwidth_bits_per_s: gbits * 1_000_000_000,
+            packet_ns,
+        })
     }
 
     pub const PRESETS: &'static [&'static str] = &["10gbe", "25gbe", "100gbe"];

@@ -56,12 +56,28 @@ enum Event<M> {
     /// A client's next request leaves its machine.
     Issue(u32),
     /// Work reaches a node (its ingress NIC done with it).
-    Arrive { node: NodeId, work: Work<M>, bytes: u64 },
-    ReceiveDone { node: NodeId, work: Work<M> },
-    HandleDone { node: NodeId, outputs: Outputs<M> },
-    SendDone { node: NodeId, outputs: Outputs<M> },
+    Arrive {
+        node: NodeId,
+        work: Work<M>,
+        bytes: u64,
+    },
+    ReceiveDone {
+        node: NodeId,
+        work: Work<M>,
+    },
+    HandleDone {
+        node: NodeId,
+        outputs: Outputs<M>,
+    },
+    SendDone {
+        node: NodeId,
+        outputs: Outputs<M>,
+    },
     /// A reply reaches its client.
-    Reply { request: ClientRequestId, outcome: Outcome },
+    Reply {
+        request: ClientRequestId,
+        outcome: Outcome,
+    },
     Tick(NodeId),
 }
 
@@ -359,11 +375,10 @@ where
                 messages.push((to, message.clone(), bytes));
             }
         }
-        let replies =
-            self.outbox.replies.drain(..).map(|(request, outcome)| {
-                let bytes = resp_reply_bytes(&outcome);
-                (request, outcome, bytes)
-            });
+        let replies = self.outbox.replies.drain(..).map(|(request, outcome)| {
+            let bytes = resp_reply_bytes(&outcome);
+            (request, outcome, bytes)
+        });
         Outputs { messages, replies: replies.collect() }
     }
 
@@ -447,7 +462,8 @@ mod tests {
 
     #[test]
     fn resp_sizes_match_the_encoding() {
-        let set = Command::Write { key: Bytes::from_static(b"key"), value: Some(Bytes::from(vec![b'x'; 10])) };
+        let set =
+            Command::Write { key: Bytes::from_static(b"key"), value: Some(Bytes::from(vec![b'x'; 10])) };
         // *3\r\n $3\r\nSET\r\n $3\r\nkey\r\n $10\r\nxxxxxxxxxx\r\n
         assert_eq!(resp_request_bytes(&set), 4 + 9 + 9 + 17);
         let get = Command::Read { key: Bytes::from_static(b"key") };

@@ -180,7 +180,8 @@ where
     let end_ns = warmup_ns + config.duration.as_nanos();
     let mut clients = ClientSet::new(config, warmup_ns, end_ns);
     // Clients spread over the nodes round-robin, as `chorus bench` connects them.
-    let client_node = (0..config.clients).map(|client| NodeId((client as usize % config.nodes) as u8)).collect();
+    let client_node =
+        (0..config.clients).map(|client| NodeId((client as usize % config.nodes) as u8)).collect();
     let engine = engine::Engine::new(
         replicas,
         config.cores,
