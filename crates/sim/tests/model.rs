@@ -22,6 +22,9 @@ fn config(
 ) -> ModelConfig {
     let mut config = ModelConfig::new(protocol, nodes, cores, network, clients);
     config.costs = CostTable::zero();
+    // Hermes elects nothing: a short warm-up keeps the tests fast.
+    config.warmup = Time::from_millis(20);
+    config.duration = Time::from_millis(100);
     config.workload = Workload::named(&format!("kv-w{writes}")).expect("a workload");
     config
 }
@@ -128,8 +131,10 @@ fn an_open_loop_below_capacity_completes_its_offered_rate() {
 #[test]
 fn every_protocol_serves_and_replays_exactly() {
     for protocol in chorus_sim::model::PROTOCOLS {
-        let mut config = ModelConfig::new(protocol, 3, 4, Network::preset("25gbe").expect("preset"), 16);
-        config.duration = Time::from_millis(50);
+        let mut config = ModelConfig::new(protocol, 3, 4, Network::preset("25gbe").expect("preset"), 4);
+        // Raftlog's leaders are elected after 100-160 ms.
+        config.warmup = Time::from_millis(250);
+        config.duration = Time::from_millis(20);
         let report = run(&config);
         assert!(report.throughput_ops_per_s > 10_000.0, "{report:?}");
         let again = predict(&config).expect("valid");
