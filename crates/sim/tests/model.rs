@@ -59,16 +59,19 @@ fn zero_costs_leave_the_protocol_round_trips() {
     assert_close(reads.throughput_ops_per_s, 1e9 / (2 * latency_ns) as f64, 0.01, "1-client reads/s");
 }
 
+/// One node of `cores` serving 64 clients' reads, where `charge` sets the only cost.
+fn read_throughput(cores: u32, charge: fn(&mut CostTable)) -> f64 {
+    let mut config = config("hermes", 1, cores, latency_only(1_000), 64, 0);
+    charge(&mut config.costs);
+    run(&config).throughput_ops_per_s
+}
+
 /// Receiving a client request runs on any core: with that the only cost, a node's
 /// throughput is cores / cost, so doubling the cores doubles it.
 #[test]
 fn doubling_the_cores_doubles_a_parallel_cpu_bound_throughput() {
     let cost_ns = 10_000;
-    let throughput = |cores: u32| {
-        let mut config = config("hermes", 1, cores, latency_only(1_000), 64, 0);
-        config.costs.client_request_ns = cost_ns;
-        run(&config).throughput_ops_per_s
-    };
+    let throughput = |cores| read_throughput(cores, |costs| costs.client_request_ns = 10_000);
     let (one, two, four) = (throughput(1), throughput(2), throughput(4));
     assert_close(one, 1e9 / cost_ns as f64, 0.02, "1 core");
     assert_close(two, 2.0 * one, 0.02, "2 cores");
@@ -80,11 +83,7 @@ fn doubling_the_cores_doubles_a_parallel_cpu_bound_throughput() {
 #[test]
 fn the_protocol_thread_is_serial_whatever_the_cores() {
     let cost_ns = 10_000;
-    let throughput = |cores: u32| {
-        let mut config = config("hermes", 1, cores, latency_only(1_000), 64, 0);
-        config.costs.key_op_ns = cost_ns;
-        run(&config).throughput_ops_per_s
-    };
+    let throughput = |cores| read_throughput(cores, |costs| costs.key_op_ns = 10_000);
     let one = throughput(1);
     assert_close(one, 1e9 / cost_ns as f64, 0.02, "1 core");
     assert_close(throughput(4), one, 0.02, "4 cores");

@@ -16,8 +16,7 @@
 //! queues for the receiver's ingress NIC. Ticks skip stage 1. No faults: the correctness
 //! swarms are the simulator's job (crate::simulator), and this loop leaves them untouched.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::BytesMut;
 use chorus_core::codec::{WireMessage, FRAME_HEADER_BYTES};
@@ -81,30 +80,6 @@ enum Event<M> {
     Tick(NodeId),
 }
 
-struct Scheduled<M> {
-    at: Nanos,
-    seq: u64,
-    event: Event<M>,
-}
-
-impl<M> PartialEq for Scheduled<M> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl<M> Eq for Scheduled<M> {}
-impl<M> PartialOrd for Scheduled<M> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<M> Ord for Scheduled<M> {
-    /// Reversed: the heap pops the earliest event; ties go to the one scheduled first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
-}
-
 /// One node's CPU and NIC queues.
 struct Node<M> {
     cores_free: u32,
@@ -144,7 +119,8 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     /// `request -> (client, invoked)`.
     pending: rustc_hash::FxHashMap<ClientRequestId, (u32, Nanos)>,
     next_request: u64,
-    queue: BinaryHeap<Scheduled<P::Message>>,
+    /// Pending events by `(at, seq)`: the earliest first, ties in the order scheduled.
+    queue: BTreeMap<(Nanos, u64), Event<P::Message>>,
     seq: u64,
     now: Nanos,
     outbox: Outbox<P::Message>,
@@ -192,7 +168,7 @@ where
             client_node,
             pending: Default::default(),
             next_request: 0,
-            queue: BinaryHeap::new(),
+            queue: BTreeMap::new(),
             seq: 0,
             now: 0,
             outbox: Outbox::default(),
@@ -203,7 +179,7 @@ where
     fn schedule(&mut self, at: Nanos, event: Event<P::Message>) {
         debug_assert!(at >= self.now, "no event in the past");
         self.seq += 1;
-        self.queue.push(Scheduled { at, seq: self.seq, event });
+        self.queue.insert((at, self.seq), event);
     }
 
     /// Run until `end_ns` of virtual time.
@@ -217,13 +193,13 @@ where
             self.schedule(at, Event::Issue(client));
         }
         let mut events = 0;
-        while let Some(scheduled) = self.queue.pop() {
-            if scheduled.at > end_ns {
+        while let Some(((at, _), event)) = self.queue.pop_first() {
+            if at > end_ns {
                 break;
             }
-            self.now = scheduled.at;
+            self.now = at;
             events += 1;
-            self.handle(scheduled.event);
+            self.handle(event);
         }
         Measured {
             end_ns,
