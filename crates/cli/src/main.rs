@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod group;
+mod model;
 mod node;
 mod sim;
 mod up;
@@ -23,6 +24,9 @@ enum Subcommands {
     Node(Box<node::NodeArgs>),
     /// Run protocol cores under the deterministic simulator with faults and check linearizability.
     Sim(sim::SimArgs),
+    /// Predict a cluster's throughput and latency with the performance model (the real
+    /// protocol cores under virtual time, every event charged CPU and network time).
+    Model(model::ModelArgs),
     /// Benchmarks: load generators and side-by-side comparisons with peers.
     Bench(bench::BenchArgs),
     /// Serve HyperLoop group operations (gWRITE, gCAS, gMEMCPY, gFLUSH) on this host's
@@ -44,6 +48,7 @@ fn main() {
         Subcommands::Up(args) => up::run(args),
         Subcommands::Node(args) => node::run(*args),
         Subcommands::Sim(args) => sim::run(args),
+        Subcommands::Model(args) => model::run(args),
         Subcommands::Bench(args) => bench::run(args),
         Subcommands::GroupHost(args) => group::run_host(args),
         Subcommands::GroupChild | Subcommands::NaiveReplica => group::run_child(),

@@ -6,6 +6,7 @@
 //!   RMWs of [`chorus_core::RmwOp`].
 //! * [`managed`]: protocols paired with the real membership service (leases, removals of
 //!   live nodes, rejoins, restarts), as the main swarms run them.
+//! * [`model`]: the performance model, the same cores with CPU and network costs (`chorus model`).
 //! * [`runner`]: seed sweeps and verdicts, used by `chorus sim` and the tests.
 //! * `broken` (feature `broken-variants`): every protocol's deliberately broken variants,
 //!   by name, which the checker must catch.
@@ -16,6 +17,7 @@ pub mod checker;
 pub mod faults;
 pub mod history;
 pub mod managed;
+pub mod model;
 pub mod rng;
 pub mod runner;
 pub mod simulator;

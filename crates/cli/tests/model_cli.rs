@@ -1,0 +1,53 @@
+//! `chorus model` end to end through the binary: a prediction per client count, as JSON, and
+//! clear errors for what it cannot model.
+
+use std::process::Command;
+
+fn chorus(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_chorus")).args(args).output().expect("chorus runs")
+}
+
+#[test]
+fn model_prints_one_prediction_per_client_count() {
+    let output = chorus(&[
+        "model",
+        "--protocol",
+        "hermes",
+        "--nodes",
+        "3",
+        "--cores",
+        "4",
+        "--network",
+        "25gbe",
+        "--clients",
+        "1,8",
+        "--duration-ms",
+        "20",
+        "--warmup-ms",
+        "20",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let reports: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    let reports = reports.as_array().expect("an array");
+    assert_eq!(reports.len(), 2);
+    let throughput = |index: usize| reports[index]["throughput_ops_per_s"].as_f64().expect("a number");
+    assert!(throughput(0) > 0.0);
+    // Eight closed-loop clients on an idle cluster get more done than one.
+    assert!(throughput(1) > 2.0 * throughput(0), "{reports:?}");
+    assert!(reports[0]["costs"]["source"].as_str().expect("a source").contains("placeholder"));
+}
+
+#[test]
+fn model_refuses_what_it_cannot_model() {
+    for (args, error) in [
+        (&["model", "--network", "carrier-pigeon"][..], "unknown network"),
+        (&["model", "--protocol", "paxos"][..], "unknown protocol"),
+        (&["model", "--workload", "kv-w101"][..], "unknown workload"),
+        (&["model", "--costs", "/nonexistent/costs.json"][..], "cannot read"),
+    ] {
+        let output = chorus(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains(error), "{args:?}");
+    }
+}

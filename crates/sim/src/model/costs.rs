@@ -1,0 +1,114 @@
+//! What things cost in the performance model: CPU time per event ([`CostTable`]) and the
+//! network between machines ([`Network`]).
+//!
+//! The defaults are PLACEHOLDERS, order-of-magnitude figures for a kernel TCP stack on a
+//! current x86 server (a syscall and a wake-up per message, a few hundred nanoseconds per key
+//! operation, an NVMe flush for a sync), not measurements of this binary: predictions made
+//! with them say what shape to expect, not what number. `chorus model --costs FILE` takes a
+//! measured table (docs/model.md).
+
+use serde::{Deserialize, Serialize};
+
+/// CPU time per event, in nanoseconds. Every field is charged on the node that does the work;
+/// which stage of the node (any core, or the one protocol thread) is said per field.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostTable {
+    /// Where the figures come from, printed with every prediction.
+    pub source: String,
+    /// Reading and parsing one client request and later writing its reply (any core).
+    pub client_request_ns: u64,
+    /// Receiving and decoding one peer message (any core).
+    pub message_received_ns: u64,
+    /// Encoding and sending one peer message or one client reply (any core).
+    pub message_sent_ns: u64,
+    /// Per byte received or sent, on top of the per-message costs (copies, checksums; any core).
+    pub byte_ps: u64,
+    /// The protocol core handling one event: a request, a message or a tick (protocol thread).
+    pub handle_ns: u64,
+    /// Executing one client command against the store (protocol thread).
+    pub key_op_ns: u64,
+    /// Making one turn's writes durable (protocol thread: the server syncs before the turn's
+    /// messages and replies leave).
+    pub sync_ns: u64,
+}
+
+impl CostTable {
+    /// The placeholder table (see the module comment: not a calibration).
+    pub fn placeholder() -> CostTable {
+        CostTable {
+            source: "placeholder defaults (order-of-magnitude guesses, not measured; run with --costs FILE for a measured table)".into(),
+            client_request_ns: 4_000,
+            message_received_ns: 2_000,
+            message_sent_ns: 1_500,
+            byte_ps: 100,
+            handle_ns: 500,
+            key_op_ns: 300,
+            sync_ns: 20_000,
+        }
+    }
+
+    /// Every event free: the model then only plays the network.
+    pub fn zero() -> CostTable {
+        CostTable {
+            source: "zero".into(),
+            client_request_ns: 0,
+            message_received_ns: 0,
+            message_sent_ns: 0,
+            byte_ps: 0,
+            handle_ns: 0,
+            key_op_ns: 0,
+            sync_ns: 0,
+        }
+    }
+
+    /// CPU time for `bytes` bytes of copying, in nanoseconds (rounded up).
+    pub fn bytes_ns(&self, bytes: u64) -> u64 {
+        (bytes * self.byte_ps).div_ceil(1_000)
+    }
+}
+
+/// The network between machines: every node has one full-duplex NIC of `bandwidth_bits_per_s`
+/// (its sends queue for its egress, what it receives for its ingress) and every message
+/// crosses one switch hop of `latency_ns`. Clients sit on machines of their own whose NICs are
+/// never the bottleneck.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    pub name: String,
+    /// One way, wire and switch, without any host's CPU (that is in the [`CostTable`]).
+    pub latency_ns: u64,
+    pub bandwidth_bits_per_s: u64,
+    /// NIC time per packet on top of its bytes (each message is one packet in the model).
+    pub packet_ns: u64,
+}
+
+impl Network {
+    /// `10gbe`, `25gbe` or `100gbe`: Ethernet in one rack, placeholder latencies (a switch hop
+    /// and the wire, a few microseconds) and per-packet costs.
+    pub fn preset(name: &str) -> Option<Network> {
+        let (gbits, latency_ns, packet_ns) = match name {
+            "10gbe" => (10, 5_000, 100),
+            "25gbe" => (25, 3_000, 60),
+            "100gbe" => (100, 2_000, 30),
+            _ => return None,
+        };
+        Some(Network {
+            name: name.into(),
+            latency_ns,
+            bandwidth_bits_per_s: gbits * 1_000_000_000,
+            packet_ns,
+        })
+    }
+
+    pub const PRESETS: &'static [&'static str] = &["10gbe", "25gbe", "100gbe"];
+
+    /// How long the NIC is busy sending or receiving one packet of `bytes`.
+    pub fn wire_ns(&self, bytes: u64) -> u64 {
+        assert!(self.bandwidth_bits_per_s > 0);
+        let bits_ns = bytes as u128 * 8 * 1_000_000_000;
+        let bandwidth = self.bandwidth_bits_per_s as u128;
+        // Rounded to the nearest nanosecond, so an unbounded link costs nothing.
+        self.packet_ns + ((bits_ns + bandwidth / 2) / bandwidth) as u64
+    }
+}

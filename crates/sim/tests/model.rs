@@ -1,0 +1,146 @@
+//! The performance model's laws: each test compares a prediction with what the model's own
+//! parameters say it must be (never with wall-clock timings).
+
+use bytes::Bytes;
+use chorus_core::{Command, Time};
+use chorus_sim::model::{
+    predict, resp_request_bytes, CostTable, Load, ModelConfig, ModelReport, Network, Workload,
+};
+
+/// A network that costs only its latency.
+fn latency_only(latency_ns: u64) -> Network {
+    Network { name: "test".into(), latency_ns, bandwidth_bits_per_s: u64::MAX, packet_ns: 0 }
+}
+
+fn config(
+    protocol: &str,
+    nodes: usize,
+    cores: u32,
+    network: Network,
+    clients: u32,
+    writes: u32,
+) -> ModelConfig {
+    let mut config = ModelConfig::new(protocol, nodes, cores, network, clients);
+    config.costs = CostTable::zero();
+    // Hermes elects nothing: a short warm-up keeps the tests fast.
+    config.warmup = Time::from_millis(20);
+    config.duration = Time::from_millis(100);
+    config.workload = Workload::named(&format!("kv-w{writes}")).expect("a workload");
+    config
+}
+
+fn run(config: &ModelConfig) -> ModelReport {
+    let report = predict(config).expect("a valid configuration");
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert!(report.ops_measured > 0, "{report:?}");
+    report
+}
+
+fn assert_close(actual: f64, expected: f64, tolerance: f64, what: &str) {
+    assert!(
+        (actual - expected).abs() <= expected * tolerance,
+        "{what}: {actual:.1}, expected {expected:.1} within {:.0}%",
+        tolerance * 100.0
+    );
+}
+
+/// With every CPU cost zero and unbounded links, only the latency remains: a Hermes write is
+/// the client's hop, INV, ACK and the reply's hop (4 one-way latencies), a read the two
+/// client hops; what the correctness simulator would give on a network of fixed delay.
+#[test]
+fn zero_costs_leave_the_protocol_round_trips() {
+    let latency_ns = 10_000;
+    let writes = run(&config("hermes", 3, 1, latency_only(latency_ns), 1, 100));
+    assert_eq!(writes.latency.p50_us, 4.0 * latency_ns as f64 / 1e3, "{writes:?}");
+    assert_eq!(writes.latency.p99_us, writes.latency.p50_us, "{writes:?}");
+    let reads = run(&config("hermes", 3, 1, latency_only(latency_ns), 1, 0));
+    assert_eq!(reads.latency.p99_us, 2.0 * latency_ns as f64 / 1e3, "{reads:?}");
+    // One closed-loop client completes one operation per round trip.
+    assert_close(reads.throughput_ops_per_s, 1e9 / (2 * latency_ns) as f64, 0.01, "1-client reads/s");
+}
+
+/// One node of `cores` serving 64 clients' reads, where `charge` sets the only cost.
+fn read_throughput(cores: u32, charge: fn(&mut CostTable)) -> f64 {
+    let mut config = config("hermes", 1, cores, latency_only(1_000), 64, 0);
+    charge(&mut config.costs);
+    run(&config).throughput_ops_per_s
+}
+
+/// Receiving a client request runs on any core: with that the only cost, a node's
+/// throughput is cores / cost, so doubling the cores doubles it.
+#[test]
+fn doubling_the_cores_doubles_a_parallel_cpu_bound_throughput() {
+    let cost_ns = 10_000;
+    let throughput = |cores| read_throughput(cores, |costs| costs.client_request_ns = 10_000);
+    let (one, two, four) = (throughput(1), throughput(2), throughput(4));
+    assert_close(one, 1e9 / cost_ns as f64, 0.02, "1 core");
+    assert_close(two, 2.0 * one, 0.02, "2 cores");
+    assert_close(four, 4.0 * one, 0.02, "4 cores");
+}
+
+/// The protocol core runs on one thread, as in the server: when handling is the cost, more
+/// cores do not help.
+#[test]
+fn the_protocol_thread_is_serial_whatever_the_cores() {
+    let cost_ns = 10_000;
+    let throughput = |cores| read_throughput(cores, |costs| costs.key_op_ns = 10_000);
+    let one = throughput(1);
+    assert_close(one, 1e9 / cost_ns as f64, 0.02, "1 core");
+    assert_close(throughput(4), one, 0.02, "4 cores");
+}
+
+/// Requests of 100 KB on a 1 Gb/s link: the node's ingress NIC admits one request per
+/// `wire_ns(request bytes)`, and nothing else costs anything.
+#[test]
+fn a_saturated_link_caps_throughput_at_bandwidth_over_message_size() {
+    let network = Network {
+        name: "1gbe".into(),
+        latency_ns: 5_000,
+        bandwidth_bits_per_s: 1_000_000_000,
+        packet_ns: 1_000,
+    };
+    let mut config = config("hermes", 1, 1, network.clone(), 16, 100);
+    config.workload.value_bytes = 100_000;
+    let report = run(&config);
+    let request =
+        Command::Write { key: Bytes::from("key:000000000000"), value: Some(Bytes::from(vec![0; 100_000])) };
+    let expected = 1e9 / network.wire_ns(resp_request_bytes(&request)) as f64;
+    assert_close(report.throughput_ops_per_s, expected, 0.02, "link-bound writes/s");
+    assert!(report.nic_utilisation_max > 0.9, "{report:?}");
+    // Ten times the bandwidth: ten times the throughput, still link-bound.
+    config.network.bandwidth_bits_per_s *= 10;
+    let faster = run(&config);
+    let expected = 1e9 / config.network.wire_ns(resp_request_bytes(&request)) as f64;
+    assert_close(faster.throughput_ops_per_s, expected, 0.02, "10x link");
+}
+
+/// An open loop below capacity completes what it offers.
+#[test]
+fn an_open_loop_below_capacity_completes_its_offered_rate() {
+    let mut config = config("hermes", 3, 2, latency_only(5_000), 16, 20);
+    config.load = Load::Open { ops_per_s: 50_000 };
+    config.duration = Time::from_millis(400);
+    let report = run(&config);
+    // 20,000 Poisson arrivals in the window: 5% is about 7 standard deviations.
+    assert_close(report.throughput_ops_per_s, 50_000.0, 0.05, "open loop");
+}
+
+/// Every protocol serves a 3-node cluster with the placeholder costs, without errors once
+/// warmed up (Raft and ZAB leaders elected), and a run is deterministic.
+#[test]
+fn every_protocol_serves_and_replays_exactly() {
+    for protocol in chorus_sim::model::PROTOCOLS {
+        let mut config = ModelConfig::new(protocol, 3, 4, Network::preset("25gbe").expect("preset"), 4);
+        // Raftlog's leaders are elected after 100-160 ms.
+        config.warmup = Time::from_millis(250);
+        config.duration = Time::from_millis(20);
+        let report = run(&config);
+        assert!(report.throughput_ops_per_s > 10_000.0, "{report:?}");
+        let again = predict(&config).expect("valid");
+        assert_eq!(
+            serde_json::to_string(&report).expect("json"),
+            serde_json::to_string(&again).expect("json"),
+            "{protocol} is not deterministic"
+        );
+    }
+}
