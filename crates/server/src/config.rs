@@ -137,7 +137,7 @@ pub struct RawConfig {
     #[serde(rename = "maxmemory-policy")]
     pub maxmemory_policy: Option<String>,
     // ---- Persistence of the keys (docs/operations.md, "Persistence"), Redis' names.
-    /// Log every write to `<data_dir>/appendonly/` (default yes for hermes, which has it).
+    /// Log every write to `<data_dir>/appendonly/` (default yes for hermes and craq).
     pub appendonly: Option<YesNo>,
     /// "always" (default: nothing acknowledged is lost), "everysec" or "no".
     pub appendfsync: Option<String>,
@@ -795,7 +795,7 @@ impl RawConfig {
     ) -> Result<crate::persistence::PersistenceOptions, ConfigError> {
         use crate::persistence::{AppendFsync, PersistenceOptions, StorageChoice};
         let defaults = PersistenceOptions::default();
-        let supported = protocol == Protocol::Hermes;
+        let supported = matches!(protocol, Protocol::Hermes | Protocol::Craq);
         let appendonly = match &self.appendonly {
             None => supported,
             Some(value) => value.value("appendonly")?,
@@ -804,8 +804,8 @@ impl RawConfig {
             return Err(field_error(
                 "appendonly",
                 format!(
-                    "{} does not persist its keys through the append-only file yet (hermes does; \
-                     raftlog has its own durable log): set appendonly no",
+                    "{} does not persist its keys through the append-only file yet (hermes and \
+                     craq do; raftlog has its own durable log): set appendonly no",
                     protocol.name()
                 ),
             ));
@@ -1018,6 +1018,34 @@ client_addr = "127.0.0.1:7380"
                     assert!(message.contains("cannot join a running cluster"), "{name}: {message}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn persistence_settings_take_redis_names_and_refuse_what_is_not_built() {
+        use crate::persistence::{AppendFsync, SaveRule};
+        let validate = |text: String| RawConfig::parse(&text).unwrap().validate();
+        let config = validate(format!(
+            "appendonly = \"yes\"\nappendfsync = \"everysec\"\nsave = \"900 1 60 5\"\n{GOOD}"
+        ))
+        .unwrap();
+        assert!(config.persistence.appendonly);
+        assert_eq!(config.persistence.appendfsync, AppendFsync::Everysec);
+        let rules = vec![SaveRule { seconds: 900, changes: 1 }, SaveRule { seconds: 60, changes: 5 }];
+        assert_eq!(config.persistence.save, rules);
+        assert!(validate(format!("save = \"\"\n{GOOD}")).unwrap().persistence.save.is_empty());
+        assert!(validate(format!("protocol = \"craq\"\n{GOOD}")).unwrap().persistence.appendonly);
+        assert!(!validate(format!("protocol = \"zab\"\n{GOOD}")).unwrap().persistence.appendonly);
+        for (bad, field) in [
+            ("protocol = \"zab\"\nappendonly = true", "appendonly"),
+            ("appendonly = \"maybe\"", "appendonly"),
+            ("appendfsync = \"sometimes\"", "appendfsync"),
+            ("save = \"900\"", "save"),
+            ("save = \"x 1\"", "save"),
+            ("appendonly_storage = \"tape\"", "appendonly_storage"),
+        ] {
+            let error = validate(format!("{bad}\n{GOOD}")).unwrap_err().to_string();
+            assert!(error.contains(field), "{bad}: {error}");
         }
     }
 

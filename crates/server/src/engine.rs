@@ -419,6 +419,15 @@ impl ServedReplica for Craq {
     fn keys(&self) -> Vec<Key> {
         Craq::keys(self).cloned().collect()
     }
+    fn message_keys(message: &chorus_craq::Message, keys: &mut Vec<Key>) {
+        crate::persistence::craq::message_keys(message, keys);
+    }
+    fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        crate::persistence::craq::record(self, keys)
+    }
+    fn durable_keys(&self) -> Vec<Key> {
+        self.written_keys()
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
         vec![

@@ -195,7 +195,13 @@ async fn serve_node(
             if joining {
                 info!("joining the cluster: copying the chain neighbour's state");
             }
-            start.spawn(Craq::new(craq)).await?
+            let mut craq = Craq::new(craq);
+            if let Some(restored) = restored.filter(|restored| restored.trusted && !joining) {
+                let records = restored.records.len();
+                let keys = persistence::craq::restore(&mut craq, restored.records, seq_floor())?;
+                info!(records, keys, live_keys = craq.key_count(), "keys restored from the append-only file");
+            }
+            start.spawn(craq).await?
         }
         Protocol::Zab(read_mode) => {
             let mut zab_config = ZabConfig::new(me, replicas);
@@ -668,6 +674,16 @@ fn open_persistence(
         info!(dir = %dir.display(), appendfsync, reason = %restored.reason, "persisting keys; not restoring them");
     }
     Ok((Some(persistence), Some(restored)))
+}
+
+/// Where a CRAQ node restarted with its data numbers its updates from: the wall clock in
+/// milliseconds times 2^16, above every number an earlier start used unless that start
+/// made more than 65536 updates per millisecond it ran.
+fn seq_floor() -> u64 {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64);
+    millis << 16
 }
 
 /// Tells this start of the node apart from every earlier one (join entries carry it).

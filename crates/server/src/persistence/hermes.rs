@@ -2,8 +2,6 @@
 //! (timestamp, value, RMW flag, whether it is Valid), encoded as Hermes' own `Chunk`
 //! message, so the persisted format is the wire format and has one codec.
 
-use bytes::{Bytes, BytesMut};
-use chorus_core::codec::WireMessage;
 use chorus_core::{Epoch, Key};
 use chorus_hermes::message::ChunkEntry;
 use chorus_hermes::{Hermes, Message};
@@ -22,26 +20,18 @@ pub fn message_keys(message: &Message, keys: &mut Vec<Key>) {
 
 pub fn record(hermes: &Hermes, keys: &[Key]) -> Option<Vec<u8>> {
     let entries: Vec<ChunkEntry> = keys.iter().filter_map(|key| hermes.export_key(key)).collect();
-    if entries.is_empty() {
-        return None;
-    }
-    let mut buf = BytesMut::new();
-    Message::Chunk { epoch: Epoch(0), bucket: 0, buckets_total: 0, entries }.encode(&mut buf);
-    Some(buf.to_vec())
+    (!entries.is_empty())
+        .then(|| super::encode(&Message::Chunk { epoch: Epoch(0), bucket: 0, buckets_total: 0, entries }))
 }
 
-/// Load `records` (oldest first) into a replica that has not started.
+/// Load `records` (oldest first) into a replica that has not started; the number of keys.
 pub fn restore(hermes: &mut Hermes, records: Vec<Vec<u8>>) -> anyhow::Result<usize> {
-    let mut keys = 0;
-    for (index, record) in records.into_iter().enumerate() {
-        match Message::decode_exact(Bytes::from(record)) {
-            Ok(Message::Chunk { entries, .. }) => {
-                keys += entries.len();
-                hermes.restore(entries);
-            }
-            Ok(_) => anyhow::bail!("append-only record {index} is not a Hermes key record"),
-            Err(error) => anyhow::bail!("append-only record {index} does not decode: {error}"),
+    super::decode_each(records, |message| match message {
+        Message::Chunk { entries, .. } => {
+            let keys = entries.len();
+            hermes.restore(entries);
+            Some(keys)
         }
-    }
-    Ok(keys)
+        _ => None,
+    })
 }

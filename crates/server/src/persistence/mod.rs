@@ -1,4 +1,4 @@
-//! Persistence for the key-value protocols (Hermes today): an append-only file of the keys'
+//! Persistence for the key-value protocols (Hermes and CRAQ today): an append-only file of the keys'
 //! durable state, and snapshots that rewrite it, under Redis' names (`appendonly`,
 //! `appendfsync`, `save`, `BGSAVE`, `LASTSAVE`, `INFO persistence`). docs/decisions.md
 //! ("Persistence in the runtime") explains the design, docs/operations.md how to run it.
@@ -19,6 +19,7 @@
 //! version (Hermes' timestamps), so a snapshot taken over many turns while writes go on,
 //! followed by the records written meanwhile, restores the latest state of every key.
 
+pub mod craq;
 pub mod hermes;
 mod manifest;
 pub mod records;
@@ -33,6 +34,28 @@ use chorus_storage::{CrashTestStorage, FileStorage, Storage};
 use crate::engine::ServedReplica;
 use manifest::Manifest;
 use records::Kind;
+
+/// A protocol's record payload: one of its own messages, in its wire encoding.
+fn encode<M: chorus_core::codec::WireMessage>(message: &M) -> Vec<u8> {
+    let mut buf = bytes::BytesMut::new();
+    message.encode(&mut buf);
+    buf.to_vec()
+}
+
+/// Decode `records` (oldest first) as messages of `M` and hand each to `load`, which
+/// returns how many keys it restored (`None`: not a record of this protocol).
+fn decode_each<M: chorus_core::codec::WireMessage>(
+    records: Vec<Vec<u8>>,
+    mut load: impl FnMut(M) -> Option<usize>,
+) -> anyhow::Result<usize> {
+    let mut keys = 0;
+    for (index, record) in records.into_iter().enumerate() {
+        let message = M::decode_exact(bytes::Bytes::from(record))
+            .map_err(|error| anyhow::anyhow!("append-only record {index} does not decode: {error}"))?;
+        keys += load(message).with_context(|| format!("append-only record {index} is not a key record"))?;
+    }
+    Ok(keys)
+}
 
 /// When the append-only file is synced (Redis' `appendfsync`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

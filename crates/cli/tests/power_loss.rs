@@ -1,4 +1,4 @@
-//! Power losses of a whole Hermes cluster through the real binary (issue 24 points 1-3):
+//! Power losses of a whole Hermes or CRAQ cluster through the real binary (issue 24 points 1-3):
 //! every node runs with `--appendonly-storage crash-test`, which keeps each write of the
 //! append-only file in the process's memory until it is synced, so a SIGKILL of every node
 //! at once loses exactly what a power cut would: everything not synced. The nodes restart on
@@ -24,18 +24,20 @@ use chorus_sim::checker::{check_history, CheckerConfig};
 use support::loopback::Cluster;
 use support::workload::{self, Workload};
 
-const ARGS: &[&str] = &[
-    "--protocol",
-    "hermes",
-    "--appendonly",
-    "yes",
-    "--appendfsync",
-    "always",
-    "--appendonly-storage",
-    "crash-test",
-];
+fn args(protocol: &str) -> Vec<&str> {
+    vec![
+        "--protocol",
+        protocol,
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--appendonly-storage",
+        "crash-test",
+    ]
+}
 
-fn power_loss(cluster: &mut Cluster) {
+fn power_loss(cluster: &mut Cluster, protocol: &str) {
     for node in 0..3 {
         cluster.sigkill(node);
     }
@@ -45,12 +47,18 @@ fn power_loss(cluster: &mut Cluster) {
     for node in 0..3 {
         cluster.wait_ready(node, 2);
     }
-    // They came back with their data: each loaded its append-only file.
+    // They came back with their data, each from its append-only file, copying nothing.
     for node in 0..3 {
         let restored = cluster.info_number(node, "chorus_aof_records_restored").unwrap_or(0);
-        let copied = cluster.info_number(node, "hermes_keys_copied");
-        eprintln!("node {node}: {restored} records restored, keys copied {copied:?}");
+        let copied = cluster.info_number(node, &format!("{protocol}_keys_copied")).unwrap_or(0);
+        eprintln!("node {node}: {restored} records restored, keys copied {copied}");
         assert!(restored > 0, "node {node} restored nothing:\n{}", cluster.log(node));
+        assert_eq!(
+            copied,
+            0,
+            "node {node} copied keys instead of restarting from its own:\n{}",
+            cluster.log(node)
+        );
     }
 }
 
@@ -64,7 +72,16 @@ fn wait_for_save(cluster: &Cluster, node: usize) {
 
 #[test]
 fn a_hermes_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_lost() {
-    let mut cluster = Cluster::start(3, ARGS);
+    every_acknowledged_write_survives_power_losses("hermes");
+}
+
+#[test]
+fn a_craq_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_lost() {
+    every_acknowledged_write_survives_power_losses("craq");
+}
+
+fn every_acknowledged_write_survives_power_losses(protocol: &str) {
+    let mut cluster = Cluster::start(3, &args(protocol));
     let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let clients = {
@@ -81,7 +98,7 @@ fn a_hermes_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_los
         })
     };
     thread::sleep(Duration::from_millis(700));
-    power_loss(&mut cluster);
+    power_loss(&mut cluster, protocol);
     thread::sleep(Duration::from_millis(300));
     for node in 0..3 {
         let reply: String = redis::cmd("BGSAVE").query(&mut cluster.client(node)).unwrap();
@@ -89,7 +106,7 @@ fn a_hermes_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_los
         wait_for_save(&cluster, node);
     }
     thread::sleep(Duration::from_millis(500));
-    power_loss(&mut cluster);
+    power_loss(&mut cluster, protocol);
     thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let history = clients.join().unwrap();
@@ -122,7 +139,7 @@ fn a_hermes_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_los
         let _: () = redis::cmd("SET").arg(format!("k:{i}")).arg(format!("v:{i}")).query(con).unwrap();
     }
     drop(writers);
-    power_loss(&mut cluster);
+    power_loss(&mut cluster, protocol);
     for node in 0..3 {
         let mut con = cluster.client(node);
         for i in 0..300 {
