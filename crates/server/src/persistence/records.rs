@@ -79,12 +79,17 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded<'_>, Corrupted> {
             return Err(bad("impossible record length"));
         }
         if rest.len() < HEADER_BYTES + length {
-            break; // The last append was cut.
+            // The last append was cut, unless whole records follow: then a damaged length
+            // would pass for a tear and silently cut every record after it.
+            if whole_record_within(&rest[1..]) {
+                return Err(bad("record length runs past records that follow"));
+            }
+            break;
         }
         let body = &rest[HEADER_BYTES..HEADER_BYTES + length];
         let is_last = rest.len() == HEADER_BYTES + length;
         if checksum(&[body]) != crc {
-            if is_last {
+            if is_last && !whole_record_within(&rest[1..]) {
                 break; // A torn last record (its sectors partly written).
             }
             return Err(bad("checksum mismatch"));
@@ -97,6 +102,21 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded<'_>, Corrupted> {
         decoded.valid_bytes = offset;
     }
     Ok(decoded)
+}
+
+/// Whether a whole, valid record starts anywhere in `bytes`. A crash's tear ends the file's
+/// data, so none follows a torn tail; one that does means damage. (A tear that wrote a later
+/// sector of an append and not an earlier one is refused too: the node then copies from a
+/// peer, which is safe.) Only run on the damaged path: it tries every offset.
+fn whole_record_within(bytes: &[u8]) -> bool {
+    (0..bytes.len().saturating_sub(HEADER_BYTES)).any(|offset| {
+        let rest = &bytes[offset..];
+        let length = u32::from_le_bytes(rest[0..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(rest[4..8].try_into().expect("4 bytes"));
+        let fits = length > 0 && length <= rest.len() - HEADER_BYTES;
+        fits && Kind::from_u8(rest[HEADER_BYTES]).is_some()
+            && checksum(&[&rest[HEADER_BYTES..HEADER_BYTES + length]]) == crc
+    })
 }
 
 #[cfg(test)]
@@ -144,5 +164,15 @@ mod tests {
         let mut bytes = file(&[b"one", b"two", b"three"]);
         bytes[HEADER_BYTES + 1] ^= 0x01; // inside the first record's payload
         assert_eq!(decode(&bytes).unwrap_err(), Corrupted { offset: 0, reason: "checksum mismatch" });
+        // A damaged length that runs past the end is not taken for a torn tail.
+        let mut bytes = file(&[b"one", b"two", b"three"]);
+        bytes[2] = 0x10;
+        assert_eq!(decode(&bytes).unwrap_err().reason, "record length runs past records that follow");
+        // Nor is a damaged last record of a whole append when more records follow it.
+        let mut bytes = file(&[b"one", b"two"]);
+        let second = file(&[b"one"]).len();
+        bytes[second + HEADER_BYTES + 2] ^= 0x01;
+        bytes.extend_from_slice(&file(&[b"three"]));
+        assert!(decode(&bytes).is_err());
     }
 }
