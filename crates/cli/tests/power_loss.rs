@@ -111,26 +111,7 @@ fn every_acknowledged_write_survives_power_losses(protocol: &str) {
     stop.store(true, Ordering::Relaxed);
     let history = clients.join().unwrap();
 
-    let mut promised: BTreeMap<Vec<u8>, (i64, i64)> = BTreeMap::new(); // key -> (max acked, attempts)
-    for op in &history.operations {
-        if let Command::Rmw { key, op: RmwOp::IncrementBy(1) } = &op.command {
-            let entry = promised.entry(key.to_vec()).or_default();
-            entry.1 += 1;
-            if let Some(Outcome::Integer(value)) = op.completion.as_ref().map(|c| &c.outcome) {
-                entry.0 = entry.0.max(*value);
-            }
-        }
-    }
-    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
-    let report = check_history(&history, &CheckerConfig::default());
-    eprintln!(
-        "{} operations ({completed} completed), {} keys checked, counters {promised:?}",
-        history.operations.len(),
-        report.keys_checked
-    );
-    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
-    assert!(report.inconclusive_keys.is_empty(), "inconclusive: {:?}", report.inconclusive_keys);
-    assert!(completed > 300, "too little completed across the power losses: {completed}");
+    let promised = workload::check_across_crashes(&history, 300);
 
     // Distinct keys, each acknowledged, then power lost with no pause: all must be there.
     let mut writers: Vec<redis::Connection> = (0..3).map(|node| cluster.client(node)).collect();

@@ -98,27 +98,7 @@ fn a_raftlog_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_lo
     stop.store(true, Ordering::Relaxed);
     let history = clients.join().unwrap();
 
-    // What acknowledged INCRs promise about each counter.
-    let mut promised: BTreeMap<Vec<u8>, (i64, i64)> = BTreeMap::new(); // key -> (max acked, attempts)
-    for op in &history.operations {
-        if let Command::Rmw { key, op: RmwOp::IncrementBy(1) } = &op.command {
-            let entry = promised.entry(key.to_vec()).or_default();
-            entry.1 += 1;
-            if let Some(Outcome::Integer(value)) = op.completion.as_ref().map(|c| &c.outcome) {
-                entry.0 = entry.0.max(*value);
-            }
-        }
-    }
-    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
-    let report = check_history(&history, &CheckerConfig::default());
-    eprintln!(
-        "{} operations ({completed} completed), {} keys checked, counters {promised:?}",
-        history.operations.len(),
-        report.keys_checked
-    );
-    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
-    assert!(report.inconclusive_keys.is_empty(), "inconclusive: {:?}", report.inconclusive_keys);
-    assert!(completed > 500, "too little completed across the power losses: {completed}");
+    let promised = workload::check_across_crashes(&history, 500);
 
     eprintln!("since the last power loss: {drains} drains, {checkpoints} checkpoints");
 

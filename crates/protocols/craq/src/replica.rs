@@ -128,6 +128,28 @@ fn chunk_key(key: &Key, entry: &KeyEntry) -> ChunkKey {
     }
 }
 
+/// A copied key's latest version; `None` when its dirty versions do not sit right above its
+/// clean one, one after another (malformed).
+fn chunk_latest(chunk: &ChunkKey) -> Option<u64> {
+    let contiguous = chunk
+        .dirty
+        .iter()
+        .enumerate()
+        .all(|(index, version)| version.version == chunk.clean_version + 1 + index as u64);
+    contiguous.then(|| chunk.dirty.last().map_or(chunk.clean_version, |version| version.version))
+}
+
+fn versions_of(dirty: Vec<ChunkVersion>) -> VecDeque<Version> {
+    let version_of = |version: ChunkVersion| Version {
+        version: version.version,
+        value: version.value,
+        origin: version.origin,
+        seq: version.seq,
+        outcome: version.outcome,
+    };
+    dirty.into_iter().map(version_of).collect()
+}
+
 pub struct Craq {
     config: CraqConfig,
     view: View,
@@ -256,32 +278,14 @@ impl Craq {
     /// that remember them never take a new update for a duplicate.
     pub fn restore(&mut self, entries: impl IntoIterator<Item = ChunkKey>, seq_floor: u64) {
         for restored in entries {
-            let contiguous = restored
-                .dirty
-                .iter()
-                .enumerate()
-                .all(|(index, version)| version.version == restored.clean_version + 1 + index as u64);
-            if !contiguous {
-                continue;
-            }
-            let latest = restored.dirty.last().map_or(restored.clean_version, |version| version.version);
+            let Some(latest) = chunk_latest(&restored) else { continue };
             let entry = self.keys.entry(restored.key.clone()).or_default();
             if (latest, restored.clean_version) < (entry.latest_version(), entry.clean_version) {
                 continue;
             }
             entry.clean_version = restored.clean_version;
             entry.clean_value = restored.clean_value;
-            entry.dirty = restored
-                .dirty
-                .into_iter()
-                .map(|version| Version {
-                    version: version.version,
-                    value: version.value,
-                    origin: version.origin,
-                    seq: version.seq,
-                    outcome: version.outcome,
-                })
-                .collect();
+            entry.dirty = versions_of(restored.dirty);
             if entry.dirty.is_empty() {
                 entry.retransmit_at = None;
                 self.dirty_keys.remove(&restored.key);
@@ -943,18 +947,12 @@ impl Craq {
     }
 
     fn install_copied_key(&mut self, now: Time, copied: ChunkKey, out: &mut Outbox<Message>) {
-        let contiguous = copied
-            .dirty
-            .iter()
-            .enumerate()
-            .all(|(index, version)| version.version == copied.clean_version + 1 + index as u64);
-        if !contiguous {
+        let Some(latest) = chunk_latest(&copied) else {
             return; // Malformed: a donor's dirty versions sit right above its clean one.
-        }
+        };
         let key = copied.key;
         let hash = key_hash(&key);
         let entry = self.keys.entry(key.clone()).or_default();
-        let latest = copied.dirty.last().map_or(copied.clean_version, |version| version.version);
         if entry.latest_version() >= latest {
             // Never newer: a joiner holds nothing of a key before its chunk. Kept as a guard
             // so that no copy can take a key backwards.
@@ -962,17 +960,7 @@ impl Craq {
         }
         entry.clean_version = copied.clean_version;
         entry.clean_value = copied.clean_value;
-        entry.dirty = copied
-            .dirty
-            .into_iter()
-            .map(|version| Version {
-                version: version.version,
-                value: version.value,
-                origin: version.origin,
-                seq: version.seq,
-                outcome: version.outcome,
-            })
-            .collect::<VecDeque<_>>();
+        entry.dirty = versions_of(copied.dirty);
         entry.retransmit_at = None;
         let stamps: Vec<(NodeId, u64)> =
             entry.dirty.iter().map(|version| (version.origin, version.seq)).collect();
