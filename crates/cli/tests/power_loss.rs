@@ -13,14 +13,11 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use chorus_core::{Command, Outcome, RmwOp};
-use chorus_sim::checker::{check_history, CheckerConfig};
 use support::loopback::Cluster;
 use support::workload::{self, Workload};
 
