@@ -13,13 +13,12 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use support::loopback::Cluster;
-use support::workload::{self, Workload};
+use support::workload;
 
 fn args(protocol: &str) -> Vec<&str> {
     vec![
@@ -35,15 +34,7 @@ fn args(protocol: &str) -> Vec<&str> {
 }
 
 fn power_loss(cluster: &mut Cluster, protocol: &str) {
-    for node in 0..3 {
-        cluster.sigkill(node);
-    }
-    for node in 0..3 {
-        cluster.restart(node, &[]);
-    }
-    for node in 0..3 {
-        cluster.wait_ready(node, 2);
-    }
+    cluster.power_loss();
     // They came back with their data, each from its append-only file, copying nothing.
     for node in 0..3 {
         let restored = cluster.info_number(node, "chorus_aof_records_restored").unwrap_or(0);
@@ -80,20 +71,7 @@ fn a_craq_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_lost(
 fn every_acknowledged_write_survives_power_losses(protocol: &str) {
     let mut cluster = Cluster::start(3, &args(protocol));
     let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients = {
-        let stop = stop.clone();
-        thread::spawn(move || {
-            let workload = Workload {
-                targets,
-                clients: 6,
-                ops_per_client: 20_000,
-                reply_timeout: Duration::from_secs(3),
-                think: Duration::from_millis(3),
-            };
-            workload::run_until(workload, stop)
-        })
-    };
+    let (stop, clients) = workload::spawn_until_stopped(targets);
     thread::sleep(Duration::from_millis(700));
     power_loss(&mut cluster, protocol);
     thread::sleep(Duration::from_millis(300));
@@ -125,15 +103,5 @@ fn every_acknowledged_write_survives_power_losses(protocol: &str) {
             assert_eq!(value.as_deref(), Some(format!("v:{i}").as_str()), "k:{i} at node {node}");
         }
     }
-    for (key, (max_acked, attempts)) in &promised {
-        let key = std::str::from_utf8(key).unwrap();
-        for node in 0..3 {
-            let value = cluster.counter(node, key);
-            assert!(
-                (*max_acked..=*attempts).contains(&value),
-                "{key} at node {node} after power losses: {value}, acknowledged up to {max_acked}, \
-                 {attempts} attempts"
-            );
-        }
-    }
+    cluster.assert_counters_kept(&promised, "power losses");
 }

@@ -215,3 +215,18 @@ pub fn check_across_crashes(
     assert!(completed > completed_min, "too little completed across the crashes: {completed}");
     promised
 }
+
+/// Six recording clients over `targets` in a thread, until the returned flag is set (the
+/// shape of the crash tests: faults happen while they run); join the handle for the history.
+pub fn spawn_until_stopped(targets: Vec<String>) -> (Arc<AtomicBool>, thread::JoinHandle<History>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let workload = Workload {
+        targets,
+        clients: 6,
+        ops_per_client: 20_000,
+        reply_timeout: Duration::from_secs(3),
+        think: Duration::from_millis(3),
+    };
+    let flag = stop.clone();
+    (stop, thread::spawn(move || run_until(workload, flag)))
+}
