@@ -109,10 +109,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         (dir, false)
     };
     let identity = ClusterIdentity::open_or_create(&data_dir, &args)?;
+    // On by default where the protocol has it (hermes, craq): `chorus up` keeps its data.
     let appendonly = match (&args.appendonly, args.in_memory) {
         (Some(value), _) => Some(value.clone()),
         (None, true) => Some("no".to_string()),
-        (None, false) => None,
+        (None, false) => matches!(args.protocol.as_str(), "hermes" | "craq").then(|| "yes".to_string()),
     };
 
     let mut peers = BTreeMap::new();
@@ -288,7 +289,7 @@ fn default_data_dir(port: u16) -> anyhow::Result<PathBuf> {
 
 /// Whether the nodes keep their keys on disk (and so restart as the members they were).
 fn keeps_keys(protocol: &str, appendonly: Option<&str>) -> bool {
-    let appendonly = appendonly.is_none_or(|value| value.eq_ignore_ascii_case("yes"));
+    let appendonly = appendonly.is_some_and(|value| value.eq_ignore_ascii_case("yes"));
     protocol == "raftlog" || (matches!(protocol, "hermes" | "craq") && appendonly)
 }
 

@@ -137,7 +137,7 @@ pub struct RawConfig {
     #[serde(rename = "maxmemory-policy")]
     pub maxmemory_policy: Option<String>,
     // ---- Persistence of the keys (docs/operations.md, "Persistence"), Redis' names.
-    /// Log every write to `<data_dir>/appendonly/` (default yes for hermes and craq).
+    /// Log every write to `<data_dir>/appendonly/` (default no, as Redis; `chorus up` turns it on).
     pub appendonly: Option<YesNo>,
     /// "always" (default: nothing acknowledged is lost), "everysec" or "no".
     pub appendfsync: Option<String>,
@@ -797,7 +797,7 @@ impl RawConfig {
         let defaults = PersistenceOptions::default();
         let supported = matches!(protocol, Protocol::Hermes | Protocol::Craq);
         let appendonly = match &self.appendonly {
-            None => supported,
+            None => false,
             Some(value) => value.value("appendonly")?,
         };
         if appendonly && !supported {
@@ -1034,7 +1034,9 @@ client_addr = "127.0.0.1:7380"
         let rules = vec![SaveRule { seconds: 900, changes: 1 }, SaveRule { seconds: 60, changes: 5 }];
         assert_eq!(config.persistence.save, rules);
         assert!(validate(format!("save = \"\"\n{GOOD}")).unwrap().persistence.save.is_empty());
-        assert!(validate(format!("protocol = \"craq\"\n{GOOD}")).unwrap().persistence.appendonly);
+        assert!(!validate(GOOD.to_string()).unwrap().persistence.appendonly, "Redis' default: no");
+        let craq = validate(format!("protocol = \"craq\"\nappendonly = \"yes\"\n{GOOD}")).unwrap();
+        assert!(craq.persistence.appendonly);
         assert!(!validate(format!("protocol = \"zab\"\n{GOOD}")).unwrap().persistence.appendonly);
         for (bad, field) in [
             ("protocol = \"zab\"\nappendonly = true", "appendonly"),
