@@ -111,7 +111,7 @@ else
 fi
 
 say "chorus up --protocol $protocol on ports $chorus_port-$((chorus_port + 2))"
-"$chorus" up --protocol "$protocol" --port "$chorus_port" --peer-port "$((chorus_port + 10))" >"$out/chorus-up.log" 2>&1 &
+"$chorus" up --in-memory --protocol "$protocol" --port "$chorus_port" --peer-port "$((chorus_port + 10))" >"$out/chorus-up.log" 2>&1 &
 pids+=($!)
 wait_for_port "$chorus_port"
 run_suite chorus "$chorus_port"

@@ -20,7 +20,7 @@ echo "== building chorus"
 cargo build --release -q -p chorus
 CHORUS="${CARGO_TARGET_DIR:-$ROOT/target}/release/chorus"
 
-"$CHORUS" up --replicas 3 --port "$PORT" &
+"$CHORUS" up --in-memory --replicas 3 --port "$PORT" &
 UP_PID=$!
 trap 'kill -TERM $UP_PID 2>/dev/null; wait $UP_PID 2>/dev/null || true' EXIT
 for i in 0 1 2; do

@@ -113,6 +113,18 @@ pub struct NodeArgs {
     /// raftlog, crash tests only: "crash-test" keeps unsynced writes in memory (docs/testing.md).
     #[arg(long, hide = true)]
     pub raftlog_storage: Option<String>,
+    /// Log every write to <data-dir>/appendonly/ (hermes, craq; default no, as Redis; `chorus up` turns it on).
+    #[arg(long, value_name = "yes|no")]
+    pub appendonly: Option<String>,
+    /// When the append-only file is synced: always (default), everysec or no.
+    #[arg(long, value_name = "always|everysec|no")]
+    pub appendfsync: Option<String>,
+    /// Snapshot rules, Redis' `save`: "3600 1 300 100 60 10000" (default), "" for none.
+    #[arg(long)]
+    pub save: Option<String>,
+    /// appendonly, crash tests only: "crash-test" keeps unsynced writes in memory.
+    #[arg(long, hide = true)]
+    pub appendonly_storage: Option<String>,
     /// Join a running cluster (hermes, craq): this node starts as a shadow replica that takes
     /// part in writes while it copies the data in chunks from ADDR (the peer address, or the
     /// id, of a live replica; craq copies from its chain predecessor instead), then serves. A
@@ -197,6 +209,10 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_trailing_entries: args.raftlog_trailing_entries,
         raftlog_execution: args.raftlog_execution,
         raftlog_storage: args.raftlog_storage,
+        appendonly: args.appendonly.map(chorus_server::config::YesNo::Text),
+        appendfsync: args.appendfsync,
+        save: args.save,
+        appendonly_storage: args.appendonly_storage,
         join: args.join,
         peer_link_timeout_ms: args.peer_link_timeout_ms,
         tls_port: args.tls_port,

@@ -28,10 +28,21 @@ pub struct UpArgs {
     /// Peer port of replica 0; replica i listens for peers on peer-port + i (default port + 1000).
     #[arg(long)]
     pub peer_port: Option<u16>,
-    /// Where configs and logs go (default a fresh private /dev/shm/chorus-<random>, removed
-    /// on exit).
-    #[arg(long)]
+    /// Where the nodes keep their data, configs and logs; kept on exit. Default:
+    /// $XDG_DATA_HOME/chorus/up-<port> (else ~/.local/share/chorus/up-<port>), which survives
+    /// a reboot. `chorus up` on a directory that holds a cluster restarts that cluster.
+    #[arg(long, conflicts_with = "in_memory")]
     pub data_dir: Option<PathBuf>,
+    /// Keep nothing: a fresh private /dev/shm/chorus-<random> directory, removed on exit,
+    /// and no append-only file.
+    #[arg(long)]
+    pub in_memory: bool,
+    /// Log every write to the nodes' append-only files (hermes, craq; default yes).
+    #[arg(long, value_name = "yes|no")]
+    pub appendonly: Option<String>,
+    /// When the append-only files are synced: always (default), everysec or no.
+    #[arg(long, value_name = "always|everysec|no")]
+    pub appendfsync: Option<String>,
     /// Address every replica binds to.
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: IpAddr,
@@ -85,16 +96,24 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         .clone()
         .or_else(|| std::env::var("CHORUS_REQUIREPASS").ok())
         .filter(|pw| !pw.is_empty());
-    let (data_dir, remove_on_exit) = match &args.data_dir {
-        Some(dir) => {
-            chorus_server::files::create_private_dir(dir)?;
-            (dir.clone(), false)
-        }
-        None => {
-            let shm = Path::new("/dev/shm");
-            let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
-            (chorus_server::files::create_temp_dir_in(&base, "chorus")?, true)
-        }
+    let (data_dir, remove_on_exit) = if args.in_memory {
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+        (chorus_server::files::create_temp_dir_in(&base, "chorus")?, true)
+    } else {
+        let dir = match &args.data_dir {
+            Some(dir) => dir.clone(),
+            None => default_data_dir(args.port)?,
+        };
+        chorus_server::files::create_private_dir(&dir)?;
+        (dir, false)
+    };
+    let identity = ClusterIdentity::open_or_create(&data_dir, &args)?;
+    // On by default where the protocol has it (hermes, craq): `chorus up` keeps its data.
+    let appendonly = match (&args.appendonly, args.in_memory) {
+        (Some(value), _) => Some(value.clone()),
+        (None, true) => Some("no".to_string()),
+        (None, false) => matches!(args.protocol.as_str(), "hermes" | "craq").then(|| "yes".to_string()),
     };
 
     let mut peers = BTreeMap::new();
@@ -118,7 +137,6 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    let token = chorus_server::files::random_hex(16)?;
     let exe = std::env::current_exe().context("cannot find the chorus binary")?;
     let mut cluster = Cluster { replicas, data_dir: data_dir.clone(), remove_on_exit };
     for replica in &mut cluster.replicas {
@@ -129,8 +147,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             peer_addr: Some(replica.peer_addr.to_string()),
             peers: Some(peers.clone()),
             data_dir: Some(data_dir.join(format!("node-{}", replica.id))),
-            cluster_id: Some(format!("chorus-up-{}", std::process::id())),
-            cluster_token: Some(token.clone()),
+            cluster_id: Some(identity.cluster_id.clone()),
+            cluster_token: Some(identity.cluster_token.clone()),
+            appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
+            appendfsync: args.appendfsync.clone(),
             requirepass: requirepass.clone(),
             protected_mode: args.protected_mode.clone().map(chorus_server::config::YesNo::Text),
             metrics_addr: args
@@ -142,14 +162,19 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                 .transpose()?,
             ..RawConfig::default()
         };
-        // Every `chorus up` starts a new cluster (new token, new id) and keys live in memory,
-        // so membership state left by an earlier run describes a cluster that is gone. A node
-        // restarted on it would wait to rejoin that cluster.
-        let stale = data_dir.join(format!("node-{}", replica.id)).join("membership.log");
-        match std::fs::remove_file(&stale) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error).with_context(|| format!("cannot remove {}", stale.display())),
+        // Nodes that kept their keys (hermes and craq with appendonly, raftlog) restart as the
+        // members they were. The others kept none: membership state left by an earlier run
+        // describes a cluster whose data is gone, and a node restarted on it would wait to
+        // rejoin it, so they start as a new cluster.
+        if !keeps_keys(&args.protocol, appendonly.as_deref()) {
+            let stale = data_dir.join(format!("node-{}", replica.id)).join("membership.log");
+            match std::fs::remove_file(&stale) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    return Err(error).with_context(|| format!("cannot remove {}", stale.display()))
+                }
+            }
         }
         let path = data_dir.join(format!("node-{}.toml", replica.id));
         write_private(&path, &toml::to_string(&config)?)?;
@@ -192,7 +217,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                 }
             }
         }
-        println!("chorus: {} {} replicas up (configs and logs in {})", n, args.protocol, data_dir.display());
+        let kept = if remove_on_exit {
+            "in memory: nothing is kept"
+        } else if !keeps_keys(&args.protocol, appendonly.as_deref()) {
+            "keys in memory; configs and logs kept"
+        } else if identity.restarted {
+            "restarted from the data kept"
+        } else {
+            "data kept across restarts"
+        };
+        println!(
+            "chorus: {} {} replicas up (data, configs and logs in {}; {kept})",
+            n,
+            args.protocol,
+            data_dir.display()
+        );
         for replica in &cluster.replicas {
             println!(
                 "  replica {}: redis-cli -h {} -p {}   (peers on {}, log {})",
@@ -233,6 +272,78 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
     drop(cluster); // stops the children
     println!("chorus: cluster stopped");
     Ok(0)
+}
+
+/// Where `chorus up` keeps a cluster by default: per port, so clusters on other ports do
+/// not share it.
+fn default_data_dir(port: u16) -> anyhow::Result<PathBuf> {
+    let base = match std::env::var_os("XDG_DATA_HOME").filter(|dir| !dir.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => match std::env::var_os("HOME").filter(|dir| !dir.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".local/share"),
+            None => bail!("neither XDG_DATA_HOME nor HOME is set: pass --data-dir DIR or --in-memory"),
+        },
+    };
+    Ok(base.join("chorus").join(format!("up-{port}")))
+}
+
+/// Whether the nodes keep their keys on disk (and so restart as the members they were).
+fn keeps_keys(protocol: &str, appendonly: Option<&str>) -> bool {
+    let appendonly = appendonly.is_some_and(|value| value.eq_ignore_ascii_case("yes"));
+    protocol == "raftlog" || (matches!(protocol, "hermes" | "craq") && appendonly)
+}
+
+/// What makes the directory's nodes one cluster, kept in `<dir>/cluster.toml` (mode 0600:
+/// it holds the token) so that `chorus up` on the same directory restarts the same cluster.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ClusterIdentity {
+    protocol: String,
+    replicas: u8,
+    cluster_id: String,
+    cluster_token: String,
+    #[serde(skip)]
+    restarted: bool,
+}
+
+impl ClusterIdentity {
+    const FILE: &'static str = "cluster.toml";
+
+    fn open_or_create(dir: &Path, args: &UpArgs) -> anyhow::Result<ClusterIdentity> {
+        let path = dir.join(Self::FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let mut identity: ClusterIdentity =
+                    toml::from_str(&text).with_context(|| format!("{} is damaged", path.display()))?;
+                if identity.protocol != args.protocol || identity.replicas != args.replicas {
+                    bail!(
+                        "{} holds a {}-replica {} cluster, not {} {}: restart it with --protocol {} \
+                         --replicas {}, or choose another --data-dir",
+                        dir.display(),
+                        identity.replicas,
+                        identity.protocol,
+                        args.replicas,
+                        args.protocol,
+                        identity.protocol,
+                        identity.replicas
+                    );
+                }
+                identity.restarted = true;
+                Ok(identity)
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let identity = ClusterIdentity {
+                    protocol: args.protocol.clone(),
+                    replicas: args.replicas,
+                    cluster_id: format!("chorus-up-{}", chorus_server::files::random_hex(8)?),
+                    cluster_token: chorus_server::files::random_hex(16)?,
+                    restarted: false,
+                };
+                write_private(&path, &toml::to_string(&identity)?)?;
+                Ok(identity)
+            }
+            Err(error) => Err(error).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
 }
 
 struct Cluster {

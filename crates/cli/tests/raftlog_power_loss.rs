@@ -12,16 +12,12 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use chorus_core::{Command, Outcome, RmwOp};
-use chorus_sim::checker::{check_history, CheckerConfig};
 use support::loopback::Cluster;
-use support::workload::{self, Workload};
+use support::workload;
 
 /// Small logs and frequent checkpoints, so syncs of the circular log, drains into the log
 /// file and checkpoints all happen between the power losses.
@@ -37,15 +33,7 @@ const ARGS: &[&str] = &[
 ];
 
 fn power_loss(cluster: &mut Cluster) {
-    for node in 0..3 {
-        cluster.sigkill(node);
-    }
-    for node in 0..3 {
-        cluster.restart(node, &[]);
-    }
-    for node in 0..3 {
-        cluster.wait_ready(node, 2);
-    }
+    cluster.power_loss();
 }
 
 /// Poll the nodes until, since their last start, they drained the circular log into the log
@@ -74,20 +62,7 @@ fn a_raftlog_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_lo
         cluster.wait_ready(node, 2);
     }
     let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients = {
-        let stop = stop.clone();
-        thread::spawn(move || {
-            let workload = Workload {
-                targets,
-                clients: 6,
-                ops_per_client: 20_000,
-                reply_timeout: Duration::from_secs(3),
-                think: Duration::from_millis(3),
-            };
-            workload::run_until(workload, stop)
-        })
-    };
+    let (stop, clients) = workload::spawn_until_stopped(targets);
     for _ in 0..2 {
         thread::sleep(Duration::from_millis(700));
         power_loss(&mut cluster);
@@ -98,42 +73,12 @@ fn a_raftlog_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_lo
     stop.store(true, Ordering::Relaxed);
     let history = clients.join().unwrap();
 
-    // What acknowledged INCRs promise about each counter.
-    let mut promised: BTreeMap<Vec<u8>, (i64, i64)> = BTreeMap::new(); // key -> (max acked, attempts)
-    for op in &history.operations {
-        if let Command::Rmw { key, op: RmwOp::IncrementBy(1) } = &op.command {
-            let entry = promised.entry(key.to_vec()).or_default();
-            entry.1 += 1;
-            if let Some(Outcome::Integer(value)) = op.completion.as_ref().map(|c| &c.outcome) {
-                entry.0 = entry.0.max(*value);
-            }
-        }
-    }
-    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
-    let report = check_history(&history, &CheckerConfig::default());
-    eprintln!(
-        "{} operations ({completed} completed), {} keys checked, counters {promised:?}",
-        history.operations.len(),
-        report.keys_checked
-    );
-    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
-    assert!(report.inconclusive_keys.is_empty(), "inconclusive: {:?}", report.inconclusive_keys);
-    assert!(completed > 500, "too little completed across the power losses: {completed}");
+    let promised = workload::check_across_crashes(&history, 500);
 
     eprintln!("since the last power loss: {drains} drains, {checkpoints} checkpoints");
 
     // And after a last power loss with no client running, nothing acknowledged is missing.
     power_loss(&mut cluster);
-    for (key, (max_acked, attempts)) in &promised {
-        let key = std::str::from_utf8(key).unwrap();
-        for node in 0..3 {
-            let value = cluster.counter(node, key);
-            assert!(
-                (*max_acked..=*attempts).contains(&value),
-                "{key} at node {node} after power losses: {value}, acknowledged up to {max_acked}, \
-                 {attempts} attempts"
-            );
-        }
-    }
+    cluster.assert_counters_kept(&promised, "power losses");
     assert_eq!(cluster.info_number(0, "raftlog_boot"), Some(4), "every node started four times");
 }

@@ -81,6 +81,8 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     // Server and keyspace commands (docs/resp.md).
     spec("time", 1, &["loading", "stale", "fast"], NO_KEYS),
     spec("lastsave", 1, &["loading", "stale", "fast"], NO_KEYS),
+    spec("bgsave", -1, &["admin", "noscript", "no_async_loading"], NO_KEYS),
+    spec("bgrewriteaof", 1, &["admin", "noscript", "no_async_loading"], NO_KEYS),
     spec("acl", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS),
     spec("keys", 2, &["readonly"], NO_KEYS),
     spec("scan", -2, &["readonly"], NO_KEYS),
@@ -377,6 +379,9 @@ pub enum Request {
     /// A command about the server or this connection (TIME, ACL, SLOWLOG, CLIENT LIST, ...):
     /// answered by `crate::admin` without touching the data.
     Admin(Vec<Bytes>),
+    /// BGSAVE, BGREWRITEAOF, LASTSAVE: the append-only file and snapshots
+    /// (crate::persistence), answered by the event loop.
+    Persistence(Vec<Bytes>),
     /// A command over many keys that reads this replica's key list or several keys (KEYS,
     /// SCAN, RANDOMKEY, SINTER, MSETNX, ...): per key linearizable at most.
     Keyspace(Vec<Bytes>),
@@ -589,8 +594,10 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         // MEMORY USAGE reads a key; STATS, DOCTOR, ... are about the server.
         "memory" if upper(&args[1]) == b"USAGE" && args.len() >= 3 => Request::Data(args.to_vec()),
         "memory" => Request::Admin(args.to_vec()),
-        "time" | "lastsave" | "acl" | "slowlog" | "latency" | "lolwut" | "readonly" | "readwrite"
-        | "role" | "module" => Request::Admin(args.to_vec()),
+        "bgsave" | "bgrewriteaof" | "lastsave" => Request::Persistence(args.to_vec()),
+        "time" | "acl" | "slowlog" | "latency" | "lolwut" | "readonly" | "readwrite" | "role" | "module" => {
+            Request::Admin(args.to_vec())
+        }
         "keys" | "scan" | "randomkey" | "sinter" | "sunion" | "sdiff" | "sintercard" | "msetnx" => {
             Request::Keyspace(args.to_vec())
         }

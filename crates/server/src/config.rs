@@ -136,6 +136,15 @@ pub struct RawConfig {
     pub maxmemory: Option<ByteSize>,
     #[serde(rename = "maxmemory-policy")]
     pub maxmemory_policy: Option<String>,
+    // ---- Persistence of the keys (docs/operations.md, "Persistence"), Redis' names.
+    /// Log every write to `<data_dir>/appendonly/` (default no, as Redis; `chorus up` turns it on).
+    pub appendonly: Option<YesNo>,
+    /// "always" (default: nothing acknowledged is lost), "everysec" or "no".
+    pub appendfsync: Option<String>,
+    /// Snapshot rules, Redis' `save "3600 1 300 100 60 10000"` ("" turns them off).
+    pub save: Option<String>,
+    /// For process-level crash tests only: "crash-test" keeps unsynced writes in memory.
+    pub appendonly_storage: Option<String>,
 }
 
 /// A size as Redis writes it: a number of bytes, or a string with a unit (`"1gb"`,
@@ -287,6 +296,7 @@ pub struct NodeConfig {
     /// TLS for clients and/or peers; `None`: plain TCP everywhere.
     pub tls: Option<TlsSettings>,
     pub clients: ClientLimits,
+    pub persistence: crate::persistence::PersistenceOptions,
 }
 
 /// TLS settings (docs/operations.md, "Security").
@@ -460,6 +470,10 @@ impl RawConfig {
             proto_max_bulk_len: overrides.proto_max_bulk_len.or(self.proto_max_bulk_len),
             maxmemory: overrides.maxmemory.or(self.maxmemory),
             maxmemory_policy: overrides.maxmemory_policy.or(self.maxmemory_policy),
+            appendonly: overrides.appendonly.or(self.appendonly),
+            appendfsync: overrides.appendfsync.or(self.appendfsync),
+            save: overrides.save.or(self.save),
+            appendonly_storage: overrides.appendonly_storage.or(self.appendonly_storage),
         }
     }
 
@@ -503,6 +517,7 @@ impl RawConfig {
             return Err(field_error("zab_reads", "only applies to protocol \"zab\""));
         }
         let membership = self.membership_timing(protocol)?;
+        let persistence = self.persistence_options(protocol)?;
         let raftlog = self.raftlog_options(protocol)?;
         let clients = self.client_limits()?;
         let requirepass = self.requirepass.clone().filter(|password| !password.is_empty());
@@ -591,6 +606,7 @@ impl RawConfig {
             .map(|addr| join_donor(addr, node_id, protocol, &membership, &replicas))
             .transpose()?;
         Ok(NodeConfig {
+            persistence,
             raftlog,
             node_id,
             protocol,
@@ -668,6 +684,25 @@ impl RawConfig {
         }
         Ok(Some(TlsSettings { files, client_port: self.tls_port, auth_clients, cluster }))
     }
+}
+
+/// Redis' `save` line: pairs of seconds and changes ("" or "none": no snapshot rules).
+fn parse_save_rules(text: &str) -> Result<Vec<crate::persistence::SaveRule>, ConfigError> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.is_empty() || words == ["none"] {
+        return Ok(Vec::new());
+    }
+    if !words.len().is_multiple_of(2) {
+        return Err(field_error("save", format!("{text:?}: expected pairs of <seconds> <changes>")));
+    }
+    let number = |word: &str| {
+        word.parse::<u64>().map_err(|_| field_error("save", format!("{word:?} is not a whole number")))
+    };
+    let mut rules = Vec::new();
+    for pair in words.chunks(2) {
+        rules.push(crate::persistence::SaveRule { seconds: number(pair[0])?, changes: number(pair[1])? });
+    }
+    Ok(rules)
 }
 
 /// `--join ADDR`: which replica (by its peer address, or its id) the joiner copies from.
@@ -752,6 +787,53 @@ impl RawConfig {
             request_deadline_ms,
             maxmemory_bytes,
         })
+    }
+
+    fn persistence_options(
+        &self,
+        protocol: Protocol,
+    ) -> Result<crate::persistence::PersistenceOptions, ConfigError> {
+        use crate::persistence::{AppendFsync, PersistenceOptions, StorageChoice};
+        let defaults = PersistenceOptions::default();
+        let supported = matches!(protocol, Protocol::Hermes | Protocol::Craq);
+        let appendonly = match &self.appendonly {
+            None => false,
+            Some(value) => value.value("appendonly")?,
+        };
+        if appendonly && !supported {
+            return Err(field_error(
+                "appendonly",
+                format!(
+                    "{} does not persist its keys through the append-only file yet (hermes and \
+                     craq do; raftlog has its own durable log): set appendonly no",
+                    protocol.name()
+                ),
+            ));
+        }
+        let appendfsync = match self.appendfsync.as_deref() {
+            None => defaults.appendfsync,
+            Some("always") => AppendFsync::Always,
+            Some("everysec") => AppendFsync::Everysec,
+            Some("no") => AppendFsync::No,
+            Some(other) => {
+                return Err(field_error("appendfsync", format!("{other:?} is none of always, everysec, no")))
+            }
+        };
+        let save = match self.save.as_deref() {
+            None => defaults.save,
+            Some(text) => parse_save_rules(text)?,
+        };
+        let storage = match self.appendonly_storage.as_deref() {
+            None | Some("files") => StorageChoice::Files,
+            Some("crash-test") => StorageChoice::CrashTest,
+            Some(other) => {
+                return Err(field_error(
+                    "appendonly_storage",
+                    format!("{other:?} is neither \"files\" nor \"crash-test\""),
+                ))
+            }
+        };
+        Ok(PersistenceOptions { appendonly, appendfsync, save, storage, ..defaults })
     }
 
     fn raftlog_options(&self, protocol: Protocol) -> Result<RaftlogOptions, ConfigError> {
@@ -936,6 +1018,36 @@ client_addr = "127.0.0.1:7380"
                     assert!(message.contains("cannot join a running cluster"), "{name}: {message}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn persistence_settings_take_redis_names_and_refuse_what_is_not_built() {
+        use crate::persistence::{AppendFsync, SaveRule};
+        let validate = |text: String| RawConfig::parse(&text).unwrap().validate();
+        let config = validate(format!(
+            "appendonly = \"yes\"\nappendfsync = \"everysec\"\nsave = \"900 1 60 5\"\n{GOOD}"
+        ))
+        .unwrap();
+        assert!(config.persistence.appendonly);
+        assert_eq!(config.persistence.appendfsync, AppendFsync::Everysec);
+        let rules = vec![SaveRule { seconds: 900, changes: 1 }, SaveRule { seconds: 60, changes: 5 }];
+        assert_eq!(config.persistence.save, rules);
+        assert!(validate(format!("save = \"\"\n{GOOD}")).unwrap().persistence.save.is_empty());
+        assert!(!validate(GOOD.to_string()).unwrap().persistence.appendonly, "Redis' default: no");
+        let craq = validate(format!("protocol = \"craq\"\nappendonly = \"yes\"\n{GOOD}")).unwrap();
+        assert!(craq.persistence.appendonly);
+        assert!(!validate(format!("protocol = \"zab\"\n{GOOD}")).unwrap().persistence.appendonly);
+        for (bad, field) in [
+            ("protocol = \"zab\"\nappendonly = true", "appendonly"),
+            ("appendonly = \"maybe\"", "appendonly"),
+            ("appendfsync = \"sometimes\"", "appendfsync"),
+            ("save = \"900\"", "save"),
+            ("save = \"x 1\"", "save"),
+            ("appendonly_storage = \"tape\"", "appendonly_storage"),
+        ] {
+            let error = validate(format!("{bad}\n{GOOD}")).unwrap_err().to_string();
+            assert!(error.contains(field), "{bad}: {error}");
         }
     }
 

@@ -411,6 +411,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Request::HSet { .. } | Request::HDel { .. } => self.update_hash(request).await,
             Request::Data(args) => self.run_data(args).await,
             Request::Admin(args) => self.admin(args).await,
+            Request::Persistence(args) => crate::persistence::command(self.engine(), &args).await,
             Request::Keyspace(args) => self.keyspace(args).await,
             Request::DbSize => match self.engine().status().await {
                 Some(status) => Reply::Integer(status.keys as i64),
@@ -731,14 +732,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
         }
         if wanted("persistence") {
-            // Durability is the protocol's (docs/operations.md); there are no RDB/AOF files.
             info.section("Persistence");
-            info.field("loading", &0);
-            info.field("rdb_changes_since_last_save", &0);
-            info.field("rdb_bgsave_in_progress", &0);
-            info.field("rdb_last_bgsave_status", &"ok");
-            info.field("aof_enabled", &0);
-            info.field("aof_rewrite_in_progress", &0);
+            let persistence = self.engine().persistence(false).await.and_then(Result::ok);
+            for (name, value) in crate::persistence::info_fields(persistence.as_ref()) {
+                info.field(name, &value);
+            }
         }
         if wanted("cluster") {
             // Redis Cluster is not spoken: every replica holds every key (docs/resp.md).

@@ -31,6 +31,8 @@ use chorus_zab::Zab;
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::persistence::{Persistence, PersistenceInfo};
+
 /// What the server needs from a protocol core beyond [`Replica`].
 pub trait ServedReplica: Replica + Send + 'static
 where
@@ -88,6 +90,21 @@ where
     /// [`Self::write_mark`] is a [`WriteMark::Log`].
     fn log_holders(&self, _log: u32, _index: u64) -> NodeSet {
         NodeSet::single(self.id())
+    }
+    /// Persistence (crates/server/src/persistence): the keys whose durable state `message`
+    /// carries or answers for. Cores that persist no keys have none.
+    fn message_keys(_message: &Self::Message, _keys: &mut Vec<Key>) {}
+    /// The durable state of `keys` as one record (`None`: nothing to log).
+    fn durable_record(&self, _keys: &[Key]) -> Option<Vec<u8>> {
+        None
+    }
+    /// Every key with durable state, for a snapshot.
+    fn durable_keys(&self) -> Vec<Key> {
+        Vec::new()
+    }
+    /// Whether this replica holds all the data (not a joiner still copying, not removed).
+    fn holds_all_data(&self) -> bool {
+        self.is_caught_up()
     }
     /// Start leaving the view for a planned stop. Cores without a membership service have no
     /// view to leave.
@@ -155,6 +172,20 @@ where
     }
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.take_persist_records()
+    }
+    fn message_keys(message: &Self::Message, keys: &mut Vec<Key>) {
+        if let Wire::Protocol(message) = message {
+            P::message_keys(message, keys);
+        }
+    }
+    fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        self.protocol().durable_record(keys)
+    }
+    fn durable_keys(&self) -> Vec<Key> {
+        self.protocol().durable_keys()
+    }
+    fn holds_all_data(&self) -> bool {
+        self.protocol().holds_all_data()
     }
     fn write_mark(&self, key: &Key) -> WriteMark {
         self.protocol().write_mark(key)
@@ -342,6 +373,15 @@ impl ServedReplica for Hermes {
     fn keys(&self) -> Vec<Key> {
         Hermes::keys(self).collect()
     }
+    fn message_keys(message: &chorus_hermes::Message, keys: &mut Vec<Key>) {
+        crate::persistence::hermes::message_keys(message, keys);
+    }
+    fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        crate::persistence::hermes::record(self, keys)
+    }
+    fn durable_keys(&self) -> Vec<Key> {
+        self.written_keys()
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
         vec![
@@ -378,6 +418,15 @@ impl ServedReplica for Craq {
     }
     fn keys(&self) -> Vec<Key> {
         Craq::keys(self).cloned().collect()
+    }
+    fn message_keys(message: &chorus_craq::Message, keys: &mut Vec<Key>) {
+        crate::persistence::craq::message_keys(message, keys);
+    }
+    fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        crate::persistence::craq::record(self, keys)
+    }
+    fn durable_keys(&self) -> Vec<Key> {
+        self.written_keys()
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
@@ -572,6 +621,12 @@ pub enum EngineRequest {
     Keys {
         reply: oneshot::Sender<Vec<Key>>,
     },
+    /// BGSAVE (`save`: start one) or INFO persistence / LASTSAVE (`save` false). `None`:
+    /// the node persists nothing.
+    Persistence {
+        save: bool,
+        reply: oneshot::Sender<Option<Result<PersistenceInfo, String>>>,
+    },
     /// WAIT: answer how many other replicas hold every write in `marks`, once at least
     /// `replicas` do or at `deadline` (`None`: no deadline), whichever comes first.
     Wait {
@@ -697,6 +752,14 @@ impl EngineHandle {
         Some(fewest)
     }
 
+    /// Start a background save (`save`), or read the persistence state. `None`: the node
+    /// persists nothing (or its event loop is gone). Only unsharded protocols persist keys.
+    pub async fn persistence(&self, save: bool) -> Option<Result<PersistenceInfo, String>> {
+        let (reply, rx) = oneshot::channel();
+        self.shards.first()?.send(EngineRequest::Persistence { save, reply }).await.ok()?;
+        rx.await.ok().flatten()
+    }
+
     /// The node's state; with shards, theirs summed (counters, keys, requests).
     pub async fn status(&self) -> Option<EngineStatus> {
         let mut merged: Option<EngineStatus> = None;
@@ -809,6 +872,20 @@ where
     durable_log: Option<chorus_membership::MembershipLog<chorus_storage::FileStorage>>,
     /// The view and serving state last logged: every change is logged once, at INFO.
     logged: Option<(View, bool)>,
+    /// The keys' append-only file and snapshots; `None`: keys live in memory only.
+    persistence: Option<Persistence>,
+    /// Keys the turn touched, logged at its end.
+    touched: Vec<Key>,
+    /// Replies wait for the turn's sync (`appendfsync always`).
+    replies_wait: bool,
+}
+
+/// What the node keeps on disk besides a core's own files.
+pub struct NodeDisk {
+    /// The membership service's log (views this node installed).
+    pub membership_log: Option<chorus_membership::MembershipLog<chorus_storage::FileStorage>>,
+    /// The keys' append-only file and snapshots (crate::persistence).
+    pub persistence: Option<Persistence>,
 }
 
 /// Run the event loop until every request sender is gone, or `shutdown` turns true and the
@@ -822,7 +899,7 @@ pub async fn run<R>(
     mut requests: mpsc::Receiver<EngineRequest>,
     mut inbound: chorus_net::Inbound<R::Message>,
     mut shutdown: watch::Receiver<bool>,
-    durable_log: Option<chorus_membership::MembershipLog<chorus_storage::FileStorage>>,
+    disk: NodeDisk,
 ) where
     R: ServedReplica,
     R::Message: WireMessage + Send + 'static,
@@ -841,8 +918,11 @@ pub async fn run<R>(
         next_request: 0,
         origin: Instant::now(),
         last_tick: Time::ZERO,
-        durable_log,
+        durable_log: disk.membership_log,
         logged: None,
+        replies_wait: disk.persistence.as_ref().is_some_and(Persistence::replies_wait),
+        persistence: disk.persistence,
+        touched: Vec::new(),
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -878,6 +958,11 @@ pub async fn run<R>(
         state.log_view_changes();
     }
     state.fail_pending();
+    if let Some(persistence) = &mut state.persistence {
+        if let Err(error) = persistence.close() {
+            tracing::error!(%error, "cannot close the append-only file cleanly");
+        }
+    }
     // Dropping `state` drops the transport (its writers stop).
 }
 
@@ -931,6 +1016,9 @@ where
         let id = ClientRequestId(self.next_request);
         self.next_request += 1;
         let update = command.is_update().then(|| command.key().clone());
+        if let Some(key) = update.as_ref().filter(|_| self.persistence.is_some()) {
+            self.touched.push(key.clone());
+        }
         self.pending.insert(id, Pending { reply, update });
         self.deadlines.push_back((Instant::now() + self.request_deadline, id));
         Some(id)
@@ -995,6 +1083,15 @@ where
                     counters: self.replica.counters(),
                 });
             }
+            EngineRequest::Persistence { save, reply } => {
+                let answer = self.persistence.as_mut().map(|persistence| {
+                    if save {
+                        persistence.bgsave(&self.replica)?;
+                    }
+                    Ok(persistence.info())
+                });
+                let _ = reply.send(answer);
+            }
             EngineRequest::Keys { reply } => {
                 let _ = reply.send(self.replica.keys());
             }
@@ -1039,6 +1136,11 @@ where
     }
 
     fn on_messages(&mut self, from: NodeId, messages: Vec<R::Message>) {
+        if self.persistence.is_some() {
+            for message in &messages {
+                R::message_keys(message, &mut self.touched);
+            }
+        }
         let now = self.now();
         for message in messages {
             self.replica.on_message(now, from, message, &mut self.outbox);
@@ -1056,7 +1158,7 @@ where
     }
 
     fn complete_replies(&mut self) {
-        if R::REPLIES_AFTER_PERSIST {
+        if R::REPLIES_AFTER_PERSIST || self.replies_wait {
             return; // perform_outbox completes them once the turn's state is durable
         }
         self.complete_replies_now();
@@ -1077,12 +1179,32 @@ where
     fn perform_outbox(&mut self) {
         self.complete_replies();
         self.persist_durable_records();
+        self.persist_keys();
         if let Err(error) = self.replica.persist_turn() {
             tracing::error!(%error, "cannot persist replica state; stopping this node");
             std::process::exit(1);
         }
         self.complete_replies_now();
         self.transport.send_turn(&mut self.outbox.messages);
+    }
+
+    /// The turn's keys go to the append-only file (synced, with `appendfsync always`) before
+    /// any message or reply of the turn leaves. A node that cannot write them must stop: it
+    /// would acknowledge writes it could lose.
+    fn persist_keys(&mut self) {
+        let Some(persistence) = &mut self.persistence else { return };
+        for (_, message) in &self.outbox.messages {
+            R::message_keys(message, &mut self.touched);
+        }
+        for (id, _) in &self.outbox.replies {
+            if let Some(key) = self.pending.get(id).and_then(|pending| pending.update.as_ref()) {
+                self.touched.push(key.clone());
+            }
+        }
+        if let Err(error) = persistence.end_turn(&self.replica, &mut self.touched) {
+            tracing::error!("cannot persist keys ({error:#}); stopping this node");
+            std::process::exit(1);
+        }
     }
 
     /// Log every view this node installs (epoch and members) and every change of whether it

@@ -22,6 +22,7 @@ pub mod files;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
+pub mod persistence;
 pub mod resp;
 
 use std::future::Future;
@@ -145,8 +146,10 @@ async fn serve_node(
     // raftlog with shards: one event loop per shard, each key's requests routed to its own.
     let shards = if config.protocol == Protocol::Raftlog { config.raftlog.shards } else { 1 };
     let (engine, requests) = engine::channels(shards);
+    let (persistence, restored) = open_persistence(config)?;
+    let data_restored = restored.as_ref().is_some_and(|restored| restored.trusted);
     let membership = match (config.membership, &state_dir) {
-        (Some(timing), Some(dir)) => Some(Managed::open(config, timing, dir)?),
+        (Some(timing), Some(dir)) => Some(Managed::open(config, timing, dir, data_restored)?),
         _ => None,
     };
     let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
@@ -154,6 +157,7 @@ async fn serve_node(
     let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
     let request_deadline = std::time::Duration::from_millis(config.clients.request_deadline_ms);
     let start = Start {
+        persistence,
         net,
         requests,
         shutdown: shutdown_rx,
@@ -171,7 +175,18 @@ async fn serve_node(
             if joining {
                 info!(donor = ?config.join, "joining the cluster as a shadow replica");
             }
-            start.spawn(Hermes::new(hermes)).await?
+            let mut hermes = Hermes::new(hermes);
+            if let Some(restored) = restored.filter(|restored| restored.trusted && !joining) {
+                let records = restored.records.len();
+                let keys = persistence::hermes::restore(&mut hermes, restored.records)?;
+                info!(
+                    records,
+                    keys,
+                    live_keys = hermes.key_count(),
+                    "keys restored from the append-only file"
+                );
+            }
+            start.spawn(hermes).await?
         }
         Protocol::Craq => {
             let mut craq = CraqConfig::new(me, replicas);
@@ -180,7 +195,13 @@ async fn serve_node(
             if joining {
                 info!("joining the cluster: copying the chain neighbour's state");
             }
-            start.spawn(Craq::new(craq)).await?
+            let mut craq = Craq::new(craq);
+            if let Some(restored) = restored.filter(|restored| restored.trusted && !joining) {
+                let records = restored.records.len();
+                let keys = persistence::craq::restore(&mut craq, restored.records, seq_floor())?;
+                info!(records, keys, live_keys = craq.key_count(), "keys restored from the append-only file");
+            }
+            start.spawn(craq).await?
         }
         Protocol::Zab(read_mode) => {
             let mut zab_config = ZabConfig::new(me, replicas);
@@ -351,6 +372,7 @@ async fn tls_upgrade(
 
 /// What starting the event loop needs, whatever the protocol.
 struct Start {
+    persistence: Option<persistence::Persistence>,
     net: NetConfig,
     /// One per event loop: one, or one per raftlog shard.
     requests: Vec<tokio::sync::mpsc::Receiver<EngineRequest>>,
@@ -392,9 +414,10 @@ impl Start {
         transport.set_priority(R::is_priority);
         let stopped = self.stopped;
         let [requests]: [_; 1] = self.requests.try_into().expect("one event loop, one request channel");
+        let disk = engine::NodeDisk { membership_log: durable_log, persistence: self.persistence };
         let event_loop = async move {
             let deadline = self.request_deadline;
-            engine::run(replica, deadline, transport, requests, inbound, self.shutdown, durable_log).await;
+            engine::run(replica, deadline, transport, requests, inbound, self.shutdown, disk).await;
             let _ = stopped.send(());
         };
         // With one worker thread (the default) the event loop is one more task on it: a
@@ -443,7 +466,8 @@ impl Start {
             let (transport, shutdown, deadline) =
                 (transport.sibling(), self.shutdown.clone(), self.request_deadline);
             let event_loop = async move {
-                engine::run(shard, deadline, transport, requests, inbound, shutdown, None).await;
+                let disk = engine::NodeDisk { membership_log: None, persistence: None };
+                engine::run(shard, deadline, transport, requests, inbound, shutdown, disk).await;
                 let _ = stopped_tx.send(());
             };
             std::thread::Builder::new()
@@ -622,6 +646,46 @@ fn open_raftlog_shard(
     Ok(replica)
 }
 
+/// The keys' append-only file under `<data_dir>/appendonly/`, and what it held. Only with a
+/// configured data directory: a temporary one dies with the node.
+fn open_persistence(
+    config: &NodeConfig,
+) -> anyhow::Result<(Option<persistence::Persistence>, Option<persistence::Restored>)> {
+    let options = config.persistence.clone();
+    if !options.appendonly {
+        return Ok((None, None));
+    }
+    let Some(data_dir) = &config.data_dir else {
+        warn!("no data_dir: appendonly has nowhere to write; keys live in memory only");
+        return Ok((None, None));
+    };
+    let dir = data_dir.join("appendonly");
+    if options.storage == persistence::StorageChoice::CrashTest {
+        warn!(
+            "appendonly_storage = \"crash-test\": unsynced writes wait in memory (process crash tests only)"
+        );
+    }
+    let appendfsync = options.appendfsync.name();
+    let (persistence, restored) = persistence::Persistence::open(&dir, options)
+        .with_context(|| format!("cannot open the append-only file in {}", dir.display()))?;
+    if restored.trusted {
+        info!(dir = %dir.display(), appendfsync, "persisting keys; restarting with the data on disk");
+    } else {
+        info!(dir = %dir.display(), appendfsync, reason = %restored.reason, "persisting keys; not restoring them");
+    }
+    Ok((Some(persistence), Some(restored)))
+}
+
+/// Where a CRAQ node restarted with its data numbers its updates from: the wall clock in
+/// milliseconds times 2^16, above every number an earlier start used unless that start
+/// made more than 65536 updates per millisecond it ran.
+fn seq_floor() -> u64 {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64);
+    millis << 16
+}
+
 /// Tells this start of the node apart from every earlier one (join entries carry it).
 fn incarnation() -> u64 {
     let nanos = std::time::SystemTime::now()
@@ -637,7 +701,14 @@ struct Managed {
 }
 
 impl Managed {
-    fn open(config: &NodeConfig, timing: MembershipTiming, dir: &std::path::Path) -> anyhow::Result<Managed> {
+    /// `data_restored`: the protocol's keys came back from this node's own append-only file
+    /// (all of them, every acknowledged one included), so a restart needs no copy.
+    fn open(
+        config: &NodeConfig,
+        timing: MembershipTiming,
+        dir: &std::path::Path,
+        data_restored: bool,
+    ) -> anyhow::Result<Managed> {
         let storage = FileStorage::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
         let path = dir.join(MEMBERSHIP_LOG);
         let (durable_log, records) = MembershipLog::open(storage)?;
@@ -651,10 +722,12 @@ impl Managed {
         }
         let restarted = !records.is_empty();
         if config.protocol.can_join() {
-            // Hermes, CRAQ and ZAB keys live in memory: a restarted node has lost them; a chain region
-            // may have missed writes while the node was down. Either way it rejoins like a new
-            // one and is copied to (docs/operations.md, "Replacing a node").
-            if restarted || config.join.is_some() {
+            // Without its keys on disk a restarted node has lost them (CRAQ and ZAB keep them in
+            // memory; a chain region may have missed writes while the node was down), and so
+            // has a node whose append-only file is not complete: it rejoins like a new one and
+            // is copied to (docs/operations.md, "Replacing a node"). With them it comes back
+            // as the member it was (docs/membership.md, "Restarting with the data").
+            if (restarted && !data_restored) || config.join.is_some() {
                 membership_config.join = Some(incarnation());
             }
             membership_config.rejoin = true;

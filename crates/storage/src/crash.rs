@@ -108,6 +108,12 @@ impl Storage for CrashTestStorage {
         inner.files.replace(name, data)
     }
 
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        let mut inner = self.lock();
+        inner.pending.remove(name);
+        inner.files.remove(name)
+    }
+
     fn describe(&self, name: &str) -> String {
         self.lock().files.describe(name)
     }

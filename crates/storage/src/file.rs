@@ -97,6 +97,15 @@ impl Storage for FileStorage {
         self.sync_dir()
     }
 
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        self.open.retain(|(open, _)| open != name);
+        match std::fs::remove_file(self.dir.join(name)) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+        self.sync_dir()
+    }
+
     fn describe(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }

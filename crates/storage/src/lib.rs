@@ -42,6 +42,8 @@ pub trait Storage {
     /// either the old contents or `data`, never a mix (temporary file, sync, rename, sync of
     /// the directory).
     fn replace(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
+    /// Delete the file, durably (a missing file is no error): what a log rewrite leaves behind.
+    fn remove(&mut self, name: &str) -> io::Result<()>;
     /// Where the file lives, for error messages.
     fn describe(&self, name: &str) -> String;
 }
@@ -65,6 +67,9 @@ impl<S: Storage + ?Sized> Storage for Box<S> {
     }
     fn replace(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
         (**self).replace(name, data)
+    }
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        (**self).remove(name)
     }
     fn describe(&self, name: &str) -> String {
         (**self).describe(name)

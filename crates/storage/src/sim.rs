@@ -216,6 +216,12 @@ impl Storage for SimDisk {
         Ok(())
     }
 
+    /// Durable at once, as a rename of the directory entry is once its directory is synced.
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        self.lock().remove(name);
+        Ok(())
+    }
+
     fn replace(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
         let mut files = self.lock();
         let file =

@@ -187,6 +187,41 @@ impl Cluster {
         child.wait().unwrap();
     }
 
+    /// A power cut of the whole cluster: SIGKILL every node at once, restart each on its data
+    /// directory, and wait until each serves with all the others.
+    pub fn power_loss(&mut self) {
+        let nodes = self.nodes.len();
+        for node in 0..nodes {
+            self.sigkill(node);
+        }
+        for node in 0..nodes {
+            self.restart(node, &[]);
+        }
+        for node in 0..nodes {
+            self.wait_ready(node, nodes - 1);
+        }
+    }
+
+    /// Every node holds each counter at no less than the largest value an acknowledged INCR
+    /// returned, and no more than the INCRs tried (`promised`: key -> (largest, tried)).
+    pub fn assert_counters_kept(
+        &self,
+        promised: &std::collections::BTreeMap<Vec<u8>, (i64, i64)>,
+        after: &str,
+    ) {
+        for (key, (max_acked, attempts)) in promised {
+            let key = std::str::from_utf8(key).unwrap();
+            for node in 0..self.nodes.len() {
+                let value = self.counter(node, key);
+                assert!(
+                    (*max_acked..=*attempts).contains(&value),
+                    "{key} at node {node} after {after}: {value}, acknowledged up to {max_acked}, \
+                     {attempts} attempts"
+                );
+            }
+        }
+    }
+
     /// Send node `i` `signal` (SIGSTOP, SIGCONT, SIGTERM); it keeps its place.
     pub fn signal(&self, i: usize, signal: libc::c_int) {
         let pid = self.nodes[i].child.as_ref().expect("node running").id() as libc::pid_t;

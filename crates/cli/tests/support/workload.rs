@@ -185,3 +185,48 @@ pub fn run_until(workload: Workload, stop: Arc<AtomicBool>) -> History {
     }
     History { operations }
 }
+
+/// Check a history recorded across crashes: linearizable, every key conclusive, and more than
+/// `completed_min` operations completed. Returns what the acknowledged INCRs promise of each
+/// counter: (the largest value an INCR returned, how many INCRs were tried).
+pub fn check_across_crashes(
+    history: &History,
+    completed_min: usize,
+) -> std::collections::BTreeMap<Vec<u8>, (i64, i64)> {
+    let mut promised: std::collections::BTreeMap<Vec<u8>, (i64, i64)> = Default::default();
+    for op in &history.operations {
+        if let Command::Rmw { key, op: RmwOp::IncrementBy(1) } = &op.command {
+            let entry = promised.entry(key.to_vec()).or_default();
+            entry.1 += 1;
+            if let Some(Outcome::Integer(value)) = op.completion.as_ref().map(|c| &c.outcome) {
+                entry.0 = entry.0.max(*value);
+            }
+        }
+    }
+    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
+    let report = chorus_sim::checker::check_history(history, &chorus_sim::checker::CheckerConfig::default());
+    eprintln!(
+        "{} operations ({completed} completed), {} keys checked, counters {promised:?}",
+        history.operations.len(),
+        report.keys_checked
+    );
+    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
+    assert!(report.inconclusive_keys.is_empty(), "inconclusive: {:?}", report.inconclusive_keys);
+    assert!(completed > completed_min, "too little completed across the crashes: {completed}");
+    promised
+}
+
+/// Six recording clients over `targets` in a thread, until the returned flag is set (the
+/// shape of the crash tests: faults happen while they run); join the handle for the history.
+pub fn spawn_until_stopped(targets: Vec<String>) -> (Arc<AtomicBool>, thread::JoinHandle<History>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let workload = Workload {
+        targets,
+        clients: 6,
+        ops_per_client: 20_000,
+        reply_timeout: Duration::from_secs(3),
+        think: Duration::from_millis(3),
+    };
+    let flag = stop.clone();
+    (stop, thread::spawn(move || run_until(workload, flag)))
+}

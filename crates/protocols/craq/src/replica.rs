@@ -108,6 +108,48 @@ struct Query {
     sent_at: Time,
 }
 
+/// A key as a donor sends it, and as persistence logs it.
+fn chunk_key(key: &Key, entry: &KeyEntry) -> ChunkKey {
+    ChunkKey {
+        key: key.clone(),
+        clean_version: entry.clean_version,
+        clean_value: entry.clean_value.clone(),
+        dirty: entry
+            .dirty
+            .iter()
+            .map(|version| ChunkVersion {
+                version: version.version,
+                value: version.value.clone(),
+                origin: version.origin,
+                seq: version.seq,
+                outcome: version.outcome.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// A copied key's latest version; `None` when its dirty versions do not sit right above its
+/// clean one, one after another (malformed).
+fn chunk_latest(chunk: &ChunkKey) -> Option<u64> {
+    let contiguous = chunk
+        .dirty
+        .iter()
+        .enumerate()
+        .all(|(index, version)| version.version == chunk.clean_version + 1 + index as u64);
+    contiguous.then(|| chunk.dirty.last().map_or(chunk.clean_version, |version| version.version))
+}
+
+fn versions_of(dirty: Vec<ChunkVersion>) -> VecDeque<Version> {
+    let version_of = |version: ChunkVersion| Version {
+        version: version.version,
+        value: version.value,
+        origin: version.origin,
+        seq: version.seq,
+        outcome: version.outcome,
+    };
+    dirty.into_iter().map(version_of).collect()
+}
+
 pub struct Craq {
     config: CraqConfig,
     view: View,
@@ -213,6 +255,46 @@ impl Craq {
     /// Number of keys whose latest version holds a value.
     pub fn key_count(&self) -> usize {
         self.keys.values().filter(|entry| entry.latest_value().is_some()).count()
+    }
+
+    /// A key's durable state (clean and dirty versions), as a donor copies it; persistence
+    /// logs it and a restart restores it through [`Craq::restore`]. `None`: never written.
+    pub fn export_key(&self, key: &[u8]) -> Option<ChunkKey> {
+        let (key, entry) = self.keys.get_key_value(key).filter(|(_, entry)| entry.latest_version() > 0)?;
+        Some(chunk_key(key, entry))
+    }
+
+    /// Every key ever written (deleted ones too: their version must survive).
+    pub fn written_keys(&self) -> Vec<Key> {
+        self.keys.iter().filter(|(_, entry)| entry.latest_version() > 0).map(|(key, _)| key.clone()).collect()
+    }
+
+    /// Load keys from this replica's own disk before it starts. Per key the newest state
+    /// wins (latest version, then the higher clean one): records are logged as keys change,
+    /// and a snapshot's may be newer than the log's that follow it. Dirty versions go down
+    /// the chain again at the first tick or view (a tail commits them), as after a view
+    /// change. `seq_floor`: this start's update numbers begin above it, above every number
+    /// an earlier start used (the runtime passes one derived from the clock), so replicas
+    /// that remember them never take a new update for a duplicate.
+    pub fn restore(&mut self, entries: impl IntoIterator<Item = ChunkKey>, seq_floor: u64) {
+        for restored in entries {
+            let Some(latest) = chunk_latest(&restored) else { continue };
+            let entry = self.keys.entry(restored.key.clone()).or_default();
+            if (latest, restored.clean_version) < (entry.latest_version(), entry.clean_version) {
+                continue;
+            }
+            entry.clean_version = restored.clean_version;
+            entry.clean_value = restored.clean_value;
+            entry.dirty = versions_of(restored.dirty);
+            if entry.dirty.is_empty() {
+                entry.retransmit_at = None;
+                self.dirty_keys.remove(&restored.key);
+            } else {
+                entry.retransmit_at = Some(Time::ZERO);
+                self.dirty_keys.insert(restored.key);
+            }
+        }
+        self.next_seq = self.next_seq.max(seq_floor);
     }
 
     pub fn head(&self) -> Option<NodeId> {
@@ -776,22 +858,7 @@ impl Craq {
             .keys
             .iter()
             .filter(|(key, entry)| entry.latest_version() > 0 && key_bucket(key, buckets_total) == bucket)
-            .map(|(key, entry)| ChunkKey {
-                key: key.clone(),
-                clean_version: entry.clean_version,
-                clean_value: entry.clean_value.clone(),
-                dirty: entry
-                    .dirty
-                    .iter()
-                    .map(|version| ChunkVersion {
-                        version: version.version,
-                        value: version.value.clone(),
-                        origin: version.origin,
-                        seq: version.seq,
-                        outcome: version.outcome.clone(),
-                    })
-                    .collect(),
-            })
+            .map(|(key, entry)| chunk_key(key, entry))
             .collect();
         let mut sessions: Vec<ChunkSession> = self
             .sessions
@@ -880,18 +947,12 @@ impl Craq {
     }
 
     fn install_copied_key(&mut self, now: Time, copied: ChunkKey, out: &mut Outbox<Message>) {
-        let contiguous = copied
-            .dirty
-            .iter()
-            .enumerate()
-            .all(|(index, version)| version.version == copied.clean_version + 1 + index as u64);
-        if !contiguous {
+        let Some(latest) = chunk_latest(&copied) else {
             return; // Malformed: a donor's dirty versions sit right above its clean one.
-        }
+        };
         let key = copied.key;
         let hash = key_hash(&key);
         let entry = self.keys.entry(key.clone()).or_default();
-        let latest = copied.dirty.last().map_or(copied.clean_version, |version| version.version);
         if entry.latest_version() >= latest {
             // Never newer: a joiner holds nothing of a key before its chunk. Kept as a guard
             // so that no copy can take a key backwards.
@@ -899,17 +960,7 @@ impl Craq {
         }
         entry.clean_version = copied.clean_version;
         entry.clean_value = copied.clean_value;
-        entry.dirty = copied
-            .dirty
-            .into_iter()
-            .map(|version| Version {
-                version: version.version,
-                value: version.value,
-                origin: version.origin,
-                seq: version.seq,
-                outcome: version.outcome,
-            })
-            .collect::<VecDeque<_>>();
+        entry.dirty = versions_of(copied.dirty);
         entry.retransmit_at = None;
         let stamps: Vec<(NodeId, u64)> =
             entry.dirty.iter().map(|version| (version.origin, version.seq)).collect();

@@ -448,3 +448,55 @@ fn a_joining_head_skips_a_joining_successor_and_both_catch_up() {
     assert_eq!(cluster.reply(overwrite), Some(&Outcome::Written));
     assert_eq!(cluster.nodes[2].key_state(b"k0"), Some((3, Some(&b("after")), 0)));
 }
+
+impl Cluster {
+    /// `node` restarts from what it had on disk: a new core with every key's state restored
+    /// (the runtime logs them before any message of the turn leaves), in the same view.
+    fn restart_from_disk(&mut self, node: u8, seq_floor: u64) {
+        let old = &self.nodes[node as usize];
+        let saved: Vec<_> = old.written_keys().iter().filter_map(|key| old.export_key(key)).collect();
+        self.net.retain(|envelope| envelope.from != node && envelope.to != node);
+        let all: NodeSet = (0..self.nodes.len() as u8).map(NodeId).collect();
+        let mut config = CraqConfig::new(NodeId(node), all);
+        config.retransmit_timeout = TIMEOUT;
+        let mut craq = Craq::new(config);
+        craq.restore(saved, seq_floor);
+        self.nodes[node as usize] = craq;
+    }
+}
+
+#[test]
+fn a_whole_chain_restarted_from_disk_commits_the_versions_it_held_dirty() {
+    let mut cluster = Cluster::new(3);
+    let first = cluster.client(0, set("k", "v1"));
+    cluster.settle();
+    assert_eq!(cluster.reply(first), Some(&Outcome::Written));
+    // v2 reaches the middle replica, not the tail; then every node loses power.
+    cluster.client(0, set("k", "v2"));
+    cluster.deliver(|e| is_write(e) && e.to == 1);
+    cluster.net.clear();
+    for node in 0..3 {
+        cluster.restart_from_disk(node, 1 << 20);
+    }
+    assert_eq!(cluster.nodes[1].key_state(b"k"), Some((1, Some(&b("v1")), 1)), "restored dirty");
+    cluster.settle_with_ticks();
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].key_state(b"k"), Some((2, Some(&b("v2")), 0)), "node {node}");
+    }
+}
+
+#[test]
+fn a_node_restarted_from_disk_numbers_its_updates_above_the_ones_its_peers_remember() {
+    let mut cluster = Cluster::new(3);
+    let first = cluster.client(1, Command::Rmw { key: b("n"), op: RmwOp::IncrementBy(1) });
+    cluster.settle();
+    assert_eq!(cluster.reply(first), Some(&Outcome::Integer(1)));
+    // The origin restarts before anyone noticed: the head still remembers its update 0.
+    cluster.restart_from_disk(1, 1 << 20);
+    let second = cluster.client(1, Command::Rmw { key: b("n"), op: RmwOp::IncrementBy(1) });
+    cluster.settle_with_ticks();
+    assert_eq!(cluster.reply(second), Some(&Outcome::Integer(2)), "not taken for a duplicate of update 0");
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].key_state(b"n"), Some((2, Some(&b("2")), 0)), "node {node}");
+    }
+}

@@ -183,6 +183,44 @@ impl Hermes {
         self.keys.values().filter(|entry| entry.value.is_some()).count()
     }
 
+    /// A key's durable state, in the form a donor copies it (persistence logs it, and a
+    /// restart restores it through [`Hermes::restore`]). `None`: the key was never written.
+    pub fn export_key(&self, key: &[u8]) -> Option<ChunkEntry> {
+        let entry = self.keys.get(key).filter(|entry| entry.ts != Timestamp::ZERO)?;
+        Some(ChunkEntry {
+            key: Key::copy_from_slice(key),
+            ts: entry.ts,
+            value: entry.value.clone(),
+            rmw: entry.rmw_flag,
+            valid: entry.state == KeyState::Valid,
+        })
+    }
+
+    /// Every key with a timestamp (deleted ones too: their timestamp must survive, or a
+    /// later write could reuse a lower one).
+    pub fn written_keys(&self) -> Vec<Key> {
+        let written = self.keys.iter().filter(|(_, entry)| entry.ts != Timestamp::ZERO);
+        written.map(|(key, _)| Key::copy_from_slice(key)).collect()
+    }
+
+    /// Load keys from this replica's own disk before it starts: per key the highest
+    /// timestamp wins, as when a shadow merges a chunk. A key not known Valid comes back
+    /// Invalid, so a read of it replays the write first (§3.2): the update may not have
+    /// committed, and a replay either commits it everywhere or meets a newer one.
+    pub fn restore(&mut self, entries: impl IntoIterator<Item = ChunkEntry>) {
+        for restored in entries {
+            let entry = entry_or_default(&mut self.keys, &restored.key);
+            if restored.ts > entry.ts {
+                entry.ts = restored.ts;
+                entry.value = restored.value;
+                entry.rmw_flag = restored.rmw;
+                entry.state = if restored.valid { KeyState::Valid } else { KeyState::Invalid };
+            } else if restored.ts == entry.ts && restored.valid {
+                entry.state = KeyState::Valid;
+            }
+        }
+    }
+
     fn peers(&self) -> NodeSet {
         self.view.live.without(self.config.me)
     }
