@@ -95,6 +95,10 @@ impl Procs {
         }
         self.children.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
+        // The shared scratch root goes with its last run; remove_dir refuses while others remain.
+        if let Some(root) = self.dir.parent().filter(|parent| *parent == scratch_root()) {
+            let _ = std::fs::remove_dir(root);
+        }
     }
 }
 

@@ -20,6 +20,13 @@ fn options(mode: HostMode, members: usize, tag: &str) -> Options {
     }
 }
 
+/// Runs the example and removes its region directory, which the example leaves to its caller.
+fn run(options: &Options) -> anyhow::Result<Summary> {
+    let result = example::run(options);
+    let _ = std::fs::remove_dir_all(&options.region_dir);
+    result
+}
+
 fn check(summary: &Summary, options: &Options) {
     assert_eq!(summary.committed + summary.refused, options.transfers);
     assert!(summary.committed > 0, "some transfers had the money");
@@ -42,7 +49,7 @@ fn check(summary: &Summary, options: &Options) {
 #[test]
 fn the_example_table_replicates_through_host_processes() {
     let options = options(HostMode::Chorus, 3, "chain");
-    let summary = example::run(&options).unwrap();
+    let summary = run(&options).unwrap();
     check(&summary, &options);
     assert_eq!(summary.data_addrs, summary.host_addrs, "the hosts serve the chain themselves");
 }
@@ -50,7 +57,7 @@ fn the_example_table_replicates_through_host_processes() {
 #[test]
 fn the_example_table_replicates_through_naive_replica_processes() {
     let options = options(HostMode::Naive, 3, "naive");
-    let summary = example::run(&options).unwrap();
+    let summary = run(&options).unwrap();
     check(&summary, &options);
     assert_ne!(summary.data_addrs, summary.host_addrs, "every member was redirected to a replica");
 }
@@ -59,5 +66,5 @@ fn the_example_table_replicates_through_naive_replica_processes() {
 fn a_row_outside_the_table_is_refused() {
     let mut options = options(HostMode::Chorus, 1, "one");
     options.rows = 1;
-    assert!(example::run(&options).is_err(), "a table of accounts needs two rows");
+    assert!(run(&options).is_err(), "a table of accounts needs two rows");
 }
