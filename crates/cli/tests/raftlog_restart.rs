@@ -7,12 +7,9 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::thread;
 use std::time::Duration;
 
-use chorus_core::{Command, Outcome, RmwOp};
-use chorus_sim::checker::{check_history, CheckerConfig};
 use support::loopback::Cluster;
 use support::workload::{self, Workload};
 
@@ -43,29 +40,7 @@ fn killed_raftlog_nodes_rejoin_under_their_ids_and_lose_no_acknowledged_write() 
     }
     let history = clients.join().unwrap();
 
-    // What acknowledged INCRs promise about each counter.
-    let mut promised: BTreeMap<Vec<u8>, (i64, i64)> = BTreeMap::new(); // key -> (max acked, attempts)
-    for op in &history.operations {
-        if let Command::Rmw { key, op: RmwOp::IncrementBy(1) } = &op.command {
-            let entry = promised.entry(key.to_vec()).or_default();
-            entry.1 += 1;
-            if let Some(completion) = &op.completion {
-                if let Outcome::Integer(value) = completion.outcome {
-                    entry.0 = entry.0.max(value);
-                }
-            }
-        }
-    }
-    let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
-    let report = check_history(&history, &CheckerConfig::default());
-    eprintln!(
-        "{} operations ({completed} completed), {} keys checked, counters {promised:?}",
-        history.operations.len(),
-        report.keys_checked
-    );
-    assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
-    assert!(report.inconclusive_keys.is_empty(), "inconclusive: {:?}", report.inconclusive_keys);
-    assert!(completed > 600, "too little completed across the restarts: {completed}");
+    let promised = workload::check_across_crashes(&history, 600);
 
     // The run went through checkpoints (which truncate both log levels) before the crash.
     let checkpoints: u64 = (0..3)
