@@ -57,6 +57,10 @@ pub struct UpArgs {
     /// Serve Prometheus metrics for replica i on metrics-port + i.
     #[arg(long)]
     pub metrics_port: Option<u16>,
+    /// chain: the region's shape, "server" (69 MiB per node, default) or "kernel" (1 MiB: one
+    /// slot of the kernel data path; 2,048 keys, values up to about 64 KiB).
+    #[arg(long, value_name = "server|kernel")]
+    pub chain_shape: Option<String>,
     /// Log level of the nodes (their logs go to <data-dir>/node-<i>.log).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -83,6 +87,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             args.protocol,
             chorus_server::config::PROTOCOL_NAMES.join(", ")
         );
+    }
+    if let Some(shape) = &args.chain_shape {
+        if args.protocol != "chain" {
+            bail!("--chain-shape only applies to --protocol chain");
+        }
+        chorus_chain::ChainLayout::named(shape).map_err(|error| anyhow::anyhow!("--chain-shape: {error}"))?;
     }
     let n = args.replicas as u16;
     let peer_port = args.peer_port.unwrap_or(args.port.saturating_add(1000));
@@ -151,6 +161,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             cluster_token: Some(identity.cluster_token.clone()),
             appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
             appendfsync: args.appendfsync.clone(),
+            chain_shape: args.chain_shape.clone(),
             requirepass: requirepass.clone(),
             protected_mode: args.protected_mode.clone().map(chorus_server::config::YesNo::Text),
             metrics_addr: args
