@@ -176,16 +176,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         // Nodes that kept their keys (hermes and craq with appendonly, raftlog) restart as the
         // members they were. The others kept none: membership state left by an earlier run
         // describes a cluster whose data is gone, and a node restarted on it would wait to
-        // rejoin it, so they start as a new cluster.
+        // rejoin it, so they start as a new cluster. A chain node's region survives in the
+        // directory, but without the view it was last linked in nothing says which region is
+        // current: a node that had stopped early would come back as the head with a stale
+        // region while the others serve newer values. So the chain starts empty too.
         if !keeps_keys(&args.protocol, appendonly.as_deref()) {
-            let stale = data_dir.join(format!("node-{}", replica.id)).join("membership.log");
-            match std::fs::remove_file(&stale) {
-                Ok(()) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => {
-                    return Err(error).with_context(|| format!("cannot remove {}", stale.display()))
-                }
-            }
+            let node_dir = data_dir.join(format!("node-{}", replica.id));
+            remove_stale(&node_dir.join("membership.log"), false)?;
+            remove_stale(&node_dir.join("regions"), true)?;
         }
         let path = data_dir.join(format!("node-{}.toml", replica.id));
         write_private(&path, &toml::to_string(&config)?)?;
@@ -283,6 +281,16 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
     drop(cluster); // stops the children
     println!("chorus: cluster stopped");
     Ok(0)
+}
+
+/// Remove what an earlier run left at `path` (a file, or a directory with `dir`), if anything.
+fn remove_stale(path: &Path, dir: bool) -> anyhow::Result<()> {
+    let removed = if dir { std::fs::remove_dir_all(path) } else { std::fs::remove_file(path) };
+    match removed {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error).with_context(|| format!("cannot remove {}", path.display())),
+    }
 }
 
 /// Where `chorus up` keeps a cluster by default: per port, so clusters on other ports do
