@@ -399,6 +399,16 @@ pub const DEFAULT_VALUE_BYTES_MAX: usize = 64 * 1024 * 1024;
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// Refuse the first of `fields` that is set (`(name, set)`) unless the node runs `owner`.
+fn only_for(owner: Protocol, protocol: Protocol, fields: &[(&str, bool)]) -> Result<(), ConfigError> {
+    match fields.iter().find(|(_, set)| *set) {
+        Some((field, _)) if protocol != owner => {
+            Err(field_error(field, format!("only applies to protocol \"{}\"", owner.name())))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn field_error(field: &str, message: impl std::fmt::Display) -> ConfigError {
     ConfigError(format!("config field `{field}`: {message}"))
 }
@@ -860,11 +870,7 @@ impl RawConfig {
             ("chain_index_slots", self.chain_index_slots.is_some()),
             ("chain_heap_bytes", self.chain_heap_bytes.is_some()),
         ];
-        if protocol != Protocol::Chain {
-            if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
-                return Err(field_error(field, "only applies to protocol \"chain\""));
-            }
-        }
+        only_for(Protocol::Chain, protocol, &fields)?;
         let shape = chorus_chain::ChainLayout::named(self.chain_shape.as_deref().unwrap_or("server"))
             .map_err(|error| field_error("chain_shape", error))?;
         shape
@@ -884,11 +890,7 @@ impl RawConfig {
             ("raftlog_execution", self.raftlog_execution.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
-        if protocol != Protocol::Raftlog {
-            if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
-                return Err(field_error(field, "only applies to protocol \"raftlog\""));
-            }
-        }
+        only_for(Protocol::Raftlog, protocol, &fields)?;
         let defaults = RaftlogOptions::default();
         let logs = self.raftlog_logs.unwrap_or(defaults.logs);
         if !(1..=1024).contains(&logs) {
