@@ -84,6 +84,10 @@ pub struct NodeArgs {
     /// Threads running the node (default 1: every task on one thread, lowest latency).
     #[arg(long)]
     pub worker_threads: Option<usize>,
+    /// chain: the region's shape, "server" (69 MiB, default) or "kernel" (1 MiB, one slot of
+    /// the kernel data path).
+    #[arg(long, value_name = "server|kernel")]
+    pub chain_shape: Option<String>,
     /// raftlog: number of Raft logs (default 8).
     #[arg(long)]
     pub raftlog_logs: Option<usize>,
@@ -200,6 +204,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         metrics_addr: args.metrics_addr,
         value_bytes_max: args.value_bytes_max,
         worker_threads: args.worker_threads,
+        chain_shape: args.chain_shape,
         raftlog_logs: args.raftlog_logs,
         raftlog_shards: args.raftlog_shards,
         raftlog_batch_max: args.raftlog_batch_max,

@@ -57,6 +57,10 @@ pub struct UpArgs {
     /// Serve Prometheus metrics for replica i on metrics-port + i.
     #[arg(long)]
     pub metrics_port: Option<u16>,
+    /// chain: the region's shape, "server" (69 MiB per node, default) or "kernel" (1 MiB: one
+    /// slot of the kernel data path; 2,048 keys, values up to about 64 KiB).
+    #[arg(long, value_name = "server|kernel")]
+    pub chain_shape: Option<String>,
     /// Log level of the nodes (their logs go to <data-dir>/node-<i>.log).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -83,6 +87,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             args.protocol,
             chorus_server::config::PROTOCOL_NAMES.join(", ")
         );
+    }
+    if let Some(shape) = &args.chain_shape {
+        if args.protocol != "chain" {
+            bail!("--chain-shape only applies to --protocol chain");
+        }
+        chorus_chain::ChainLayout::named(shape).map_err(|error| anyhow::anyhow!("--chain-shape: {error}"))?;
     }
     let n = args.replicas as u16;
     let peer_port = args.peer_port.unwrap_or(args.port.saturating_add(1000));
@@ -151,6 +161,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             cluster_token: Some(identity.cluster_token.clone()),
             appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
             appendfsync: args.appendfsync.clone(),
+            chain_shape: args.chain_shape.clone(),
             requirepass: requirepass.clone(),
             protected_mode: args.protected_mode.clone().map(chorus_server::config::YesNo::Text),
             metrics_addr: args
@@ -165,16 +176,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         // Nodes that kept their keys (hermes and craq with appendonly, raftlog) restart as the
         // members they were. The others kept none: membership state left by an earlier run
         // describes a cluster whose data is gone, and a node restarted on it would wait to
-        // rejoin it, so they start as a new cluster.
+        // rejoin it, so they start as a new cluster. A chain node's region survives in the
+        // directory, but without the view it was last linked in nothing says which region is
+        // current: a node that had stopped early would come back as the head with a stale
+        // region while the others serve newer values. So the chain starts empty too.
         if !keeps_keys(&args.protocol, appendonly.as_deref()) {
-            let stale = data_dir.join(format!("node-{}", replica.id)).join("membership.log");
-            match std::fs::remove_file(&stale) {
-                Ok(()) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => {
-                    return Err(error).with_context(|| format!("cannot remove {}", stale.display()))
-                }
-            }
+            let node_dir = data_dir.join(format!("node-{}", replica.id));
+            remove_stale(&node_dir.join("membership.log"), false)?;
+            remove_stale(&node_dir.join("regions"), true)?;
         }
         let path = data_dir.join(format!("node-{}.toml", replica.id));
         write_private(&path, &toml::to_string(&config)?)?;
@@ -272,6 +281,16 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
     drop(cluster); // stops the children
     println!("chorus: cluster stopped");
     Ok(0)
+}
+
+/// Remove what an earlier run left at `path` (a file, or a directory with `dir`), if anything.
+fn remove_stale(path: &Path, dir: bool) -> anyhow::Result<()> {
+    let removed = if dir { std::fs::remove_dir_all(path) } else { std::fs::remove_file(path) };
+    match removed {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error).with_context(|| format!("cannot remove {}", path.display())),
+    }
 }
 
 /// Where `chorus up` keeps a cluster by default: per port, so clusters on other ports do

@@ -126,3 +126,46 @@ fn chorus_up_in_memory_keeps_nothing() {
     up.stop();
     assert!(!std::path::Path::new(&dir).exists(), "{dir} is removed on exit");
 }
+
+/// Issue 17 point 5, step 1: `--chain-shape kernel` gives every node a chain region that fits
+/// one slot of the kernel data path (1 MiB instead of 69 MiB), which serves and refuses what
+/// does not fit with a clear error. The chain keeps no keys across a `chorus up` restart (its
+/// nodes start as a new cluster, so no region is trusted): the restart starts empty, in
+/// whatever shape it is given, at every replica alike.
+#[test]
+fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
+    let scratch = Scratch::new("up-chain-shape");
+    let port = free_port_run(6, 2);
+    let dir = scratch.0.join("cluster");
+    let args = ["--protocol", "chain", "--chain-shape", "kernel", "--data-dir", dir.to_str().unwrap()];
+    let (up, _) = Up::start(port, &args, &[]).unwrap();
+    for node in 0..3 {
+        let region = dir.join(format!("node-{node}/regions/tenant-0/chain.region"));
+        let bytes = std::fs::metadata(&region).unwrap().len();
+        assert_eq!(bytes, chorus_chain::ChainLayout::kernel_slot().region_bytes(), "{}", region.display());
+        assert_eq!(bytes, 1024 * 1024);
+    }
+    let mut con = client(port);
+    let _: () = redis::cmd("SET").arg("k").arg("v").query(&mut con).unwrap();
+    let value: Option<String> = redis::cmd("GET").arg("k").query(&mut client(port + 2)).unwrap();
+    assert_eq!(value.as_deref(), Some("v"));
+    // The shape's log holds records of 64 KiB: a larger value is refused, nothing changes.
+    let error = redis::cmd("SET").arg("k").arg(vec![7u8; 70 * 1024]).query::<()>(&mut con).unwrap_err();
+    assert!(error.to_string().contains("chain_log_bytes"), "{error}");
+    let value: Option<String> = redis::cmd("GET").arg("k").query(&mut con).unwrap();
+    assert_eq!(value.as_deref(), Some("v"));
+    up.stop();
+
+    let (up, first) = Up::start(port, &["--protocol", "chain", "--data-dir", dir.to_str().unwrap()], &[])
+        .expect("the restart does not reopen the kernel-shape regions");
+    assert!(first.contains("keys in memory"), "{first}");
+    let region = dir.join("node-0/regions/tenant-0/chain.region");
+    assert_eq!(std::fs::metadata(&region).unwrap().len(), chorus_chain::ChainLayout::server().region_bytes());
+    for node in 0..3 {
+        let value: Option<String> = redis::cmd("GET").arg("k").query(&mut client(port + node)).unwrap();
+        assert_eq!(value, None, "replica {node} starts empty like the others");
+    }
+    up.stop();
+    let error = Up::start(port, &["--chain-shape", "kernel"], &[]).err().expect("hermes has no chain shape");
+    assert!(error.contains("only applies to --protocol chain"), "{error}");
+}

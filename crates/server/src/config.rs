@@ -19,6 +19,8 @@
 //! value_bytes_max = 67108864         # optional, default 64 MiB
 //! worker_threads = 1                 # optional: threads running this node (default 1, see below)
 //! raftlog_logs = 8                   # raftlog only: Raft logs per node
+//! chain_shape = "server"             # chain only: "server" (69 MiB region) or "kernel" (1 MiB)
+//! chain_log_bytes = 262144           # chain only: override the shape's log, index or heap
 //! raftlog_shards = 1                 # raftlog only: event loops (threads) the logs are split over; 0: one per core
 //! peer_link_timeout_ms = 1000        # optional: a peer link silent this long is dropped and redialled
 //! tls-port = 6380                    # optional: TLS clients (Redis' names; tls_port works too)
@@ -97,6 +99,13 @@ pub struct RawConfig {
     /// "crash-test", which keeps every write in the process's memory until it is synced, so a
     /// SIGKILL loses exactly what a power cut would. Never a production choice.
     pub raftlog_storage: Option<String>,
+    /// chain only: the region's shape, "server" (default: 4 MiB log, 65,536 keys, 64 MiB heap)
+    /// or "kernel" (one kernel-path slot of 1 MiB: 256 KiB log, 2,048 keys, 735 KiB heap).
+    pub chain_shape: Option<String>,
+    /// chain only: the shape's log bytes, index slots or heap bytes, replaced.
+    pub chain_log_bytes: Option<u64>,
+    pub chain_index_slots: Option<u64>,
+    pub chain_heap_bytes: Option<u64>,
     /// Join a running cluster (Hermes §3.4 Recovery): the peer address of a live replica to
     /// copy the data from. `chorus node --join ADDR`.
     pub join: Option<String>,
@@ -291,6 +300,8 @@ pub struct NodeConfig {
     /// (pipelining) connections to parse.
     pub worker_threads: usize,
     pub raftlog: RaftlogOptions,
+    /// The chain store's region shape (`chain_shape` and its overrides).
+    pub chain_layout: chorus_chain::ChainLayout,
     /// A peer link silent this long is dropped and redialled (chorus_net::NetConfig::link_timeout).
     pub peer_link_timeout_ms: u64,
     /// TLS for clients and/or peers; `None`: plain TCP everywhere.
@@ -388,6 +399,16 @@ pub const DEFAULT_VALUE_BYTES_MAX: usize = 64 * 1024 * 1024;
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// Refuse the first of `fields` that is set (`(name, set)`) unless the node runs `owner`.
+fn only_for(owner: Protocol, protocol: Protocol, fields: &[(&str, bool)]) -> Result<(), ConfigError> {
+    match fields.iter().find(|(_, set)| *set) {
+        Some((field, _)) if protocol != owner => {
+            Err(field_error(field, format!("only applies to protocol \"{}\"", owner.name())))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn field_error(field: &str, message: impl std::fmt::Display) -> ConfigError {
     ConfigError(format!("config field `{field}`: {message}"))
 }
@@ -451,6 +472,10 @@ impl RawConfig {
             raftlog_trailing_entries: overrides.raftlog_trailing_entries.or(self.raftlog_trailing_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
+            chain_shape: overrides.chain_shape.or(self.chain_shape),
+            chain_log_bytes: overrides.chain_log_bytes.or(self.chain_log_bytes),
+            chain_index_slots: overrides.chain_index_slots.or(self.chain_index_slots),
+            chain_heap_bytes: overrides.chain_heap_bytes.or(self.chain_heap_bytes),
             join: overrides.join.or(self.join),
             peer_link_timeout_ms: overrides.peer_link_timeout_ms.or(self.peer_link_timeout_ms),
             tls_port: overrides.tls_port.or(self.tls_port),
@@ -519,6 +544,7 @@ impl RawConfig {
         let membership = self.membership_timing(protocol)?;
         let persistence = self.persistence_options(protocol)?;
         let raftlog = self.raftlog_options(protocol)?;
+        let chain_layout = self.chain_layout(protocol)?;
         let clients = self.client_limits()?;
         let requirepass = self.requirepass.clone().filter(|password| !password.is_empty());
         let client_addr =
@@ -608,6 +634,7 @@ impl RawConfig {
         Ok(NodeConfig {
             persistence,
             raftlog,
+            chain_layout,
             node_id,
             protocol,
             membership,
@@ -836,6 +863,21 @@ impl RawConfig {
         Ok(PersistenceOptions { appendonly, appendfsync, save, storage, ..defaults })
     }
 
+    fn chain_layout(&self, protocol: Protocol) -> Result<chorus_chain::ChainLayout, ConfigError> {
+        let fields = [
+            ("chain_shape", self.chain_shape.is_some()),
+            ("chain_log_bytes", self.chain_log_bytes.is_some()),
+            ("chain_index_slots", self.chain_index_slots.is_some()),
+            ("chain_heap_bytes", self.chain_heap_bytes.is_some()),
+        ];
+        only_for(Protocol::Chain, protocol, &fields)?;
+        let shape = chorus_chain::ChainLayout::named(self.chain_shape.as_deref().unwrap_or("server"))
+            .map_err(|error| field_error("chain_shape", error))?;
+        shape
+            .with_sizes(self.chain_log_bytes, self.chain_index_slots, self.chain_heap_bytes)
+            .map_err(|error| field_error("chain_log_bytes, chain_index_slots or chain_heap_bytes", error))
+    }
+
     fn raftlog_options(&self, protocol: Protocol) -> Result<RaftlogOptions, ConfigError> {
         let fields = [
             ("raftlog_logs", self.raftlog_logs.is_some()),
@@ -848,11 +890,7 @@ impl RawConfig {
             ("raftlog_execution", self.raftlog_execution.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
-        if protocol != Protocol::Raftlog {
-            if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
-                return Err(field_error(field, "only applies to protocol \"raftlog\""));
-            }
-        }
+        only_for(Protocol::Raftlog, protocol, &fields)?;
         let defaults = RaftlogOptions::default();
         let logs = self.raftlog_logs.unwrap_or(defaults.logs);
         if !(1..=1024).contains(&logs) {
@@ -1079,6 +1117,26 @@ client_addr = "127.0.0.1:7380"
         let overrides = RawConfig { client_addr: Some("127.0.0.1:9999".into()), ..RawConfig::default() };
         let config = RawConfig::parse(GOOD).unwrap().merge(overrides).validate().unwrap();
         assert_eq!(config.client_addr.port(), 9999);
+    }
+
+    #[test]
+    fn chain_shape_is_named_or_overridden_and_only_applies_to_chain() {
+        let config = RawConfig::parse(&format!("protocol = \"chain\"\n{GOOD}")).unwrap().validate().unwrap();
+        assert_eq!(config.chain_layout, chorus_chain::ChainLayout::server());
+        let text = format!("protocol = \"chain\"\nchain_shape = \"kernel\"\n{GOOD}");
+        let config = RawConfig::parse(&text).unwrap().validate().unwrap();
+        assert_eq!(config.chain_layout, chorus_chain::ChainLayout::kernel_slot());
+        let text = format!("protocol = \"chain\"\nchain_shape = \"kernel\"\nchain_index_slots = 64\n{GOOD}");
+        let config = RawConfig::parse(&text).unwrap().validate().unwrap();
+        assert_eq!(config.chain_layout.index_slots, 64);
+        assert_eq!(config.chain_layout.txn.log_bytes, 256 * 1024);
+        assert!(error_of(&format!("protocol = \"chain\"\nchain_shape = \"big\"\n{GOOD}"))
+            .contains("`chain_shape`"));
+        assert!(
+            error_of(&format!("protocol = \"chain\"\nchain_log_bytes = 12\n{GOOD}")).contains("log_bytes")
+        );
+        assert!(error_of(&format!("chain_shape = \"kernel\"\n{GOOD}"))
+            .contains("only applies to protocol \"chain\""));
     }
 
     #[test]

@@ -528,6 +528,7 @@ fn open_chain(
     joining: bool,
 ) -> anyhow::Result<chorus_chain::Chain> {
     let mut chain_config = chorus_chain::ChainConfig::server(config.node_id, replicas);
+    chain_config.layout = config.chain_layout;
     // §5.1: a joining node serves nothing until the head has copied its region over this one
     // (empty or stale) and linked it into the chain.
     chain_config.joining = joining;

@@ -65,8 +65,7 @@ impl ChainConfig {
     /// a 64 MiB heap: a region of 69 MiB per node.
     pub fn server(me: NodeId, replicas: NodeSet) -> ChainConfig {
         let mut config = ChainConfig::new(me, replicas);
-        config.layout =
-            ChainLayout::new(4 * 1024 * 1024, 65_536, 64 * 1024 * 1024).expect("server layout is valid");
+        config.layout = ChainLayout::server();
         config.retransmit_timeout = Time::from_millis(50);
         // 69 MiB in 1,104 frames, well under the peer frame limit.
         config.copy_chunk_bytes = 64 * 1024;

@@ -83,6 +83,46 @@ impl ChainLayout {
         Ok(ChainLayout { txn: TxnLayout::new(log_bytes, db_bytes), index_slots, heap_bytes })
     }
 
+    /// The server's default shape: a 4 MiB log (values up to about 1 MiB), 65,536 index slots
+    /// (keys), a 64 MiB heap: a region of 69 MiB per node.
+    pub fn server() -> ChainLayout {
+        ChainLayout::new(4 * 1024 * 1024, 65_536, 64 * 1024 * 1024).expect("the server shape is valid")
+    }
+
+    /// A shape that fits one slot of the kernel data path (1 MiB,
+    /// `chorus_group::kernel::layout::REGION_BYTES_MAX`): a 256 KiB log (values up to about
+    /// 64 KiB), 2,048 keys, and the rest of the MiB as heap (735 KiB). Issue 17 point 5.
+    pub fn kernel_slot() -> ChainLayout {
+        const REGION_BYTES: u64 = chorus_group::kernel::layout::REGION_BYTES_MAX;
+        const LOG_BYTES: u64 = 256 * 1024;
+        const INDEX_SLOTS: u64 = 2048;
+        let heap_bytes = REGION_BYTES - 64 - LOG_BYTES - INDEX_SLOTS * SLOT_BYTES;
+        ChainLayout::new(LOG_BYTES, INDEX_SLOTS, heap_bytes).expect("the kernel-slot shape is valid")
+    }
+
+    /// A named shape: `server` or `kernel` (see [`ChainLayout::server`], [`ChainLayout::kernel_slot`]).
+    pub fn named(name: &str) -> Result<ChainLayout, String> {
+        match name {
+            "server" => Ok(ChainLayout::server()),
+            "kernel" => Ok(ChainLayout::kernel_slot()),
+            other => Err(format!("unknown chain shape {other:?}: expected \"server\" or \"kernel\"")),
+        }
+    }
+
+    /// This shape with its log, index or heap replaced where given (a TOML override).
+    pub fn with_sizes(
+        self,
+        log_bytes: Option<u64>,
+        index_slots: Option<u64>,
+        heap_bytes: Option<u64>,
+    ) -> Result<ChainLayout, String> {
+        ChainLayout::new(
+            log_bytes.unwrap_or(self.txn.log_bytes),
+            index_slots.unwrap_or(self.index_slots),
+            heap_bytes.unwrap_or(self.heap_bytes),
+        )
+    }
+
     pub fn region_bytes(&self) -> u64 {
         self.txn.region_bytes()
     }
@@ -322,4 +362,32 @@ pub fn parse_record(memory: &impl RegionMemory, layout: &ChainLayout, lsn: u64) 
             None
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chorus_group::kernel::{layout::CHAIN_MAX, KernelDatapath};
+
+    #[test]
+    fn the_kernel_shape_fills_exactly_one_kernel_slot_and_the_server_shape_does_not_fit() {
+        let kernel = ChainLayout::kernel_slot();
+        assert_eq!(kernel.region_bytes(), chorus_group::kernel::layout::REGION_BYTES_MAX);
+        assert_eq!(KernelDatapath::fits(kernel.region_bytes(), CHAIN_MAX), Ok(()));
+        assert_eq!(kernel.record_bytes_max(), 64 * 1024);
+        let server = ChainLayout::server();
+        assert_eq!(server.region_bytes(), 64 + 4 * 1024 * 1024 + 65_536 * 16 + 64 * 1024 * 1024);
+        assert!(KernelDatapath::fits(server.region_bytes(), 3).is_err());
+    }
+
+    #[test]
+    fn shapes_are_chosen_by_name_and_overridden_field_by_field() {
+        assert_eq!(ChainLayout::named("kernel"), Ok(ChainLayout::kernel_slot()));
+        assert_eq!(ChainLayout::named("server"), Ok(ChainLayout::server()));
+        assert!(ChainLayout::named("huge").unwrap_err().contains("\"server\" or \"kernel\""));
+        let small = ChainLayout::kernel_slot().with_sizes(Some(8192), None, Some(4096)).unwrap();
+        assert_eq!((small.txn.log_bytes, small.index_slots, small.heap_bytes), (8192, 2048, 4096));
+        assert!(ChainLayout::server().with_sizes(Some(100), None, None).is_err());
+        assert!(ChainLayout::server().with_sizes(None, Some(0), None).is_err());
+    }
 }

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod layout;
+pub mod member;
 pub mod message;
 pub mod mirror;
 pub mod replica;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 
 pub use config::{Bug, ChainConfig};
 pub use layout::ChainLayout;
+pub use member::Member;
 pub use message::Message;
 pub use replica::{Chain, ChainStats};
 

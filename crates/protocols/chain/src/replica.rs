@@ -47,6 +47,7 @@ use crate::layout::{
     encode_record, lookup, parse_record, record_start, ChainLayout, Record, HEAD_OFFSET, LOCK_OFFSET,
     MAGIC_OFFSET, RECORD_ENTRY_HEADER_BYTES, RECORD_HEADER_BYTES, RECOVERING,
 };
+use crate::member::Member;
 use crate::message::Message;
 use crate::mirror::Mirror;
 
@@ -206,11 +207,13 @@ struct Outstanding {
     sent_at: Time,
 }
 
-pub struct Chain {
+/// The chain store's replica over its group member `M`: by default the local member core
+/// over a region ([`crate::member`]).
+pub struct Chain<M: Member = ChainMember<Region>> {
     config: ChainConfig,
     view: View,
     /// This node's group member over its region; `None` only when the region is unusable.
-    member: Option<ChainMember<Region>>,
+    member: Option<M>,
     /// The linked members in chain order as last configured (empty while joining). Members
     /// are appended when linked, so any two members' orders agree on who comes first: the
     /// head is the first one that is live.
@@ -272,9 +275,21 @@ impl Chain {
     }
 
     /// A replica over `region` (the server's mmap'd file, possibly holding an earlier run's
-    /// data). A region of another layout is refused: the replica then serves nothing and
-    /// says why in every error.
+    /// data), with the local member core. A region of another layout is refused: the replica
+    /// then serves nothing and says why in every error.
     pub fn with_region(config: ChainConfig, region: Region) -> Chain {
+        let me = config.me;
+        Chain::with_member(config, move |initial| {
+            ChainMember::new(initial, me, TENANT, region).map_err(|error| error.to_string())
+        })
+    }
+}
+
+impl<M: Member> Chain<M> {
+    /// A replica over the member `make` binds to the group's first configuration (§5
+    /// `Initialize`). A member whose region has another layout is refused: the replica then
+    /// serves nothing and says why in every error.
+    pub fn with_member(config: ChainConfig, make: impl FnOnce(GroupConfig) -> Result<M, String>) -> Chain<M> {
         assert!(config.retransmit_timeout > Time::ZERO, "retransmit_timeout must be positive");
         assert!(config.window_max > 0, "window_max must be positive");
         let me = config.me;
@@ -288,17 +303,12 @@ impl Chain {
         } else {
             group_config(GROUP, group_epoch(view.epoch, 0), order.clone(), &config.layout)
         };
-        let mut region_error = config.layout.check_region(&region).err();
-        let member = if region_error.is_none() {
-            match ChainMember::new(initial, me, TENANT, region) {
-                Ok(member) => Some(member),
-                Err(error) => {
-                    region_error = Some(error.to_string());
-                    None
-                }
-            }
-        } else {
-            None
+        let (member, region_error) = match make(initial) {
+            Ok(member) => match config.layout.check_region(member.memory()) {
+                Ok(()) => (Some(member), None),
+                Err(error) => (None, Some(error)),
+            },
+            Err(error) => (None, Some(error)),
         };
         Chain {
             config,
@@ -344,7 +354,7 @@ impl Chain {
     pub fn chain_order(&self) -> &[NodeId] {
         &self.order
     }
-    pub fn region(&self) -> Option<&Region> {
+    pub fn region(&self) -> Option<&M::Memory> {
         self.member.as_ref().map(|member| member.memory())
     }
     pub fn region_error(&self) -> Option<&str> {
@@ -1381,7 +1391,7 @@ fn update_bytes_bound(command: &Command, current_bytes: usize) -> u64 {
     crate::layout::entry_bytes(command.key().len(), value_len) + 16 + 2 * RECORD_ENTRY_HEADER_BYTES
 }
 
-impl Replica for Chain {
+impl<M: Member> Replica for Chain<M> {
     type Message = Message;
 
     fn id(&self) -> NodeId {

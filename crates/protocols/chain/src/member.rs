@@ -1,0 +1,133 @@
+//! This node's member of the chain's HyperLoop group, as the core sees it.
+//!
+//! The core ([`crate::Chain`]) needs from its member what HyperLoop's NIC gives a replica:
+//! group operations applied to the region in order (`on_message`), a new configuration
+//! installed (`on_config`: the paper's `Initialize` of a new epoch), and the region itself
+//! for reads, recovery and copies (`memory`). [`Member`] says exactly that, so the member can
+//! live elsewhere than in the core's event loop (issue 17 point 5, docs/protocols/hyperloop.md
+//! "`--protocol chain` on the group host").
+//!
+//! The local form is the group crate's sans-I/O member core, [`ChainMember`], over any region
+//! memory: the simulator, the swarm tests and `chorus node` use it, and it is the reference.
+
+use chorus_core::{NodeId, Time};
+use chorus_group::{ChainMember, GroupConfig, GroupMessage, GroupOutbox};
+use chorus_region::RegionMemory;
+
+/// One member of the chain's group, over this node's region.
+pub trait Member {
+    type Memory: RegionMemory;
+
+    /// The configuration installed last.
+    fn config(&self) -> &GroupConfig;
+    /// This member's place in the installed configuration's chain (0: the head).
+    fn position(&self) -> usize;
+    /// The region: what reads, recovery and copies see. Between the core's calls nothing else
+    /// writes it (the core's read lock relies on that).
+    fn memory(&self) -> &Self::Memory;
+    fn memory_mut(&mut self) -> &mut Self::Memory;
+    /// Apply a group operation (in order, once) and forward or acknowledge it.
+    fn on_message(&mut self, now: Time, from: NodeId, message: GroupMessage, out: &mut GroupOutbox);
+    fn on_tick(&mut self, now: Time, out: &mut GroupOutbox);
+    /// Install a newer configuration (a stale or repeated one is ignored). `Err`: it names a
+    /// chain this member is not in, or a region it cannot serve.
+    fn on_config(&mut self, now: Time, config: GroupConfig, out: &mut GroupOutbox) -> Result<(), String>;
+}
+
+/// The local form: the member core runs in the caller's event loop.
+impl<M: RegionMemory> Member for ChainMember<M> {
+    type Memory = M;
+
+    fn config(&self) -> &GroupConfig {
+        ChainMember::config(self)
+    }
+    fn position(&self) -> usize {
+        ChainMember::position(self)
+    }
+    fn memory(&self) -> &M {
+        ChainMember::memory(self)
+    }
+    fn memory_mut(&mut self) -> &mut M {
+        ChainMember::memory_mut(self)
+    }
+    fn on_message(&mut self, now: Time, from: NodeId, message: GroupMessage, out: &mut GroupOutbox) {
+        ChainMember::on_message(self, now, from, message, out)
+    }
+    fn on_tick(&mut self, now: Time, out: &mut GroupOutbox) {
+        ChainMember::on_tick(self, now, out)
+    }
+    fn on_config(&mut self, now: Time, config: GroupConfig, out: &mut GroupOutbox) -> Result<(), String> {
+        ChainMember::on_config(self, now, config, out).map_err(|error| error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use chorus_core::{ClientRequestId, Command, NodeSet, Outbox, Outcome, Replica};
+    use chorus_region::{Region, TenantId};
+
+    use super::*;
+    use crate::{Chain, ChainConfig, ChainLayout, Message};
+
+    fn one_replica() -> ChainConfig {
+        let mut config = ChainConfig::new(NodeId(0), NodeSet::single(NodeId(0)));
+        config.layout = ChainLayout::new(4096, 16, 4096).unwrap();
+        config
+    }
+
+    /// Run the core until it has answered `request` (a one-replica chain needs no peer).
+    fn answer(chain: &mut Chain, request: u64, command: Command) -> Outcome {
+        let mut out = Outbox::<Message>::default();
+        chain.on_client(Time::from_millis(1), ClientRequestId(request), command, &mut out);
+        for tick in 2..100 {
+            if let Some((_, outcome)) = out.replies.iter().find(|(id, _)| *id == ClientRequestId(request)) {
+                return outcome.clone();
+            }
+            assert!(out.messages.is_empty(), "a one-replica chain sends nothing: {:?}", out.messages);
+            chain.on_tick(Time::from_millis(tick), &mut out);
+        }
+        panic!("request {request} was not answered");
+    }
+
+    #[test]
+    fn a_chain_over_a_member_given_by_with_member_serves_from_that_members_memory() {
+        let config = one_replica();
+        let bytes = config.layout.region_bytes();
+        let mut chain = Chain::with_member(config, |initial| {
+            assert_eq!(initial.chain, vec![NodeId(0)], "the first configuration is the view's chain");
+            let region = Region::volatile(TenantId(0), "chain", bytes).unwrap();
+            ChainMember::new(initial, NodeId(0), TenantId(0), region).map_err(|e| e.to_string())
+        });
+        assert!(chain.is_operational());
+        let (key, value) = (Bytes::from("k"), Bytes::from("v"));
+        let write = Command::Write { key: key.clone(), value: Some(value.clone()) };
+        assert_eq!(answer(&mut chain, 1, write), Outcome::Written);
+        assert_eq!(
+            answer(&mut chain, 2, Command::Read { key: key.clone() }),
+            Outcome::Value(Some(value.clone()))
+        );
+        let region = chain.region().expect("the member's memory");
+        assert_eq!(crate::layout::lookup(region, &chain.layout(), &key), Ok(Some(value)));
+    }
+
+    #[test]
+    fn a_member_that_cannot_be_made_or_holds_another_layout_serves_nothing_and_says_why() {
+        let refused = Chain::with_member(one_replica(), |_| Err::<ChainMember<Region>, _>("no host".into()));
+        assert_eq!(refused.region_error(), Some("no host"));
+        assert!(!refused.is_operational());
+
+        let other = ChainLayout::new(8192, 16, 4096).unwrap();
+        let mut region = Region::volatile(TenantId(0), "chain", other.region_bytes()).unwrap();
+        region.write(crate::layout::MAGIC_OFFSET, &other.magic_words()).unwrap();
+        let foreign = Chain::with_member(one_replica(), |initial| {
+            ChainMember::new(initial, NodeId(0), TenantId(0), region).map_err(|e| e.to_string())
+        });
+        assert!(
+            foreign.region_error().unwrap().contains("another chain layout"),
+            "{:?}",
+            foreign.region_error()
+        );
+        assert!(!foreign.is_operational());
+    }
+}
