@@ -128,14 +128,18 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     println!("loopback ping-pong: {round_trip_ns:.0} ns per round trip, {ping_pong_cpu_ns:.0} ns of CPU");
     let byte_ps = stream_cpu_ps_per_byte(64 << 20)?;
     println!("loopback stream: {byte_ps} ps of CPU per byte");
-    let scratch = procs::scratch_root().join("model-calibrate");
-    let sync_ns = median_sync_ns(&scratch, 200)?;
-    println!("fdatasync of a 4 KiB append under {}: {sync_ns} ns (median)", scratch.display());
+    // Every directory straight under the scratch root, so that the last one removed takes
+    // the (then empty) root with it (Procs' drop).
+    let probe = procs::scratch_root().join("model-calibrate-sync");
+    let sync_ns = median_sync_ns(&probe, 200);
+    let _ = std::fs::remove_dir_all(&probe);
+    let sync_ns = sync_ns?;
+    println!("fdatasync of a 4 KiB append under {}: {sync_ns} ns (median)", probe.display());
 
     let exe = std::env::current_exe()?;
     let runtime = chorus_bench::cli::runtime(None)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let mut procs = Procs::new("calibrate", scratch.join("hermes"))?;
+    let mut procs = Procs::new("calibrate", procs::scratch_root().join("model-calibrate"))?;
     let targets = procs::start_chorus_cluster(&mut procs, &exe, "hermes", 3, &[], &stop)?;
     load_keys(&targets, &runtime)?;
     let idle = idle_rates(&procs, &targets, Duration::from_secs(2))?;
@@ -155,8 +159,7 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     };
     let get = median_of(0)?;
     let set = median_of(100)?;
-    procs.stop();
-    let _ = std::fs::remove_dir_all(&scratch);
+    drop(procs);
     println!("GET, 1 client: {get:?}");
     println!("SET, 1 client: {set:?}");
 
@@ -266,12 +269,12 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
     let exe = std::env::current_exe()?;
     let runtime = chorus_bench::cli::runtime(None)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let scratch = procs::scratch_root().join("model-compare");
     let host_cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let duration = Duration::from_secs_f64(args.seconds);
     let mut rows = Vec::new();
     for protocol in &args.protocols {
-        let mut procs = Procs::new(protocol, scratch.join(protocol))?;
+        let mut procs =
+            Procs::new(protocol, procs::scratch_root().join(format!("model-compare-{protocol}")))?;
         let targets = procs::start_chorus_cluster(&mut procs, &exe, protocol, 3, &[], &stop)?;
         load_keys(&targets, &runtime)?;
         let idle = idle_rates(&procs, &targets, Duration::from_millis(500))?;
@@ -302,9 +305,8 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
             print_row(&row, rows.is_empty());
             rows.push(row);
         }
-        procs.stop();
+        drop(procs);
     }
-    let _ = std::fs::remove_dir_all(&scratch);
     write_json(&args.json, &rows)?;
     let within =
         rows.iter().filter(|row| row.throughput_error.abs() <= 0.2 && row.p50_error.abs() <= 0.2).count();
@@ -602,11 +604,11 @@ fn thread_cpu_ns() -> u64 {
     time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
 }
 
-/// The median time of appending 4 KiB to a file in `dir` and `fdatasync`ing it.
+/// The median time of appending 4 KiB to a file in `dir` (created; the caller removes it)
+/// and `fdatasync`ing it.
 fn median_sync_ns(dir: &Path, syncs: usize) -> anyhow::Result<u64> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let path = dir.join("sync-probe");
-    let mut file = std::fs::File::create(&path)?;
+    let mut file = std::fs::File::create(dir.join("sync-probe"))?;
     let block = vec![0u8; 4096];
     let mut samples = Vec::with_capacity(syncs);
     for _ in 0..syncs {
@@ -615,8 +617,6 @@ fn median_sync_ns(dir: &Path, syncs: usize) -> anyhow::Result<u64> {
         file.sync_data()?;
         samples.push(started.elapsed().as_nanos() as u64);
     }
-    drop(file);
-    std::fs::remove_file(&path)?;
     samples.sort_unstable();
     Ok(samples[samples.len() / 2])
 }
