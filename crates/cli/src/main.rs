@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod calibrate;
 mod group;
 mod model;
 mod node;

@@ -9,7 +9,10 @@ use chorus_core::Time;
 use chorus_sim::model::{predict, CostTable, Load, ModelConfig, ModelReport, Network, Workload, PROTOCOLS};
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ModelArgs {
+    #[command(subcommand)]
+    action: Option<ModelAction>,
     /// Protocol: hermes, craq, zab or raftlog.
     #[arg(long, default_value = "hermes")]
     protocol: String,
@@ -53,7 +56,22 @@ pub struct ModelArgs {
     json: bool,
 }
 
+#[derive(clap::Subcommand)]
+enum ModelAction {
+    /// Measure the cost table on this machine (the real binary's handlers, loopback, fsync,
+    /// and a 3-node Hermes cluster with one client) and save it as JSON for --costs.
+    Calibrate(crate::calibrate::CalibrateArgs),
+    /// Real 3-replica loopback runs next to the model's predictions with a calibrated cost
+    /// table: throughput and p50 per protocol and client count, and the model's error.
+    Compare(crate::calibrate::CompareArgs),
+}
+
 pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
+    match args.action {
+        Some(ModelAction::Calibrate(calibrate)) => return crate::calibrate::calibrate(calibrate),
+        Some(ModelAction::Compare(compare)) => return crate::calibrate::compare(compare),
+        None => {}
+    }
     if args.print_costs {
         println!("{}", serde_json::to_string_pretty(&CostTable::placeholder())?);
         return Ok(0);

@@ -144,3 +144,65 @@ fn every_protocol_serves_and_replays_exactly() {
         );
     }
 }
+
+/// A turn takes every event waiting and sends its messages to one peer as ONE frame, as the
+/// server does. With only a per-frame receive cost, 3 one-core Hermes nodes under 64 writing
+/// clients would admit 1 s / (2 frames per node per write x 10 us) = 50 000 writes/s if each
+/// message were its own frame; batched, a frame carries many INVs, ACKs and VALs.
+#[test]
+fn a_turn_sends_one_frame_per_peer() {
+    let mut config = config("hermes", 3, 1, latency_only(5_000), 64, 100);
+    config.costs.message_received_ns = 10_000;
+    let report = run(&config);
+    let unbatched_ops_per_s = 1e9 / (2.0 * 10_000.0);
+    assert!(report.throughput_ops_per_s > 2.0 * unbatched_ops_per_s, "{report:?}");
+}
+
+/// Raftlog syncs once per turn, not once per write: with a 100 us sync the only cost, one
+/// client gets at most 10 000 writes/s out of the leader, 64 clients many times that.
+#[test]
+fn a_turn_syncs_once_whatever_it_holds() {
+    let mut config = config("raftlog", 3, 1, latency_only(5_000), 1, 100);
+    config.warmup = Time::from_millis(300);
+    config.costs.sync_ns = 100_000;
+    let one = run(&config);
+    assert!(one.throughput_ops_per_s < 10_000.0, "{one:?}");
+    config.clients = 64;
+    let many = run(&config);
+    assert!(many.throughput_ops_per_s > 4.0 * one.throughput_ops_per_s, "{one:?} {many:?}");
+}
+
+/// On a shared host (a loopback run) the nodes and the load generator draw on the same
+/// cores: three one-thread nodes with a 10 us receive cost serve 100 000 reads/s on one
+/// core, 300 000 on three; the load generator's own cost takes its share of the same cores.
+#[test]
+fn a_shared_host_divides_its_cores_among_nodes_and_clients() {
+    let reads = |host_cores: u32, client_op_ns: u64| {
+        let mut config = config("hermes", 3, 1, latency_only(1_000), 64, 0);
+        config.host_cores = Some(host_cores);
+        config.costs.client_request_ns = 10_000;
+        config.costs.client_op_ns = client_op_ns;
+        run(&config).throughput_ops_per_s
+    };
+    assert_close(reads(1, 0), 100_000.0, 0.03, "1 shared core");
+    assert_close(reads(3, 0), 300_000.0, 0.03, "3 shared cores");
+    // 10 us of the server and 10 us of the load generator per read, on one core.
+    assert_close(reads(1, 10_000), 50_000.0, 0.03, "1 shared core with the client's cost");
+}
+
+/// A node with nothing to do sleeps, and the work that reaches it pays `wake_ns` first: one
+/// client's reads each wake their node, while 64 clients keep the node busy and pay almost
+/// none.
+#[test]
+fn an_idle_node_pays_to_wake() {
+    let mut config = config("hermes", 1, 1, latency_only(1_000), 1, 0);
+    config.costs.wake_ns = 10_000;
+    let one = run(&config);
+    // Two 1 us hops and the wake-up.
+    assert_eq!(one.latency.p50_us, 12.0, "{one:?}");
+    config.costs.key_op_ns = 10_000;
+    config.clients = 64;
+    let busy = run(&config);
+    // Almost every read then costs only its 10 us of handling.
+    assert_close(busy.nodes_cpu_us_per_op, 10.0, 0.05, "CPU per read under load");
+}

@@ -16,21 +16,36 @@ use serde::{Deserialize, Serialize};
 pub struct CostTable {
     /// Where the figures come from, printed with every prediction.
     pub source: String,
-    /// Reading and parsing one client request and later writing its reply (any core).
+    /// Reading and parsing one client request and handing it to the protocol thread (any
+    /// core).
     pub client_request_ns: u64,
-    /// Receiving and decoding one peer message (any core).
+    /// Receiving and decoding one peer frame (a turn's messages to this node; any core).
     pub message_received_ns: u64,
-    /// Encoding and sending one peer message or one client reply (any core).
+    /// Encoding and sending one peer frame or one client reply (any core).
     pub message_sent_ns: u64,
     /// Per byte received or sent, on top of the per-message costs (copies, checksums; any core).
     pub byte_ps: u64,
-    /// The protocol core handling one event: a request, a message or a tick (protocol thread).
+    /// The protocol core handling one event: a request, a message of a frame, or a tick
+    /// (protocol thread).
     pub handle_ns: u64,
     /// Executing one client command against the store (protocol thread).
     pub key_op_ns: u64,
     /// Making one turn's writes durable (protocol thread: the server syncs before the turn's
     /// messages and replies leave).
     pub sync_ns: u64,
+    /// The load generator's CPU per operation (encoding the request, reading the reply),
+    /// charged only when it shares the host with the nodes (a loopback run).
+    #[serde(default)]
+    pub client_op_ns: u64,
+    /// Waking an idle node (the scheduler switching its thread in, the poller returning, the
+    /// runtime unparking): CPU charged when work reaches a node with nothing to do. Under load
+    /// a node is never idle and never pays it; at one client it pays it for every event.
+    #[serde(default)]
+    pub wake_ns: u64,
+    /// From a write on loopback to the reader running (the scheduler's wake-up; no CPU of
+    /// its own): the one-way latency of the `loopback` network.
+    #[serde(default)]
+    pub wakeup_ns: u64,
 }
 
 impl CostTable {
@@ -45,6 +60,9 @@ impl CostTable {
             handle_ns: 500,
             key_op_ns: 300,
             sync_ns: 20_000,
+            client_op_ns: 5_000,
+            wake_ns: 0,
+            wakeup_ns: 10_000,
         }
     }
 
@@ -59,6 +77,9 @@ impl CostTable {
             handle_ns: 0,
             key_op_ns: 0,
             sync_ns: 0,
+            client_op_ns: 0,
+            wake_ns: 0,
+            wakeup_ns: 0,
         }
     }
 
@@ -102,6 +123,17 @@ impl Network {
     }
 
     pub const PRESETS: &'static [&'static str] = &["10gbe", "25gbe", "100gbe"];
+
+    /// Loopback on one host: no wire, no NIC; the sender's CPU pays for the copy (the cost
+    /// table's `byte_ps`) and the reader runs `wakeup_ns` later.
+    pub fn loopback(costs: &CostTable) -> Network {
+        Network {
+            name: "loopback".into(),
+            latency_ns: costs.wakeup_ns,
+            bandwidth_bits_per_s: u64::MAX,
+            packet_ns: 0,
+        }
+    }
 
     /// How long the NIC is busy sending or receiving one packet of `bytes`.
     pub fn wire_ns(&self, bytes: u64) -> u64 {

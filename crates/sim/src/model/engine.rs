@@ -2,19 +2,25 @@
 //! costing CPU time on its node and every message costing NIC time on its links.
 //!
 //! A node is what the server is (crates/server/src/engine.rs): ONE protocol thread owns the
-//! core and handles one event at a time, while receiving, parsing, encoding and sending run on
-//! any of the node's `cores`. Each event therefore goes through three stages, each waiting for
-//! a free core:
+//! core, while receiving, parsing, encoding and sending run on any of the node's `threads`.
+//! Work goes through three stages, each waiting for a free thread of its node and a free core
+//! of the node's machine:
 //!
-//! 1. receive (any core): `client_request_ns` or `message_received_ns`, plus its bytes;
-//! 2. handle (the protocol thread, which also holds a core): the core's handler runs at the
-//!    stage's start, charged `handle_ns`, `key_op_ns` for a client command, `sync_ns` if the
-//!    turn wrote durable state;
-//! 3. send (any core): `message_sent_ns` plus bytes per message and per reply.
+//! 1. receive (any thread): `client_request_ns` per client request, `message_received_ns` per
+//!    peer frame, plus its bytes;
+//! 2. handle (the protocol thread): a **turn** takes every event already waiting (up to the
+//!    server's 512), as the server's event loop does; each costs `handle_ns`, a client command
+//!    `key_op_ns` more, and the turn `sync_ns` once if it wrote durable state;
+//! 3. send (any thread): `message_sent_ns` plus bytes per frame and per reply, where a turn's
+//!    messages to one peer travel in ONE frame (the server's `send_turn`: opportunistic
+//!    batching, Hermes §4.2).
 //!
-//! Then each message queues for its node's egress NIC, crosses the switch (`latency_ns`), and
-//! queues for the receiver's ingress NIC. Ticks skip stage 1. No faults: the correctness
-//! swarms are the simulator's job (crate::simulator), and this loop leaves them untouched.
+//! Then each frame queues for its node's egress NIC, crosses the switch (`latency_ns`), and
+//! queues for the receiver's ingress NIC. Ticks skip stage 1. A machine either belongs to one
+//! node (`host_cores: None`: a replica per machine, clients elsewhere) or is shared by every
+//! node and the clients (`Some(cores)`: a loopback run on one host, where each request also
+//! costs the load generator `client_op_ns`). No faults: the correctness swarms are the
+//! simulator's job (crate::simulator), and this loop leaves them untouched.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -40,20 +46,49 @@ pub(super) trait Clients {
 }
 
 enum Work<M> {
-    Client { request: ClientRequestId, command: Command },
-    Message { from: NodeId, message: M },
+    Client {
+        request: ClientRequestId,
+        command: Command,
+    },
+    /// One frame: every message a peer's turn sent here.
+    Messages {
+        from: NodeId,
+        messages: Vec<M>,
+    },
     Tick,
 }
 
-/// What one handled event produced, with its encoded sizes.
+/// What one turn produced, with its encoded sizes: one frame per destination.
 struct Outputs<M> {
-    messages: Vec<(NodeId, M, u64)>,
+    frames: Vec<(NodeId, Vec<M>, u64)>,
     replies: Vec<(ClientRequestId, Outcome, u64)>,
 }
 
+/// A request on its way out of the load generator (shared host only).
+struct Outgoing {
+    request: ClientRequestId,
+    command: Command,
+    node: NodeId,
+}
+
+/// How many events one turn takes, as the server's event loop (EVENTS_PER_TURN_MAX).
+const EVENTS_PER_TURN_MAX: usize = 512;
+
+/// Where the machines are: a machine per node, or one machine for everything.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Placement {
+    /// Threads per node: how many of its stages run at once.
+    pub threads: u32,
+    /// `None`: every node has a machine of `threads` cores. `Some(cores)`: every node and the
+    /// load generator share one machine of `cores` cores.
+    pub host_cores: Option<u32>,
+}
+
 enum Event<M> {
-    /// A client's next request leaves its machine.
+    /// A client's next request is due.
     Issue(u32),
+    /// The load generator has encoded and written a request (shared host only).
+    ClientSent(Outgoing),
     /// Work reaches a node (its ingress NIC done with it).
     Arrive {
         node: NodeId,
@@ -82,11 +117,20 @@ enum Event<M> {
 
 /// One node's CPU and NIC queues.
 struct Node<M> {
-    cores_free: u32,
+    threads: u32,
+    threads_free: u32,
+    /// A wake-up (`wake_ns`) the node owes: charged to the next stage it starts.
+    wake_owed: bool,
+    /// The machine whose cores it uses (an index into `Engine::cores_free`).
+    machine: usize,
     protocol_busy: bool,
     /// Work waiting for a core to receive it, with its size on the wire.
     receive: VecDeque<(Work<M>, u64)>,
     handle: VecDeque<Work<M>>,
+    /// A node with one thread runs like tokio's current-thread runtime: every ready
+    /// connection task before the event loop's next turn. With more threads the protocol
+    /// thread goes first (it is the serial part).
+    receive_first: bool,
     send: VecDeque<Outputs<M>>,
     egress_free_at: Nanos,
     ingress_free_at: Nanos,
@@ -104,12 +148,22 @@ pub(super) struct Measured {
     pub protocol_busy_ns: Vec<u64>,
     pub egress_busy_ns: Vec<u64>,
     pub ingress_busy_ns: Vec<u64>,
+    /// The load generator's CPU on a shared host.
+    pub client_busy_ns: u64,
+    /// Every node's CPU from the measured window's start on.
+    pub window_nodes_busy_ns: u64,
     pub events: u64,
 }
 
 pub(super) struct Engine<'a, P: Replica, C: Clients> {
     replicas: Vec<P>,
     nodes: Vec<Node<P::Message>>,
+    /// Free cores per machine.
+    cores_free: Vec<u32>,
+    /// Requests waiting for the load generator's CPU (shared host only).
+    outgoing: VecDeque<Outgoing>,
+    shared_host: bool,
+    client_busy_ns: u64,
     costs: CostTable,
     network: Network,
     tick_ns: Nanos,
@@ -135,20 +189,30 @@ where
 {
     pub(super) fn new(
         replicas: Vec<P>,
-        cores: u32,
+        placement: Placement,
         costs: CostTable,
         network: Network,
         tick_ns: Nanos,
         clients: &'a mut C,
         client_node: Vec<NodeId>,
     ) -> Self {
-        assert!(cores >= 1, "a node needs a core");
+        assert!(placement.threads >= 1, "a node needs a thread");
+        assert!(placement.host_cores != Some(0), "a machine needs a core");
+        let cores_free = match placement.host_cores {
+            Some(cores) => vec![cores],
+            None => vec![placement.threads; replicas.len()],
+        };
+        let shared_host = placement.host_cores.is_some();
         let nodes = (0..replicas.len())
-            .map(|_| Node {
-                cores_free: cores,
+            .map(|index| Node {
+                threads: placement.threads,
+                threads_free: placement.threads,
+                wake_owed: false,
+                machine: if shared_host { 0 } else { index },
                 protocol_busy: false,
                 receive: VecDeque::new(),
                 handle: VecDeque::new(),
+                receive_first: placement.threads == 1,
                 send: VecDeque::new(),
                 egress_free_at: 0,
                 ingress_free_at: 0,
@@ -161,6 +225,10 @@ where
         Engine {
             replicas,
             nodes,
+            cores_free,
+            outgoing: VecDeque::new(),
+            shared_host,
+            client_busy_ns: 0,
             costs,
             network,
             tick_ns,
@@ -182,8 +250,8 @@ where
         self.queue.insert((at, self.seq), event);
     }
 
-    /// Run until `end_ns` of virtual time.
-    pub(super) fn run(mut self, end_ns: Nanos) -> Measured {
+    /// Run until `end_ns` of virtual time; CPU spent from `window_ns` on is also summed apart.
+    pub(super) fn run(mut self, window_ns: Nanos, end_ns: Nanos) -> Measured {
         for node in 0..self.replicas.len() {
             // Ticks of different nodes fall at different instants, as real clocks' do.
             let offset = self.tick_ns * node as u64 / self.replicas.len() as u64;
@@ -193,9 +261,13 @@ where
             self.schedule(at, Event::Issue(client));
         }
         let mut events = 0;
+        let mut busy_before_window = None;
         while let Some(((at, _), event)) = self.queue.pop_first() {
             if at > end_ns {
                 break;
+            }
+            if at >= window_ns && busy_before_window.is_none() {
+                busy_before_window = Some(self.nodes_busy_ns());
             }
             self.now = at;
             events += 1;
@@ -207,40 +279,65 @@ where
             protocol_busy_ns: self.nodes.iter().map(|node| node.protocol_busy_ns).collect(),
             egress_busy_ns: self.nodes.iter().map(|node| node.egress_busy_ns).collect(),
             ingress_busy_ns: self.nodes.iter().map(|node| node.ingress_busy_ns).collect(),
+            client_busy_ns: self.client_busy_ns,
+            window_nodes_busy_ns: self.nodes_busy_ns() - busy_before_window.unwrap_or(0),
             events,
         }
+    }
+
+    fn nodes_busy_ns(&self) -> u64 {
+        self.nodes.iter().map(|node| node.busy_ns).sum()
     }
 
     fn handle(&mut self, event: Event<P::Message>) {
         match event {
             Event::Issue(client) => self.issue(client),
+            Event::ClientSent(outgoing) => {
+                self.cores_free[0] += 1;
+                self.deliver_request(outgoing);
+                self.dispatch_machine(0);
+            }
             Event::Arrive { node, work, bytes } => {
+                self.note_wake(node);
                 self.nodes[node.index()].receive.push_back((work, bytes));
                 self.dispatch(node);
             }
             Event::ReceiveDone { node, work } => {
-                self.nodes[node.index()].cores_free += 1;
+                self.release(node);
                 self.nodes[node.index()].handle.push_back(work);
                 self.dispatch(node);
             }
             Event::HandleDone { node, outputs } => {
+                self.release(node);
                 let state = &mut self.nodes[node.index()];
-                state.cores_free += 1;
                 state.protocol_busy = false;
                 state.send.push_back(outputs);
                 self.dispatch(node);
             }
             Event::SendDone { node, outputs } => {
-                self.nodes[node.index()].cores_free += 1;
+                self.release(node);
                 self.transmit(node, outputs);
                 self.dispatch(node);
             }
             Event::Reply { request, outcome } => self.reply(request, outcome),
             Event::Tick(node) => {
+                self.note_wake(node);
                 self.nodes[node.index()].handle.push_back(Work::Tick);
                 self.dispatch(node);
                 self.schedule(self.now + self.tick_ns, Event::Tick(node));
             }
+        }
+    }
+
+    /// Work reaches `node`: if it had nothing to do, its thread sleeps and must be woken.
+    fn note_wake(&mut self, node: NodeId) {
+        let state = &mut self.nodes[node.index()];
+        let idle = state.threads_free == state.threads
+            && state.receive.is_empty()
+            && state.handle.is_empty()
+            && state.send.is_empty();
+        if idle && self.costs.wake_ns > 0 {
+            state.wake_owed = true;
         }
     }
 
@@ -253,6 +350,19 @@ where
         self.next_request += 1;
         self.pending.insert(request, (client, self.now));
         let node = self.client_node[client as usize];
+        let outgoing = Outgoing { request, command, node };
+        if self.shared_host {
+            // The load generator shares the host: encoding, writing and later reading the
+            // reply cost it `client_op_ns` of a core before the request leaves.
+            self.outgoing.push_back(outgoing);
+            self.dispatch_machine(0);
+        } else {
+            self.deliver_request(outgoing);
+        }
+    }
+
+    fn deliver_request(&mut self, outgoing: Outgoing) {
+        let Outgoing { request, command, node } = outgoing;
         let bytes = resp_request_bytes(&command);
         // The client's own NIC is never the bottleneck: the request crosses the switch and
         // queues for the node's ingress.
@@ -267,103 +377,169 @@ where
         }
     }
 
-    /// Start whatever work the node's free cores can take: the protocol thread first (it is
-    /// the serial part), then sends (they free memory and unblock peers), then receives.
+    /// A stage of `node` ended: its thread and its machine's core are free again; whoever
+    /// else shares that machine may start.
+    fn release(&mut self, node: NodeId) {
+        let state = &mut self.nodes[node.index()];
+        state.threads_free += 1;
+        self.cores_free[state.machine] += 1;
+        if self.shared_host {
+            self.dispatch_machine(0);
+        }
+    }
+
+    /// Start whatever the node's free threads and its machine's free cores can take.
     fn dispatch(&mut self, node: NodeId) {
+        while self.start_one(node) {}
+    }
+
+    /// Start work on a shared machine until its cores are busy or nothing waits: the nodes
+    /// and the load generator take turns, one stage each, so none starves the others.
+    fn dispatch_machine(&mut self, machine: usize) {
         loop {
-            let state = &mut self.nodes[node.index()];
-            if state.cores_free == 0 {
-                return;
+            let mut started = self.start_client_send(machine);
+            for node in 0..self.nodes.len() {
+                if self.nodes[node].machine == machine {
+                    started |= self.start_one(NodeId(node as u8));
+                }
             }
-            if !state.protocol_busy && !state.handle.is_empty() {
-                let work = state.handle.pop_front().expect("not empty");
-                self.start_handle(node, work);
-            } else if let Some(outputs) = state.send.pop_front() {
-                let cost = self.send_cost(&outputs);
-                self.occupy_core(node, cost);
-                self.schedule(self.now + cost, Event::SendDone { node, outputs });
-            } else if let Some((work, bytes)) = state.receive.pop_front() {
-                let cost = self.receive_cost(&work, bytes);
-                self.occupy_core(node, cost);
-                self.schedule(self.now + cost, Event::ReceiveDone { node, work });
-            } else {
+            if !started {
                 return;
             }
         }
     }
 
-    fn occupy_core(&mut self, node: NodeId, cost: Nanos) {
+    fn start_client_send(&mut self, machine: usize) -> bool {
+        if !self.shared_host || machine != 0 || self.cores_free[0] == 0 {
+            return false;
+        }
+        let Some(outgoing) = self.outgoing.pop_front() else { return false };
+        self.cores_free[0] -= 1;
+        let cost = self.costs.client_op_ns;
+        self.client_busy_ns += cost;
+        self.schedule(self.now + cost, Event::ClientSent(outgoing));
+        true
+    }
+
+    /// Start one stage of `node`, if a thread and a core are free and work waits. Order: see
+    /// [`Node::receive_first`]; sends before receives (they free memory and unblock peers).
+    fn start_one(&mut self, node: NodeId) -> bool {
+        let state = &self.nodes[node.index()];
+        if state.threads_free == 0 || self.cores_free[state.machine] == 0 {
+            return false;
+        }
+        let can_handle = !state.protocol_busy && !state.handle.is_empty();
+        let can_receive = !state.receive.is_empty();
+        if can_handle && !(state.receive_first && (can_receive || !state.send.is_empty())) {
+            self.start_turn(node);
+        } else if let Some(outputs) = self.nodes[node.index()].send.pop_front() {
+            let cost = self.occupy(node, self.send_cost(&outputs));
+            self.schedule(self.now + cost, Event::SendDone { node, outputs });
+        } else if let Some((work, bytes)) = self.nodes[node.index()].receive.pop_front() {
+            let cost = self.occupy(node, self.receive_cost(&work, bytes));
+            self.schedule(self.now + cost, Event::ReceiveDone { node, work });
+        } else {
+            return false;
+        }
+        true
+    }
+
+    /// Take a thread of `node` and a core of its machine for a stage of `cost`; returns how
+    /// long the stage runs (with the wake-up the node owes, if any).
+    fn occupy(&mut self, node: NodeId, cost: Nanos) -> Nanos {
         let state = &mut self.nodes[node.index()];
-        state.cores_free -= 1;
-        state.busy_ns += cost;
+        state.threads_free -= 1;
+        self.cores_free[state.machine] -= 1;
+        let wake = if std::mem::take(&mut state.wake_owed) { self.costs.wake_ns } else { 0 };
+        state.busy_ns += cost + wake;
+        cost + wake
     }
 
     fn receive_cost(&self, work: &Work<P::Message>, bytes: u64) -> Nanos {
         let per_event = match work {
             Work::Client { .. } => self.costs.client_request_ns,
-            Work::Message { .. } => self.costs.message_received_ns,
+            Work::Messages { .. } => self.costs.message_received_ns,
             Work::Tick => return 0,
         };
         per_event + self.costs.bytes_ns(bytes)
     }
 
     fn send_cost(&self, outputs: &Outputs<P::Message>) -> Nanos {
-        let items = outputs.messages.iter().map(|(_, _, bytes)| *bytes);
+        let frames = outputs.frames.iter().map(|(_, _, bytes)| *bytes);
         let replies = outputs.replies.iter().map(|(_, _, bytes)| *bytes);
-        items.chain(replies).map(|bytes| self.costs.message_sent_ns + self.costs.bytes_ns(bytes)).sum()
+        frames.chain(replies).map(|bytes| self.costs.message_sent_ns + self.costs.bytes_ns(bytes)).sum()
     }
 
-    /// The protocol thread takes `work`: the core's handler runs now; its outputs leave when
-    /// the stage's time is up.
-    fn start_handle(&mut self, node: NodeId, work: Work<P::Message>) {
+    /// The protocol thread takes a turn: every event waiting (up to the server's bound), the
+    /// core's handlers run now, and their outputs leave when the turn's time is up.
+    fn start_turn(&mut self, node: NodeId) {
         let now = Time::from_nanos(self.now);
+        let taken = self.nodes[node.index()].handle.len().min(EVENTS_PER_TURN_MAX);
+        let turn: Vec<Work<P::Message>> = self.nodes[node.index()].handle.drain(..taken).collect();
         let replica = &mut self.replicas[node.index()];
-        let mut cost = self.costs.handle_ns;
-        match work {
-            Work::Client { request, command } => {
-                cost += self.costs.key_op_ns;
-                replica.on_client(now, request, command, &mut self.outbox);
+        let mut cost = 0;
+        for work in turn {
+            match work {
+                Work::Client { request, command } => {
+                    cost += self.costs.handle_ns + self.costs.key_op_ns;
+                    replica.on_client(now, request, command, &mut self.outbox);
+                }
+                Work::Messages { from, messages } => {
+                    for message in messages {
+                        cost += self.costs.handle_ns;
+                        replica.on_message(now, from, message, &mut self.outbox);
+                    }
+                }
+                Work::Tick => {
+                    cost += self.costs.handle_ns;
+                    replica.on_tick(now, &mut self.outbox);
+                }
             }
-            Work::Message { from, message } => replica.on_message(now, from, message, &mut self.outbox),
-            Work::Tick => replica.on_tick(now, &mut self.outbox),
         }
+        // The server makes a turn durable once, before its messages and replies leave.
         if replica.write_durable() {
             cost += self.costs.sync_ns;
         }
         replica.sync_durable();
         let outputs = self.take_outputs();
-        let state = &mut self.nodes[node.index()];
-        state.protocol_busy = true;
-        state.protocol_busy_ns += cost;
-        self.occupy_core(node, cost);
+        self.nodes[node.index()].protocol_busy = true;
+        let cost = self.occupy(node, cost);
+        self.nodes[node.index()].protocol_busy_ns += cost;
         self.schedule(self.now + cost, Event::HandleDone { node, outputs });
     }
 
-    /// Drain the outbox, one entry per destination node (the model sends no multicast), with
-    /// each entry's size on the wire.
+    /// Drain the outbox into one frame per destination node (the model sends no multicast),
+    /// with each frame's size on the wire.
     fn take_outputs(&mut self) -> Outputs<P::Message> {
-        let mut messages = Vec::new();
+        let mut frames: Vec<(NodeId, Vec<P::Message>, u64)> = Vec::new();
         for (destination, message) in self.outbox.messages.drain(..) {
             self.buffer.clear();
             message.encode(&mut self.buffer);
-            let bytes = framed_bytes(self.buffer.len());
+            let bytes = self.buffer.len() as u64;
             for to in destination.nodes().iter() {
-                messages.push((to, message.clone(), bytes));
+                match frames.iter_mut().find(|(node, _, _)| *node == to) {
+                    Some((_, messages, size)) => {
+                        messages.push(message.clone());
+                        *size += bytes;
+                    }
+                    None => frames.push((to, vec![message.clone()], frame_header_bytes() + bytes)),
+                }
             }
         }
         let replies = self.outbox.replies.drain(..).map(|(request, outcome)| {
             let bytes = resp_reply_bytes(&outcome);
             (request, outcome, bytes)
         });
-        Outputs { messages, replies: replies.collect() }
+        Outputs { frames, replies: replies.collect() }
     }
 
     /// Hand a stage's outputs to the NICs.
     fn transmit(&mut self, node: NodeId, outputs: Outputs<P::Message>) {
-        for (to, message, bytes) in outputs.messages {
+        for (to, messages, bytes) in outputs.frames {
             let on_switch = self.egress(node, bytes) + self.network.latency_ns;
             let at = self.ingress(to, on_switch, bytes);
-            self.schedule(at, Event::Arrive { node: to, work: Work::Message { from: node, message }, bytes });
+            let work = Work::Messages { from: node, messages };
+            self.schedule(at, Event::Arrive { node: to, work, bytes });
         }
         for (request, outcome, bytes) in outputs.replies {
             let at = self.egress(node, bytes) + self.network.latency_ns;
@@ -394,9 +570,9 @@ where
     }
 }
 
-/// One message framed on its own: the frame header and a batch count of one.
-fn framed_bytes(encoded: usize) -> u64 {
-    (FRAME_HEADER_BYTES + 4 + encoded) as u64
+/// A batch frame's header and message count, before its messages.
+fn frame_header_bytes() -> u64 {
+    (FRAME_HEADER_BYTES + 4) as u64
 }
 
 /// The RESP array a client sends for `command` (GET, SET, DEL, INCRBY, ...), exactly for

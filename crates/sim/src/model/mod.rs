@@ -9,6 +9,7 @@
 
 pub mod costs;
 mod engine;
+pub mod timing;
 
 use bytes::Bytes;
 use chorus_core::{Command, NodeId, NodeSet, Outcome, Replica, Time};
@@ -64,7 +65,12 @@ pub enum Load {
 pub struct ModelConfig {
     pub protocol: String,
     pub nodes: usize,
+    /// Cores per machine, and so threads per node.
     pub cores: u32,
+    /// `Some(cores)`: every node and the load generator share ONE machine of this many cores
+    /// (a loopback run: `chorus model compare`), each node still running on at most `cores`
+    /// threads (the server's `worker_threads`).
+    pub host_cores: Option<u32>,
     pub network: Network,
     pub costs: CostTable,
     pub workload: Workload,
@@ -84,6 +90,7 @@ impl ModelConfig {
             protocol: protocol.into(),
             nodes,
             cores,
+            host_cores: None,
             network,
             costs: CostTable::placeholder(),
             workload: Workload::named("kv-w5").expect("a known workload"),
@@ -112,6 +119,7 @@ pub struct ModelReport {
     pub protocol: String,
     pub nodes: usize,
     pub cores: u32,
+    pub host_cores: Option<u32>,
     pub network: Network,
     pub workload: Workload,
     pub clients: u32,
@@ -126,10 +134,12 @@ pub struct ModelReport {
     /// Operations answered with an error (not serving, no leader yet) in the window.
     pub errors: u64,
     /// The busiest node's cores, protocol thread and NIC direction, busy over the whole run
-    /// (0 to 1): which resource saturates.
+    /// (0 to 1): which resource saturates. On a shared host, the cores are the host's.
     pub cpu_utilisation_max: f64,
     pub protocol_thread_utilisation_max: f64,
     pub nic_utilisation_max: f64,
+    /// Every node's CPU over the window per operation completed in it, in microseconds.
+    pub nodes_cpu_us_per_op: f64,
     pub events: u64,
 }
 
@@ -140,6 +150,9 @@ pub fn predict(config: &ModelConfig) -> Result<ModelReport, String> {
     }
     if !(1..=1024).contains(&config.cores) {
         return Err("--cores must be between 1 and 1024".into());
+    }
+    if config.host_cores.is_some_and(|cores| !(1..=1024).contains(&cores)) {
+        return Err("a shared host needs between 1 and 1024 cores".into());
     }
     if config.clients == 0 {
         return Err("--clients must be at least 1".into());
@@ -184,14 +197,14 @@ where
         (0..config.clients).map(|client| NodeId((client as usize % config.nodes) as u8)).collect();
     let engine = engine::Engine::new(
         replicas,
-        config.cores,
+        engine::Placement { threads: config.cores, host_cores: config.host_cores },
         config.costs.clone(),
         config.network.clone(),
         config.tick_period.as_nanos(),
         &mut clients,
         client_node,
     );
-    let measured = engine.run(end_ns);
+    let measured = engine.run(warmup_ns, end_ns);
     let window_s = config.duration.as_nanos() as f64 / 1e9;
     let utilisation = |busy: &[u64], capacity: f64| {
         busy.iter().map(|ns| *ns as f64 / (measured.end_ns as f64 * capacity)).fold(0.0, f64::max)
@@ -201,6 +214,7 @@ where
         protocol: config.protocol.clone(),
         nodes: config.nodes,
         cores: config.cores,
+        host_cores: config.host_cores,
         network: config.network.clone(),
         workload: config.workload.clone(),
         clients: config.clients,
@@ -211,9 +225,18 @@ where
         latency: percentiles(&mut clients.latencies_ns),
         ops_measured: clients.latencies_ns.len() as u64,
         errors: clients.errors,
-        cpu_utilisation_max: utilisation(&measured.node_busy_ns, config.cores as f64),
+        cpu_utilisation_max: match config.host_cores {
+            Some(cores) => {
+                let busy = measured.node_busy_ns.iter().sum::<u64>() + measured.client_busy_ns;
+                utilisation(&[busy], cores as f64)
+            }
+            None => utilisation(&measured.node_busy_ns, config.cores as f64),
+        },
         protocol_thread_utilisation_max: utilisation(&measured.protocol_busy_ns, 1.0),
         nic_utilisation_max: nic,
+        nodes_cpu_us_per_op: measured.window_nodes_busy_ns as f64
+            / 1e3
+            / clients.completed_in_window.max(1) as f64,
         events: measured.events,
     }
 }

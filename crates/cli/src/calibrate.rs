@@ -1,0 +1,642 @@
+//! `chorus model calibrate` and `chorus model compare` (issue 21, point 2): measure the cost
+//! table on this machine, then put the model's predictions next to real 3-replica loopback
+//! runs of the same binary.
+//!
+//! Calibration measures, never fits: every figure comes from one measurement that isolates it,
+//! and none of them is chosen to make a prediction match a benchmark.
+//!
+//! * `handle_ns`, `key_op_ns`: the real Hermes cores' `on_message` and `on_client`, timed
+//!   in-process (chorus_sim::model::timing);
+//! * `wakeup_ns`: a loopback TCP ping-pong between two threads, wall time per round trip less
+//!   the CPU both threads spent on it, halved (what a reader waits for the scheduler);
+//! * `byte_ps`: CPU per byte streaming 64 MiB through a loopback socket;
+//! * `sync_ns`: the median `fdatasync` of a 4 KiB append where the benchmarks keep their data;
+//! * the per-event I/O costs, from a real 3-node Hermes cluster (`chorus node`, loopback) with
+//!   one client, where nothing batches: the nodes' CPU per GET (minus idle) is a request's
+//!   whole server-side cost, so `client_request_ns` is it less the handler and one reply
+//!   send; the extra CPU of a SET over a GET, less its messages' handlers, divided by the peer
+//!   frames it took (the nodes' own counters, INFO replication) is a frame's send + receive,
+//!   split evenly between `message_sent_ns` and `message_received_ns`; the load generator's
+//!   own CPU per operation is `client_op_ns`.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use chorus_bench::client::{Api, ClientConfig, Keyspace};
+use chorus_bench::driver::{self, RunOptions};
+use chorus_bench::generator::Distribution;
+use chorus_bench::procs::{self, Procs};
+use chorus_bench::report::Report;
+use chorus_bench::workload::{KvSpec, OpGen};
+use chorus_core::Time;
+use chorus_sim::model::{predict, CostTable, ModelConfig, Network, Workload};
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+const KEYS: u64 = 10_000;
+const VALUE_BYTES: usize = 32;
+
+#[derive(clap::Args)]
+pub struct CalibrateArgs {
+    /// Seconds per measured run of the real cluster.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Runs per measurement; the median is kept (the machine may be busy).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Where to write the cost table (`chorus model --costs` reads it); the measurements
+    /// behind it go next to it as `<name>.runs.json`.
+    #[arg(long, default_value = "bench-results/model-costs.json")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct CompareArgs {
+    /// The cost table `chorus model calibrate` wrote.
+    #[arg(long, default_value = "bench-results/model-costs.json")]
+    costs: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "hermes,craq,zab,raftlog")]
+    protocols: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    clients: Vec<usize>,
+    /// Percent of writes (SET), the rest reads (GET), uniform over 10 000 keys.
+    #[arg(long, default_value_t = 20)]
+    write_percent: u32,
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The comparison as JSON.
+    #[arg(long, default_value = "bench-results/model-compare.json")]
+    json: PathBuf,
+}
+
+/// What the real cluster did over one measured run.
+#[derive(Clone, Debug, Default, Serialize)]
+struct RunCounters {
+    ops: u64,
+    ops_per_s: f64,
+    p50_us: f64,
+    /// The three nodes' CPU (user + system), per operation, in microseconds.
+    server_cpu_us_per_op: f64,
+    /// This process's CPU (the load generator), per operation.
+    client_cpu_us_per_op: f64,
+    /// Peer frames the nodes sent, and peer messages they received, per operation.
+    frames_per_op: f64,
+    messages_per_op: f64,
+    /// Times a node thread went to sleep (voluntary context switches), per operation: each
+    /// is one wake-up.
+    wakes_per_op: f64,
+    /// The nodes' and the load generator's CPU over the run, in cores.
+    cores_used: f64,
+}
+
+#[derive(Serialize)]
+struct CalibrationRuns {
+    machine: chorus_bench::compare::Machine,
+    handlers: chorus_sim::model::timing::HandlerTiming,
+    ping_pong_round_trip_ns: f64,
+    ping_pong_cpu_ns: f64,
+    idle_server_cpu_us_per_s: f64,
+    idle_frames_per_s: f64,
+    idle_messages_per_s: f64,
+    idle_wakes_per_s: f64,
+    get_one_client: RunCounters,
+    set_one_client: RunCounters,
+    rounds: usize,
+    costs: CostTable,
+}
+
+pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
+    if args.seconds <= 0.0 || args.rounds == 0 {
+        bail!("--seconds and --rounds must be positive");
+    }
+    let handlers = chorus_sim::model::timing::time_hermes_handlers(200_000, KEYS, VALUE_BYTES);
+    let handle_ns = handlers.message_ns_mean.round() as u64;
+    let key_op_ns = (handlers.client_ns_mean - handlers.message_ns_mean).max(0.0).round() as u64;
+    println!(
+        "handlers: on_message {:.0} ns, on_client {:.0} ns (in-process, {} + {} calls)",
+        handlers.message_ns_mean, handlers.client_ns_mean, handlers.message_calls, handlers.client_calls
+    );
+    let (round_trip_ns, ping_pong_cpu_ns) = ping_pong(20_000)?;
+    let wakeup_ns = ((round_trip_ns - ping_pong_cpu_ns) / 2.0).max(0.0).round() as u64;
+    println!("loopback ping-pong: {round_trip_ns:.0} ns per round trip, {ping_pong_cpu_ns:.0} ns of CPU");
+    let byte_ps = stream_cpu_ps_per_byte(64 << 20)?;
+    println!("loopback stream: {byte_ps} ps of CPU per byte");
+    // Every directory straight under the scratch root, so that the last one removed takes
+    // the (then empty) root with it (Procs' drop).
+    let probe = procs::scratch_root().join("model-calibrate-sync");
+    let sync_ns = median_sync_ns(&probe, 200);
+    let _ = std::fs::remove_dir_all(&probe);
+    let sync_ns = sync_ns?;
+    println!("fdatasync of a 4 KiB append under {}: {sync_ns} ns (median)", probe.display());
+
+    let exe = std::env::current_exe()?;
+    let runtime = chorus_bench::cli::runtime(None)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut procs = Procs::new("calibrate", procs::scratch_root().join("model-calibrate"))?;
+    let targets = procs::start_chorus_cluster(&mut procs, &exe, "hermes", 3, &[], &stop)?;
+    load_keys(&targets, &runtime)?;
+    let idle = idle_rates(&procs, &targets, Duration::from_secs(2))?;
+    println!(
+        "idle: {:.0} us of node CPU per second, {:.0} wakes/s, {:.0} frames/s, {:.0} messages/s",
+        idle.cpu_us_per_s, idle.wakes_per_s, idle.frames_per_s, idle.messages_per_s
+    );
+    // An idle node only wakes (for its tick and the odd heartbeat): its CPU per wake is
+    // what waking costs, less the tick's handler.
+    let wake_ns = (idle.cpu_us_per_s * 1e3 / idle.wakes_per_s.max(1.0) - handle_ns as f64).max(0.0);
+    let duration = Duration::from_secs_f64(args.seconds);
+    let median_of = |write_percent| -> anyhow::Result<RunCounters> {
+        let rounds = (0..args.rounds)
+            .map(|_| measure(&procs, &targets, &runtime, &stop, write_percent, 1, duration, &idle))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(median_run(rounds))
+    };
+    let get = median_of(0)?;
+    let set = median_of(100)?;
+    drop(procs);
+    println!("GET, 1 client: {get:?}");
+    println!("SET, 1 client: {set:?}");
+
+    // Per operation, a GET is: its wake-ups, receiving the request, its handler, sending
+    // the reply; a SET adds peer frames (sent and received), their handlers and wake-ups.
+    let handler_us = (handle_ns + key_op_ns) as f64 / 1e3;
+    let wake_us = wake_ns / 1e3;
+    let extra_messages = (set.messages_per_op - get.messages_per_op).max(0.0);
+    let extra_frames = (set.frames_per_op - get.frames_per_op).max(f64::MIN_POSITIVE);
+    let extra_wakes = set.wakes_per_op - get.wakes_per_op;
+    let frame_us = (set.server_cpu_us_per_op
+        - get.server_cpu_us_per_op
+        - extra_wakes * wake_us
+        - extra_messages * handle_ns as f64 / 1e3)
+        / extra_frames;
+    if frame_us <= 0.0 {
+        bail!("a SET's frames cost no CPU beyond their wake-ups ({set:?} vs {get:?}): the machine is too busy to calibrate, try again with more --rounds");
+    }
+    let half_frame_ns = (frame_us * 1e3 / 2.0).round() as u64;
+    let request_us = get.server_cpu_us_per_op - get.wakes_per_op * wake_us - handler_us - frame_us / 2.0;
+    if request_us <= 0.0 {
+        bail!("a GET cost less node CPU ({:.1} us) than its wake-ups, handler and reply: the machine is too busy to calibrate", get.server_cpu_us_per_op);
+    }
+    let client_request_ns = (request_us * 1e3).round() as u64;
+    let machine = chorus_bench::compare::machine();
+    let costs = CostTable {
+        source: format!(
+            "chorus model calibrate on {} ({} cores), {} rounds of {:.0} s, median",
+            machine.cpu_model, machine.nproc, args.rounds, args.seconds
+        ),
+        client_request_ns,
+        message_received_ns: half_frame_ns,
+        message_sent_ns: half_frame_ns,
+        byte_ps,
+        handle_ns,
+        key_op_ns,
+        sync_ns,
+        client_op_ns: (get.client_cpu_us_per_op * 1e3).round() as u64,
+        wake_ns: wake_ns.round() as u64,
+        wakeup_ns,
+    };
+    println!("{}", serde_json::to_string_pretty(&costs)?);
+    let runs = CalibrationRuns {
+        machine,
+        handlers,
+        ping_pong_round_trip_ns: round_trip_ns,
+        ping_pong_cpu_ns,
+        idle_server_cpu_us_per_s: idle.cpu_us_per_s,
+        idle_frames_per_s: idle.frames_per_s,
+        idle_messages_per_s: idle.messages_per_s,
+        idle_wakes_per_s: idle.wakes_per_s,
+        get_one_client: get,
+        set_one_client: set,
+        rounds: args.rounds,
+        costs: costs.clone(),
+    };
+    write_json(&args.out, &costs)?;
+    let runs_path = args.out.with_extension("runs.json");
+    write_json(&runs_path, &runs)?;
+    println!("cost table: {} (measurements: {})", args.out.display(), runs_path.display());
+    Ok(0)
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// One row of the comparison: the median of the real rounds next to the model.
+#[derive(Serialize)]
+struct CompareRow {
+    protocol: String,
+    clients: usize,
+    real_ops_per_s: f64,
+    real_p50_us: f64,
+    real_rounds_ops_per_s: Vec<f64>,
+    /// The nodes' CPU per operation (idle removed): on a busy machine it moves far less than
+    /// throughput, so it checks the cost table when throughput cannot.
+    real_cpu_us_per_op: f64,
+    /// CPU the nodes and the load generator got, in cores: what the host gave the run.
+    real_cores_used: f64,
+    model_ops_per_s: f64,
+    model_p50_us: f64,
+    model_cpu_us_per_op: f64,
+    /// (model - real) / real.
+    throughput_error: f64,
+    p50_error: f64,
+    cpu_error: f64,
+}
+
+pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
+    let text = std::fs::read_to_string(&args.costs)
+        .with_context(|| format!("cannot read {}", args.costs.display()))?;
+    let costs: CostTable = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a cost table", args.costs.display()))?;
+    if args.seconds <= 0.0 || args.rounds == 0 || args.clients.contains(&0) || args.write_percent > 100 {
+        bail!("--seconds, --rounds and every --clients must be positive, --write-percent at most 100");
+    }
+    for protocol in &args.protocols {
+        if !chorus_sim::model::PROTOCOLS.contains(&protocol.as_str()) {
+            bail!("unknown protocol '{protocol}'");
+        }
+    }
+    let exe = std::env::current_exe()?;
+    let runtime = chorus_bench::cli::runtime(None)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let host_cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let duration = Duration::from_secs_f64(args.seconds);
+    let mut rows = Vec::new();
+    for protocol in &args.protocols {
+        let mut procs =
+            Procs::new(protocol, procs::scratch_root().join(format!("model-compare-{protocol}")))?;
+        let targets = procs::start_chorus_cluster(&mut procs, &exe, protocol, 3, &[], &stop)?;
+        load_keys(&targets, &runtime)?;
+        let idle = idle_rates(&procs, &targets, Duration::from_millis(500))?;
+        for &clients in &args.clients {
+            let rounds = (0..args.rounds)
+                .map(|_| {
+                    measure(&procs, &targets, &runtime, &stop, args.write_percent, clients, duration, &idle)
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let real_rounds_ops_per_s = rounds.iter().map(|run| run.ops_per_s).collect();
+            let real = median_run(rounds);
+            let model = predict_loopback(protocol, clients, args.write_percent, host_cores, &costs)?;
+            let row = CompareRow {
+                protocol: protocol.clone(),
+                clients,
+                real_ops_per_s: real.ops_per_s,
+                real_p50_us: real.p50_us,
+                real_rounds_ops_per_s,
+                real_cpu_us_per_op: real.server_cpu_us_per_op,
+                real_cores_used: real.cores_used,
+                model_ops_per_s: model.throughput_ops_per_s,
+                model_p50_us: model.latency.p50_us,
+                model_cpu_us_per_op: model.nodes_cpu_us_per_op,
+                throughput_error: model.throughput_ops_per_s / real.ops_per_s - 1.0,
+                p50_error: model.latency.p50_us / real.p50_us - 1.0,
+                cpu_error: model.nodes_cpu_us_per_op / real.server_cpu_us_per_op - 1.0,
+            };
+            print_row(&row, rows.is_empty());
+            rows.push(row);
+        }
+        drop(procs);
+    }
+    write_json(&args.json, &rows)?;
+    let within =
+        rows.iter().filter(|row| row.throughput_error.abs() <= 0.2 && row.p50_error.abs() <= 0.2).count();
+    let cpu_within = rows.iter().filter(|row| row.cpu_error.abs() <= 0.2).count();
+    println!(
+        "{within} of {} rows within 20% on both throughput and p50, {cpu_within} on CPU per operation; JSON: {}",
+        rows.len(),
+        args.json.display()
+    );
+    println!(
+        "(the model gives the run {host_cores} free cores; `cores` is what the real run got: on a busy machine \
+         throughput and latency follow the share, CPU per operation much less)"
+    );
+    Ok(0)
+}
+
+fn print_row(row: &CompareRow, header: bool) {
+    if header {
+        println!(
+            "{:>8} {:>7} {:>11} {:>11} {:>7} {:>9} {:>9} {:>7} {:>8} {:>9} {:>7} {:>6}",
+            "protocol",
+            "clients",
+            "real ops/s",
+            "model ops/s",
+            "error",
+            "real p50",
+            "model p50",
+            "error",
+            "real cpu",
+            "model cpu",
+            "error",
+            "cores"
+        );
+    }
+    println!(
+        "{:>8} {:>7} {:>11.0} {:>11.0} {:>+6.0}% {:>9.1} {:>9.1} {:>+6.0}% {:>8.1} {:>9.1} {:>+6.0}% {:>6.2}",
+        row.protocol,
+        row.clients,
+        row.real_ops_per_s,
+        row.model_ops_per_s,
+        row.throughput_error * 100.0,
+        row.real_p50_us,
+        row.model_p50_us,
+        row.p50_error * 100.0,
+        row.real_cpu_us_per_op,
+        row.model_cpu_us_per_op,
+        row.cpu_error * 100.0,
+        row.real_cores_used
+    );
+}
+
+/// The model of what `compare` runs: 3 one-thread nodes (the server's default
+/// `worker_threads = 1`) and the load generator sharing this machine's cores over loopback.
+fn predict_loopback(
+    protocol: &str,
+    clients: usize,
+    write_percent: u32,
+    host_cores: u32,
+    costs: &CostTable,
+) -> anyhow::Result<chorus_sim::model::ModelReport> {
+    let mut config = ModelConfig::new(protocol, 3, 1, Network::loopback(costs), clients as u32);
+    config.host_cores = Some(host_cores);
+    config.costs = costs.clone();
+    let mut workload = Workload::named(&format!("kv-w{write_percent}")).context("a workload")?;
+    workload.keys = KEYS;
+    workload.value_bytes = VALUE_BYTES;
+    config.workload = workload;
+    config.duration = Time::from_millis(300);
+    predict(&config).map_err(anyhow::Error::msg)
+}
+
+fn options(targets: &[SocketAddr], clients: usize, duration: Option<Duration>) -> RunOptions {
+    RunOptions {
+        targets: targets.to_vec(),
+        clients,
+        pipeline: 1,
+        rate: None,
+        operations: u64::MAX / 4,
+        duration_max: duration,
+        client: ClientConfig {
+            api: Api::Resp,
+            keyspace: Keyspace::Kv,
+            value_bytes: VALUE_BYTES,
+            wait: None,
+            seed: 1,
+        },
+    }
+}
+
+fn load_keys(targets: &[SocketAddr], runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let options = options(targets, 16, None);
+    runtime.block_on(driver::load(&options, KEYS, 16, &ProgressBar::hidden())).context("loading the keys")?;
+    Ok(())
+}
+
+/// The nodes' background: CPU (ticks, heartbeats) and peer traffic per second with no clients.
+struct Idle {
+    cpu_us_per_s: f64,
+    frames_per_s: f64,
+    messages_per_s: f64,
+    wakes_per_s: f64,
+}
+
+fn idle_rates(procs: &Procs, targets: &[SocketAddr], period: Duration) -> anyhow::Result<Idle> {
+    let before = snapshot(procs, targets)?;
+    std::thread::sleep(period);
+    let after = snapshot(procs, targets)?;
+    let seconds = after.at.duration_since(before.at).as_secs_f64();
+    Ok(Idle {
+        cpu_us_per_s: (after.cpu_us - before.cpu_us) as f64 / seconds,
+        frames_per_s: (after.frames - before.frames) as f64 / seconds,
+        messages_per_s: (after.messages - before.messages) as f64 / seconds,
+        wakes_per_s: (after.wakes - before.wakes) as f64 / seconds,
+    })
+}
+
+struct Snapshot {
+    at: Instant,
+    cpu_us: u64,
+    self_cpu_us: u64,
+    frames: u64,
+    messages: u64,
+    wakes: u64,
+}
+
+fn snapshot(procs: &Procs, targets: &[SocketAddr]) -> anyhow::Result<Snapshot> {
+    let cpu_us =
+        chorus_bench::group::run::tree_cpu_us(&procs.pids()).context("cannot read the nodes' CPU time")?;
+    let (mut frames, mut messages) = (0, 0);
+    for &target in targets {
+        let info = procs::resp_text(target, &[b"INFO", b"replication"])?;
+        frames += peer_counter(&info, "frames_sent");
+        messages += peer_counter(&info, "messages_received");
+    }
+    let wakes = procs.pids().iter().map(|pid| voluntary_switches(*pid)).sum();
+    Ok(Snapshot { at: Instant::now(), cpu_us, self_cpu_us: self_cpu_us(), frames, messages, wakes })
+}
+
+/// Voluntary context switches of every thread of `pid` (each one a sleep, so a later wake).
+fn voluntary_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
+        .filter_map(|status| {
+            let line = status.lines().find(|line| line.starts_with("voluntary_ctxt_switches:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// Sum of `name=<n>` over the `peerN:` lines of INFO replication.
+fn peer_counter(info: &str, name: &str) -> u64 {
+    let prefix = format!("{name}=");
+    info.lines()
+        .filter(|line| line.starts_with("peer"))
+        .flat_map(|line| line.split([':', ',']))
+        .filter_map(|field| field.trim().strip_prefix(&prefix)?.parse::<u64>().ok())
+        .sum()
+}
+
+fn self_cpu_us() -> u64 {
+    // SAFETY: getrusage writes into the struct we pass and has no other effects.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let us = |time: libc::timeval| time.tv_sec as u64 * 1_000_000 + time.tv_usec as u64;
+    us(usage.ru_utime) + us(usage.ru_stime)
+}
+
+/// One measured run of `clients` closed-loop clients, with the nodes' background removed.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    procs: &Procs,
+    targets: &[SocketAddr],
+    runtime: &tokio::runtime::Runtime,
+    stop: &Arc<AtomicBool>,
+    write_percent: u32,
+    clients: usize,
+    duration: Duration,
+    idle: &Idle,
+) -> anyhow::Result<RunCounters> {
+    let spec = KvSpec {
+        write_ratio: write_percent as f64 / 100.0,
+        keys: KEYS,
+        operations: u64::MAX / 4,
+        value_bytes: VALUE_BYTES,
+        distribution: Distribution::Uniform,
+    };
+    let options = options(targets, clients, Some(duration));
+    let before = snapshot(procs, targets)?;
+    let result = runtime.block_on(driver::run(
+        &options,
+        OpGen::kv(&spec, 1, clients),
+        &ProgressBar::hidden(),
+        stop.clone(),
+    ))?;
+    let after = snapshot(procs, targets)?;
+    let report = Report::of(&result);
+    if report.errors > 0 || report.operations == 0 {
+        bail!(
+            "the run failed: {} errors, {} operations ({:?})",
+            report.errors,
+            report.operations,
+            report.first_error
+        );
+    }
+    let ops = report.operations as f64;
+    let seconds = after.at.duration_since(before.at).as_secs_f64();
+    let per_op = |delta: u64, idle_per_s: f64| (delta as f64 - idle_per_s * seconds).max(0.0) / ops;
+    Ok(RunCounters {
+        ops: report.operations,
+        ops_per_s: report.ops_per_s,
+        p50_us: report.overall.latency.p50_us,
+        server_cpu_us_per_op: per_op(after.cpu_us - before.cpu_us, idle.cpu_us_per_s),
+        client_cpu_us_per_op: (after.self_cpu_us - before.self_cpu_us) as f64 / ops,
+        frames_per_op: per_op(after.frames - before.frames, idle.frames_per_s),
+        messages_per_op: per_op(after.messages - before.messages, idle.messages_per_s),
+        wakes_per_op: per_op(after.wakes - before.wakes, idle.wakes_per_s),
+        cores_used: ((after.cpu_us - before.cpu_us) + (after.self_cpu_us - before.self_cpu_us)) as f64
+            / 1e6
+            / seconds,
+    })
+}
+
+/// The round with the median throughput (a whole round, so its figures stay consistent).
+fn median_run(mut rounds: Vec<RunCounters>) -> RunCounters {
+    assert!(!rounds.is_empty());
+    rounds.sort_by(|a, b| a.ops_per_s.total_cmp(&b.ops_per_s));
+    rounds.swap_remove(rounds.len() / 2)
+}
+
+/// Two threads bounce one byte over loopback TCP `round_trips` times: wall time and CPU time
+/// (both threads) per round trip, in nanoseconds.
+fn ping_pong(round_trips: u32) -> anyhow::Result<(f64, f64)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let echo = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut stream, _) = listener.accept()?;
+        stream.set_nodelay(true)?;
+        let started = thread_cpu_ns();
+        let mut byte = [0u8; 1];
+        for _ in 0..round_trips {
+            stream.read_exact(&mut byte)?;
+            stream.write_all(&byte)?;
+        }
+        Ok(thread_cpu_ns() - started)
+    });
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_nodelay(true)?;
+    let started = Instant::now();
+    let cpu_started = thread_cpu_ns();
+    let mut byte = [7u8; 1];
+    for _ in 0..round_trips {
+        stream.write_all(&byte)?;
+        stream.read_exact(&mut byte)?;
+    }
+    let cpu = thread_cpu_ns() - cpu_started;
+    let wall = started.elapsed().as_nanos() as f64;
+    let echo_cpu = echo.join().map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
+    Ok((wall / round_trips as f64, (cpu + echo_cpu) as f64 / round_trips as f64))
+}
+
+/// CPU of both ends per byte streamed through loopback, in picoseconds.
+fn stream_cpu_ps_per_byte(bytes: usize) -> anyhow::Result<u64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let reader = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut stream, _) = listener.accept()?;
+        let started = thread_cpu_ns();
+        let mut buffer = vec![0u8; 64 << 10];
+        while stream.read(&mut buffer)? > 0 {}
+        Ok(thread_cpu_ns() - started)
+    });
+    let mut stream = TcpStream::connect(addr)?;
+    let started = thread_cpu_ns();
+    let chunk = vec![1u8; 64 << 10];
+    for _ in 0..bytes / chunk.len() {
+        stream.write_all(&chunk)?;
+    }
+    drop(stream);
+    let writer_cpu = thread_cpu_ns() - started;
+    let reader_cpu = reader.join().map_err(|_| anyhow::anyhow!("the reader thread panicked"))??;
+    Ok(((writer_cpu + reader_cpu) as f64 * 1e3 / bytes as f64).round() as u64)
+}
+
+fn thread_cpu_ns() -> u64 {
+    // SAFETY: clock_gettime writes into the struct we pass and has no other effects.
+    let time = unsafe {
+        let mut time: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time);
+        time
+    };
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+}
+
+/// The median time of appending 4 KiB to a file in `dir` (created; the caller removes it)
+/// and `fdatasync`ing it.
+fn median_sync_ns(dir: &Path, syncs: usize) -> anyhow::Result<u64> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut file = std::fs::File::create(dir.join("sync-probe"))?;
+    let block = vec![0u8; 4096];
+    let mut samples = Vec::with_capacity(syncs);
+    for _ in 0..syncs {
+        file.write_all(&block)?;
+        let started = Instant::now();
+        file.sync_data()?;
+        samples.push(started.elapsed().as_nanos() as u64);
+    }
+    samples.sort_unstable();
+    Ok(samples[samples.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_counters_are_summed_over_the_peer_lines() {
+        let info = "# Replication\r\nrole:master\r\npeer1:addr=127.0.0.1:1,connected=1,frames_sent=10,messages_sent=12,writes=9,frames_dropped=0,messages_received=7,connects=1\r\npeer2:addr=127.0.0.1:2,connected=1,frames_sent=5,messages_sent=5,writes=5,frames_dropped=0,messages_received=3,connects=1\r\n";
+        assert_eq!(peer_counter(info, "frames_sent"), 15);
+        assert_eq!(peer_counter(info, "messages_received"), 10);
+        assert_eq!(peer_counter(info, "connects"), 2);
+    }
+
+    #[test]
+    fn the_median_run_is_a_whole_round() {
+        let run = |ops_per_s: f64, p50_us: f64| RunCounters { ops_per_s, p50_us, ..Default::default() };
+        let median = median_run(vec![run(3.0, 30.0), run(1.0, 10.0), run(2.0, 20.0)]);
+        assert_eq!((median.ops_per_s, median.p50_us), (2.0, 20.0));
+    }
+}

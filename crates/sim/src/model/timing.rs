@@ -1,0 +1,109 @@
+//! Timing the real protocol cores' handlers on this machine, for `chorus model calibrate`:
+//! the protocol-thread part of the cost table (`handle_ns`, `key_op_ns`), measured on the
+//! same code the server runs, without its I/O.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::Bytes;
+use chorus_core::{ClientRequestId, Command, NodeId, NodeSet, Outbox, Replica, Time};
+use chorus_hermes::{Hermes, HermesConfig};
+use serde::Serialize;
+
+use crate::rng::Rng;
+
+/// Mean wall time per handler call, in nanoseconds, and how many calls were timed.
+#[derive(Clone, Debug, Serialize)]
+pub struct HandlerTiming {
+    pub protocol: String,
+    pub client_calls: u64,
+    pub client_ns_mean: f64,
+    pub message_calls: u64,
+    pub message_ns_mean: f64,
+}
+
+/// Drive three Hermes replicas through `operations` client commands (half writes, uniform
+/// over `keys` keys of `value_bytes` values), delivering every message at once, and time each
+/// `on_client` and `on_message` call. Hermes is the calibration's protocol: the cost table is
+/// one per machine, and Hermes' handlers are the middle of the four protocols' (a write is
+/// one INV and one ACK per follower, a read a local lookup).
+pub fn time_hermes_handlers(operations: u64, keys: u64, value_bytes: usize) -> HandlerTiming {
+    assert!(operations > 0 && keys > 0);
+    let all: NodeSet = (0..3u8).map(NodeId).collect();
+    let mut replicas: Vec<Hermes> =
+        (0..3u8).map(|node| Hermes::new(HermesConfig::new(NodeId(node), all))).collect();
+    let mut timing = Totals::default();
+    let mut rng = Rng::new(7);
+    let value = Bytes::from(vec![b'v'; value_bytes]);
+    let mut outbox = Outbox::default();
+    let mut queue = VecDeque::new();
+    for operation in 0..operations {
+        let now = Time::from_nanos(operation * 1_000);
+        let node = (operation % 3) as usize;
+        let key = Bytes::from(format!("key:{:010}", rng.below(keys)));
+        let command = if rng.below(2) == 0 {
+            Command::Write { key, value: Some(value.clone()) }
+        } else {
+            Command::Read { key }
+        };
+        let started = Instant::now();
+        replicas[node].on_client(now, ClientRequestId(operation), command, &mut outbox);
+        timing.client(started);
+        deliver(&mut replicas, NodeId(node as u8), &mut outbox, &mut queue, now, &mut timing);
+    }
+    HandlerTiming {
+        protocol: "hermes".into(),
+        client_calls: timing.client_calls,
+        client_ns_mean: timing.client_ns as f64 / timing.client_calls.max(1) as f64,
+        message_calls: timing.message_calls,
+        message_ns_mean: timing.message_ns as f64 / timing.message_calls.max(1) as f64,
+    }
+}
+
+#[derive(Default)]
+struct Totals {
+    client_calls: u64,
+    client_ns: u64,
+    message_calls: u64,
+    message_ns: u64,
+}
+
+impl Totals {
+    fn client(&mut self, started: Instant) {
+        self.client_calls += 1;
+        self.client_ns += started.elapsed().as_nanos() as u64;
+    }
+
+    fn message(&mut self, started: Instant) {
+        self.message_calls += 1;
+        self.message_ns += started.elapsed().as_nanos() as u64;
+    }
+}
+
+/// Deliver `from`'s outbox and everything it causes, in order, timing each handler.
+fn deliver<P: Replica>(
+    replicas: &mut [P],
+    from: NodeId,
+    outbox: &mut Outbox<P::Message>,
+    queue: &mut VecDeque<(NodeId, NodeId, P::Message)>,
+    now: Time,
+    timing: &mut Totals,
+) where
+    P::Message: Clone,
+{
+    let enqueue = |from: NodeId, outbox: &mut Outbox<P::Message>, queue: &mut VecDeque<_>| {
+        outbox.replies.clear();
+        for (destination, message) in outbox.messages.drain(..) {
+            for to in destination.nodes().iter() {
+                queue.push_back((from, to, message.clone()));
+            }
+        }
+    };
+    enqueue(from, outbox, queue);
+    while let Some((from, to, message)) = queue.pop_front() {
+        let started = Instant::now();
+        replicas[to.index()].on_message(now, from, message, outbox);
+        timing.message(started);
+        enqueue(to, outbox, queue);
+    }
+}
