@@ -102,6 +102,19 @@ where
     fn durable_keys(&self) -> Vec<Key> {
         Vec::new()
     }
+    /// Records of state that is not keyed (ZAB's history, epoch and commit point) changed
+    /// this turn, logged with the turn's keys before its messages leave.
+    fn take_log_records(&mut self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+    /// A snapshot's first records, before its keys' (see `persistence::Durable`).
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+    /// The snapshot's record of `keys`; by default the keys' durable record.
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        self.durable_record(keys)
+    }
     /// Whether this replica holds all the data (not a joiner still copying, not removed).
     fn holds_all_data(&self) -> bool {
         self.is_caught_up()
@@ -183,6 +196,15 @@ where
     }
     fn durable_keys(&self) -> Vec<Key> {
         self.protocol().durable_keys()
+    }
+    fn take_log_records(&mut self) -> Vec<Vec<u8>> {
+        self.protocol_mut().take_log_records()
+    }
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        self.protocol().snapshot_header()
+    }
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        self.protocol().snapshot_record(keys)
     }
     fn holds_all_data(&self) -> bool {
         self.protocol().holds_all_data()
@@ -468,6 +490,18 @@ impl ServedReplica for Zab {
     }
     fn keys(&self) -> Vec<Key> {
         Zab::keys(self).cloned().collect()
+    }
+    fn take_log_records(&mut self) -> Vec<Vec<u8>> {
+        self.take_durable().iter().map(crate::persistence::encode).collect()
+    }
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        Zab::snapshot_header(self).iter().map(crate::persistence::encode).collect()
+    }
+    fn durable_keys(&self) -> Vec<Key> {
+        ServedReplica::keys(self)
+    }
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        Zab::snapshot_record(self, keys).map(|record| crate::persistence::encode(&record))
     }
     /// One history: the write's entry is at or below the applied index when its origin answers.
     fn write_mark(&self, _key: &Key) -> WriteMark {
@@ -1085,6 +1119,8 @@ where
             }
             EngineRequest::Persistence { save, reply } => {
                 let answer = self.persistence.as_mut().map(|persistence| {
+                    // The snapshot starts from a state whose records are all logged.
+                    persistence.log_records(self.replica.take_log_records());
                     if save {
                         persistence.bgsave(&self.replica)?;
                     }
@@ -1193,6 +1229,7 @@ where
     /// would acknowledge writes it could lose.
     fn persist_keys(&mut self) {
         let Some(persistence) = &mut self.persistence else { return };
+        persistence.log_records(self.replica.take_log_records());
         for (_, message) in &self.outbox.messages {
             R::message_keys(message, &mut self.touched);
         }

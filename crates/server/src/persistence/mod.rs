@@ -1,4 +1,4 @@
-//! Persistence for the key-value protocols (Hermes and CRAQ today): an append-only file of the keys'
+//! Persistence for the key-value protocols (Hermes, CRAQ and ZAB): an append-only file of the keys'
 //! durable state, and snapshots that rewrite it, under Redis' names (`appendonly`,
 //! `appendfsync`, `save`, `BGSAVE`, `LASTSAVE`, `INFO persistence`). docs/decisions.md
 //! ("Persistence in the runtime") explains the design, docs/operations.md how to run it.
@@ -23,6 +23,7 @@ pub mod craq;
 pub mod hermes;
 mod manifest;
 pub mod records;
+pub mod zab;
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,6 +40,14 @@ pub trait Durable {
     fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>>;
     fn durable_keys(&self) -> Vec<Key>;
     fn holds_all_data(&self) -> bool;
+    /// A snapshot's first records, before its keys (ZAB: its applied point and history).
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+    /// The snapshot's record of `keys`.
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        self.durable_record(keys)
+    }
 }
 
 impl<R: ServedReplica> Durable for R
@@ -54,12 +63,18 @@ where
     fn holds_all_data(&self) -> bool {
         ServedReplica::holds_all_data(self)
     }
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        ServedReplica::snapshot_header(self)
+    }
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        ServedReplica::snapshot_record(self, keys)
+    }
 }
 use manifest::Manifest;
 use records::Kind;
 
 /// A protocol's record payload: one of its own messages, in its wire encoding.
-fn encode<M: chorus_core::codec::WireMessage>(message: &M) -> Vec<u8> {
+pub(crate) fn encode<M: chorus_core::codec::WireMessage>(message: &M) -> Vec<u8> {
     let mut buf = bytes::BytesMut::new();
     message.encode(&mut buf);
     buf.to_vec()
@@ -371,6 +386,18 @@ impl Persistence {
         self.options.appendonly && self.options.appendfsync == AppendFsync::Always
     }
 
+    /// Records the core itself produced this turn (ZAB's history), logged like the keys'.
+    pub fn log_records(&mut self, payloads: Vec<Vec<u8>>) {
+        self.info.changes_since_last_save += payloads.len() as u64;
+        if !self.options.appendonly {
+            return;
+        }
+        for payload in payloads {
+            records::encode(Kind::Data, &payload, &mut self.buf);
+            self.info.records_appended += 1;
+        }
+    }
+
     /// The end of a turn, before its messages and replies leave: log the state of `keys`
     /// (cleared), and sync as `appendfsync` says. An error must stop the node.
     pub fn end_turn<R: Durable>(&mut self, replica: &R, keys: &mut Vec<Key>) -> anyhow::Result<()> {
@@ -487,10 +514,19 @@ impl Persistence {
         if let Some(complete) = self.complete_logged {
             self.log_complete(complete);
         }
-        self.snapshot = Some(Snapshot { base, keys: replica.durable_keys(), next: 0, bytes: 0 });
+        let mut header = Vec::new();
+        for payload in replica.snapshot_header() {
+            records::encode(Kind::Data, &payload, &mut header);
+        }
+        let write = self.storage.append(&base, &header);
+        let bytes = header.len() as u64;
+        self.snapshot = Some(Snapshot { base, keys: replica.durable_keys(), next: 0, bytes });
         self.info.bgsave_in_progress = true;
         self.info.changes_since_last_save = 0;
         self.last_save = Instant::now();
+        if let Err(error) = write {
+            return self.abandon_snapshot(error.into());
+        }
         tracing::info!(generation, "background save started");
         Ok(())
     }
@@ -499,7 +535,7 @@ impl Persistence {
         let Some(snapshot) = &mut self.snapshot else { return Ok(()) };
         let end = (snapshot.next + SNAPSHOT_KEYS_PER_TURN).min(snapshot.keys.len());
         let mut buf = Vec::new();
-        if let Some(payload) = replica.durable_record(&snapshot.keys[snapshot.next..end]) {
+        if let Some(payload) = replica.snapshot_record(&snapshot.keys[snapshot.next..end]) {
             records::encode(Kind::Data, &payload, &mut buf);
         }
         snapshot.next = end;
