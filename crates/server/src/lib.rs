@@ -217,6 +217,10 @@ async fn serve_node(
             if joining {
                 info!("joining the cluster: will synchronise from the ZAB leader");
             }
+            if start.persistence.is_some() {
+                // A node back from its own files takes only what it missed, if still held.
+                zab_config.history_retained_entries = ZAB_HISTORY_RETAINED_ENTRIES;
+            }
             let mut zab = Zab::new(zab_config);
             if start.persistence.is_some() {
                 zab.enable_persistence();
@@ -703,6 +707,11 @@ fn open_persistence(
     }
     Ok((Some(persistence), Some(restored)))
 }
+
+/// Entries a persisting ZAB node keeps after every live replica applied them (ZooKeeper
+/// keeps 500 in memory and serves DIFFs from its transaction log too): a node restarted after
+/// missing fewer takes only those; one that missed more takes a snapshot.
+const ZAB_HISTORY_RETAINED_ENTRIES: u64 = 20_000;
 
 /// Where a CRAQ or ZAB node restarted with its data numbers its updates from: the wall clock in
 /// milliseconds times 2^16, above every number an earlier start used unless that start

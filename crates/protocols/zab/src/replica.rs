@@ -468,6 +468,7 @@ impl Zab {
         // An entry leaves memory only once it is logged (when persisting).
         let logged = self.durable.map_or(u64::MAX, |cursor| cursor.index);
         let upto = compact_index.min(self.applied_index).min(logged);
+        let upto = upto.saturating_sub(self.config.history_retained_entries);
         while self.log_start <= upto {
             let entry = self.log.pop_front().expect("compacted entries are held");
             self.compacted_zxid = entry.zxid;
