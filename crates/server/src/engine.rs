@@ -98,6 +98,16 @@ where
     fn durable_record(&self, _keys: &[Key]) -> Option<Vec<u8>> {
         None
     }
+    /// Whether `message` may leave only once the turn's records are on disk (`appendfsync
+    /// always`). A turn whose messages and replies all may go first sends them, then syncs
+    /// (docs/decisions.md 10, "Which syncs a write waits for").
+    fn must_persist_before(_message: &Self::Message) -> bool {
+        true
+    }
+    /// Whether this turn's client replies may leave only once its records are on disk.
+    fn replies_must_persist_first(&self) -> bool {
+        true
+    }
     /// Every key with durable state, for a snapshot.
     fn durable_keys(&self) -> Vec<Key> {
         Vec::new()
@@ -193,6 +203,16 @@ where
     }
     fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
         self.protocol().durable_record(keys)
+    }
+    /// The membership's own records have their own log, synced before anything leaves.
+    fn must_persist_before(message: &Self::Message) -> bool {
+        match message {
+            Wire::Protocol(message) => P::must_persist_before(message),
+            Wire::Membership(_) => false,
+        }
+    }
+    fn replies_must_persist_first(&self) -> bool {
+        self.protocol().replies_must_persist_first()
     }
     fn durable_keys(&self) -> Vec<Key> {
         self.protocol().durable_keys()
@@ -400,6 +420,14 @@ impl ServedReplica for Hermes {
     }
     fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
         crate::persistence::hermes::record(self, keys)
+    }
+    fn must_persist_before(message: &chorus_hermes::Message) -> bool {
+        crate::persistence::hermes::must_persist_before(message)
+    }
+    /// With other live replicas every write this replica answers went out in INVs, in a turn
+    /// that synced it first; alone, it commits (and answers) in the turn it writes.
+    fn replies_must_persist_first(&self) -> bool {
+        self.view().live.len() <= 1
     }
     fn durable_keys(&self) -> Vec<Key> {
         self.written_keys()
@@ -1215,7 +1243,8 @@ where
     fn perform_outbox(&mut self) {
         self.complete_replies();
         self.persist_durable_records();
-        self.persist_keys();
+        let defer_sync = !self.sync_first();
+        self.persist_keys(defer_sync);
         if let Err(error) = self.replica.persist_turn() {
             tracing::error!(%error, "cannot persist replica state; stopping this node");
             std::process::exit(1);
@@ -1224,10 +1253,17 @@ where
         self.transport.send_turn(&mut self.outbox.messages);
     }
 
+    /// Whether a message or reply of this turn may leave only after the turn's records are
+    /// synced (otherwise they leave at once and the next turn's sync covers the records).
+    fn sync_first(&self) -> bool {
+        let replies = !self.outbox.replies.is_empty() && self.replica.replies_must_persist_first();
+        replies || self.outbox.messages.iter().any(|(_, message)| R::must_persist_before(message))
+    }
+
     /// The turn's keys go to the append-only file (synced, with `appendfsync always`) before
-    /// any message or reply of the turn leaves. A node that cannot write them must stop: it
-    /// would acknowledge writes it could lose.
-    fn persist_keys(&mut self) {
+    /// any message or reply of the turn that depends on them leaves. A node that cannot write
+    /// them must stop: it would acknowledge writes it could lose.
+    fn persist_keys(&mut self, defer_sync: bool) {
         let Some(persistence) = &mut self.persistence else { return };
         persistence.log_records(self.replica.take_log_records());
         for (_, message) in &self.outbox.messages {
@@ -1238,7 +1274,7 @@ where
                 self.touched.push(key.clone());
             }
         }
-        if let Err(error) = persistence.end_turn(&self.replica, &mut self.touched) {
+        if let Err(error) = persistence.end_turn(&self.replica, &mut self.touched, defer_sync) {
             tracing::error!("cannot persist keys ({error:#}); stopping this node");
             std::process::exit(1);
         }

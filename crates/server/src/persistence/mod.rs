@@ -400,7 +400,17 @@ impl Persistence {
 
     /// The end of a turn, before its messages and replies leave: log the state of `keys`
     /// (cleared), and sync as `appendfsync` says. An error must stop the node.
-    pub fn end_turn<R: Durable>(&mut self, replica: &R, keys: &mut Vec<Key>) -> anyhow::Result<()> {
+    ///
+    /// `defer_sync`: none of the turn's messages and replies needs its records on disk first
+    /// (docs/decisions.md 10, "Which syncs a write waits for"): with `appendfsync always` the
+    /// records then wait for the next turn that syncs, or a second at most. A turn that logs
+    /// whether the replica holds all the data never defers.
+    pub fn end_turn<R: Durable>(
+        &mut self,
+        replica: &R,
+        keys: &mut Vec<Key>,
+        defer_sync: bool,
+    ) -> anyhow::Result<()> {
         if !keys.is_empty() {
             keys.sort_unstable();
             keys.dedup();
@@ -416,10 +426,12 @@ impl Persistence {
             keys.clear();
         }
         let complete = replica.holds_all_data();
+        let mut defer_sync = defer_sync;
         if self.options.appendonly && self.complete_logged != Some(complete) {
             self.log_complete(complete);
+            defer_sync = false;
         }
-        let result = self.write_turn(replica);
+        let result = self.write_turn(replica, defer_sync);
         self.info.last_write_ok = result.is_ok();
         result
     }
@@ -430,10 +442,10 @@ impl Persistence {
         self.complete_logged = Some(complete);
     }
 
-    fn write_turn<R: Durable>(&mut self, replica: &R) -> anyhow::Result<()> {
+    fn write_turn<R: Durable>(&mut self, replica: &R, defer_sync: bool) -> anyhow::Result<()> {
         self.flush_buf()?;
         let sync_due = match self.options.appendfsync {
-            AppendFsync::Always => true,
+            AppendFsync::Always => !defer_sync || self.last_sync.elapsed() >= EVERYSEC,
             AppendFsync::Everysec => self.last_sync.elapsed() >= EVERYSEC,
             AppendFsync::No => false,
         };
@@ -797,6 +809,24 @@ mod tests {
         }
     }
 
+    /// A turn whose messages need none of its records on disk first does not sync (the
+    /// next turn that syncs covers them), except the turn that logs whether the replica
+    /// holds all the data, which trust at restart depends on.
+    #[test]
+    fn a_deferred_turn_waits_for_the_next_sync() {
+        let scratch = Scratch::new("deferred");
+        let (mut persistence, _) = open(&scratch.0, AppendFsync::Always);
+        let mut store = Versions::default();
+        let mut write = |store: &mut Versions, persistence: &mut Persistence, version: u64, defer: bool| {
+            store.0.insert(Key::from("k"), version);
+            persistence.end_turn(store, &mut vec![Key::from("k")], defer).unwrap();
+            persistence.info().syncs
+        };
+        assert_eq!(write(&mut store, &mut persistence, 1, true), 1, "the first turn logs Complete");
+        assert_eq!(write(&mut store, &mut persistence, 2, true), 1, "deferred");
+        assert_eq!(write(&mut store, &mut persistence, 3, false), 2, "one sync covers both turns");
+    }
+
     /// The simulator's storage faults over these files: turns of writes (each acknowledged
     /// once `end_turn` returned), background saves and log rewrites, crashes that lose, keep
     /// or tear every unsynced write, and latent corruption of synced bytes. After each crash
@@ -835,7 +865,7 @@ mod tests {
                         keys.push(key);
                     }
                     let touched = keys.clone();
-                    persistence.end_turn(&store, &mut keys).unwrap();
+                    persistence.end_turn(&store, &mut keys, false).unwrap();
                     for key in touched {
                         acknowledged.insert(key.clone(), store.0[&key]);
                     }
@@ -861,7 +891,7 @@ mod tests {
                     // Repaired from a peer: it copies the peer's state (here, what was
                     // acknowledged), logging the copied keys as it goes.
                     store = Versions(acknowledged.clone());
-                    persistence.end_turn(&store, &mut store.durable_keys()).unwrap();
+                    persistence.end_turn(&store, &mut store.durable_keys(), false).unwrap();
                     continue;
                 }
                 store = Versions::restore(&restored.records);
