@@ -689,6 +689,10 @@ pub enum EngineRequest {
         save: bool,
         reply: oneshot::Sender<Option<Result<PersistenceInfo, String>>>,
     },
+    /// WAITAOF: sync the append-only file now, and say what a write held by a replica means.
+    SyncAof {
+        reply: oneshot::Sender<AofDurability>,
+    },
     /// WAIT: answer how many other replicas hold every write in `marks`, once at least
     /// `replicas` do or at `deadline` (`None`: no deadline), whichever comes first.
     Wait {
@@ -816,6 +820,14 @@ impl EngineHandle {
 
     /// Start a background save (`save`), or read the persistence state. `None`: the node
     /// persists nothing (or its event loop is gone). Only unsharded protocols persist keys.
+    /// WAITAOF: every write this node acknowledged is on its disk once this returns, if
+    /// `local`; `None`: the event loop is gone.
+    pub async fn sync_aof(&self) -> Option<AofDurability> {
+        let (reply, rx) = oneshot::channel();
+        self.shards.first()?.send(EngineRequest::SyncAof { reply }).await.ok()?;
+        rx.await.ok()
+    }
+
     pub async fn persistence(&self, save: bool) -> Option<Result<PersistenceInfo, String>> {
         let (reply, rx) = oneshot::channel();
         self.shards.first()?.send(EngineRequest::Persistence { save, reply }).await.ok()?;
@@ -940,6 +952,17 @@ where
     touched: Vec<Key>,
     /// Replies wait for the turn's sync (`appendfsync always`).
     replies_wait: bool,
+}
+
+/// What WAITAOF can count on at this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AofDurability {
+    /// Every write this node acknowledged is on its disk (now that it synced).
+    pub local: bool,
+    /// A replica that holds a write has it on disk: it acknowledged only after syncing
+    /// (`appendfsync always`, assumed the same on every node as `chorus up` sets it, or a
+    /// core with its own durable log).
+    pub replicas: bool,
 }
 
 /// What the node keeps on disk besides a core's own files.
@@ -1144,6 +1167,25 @@ where
                     requests_past_deadline: self.requests_past_deadline,
                     counters: self.replica.counters(),
                 });
+            }
+            EngineRequest::SyncAof { reply } => {
+                let durability = match self.persistence.as_mut() {
+                    Some(persistence) => {
+                        persistence.log_records(self.replica.take_log_records());
+                        if let Err(error) = persistence.sync_now() {
+                            tracing::error!(
+                                "cannot sync the append-only file ({error:#}); stopping this node"
+                            );
+                            std::process::exit(1);
+                        }
+                        AofDurability { local: true, replicas: persistence.replies_wait() }
+                    }
+                    // A core with its own durable log (raftlog) syncs before it answers.
+                    None => {
+                        AofDurability { local: R::REPLIES_AFTER_PERSIST, replicas: R::REPLIES_AFTER_PERSIST }
+                    }
+                };
+                let _ = reply.send(durability);
             }
             EngineRequest::Persistence { save, reply } => {
                 let answer = self.persistence.as_mut().map(|persistence| {

@@ -442,6 +442,15 @@ impl Persistence {
         self.complete_logged = Some(complete);
     }
 
+    /// WAITAOF: everything appended so far on disk now, whatever `appendfsync` says.
+    pub fn sync_now(&mut self) -> anyhow::Result<()> {
+        self.flush_buf()?;
+        if self.unsynced {
+            self.sync_incr()?;
+        }
+        Ok(())
+    }
+
     fn write_turn<R: Durable>(&mut self, replica: &R, defer_sync: bool) -> anyhow::Result<()> {
         self.flush_buf()?;
         let sync_due = match self.options.appendfsync {
