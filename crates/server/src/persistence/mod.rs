@@ -826,7 +826,7 @@ mod tests {
         let scratch = Scratch::new("deferred");
         let (mut persistence, _) = open(&scratch.0, AppendFsync::Always);
         let mut store = Versions::default();
-        let mut write = |store: &mut Versions, persistence: &mut Persistence, version: u64, defer: bool| {
+        let write = |store: &mut Versions, persistence: &mut Persistence, version: u64, defer: bool| {
             store.0.insert(Key::from("k"), version);
             persistence.end_turn(store, &mut vec![Key::from("k")], defer).unwrap();
             persistence.info().syncs
