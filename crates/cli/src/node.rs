@@ -117,7 +117,7 @@ pub struct NodeArgs {
     /// raftlog, crash tests only: "crash-test" keeps unsynced writes in memory (docs/testing.md).
     #[arg(long, hide = true)]
     pub raftlog_storage: Option<String>,
-    /// Log every write to <data-dir>/appendonly/ (hermes, craq; default no, as Redis; `chorus up` turns it on).
+    /// Log every write to <data-dir>/appendonly/ (hermes, craq, zab; default no, as Redis; `chorus up` turns it on).
     #[arg(long, value_name = "yes|no")]
     pub appendonly: Option<String>,
     /// When the append-only file is synced: always (default), everysec or no.

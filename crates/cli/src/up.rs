@@ -37,7 +37,7 @@ pub struct UpArgs {
     /// and no append-only file.
     #[arg(long)]
     pub in_memory: bool,
-    /// Log every write to the nodes' append-only files (hermes, craq; default yes).
+    /// Log every write to the nodes' append-only files (hermes, craq, zab; default yes).
     #[arg(long, value_name = "yes|no")]
     pub appendonly: Option<String>,
     /// When the append-only files are synced: always (default), everysec or no.
@@ -119,11 +119,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         (dir, false)
     };
     let identity = ClusterIdentity::open_or_create(&data_dir, &args)?;
-    // On by default where the protocol has it (hermes, craq): `chorus up` keeps its data.
+    // On by default where the protocol has it (hermes, craq, zab): `chorus up` keeps its data.
     let appendonly = match (&args.appendonly, args.in_memory) {
         (Some(value), _) => Some(value.clone()),
         (None, true) => Some("no".to_string()),
-        (None, false) => matches!(args.protocol.as_str(), "hermes" | "craq").then(|| "yes".to_string()),
+        (None, false) => has_appendonly(&args.protocol).then(|| "yes".to_string()),
     };
 
     let mut peers = BTreeMap::new();
@@ -173,8 +173,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                 .transpose()?,
             ..RawConfig::default()
         };
-        // Nodes that kept their keys (hermes and craq with appendonly, raftlog) restart as the
-        // members they were. The others kept none: membership state left by an earlier run
+        // Nodes that kept their keys (hermes, craq and zab with appendonly, raftlog) restart
+        // from them (zab through a join, in a new epoch). The others kept none: membership state left by an earlier run
         // describes a cluster whose data is gone, and a node restarted on it would wait to
         // rejoin it, so they start as a new cluster. A chain node's region survives in the
         // directory, but without the view it was last linked in nothing says which region is
@@ -309,7 +309,12 @@ fn default_data_dir(port: u16) -> anyhow::Result<PathBuf> {
 /// Whether the nodes keep their keys on disk (and so restart as the members they were).
 fn keeps_keys(protocol: &str, appendonly: Option<&str>) -> bool {
     let appendonly = appendonly.is_some_and(|value| value.eq_ignore_ascii_case("yes"));
-    protocol == "raftlog" || (matches!(protocol, "hermes" | "craq") && appendonly)
+    protocol == "raftlog" || (has_appendonly(protocol) && appendonly)
+}
+
+/// The protocols that persist their keys through the append-only file.
+fn has_appendonly(protocol: &str) -> bool {
+    matches!(protocol, "hermes" | "craq" | "zab" | "zab-local")
 }
 
 /// What makes the directory's nodes one cluster, kept in `<dir>/cluster.toml` (mode 0600:

@@ -55,3 +55,47 @@ fn hermes_and_zab_wait_counts_fall_when_a_replica_dies() {
         assert!(count <= 2, "{protocol}: {count}");
     }
 }
+
+fn wait_aof(
+    con: &mut redis::Connection,
+    local: usize,
+    replicas: usize,
+    timeout_ms: u64,
+) -> redis::RedisResult<Vec<i64>> {
+    redis::cmd("WAITAOF").arg(local).arg(replicas).arg(timeout_ms).query(con)
+}
+
+/// WAITAOF (issue 24): with `appendfsync always` a replica holds a write only once it is on
+/// its disk, so the count is WAIT's; the local file is synced on the spot. Without
+/// `appendonly` there is no local file to wait for (Redis' error), and with `everysec` no
+/// replica is known to have synced.
+#[test]
+fn waitaof_counts_the_disks_that_hold_the_writes() {
+    let mut cluster =
+        Cluster::start(3, &["--protocol", "hermes", "--appendonly", "yes", "--appendfsync", "always"]);
+    let mut con = cluster.client(0);
+    set(&mut con, "k", "v1");
+    assert_eq!(wait_aof(&mut con, 1, 2, 30_000).unwrap(), vec![1, 2]);
+    cluster.sigkill(2);
+    set(&mut con, "k", "v2");
+    assert_eq!(wait_aof(&mut con, 1, 2, 500).unwrap(), vec![1, 1], "the dead replica's disk does not count");
+    drop(cluster);
+
+    let cluster =
+        Cluster::start(3, &["--protocol", "hermes", "--appendonly", "yes", "--appendfsync", "everysec"]);
+    let mut con = cluster.client(0);
+    set(&mut con, "k", "v1");
+    assert_eq!(
+        wait_aof(&mut con, 1, 2, 100).unwrap(),
+        vec![1, 0],
+        "synced here; replicas sync when they like"
+    );
+    drop(cluster);
+
+    let cluster = Cluster::start(3, &["--protocol", "hermes", "--appendonly", "no"]);
+    let mut con = cluster.client(0);
+    set(&mut con, "k", "v1");
+    let error = wait_aof(&mut con, 1, 0, 0).unwrap_err();
+    assert!(error.to_string().contains("appendonly is disabled"), "{error}");
+    assert_eq!(wait_aof(&mut con, 0, 2, 100).unwrap(), vec![0, 0]);
+}

@@ -41,6 +41,12 @@ impl<P: Replica> WithMembership<P> {
         &self.protocol
     }
 
+    /// For the runtime's persistence hooks (taking a core's durable records), which produce no
+    /// messages: anything that does must go through the `Replica` methods.
+    pub fn protocol_mut(&mut self) -> &mut P {
+        &mut self.protocol
+    }
+
     pub fn membership(&self) -> &Membership {
         &self.membership
     }

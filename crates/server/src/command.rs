@@ -70,6 +70,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("command", -1, &["loading", "stale"], NO_KEYS),
     spec("client", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS),
     spec("wait", 3, &["noscript"], NO_KEYS),
+    spec("waitaof", 4, &["noscript"], NO_KEYS),
     spec("cas", 4, &["write", "denyoom"], ONE_KEY),
     spec("session", -5, &["write", "denyoom"], (4, 4, 1)),
     spec("multi", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
@@ -351,6 +352,13 @@ pub enum Request {
         replicas: usize,
         timeout_ms: u64,
     },
+    /// `WAITAOF numlocal numreplicas timeout`: the connection's writes on disk here (after a
+    /// sync, with `numlocal` > 0) and at `replicas` others (docs/resp.md, WAITAOF).
+    WaitAof {
+        local: bool,
+        replicas: usize,
+        timeout_ms: u64,
+    },
     /// `SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE]`: stop this node gracefully (the options change
     /// nothing: durable state is always flushed, and leaving the view is always attempted).
     Shutdown,
@@ -569,6 +577,17 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
                 return Err(Reply::err("timeout is negative"));
             }
             Request::Wait { replicas: replicas as usize, timeout_ms: timeout as u64 }
+        }
+        "waitaof" => {
+            let (local, replicas, timeout) =
+                (parse_i64(&args[1])?, parse_i64(&args[2])?, parse_i64(&args[3])?);
+            if local < 0 || replicas < 0 {
+                return Err(Reply::err("value is out of range, must be positive"));
+            }
+            if timeout < 0 {
+                return Err(Reply::err("timeout is negative"));
+            }
+            Request::WaitAof { local: local > 0, replicas: replicas as usize, timeout_ms: timeout as u64 }
         }
         "cas" => Request::Cas { key: arg(1), expected: arg(2), new: arg(3) },
         "session" => parse_session(args)?,
@@ -996,6 +1015,11 @@ mod tests {
         assert_eq!(request("COMMAND DOCS"), Ok(Request::CommandDocs));
         assert_eq!(request("CLIENT SETINFO lib-name redis-py"), Ok(Request::ClientSetInfo));
         assert_eq!(request("WAIT 2 0"), Ok(Request::Wait { replicas: 2, timeout_ms: 0 }));
+        assert_eq!(
+            request("WAITAOF 1 2 0"),
+            Ok(Request::WaitAof { local: true, replicas: 2, timeout_ms: 0 })
+        );
+        assert!(request("WAITAOF -1 2 0").is_err());
         assert_eq!(request("SHUTDOWN NOSAVE"), Ok(Request::Shutdown));
         assert!(request("SHUTDOWN ABORT").is_err());
         assert_eq!(

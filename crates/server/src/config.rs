@@ -822,7 +822,9 @@ impl RawConfig {
     ) -> Result<crate::persistence::PersistenceOptions, ConfigError> {
         use crate::persistence::{AppendFsync, PersistenceOptions, StorageChoice};
         let defaults = PersistenceOptions::default();
-        let supported = matches!(protocol, Protocol::Hermes | Protocol::Craq);
+        // ZAB restarts from its files through a join (a new epoch), so it needs the membership.
+        let zab_with_membership = matches!(protocol, Protocol::Zab(_)) && self.membership != Some(false);
+        let supported = matches!(protocol, Protocol::Hermes | Protocol::Craq) || zab_with_membership;
         let appendonly = match &self.appendonly {
             None => false,
             Some(value) => value.value("appendonly")?,
@@ -831,8 +833,8 @@ impl RawConfig {
             return Err(field_error(
                 "appendonly",
                 format!(
-                    "{} does not persist its keys through the append-only file yet (hermes and \
-                     craq do; raftlog has its own durable log): set appendonly no",
+                    "{} does not persist its keys through the append-only file (hermes, craq \
+                     and zab with membership do; raftlog has its own durable log): set appendonly no",
                     protocol.name()
                 ),
             ));
@@ -1076,8 +1078,11 @@ client_addr = "127.0.0.1:7380"
         let craq = validate(format!("protocol = \"craq\"\nappendonly = \"yes\"\n{GOOD}")).unwrap();
         assert!(craq.persistence.appendonly);
         assert!(!validate(format!("protocol = \"zab\"\n{GOOD}")).unwrap().persistence.appendonly);
+        let zab = validate(format!("protocol = \"zab\"\nappendonly = \"yes\"\n{GOOD}")).unwrap();
+        assert!(zab.persistence.appendonly);
         for (bad, field) in [
-            ("protocol = \"zab\"\nappendonly = true", "appendonly"),
+            ("protocol = \"zab\"\nappendonly = true\nmembership = false", "appendonly"),
+            ("protocol = \"chain\"\nappendonly = true", "appendonly"),
             ("appendonly = \"maybe\"", "appendonly"),
             ("appendfsync = \"sometimes\"", "appendfsync"),
             ("save = \"900\"", "save"),

@@ -458,9 +458,34 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     None => error_reply(&crate::engine::SHUTTING_DOWN),
                 }
             }
+            Request::WaitAof { local, replicas, timeout_ms } => {
+                self.wait_aof(local, replicas, timeout_ms).await
+            }
             Request::Quit => Reply::ok(),
             other => Reply::err(format!("internal error: unhandled request {other:?}")),
         }
+    }
+
+    /// WAITAOF (Redis 7.2): `[1 if this node's disk holds the connection's writes, how many
+    /// other replicas' disks do]`. The local file is synced now; a replica counts when it
+    /// holds the writes (as for WAIT) and holding means on disk (docs/resp.md, WAITAOF).
+    async fn wait_aof(&mut self, local: bool, replicas: usize, timeout_ms: u64) -> Reply {
+        let Some(durability) = self.shared.engine.sync_aof().await else {
+            return error_reply(&crate::engine::SHUTTING_DOWN);
+        };
+        if local && !durability.local {
+            return Reply::err("WAITAOF cannot be used when numlocal is set but appendonly is disabled.");
+        }
+        let on_disk = if durability.replicas {
+            let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+            match self.shared.engine.wait_for(self.marks.clone(), replicas, deadline).await {
+                Some(count) => count,
+                None => return error_reply(&crate::engine::SHUTTING_DOWN),
+            }
+        } else {
+            0 // no replica is known to sync before it acknowledges
+        };
+        Reply::Array(vec![Reply::Integer(durability.local as i64), Reply::Integer(on_disk as i64)])
     }
 
     fn multi_start(&mut self) -> Reply {

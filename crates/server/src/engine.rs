@@ -98,9 +98,32 @@ where
     fn durable_record(&self, _keys: &[Key]) -> Option<Vec<u8>> {
         None
     }
+    /// Whether `message` may leave only once the turn's records are on disk (`appendfsync
+    /// always`). A turn whose messages and replies all may go first sends them, then syncs
+    /// (docs/decisions.md 10, "Which syncs a write waits for").
+    fn must_persist_before(_message: &Self::Message) -> bool {
+        true
+    }
+    /// Whether this turn's client replies may leave only once its records are on disk.
+    fn replies_must_persist_first(&self) -> bool {
+        true
+    }
     /// Every key with durable state, for a snapshot.
     fn durable_keys(&self) -> Vec<Key> {
         Vec::new()
+    }
+    /// Records of state that is not keyed (ZAB's history, epoch and commit point) changed
+    /// this turn, logged with the turn's keys before its messages leave.
+    fn take_log_records(&mut self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+    /// A snapshot's first records, before its keys' (see `persistence::Durable`).
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+    /// The snapshot's record of `keys`; by default the keys' durable record.
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        self.durable_record(keys)
     }
     /// Whether this replica holds all the data (not a joiner still copying, not removed).
     fn holds_all_data(&self) -> bool {
@@ -181,8 +204,27 @@ where
     fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
         self.protocol().durable_record(keys)
     }
+    /// The membership's own records have their own log, synced before anything leaves.
+    fn must_persist_before(message: &Self::Message) -> bool {
+        match message {
+            Wire::Protocol(message) => P::must_persist_before(message),
+            Wire::Membership(_) => false,
+        }
+    }
+    fn replies_must_persist_first(&self) -> bool {
+        self.protocol().replies_must_persist_first()
+    }
     fn durable_keys(&self) -> Vec<Key> {
         self.protocol().durable_keys()
+    }
+    fn take_log_records(&mut self) -> Vec<Vec<u8>> {
+        self.protocol_mut().take_log_records()
+    }
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        self.protocol().snapshot_header()
+    }
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        self.protocol().snapshot_record(keys)
     }
     fn holds_all_data(&self) -> bool {
         self.protocol().holds_all_data()
@@ -379,6 +421,14 @@ impl ServedReplica for Hermes {
     fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
         crate::persistence::hermes::record(self, keys)
     }
+    fn must_persist_before(message: &chorus_hermes::Message) -> bool {
+        crate::persistence::hermes::must_persist_before(message)
+    }
+    /// With other live replicas every write this replica answers went out in INVs, in a turn
+    /// that synced it first; alone, it commits (and answers) in the turn it writes.
+    fn replies_must_persist_first(&self) -> bool {
+        self.view().live.len() <= 1
+    }
     fn durable_keys(&self) -> Vec<Key> {
         self.written_keys()
     }
@@ -468,6 +518,18 @@ impl ServedReplica for Zab {
     }
     fn keys(&self) -> Vec<Key> {
         Zab::keys(self).cloned().collect()
+    }
+    fn take_log_records(&mut self) -> Vec<Vec<u8>> {
+        self.take_durable().iter().map(crate::persistence::encode).collect()
+    }
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        Zab::snapshot_header(self).iter().map(crate::persistence::encode).collect()
+    }
+    fn durable_keys(&self) -> Vec<Key> {
+        ServedReplica::keys(self)
+    }
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        Zab::snapshot_record(self, keys).map(|record| crate::persistence::encode(&record))
     }
     /// One history: the write's entry is at or below the applied index when its origin answers.
     fn write_mark(&self, _key: &Key) -> WriteMark {
@@ -627,6 +689,10 @@ pub enum EngineRequest {
         save: bool,
         reply: oneshot::Sender<Option<Result<PersistenceInfo, String>>>,
     },
+    /// WAITAOF: sync the append-only file now, and say what a write held by a replica means.
+    SyncAof {
+        reply: oneshot::Sender<AofDurability>,
+    },
     /// WAIT: answer how many other replicas hold every write in `marks`, once at least
     /// `replicas` do or at `deadline` (`None`: no deadline), whichever comes first.
     Wait {
@@ -754,6 +820,14 @@ impl EngineHandle {
 
     /// Start a background save (`save`), or read the persistence state. `None`: the node
     /// persists nothing (or its event loop is gone). Only unsharded protocols persist keys.
+    /// WAITAOF: every write this node acknowledged is on its disk once this returns, if
+    /// `local`; `None`: the event loop is gone.
+    pub async fn sync_aof(&self) -> Option<AofDurability> {
+        let (reply, rx) = oneshot::channel();
+        self.shards.first()?.send(EngineRequest::SyncAof { reply }).await.ok()?;
+        rx.await.ok()
+    }
+
     pub async fn persistence(&self, save: bool) -> Option<Result<PersistenceInfo, String>> {
         let (reply, rx) = oneshot::channel();
         self.shards.first()?.send(EngineRequest::Persistence { save, reply }).await.ok()?;
@@ -878,6 +952,17 @@ where
     touched: Vec<Key>,
     /// Replies wait for the turn's sync (`appendfsync always`).
     replies_wait: bool,
+}
+
+/// What WAITAOF can count on at this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AofDurability {
+    /// Every write this node acknowledged is on its disk (now that it synced).
+    pub local: bool,
+    /// A replica that holds a write has it on disk: it acknowledged only after syncing
+    /// (`appendfsync always`, assumed the same on every node as `chorus up` sets it, or a
+    /// core with its own durable log).
+    pub replicas: bool,
 }
 
 /// What the node keeps on disk besides a core's own files.
@@ -1083,8 +1168,29 @@ where
                     counters: self.replica.counters(),
                 });
             }
+            EngineRequest::SyncAof { reply } => {
+                let durability = match self.persistence.as_mut() {
+                    Some(persistence) => {
+                        persistence.log_records(self.replica.take_log_records());
+                        if let Err(error) = persistence.sync_now() {
+                            tracing::error!(
+                                "cannot sync the append-only file ({error:#}); stopping this node"
+                            );
+                            std::process::exit(1);
+                        }
+                        AofDurability { local: true, replicas: persistence.replies_wait() }
+                    }
+                    // A core with its own durable log (raftlog) syncs before it answers.
+                    None => {
+                        AofDurability { local: R::REPLIES_AFTER_PERSIST, replicas: R::REPLIES_AFTER_PERSIST }
+                    }
+                };
+                let _ = reply.send(durability);
+            }
             EngineRequest::Persistence { save, reply } => {
                 let answer = self.persistence.as_mut().map(|persistence| {
+                    // The snapshot starts from a state whose records are all logged.
+                    persistence.log_records(self.replica.take_log_records());
                     if save {
                         persistence.bgsave(&self.replica)?;
                     }
@@ -1179,7 +1285,8 @@ where
     fn perform_outbox(&mut self) {
         self.complete_replies();
         self.persist_durable_records();
-        self.persist_keys();
+        let defer_sync = !self.sync_first();
+        self.persist_keys(defer_sync);
         if let Err(error) = self.replica.persist_turn() {
             tracing::error!(%error, "cannot persist replica state; stopping this node");
             std::process::exit(1);
@@ -1188,11 +1295,19 @@ where
         self.transport.send_turn(&mut self.outbox.messages);
     }
 
+    /// Whether a message or reply of this turn may leave only after the turn's records are
+    /// synced (otherwise they leave at once and the next turn's sync covers the records).
+    fn sync_first(&self) -> bool {
+        let replies = !self.outbox.replies.is_empty() && self.replica.replies_must_persist_first();
+        replies || self.outbox.messages.iter().any(|(_, message)| R::must_persist_before(message))
+    }
+
     /// The turn's keys go to the append-only file (synced, with `appendfsync always`) before
-    /// any message or reply of the turn leaves. A node that cannot write them must stop: it
-    /// would acknowledge writes it could lose.
-    fn persist_keys(&mut self) {
+    /// any message or reply of the turn that depends on them leaves. A node that cannot write
+    /// them must stop: it would acknowledge writes it could lose.
+    fn persist_keys(&mut self, defer_sync: bool) {
         let Some(persistence) = &mut self.persistence else { return };
+        persistence.log_records(self.replica.take_log_records());
         for (_, message) in &self.outbox.messages {
             R::message_keys(message, &mut self.touched);
         }
@@ -1201,7 +1316,7 @@ where
                 self.touched.push(key.clone());
             }
         }
-        if let Err(error) = persistence.end_turn(&self.replica, &mut self.touched) {
+        if let Err(error) = persistence.end_turn(&self.replica, &mut self.touched, defer_sync) {
             tracing::error!("cannot persist keys ({error:#}); stopping this node");
             std::process::exit(1);
         }

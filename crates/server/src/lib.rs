@@ -148,8 +148,13 @@ async fn serve_node(
     let (engine, requests) = engine::channels(shards);
     let (persistence, restored) = open_persistence(config)?;
     let data_restored = restored.as_ref().is_some_and(|restored| restored.trusted);
+    // ZAB rejoins even with its data: its recovery then runs in a new epoch, as every ZAB
+    // leader's must (zxids of a reused epoch could repeat ones its earlier run proposed).
+    let rejoins_with_data = matches!(config.protocol, Protocol::Zab(_));
     let membership = match (config.membership, &state_dir) {
-        (Some(timing), Some(dir)) => Some(Managed::open(config, timing, dir, data_restored)?),
+        (Some(timing), Some(dir)) => {
+            Some(Managed::open(config, timing, dir, data_restored && !rejoins_with_data)?)
+        }
         _ => None,
     };
     let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
@@ -212,7 +217,33 @@ async fn serve_node(
             if joining {
                 info!("joining the cluster: will synchronise from the ZAB leader");
             }
-            start.spawn(Zab::new(zab_config)).await?
+            if start.persistence.is_some() {
+                // A node back from its own files takes only what it missed, if still held.
+                zab_config.history_retained_entries = ZAB_HISTORY_RETAINED_ENTRIES;
+            }
+            let mut zab = Zab::new(zab_config);
+            if start.persistence.is_some() {
+                zab.enable_persistence();
+            }
+            if let Some(restored) = restored.filter(|restored| restored.trusted) {
+                // Only through a join (a new epoch): see `rejoins_with_data`.
+                anyhow::ensure!(
+                    joining,
+                    "ZAB restarts from its append-only file only with the membership service \
+                     (membership = true): its recovery needs a new epoch"
+                );
+                let records = restored.records.len();
+                let keys = persistence::zab::restore(&mut zab, restored.records, seq_floor())
+                    .context("cannot load ZAB's append-only file")?;
+                info!(
+                    records,
+                    keys,
+                    last_zxid = ?zab.last_zxid(),
+                    applied_index = zab.applied_index(),
+                    "history restored from the append-only file; rejoining to catch up on what was missed"
+                );
+            }
+            start.spawn(zab).await?
         }
         Protocol::Raftlog if shards == 1 => start.spawn(open_raftlog(config, replicas)?).await?,
         Protocol::Raftlog => start.run_shards(open_raftlog_shards(config, replicas)?).await?,
@@ -677,7 +708,12 @@ fn open_persistence(
     Ok((Some(persistence), Some(restored)))
 }
 
-/// Where a CRAQ node restarted with its data numbers its updates from: the wall clock in
+/// Entries a persisting ZAB node keeps after every live replica applied them (ZooKeeper
+/// keeps 500 in memory and serves DIFFs from its transaction log too): a node restarted after
+/// missing fewer takes only those; one that missed more takes a snapshot.
+const ZAB_HISTORY_RETAINED_ENTRIES: u64 = 20_000;
+
+/// Where a CRAQ or ZAB node restarted with its data numbers its updates from: the wall clock in
 /// milliseconds times 2^16, above every number an earlier start used unless that start
 /// made more than 65536 updates per millisecond it ran.
 fn seq_floor() -> u64 {

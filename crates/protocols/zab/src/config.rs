@@ -65,6 +65,10 @@ pub struct ZabConfig {
     pub recovering: bool,
     /// A snapshot chunk carries keys until it holds about this many bytes (at least one key).
     pub snapshot_chunk_bytes_target: usize,
+    /// Applied entries kept past the point every live replica applied (ZooKeeper's committed
+    /// log), so a replica that restarts from its own files after missing fewer than this
+    /// many takes only those entries (DIFF) rather than a snapshot.
+    pub history_retained_entries: u64,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
@@ -80,6 +84,7 @@ impl ZabConfig {
             catch_up_entries_max: 256,
             recovering: false,
             snapshot_chunk_bytes_target: 64 * 1024,
+            history_retained_entries: 0,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }

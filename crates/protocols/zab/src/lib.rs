@@ -16,11 +16,13 @@
 //! docs/protocols/zab.md for the section-by-section map.
 
 pub mod config;
+pub mod durable;
 pub mod log;
 pub mod message;
 pub mod replica;
 
 pub use config::{Bug, ReadMode, ZabConfig};
+pub use durable::DurableState;
 pub use log::{Entry, Zxid};
 pub use message::Message;
 pub use replica::{Zab, ZabStats};

@@ -11,6 +11,7 @@ use chorus_core::{
 use rustc_hash::FxHashMap;
 
 use crate::config::{Bug, ReadMode, ZabConfig};
+use crate::durable::{self, Cursor, DurableState};
 use crate::log::{Entry, Zxid};
 use crate::message::Message;
 
@@ -192,6 +193,9 @@ pub struct Zab {
     /// in memory) until it has been synchronised to a leader's history.
     complete: bool,
     pull: Option<SnapshotPull>,
+    /// What the runtime has logged of our state (`None`: nothing is persisted). See
+    /// crate::durable.
+    durable: Option<Cursor>,
 }
 
 impl Zab {
@@ -225,6 +229,7 @@ impl Zab {
             lease: None,
             complete: !recovering,
             pull: None,
+            durable: None,
         };
         // The initial view starts like any other: its leader recovers (from empty histories)
         // before it broadcasts, so there is one code path for leadership. The first tick
@@ -399,6 +404,9 @@ impl Zab {
         assert!(index >= self.applied_index, "truncating applied entries");
         let keep = (index + 1).saturating_sub(self.log_start) as usize;
         self.log.truncate(keep);
+        if let Some(cursor) = &mut self.durable {
+            cursor.index = cursor.index.min(index);
+        }
     }
 
     /// Append `entries` starting at `first_index`, skipping those we hold (same index and
@@ -457,7 +465,10 @@ impl Zab {
 
     /// Forget entries applied everywhere live (`compact_index` comes from the leader).
     fn compact(&mut self, compact_index: u64) {
-        let upto = compact_index.min(self.applied_index);
+        // An entry leaves memory only once it is logged (when persisting).
+        let logged = self.durable.map_or(u64::MAX, |cursor| cursor.index);
+        let upto = compact_index.min(self.applied_index).min(logged);
+        let upto = upto.saturating_sub(self.config.history_retained_entries);
         while self.log_start <= upto {
             let entry = self.log.pop_front().expect("compacted entries are held");
             self.compacted_zxid = entry.zxid;
@@ -1271,6 +1282,9 @@ impl Zab {
         let Some((base_index, base_zxid)) = pull.base else { return };
         assert!(pull.done, "only a complete snapshot is installed");
         self.stats.snapshots_installed += 1;
+        if let Some(cursor) = &mut self.durable {
+            cursor.snapshot = true;
+        }
         self.store = pull.store;
         self.applied_seq = pull.applied_seq.into_iter().collect();
         self.log.clear();
@@ -1498,6 +1512,94 @@ impl Replica for Zab {
             self.leader_tick(now, out);
             // A quorum of one (a one-replica ensemble) needs no follower.
             self.choose_history(now, out);
+        }
+    }
+}
+
+// -------------------------------------------------------------------- persistence (issue 24)
+
+impl Zab {
+    /// Log our state from now on: [`Zab::take_durable`] hands the runtime what changed each
+    /// turn, and no entry is forgotten before it was taken.
+    pub fn enable_persistence(&mut self) {
+        let cursor = Cursor { index: 0, epoch: Epoch(0), commit: 0, snapshot: true };
+        self.durable = Some(cursor);
+    }
+
+    /// The records of what changed since the last call (crate::durable), to be on disk before
+    /// this turn's messages leave: an ACK (of a proposal or of NEWLEADER) never precedes the
+    /// history it acknowledges. Empty when nothing changed or nothing is persisted.
+    pub fn take_durable(&mut self) -> Vec<Message> {
+        let Some(cursor) = self.durable else { return Vec::new() };
+        let (last, epoch, commit) = (self.last_index(), self.current_epoch, self.commit_index);
+        let mut records = Vec::new();
+        if cursor.snapshot {
+            records = self.snapshot_header();
+            let keys: Vec<Key> = self.store.keys().cloned().collect();
+            for slice in keys.chunks(4096) {
+                records.extend(self.snapshot_record(slice));
+            }
+        } else if cursor.index < last || cursor.epoch != epoch || cursor.commit != commit {
+            let first_index = cursor.index + 1;
+            debug_assert!(first_index >= self.log_start, "unlogged entries are never compacted");
+            let entries = self.entries(first_index, last);
+            records.push(Message::Propose { epoch, first_index, entries, commit_index: commit });
+        }
+        self.durable = Some(Cursor { index: last, epoch, commit, snapshot: false });
+        records
+    }
+
+    /// A snapshot's first records: the applied point (its keys follow in
+    /// [`Zab::snapshot_record`]s) and the history after it. Everything earlier is replaced.
+    pub fn snapshot_header(&self) -> Vec<Message> {
+        let base_index = self.applied_index;
+        let base_zxid = self.entry(base_index).map_or(self.compacted_zxid, |entry| entry.zxid);
+        let history = Message::Propose {
+            epoch: self.current_epoch,
+            first_index: base_index + 1,
+            entries: self.entries(base_index + 1, self.last_index()),
+            commit_index: self.commit_index,
+        };
+        vec![durable::snapshot_start(base_index, base_zxid, Vec::new(), &self.applied_seq), history]
+    }
+
+    /// The applied values of `keys` (those that have one) as a snapshot record.
+    pub fn snapshot_record(&self, keys: &[Key]) -> Option<Message> {
+        let pairs: Vec<(Key, Value)> =
+            keys.iter().filter_map(|key| Some((key.clone(), self.store.get(key)?.clone()))).collect();
+        durable::snapshot_more(self.applied_index, pairs)
+    }
+
+    /// Take back the state a previous run of this replica logged, before any event. With
+    /// every record synced before its ACK (`appendfsync always`) the history holds every
+    /// entry this replica acknowledged, so it is complete: it counts in discovery quorums
+    /// and its history competes by (currentEpoch, last zxid) like any other. Our update
+    /// numbers start above `seq_floor`, which must exceed every number an earlier run used
+    /// (forwards of ours may be in a leader's history and not in ours).
+    pub fn restore(&mut self, state: DurableState, seq_floor: u64) {
+        assert!(self.outstanding.is_empty() && self.log.is_empty(), "restored before any event");
+        let me = self.me();
+        let in_log = state.log.iter().filter(|entry| entry.origin == me).map(|entry| entry.seq).max();
+        let highest = in_log.unwrap_or(0).max(state.applied_seq.get(&me).copied().unwrap_or(0));
+        self.next_seq = (highest + 1).max(seq_floor);
+        self.store = state.store;
+        self.applied_seq = state.applied_seq;
+        self.log_start = state.log_start;
+        self.compacted_zxid = state.compacted_zxid;
+        self.log = state.log;
+        self.current_epoch = state.current_epoch;
+        self.commit_index = state.commit_index;
+        self.applied_index = state.applied_index;
+        self.complete = true;
+        let logged = Cursor {
+            index: self.last_index(),
+            epoch: self.current_epoch,
+            commit: self.commit_index,
+            snapshot: false,
+        };
+        self.durable = Some(logged);
+        if !self.retired && self.view.live.contains(me) {
+            self.start_epoch(); // describe the restored history, not the empty one
         }
     }
 }

@@ -18,6 +18,16 @@ pub fn message_keys(message: &Message, keys: &mut Vec<Key>) {
     }
 }
 
+/// Whether `message` may leave only after the turn's records are synced. An INV carries the
+/// coordinator's write (its timestamp must never be reused after a crash: a restarted
+/// coordinator that lost it would issue the same timestamp with another value), an ACK
+/// says the write is held, a chunk hands data over. A VAL only makes a key Valid, and a
+/// Valid flag lost in a crash costs a replay (a key restored not known Valid comes back
+/// Invalid), so VALs, and the replies of the turns that send them, go first.
+pub fn must_persist_before(message: &Message) -> bool {
+    !matches!(message, Message::Val { .. })
+}
+
 pub fn record(hermes: &Hermes, keys: &[Key]) -> Option<Vec<u8>> {
     let entries: Vec<ChunkEntry> = keys.iter().filter_map(|key| hermes.export_key(key)).collect();
     (!entries.is_empty())

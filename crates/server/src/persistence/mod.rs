@@ -1,4 +1,4 @@
-//! Persistence for the key-value protocols (Hermes and CRAQ today): an append-only file of the keys'
+//! Persistence for the key-value protocols (Hermes, CRAQ and ZAB): an append-only file of the keys'
 //! durable state, and snapshots that rewrite it, under Redis' names (`appendonly`,
 //! `appendfsync`, `save`, `BGSAVE`, `LASTSAVE`, `INFO persistence`). docs/decisions.md
 //! ("Persistence in the runtime") explains the design, docs/operations.md how to run it.
@@ -23,6 +23,7 @@ pub mod craq;
 pub mod hermes;
 mod manifest;
 pub mod records;
+pub mod zab;
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,6 +40,14 @@ pub trait Durable {
     fn durable_record(&self, keys: &[Key]) -> Option<Vec<u8>>;
     fn durable_keys(&self) -> Vec<Key>;
     fn holds_all_data(&self) -> bool;
+    /// A snapshot's first records, before its keys (ZAB: its applied point and history).
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+    /// The snapshot's record of `keys`.
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        self.durable_record(keys)
+    }
 }
 
 impl<R: ServedReplica> Durable for R
@@ -54,12 +63,18 @@ where
     fn holds_all_data(&self) -> bool {
         ServedReplica::holds_all_data(self)
     }
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        ServedReplica::snapshot_header(self)
+    }
+    fn snapshot_record(&self, keys: &[Key]) -> Option<Vec<u8>> {
+        ServedReplica::snapshot_record(self, keys)
+    }
 }
 use manifest::Manifest;
 use records::Kind;
 
 /// A protocol's record payload: one of its own messages, in its wire encoding.
-fn encode<M: chorus_core::codec::WireMessage>(message: &M) -> Vec<u8> {
+pub(crate) fn encode<M: chorus_core::codec::WireMessage>(message: &M) -> Vec<u8> {
     let mut buf = bytes::BytesMut::new();
     message.encode(&mut buf);
     buf.to_vec()
@@ -371,9 +386,31 @@ impl Persistence {
         self.options.appendonly && self.options.appendfsync == AppendFsync::Always
     }
 
+    /// Records the core itself produced this turn (ZAB's history), logged like the keys'.
+    pub fn log_records(&mut self, payloads: Vec<Vec<u8>>) {
+        self.info.changes_since_last_save += payloads.len() as u64;
+        if !self.options.appendonly {
+            return;
+        }
+        for payload in payloads {
+            records::encode(Kind::Data, &payload, &mut self.buf);
+            self.info.records_appended += 1;
+        }
+    }
+
     /// The end of a turn, before its messages and replies leave: log the state of `keys`
     /// (cleared), and sync as `appendfsync` says. An error must stop the node.
-    pub fn end_turn<R: Durable>(&mut self, replica: &R, keys: &mut Vec<Key>) -> anyhow::Result<()> {
+    ///
+    /// `defer_sync`: none of the turn's messages and replies needs its records on disk first
+    /// (docs/decisions.md 10, "Which syncs a write waits for"): with `appendfsync always` the
+    /// records then wait for the next turn that syncs, or a second at most. A turn that logs
+    /// whether the replica holds all the data never defers.
+    pub fn end_turn<R: Durable>(
+        &mut self,
+        replica: &R,
+        keys: &mut Vec<Key>,
+        defer_sync: bool,
+    ) -> anyhow::Result<()> {
         if !keys.is_empty() {
             keys.sort_unstable();
             keys.dedup();
@@ -389,10 +426,12 @@ impl Persistence {
             keys.clear();
         }
         let complete = replica.holds_all_data();
+        let mut defer_sync = defer_sync;
         if self.options.appendonly && self.complete_logged != Some(complete) {
             self.log_complete(complete);
+            defer_sync = false;
         }
-        let result = self.write_turn(replica);
+        let result = self.write_turn(replica, defer_sync);
         self.info.last_write_ok = result.is_ok();
         result
     }
@@ -403,10 +442,19 @@ impl Persistence {
         self.complete_logged = Some(complete);
     }
 
-    fn write_turn<R: Durable>(&mut self, replica: &R) -> anyhow::Result<()> {
+    /// WAITAOF: everything appended so far on disk now, whatever `appendfsync` says.
+    pub fn sync_now(&mut self) -> anyhow::Result<()> {
+        self.flush_buf()?;
+        if self.unsynced {
+            self.sync_incr()?;
+        }
+        Ok(())
+    }
+
+    fn write_turn<R: Durable>(&mut self, replica: &R, defer_sync: bool) -> anyhow::Result<()> {
         self.flush_buf()?;
         let sync_due = match self.options.appendfsync {
-            AppendFsync::Always => true,
+            AppendFsync::Always => !defer_sync || self.last_sync.elapsed() >= EVERYSEC,
             AppendFsync::Everysec => self.last_sync.elapsed() >= EVERYSEC,
             AppendFsync::No => false,
         };
@@ -487,10 +535,19 @@ impl Persistence {
         if let Some(complete) = self.complete_logged {
             self.log_complete(complete);
         }
-        self.snapshot = Some(Snapshot { base, keys: replica.durable_keys(), next: 0, bytes: 0 });
+        let mut header = Vec::new();
+        for payload in replica.snapshot_header() {
+            records::encode(Kind::Data, &payload, &mut header);
+        }
+        let write = self.storage.append(&base, &header);
+        let bytes = header.len() as u64;
+        self.snapshot = Some(Snapshot { base, keys: replica.durable_keys(), next: 0, bytes });
         self.info.bgsave_in_progress = true;
         self.info.changes_since_last_save = 0;
         self.last_save = Instant::now();
+        if let Err(error) = write {
+            return self.abandon_snapshot(error.into());
+        }
         tracing::info!(generation, "background save started");
         Ok(())
     }
@@ -499,7 +556,7 @@ impl Persistence {
         let Some(snapshot) = &mut self.snapshot else { return Ok(()) };
         let end = (snapshot.next + SNAPSHOT_KEYS_PER_TURN).min(snapshot.keys.len());
         let mut buf = Vec::new();
-        if let Some(payload) = replica.durable_record(&snapshot.keys[snapshot.next..end]) {
+        if let Some(payload) = replica.snapshot_record(&snapshot.keys[snapshot.next..end]) {
             records::encode(Kind::Data, &payload, &mut buf);
         }
         snapshot.next = end;
@@ -761,6 +818,24 @@ mod tests {
         }
     }
 
+    /// A turn whose messages need none of its records on disk first does not sync (the
+    /// next turn that syncs covers them), except the turn that logs whether the replica
+    /// holds all the data, which trust at restart depends on.
+    #[test]
+    fn a_deferred_turn_waits_for_the_next_sync() {
+        let scratch = Scratch::new("deferred");
+        let (mut persistence, _) = open(&scratch.0, AppendFsync::Always);
+        let mut store = Versions::default();
+        let write = |store: &mut Versions, persistence: &mut Persistence, version: u64, defer: bool| {
+            store.0.insert(Key::from("k"), version);
+            persistence.end_turn(store, &mut vec![Key::from("k")], defer).unwrap();
+            persistence.info().syncs
+        };
+        assert_eq!(write(&mut store, &mut persistence, 1, true), 1, "the first turn logs Complete");
+        assert_eq!(write(&mut store, &mut persistence, 2, true), 1, "deferred");
+        assert_eq!(write(&mut store, &mut persistence, 3, false), 2, "one sync covers both turns");
+    }
+
     /// The simulator's storage faults over these files: turns of writes (each acknowledged
     /// once `end_turn` returned), background saves and log rewrites, crashes that lose, keep
     /// or tear every unsynced write, and latent corruption of synced bytes. After each crash
@@ -799,7 +874,7 @@ mod tests {
                         keys.push(key);
                     }
                     let touched = keys.clone();
-                    persistence.end_turn(&store, &mut keys).unwrap();
+                    persistence.end_turn(&store, &mut keys, false).unwrap();
                     for key in touched {
                         acknowledged.insert(key.clone(), store.0[&key]);
                     }
@@ -825,7 +900,7 @@ mod tests {
                     // Repaired from a peer: it copies the peer's state (here, what was
                     // acknowledged), logging the copied keys as it goes.
                     store = Versions(acknowledged.clone());
-                    persistence.end_turn(&store, &mut store.durable_keys()).unwrap();
+                    persistence.end_turn(&store, &mut store.durable_keys(), false).unwrap();
                     continue;
                 }
                 store = Versions::restore(&restored.records);
