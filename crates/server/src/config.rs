@@ -1194,6 +1194,21 @@ client_addr = "127.0.0.1:7380"
             .contains("`raftlog_execution`"));
     }
 
+    #[test]
+    fn event_loops_are_for_hermes_craq_and_zab() {
+        let loops_of = |text: String| RawConfig::parse(&text).unwrap().validate().unwrap().event_loops;
+        assert_eq!(loops_of(GOOD.to_string()), 1);
+        assert_eq!(loops_of(format!("event_loops = 4\n{GOOD}")), 4);
+        assert_eq!(loops_of(format!("protocol = \"craq\"\nevent_loops = 2\n{GOOD}")), 2);
+        assert_eq!(loops_of(format!("protocol = \"zab\"\nevent_loops = 2\n{GOOD}")), 2);
+        assert!((1..=crate::loops::EVENT_LOOPS_MAX).contains(&loops_of(format!("event_loops = 0\n{GOOD}"))));
+        assert_eq!(loops_of(format!("protocol = \"raftlog\"\nevent_loops = 1\n{GOOD}")), 1);
+        let raftlog = error_of(&format!("protocol = \"raftlog\"\nevent_loops = 2\n{GOOD}"));
+        assert!(raftlog.contains("`event_loops`") && raftlog.contains("raftlog_shards"), "{raftlog}");
+        assert!(error_of(&format!("protocol = \"chain\"\nevent_loops = 2\n{GOOD}")).contains("`event_loops`"));
+        assert!(error_of(&format!("event_loops = 65\n{GOOD}")).contains("at most 64"));
+    }
+
     fn error_of(text: &str) -> String {
         match RawConfig::parse(text).and_then(RawConfig::validate) {
             Ok(_) => panic!("accepted: {text}"),
