@@ -88,6 +88,10 @@ pub struct NodeArgs {
     /// the kernel data path).
     #[arg(long, value_name = "server|kernel")]
     pub chain_shape: Option<String>,
+    /// hermes, craq, zab: event loops (threads) the keys are split over, each with its own
+    /// instance of the protocol (default 1; 0: one per core).
+    #[arg(long)]
+    pub event_loops: Option<usize>,
     /// raftlog: number of Raft logs (default 8).
     #[arg(long)]
     pub raftlog_logs: Option<usize>,
@@ -205,6 +209,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         value_bytes_max: args.value_bytes_max,
         worker_threads: args.worker_threads,
         chain_shape: args.chain_shape,
+        event_loops: args.event_loops,
         raftlog_logs: args.raftlog_logs,
         raftlog_shards: args.raftlog_shards,
         raftlog_batch_max: args.raftlog_batch_max,

@@ -43,6 +43,10 @@ pub struct UpArgs {
     /// When the append-only files are synced: always (default), everysec or no.
     #[arg(long, value_name = "always|everysec|no")]
     pub appendfsync: Option<String>,
+    /// Event loops (threads) per replica, the keys split between them (hermes, craq, zab;
+    /// default 1; 0: one per core). docs/decisions.md, decision 9.
+    #[arg(long)]
+    pub event_loops: Option<usize>,
     /// Address every replica binds to.
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: IpAddr,
@@ -162,6 +166,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
             appendfsync: args.appendfsync.clone(),
             chain_shape: args.chain_shape.clone(),
+            event_loops: args.event_loops,
             requirepass: requirepass.clone(),
             protected_mode: args.protected_mode.clone().map(chorus_server::config::YesNo::Text),
             metrics_addr: args

@@ -18,6 +18,7 @@
 //! metrics_addr = "127.0.0.1:9379"    # optional Prometheus endpoint
 //! value_bytes_max = 67108864         # optional, default 64 MiB
 //! worker_threads = 1                 # optional: threads running this node (default 1, see below)
+//! event_loops = 1                    # hermes, craq, zab: event loops (threads) the keys are split over; 0: one per core
 //! raftlog_logs = 8                   # raftlog only: Raft logs per node
 //! chain_shape = "server"             # chain only: "server" (69 MiB region) or "kernel" (1 MiB)
 //! chain_log_bytes = 262144           # chain only: override the shape's log, index or heap
@@ -74,6 +75,9 @@ pub struct RawConfig {
     pub peer_queue_bytes_max: Option<usize>,
     pub maxclients: Option<usize>,
     pub worker_threads: Option<usize>,
+    /// hermes, craq, zab: event loops (threads) the keys are split over, each running its own
+    /// instance of the protocol; 0 = one per core (default 1). docs/decisions.md, decision 9.
+    pub event_loops: Option<usize>,
     /// raftlog only: number of Raft logs (default 8).
     pub raftlog_logs: Option<usize>,
     /// raftlog only: event loops (threads) the logs are split over; 0 = one per core
@@ -299,6 +303,10 @@ pub struct NodeConfig {
     /// loop on a thread of its own: worth it only when a node has cores to itself and many
     /// (pipelining) connections to parse.
     pub worker_threads: usize,
+    /// Event loops (threads) the keys are split over by hash, each with its own instance of
+    /// the protocol (and of the membership service), sharing the peer links (crate::loops).
+    /// Always 1 for raftlog (its `raftlog.shards` are its loops) and the chain store.
+    pub event_loops: usize,
     pub raftlog: RaftlogOptions,
     /// The chain store's region shape (`chain_shape` and its overrides).
     pub chain_layout: chorus_chain::ChainLayout,
@@ -461,6 +469,7 @@ impl RawConfig {
             peer_queue_bytes_max: overrides.peer_queue_bytes_max.or(self.peer_queue_bytes_max),
             maxclients: overrides.maxclients.or(self.maxclients),
             worker_threads: overrides.worker_threads.or(self.worker_threads),
+            event_loops: overrides.event_loops.or(self.event_loops),
             raftlog_logs: overrides.raftlog_logs.or(self.raftlog_logs),
             raftlog_shards: overrides.raftlog_shards.or(self.raftlog_shards),
             raftlog_batch_max: overrides.raftlog_batch_max.or(self.raftlog_batch_max),
@@ -542,6 +551,7 @@ impl RawConfig {
             return Err(field_error("zab_reads", "only applies to protocol \"zab\""));
         }
         let membership = self.membership_timing(protocol)?;
+        let event_loops = self.event_loops(protocol)?;
         let persistence = self.persistence_options(protocol)?;
         let raftlog = self.raftlog_options(protocol)?;
         let chain_layout = self.chain_layout(protocol)?;
@@ -650,6 +660,7 @@ impl RawConfig {
             peer_queue_bytes_max,
             maxclients,
             worker_threads,
+            event_loops,
             join,
             peer_link_timeout_ms,
             tls,
@@ -878,6 +889,32 @@ impl RawConfig {
         shape
             .with_sizes(self.chain_log_bytes, self.chain_index_slots, self.chain_heap_bytes)
             .map_err(|error| field_error("chain_log_bytes, chain_index_slots or chain_heap_bytes", error))
+    }
+
+    fn event_loops(&self, protocol: Protocol) -> Result<usize, ConfigError> {
+        let loops = match self.event_loops.unwrap_or(1) {
+            0 => std::thread::available_parallelism()
+                .map_or(1, |cores| cores.get())
+                .min(crate::loops::EVENT_LOOPS_MAX),
+            loops if loops > crate::loops::EVENT_LOOPS_MAX => {
+                return Err(field_error(
+                    "event_loops",
+                    format!("must be at most {}", crate::loops::EVENT_LOOPS_MAX),
+                ))
+            }
+            loops => loops,
+        };
+        match protocol {
+            _ if loops == 1 => Ok(1),
+            Protocol::Raftlog => Err(field_error(
+                "event_loops",
+                "raftlog splits its logs over event loops with raftlog_shards; leave event_loops at 1",
+            )),
+            Protocol::Chain => {
+                Err(field_error("event_loops", "the chain store has one region and one event loop"))
+            }
+            Protocol::Hermes | Protocol::Craq | Protocol::Zab(_) => Ok(loops),
+        }
     }
 
     fn raftlog_options(&self, protocol: Protocol) -> Result<RaftlogOptions, ConfigError> {
@@ -1160,6 +1197,21 @@ client_addr = "127.0.0.1:7380"
         );
         assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_execution = \"later\"\n{GOOD}"))
             .contains("`raftlog_execution`"));
+    }
+
+    #[test]
+    fn event_loops_are_for_hermes_craq_and_zab() {
+        let loops_of = |text: String| RawConfig::parse(&text).unwrap().validate().unwrap().event_loops;
+        assert_eq!(loops_of(GOOD.to_string()), 1);
+        assert_eq!(loops_of(format!("event_loops = 4\n{GOOD}")), 4);
+        assert_eq!(loops_of(format!("protocol = \"craq\"\nevent_loops = 2\n{GOOD}")), 2);
+        assert_eq!(loops_of(format!("protocol = \"zab\"\nevent_loops = 2\n{GOOD}")), 2);
+        assert!((1..=crate::loops::EVENT_LOOPS_MAX).contains(&loops_of(format!("event_loops = 0\n{GOOD}"))));
+        assert_eq!(loops_of(format!("protocol = \"raftlog\"\nevent_loops = 1\n{GOOD}")), 1);
+        let raftlog = error_of(&format!("protocol = \"raftlog\"\nevent_loops = 2\n{GOOD}"));
+        assert!(raftlog.contains("`event_loops`") && raftlog.contains("raftlog_shards"), "{raftlog}");
+        assert!(error_of(&format!("protocol = \"chain\"\nevent_loops = 2\n{GOOD}")).contains("`event_loops`"));
+        assert!(error_of(&format!("event_loops = 65\n{GOOD}")).contains("at most 64"));
     }
 
     fn error_of(text: &str) -> String {

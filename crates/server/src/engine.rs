@@ -703,8 +703,8 @@ pub enum EngineRequest {
     },
 }
 
-/// How connections reach the event loop, or, for raftlog with several shards, the event
-/// loop of the shard that owns each key (`chorus_raftlog::shard_of`). Cheap to clone.
+/// How connections reach the event loop, or, with several (raftlog shards, `event_loops`),
+/// the event loop that owns each key (`chorus_raftlog::shard_of`). Cheap to clone.
 #[derive(Clone)]
 pub struct EngineHandle {
     shards: Arc<[mpsc::Sender<EngineRequest>]>,
@@ -803,7 +803,8 @@ impl EngineHandle {
         for (shard, tx) in self.shards.iter().enumerate() {
             let logs: Vec<(u32, u64)> =
                 marks.logs.iter().copied().filter(|(log, _)| *log as usize % shards == shard).collect();
-            if shard > 0 && logs.is_empty() {
+            // A members mark is judged by every loop (the write's own among them).
+            if shard > 0 && logs.is_empty() && marks.members.is_none() {
                 continue;
             }
             let marks = WriteMarks { members: marks.members, logs };
@@ -821,17 +822,37 @@ impl EngineHandle {
     /// Start a background save (`save`), or read the persistence state. `None`: the node
     /// persists nothing (or its event loop is gone). Only unsharded protocols persist keys.
     /// WAITAOF: every write this node acknowledged is on its disk once this returns, if
-    /// `local`; `None`: the event loop is gone.
+    /// `local`; `None`: the event loop is gone. With several event loops every loop syncs its
+    /// own file, and the node's answer is what holds for all of them.
     pub async fn sync_aof(&self) -> Option<AofDurability> {
-        let (reply, rx) = oneshot::channel();
-        self.shards.first()?.send(EngineRequest::SyncAof { reply }).await.ok()?;
-        rx.await.ok()
+        let mut all = AofDurability { local: true, replicas: true };
+        for tx in self.shards.iter() {
+            let (reply, rx) = oneshot::channel();
+            tx.send(EngineRequest::SyncAof { reply }).await.ok()?;
+            let durability = rx.await.ok()?;
+            all.local &= durability.local;
+            all.replicas &= durability.replicas;
+        }
+        Some(all)
     }
 
+    /// With several event loops each keeps its own file: every loop saves, and the answer
+    /// is loop 0's state with the counters summed (the first error, if any loop failed).
     pub async fn persistence(&self, save: bool) -> Option<Result<PersistenceInfo, String>> {
-        let (reply, rx) = oneshot::channel();
-        self.shards.first()?.send(EngineRequest::Persistence { save, reply }).await.ok()?;
-        rx.await.ok().flatten()
+        let mut merged: Option<PersistenceInfo> = None;
+        for tx in self.shards.iter() {
+            let (reply, rx) = oneshot::channel();
+            tx.send(EngineRequest::Persistence { save, reply }).await.ok()?;
+            let info = match rx.await.ok().flatten()? {
+                Ok(info) => info,
+                Err(error) => return Some(Err(error)),
+            };
+            merged = Some(match merged {
+                None => info,
+                Some(total) => merge_persistence(total, info),
+            });
+        }
+        merged.map(Ok)
     }
 
     /// The node's state; with shards, theirs summed (counters, keys, requests).
@@ -862,8 +883,28 @@ impl EngineHandle {
     }
 }
 
+/// One node's persistence state from two of its event loops' (each has its own file).
+fn merge_persistence(mut total: PersistenceInfo, other: PersistenceInfo) -> PersistenceInfo {
+    total.changes_since_last_save += other.changes_since_last_save;
+    total.bgsave_in_progress |= other.bgsave_in_progress;
+    total.last_save_unix = total.last_save_unix.min(other.last_save_unix);
+    total.last_bgsave_ok &= other.last_bgsave_ok;
+    total.last_write_ok &= other.last_write_ok;
+    total.snapshots += other.snapshots;
+    total.records_appended += other.records_appended;
+    total.syncs += other.syncs;
+    total.incr_bytes += other.incr_bytes;
+    total.base_bytes += other.base_bytes;
+    total.restored_records += other.restored_records;
+    total
+}
+
+/// Counters that name a state or an identity rather than count events: merged by maximum.
+const MERGED_BY_MAX: &[&str] =
+    &["boot", "shard", "membership_epoch", "membership_raft_leader", "shadow", "joining"];
+
 impl EngineStatus {
-    /// One node's status from two of its shards' (raftlog with `raftlog_shards > 1`).
+    /// One node's status from two of its event loops' (raftlog shards, `event_loops > 1`).
     fn merge(mut self, other: EngineStatus) -> EngineStatus {
         self.operational &= other.operational;
         self.keys += other.keys;
@@ -872,7 +913,7 @@ impl EngineStatus {
         for (name, value) in other.counters {
             match self.counters.iter_mut().find(|(known, _)| *known == name) {
                 // Per-shard identities (the incarnation, the shard number) are not summed.
-                Some((_, total)) if name == "boot" || name == "shard" => *total = (*total).max(value),
+                Some((_, total)) if MERGED_BY_MAX.contains(&name) => *total = (*total).max(value),
                 Some((_, total)) => *total += value,
                 None => self.counters.push((name, value)),
             }
@@ -971,6 +1012,13 @@ pub struct NodeDisk {
     pub membership_log: Option<chorus_membership::MembershipLog<chorus_storage::FileStorage>>,
     /// The keys' append-only file and snapshots (crate::persistence).
     pub persistence: Option<Persistence>,
+}
+
+impl NodeDisk {
+    /// Nothing on disk besides the core's own files.
+    pub fn none() -> NodeDisk {
+        NodeDisk { membership_log: None, persistence: None }
+    }
 }
 
 /// Run the event loop until every request sender is gone, or `shutdown` turns true and the

@@ -20,6 +20,7 @@ pub mod connection;
 pub mod engine;
 pub mod files;
 pub mod listener;
+pub mod loops;
 pub mod memory;
 pub mod metrics;
 pub mod persistence;
@@ -38,7 +39,7 @@ use chorus_hermes::{Hermes, HermesConfig};
 use chorus_membership::{Membership, MembershipConfig, MembershipLog, WithMembership, MEMBERSHIP_LOG};
 use chorus_net::{NetConfig, NetStats};
 use chorus_raftlog::disk::{DiskOptions, DurableRaftLog};
-use chorus_raftlog::shard::{ShardCore, ShardMessage};
+use chorus_raftlog::shard::ShardCore;
 use chorus_raftlog::RaftLogConfig;
 use chorus_storage::FileStorage;
 use chorus_zab::{Zab, ZabConfig};
@@ -99,6 +100,11 @@ async fn serve_node(
         }
         None => config.protocol.name().to_string(),
     };
+    // Loops tag their messages, and a key's loop depends on their number.
+    let wire_protocol = match config.event_loops {
+        1 => wire_protocol,
+        loops => format!("{wire_protocol}/loops={loops}"),
+    };
     let mut net = NetConfig::new(
         me,
         config.cluster_id.clone(),
@@ -143,113 +149,89 @@ async fn serve_node(
     };
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    // raftlog with shards: one event loop per shard, each key's requests routed to its own.
-    let shards = if config.protocol == Protocol::Raftlog { config.raftlog.shards } else { 1 };
+    // Several event loops (raftlog shards, `event_loops`): each key's requests go to its own.
+    let shards =
+        if config.protocol == Protocol::Raftlog { config.raftlog.shards } else { config.event_loops };
     let (engine, requests) = engine::channels(shards);
-    let (persistence, restored) = open_persistence(config)?;
-    let data_restored = restored.as_ref().is_some_and(|restored| restored.trusted);
-    // ZAB rejoins even with its data: its recovery then runs in a new epoch, as every ZAB
-    // leader's must (zxids of a reused epoch could repeat ones its earlier run proposed).
-    let rejoins_with_data = matches!(config.protocol, Protocol::Zab(_));
-    let membership = match (config.membership, &state_dir) {
-        (Some(timing), Some(dir)) => {
-            Some(Managed::open(config, timing, dir, data_restored && !rejoins_with_data)?)
-        }
-        _ => None,
-    };
-    let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
+    if let Some(data_dir) = &config.data_dir {
+        check_loop_layout(data_dir, LOOPS_FILE, "event_loops", config.event_loops)?;
+    }
+    let loops = (0..config.event_loops)
+        .map(|index| LoopSetup::open(config, state_dir.as_deref(), index))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let joining = loops[0].joining;
     let engine_thread = config.worker_threads > 1;
     let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
     let request_deadline = std::time::Duration::from_millis(config.clients.request_deadline_ms);
-    let start = Start {
-        persistence,
-        net,
-        requests,
-        shutdown: shutdown_rx,
-        membership,
-        engine_thread,
-        stopped: stopped_tx,
-        request_deadline,
-    };
+    let start =
+        Start { net, requests, shutdown: shutdown_rx, engine_thread, stopped: stopped_tx, request_deadline };
     let net_stats = match config.protocol {
         Protocol::Hermes => {
-            let mut hermes = HermesConfig::new(me, replicas);
-            // §3.4 Recovery: a joining node starts empty and copies the data as a shadow.
-            hermes.recovering = joining;
-            hermes.donor = config.join;
-            if joining {
-                info!(donor = ?config.join, "joining the cluster as a shadow replica");
-            }
-            let mut hermes = Hermes::new(hermes);
-            if let Some(restored) = restored.filter(|restored| restored.trusted && !joining) {
-                let records = restored.records.len();
-                let keys = persistence::hermes::restore(&mut hermes, restored.records)?;
-                info!(
-                    records,
-                    keys,
-                    live_keys = hermes.key_count(),
-                    "keys restored from the append-only file"
-                );
-            }
-            start.spawn(hermes).await?
+            start
+                .spawn_loops(loops, |restored, joining| open_hermes(config, replicas, restored, joining))
+                .await?
         }
         Protocol::Craq => {
-            let mut craq = CraqConfig::new(me, replicas);
-            // A joining node starts empty and copies its chain neighbour's state.
-            craq.recovering = joining;
-            if joining {
-                info!("joining the cluster: copying the chain neighbour's state");
-            }
-            let mut craq = Craq::new(craq);
-            if let Some(restored) = restored.filter(|restored| restored.trusted && !joining) {
-                let records = restored.records.len();
-                let keys = persistence::craq::restore(&mut craq, restored.records, seq_floor())?;
-                info!(records, keys, live_keys = craq.key_count(), "keys restored from the append-only file");
-            }
-            start.spawn(craq).await?
+            start
+                .spawn_loops(loops, |restored, joining| open_craq(config, replicas, restored, joining))
+                .await?
         }
         Protocol::Zab(read_mode) => {
-            let mut zab_config = ZabConfig::new(me, replicas);
-            zab_config.read_mode = read_mode;
-            // A joining node starts empty: it takes a snapshot and the history from the
-            // leader (ZooKeeper's SNAP) and serves nobody until then.
-            zab_config.recovering = joining;
-            if joining {
-                info!("joining the cluster: will synchronise from the ZAB leader");
-            }
-            if start.persistence.is_some() {
-                // A node back from its own files takes only what it missed, if still held.
-                zab_config.history_retained_entries = ZAB_HISTORY_RETAINED_ENTRIES;
-            }
-            let mut zab = Zab::new(zab_config);
-            if start.persistence.is_some() {
-                zab.enable_persistence();
-            }
-            if let Some(restored) = restored.filter(|restored| restored.trusted) {
-                // Only through a join (a new epoch): see `rejoins_with_data`.
-                anyhow::ensure!(
-                    joining,
-                    "ZAB restarts from its append-only file only with the membership service \
-                     (membership = true): its recovery needs a new epoch"
-                );
-                let records = restored.records.len();
-                let keys = persistence::zab::restore(&mut zab, restored.records, seq_floor())
-                    .context("cannot load ZAB's append-only file")?;
-                info!(
-                    records,
-                    keys,
-                    last_zxid = ?zab.last_zxid(),
-                    applied_index = zab.applied_index(),
-                    "history restored from the append-only file; rejoining to catch up on what was missed"
-                );
-            }
-            start.spawn(zab).await?
+            // A node back from its own files takes only what it missed, if still held.
+            let persisting = loops[0].persistence.is_some();
+            let open = |restored: Option<persistence::Restored>, joining| {
+                let mut zab_config = ZabConfig::new(me, replicas);
+                zab_config.read_mode = read_mode;
+                // A joining node starts empty: it takes a snapshot and the history from the
+                // leader (ZooKeeper's SNAP) and serves nobody until then.
+                zab_config.recovering = joining;
+                if joining {
+                    info!("joining the cluster: will synchronise from the ZAB leader");
+                }
+                if persisting {
+                    zab_config.history_retained_entries = ZAB_HISTORY_RETAINED_ENTRIES;
+                }
+                let mut zab = Zab::new(zab_config);
+                if persisting {
+                    zab.enable_persistence();
+                }
+                if let Some(restored) = restored.filter(|restored| restored.trusted) {
+                    // Only through a join (a new epoch): see `LoopSetup::open`.
+                    anyhow::ensure!(
+                        joining,
+                        "ZAB restarts from its append-only file only with the membership service \
+                         (membership = true): its recovery needs a new epoch"
+                    );
+                    let records = restored.records.len();
+                    let keys = persistence::zab::restore(&mut zab, restored.records, seq_floor())
+                        .context("cannot load ZAB's append-only file")?;
+                    info!(
+                        records,
+                        keys,
+                        last_zxid = ?zab.last_zxid(),
+                        applied_index = zab.applied_index(),
+                        "history restored from the append-only file; rejoining to catch up on what was missed"
+                    );
+                }
+                Ok(zab)
+            };
+            start.spawn_loops(loops, open).await?
         }
-        Protocol::Raftlog if shards == 1 => start.spawn(open_raftlog(config, replicas)?).await?,
-        Protocol::Raftlog => start.run_shards(open_raftlog_shards(config, replicas)?).await?,
+        Protocol::Raftlog if shards == 1 => {
+            start.spawn_loops(loops, |_, _| open_raftlog(config, replicas)).await?
+        }
+        Protocol::Raftlog => {
+            let cores = open_raftlog_shards(config, replicas)?
+                .into_iter()
+                .map(|core| (core, engine::NodeDisk::none()));
+            start.run_loops(cores.collect(), "chorus-shard").await?
+        }
         Protocol::Chain => {
             let dir = state_dir.as_deref().expect("the chain store always has a directory");
-            start.spawn(open_chain(config, dir, replicas, joining)?).await?
+            let mut chain = Some(open_chain(config, dir, replicas, joining)?);
+            start
+                .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
+                .await?
         }
     };
 
@@ -401,42 +383,152 @@ async fn tls_upgrade(
     }
 }
 
-/// What starting the event loop needs, whatever the protocol.
-struct Start {
+/// What one event loop's core starts from: its append-only file and what it held, its
+/// membership service, and whether it joins. Loop 0 keeps its state in the node's data
+/// directory, loop `i > 0` in `<data_dir>/loop-<i>`, so one loop is laid out as before.
+struct LoopSetup {
     persistence: Option<persistence::Persistence>,
+    restored: Option<persistence::Restored>,
+    membership: Option<Managed>,
+    joining: bool,
+}
+
+impl LoopSetup {
+    fn open(
+        config: &NodeConfig,
+        state_dir: Option<&std::path::Path>,
+        index: usize,
+    ) -> anyhow::Result<LoopSetup> {
+        let data_dir = config.data_dir.as_deref().map(|dir| loop_dir(dir, index));
+        let (persistence, restored) = open_persistence(config, data_dir.as_deref())?;
+        let data_restored = restored.as_ref().is_some_and(|restored| restored.trusted);
+        // ZAB rejoins even with its data: its recovery then runs in a new epoch, as every ZAB
+        // leader's must (zxids of a reused epoch could repeat ones its earlier run proposed).
+        let rejoins_with_data = matches!(config.protocol, Protocol::Zab(_));
+        let membership = match (config.membership, state_dir) {
+            (Some(timing), Some(dir)) => {
+                let dir = loop_dir(dir, index);
+                files::create_private_dir(&dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                Some(Managed::open(config, timing, &dir, data_restored && !rejoins_with_data)?)
+            }
+            _ => None,
+        };
+        let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
+        Ok(LoopSetup { persistence, restored, membership, joining })
+    }
+}
+
+/// Where event loop `index` keeps its state under a node directory.
+fn loop_dir(dir: &std::path::Path, index: usize) -> std::path::PathBuf {
+    match index {
+        0 => dir.to_path_buf(),
+        index => dir.join(format!("loop-{index}")),
+    }
+}
+
+/// The file that records how many event loops a node's data directory was written with.
+const LOOPS_FILE: &str = "event_loops";
+
+/// The Hermes core of one event loop, restored from its append-only file.
+fn open_hermes(
+    config: &NodeConfig,
+    replicas: NodeSet,
+    restored: Option<persistence::Restored>,
+    joining: bool,
+) -> anyhow::Result<Hermes> {
+    let mut hermes = HermesConfig::new(config.node_id, replicas);
+    // §3.4 Recovery: a joining node starts empty and copies the data as a shadow.
+    hermes.recovering = joining;
+    hermes.donor = config.join;
+    if joining {
+        info!(donor = ?config.join, "joining the cluster as a shadow replica");
+    }
+    let mut hermes = Hermes::new(hermes);
+    if let Some(restored) = restored.filter(|restored| restored.trusted && !joining) {
+        let records = restored.records.len();
+        let keys = persistence::hermes::restore(&mut hermes, restored.records)?;
+        info!(records, keys, live_keys = hermes.key_count(), "keys restored from the append-only file");
+    }
+    Ok(hermes)
+}
+
+/// The CRAQ core of one event loop, restored from its append-only file.
+fn open_craq(
+    config: &NodeConfig,
+    replicas: NodeSet,
+    restored: Option<persistence::Restored>,
+    joining: bool,
+) -> anyhow::Result<Craq> {
+    let mut craq = CraqConfig::new(config.node_id, replicas);
+    // A joining node starts empty and copies its chain neighbour's state.
+    craq.recovering = joining;
+    if joining {
+        info!("joining the cluster: copying the chain neighbour's state");
+    }
+    let mut craq = Craq::new(craq);
+    if let Some(restored) = restored.filter(|restored| restored.trusted && !joining) {
+        let records = restored.records.len();
+        let keys = persistence::craq::restore(&mut craq, restored.records, seq_floor())?;
+        info!(records, keys, live_keys = craq.key_count(), "keys restored from the append-only file");
+    }
+    Ok(craq)
+}
+
+/// What starting the event loops needs, whatever the protocol.
+struct Start {
     net: NetConfig,
-    /// One per event loop: one, or one per raftlog shard.
+    /// One per event loop: one, one per raftlog shard, or `event_loops`.
     requests: Vec<tokio::sync::mpsc::Receiver<EngineRequest>>,
     shutdown: watch::Receiver<bool>,
-    membership: Option<Managed>,
     /// Run the event loop on a thread of its own rather than as a task of the node's runtime.
     engine_thread: bool,
-    /// Completed when the event loop has stopped (its last turn durable).
+    /// Completed when every event loop has stopped (its last turn durable).
     stopped: tokio::sync::oneshot::Sender<()>,
     request_deadline: std::time::Duration,
 }
 
 impl Start {
-    /// Run `protocol` (wrapped with the membership service when configured) in the event loop.
-    async fn spawn<P>(self, protocol: P) -> anyhow::Result<Arc<NetStats>>
+    /// Build each loop's core with `open(restored, joining)` (wrapped with its membership
+    /// service when configured) and run it: one loop as the node always did, several each
+    /// on its own thread ([`Start::run_loops`]), tagged with [`loops::LoopCore`].
+    async fn spawn_loops<P>(
+        self,
+        setups: Vec<LoopSetup>,
+        mut open: impl FnMut(Option<persistence::Restored>, bool) -> anyhow::Result<P>,
+    ) -> anyhow::Result<Arc<NetStats>>
     where
         P: ServedReplica,
         P::Message: WireMessage + Send + 'static,
     {
-        match self.membership {
-            None => self.run(protocol, None).await,
-            Some(managed) => {
-                let replica = WithMembership::new(protocol, managed.membership);
-                Start { membership: None, ..self }.run(replica, Some(managed.durable_log)).await
+        let count = setups.len();
+        let managed = setups[0].membership.is_some();
+        let mut plain = Vec::new();
+        let mut with_membership = Vec::new();
+        for setup in setups {
+            let core = open(setup.restored, setup.joining)?;
+            assert_eq!(setup.membership.is_some(), managed, "membership on every loop or on none");
+            match setup.membership {
+                None => plain
+                    .push((core, engine::NodeDisk { membership_log: None, persistence: setup.persistence })),
+                Some(managed) => with_membership.push((
+                    WithMembership::new(core, managed.membership),
+                    engine::NodeDisk {
+                        membership_log: Some(managed.durable_log),
+                        persistence: setup.persistence,
+                    },
+                )),
             }
+        }
+        match (count, managed) {
+            (1, false) => self.run(plain.pop().expect("one loop")).await,
+            (1, true) => self.run(with_membership.pop().expect("one loop")).await,
+            (_, false) => self.run_loops(tag_loops(plain), "chorus-loop").await,
+            (_, true) => self.run_loops(tag_loops(with_membership), "chorus-loop").await,
         }
     }
 
-    async fn run<R>(
-        self,
-        replica: R,
-        durable_log: Option<MembershipLog<FileStorage>>,
-    ) -> anyhow::Result<Arc<NetStats>>
+    async fn run<R>(self, (replica, disk): (R, engine::NodeDisk)) -> anyhow::Result<Arc<NetStats>>
     where
         R: ServedReplica,
         R::Message: WireMessage + Send + 'static,
@@ -445,7 +537,6 @@ impl Start {
         transport.set_priority(R::is_priority);
         let stopped = self.stopped;
         let [requests]: [_; 1] = self.requests.try_into().expect("one event loop, one request channel");
-        let disk = engine::NodeDisk { membership_log: durable_log, persistence: self.persistence };
         let event_loop = async move {
             let deadline = self.request_deadline;
             engine::run(replica, deadline, transport, requests, inbound, self.shutdown, disk).await;
@@ -476,44 +567,71 @@ impl Start {
     }
 }
 
+/// Each loop's core tagged with its loop number, for [`Start::run_loops`].
+fn tag_loops<P>(cores: Vec<(P, engine::NodeDisk)>) -> Vec<(loops::LoopCore<P>, engine::NodeDisk)>
+where
+    P: ServedReplica,
+    P::Message: WireMessage + Send + 'static,
+{
+    let count = cores.len();
+    cores
+        .into_iter()
+        .enumerate()
+        .map(|(index, (core, disk))| (loops::LoopCore::new(core, index, count), disk))
+        .collect()
+}
+
+/// One event loop's inbound channels: priority batches and data batches.
+type LoopInbound<M> = (
+    tokio::sync::mpsc::Sender<(chorus_core::NodeId, Vec<M>)>,
+    tokio::sync::mpsc::Sender<(chorus_core::NodeId, Vec<M>)>,
+);
+
 impl Start {
-    /// Run raftlog's shards, each in its own event loop on its own thread (Cyclone §3.2's Raft
-    /// cores). They share the transport: each shard sends its turns' frames through its own
-    /// handle on the same peer links, and one task hands each shard the messages tagged
-    /// with its number.
-    async fn run_shards(self, shards: Vec<ShardCore>) -> anyhow::Result<Arc<NetStats>> {
-        assert_eq!(shards.len(), self.requests.len(), "one request channel per shard");
-        let (transport, inbound, net_stats) = chorus_net::start::<ShardMessage>(self.net).await?;
+    /// Run several event loops, each with its own core on its own thread (Cyclone §3.2's Raft
+    /// cores, Hermes' worker threads; decision 9). They share the transport: each loop sends
+    /// its turns' frames through its own handle on the same peer links, and one task hands
+    /// each loop the messages tagged with its number, priority ones on its priority lane.
+    async fn run_loops<R>(
+        self,
+        cores: Vec<(R, engine::NodeDisk)>,
+        thread_name: &str,
+    ) -> anyhow::Result<Arc<NetStats>>
+    where
+        R: ServedReplica,
+        R::Message: WireMessage + loops::Routed + Send + 'static,
+    {
+        assert_eq!(cores.len(), self.requests.len(), "one request channel per event loop");
+        let (mut transport, inbound, net_stats) = chorus_net::start::<R::Message>(self.net).await?;
+        transport.set_priority(R::is_priority);
         let mut inbound_senders = Vec::new();
         let mut stopped = Vec::new();
-        for ((shard, requests), index) in shards.into_iter().zip(self.requests).zip(0..) {
+        for (((core, disk), requests), index) in cores.into_iter().zip(self.requests).zip(0..) {
             let (data_tx, data_rx) = tokio::sync::mpsc::channel(SHARD_INBOUND_BATCHES_MAX);
-            // raftlog has no priority traffic: the lane's sender is dropped at once.
-            let (_, priority_rx) = tokio::sync::mpsc::channel(1);
-            inbound_senders.push(data_tx);
+            let (priority_tx, priority_rx) = tokio::sync::mpsc::channel(SHARD_INBOUND_BATCHES_MAX);
+            inbound_senders.push((priority_tx, data_tx));
             let inbound = chorus_net::Inbound::from_channels(priority_rx, data_rx);
             let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel();
             stopped.push(stopped_rx);
             let (transport, shutdown, deadline) =
                 (transport.sibling(), self.shutdown.clone(), self.request_deadline);
             let event_loop = async move {
-                let disk = engine::NodeDisk { membership_log: None, persistence: None };
-                engine::run(shard, deadline, transport, requests, inbound, shutdown, disk).await;
+                engine::run(core, deadline, transport, requests, inbound, shutdown, disk).await;
                 let _ = stopped_tx.send(());
             };
             std::thread::Builder::new()
-                .name(format!("chorus-shard-{index}"))
+                .name(format!("{thread_name}-{index}"))
                 .spawn(move || {
                     let runtime = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
-                        .expect("a current-thread runtime for a shard's event loop");
+                        .expect("a current-thread runtime for an event loop");
                     runtime.block_on(event_loop);
                 })
-                .context("cannot start a shard's event loop thread")?;
+                .context("cannot start an event loop thread")?;
         }
         drop(transport);
-        tokio::spawn(split_inbound(inbound, inbound_senders));
+        tokio::spawn(split_inbound(inbound, inbound_senders, R::is_priority));
         let all_stopped = self.stopped;
         tokio::spawn(async move {
             for shard in stopped {
@@ -525,26 +643,30 @@ impl Start {
     }
 }
 
-/// Batches of peer messages waiting for one shard's event loop.
+/// Batches of peer messages waiting for one event loop.
 const SHARD_INBOUND_BATCHES_MAX: usize = 4096;
 
-/// Hand every received message to the event loop of its shard, keeping each sender's
-/// messages in order. A message naming a shard this node does not have is dropped (the
-/// handshake's protocol name, which carries the shard count, keeps such peers out).
-async fn split_inbound(
-    mut inbound: chorus_net::Inbound<ShardMessage>,
-    shards: Vec<tokio::sync::mpsc::Sender<(chorus_core::NodeId, Vec<ShardMessage>)>>,
+/// Hand every received message to its event loop, keeping each sender's messages in order
+/// per lane; priority messages (membership heartbeats) go on the loop's priority lane so they
+/// do not queue behind data. A message naming a loop this node does not have is dropped (the
+/// handshake's protocol name, which carries the loop count, keeps such peers out).
+async fn split_inbound<M: loops::Routed>(
+    mut inbound: chorus_net::Inbound<M>,
+    loops: Vec<LoopInbound<M>>,
+    is_priority: fn(&M) -> bool,
 ) {
     while let Some((from, messages)) = inbound.recv().await {
-        let mut batches: Vec<Vec<ShardMessage>> = vec![Vec::new(); shards.len()];
+        let mut batches: Vec<(Vec<M>, Vec<M>)> = loops.iter().map(|_| (Vec::new(), Vec::new())).collect();
         for message in messages {
-            if let Some(batch) = batches.get_mut(message.shard as usize) {
-                batch.push(message);
+            if let Some((priority, data)) = batches.get_mut(message.event_loop()) {
+                if is_priority(&message) { priority } else { data }.push(message);
             }
         }
-        for (batch, shard) in batches.into_iter().zip(&shards) {
-            if !batch.is_empty() && shard.send((from, batch)).await.is_err() {
-                return; // that event loop stopped: the node is stopping
+        for ((priority, data), (priority_tx, data_tx)) in batches.into_iter().zip(&loops) {
+            for (batch, tx) in [(priority, priority_tx), (data, data_tx)] {
+                if !batch.is_empty() && tx.send((from, batch)).await.is_err() {
+                    return; // that event loop stopped: the node is stopping
+                }
             }
         }
     }
@@ -609,28 +731,33 @@ fn open_raftlog_shards(config: &NodeConfig, replicas: NodeSet) -> anyhow::Result
 /// The file that records how many shards a raftlog data directory was written with.
 const SHARDS_FILE: &str = "shards";
 
-/// A key's shard and log depend on the shard count, so a data directory written with one
-/// count cannot be served with another: refuse, naming both. A directory without the file
-/// was written with one shard (before shards existed, or by a first start).
 fn check_shard_layout(dir: &std::path::Path, shards: usize) -> anyhow::Result<()> {
+    check_loop_layout(dir, SHARDS_FILE, "raftlog_shards", shards)
+}
+
+/// A key's loop (raftlog: shard and log) depends on the loop count, so a data directory
+/// written with one count cannot be served with another: refuse, naming both. `file` in
+/// `dir` records the count; a directory without it was written with one loop (before loops
+/// existed, or by a first start). One loop on a fresh directory writes nothing, so the
+/// layout of a one-loop node is what it always was.
+fn check_loop_layout(dir: &std::path::Path, file: &str, field: &str, count: usize) -> anyhow::Result<()> {
     files::create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let path = dir.join(SHARDS_FILE);
-    let has_data =
-        std::fs::read_dir(dir)?.any(|entry| entry.is_ok_and(|entry| entry.file_name() != SHARDS_FILE));
+    let path = dir.join(file);
+    let has_data = std::fs::read_dir(dir)?.any(|entry| entry.is_ok_and(|entry| entry.file_name() != file));
     let recorded = match std::fs::read_to_string(&path) {
         Ok(text) => text.trim().parse::<usize>().with_context(|| format!("{} is damaged", path.display()))?,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound && has_data => 1,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && (has_data || count == 1) => 1,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&path, format!("{shards}\n"))
+            std::fs::write(&path, format!("{count}\n"))
                 .with_context(|| format!("cannot write {}", path.display()))?;
             return Ok(());
         }
         Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
     };
     anyhow::ensure!(
-        recorded == shards,
-        "{} was written with raftlog_shards = {recorded}, but this node is configured with {shards}: \
-         keys would move between shards; start it with raftlog_shards = {recorded} (or a fresh data_dir)",
+        recorded == count,
+        "{} was written with {field} = {recorded}, but this node is configured with {count}: \
+         keys would move between event loops; start it with {field} = {recorded} (or a fresh data_dir)",
         dir.display()
     );
     Ok(())
@@ -678,16 +805,18 @@ fn open_raftlog_shard(
     Ok(replica)
 }
 
-/// The keys' append-only file under `<data_dir>/appendonly/`, and what it held. Only with a
-/// configured data directory: a temporary one dies with the node.
+/// The keys' append-only file under `<data_dir>/appendonly/` (`data_dir`: the event loop's
+/// directory), and what it held. Only with a configured data directory: a temporary one dies
+/// with the node.
 fn open_persistence(
     config: &NodeConfig,
+    data_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<(Option<persistence::Persistence>, Option<persistence::Restored>)> {
     let options = config.persistence.clone();
     if !options.appendonly {
         return Ok((None, None));
     }
-    let Some(data_dir) = &config.data_dir else {
+    let Some(data_dir) = data_dir else {
         warn!("no data_dir: appendonly has nowhere to write; keys live in memory only");
         return Ok((None, None));
     };

@@ -181,6 +181,44 @@ impl Cluster {
         }
     }
 
+    /// The names of node `i`'s threads (Linux).
+    pub fn thread_names(&self, i: usize) -> std::collections::BTreeSet<String> {
+        let pid = self.nodes[i].child.as_ref().expect("running").id();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("linux /proc");
+        tasks
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_string())
+            .collect()
+    }
+
+    /// Six recording clients over every node while node `victim` is SIGKILLed and restarted:
+    /// the history must be linearizable and more than half of it completed.
+    pub fn assert_linearizable_across_a_kill(&mut self, victim: usize) {
+        use super::workload::{self, Workload};
+        use chorus_sim::checker::{check_history, CheckerConfig};
+
+        let targets: Vec<String> = self.nodes.iter().map(|node| node.client.to_string()).collect();
+        let clients = thread::spawn(move || {
+            workload::run(Workload {
+                targets,
+                clients: 6,
+                ops_per_client: 200,
+                reply_timeout: Duration::from_secs(3),
+                think: Duration::from_millis(3),
+            })
+        });
+        thread::sleep(Duration::from_millis(400));
+        self.sigkill(victim);
+        thread::sleep(Duration::from_millis(150));
+        self.restart(victim, &[]);
+        self.wait_ready(victim, self.nodes.len() - 1);
+        let history = clients.join().unwrap();
+        let report = check_history(&history, &CheckerConfig::default());
+        assert!(report.violations.is_empty(), "not linearizable: {:?}", report.violations);
+        let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
+        assert!(completed > history.operations.len() / 2, "too few completed: {completed}");
+    }
+
     pub fn sigkill(&mut self, i: usize) {
         let mut child = self.nodes[i].child.take().unwrap();
         child.kill().unwrap(); // SIGKILL on Unix
@@ -273,11 +311,19 @@ impl Drop for Cluster {
 /// Six clients on a fresh 3-node cluster of `protocol` (reads, writes, CAS, INCR on four hot
 /// keys), then the history must be linearizable.
 pub fn assert_concurrent_clients_linearizable(protocol: &str) {
+    assert_concurrent_clients_linearizable_with(protocol, &[]);
+}
+
+/// [`assert_concurrent_clients_linearizable`] with `extra` arguments for every node; returns
+/// the cluster for further checks.
+pub fn assert_concurrent_clients_linearizable_with(protocol: &str, extra: &[&str]) -> Cluster {
     use chorus_sim::checker::{check_history, CheckerConfig};
 
     use super::workload::{self, Workload};
 
-    let cluster = Cluster::start(3, &["--protocol", protocol]);
+    let mut args = vec!["--protocol", protocol];
+    args.extend_from_slice(extra);
+    let cluster = Cluster::start(3, &args);
     let history = workload::run(Workload {
         targets: cluster.nodes.iter().map(|node| node.client.to_string()).collect(),
         clients: 6,
@@ -296,6 +342,16 @@ pub fn assert_concurrent_clients_linearizable(protocol: &str) {
     assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
     assert_eq!(report.keys_checked, 4);
     assert!(completed > 0);
+    cluster
+}
+
+/// Keys `prefix0`, `prefix1`, ... until one lands on event loop (raftlog: shard) `part` of
+/// `parts`.
+pub fn key_on_loop(part: usize, parts: usize, prefix: &str) -> String {
+    (0..)
+        .map(|index| format!("{prefix}{index}"))
+        .find(|key| chorus_raftlog::shard_of(key.as_bytes(), parts) == part)
+        .expect("some key is on every loop")
 }
 
 /// Keys the kill-and-rejoin tests write: `bulk:<i>` = `v<i>` before the failure, then the
