@@ -153,7 +153,8 @@ fn plan(shards: usize) -> Vec<Setup> {
     // a multi-key request spans, ganged and with two-phase locking.
     for transactions in ["ganged", "locking"] {
         for spans in [1, 2, 4, 8] {
-            let mut point = setup("ganged", &format!("{transactions}, {spans} logs"), 3, 8, 1024, 8);
+            let logs = if spans == 1 { "log" } else { "logs" };
+            let mut point = setup("ganged", &format!("{transactions}, {spans} {logs}"), 3, 8, 1024, 8);
             point.multi = Some((spans, transactions));
             plan.push(point);
         }
