@@ -1,7 +1,9 @@
 //! `chorus bench raftlog`: Cyclone's evaluation (§5) on loopback, on real `chorus node`
 //! processes: throughput (client commands and Raft entries per second) and latency as the
 //! optimisations are added (one log without batching, + batching, + 8 logs), then against
-//! the replica count (1, 3, 5) and the payload size (0-512 B). Saves JSON and a PNG.
+//! the replica count (1, 3, 5) and the payload size (0-512 B); and the latency of one client's
+//! ganged operations against the number of logs they span (the paper's "Ganged Operations"
+//! figure). Saves JSON and a PNG.
 //!
 //! The nodes' data directories are on /dev/shm where there is one: the circular log is then
 //! msync'd to RAM, the stand-in for Cyclone's NVDIMM (docs/benchmarks.md says so).
@@ -36,8 +38,13 @@ pub struct RaftlogBenchArgs {
     #[arg(long, default_value = "bench-results/raftlog")]
     pub out: PathBuf,
     /// Which sweeps to run (comma-separated): optimizations, replicas, payload, logs,
-    /// checkpoint (write latency without checkpoints and with one every 2,000 entries).
-    #[arg(long, value_delimiter = ',', default_value = "optimizations,replicas,payload,logs,checkpoint")]
+    /// checkpoint (write latency without checkpoints and with one every 2,000 entries),
+    /// ganged (one client's MULTI/EXEC latency against the logs it spans, ganged and locking).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "optimizations,replicas,payload,logs,checkpoint,ganged"
+    )]
     pub sweeps: Vec<String>,
     /// Shards (event loops) per node in the "logs" sweep's second series: 0 = one per core
     /// (as many as divide the point's log count).
@@ -88,6 +95,9 @@ struct Setup {
     payload_bytes: usize,
     /// `--raftlog-snapshot-entries`, if not the node's default.
     snapshot_entries: Option<u64>,
+    /// The ganged sweep: one client whose every request is a MULTI/EXEC of one INCRBY per
+    /// log over this many logs, run as `--raftlog-transactions` says.
+    multi: Option<(usize, &'static str)>,
 }
 
 /// Shards per node for `logs` logs when asked for `shards` (0: one per core, as many as
@@ -108,6 +118,7 @@ fn plan(shards: usize) -> Vec<Setup> {
         batch_max,
         payload_bytes,
         snapshot_entries: None,
+        multi: None,
     };
     let mut plan = vec![
         setup("optimizations", "1 log, no batching", 3, 1, 1, 64),
@@ -137,6 +148,16 @@ fn plan(shards: usize) -> Vec<Setup> {
         let mut point = setup("checkpoint", label, 3, 8, 1024, 256);
         point.snapshot_entries = Some(entries);
         plan.push(point);
+    }
+    // Cyclone's ganged operations: unloaded latency (one client) against the number of logs
+    // a multi-key request spans, ganged and with two-phase locking.
+    for transactions in ["ganged", "locking"] {
+        for spans in [1, 2, 4, 8] {
+            let logs = if spans == 1 { "log" } else { "logs" };
+            let mut point = setup("ganged", &format!("{transactions}, {spans} {logs}"), 3, 8, 1024, 8);
+            point.multi = Some((spans, transactions));
+            plan.push(point);
+        }
     }
     plan
 }
@@ -227,6 +248,13 @@ pub fn table(points: &[Point]) -> String {
             with.checkpoints
         ));
     }
+    // The ganged sweep: each point's median latency against one log, ganged.
+    let ganged: Vec<&Point> = points.iter().filter(|p| p.sweep == "ganged").collect();
+    if let Some(base) = ganged.first() {
+        let ratios: Vec<String> =
+            ganged.iter().map(|p| format!("{} x{:.2}", p.label, p.p50_us / base.p50_us.max(1.0))).collect();
+        text.push_str(&format!("ganged p50 latency vs 1 log: {}\n", ratios.join(", ")));
+    }
     // The logs sweep: each point against one log on one loop.
     let logs: Vec<&Point> = points.iter().filter(|p| p.sweep == "logs").collect();
     if let Some(base) = logs.iter().find(|p| p.logs == 1 && p.shards == 1) {
@@ -267,6 +295,9 @@ fn measure(
         if let Some(entries) = setup.snapshot_entries {
             command.args(["--raftlog-snapshot-entries", &entries.to_string()]);
         }
+        if let Some((_, transactions)) = setup.multi {
+            command.args(["--raftlog-transactions", transactions]);
+        }
         for peer in 0..setup.replicas {
             command.args(["--peer", &format!("{peer}={}", procs::localhost(ports[2 * peer + 1]))]);
         }
@@ -283,11 +314,17 @@ fn measure(
     let warmup = Duration::from_millis(300);
     let measured = Duration::from_secs_f64(seconds);
     let value = vec![b'v'; setup.payload_bytes];
+    let clients = if setup.multi.is_some() { 1 } else { clients };
+    let keys = setup.multi.map(|(spans, _)| keys_spanning(spans, setup.logs));
     let workers: Vec<_> = (0..clients)
         .map(|client| {
             let addr = client_addrs[client % client_addrs.len()];
             let value = value.clone();
-            std::thread::spawn(move || client_loop(addr, client, &value, warmup, measured))
+            let keys = keys.clone();
+            std::thread::spawn(move || match keys {
+                Some(keys) => multi_loop(addr, &keys, warmup, measured),
+                None => client_loop(addr, client, &value, warmup, measured),
+            })
         })
         .collect();
     let started = Instant::now();
@@ -343,6 +380,65 @@ fn info_sum(addrs: &[SocketAddr], field: &str) -> u64 {
                 .collect::<Vec<_>>()
         })
         .sum()
+}
+
+/// One key in each of the first `spans` of `logs` logs (one shard per node).
+fn keys_spanning(spans: usize, logs: usize) -> Vec<String> {
+    (0..spans)
+        .map(|log| {
+            (0..)
+                .map(|i| format!("gang:{i}"))
+                .find(|key| chorus_raftlog::log_of(key.as_bytes(), logs) == log)
+                .expect("some key hashes to every log")
+        })
+        .collect()
+}
+
+/// One closed-loop client whose requests are MULTI, INCRBY 1 on each key, EXEC, sent at once;
+/// the latency is until EXEC's reply arrives.
+fn multi_loop(
+    addr: SocketAddr,
+    keys: &[String],
+    warmup: Duration,
+    measured: Duration,
+) -> (Histogram<u64>, u64) {
+    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+    let Ok(mut stream) = TcpStream::connect(addr) else { return (histogram, 1) };
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut request = b"*1\r\n$5\r\nMULTI\r\n".to_vec();
+    for key in keys {
+        request.extend_from_slice(
+            format!("*3\r\n$6\r\nINCRBY\r\n${}\r\n{key}\r\n$1\r\n1\r\n", key.len()).as_bytes(),
+        );
+    }
+    request.extend_from_slice(b"*1\r\n$4\r\nEXEC\r\n");
+    // +OK, one +QUEUED per key, then EXEC's array header and one integer per key.
+    let lines = 2 * keys.len() + 2;
+    let (started, mut errors) = (Instant::now(), 0);
+    let mut reply = Vec::with_capacity(256);
+    while started.elapsed() < warmup + measured {
+        let sent = Instant::now();
+        if stream.write_all(&request).is_err() {
+            return (histogram, errors + 1);
+        }
+        reply.clear();
+        let mut buf = [0u8; 256];
+        while reply.windows(2).filter(|pair| pair == b"\r\n").count() < lines {
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => return (histogram, errors + 1),
+                Ok(read) => reply.extend_from_slice(&buf[..read]),
+            }
+        }
+        if reply.split(|byte| *byte == b'\n').any(|line| line.first() == Some(&b'-')) {
+            errors += 1;
+            continue;
+        }
+        if started.elapsed() > warmup {
+            let _ = histogram.record(sent.elapsed().as_nanos() as u64);
+        }
+    }
+    (histogram, errors)
 }
 
 /// One closed-loop client: SET random keys for `warmup + measured`, recording latencies
@@ -467,6 +563,21 @@ mod tests {
         let logs: Vec<(usize, usize)> =
             plan.iter().filter(|s| s.sweep == "logs").map(|s| (s.logs, s.shards)).collect();
         assert_eq!(logs, vec![(1, 1), (2, 1), (4, 1), (8, 1), (1, 1), (2, 2), (4, 2), (8, 2)]);
+    }
+
+    #[test]
+    fn the_ganged_sweep_spans_one_to_eight_logs_with_keys_in_distinct_logs() {
+        let plan = plan(1);
+        let multi: Vec<(usize, &str)> = plan.iter().filter_map(|s| s.multi).collect();
+        assert_eq!(multi.len(), 8);
+        assert_eq!(multi[3], (8, "ganged"));
+        assert_eq!(multi[7], (8, "locking"));
+        for spans in [1, 2, 4, 8] {
+            let mut logs: Vec<usize> =
+                keys_spanning(spans, 8).iter().map(|key| chorus_raftlog::log_of(key.as_bytes(), 8)).collect();
+            logs.dedup();
+            assert_eq!(logs, (0..spans).collect::<Vec<_>>());
+        }
     }
 
     #[test]

@@ -118,6 +118,9 @@ pub struct NodeArgs {
     /// raftlog: coupled (execute after commit, default) or decoupled.
     #[arg(long)]
     pub raftlog_execution: Option<String>,
+    /// raftlog: how MULTI/EXEC runs across logs: ganged (default) or locking.
+    #[arg(long, value_name = "ganged|locking")]
+    pub raftlog_transactions: Option<String>,
     /// raftlog, crash tests only: "crash-test" keeps unsynced writes in memory (docs/testing.md).
     #[arg(long, hide = true)]
     pub raftlog_storage: Option<String>,
@@ -218,6 +221,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_session_expiry_entries: args.raftlog_session_expiry_entries,
         raftlog_trailing_entries: args.raftlog_trailing_entries,
         raftlog_execution: args.raftlog_execution,
+        raftlog_transactions: args.raftlog_transactions,
         raftlog_storage: args.raftlog_storage,
         appendonly: args.appendonly.map(chorus_server::config::YesNo::Text),
         appendfsync: args.appendfsync,

@@ -1,5 +1,6 @@
-//! RESP MULTI/EXEC through the real binary (issue 8 point 5): atomic across raftlog's logs,
-//! refused (not faked) over several keys by protocols that cannot make it atomic.
+//! RESP MULTI/EXEC through the real binary (issue 8 point 5, issue 18 point 3): atomic across
+//! raftlog's logs, as ganged operations (the default) and with two-phase locking; refused
+//! (not faked) over several keys by protocols that cannot make it atomic.
 
 mod support;
 
@@ -46,7 +47,36 @@ fn multi_exec_is_atomic_across_raftlog_logs_and_refused_elsewhere() {
     let a: String = redis::cmd("GET").arg("a").query(&mut con).unwrap();
     assert_eq!(a, "1", "DISCARD threw the queued SET away");
 
-    // A bank: transfers and audits as transactions from every node at once.
+    bank(&cluster);
+    // Ganged operations ran them, not the locking transactions.
+    let gangs: u64 = (0..3).filter_map(|node| cluster.info_number(node, "raftlog_gangs_executed")).sum();
+    let txns: u64 = (0..3).filter_map(|node| cluster.info_number(node, "raftlog_txns_started")).sum();
+    assert!(gangs > 100 && txns == 0, "gangs executed {gangs}, locking transactions {txns}");
+    drop(cluster);
+
+    let cluster = Cluster::start(3, &["--protocol", "raftlog", "--raftlog-transactions", "locking"]);
+    bank(&cluster);
+    let txns: u64 = (0..3).filter_map(|node| cluster.info_number(node, "raftlog_txns_started")).sum();
+    assert!(txns > 100, "locking transactions {txns}");
+    drop(cluster);
+
+    // Another protocol: a transaction over several keys is refused at EXEC, naming the
+    // protocol that can, rather than run the commands one by one; nothing was written.
+    let cluster = Cluster::start(3, &["--protocol", "craq"]);
+    let mut con = cluster.client(0);
+    let _: () = redis::cmd("MULTI").query(&mut con).unwrap();
+    queued(&mut con, &["SET", "a", "1"]);
+    queued(&mut con, &["SET", "b", "1"]);
+    let error = redis::cmd("EXEC").query::<()>(&mut con).unwrap_err();
+    assert!(error.to_string().contains("only atomic with protocol raftlog"), "{error}");
+    let a: Option<String> = redis::cmd("GET").arg("a").query(&mut con).unwrap();
+    assert_eq!(a, None);
+}
+
+/// A bank: transfers and audits as transactions from every node at once, plain commands on
+/// the same keys in between; every audit must see the opening total.
+fn bank(cluster: &Cluster) {
+    let mut con = cluster.client(1);
     let mut opening = redis::cmd("MSET");
     for i in 0..ACCOUNTS {
         opening.arg(format!("acct:{i}")).arg(100);
@@ -88,18 +118,11 @@ fn multi_exec_is_atomic_across_raftlog_logs_and_refused_elsewhere() {
         "an audit saw a partial transfer: {audits:?}"
     );
     let info: String = redis::cmd("INFO").query(&mut cluster.client(0)).unwrap();
-    eprintln!("{}", info.lines().filter(|line| line.contains("txn")).collect::<Vec<_>>().join("\n"));
-    drop(cluster);
-
-    // Another protocol: a transaction over several keys is refused at EXEC, naming the
-    // protocol that can, rather than run the commands one by one; nothing was written.
-    let cluster = Cluster::start(3, &["--protocol", "craq"]);
-    let mut con = cluster.client(0);
-    let _: () = redis::cmd("MULTI").query(&mut con).unwrap();
-    queued(&mut con, &["SET", "a", "1"]);
-    queued(&mut con, &["SET", "b", "1"]);
-    let error = redis::cmd("EXEC").query::<()>(&mut con).unwrap_err();
-    assert!(error.to_string().contains("only atomic with protocol raftlog"), "{error}");
-    let a: Option<String> = redis::cmd("GET").arg("a").query(&mut con).unwrap();
-    assert_eq!(a, None);
+    eprintln!(
+        "{}",
+        info.lines()
+            .filter(|line| line.contains("txn") || line.contains("gang"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }

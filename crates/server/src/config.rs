@@ -99,6 +99,9 @@ pub struct RawConfig {
     /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
     /// executes on arrival and releases the result at commit).
     pub raftlog_execution: Option<String>,
+    /// raftlog only: how MULTI/EXEC runs across logs: "ganged" (default: one copy in every
+    /// log involved, run once all reached it) or "locking" (two-phase locking, Cyclone §4.2).
+    pub raftlog_transactions: Option<String>,
     /// raftlog only, for process-level crash tests (docs/testing.md): "files" (default) or
     /// "crash-test", which keeps every write in the process's memory until it is synced, so a
     /// SIGKILL loses exactly what a power cut would. Never a production choice.
@@ -374,6 +377,8 @@ pub struct RaftlogOptions {
     pub session_expiry_entries: u64,
     pub trailing_entries: u64,
     pub decoupled: bool,
+    /// MULTI/EXEC as ganged operations (default) rather than with two-phase locking.
+    pub ganged: bool,
     /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
     pub storage: chorus_raftlog::disk::StorageKind,
 }
@@ -389,6 +394,7 @@ impl Default for RaftlogOptions {
             session_expiry_entries: 100_000,
             trailing_entries: 1_000,
             decoupled: false,
+            ganged: true,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
     }
@@ -480,6 +486,7 @@ impl RawConfig {
                 .or(self.raftlog_session_expiry_entries),
             raftlog_trailing_entries: overrides.raftlog_trailing_entries.or(self.raftlog_trailing_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
+            raftlog_transactions: overrides.raftlog_transactions.or(self.raftlog_transactions),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             chain_shape: overrides.chain_shape.or(self.chain_shape),
             chain_log_bytes: overrides.chain_log_bytes.or(self.chain_log_bytes),
@@ -927,6 +934,7 @@ impl RawConfig {
             ("raftlog_session_expiry_entries", self.raftlog_session_expiry_entries.is_some()),
             ("raftlog_trailing_entries", self.raftlog_trailing_entries.is_some()),
             ("raftlog_execution", self.raftlog_execution.is_some()),
+            ("raftlog_transactions", self.raftlog_transactions.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
         only_for(Protocol::Raftlog, protocol, &fields)?;
@@ -977,6 +985,16 @@ impl RawConfig {
                 ))
             }
         };
+        let ganged = match self.raftlog_transactions.as_deref() {
+            None | Some("ganged") => true,
+            Some("locking") => false,
+            Some(other) => {
+                return Err(field_error(
+                    "raftlog_transactions",
+                    format!("{other:?} is neither \"ganged\" nor \"locking\""),
+                ))
+            }
+        };
         let storage = match self.raftlog_storage.as_deref() {
             None | Some("files") => chorus_raftlog::disk::StorageKind::Files,
             Some("crash-test") => chorus_raftlog::disk::StorageKind::CrashTest,
@@ -996,6 +1014,7 @@ impl RawConfig {
             session_expiry_entries,
             trailing_entries,
             decoupled,
+            ganged,
             storage,
         })
     }
@@ -1184,19 +1203,22 @@ client_addr = "127.0.0.1:7380"
     #[test]
     fn raftlog_options_parse_and_only_apply_to_raftlog() {
         let text = format!(
-            "protocol = \"raftlog\"\nraftlog_logs = 2\nraftlog_batch_max = 1\nraftlog_flush = \"none\"\nraftlog_execution = \"decoupled\"\n{GOOD}"
+            "protocol = \"raftlog\"\nraftlog_logs = 2\nraftlog_batch_max = 1\nraftlog_flush = \"none\"\nraftlog_execution = \"decoupled\"\nraftlog_transactions = \"locking\"\n{GOOD}"
         );
         let config = RawConfig::parse(&text).unwrap().validate().unwrap();
         assert_eq!(config.raftlog.logs, 2);
         assert_eq!(config.raftlog.batch_commands_max, 1);
         assert_eq!(config.raftlog.flush, chorus_raftlog::disk::FlushBackend::None);
         assert!(config.raftlog.decoupled);
+        assert!(!config.raftlog.ganged);
         assert!(error_of(&format!("raftlog_logs = 2\n{GOOD}")).contains("`raftlog_logs`"));
         assert!(
             error_of(&format!("protocol = \"raftlog\"\nraftlog_logs = 0\n{GOOD}")).contains("`raftlog_logs`")
         );
         assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_execution = \"later\"\n{GOOD}"))
             .contains("`raftlog_execution`"));
+        assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_transactions = \"2pc\"\n{GOOD}"))
+            .contains("`raftlog_transactions`"));
     }
 
     #[test]

@@ -778,6 +778,7 @@ fn open_raftlog_shard(
     raftlog.session_expiry_entries = config.raftlog.session_expiry_entries;
     raftlog.trailing_entries = config.raftlog.trailing_entries;
     raftlog.decoupled = config.raftlog.decoupled;
+    raftlog.ganged = config.raftlog.ganged;
     // Batches and entries are cut to fit the transport's frames; larger snapshots go in chunks.
     raftlog.message_bytes_max = frame_payload_bytes_max(config);
     let Some(data_dir) = &config.data_dir else {

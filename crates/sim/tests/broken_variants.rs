@@ -59,13 +59,21 @@ macro_rules! caught {
 
 /// Variants the swarm's workload cannot express, each caught by its named invariant (an
 /// error the test checks for, not a panic) in another test: transactions are not in the
-/// simulator's workload, so taking no locks is caught by the bank (every audit and every
-/// replica's copy must total the same).
-const CAUGHT_BY_AN_INVARIANT: &[(&str, &str, &str)] = &[(
-    "raftlog",
-    "no-txn-locks",
-    "crates/protocols/raftlog/tests/bank.rs: transactions_without_locks_are_caught_by_the_bank",
-)];
+/// simulator's workload, so taking no locks, or running a ganged operation without its
+/// rendezvous, is caught by the bank (every audit and every replica's copy must total the
+/// same).
+const CAUGHT_BY_AN_INVARIANT: &[(&str, &str, &str)] = &[
+    (
+        "raftlog",
+        "no-txn-locks",
+        "crates/protocols/raftlog/tests/bank.rs: transactions_without_locks_are_caught_by_the_bank",
+    ),
+    (
+        "raftlog",
+        "gang-no-rendezvous",
+        "crates/protocols/raftlog/tests/bank.rs: gangs_without_the_rendezvous_are_caught_by_the_bank",
+    ),
+];
 
 caught! {
     hermes_reads_in_any_state: "hermes" "read-in-any-state",

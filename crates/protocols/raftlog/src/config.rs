@@ -20,11 +20,16 @@ pub enum Bug {
     /// and replies leave at once (what `appendfsync everysec` trades): an acknowledged entry
     /// can be lost when a majority crashes together.
     AckBeforeSync,
+    /// A ganged operation runs in the first of its logs to reach it, on whatever the other
+    /// logs hold at that moment, without waiting for the rendezvous: replicas read the other
+    /// logs at different points, so updates are lost and copies drift apart.
+    GangNoRendezvous,
 }
 
 impl Bug {
     /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
-    pub const ALL: [Bug; 4] = [Bug::LocalReads, Bug::NoSessions, Bug::NoTxnLocks, Bug::AckBeforeSync];
+    pub const ALL: [Bug; 5] =
+        [Bug::LocalReads, Bug::NoSessions, Bug::NoTxnLocks, Bug::AckBeforeSync, Bug::GangNoRendezvous];
 }
 
 #[derive(Clone, Debug)]
@@ -65,6 +70,11 @@ pub struct RaftLogConfig {
     /// Decoupled execution (Cyclone §3.1): the leader executes commands when it proposes
     /// them and releases the results at commit (`crate::speculate`). Default: coupled.
     pub decoupled: bool,
+    /// How multi-key transactions (MULTI/EXEC) run across logs: as ganged operations (true,
+    /// the default: one copy in every log involved, run at the rendezvous,
+    /// `crate::replica::gang`) or with strict two-phase locking (`crate::txn`, Cyclone §4.2).
+    /// Every node of a cluster must use the same.
+    pub ganged: bool,
     /// Emit durable records (`RaftLog::take_durable`) for a runtime that persists them
     /// (the server's two-level log). The simulator runs without.
     pub durable: bool,
@@ -128,6 +138,7 @@ impl RaftLogConfig {
             batch_commands_max: 1_024,
             session_client_id: me.0 as u64,
             decoupled: false,
+            ganged: true,
             durable: false,
             snapshot_entries: 20_000,
             trailing_entries: 1_000,

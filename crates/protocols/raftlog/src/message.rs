@@ -42,6 +42,8 @@ pub enum StepKind {
     Lock,
     Update,
     Finish,
+    /// A ganged operation's copy in one of its logs (`crate::replica::gang`).
+    Gang,
 }
 
 impl StepKind {
@@ -51,6 +53,7 @@ impl StepKind {
             Step::Lock { .. } => StepKind::Lock,
             Step::Update { .. } => StepKind::Update,
             Step::Finish { .. } => StepKind::Finish,
+            Step::Gang { .. } => StepKind::Gang,
         }
     }
 
@@ -60,6 +63,7 @@ impl StepKind {
             1 => StepKind::Lock,
             2 => StepKind::Update,
             3 => StepKind::Finish,
+            4 => StepKind::Gang,
             tag => return Err(DecodeError::UnknownTag { what: "step kind", tag }),
         })
     }
@@ -122,6 +126,24 @@ pub enum Step {
     Update { txn: TxnId, writes: Vec<(Key, Option<Value>)>, unlock: Vec<Key> },
     /// Into the coordinator log: the transaction is done.
     Finish { txn: TxnId },
+    /// A ganged operation (Cyclone's evaluation, "Ganged Operations"): the same copy goes
+    /// into every log in `logs`, and runs once every one of them has reached it (the
+    /// rendezvous, `crate::replica::gang`). `rank` orders gangs so that no two logs can
+    /// wait for each other in a cycle.
+    Gang { gang: TxnId, rank: u64, logs: Vec<u32>, commands: Vec<Command> },
+}
+
+impl Step {
+    /// The transaction or gang the step belongs to.
+    pub fn txn(&self) -> TxnId {
+        match self {
+            Step::Begin { txn, .. }
+            | Step::Lock { txn, .. }
+            | Step::Update { txn, .. }
+            | Step::Finish { txn } => *txn,
+            Step::Gang { gang, .. } => *gang,
+        }
+    }
 }
 
 /// The contents of one Raft entry: every proposal a leader took in during one call of the
@@ -203,6 +225,9 @@ impl Proposal {
         let step = match &self.step {
             None => 0,
             Some(Step::Begin { commands, .. }) => commands.iter().map(command_bytes).sum(),
+            Some(Step::Gang { logs, commands, .. }) => {
+                16 + 4 * logs.len() + commands.iter().map(command_bytes).sum::<usize>()
+            }
             Some(Step::Lock { keys, .. }) => keys.iter().map(|key| key.len() + 8).sum(),
             Some(Step::Update { writes, unlock, .. }) => {
                 writes
@@ -282,16 +307,28 @@ fn read_keys(reader: &mut Reader) -> Result<Vec<Key>, DecodeError> {
     (0..count).map(|_| reader.bytes()).collect()
 }
 
+fn put_commands(commands: &[Command], buf: &mut BytesMut) {
+    buf.put_u32_le(u32::try_from(commands.len()).expect("commands fit u32"));
+    for command in commands {
+        command.encode(buf);
+    }
+}
+
+fn read_commands(reader: &mut Reader) -> Result<Vec<Command>, DecodeError> {
+    let count = reader.u32()? as usize;
+    if count > reader.remaining() {
+        return Err(DecodeError::Invalid("command count exceeds payload"));
+    }
+    (0..count).map(|_| Command::decode(reader)).collect()
+}
+
 impl WireMessage for Step {
     fn encode(&self, buf: &mut BytesMut) {
         match self {
             Step::Begin { txn, commands } => {
                 buf.put_u8(1);
                 put_txn(txn, buf);
-                buf.put_u32_le(u32::try_from(commands.len()).expect("commands fit u32"));
-                for command in commands {
-                    command.encode(buf);
-                }
+                put_commands(commands, buf);
             }
             Step::Lock { txn, keys } => {
                 buf.put_u8(2);
@@ -312,20 +349,22 @@ impl WireMessage for Step {
                 buf.put_u8(4);
                 put_txn(txn, buf);
             }
+            Step::Gang { gang, rank, logs, commands } => {
+                buf.put_u8(5);
+                put_txn(gang, buf);
+                buf.put_u64_le(*rank);
+                buf.put_u32_le(u32::try_from(logs.len()).expect("logs fit u32"));
+                for log in logs {
+                    buf.put_u32_le(*log);
+                }
+                put_commands(commands, buf);
+            }
         }
     }
 
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
         Ok(match reader.u8()? {
-            1 => {
-                let txn = read_txn(reader)?;
-                let count = reader.u32()? as usize;
-                if count > reader.remaining() {
-                    return Err(DecodeError::Invalid("command count exceeds payload"));
-                }
-                let commands = (0..count).map(|_| Command::decode(reader)).collect::<Result<_, _>>()?;
-                Step::Begin { txn, commands }
-            }
+            1 => Step::Begin { txn: read_txn(reader)?, commands: read_commands(reader)? },
             2 => Step::Lock { txn: read_txn(reader)?, keys: read_keys(reader)? },
             3 => {
                 let txn = read_txn(reader)?;
@@ -339,6 +378,16 @@ impl WireMessage for Step {
                 Step::Update { txn, writes, unlock: read_keys(reader)? }
             }
             4 => Step::Finish { txn: read_txn(reader)? },
+            5 => {
+                let gang = read_txn(reader)?;
+                let rank = reader.u64()?;
+                let count = reader.u32()? as usize;
+                if count > reader.remaining() / 4 {
+                    return Err(DecodeError::Invalid("log count exceeds payload"));
+                }
+                let logs = (0..count).map(|_| reader.u32()).collect::<Result<_, _>>()?;
+                Step::Gang { gang, rank, logs, commands: read_commands(reader)? }
+            }
             tag => return Err(DecodeError::UnknownTag { what: "transaction step", tag }),
         })
     }
@@ -478,7 +527,19 @@ mod tests {
                 proptest::collection::vec(arb_bytes(), 0..3)
             )
                 .prop_map(|(txn, writes, unlock)| Step::Update { txn, writes, unlock }),
-            txn.prop_map(|txn| Step::Finish { txn }),
+            txn.clone().prop_map(|txn| Step::Finish { txn }),
+            (
+                txn,
+                any::<u64>(),
+                proptest::collection::vec(any::<u32>(), 0..4),
+                proptest::collection::vec(arb_command(), 0..3)
+            )
+                .prop_map(|(gang, rank, logs, commands)| Step::Gang {
+                    gang,
+                    rank,
+                    logs,
+                    commands
+                }),
         ])
     }
 
@@ -488,7 +549,8 @@ mod tests {
             Just(StepKind::Begin),
             Just(StepKind::Lock),
             Just(StepKind::Update),
-            Just(StepKind::Finish)
+            Just(StepKind::Finish),
+            Just(StepKind::Gang)
         ];
         prop_oneof![
             any::<u64>().prop_map(SessionId::Replica),

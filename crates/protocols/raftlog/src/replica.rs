@@ -39,6 +39,9 @@ use crate::storage::LogStorage;
 use crate::transfer::{self, Incoming, Outgoing};
 use crate::txn::{Driver, StepResult};
 
+mod gang;
+use gang::{GangScan, OwnGang, PendingEntry};
+
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RaftLogStats {
@@ -91,6 +94,14 @@ pub struct RaftLogStats {
     pub speculation_confirmed: u64,
     pub speculation_mismatches: u64,
     pub speculation_rolled_back: u64,
+    /// Ganged operations (`gang`): originated here; run at this replica's rendezvous; answered
+    /// to their client; refused by a log (submitted again); copies proposed for a gang whose
+    /// origin had not put it in every log after `retry_timeout`.
+    pub gangs_started: u64,
+    pub gangs_executed: u64,
+    pub gangs_answered: u64,
+    pub gangs_refused: u64,
+    pub gangs_rescued: u64,
 }
 
 /// FNV-1a (64-bit) of the key: the one hash that places keys on shards and logs.
@@ -197,6 +208,12 @@ struct Group {
     // ---- snapshots in chunks (crate::transfer)
     snapshots_out: BTreeMap<NodeId, Outgoing>,
     snapshot_in: Option<Incoming>,
+    // ---- ganged operations (gang.rs)
+    /// Committed entries not applied yet: the log waits at a gang until the rendezvous.
+    pending: VecDeque<PendingEntry>,
+    scan: GangScan,
+    /// The gang the log waits at, and since when.
+    gang_wait: Option<(TxnId, Time)>,
 }
 
 impl Group {
@@ -238,6 +255,10 @@ pub struct RaftLog {
     /// driver exists.
     txn_clients: FxHashMap<TxnId, (Vec<ClientRequestId>, Vec<Command>)>,
     next_txn: u64,
+    // ---- ganged operations (gang.rs)
+    gangs_out: BTreeMap<TxnId, OwnGang>,
+    /// A gang was resolved in some log since the flag was cleared: other logs may go on.
+    gangs_resolved: bool,
 }
 
 const READ_CONTEXT_BYTES: usize = 13;
@@ -290,6 +311,8 @@ impl RaftLog {
             step_results: Vec::new(),
             txn_clients: FxHashMap::default(),
             next_txn: 0,
+            gangs_out: BTreeMap::new(),
+            gangs_resolved: false,
             config,
         }
     }
@@ -487,7 +510,8 @@ impl RaftLog {
                     + group.read_round.as_ref().map_or(0, |round| round.reads.len())
                     + group.reads_confirmed.iter().map(|(_, reads)| reads.len()).sum::<usize>()
             })
-            .sum()
+            .sum::<usize>()
+            + self.gangs_out.values().map(|own| own.requests.len()).sum::<usize>()
     }
 
     /// A request of an external client session (Cyclone §3.4): `client` must be unique to
@@ -555,6 +579,12 @@ impl RaftLog {
                     )),
                 );
             }
+            return;
+        }
+        if self.config.ganged {
+            let (requests, commands) = requests.into_iter().unzip();
+            self.submit_gang(OwnGang { requests, commands });
+            self.flush(now, out);
             return;
         }
         self.next_txn += 1;
@@ -676,10 +706,12 @@ impl RaftLog {
     /// and run the raft-rs Ready cycle (messages out, entries applied, reads answered).
     /// Applying can complete a batch and free the way for the next, hence the loop.
     fn flush(&mut self, now: Time, out: &mut Outbox<Message>) {
+        self.rescue_gangs(now);
         for _ in 0..4 {
             self.drive_txns(now, out);
             self.flush_logs(now, out);
-            if self.txns_begun.is_empty() && self.step_results.is_empty() {
+            let resubmitted = self.answer_own_gangs(out);
+            if self.txns_begun.is_empty() && self.step_results.is_empty() && !resubmitted {
                 break;
             }
         }
@@ -800,6 +832,11 @@ impl RaftLog {
         if group.proposed_term != term {
             group.proposed.clear();
             group.proposed_term = term;
+        }
+        if let Some(Step::Gang { gang, .. }) = &proposal.step {
+            if group.state.gang(gang).is_some() || group.scan.decided.contains_key(gang) {
+                return; // already in this log
+            }
         }
         if self.dedupe {
             // Executed already: its origin learns the outcome when it applies that entry.
@@ -984,6 +1021,8 @@ impl RaftLog {
         group.state.session_expiry_entries = expiry;
         group.state.begin_entry(index);
         group.applied_index = index;
+        self.reset_gangs(log);
+        let group = &mut self.groups[log];
         self.stats.snapshots_installed += 1;
         self.checkpoint_due = true;
         let covered: Vec<(SessionId, u64)> = group
@@ -1023,12 +1062,15 @@ impl RaftLog {
         self.stats.snapshots_taken += 1;
         let mut checkpoint = Checkpoint::default();
         for group in &mut self.groups {
+            // A log waiting at a gang in the middle of an entry holds part of that entry's
+            // effects: its state is not the state at any index, so it keeps its snapshot.
+            let part_applied = group.pending.front().is_some_and(|head| head.started);
             let storage = group.raft.mut_store();
             // Only entries this replica holds can be compacted (a just-installed snapshot's
             // index is held as the snapshot itself). A log that applied nothing since its
             // last snapshot keeps it: encoding the state again would give the same bytes.
             let index = group.applied_index.min(storage.last_index());
-            if index > storage.snapshot_index() {
+            if index > storage.snapshot_index() && !part_applied {
                 let state = group.state.encode();
                 self.stats.snapshot_logs_encoded += 1;
                 let trailing = storage.trailing_fitting(
@@ -1113,55 +1155,63 @@ impl RaftLog {
         group.reads_confirmed.push((read_state.index, round.reads));
     }
 
-    /// Apply committed entries in order; answer the batches and reads they complete.
+    /// Committed entries join their log's pending queue and are applied in order, up to a
+    /// gang that waits for its rendezvous (`gang`).
     fn apply(&mut self, log: usize, entries: Vec<Entry>, out: &mut Outbox<Message>) {
-        let group = &mut self.groups[log];
         for entry in entries {
-            debug_assert!(entry.index > group.applied_index, "entries apply in order, once");
-            group.applied_index = entry.index;
-            group.state.begin_entry(entry.index);
-            self.applied_since_snapshot += 1;
             // Leader no-ops are empty; no conf changes are ever proposed.
-            if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
-                continue;
-            }
-            let Ok(batch) = EntryBatch::decode_exact(entry.data.clone()) else {
-                // Every replica skips the same committed entry, so the copies stay equal.
-                self.stats.entries_malformed += 1;
-                continue;
-            };
-            for proposal in &batch.proposals {
-                let result = group.state.apply(proposal, self.dedupe);
-                // Applied: the session table (or its expiry rule) answers retries from now
-                // on, so the leader's memory of proposing it can go (it stays bounded).
-                if group.proposed.get(&proposal.client).is_some_and(|&seq| seq <= proposal.seq) {
-                    group.proposed.remove(&proposal.client);
-                }
-                match result {
-                    ProposalResult::Executed => self.stats.proposals_executed += 1,
-                    ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
-                    ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
-                    ProposalResult::Expired => self.stats.proposals_expired += 1,
-                }
-                if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) =
-                    (result, &proposal.step)
-                {
-                    self.txns_begun.push((*txn, commands.clone()));
-                }
-                let speculated =
-                    group.speculation.as_mut().and_then(|spec| spec.take(proposal.client, proposal.seq));
-                if let Some(speculated) = &speculated {
-                    let committed = group.state.session(proposal.client).map(|record| &record.outcomes);
-                    if result == ProposalResult::Executed && committed == Some(speculated) {
-                        self.stats.speculation_confirmed += 1;
-                    } else {
-                        self.stats.speculation_mismatches += 1;
+            let proposals = if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+                Vec::new()
+            } else {
+                match EntryBatch::decode_exact(entry.data.clone()) {
+                    Ok(batch) => batch.proposals,
+                    Err(_) => {
+                        // Every replica skips the same committed entry, so the copies stay equal.
+                        self.stats.entries_malformed += 1;
+                        Vec::new()
                     }
                 }
-                let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { continue };
-                complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
+            };
+            self.enqueue_entry(log, entry.index, proposals);
+        }
+        self.advance(log, out);
+    }
+
+    /// Apply one committed proposal (not a gang) to `log`'s state machine.
+    fn apply_proposal(&mut self, log: usize, proposal: &Proposal, out: &mut Outbox<Message>) {
+        let group = &mut self.groups[log];
+        let result = group.state.apply(proposal, self.dedupe);
+        // Applied: the session table (or its expiry rule) answers retries from now on, so
+        // the leader's memory of proposing it can go (it stays bounded).
+        if group.proposed.get(&proposal.client).is_some_and(|&seq| seq <= proposal.seq) {
+            group.proposed.remove(&proposal.client);
+        }
+        match result {
+            ProposalResult::Executed => self.stats.proposals_executed += 1,
+            ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
+            ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
+            ProposalResult::Expired => self.stats.proposals_expired += 1,
+        }
+        if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) = (result, &proposal.step) {
+            self.txns_begun.push((*txn, commands.clone()));
+        }
+        let speculated = group.speculation.as_mut().and_then(|spec| spec.take(proposal.client, proposal.seq));
+        if let Some(speculated) = &speculated {
+            let committed = group.state.session(proposal.client).map(|record| &record.outcomes);
+            if result == ProposalResult::Executed && committed == Some(speculated) {
+                self.stats.speculation_confirmed += 1;
+            } else {
+                self.stats.speculation_mismatches += 1;
             }
         }
+        let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { return };
+        complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
+    }
+
+    /// After `log` applied entries: confirmed reads now covered are answered, and what waited
+    /// for a transaction's lock goes again.
+    fn after_apply(&mut self, log: usize, out: &mut Outbox<Message>) {
+        let group = &mut self.groups[log];
         let drained = group.applied_index == group.raft.raft.raft_log.last_index();
         if let Some(spec) = group.speculation.as_mut().filter(|_| drained) {
             spec.drained();
@@ -1230,7 +1280,6 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
     Group {
         log,
         raft,
-        state,
         applied_index,
         queue: VecDeque::new(),
         own_seq: 0,
@@ -1250,6 +1299,10 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         speculation: None,
         snapshots_out: BTreeMap::new(),
         snapshot_in: None,
+        scan: GangScan::from_state(&state),
+        state,
+        pending: VecDeque::new(),
+        gang_wait: None,
     }
 }
 
@@ -1298,12 +1351,7 @@ fn complete_waiter(
     if let (Some((kind, attempt)), Some(step)) = (waiter.step, &waiter.proposal.step) {
         // Steps use sequence number 1 only, so their result is never stale.
         let outcomes = group.state.session(waiter.proposal.client).map(|record| record.outcomes.clone());
-        let txn = match step {
-            Step::Begin { txn, .. }
-            | Step::Lock { txn, .. }
-            | Step::Update { txn, .. }
-            | Step::Finish { txn } => *txn,
-        };
+        let txn = step.txn();
         let log = group.log;
         step_results.push(StepResult { txn, kind, log, attempt, outcomes: outcomes.unwrap_or_default() });
         return;

@@ -52,6 +52,22 @@ pub enum ProposalResult {
     Expired,
 }
 
+/// What a ganged operation (`crate::replica::gang`) did, kept in every log it involves: a
+/// later copy of its proposal in that log is recognised and skipped, its origin reads its
+/// outcomes there, and a replica whose copy of one log jumped past the gang by a snapshot
+/// finds there what the gang wrote in the other logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangRecord {
+    /// False: a log refused it (ranked below a gang it had already admitted); nothing ran.
+    pub executed: bool,
+    pub outcomes: Vec<Outcome>,
+    /// Every key the gang wrote, in every log it involves, with its new value.
+    pub writes: Vec<(Key, Option<Value>)>,
+}
+
+/// How ganged operations are ordered in a log: rank first, the gang's id breaks ties.
+pub type GangOrder = (u64, TxnId);
+
 #[derive(Default, Debug)]
 pub struct LogState {
     store: FxHashMap<Key, Value>,
@@ -62,6 +78,10 @@ pub struct LogState {
     /// Transactions begun in this log (as their coordinator log) and not finished: what
     /// a restarted or lagging replica resumes driving.
     txns: BTreeMap<TxnId, Vec<Command>>,
+    /// Ganged operations this log resolved (kept, like transaction steps' sessions).
+    gangs: BTreeMap<TxnId, GangRecord>,
+    /// The highest-ordered gang this log admitted: a later gang ordered below it is refused.
+    gang_admitted_max: Option<GangOrder>,
     /// Lock steps grant without recording or checking locks (the `NoTxnLocks` bug).
     pub(crate) ignore_locks: bool,
     /// Settings, not state (a snapshot does not carry them): the expiry in entries (0:
@@ -179,6 +199,30 @@ impl LogState {
         self.txns.iter()
     }
 
+    pub fn gang(&self, gang: &TxnId) -> Option<&GangRecord> {
+        self.gangs.get(gang)
+    }
+
+    pub fn gang_records(&self) -> usize {
+        self.gangs.len()
+    }
+
+    pub fn gang_admitted_max(&self) -> Option<GangOrder> {
+        self.gang_admitted_max
+    }
+
+    /// A gang is resolved in this log: remember what it did, and whether this log admitted
+    /// it (what orders the gangs after it).
+    pub(crate) fn record_gang(&mut self, gang: TxnId, record: GangRecord, admitted: Option<GangOrder>) {
+        self.gang_admitted_max = self.gang_admitted_max.max(admitted);
+        self.gangs.insert(gang, record);
+    }
+
+    /// Write a gang's result for one key of this log.
+    pub(crate) fn write(&mut self, key: &Key, value: Option<Value>) {
+        self.put(key, value);
+    }
+
     fn execute_unless_locked(&mut self, command: &Command) -> Outcome {
         if self.locks.contains_key(command.key()) {
             return Outcome::Error(CommandError::Locked);
@@ -222,6 +266,10 @@ impl LogState {
             Step::Finish { txn } => {
                 self.txns.remove(txn);
                 vec![Outcome::Written]
+            }
+            // Gangs never reach `apply`: the replica resolves them at the rendezvous.
+            Step::Gang { .. } => {
+                vec![Outcome::Error(CommandError::Unavailable("a gang outside its rendezvous"))]
             }
         }
     }
@@ -286,6 +334,30 @@ impl LogState {
                 command.encode(&mut buf);
             }
         }
+        match self.gang_admitted_max {
+            None => buf.put_u8(0),
+            Some((rank, gang)) => {
+                buf.put_u8(1);
+                buf.put_u64_le(rank);
+                buf.put_u64_le(gang.origin);
+                buf.put_u64_le(gang.number);
+            }
+        }
+        buf.put_u64_le(self.gangs.len() as u64);
+        for (gang, record) in &self.gangs {
+            buf.put_u64_le(gang.origin);
+            buf.put_u64_le(gang.number);
+            buf.put_bool(record.executed);
+            buf.put_u32_le(u32::try_from(record.outcomes.len()).expect("outcomes fit u32"));
+            for outcome in &record.outcomes {
+                outcome.encode(&mut buf);
+            }
+            buf.put_u32_le(u32::try_from(record.writes.len()).expect("writes fit u32"));
+            for (key, value) in &record.writes {
+                buf.put_bytes_prefixed(key);
+                buf.put_optional_bytes(value.as_ref());
+            }
+        }
         buf.freeze()
     }
 
@@ -342,8 +414,39 @@ impl LogState {
             let commands = (0..count).map(|_| Command::decode(&mut reader)).collect::<Result<_, _>>()?;
             state.txns.insert(txn, commands);
         }
+        state.decode_gangs(&mut reader)?;
         reader.finish()?;
         Ok(state)
+    }
+
+    fn decode_gangs(&mut self, reader: &mut Reader) -> Result<(), DecodeError> {
+        self.gang_admitted_max = match reader.u8()? {
+            0 => None,
+            1 => Some((reader.u64()?, TxnId { origin: reader.u64()?, number: reader.u64()? })),
+            tag => return Err(DecodeError::UnknownTag { what: "gang order flag", tag }),
+        };
+        let gangs = reader.u64()?;
+        if gangs > reader.remaining() as u64 {
+            return Err(DecodeError::Invalid("gang count exceeds snapshot"));
+        }
+        for _ in 0..gangs {
+            let gang = TxnId { origin: reader.u64()?, number: reader.u64()? };
+            let executed = reader.bool()?;
+            let count = reader.u32()? as usize;
+            if count > reader.remaining() {
+                return Err(DecodeError::Invalid("outcome count exceeds snapshot"));
+            }
+            let outcomes = (0..count).map(|_| Outcome::decode(reader)).collect::<Result<_, _>>()?;
+            let count = reader.u32()? as usize;
+            if count > reader.remaining() {
+                return Err(DecodeError::Invalid("write count exceeds snapshot"));
+            }
+            let writes = (0..count)
+                .map(|_| Ok((reader.bytes()?, reader.optional_bytes()?)))
+                .collect::<Result<_, DecodeError>>()?;
+            self.gangs.insert(gang, GangRecord { executed, outcomes, writes });
+        }
+        Ok(())
     }
 
     fn put(&mut self, key: &Key, value: Option<Value>) {
@@ -405,9 +508,18 @@ mod tests {
         let mut state = LogState::default();
         state.apply(&incr(7, 1), true);
         state.apply(&incr(8, 4), true);
+        let gang = TxnId { origin: 3, number: 9 };
+        let record = GangRecord {
+            executed: true,
+            outcomes: vec![Outcome::Integer(5)],
+            writes: vec![(Bytes::from_static(b"x"), Some(Bytes::from_static(b"5")))],
+        };
+        state.record_gang(gang, record.clone(), Some((4, gang)));
         let bytes = state.encode();
         let restored = LogState::decode(bytes.clone()).unwrap();
         assert_eq!(restored.encode(), bytes);
+        assert_eq!(restored.gang(&gang), Some(&record));
+        assert_eq!(restored.gang_admitted_max(), Some((4, gang)));
         assert_eq!(restored.session(SessionId::External(8)).unwrap().outcomes, vec![Outcome::Integer(2)]);
         // The restored copy still refuses what the original refused.
         let mut restored = restored;

@@ -8,6 +8,9 @@
 //! every audit sees the same total, transactions that were acknowledged all complete, and
 //! once the faults stop everything completes, no lock remains and every copy agrees.
 //!
+//! Transfers and audits run both ways MULTI/EXEC can: as ganged operations (one copy in each
+//! log, run at the rendezvous, the default) and with two-phase locking.
+//!
 //! The harness is deliberately small (crates/sim's workload has no transactions): seeded,
 //! deterministic, one event per millisecond step.
 
@@ -79,7 +82,7 @@ struct Bank {
 }
 
 impl Bank {
-    fn new(seed: u64, bug: Option<Bug>) -> Bank {
+    fn new(seed: u64, bug: Option<Bug>, ganged: bool) -> Bank {
         let everyone: NodeSet = (0..3).map(NodeId).collect();
         let configs: Vec<RaftLogConfig> = (0..3)
             .map(|id| {
@@ -88,6 +91,7 @@ impl Bank {
                 config.durable = true;
                 config.snapshot_entries = [30, 20_000][(seed % 2) as usize];
                 config.bug = bug;
+                config.ganged = ganged;
                 config
             })
             .collect();
@@ -260,10 +264,14 @@ struct Run {
     transfers_done: usize,
     singles_done: usize,
     restarts: usize,
+    /// Over every replica: gangs a log refused (resubmitted), gang copies proposed by a
+    /// replica other than the origin.
+    gangs_refused: u64,
+    gangs_rescued: u64,
 }
 
-fn run(seed: u64, bug: Option<Bug>) -> Result<Run, String> {
-    let mut bank = Bank::new(seed, bug);
+fn run(seed: u64, bug: Option<Bug>, ganged: bool) -> Result<Run, String> {
+    let mut bank = Bank::new(seed, bug, ganged);
     // Open the accounts: one transaction, no faults yet.
     for _ in 0..100 {
         bank.step(false);
@@ -359,6 +367,12 @@ fn run(seed: u64, bug: Option<Bug>) -> Result<Run, String> {
         if replica.txns_driven() != 0 {
             return Err(format!("seed {seed}: n{node} still drives {} transactions", replica.txns_driven()));
         }
+        if replica.gangs_in_progress() != 0 {
+            return Err(format!(
+                "seed {seed}: n{node} has {} gangs in progress",
+                replica.gangs_in_progress()
+            ));
+        }
         let total: i64 = (0..ACCOUNTS)
             .map(|i| {
                 replica
@@ -380,31 +394,60 @@ fn run(seed: u64, bug: Option<Bug>) -> Result<Run, String> {
         transfers_done: bank.transfers_done,
         singles_done: bank.singles_done,
         restarts,
+        gangs_refused: bank.nodes.iter().map(|node| node.stats().gangs_refused).sum(),
+        gangs_rescued: bank.nodes.iter().map(|node| node.stats().gangs_rescued).sum(),
     })
 }
 
-#[test]
-fn bank_transfers_across_logs_keep_the_total_under_faults_and_restarts() {
-    // More on demand: BANK_SEEDS=1000 cargo test -p chorus-raftlog --test bank -- --nocapture
-    let seeds: u64 = std::env::var("BANK_SEEDS").ok().and_then(|text| text.parse().ok()).unwrap_or(60);
+/// Runs `seeds` seeds (more on demand: BANK_SEEDS=1000) and checks they exercised enough.
+fn sweep(ganged: bool, seeds: u64) {
+    let seeds: u64 = std::env::var("BANK_SEEDS").ok().and_then(|text| text.parse().ok()).unwrap_or(seeds);
     let (mut audits, mut transfers, mut singles, mut restarts) = (0, 0, 0, 0);
+    let (mut refused, mut rescued) = (0, 0);
     for seed in 0..seeds {
-        let result = run(seed, None).unwrap_or_else(|failure| panic!("{failure}"));
+        let result = run(seed, None, ganged).unwrap_or_else(|failure| panic!("{failure}"));
         audits += result.audits.len();
         transfers += result.transfers_done;
         singles += result.singles_done;
         restarts += result.restarts;
+        refused += result.gangs_refused;
+        rescued += result.gangs_rescued;
     }
     let seeds = seeds as usize;
-    eprintln!("{seeds} seeds: {audits} audits, {transfers} transfers, {singles} single-key ops, {restarts} restarts");
+    eprintln!(
+        "{seeds} seeds: {audits} audits, {transfers} transfers, {singles} single-key ops, {restarts} restarts, \
+         {refused} gangs refused and resubmitted, {rescued} gang copies proposed by non-origins"
+    );
     assert!(audits > seeds * 10, "too few audits: {audits}");
     assert!(transfers > seeds * 20, "too few transfers: {transfers}");
     assert!(restarts > seeds / 2, "too few restarts: {restarts}");
 }
 
 #[test]
+fn bank_transfers_across_logs_keep_the_total_under_faults_and_restarts() {
+    // BANK_SEEDS=1000 cargo test -p chorus-raftlog --test bank -- --nocapture
+    sweep(false, 60);
+}
+
+#[test]
+fn ganged_bank_transfers_keep_the_total_under_faults_and_restarts() {
+    // Each seed completes several times the operations of the locking kind: fewer seeds.
+    sweep(true, 30);
+}
+
+#[test]
 fn transactions_without_locks_are_caught_by_the_bank() {
-    let caught = (0..20).find(|seed| run(*seed, Some(Bug::NoTxnLocks)).is_err());
+    let caught = (0..20).find(|seed| run(*seed, Some(Bug::NoTxnLocks), false).is_err());
     assert!(caught.is_some(), "NoTxnLocks survived 20 seeds");
     eprintln!("NoTxnLocks caught at seed {caught:?}");
+}
+
+#[test]
+fn gangs_without_the_rendezvous_are_caught_by_the_bank() {
+    let caught = (0..20).find(|seed| run(*seed, Some(Bug::GangNoRendezvous), true).is_err());
+    assert!(caught.is_some(), "GangNoRendezvous survived 20 seeds");
+    eprintln!(
+        "GangNoRendezvous caught at seed {caught:?}: {:?}",
+        run(caught.unwrap(), Some(Bug::GangNoRendezvous), true).err()
+    );
 }
