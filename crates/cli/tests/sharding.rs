@@ -89,6 +89,16 @@ fn a_sharded_cluster_splits_the_keys_and_redirects_clients() {
     let values: Vec<i64> = query(&mut con, "MGET {user1}:a {user1}:b");
     assert_eq!(values, vec![1, 2]);
 
+    // A redirect inside MULTI discards the transaction, as in Redis.
+    let other = keys.iter().find(|key| group_of(key) == 1).unwrap();
+    let mine = keys.iter().find(|key| group_of(key) == 0).unwrap();
+    let _: () = query(&mut con, "MULTI");
+    let _: redis::Value = query(&mut con, &format!("SET {mine} queued"));
+    assert!(error_of(&mut con, &format!("SET {other} x")).contains("Moved"));
+    let exec = error_of(&mut con, "EXEC");
+    assert!(exec.contains("ExecAbort"), "{exec}");
+    assert_ne!(query::<String>(&mut con, &format!("GET {mine}")), "queued");
+
     // The CLUSTER family.
     let slot: i64 = query(&mut con, "CLUSTER KEYSLOT somekey");
     assert_eq!(slot, 11058);
