@@ -158,7 +158,9 @@ fn without_shards_nothing_changes() {
 fn have(tool: &str) -> bool {
     let found = Command::new(tool).arg("--version").output().is_ok_and(|out| out.status.success());
     if !found {
-        eprintln!("SKIPPED: {tool} is not installed (apt-get install redis-tools; scripts/test.sh does as root)");
+        eprintln!(
+            "SKIPPED: {tool} is not installed (apt-get install redis-tools; scripts/test.sh does as root)"
+        );
     }
     found
 }

@@ -639,7 +639,9 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         "memory" if upper(&args[1]) == b"USAGE" && args.len() >= 3 => Request::Data(args.to_vec()),
         "memory" => Request::Admin(args.to_vec()),
         "bgsave" | "bgrewriteaof" | "lastsave" => Request::Persistence(args.to_vec()),
-        "time" | "acl" | "slowlog" | "latency" | "lolwut" | "role" | "module" => Request::Admin(args.to_vec()),
+        "time" | "acl" | "slowlog" | "latency" | "lolwut" | "role" | "module" => {
+            Request::Admin(args.to_vec())
+        }
         "cluster" | "readonly" | "readwrite" => Request::Cluster(args.to_vec()),
         "keys" | "scan" | "randomkey" | "sinter" | "sunion" | "sdiff" | "sintercard" | "msetnx" => {
             Request::Keyspace(args.to_vec())

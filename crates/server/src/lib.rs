@@ -255,9 +255,10 @@ async fn serve_node(
         clients: clients::Registry::default(),
         closing,
         shutdown: stop_requested.clone(),
-        cluster: config.cluster.as_ref().map(|settings| {
-            cluster::SlotMap::new(settings, &config.cluster_id, config.client_addr)
-        }),
+        cluster: config
+            .cluster
+            .as_ref()
+            .map(|settings| cluster::SlotMap::new(settings, &config.cluster_id, config.client_addr)),
     });
     info!(
         node = %me,

@@ -64,4 +64,3 @@ impl Drop for Up {
         let _ = self.child.wait();
     }
 }
-

@@ -14,7 +14,10 @@ use crate::resp::Reply;
 pub enum Plan {
     Answer(Reply),
     /// COUNTKEYSINSLOT (`count` None) or GETKEYSINSLOT: this node's live keys of `slot`.
-    KeysInSlot { slot: Slot, count: Option<usize> },
+    KeysInSlot {
+        slot: Slot,
+        count: Option<usize>,
+    },
 }
 
 const DISABLED: &str = "This instance has cluster support disabled";

@@ -80,7 +80,17 @@ impl RawCluster {
             let slots = raw
                 .slots
                 .iter()
-                .map(|text| parse_range(text).ok_or_else(|| field_error(&format!("{field}.slots"), format!("{text:?} is not a slot or a range \"first-last\" of slots 0..{}", SLOT_COUNT - 1))))
+                .map(|text| {
+                    parse_range(text).ok_or_else(|| {
+                        field_error(
+                            &format!("{field}.slots"),
+                            format!(
+                                "{text:?} is not a slot or a range \"first-last\" of slots 0..{}",
+                                SLOT_COUNT - 1
+                            ),
+                        )
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             for (first, last) in &slots {
                 for slot in *first..=*last {
@@ -158,7 +168,8 @@ mod tests {
 
     #[test]
     fn a_complete_map_validates() {
-        let cluster = raw(0, &[(&["0-8191"], &[ME, "127.0.0.1:7380"]), (&["8192-16383"], &["127.0.0.1:7381"])]);
+        let cluster =
+            raw(0, &[(&["0-8191"], &[ME, "127.0.0.1:7380"]), (&["8192-16383"], &["127.0.0.1:7381"])]);
         let settings = cluster.validate(ME.parse().unwrap()).unwrap();
         assert_eq!(settings.groups[1].slots, vec![(8192, 16383)]);
         assert_eq!(settings.groups[0].clients.len(), 2);

@@ -118,7 +118,10 @@ mod tests {
                     slots: vec![(0, 8191)],
                     clients: vec!["127.0.0.1:7000".parse().unwrap(), "127.0.0.1:7001".parse().unwrap()],
                 },
-                GroupSettings { slots: vec![(8192, 16383)], clients: vec!["127.0.0.1:7002".parse().unwrap()] },
+                GroupSettings {
+                    slots: vec![(8192, 16383)],
+                    clients: vec!["127.0.0.1:7002".parse().unwrap()],
+                },
             ],
         };
         let addr = if me == 0 { "127.0.0.1:7001" } else { "127.0.0.1:7002" };
