@@ -59,7 +59,18 @@ impl Up {
 }
 
 impl Drop for Up {
+    /// After a failed assertion: SIGTERM first, so that `chorus up` stops its nodes and
+    /// removes an --in-memory directory; SIGKILL if it has not exited within 10 s.
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            for _ in 0..200 {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
