@@ -5,22 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::time::Duration;
 
 use chorus_core::slots::key_slot;
-use support::up::{free_port_run, Up};
+use support::up::{client, free_port_run, Up};
 use support::{error_of, query};
 
 mod support;
-
-fn client(port: u16) -> redis::Connection {
-    let con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .unwrap()
-        .get_connection_with_timeout(Duration::from_secs(10))
-        .unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    con
-}
 
 /// Run `cmd` at `port`, following `-MOVED` as a cluster client does; the reply and how
 /// many redirects it took.

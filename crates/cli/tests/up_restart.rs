@@ -1,21 +1,10 @@
 //! `chorus up` keeps a cluster (issue 24 point 4): its default directory survives a reboot,
 //! and `chorus up` on a directory that holds a cluster restarts that cluster, keys included.
 
-use std::time::Duration;
-
 use support::scratch::Scratch;
-use support::up::{free_port_run, Up};
+use support::up::{client, free_port_run, Up};
 
 mod support;
-
-fn client(port: u16) -> redis::Connection {
-    let con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .unwrap()
-        .get_connection_with_timeout(Duration::from_secs(10))
-        .unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    con
-}
 
 #[test]
 fn chorus_up_on_its_directory_restarts_the_same_cluster_with_its_keys() {

@@ -14,6 +14,16 @@ pub fn free_port_run(count: u16, lane: u16) -> u16 {
         .expect("a run of free ports")
 }
 
+/// A connection to the node serving RESP on `port` of 127.0.0.1.
+pub fn client(port: u16) -> redis::Connection {
+    let con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_connection_with_timeout(std::time::Duration::from_secs(10))
+        .unwrap();
+    con.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    con
+}
+
 /// `chorus up --port P --peer-port P+nodes ARGS` as a child; killed (SIGKILL) if the test
 /// ends without stopping it. Its stdout stays open: `chorus up` writes to it until it exits.
 pub struct Up {
