@@ -32,7 +32,7 @@ fn follow(port: u16, cmd: &redis::Cmd) -> (redis::Value, usize) {
 #[test]
 fn a_sharded_cluster_splits_the_keys_and_redirects_clients() {
     // 2 groups of 3: group 0 on port..port+2 owns slots 0-8191, group 1 the rest.
-    let port = free_port_run(12, 2);
+    let port = free_port_run(12, 5);
     let (up, first) = Up::start(port, 6, &["--shards", "2", "--replicas", "3", "--in-memory"], &[]).unwrap();
     assert!(first.contains("2 shards x 3 hermes replicas up"), "{first}");
     let group_of = |key: &str| u16::from(key_slot(key.as_bytes()) >= 8192);
@@ -128,7 +128,7 @@ fn a_sharded_cluster_splits_the_keys_and_redirects_clients() {
 
 #[test]
 fn without_shards_nothing_changes() {
-    let port = free_port_run(6, 3);
+    let port = free_port_run(6, 6);
     let (up, _) = Up::start(port, 3, &["--in-memory"], &[]).unwrap();
     let mut con = client(port);
     let info: String = query(&mut con, "INFO cluster");
@@ -161,7 +161,7 @@ fn redis_cli_and_redis_benchmark_route_by_themselves() {
         return;
     }
     // 3 groups of 1: nodes at port, port+1, port+2.
-    let port = free_port_run(6, 4);
+    let port = free_port_run(6, 7);
     let (up, _) = Up::start(port, 3, &["--shards", "3", "--replicas", "1", "--in-memory"], &[]).unwrap();
     let redis_cli = |node: u16, input: &str| {
         let mut child = Command::new("redis-cli")

@@ -63,7 +63,7 @@ fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
     let port = free_port_run(6, 2);
     let dir = scratch.0.join("cluster");
     let args = ["--protocol", "chain", "--chain-shape", "kernel", "--data-dir", dir.to_str().unwrap()];
-    let (up, _) = Up::start(port, &args, &[]).unwrap();
+    let (up, _) = Up::start(port, 3, &args, &[]).unwrap();
     for node in 0..3 {
         let region = dir.join(format!("node-{node}/regions/tenant-0/chain.region"));
         let bytes = std::fs::metadata(&region).unwrap().len();
@@ -81,7 +81,7 @@ fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
     assert_eq!(value.as_deref(), Some("v"));
     up.stop();
 
-    let (up, first) = Up::start(port, &["--protocol", "chain", "--data-dir", dir.to_str().unwrap()], &[])
+    let (up, first) = Up::start(port, 3, &["--protocol", "chain", "--data-dir", dir.to_str().unwrap()], &[])
         .expect("the restart does not reopen the kernel-shape regions");
     assert!(first.contains("keys in memory"), "{first}");
     let region = dir.join("node-0/regions/tenant-0/chain.region");
@@ -91,6 +91,7 @@ fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
         assert_eq!(value, None, "replica {node} starts empty like the others");
     }
     up.stop();
-    let error = Up::start(port, &["--chain-shape", "kernel"], &[]).err().expect("hermes has no chain shape");
+    let error =
+        Up::start(port, 3, &["--chain-shape", "kernel"], &[]).err().expect("hermes has no chain shape");
     assert!(error.contains("only applies to --protocol chain"), "{error}");
 }
