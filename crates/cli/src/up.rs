@@ -16,13 +16,18 @@ use chorus_server::config::RawConfig;
 
 #[derive(clap::Args)]
 pub struct UpArgs {
-    /// Number of replicas.
+    /// Number of replicas (per shard).
     #[arg(long, default_value_t = 3)]
     pub replicas: u8,
+    /// Replica groups the 16384 hash slots are split over, behind the Redis Cluster
+    /// protocol (docs/resp.md, "Cluster"). 1 (default): one group holds every key.
+    #[arg(long, default_value_t = 1)]
+    pub shards: u16,
     /// Replication protocol.
     #[arg(long, default_value = "hermes")]
     pub protocol: String,
-    /// RESP port of replica 0; replica i serves on port + i.
+    /// RESP port of replica 0; replica i serves on port + i (with shards, node i is replica
+    /// i % replicas of shard i / replicas).
     #[arg(long, default_value_t = 7379)]
     pub port: u16,
     /// Peer port of replica 0; replica i listens for peers on peer-port + i (default port + 1000).
@@ -74,7 +79,10 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Replica {
+    /// Node id within its group.
     id: u8,
+    /// Position among all nodes: ports, directories and logs are numbered by it.
+    index: u16,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
     log: PathBuf,
@@ -98,7 +106,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         }
         chorus_chain::ChainLayout::named(shape).map_err(|error| anyhow::anyhow!("--chain-shape: {error}"))?;
     }
-    let n = args.replicas as u16;
+    if args.shards == 0 || args.shards > 64 {
+        bail!("--shards must be between 1 and 64");
+    }
+    let n = args.replicas as u16 * args.shards;
     let peer_port = args.peer_port.unwrap_or(args.port.saturating_add(1000));
     let port_of = |base: u16, i: u16, flag: &str| {
         base.checked_add(i)
@@ -130,23 +141,26 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         (None, false) => has_appendonly(&args.protocol).then(|| "yes".to_string()),
     };
 
-    let mut peers = BTreeMap::new();
+    let r = args.replicas as u16;
+    let mut peers = vec![BTreeMap::new(); usize::from(args.shards)];
     let mut replicas = Vec::new();
     for i in 0..n {
         let client_addr = SocketAddr::new(args.bind, port_of(args.port, i, "port")?);
         let peer_addr = SocketAddr::new(args.bind, port_of(peer_port, i, "peer-port")?);
-        peers.insert(i.to_string(), peer_addr.to_string());
+        let id = (i % r) as u8;
+        peers[usize::from(i / r)].insert(id.to_string(), peer_addr.to_string());
         let log = data_dir.join(format!("node-{i}.log"));
-        replicas.push(Replica { id: i as u8, client_addr, peer_addr, log, child: None });
+        replicas.push(Replica { id, index: i, client_addr, peer_addr, log, child: None });
     }
+    let sections: Vec<_> = (0..args.shards).map(|group| sharding(&args, &replicas, group)).collect();
     // Refuse early when a port is taken: a node that cannot bind would exit, and another
     // server on that port would otherwise pass for our replica.
     for replica in &replicas {
         for addr in [replica.client_addr, replica.peer_addr] {
             if let Err(error) = std::net::TcpListener::bind(addr) {
                 bail!(
-                    "cannot use {addr} for replica {}: {error} (choose other ports with --port/--peer-port)",
-                    replica.id
+                    "cannot use {addr} for node {}: {error} (choose other ports with --port/--peer-port)",
+                    replica.index
                 );
             }
         }
@@ -154,14 +168,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("cannot find the chorus binary")?;
     let mut cluster = Cluster { replicas, data_dir: data_dir.clone(), remove_on_exit };
     for replica in &mut cluster.replicas {
+        let group = replica.index / r;
+        // Groups are separate clusters: their own peers, and an id no other group accepts.
+        let cluster_id = match args.shards {
+            1 => identity.cluster_id.clone(),
+            _ => format!("{}-g{group}", identity.cluster_id),
+        };
         let config = RawConfig {
             node_id: Some(replica.id),
             protocol: Some(args.protocol.clone()),
             client_addr: Some(replica.client_addr.to_string()),
             peer_addr: Some(replica.peer_addr.to_string()),
-            peers: Some(peers.clone()),
-            data_dir: Some(data_dir.join(format!("node-{}", replica.id))),
-            cluster_id: Some(identity.cluster_id.clone()),
+            peers: Some(peers[usize::from(group)].clone()),
+            data_dir: Some(data_dir.join(format!("node-{}", replica.index))),
+            cluster_id: Some(cluster_id),
+            cluster: sections[usize::from(group)].clone(),
             cluster_token: Some(identity.cluster_token.clone()),
             appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
             appendfsync: args.appendfsync.clone(),
@@ -172,7 +193,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             metrics_addr: args
                 .metrics_port
                 .map(|base| {
-                    port_of(base, replica.id as u16, "metrics-port")
+                    port_of(base, replica.index, "metrics-port")
                         .map(|p| SocketAddr::new(args.bind, p).to_string())
                 })
                 .transpose()?,
@@ -186,11 +207,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         // current: a node that had stopped early would come back as the head with a stale
         // region while the others serve newer values. So the chain starts empty too.
         if !keeps_keys(&args.protocol, appendonly.as_deref()) {
-            let node_dir = data_dir.join(format!("node-{}", replica.id));
+            let node_dir = data_dir.join(format!("node-{}", replica.index));
             remove_stale(&node_dir.join("membership.log"), false)?;
             remove_stale(&node_dir.join("regions"), true)?;
         }
-        let path = data_dir.join(format!("node-{}.toml", replica.id));
+        let path = data_dir.join(format!("node-{}.toml", replica.index));
         write_private(&path, &toml::to_string(&config)?)?;
         let log = std::fs::File::create(&replica.log)
             .with_context(|| format!("cannot create log file {}", replica.log.display()))?;
@@ -217,13 +238,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             loop {
                 if let Some(status) = cluster.replicas[i].exited() {
                     let log = tail(&cluster.replicas[i].log);
-                    bail!("replica {i} exited during startup ({status}):\n{log}");
+                    bail!("node {i} exited during startup ({status}):\n{log}");
                 }
                 if replica_operational(cluster.replicas[i].client_addr, requirepass.as_deref()) {
                     break;
                 }
                 if Instant::now() > deadline {
-                    bail!("replica {i} did not start serving on {} in time", cluster.replicas[i].client_addr);
+                    bail!("node {i} did not start serving on {} in time", cluster.replicas[i].client_addr);
                 }
                 tokio::select! {
                     () = &mut stop => return Ok(()),
@@ -240,15 +261,30 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         } else {
             "data kept across restarts"
         };
-        println!(
-            "chorus: {} {} replicas up (data, configs and logs in {}; {kept})",
-            n,
-            args.protocol,
-            data_dir.display()
-        );
-        for replica in &cluster.replicas {
+        if args.shards == 1 {
             println!(
-                "  replica {}: redis-cli -h {} -p {}   (peers on {}, log {})",
+                "chorus: {} {} replicas up (data, configs and logs in {}; {kept})",
+                n,
+                args.protocol,
+                data_dir.display()
+            );
+        } else {
+            println!(
+                "chorus: {} shards x {} {} replicas up, 16384 slots (data, configs and logs in {}; {kept})",
+                args.shards,
+                args.replicas,
+                args.protocol,
+                data_dir.display()
+            );
+        }
+        let cluster_flag = if args.shards > 1 { " -c" } else { "" };
+        for replica in &cluster.replicas {
+            let shard = match args.shards {
+                1 => String::new(),
+                _ => format!("shard {} ", replica.index / r),
+            };
+            println!(
+                "  {shard}replica {}: redis-cli{cluster_flag} -h {} -p {}   (peers on {}, log {})",
                 replica.id,
                 replica.client_addr.ip(),
                 replica.client_addr.port(),
@@ -267,8 +303,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                 match replica.exited() {
                     Some(status) => {
                         eprintln!(
-                            "chorus: replica {} exited ({status}); see {}",
-                            replica.id,
+                            "chorus: node {} exited ({status}); see {}",
+                            replica.index,
                             replica.log.display()
                         );
                         replica.child = None;
@@ -296,6 +332,24 @@ fn remove_stale(path: &Path, dir: bool) -> anyhow::Result<()> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(error) => Err(error).with_context(|| format!("cannot remove {}", path.display())),
     }
+}
+
+/// The `[cluster]` section of `group`'s nodes: slots split evenly as `redis-cli --cluster
+/// create` does, each group's nodes in order. `None` without sharding.
+fn sharding(args: &UpArgs, replicas: &[Replica], group: u16) -> Option<chorus_server::cluster::RawCluster> {
+    if args.shards == 1 {
+        return None;
+    }
+    let r = usize::from(args.replicas);
+    let groups = chorus_core::slots::even_ranges(args.shards)
+        .into_iter()
+        .zip(replicas.chunks(r))
+        .map(|((first, last), nodes)| chorus_server::cluster::RawGroup {
+            slots: vec![format!("{first}-{last}")],
+            clients: nodes.iter().map(|node| node.client_addr.to_string()).collect(),
+        })
+        .collect();
+    Some(chorus_server::cluster::RawCluster { group: Some(group), groups })
 }
 
 /// Where `chorus up` keeps a cluster by default: per port, so clusters on other ports do
@@ -328,6 +382,9 @@ fn has_appendonly(protocol: &str) -> bool {
 struct ClusterIdentity {
     protocol: String,
     replicas: u8,
+    /// Absent in files written before sharding: one group.
+    #[serde(default = "one_shard")]
+    shards: u16,
     cluster_id: String,
     cluster_token: String,
     #[serde(skip)]
@@ -343,16 +400,22 @@ impl ClusterIdentity {
             Ok(text) => {
                 let mut identity: ClusterIdentity =
                     toml::from_str(&text).with_context(|| format!("{} is damaged", path.display()))?;
-                if identity.protocol != args.protocol || identity.replicas != args.replicas {
+                if identity.protocol != args.protocol
+                    || identity.replicas != args.replicas
+                    || identity.shards != args.shards
+                {
                     bail!(
-                        "{} holds a {}-replica {} cluster, not {} {}: restart it with --protocol {} \
-                         --replicas {}, or choose another --data-dir",
+                        "{} holds a {}-shard {}-replica {} cluster, not {} x {} {}: restart it with \
+                         --protocol {} --shards {} --replicas {}, or choose another --data-dir",
                         dir.display(),
+                        identity.shards,
                         identity.replicas,
                         identity.protocol,
+                        args.shards,
                         args.replicas,
                         args.protocol,
                         identity.protocol,
+                        identity.shards,
                         identity.replicas
                     );
                 }
@@ -363,6 +426,7 @@ impl ClusterIdentity {
                 let identity = ClusterIdentity {
                     protocol: args.protocol.clone(),
                     replicas: args.replicas,
+                    shards: args.shards,
                     cluster_id: format!("chorus-up-{}", chorus_server::files::random_hex(8)?),
                     cluster_token: chorus_server::files::random_hex(16)?,
                     restarted: false,
@@ -373,6 +437,10 @@ impl ClusterIdentity {
             Err(error) => Err(error).with_context(|| format!("cannot read {}", path.display())),
         }
     }
+}
+
+fn one_shard() -> u16 {
+    1
 }
 
 struct Cluster {
@@ -402,7 +470,7 @@ impl Drop for Cluster {
                 std::thread::sleep(Duration::from_millis(20));
             }
             if matches!(child.try_wait(), Ok(None)) {
-                eprintln!("chorus: replica {} did not stop in time; killing it", replica.id);
+                eprintln!("chorus: node {} did not stop in time; killing it", replica.index);
                 let _ = child.kill();
             }
             let _ = child.wait();

@@ -1,92 +1,17 @@
 //! `chorus up` keeps a cluster (issue 24 point 4): its default directory survives a reboot,
 //! and `chorus up` on a directory that holds a cluster restarts that cluster, keys included.
 
-use std::io::{BufRead, BufReader, Lines};
-use std::net::TcpListener;
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Duration;
-
 use support::scratch::Scratch;
+use support::up::{client, free_port_run, Up};
 
 mod support;
-
-/// A base port with `count` free ports after it (for `chorus up`, which numbers them);
-/// each test its own `lane`, since they run at the same time.
-fn free_port_run(count: u16, lane: u16) -> u16 {
-    let start = 30_000 + (std::process::id() % 20_000) as u16 + lane * 500;
-    (start..60_000)
-        .step_by(count as usize)
-        .find(|base| (0..count).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()))
-        .expect("a run of free ports")
-}
-
-/// `chorus up` as a child; killed (SIGKILL) if the test ends without stopping it. Its
-/// stdout stays open: `chorus up` writes to it until it exits.
-struct Up {
-    child: Child,
-    _stdout: Lines<BufReader<ChildStdout>>,
-}
-
-impl Up {
-    /// Start `chorus up` and read the first line it prints; `Err`: what it said on stderr
-    /// when it exited instead.
-    fn start(port: u16, args: &[&str], env: &[(&str, &std::path::Path)]) -> Result<(Up, String), String> {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
-        command
-            .args([
-                "up",
-                "--replicas",
-                "3",
-                "--port",
-                &port.to_string(),
-                "--peer-port",
-                &(port + 3).to_string(),
-            ])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        match lines.next() {
-            Some(line) => Ok((Up { child, _stdout: lines }, line.unwrap())),
-            None => Err(String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr).into_owned()),
-        }
-    }
-
-    /// SIGTERM, as Ctrl-C: `chorus up` stops its nodes and exits.
-    fn stop(mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "chorus up exited with {status}");
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client(port: u16) -> redis::Connection {
-    let con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .unwrap()
-        .get_connection_with_timeout(Duration::from_secs(10))
-        .unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    con
-}
 
 #[test]
 fn chorus_up_on_its_directory_restarts_the_same_cluster_with_its_keys() {
     let scratch = Scratch::new("up-restart");
     let port = free_port_run(6, 0);
     // The default directory is under XDG_DATA_HOME (else ~/.local/share), per port.
-    let (up, first) = Up::start(port, &[], &[("XDG_DATA_HOME", &scratch.0)]).unwrap();
+    let (up, first) = Up::start(port, 3, &[], &[("XDG_DATA_HOME", &scratch.0)]).unwrap();
     let dir = scratch.0.join("chorus").join(format!("up-{port}"));
     assert!(first.contains(&dir.display().to_string()), "{first}");
     assert!(first.contains("data kept across restarts"), "{first}");
@@ -96,7 +21,7 @@ fn chorus_up_on_its_directory_restarts_the_same_cluster_with_its_keys() {
     }
     up.stop();
 
-    let (up, first) = Up::start(port, &["--data-dir", dir.to_str().unwrap()], &[]).unwrap();
+    let (up, first) = Up::start(port, 3, &["--data-dir", dir.to_str().unwrap()], &[]).unwrap();
     assert!(first.contains("restarted from the data kept"), "{first}");
     for node in 0..3u16 {
         let mut con = client(port + node);
@@ -108,16 +33,16 @@ fn chorus_up_on_its_directory_restarts_the_same_cluster_with_its_keys() {
     up.stop();
 
     // Another protocol on the same directory is refused, saying what the directory holds.
-    let error = Up::start(port, &["--data-dir", dir.to_str().unwrap(), "--protocol", "craq"], &[])
+    let error = Up::start(port, 3, &["--data-dir", dir.to_str().unwrap(), "--protocol", "craq"], &[])
         .err()
         .expect("chorus up must refuse another protocol on this directory");
-    assert!(error.contains("holds a 3-replica hermes cluster"), "{error}");
+    assert!(error.contains("holds a 1-shard 3-replica hermes cluster"), "{error}");
 }
 
 #[test]
 fn chorus_up_in_memory_keeps_nothing() {
     let port = free_port_run(6, 1);
-    let (up, first) = Up::start(port, &["--in-memory"], &[]).unwrap();
+    let (up, first) = Up::start(port, 3, &["--in-memory"], &[]).unwrap();
     assert!(first.contains("in memory: nothing is kept"), "{first}");
     let dir = first.split("logs in ").nth(1).and_then(|rest| rest.split(';').next()).unwrap().to_string();
     assert!(std::path::Path::new(&dir).is_dir(), "{dir}");
@@ -138,7 +63,7 @@ fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
     let port = free_port_run(6, 2);
     let dir = scratch.0.join("cluster");
     let args = ["--protocol", "chain", "--chain-shape", "kernel", "--data-dir", dir.to_str().unwrap()];
-    let (up, _) = Up::start(port, &args, &[]).unwrap();
+    let (up, _) = Up::start(port, 3, &args, &[]).unwrap();
     for node in 0..3 {
         let region = dir.join(format!("node-{node}/regions/tenant-0/chain.region"));
         let bytes = std::fs::metadata(&region).unwrap().len();
@@ -156,7 +81,7 @@ fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
     assert_eq!(value.as_deref(), Some("v"));
     up.stop();
 
-    let (up, first) = Up::start(port, &["--protocol", "chain", "--data-dir", dir.to_str().unwrap()], &[])
+    let (up, first) = Up::start(port, 3, &["--protocol", "chain", "--data-dir", dir.to_str().unwrap()], &[])
         .expect("the restart does not reopen the kernel-shape regions");
     assert!(first.contains("keys in memory"), "{first}");
     let region = dir.join("node-0/regions/tenant-0/chain.region");
@@ -166,6 +91,7 @@ fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
         assert_eq!(value, None, "replica {node} starts empty like the others");
     }
     up.stop();
-    let error = Up::start(port, &["--chain-shape", "kernel"], &[]).err().expect("hermes has no chain shape");
+    let error =
+        Up::start(port, 3, &["--chain-shape", "kernel"], &[]).err().expect("hermes has no chain shape");
     assert!(error.contains("only applies to --protocol chain"), "{error}");
 }

@@ -9,6 +9,7 @@
 //! * [`hash`]: the encoding of a Redis hash in one value, for the hash RMWs.
 //! * [`replica`]: the sans-I/O interface every protocol core implements (`on_client`,
 //!   `on_message`, `on_tick`, `on_view`, outputs into an [`replica::Outbox`]).
+//! * [`slots`]: Redis Cluster's 16384 hash slots (CRC16 of the key or its `{hash tag}`).
 //! * [`codec`]: the peer wire format (versioned, length-prefixed, checksummed frames) and a
 //!   bounds-checked reader that turns malformed input into errors, never panics.
 
@@ -18,6 +19,7 @@ pub mod data;
 pub mod hash;
 pub mod ids;
 pub mod replica;
+pub mod slots;
 pub mod time;
 
 pub use command::{Command, CommandError, Key, Outcome, RmwEffect, RmwOp, Value};

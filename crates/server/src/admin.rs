@@ -55,7 +55,6 @@ pub fn run(args: &[Bytes], client: &ClientView) -> Reply {
             sub => Reply::err(format!("MODULE {sub} is not supported: chorus loads no modules")),
         },
         "MEMORY" => memory(args),
-        "READONLY" | "READWRITE" => Reply::err("This instance has cluster support disabled"),
         other => Reply::err(format!("unknown command '{other}'")),
     }
 }

@@ -93,6 +93,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("lolwut", -1, &["readonly", "fast"], NO_KEYS),
     spec("readonly", 1, &["loading", "stale", "fast"], NO_KEYS),
     spec("readwrite", 1, &["loading", "stale", "fast"], NO_KEYS),
+    spec("cluster", -2, &["loading", "stale"], NO_KEYS),
     spec("sinter", -2, &["readonly"], ALL_KEYS),
     spec("sunion", -2, &["readonly"], ALL_KEYS),
     spec("sdiff", -2, &["readonly"], ALL_KEYS),
@@ -256,6 +257,47 @@ pub fn has_flag(name: &str, flag: &str) -> bool {
     COMMAND_TABLE.iter().any(|spec| spec.name == name && spec.flags.contains(&flag))
 }
 
+/// The keys a command names, by its key positions in the command table, plus the keys that
+/// follow a `numkeys` argument or `STREAMS`. Cluster routing hashes them (cluster/map.rs);
+/// arguments may be too few (routing runs before arity matters), so every index is checked.
+pub fn command_keys(args: &[Bytes]) -> Vec<&Bytes> {
+    let Some(first) = args.first() else { return Vec::new() };
+    let lower = first.to_ascii_lowercase();
+    let Some(spec) = COMMAND_TABLE.iter().find(|spec| spec.name.as_bytes() == lower.as_slice()) else {
+        return Vec::new();
+    };
+    let mut keys = Vec::new();
+    if spec.first_key > 0 {
+        let last = if spec.last_key < 0 { args.len() as i64 + spec.last_key } else { spec.last_key };
+        let indexes = (spec.first_key..=last).step_by(spec.step.max(1) as usize);
+        keys.extend(indexes.filter_map(|index| args.get(index as usize)));
+    }
+    match spec.name {
+        "zunion" | "zinter" | "zdiff" | "zintercard" | "sintercard" | "lmpop" | "zmpop" => {
+            keys.extend(keys_after_numkeys(args, 1))
+        }
+        "blmpop" | "bzmpop" | "zunionstore" | "zinterstore" | "zdiffstore" => {
+            keys.extend(keys_after_numkeys(args, 2))
+        }
+        "xread" | "xreadgroup" => {
+            // STREAMS key [key ...] id [id ...]: the first half are keys.
+            if let Some(at) = args.iter().position(|arg| arg.eq_ignore_ascii_case(b"STREAMS")) {
+                let rest = &args[at + 1..];
+                keys.extend(&rest[..rest.len() / 2]);
+            }
+        }
+        _ => {}
+    }
+    keys
+}
+
+/// The keys counted by the `numkeys` argument at `index`.
+fn keys_after_numkeys(args: &[Bytes], index: usize) -> &[Bytes] {
+    let count = args.get(index).and_then(|arg| std::str::from_utf8(arg).ok()?.parse::<usize>().ok());
+    let start = (index + 1).min(args.len());
+    &args[start..(start + count.unwrap_or(0)).min(args.len())]
+}
+
 // -------------------------------------------------------------------- error vocabulary
 //
 // Replies that say whether a failed request may have taken effect (docs/resp.md, "Errors"):
@@ -393,6 +435,8 @@ pub enum Request {
     /// A command over many keys that reads this replica's key list or several keys (KEYS,
     /// SCAN, RANDOMKEY, SINTER, MSETNX, ...): per key linearizable at most.
     Keyspace(Vec<Bytes>),
+    /// CLUSTER, READONLY, READWRITE (cluster/command.rs).
+    Cluster(Vec<Bytes>),
 }
 
 impl Request {
@@ -614,9 +658,10 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         "memory" if upper(&args[1]) == b"USAGE" && args.len() >= 3 => Request::Data(args.to_vec()),
         "memory" => Request::Admin(args.to_vec()),
         "bgsave" | "bgrewriteaof" | "lastsave" => Request::Persistence(args.to_vec()),
-        "time" | "acl" | "slowlog" | "latency" | "lolwut" | "readonly" | "readwrite" | "role" | "module" => {
+        "time" | "acl" | "slowlog" | "latency" | "lolwut" | "role" | "module" => {
             Request::Admin(args.to_vec())
         }
+        "cluster" | "readonly" | "readwrite" => Request::Cluster(args.to_vec()),
         "keys" | "scan" | "randomkey" | "sinter" | "sunion" | "sdiff" | "sintercard" | "msetnx" => {
             Request::Keyspace(args.to_vec())
         }

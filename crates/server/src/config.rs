@@ -161,6 +161,8 @@ pub struct RawConfig {
     pub save: Option<String>,
     /// For process-level crash tests only: "crash-test" keeps unsynced writes in memory.
     pub appendonly_storage: Option<String>,
+    /// Scale-out: this node's replica group and every group's slots (cluster/config.rs).
+    pub cluster: Option<crate::cluster::RawCluster>,
 }
 
 /// A size as Redis writes it: a number of bytes, or a string with a unit (`"1gb"`,
@@ -319,6 +321,8 @@ pub struct NodeConfig {
     pub tls: Option<TlsSettings>,
     pub clients: ClientLimits,
     pub persistence: crate::persistence::PersistenceOptions,
+    /// `None`: not sharded, this group holds every key (the default).
+    pub cluster: Option<crate::cluster::ClusterSettings>,
 }
 
 /// TLS settings (docs/operations.md, "Security").
@@ -515,6 +519,7 @@ impl RawConfig {
             appendfsync: overrides.appendfsync.or(self.appendfsync),
             save: overrides.save.or(self.save),
             appendonly_storage: overrides.appendonly_storage.or(self.appendonly_storage),
+            cluster: overrides.cluster.or(self.cluster),
         }
     }
 
@@ -648,7 +653,9 @@ impl RawConfig {
             .as_deref()
             .map(|addr| join_donor(addr, node_id, protocol, &membership, &replicas))
             .transpose()?;
+        let cluster = self.cluster.as_ref().map(|cluster| cluster.validate(client_addr)).transpose()?;
         Ok(NodeConfig {
+            cluster,
             persistence,
             raftlog,
             chain_layout,

@@ -43,6 +43,8 @@ pub struct Shared {
     pub closing: watch::Receiver<bool>,
     /// SHUTDOWN asks the node to stop through this.
     pub shutdown: Arc<Notify>,
+    /// The slot map when the node is one group of a sharded cluster (docs/resp.md, "Cluster").
+    pub cluster: Option<crate::cluster::SlotMap>,
 }
 
 /// Node settings connections need (INFO, CONFIG GET, AUTH, limits).
@@ -290,7 +292,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     async fn execute(&mut self, args: Vec<Bytes>) -> (Option<Reply>, bool) {
         let started = Instant::now();
         let (name, parsed) = command::parse(&args);
+        // The one place keys are routed by slot: before a command is queued (MULTI) or run.
+        let redirect = match (&self.shared.cluster, &parsed) {
+            (Some(map), Ok(_)) if self.authenticated => map.route(&args),
+            _ => None,
+        };
         drop(args);
+        if let Some(reply) = redirect {
+            // As Redis: a redirected command inside MULTI makes EXEC fail.
+            if let Some(multi) = &mut self.multi {
+                multi.aborted = true;
+            }
+            self.shared.metrics.record(command::metric_index(name), true, started);
+            return (Some(reply), false);
+        }
         let mut close = false;
         let reply = match parsed {
             Err(reply) => {
@@ -413,6 +428,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Request::Admin(args) => self.admin(args).await,
             Request::Persistence(args) => crate::persistence::command(self.engine(), &args).await,
             Request::Keyspace(args) => self.keyspace(args).await,
+            Request::Cluster(args) => self.cluster(args).await,
             Request::DbSize => match self.engine().status().await {
                 Some(status) => Reply::Integer(status.keys as i64),
                 None => error_reply(&crate::engine::SHUTTING_DOWN),
@@ -764,9 +780,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
         }
         if wanted("cluster") {
-            // Redis Cluster is not spoken: every replica holds every key (docs/resp.md).
+            // 1 only when sharded: one group holding every key is not a Redis Cluster.
             info.section("Cluster");
-            info.field("cluster_enabled", &0);
+            info.field("cluster_enabled", &u8::from(self.shared.cluster.is_some()));
         }
         if wanted("keyspace") {
             info.section("Keyspace");
@@ -794,7 +810,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             ("protected-mode", if settings.client_addr.ip().is_loopback() { "yes" } else { "no" }.into()),
             ("proto-max-bulk-len", settings.limits.bulk_bytes_max.to_string()),
             ("client-query-buffer-limit", clients.query_buffer_bytes_max.to_string()),
-            ("cluster-enabled", "no".into()),
+            ("cluster-enabled", if self.shared.cluster.is_some() { "yes" } else { "no" }.into()),
             ("io-threads", "1".into()),
             // The thresholds OBJECT ENCODING answers by (chorus_core::data::keys); chorus
             // stores every type the same way, so they change no memory use.

@@ -7,6 +7,7 @@
 //! * [`listener`]: accepting clients (admission, socket options), generic over the stream.
 //! * [`connection`]: one client connection, pipelined, replies in request order.
 //! * [`engine`]: the event loop that owns the protocol core.
+//! * [`cluster`]: hash slots over replica groups, behind the Redis Cluster protocol.
 //! * [`config`]: the node's TOML configuration.
 //! * [`metrics`]: counters and the Prometheus endpoint.
 //! * [`memory`]: `used_memory` (the allocator's figure) for INFO and `maxmemory`.
@@ -14,6 +15,7 @@
 
 pub mod admin;
 pub mod clients;
+pub mod cluster;
 pub mod command;
 pub mod config;
 pub mod connection;
@@ -266,6 +268,10 @@ async fn serve_node(
         clients: clients::Registry::default(),
         closing,
         shutdown: stop_requested.clone(),
+        cluster: config
+            .cluster
+            .as_ref()
+            .map(|settings| cluster::SlotMap::new(settings, &config.cluster_id, config.client_addr)),
     });
     info!(
         node = %me,

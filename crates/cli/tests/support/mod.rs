@@ -5,6 +5,7 @@
 pub mod loopback;
 pub mod netns;
 pub mod scratch;
+pub mod up;
 pub mod workload;
 
 /// `line` (words separated by single spaces) sent as one command; panics with the line on

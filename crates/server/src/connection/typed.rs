@@ -149,7 +149,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     /// This replica's live keys (values read locally, expiry judged by this replica's clock:
     /// KEYS, SCAN and RANDOMKEY are not linearizable, as docs/resp.md says), sorted.
     async fn live_keys(&mut self) -> Result<Vec<(Bytes, Bytes)>, Reply> {
+        self.live_keys_where(|_| true).await
+    }
+
+    /// [`Self::live_keys`] among the keys `keep` selects (read only those).
+    pub(super) async fn live_keys_where(
+        &mut self,
+        keep: impl Fn(&Bytes) -> bool,
+    ) -> Result<Vec<(Bytes, Bytes)>, Reply> {
         let mut keys = self.engine().keys().await;
+        keys.retain(|key| keep(key));
         keys.sort();
         let outcomes = self.run_all(reads(&keys)).await;
         let now_ms = command::wall_clock_ms();
@@ -169,6 +178,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
         }
         Ok(live)
+    }
+
+    /// CLUSTER, READONLY, READWRITE (cluster/command.rs).
+    pub(super) async fn cluster(&mut self, args: Vec<Bytes>) -> Reply {
+        use crate::cluster::command::{keys_reply, plan, Plan};
+        match plan(&args, self.shared.cluster.as_ref()) {
+            Plan::Answer(reply) => reply,
+            Plan::KeysInSlot { slot, count } => {
+                let in_slot = |key: &Bytes| chorus_core::slots::key_slot(key) == slot;
+                match self.live_keys_where(in_slot).await {
+                    Ok(live) => keys_reply(live.into_iter().map(|(key, _)| key).collect(), count),
+                    Err(reply) => reply,
+                }
+            }
+        }
     }
 
     pub(super) async fn keyspace(&mut self, args: Vec<Bytes>) -> Reply {

@@ -1,0 +1,87 @@
+//! `chorus up` as a child process, for the tests of the command itself.
+
+use std::io::{BufRead, BufReader, Lines};
+use std::net::TcpListener;
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+/// A base port with `count` free ports after it (for `chorus up`, which numbers them);
+/// each test its own `lane`, since they run at the same time.
+pub fn free_port_run(count: u16, lane: u16) -> u16 {
+    let start = 30_000 + (std::process::id() % 20_000) as u16 + lane * 500;
+    (start..60_000)
+        .step_by(count as usize)
+        .find(|base| (0..count).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()))
+        .expect("a run of free ports")
+}
+
+/// A connection to the node serving RESP on `port` of 127.0.0.1.
+pub fn client(port: u16) -> redis::Connection {
+    let con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_connection_with_timeout(std::time::Duration::from_secs(10))
+        .unwrap();
+    con.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    con
+}
+
+/// `chorus up --port P --peer-port P+nodes ARGS` as a child; killed (SIGKILL) if the test
+/// ends without stopping it. Its stdout stays open: `chorus up` writes to it until it exits.
+pub struct Up {
+    child: Child,
+    _stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl Up {
+    /// Start `chorus up` and read the first line it prints; `Err`: what it said on stderr
+    /// when it exited instead.
+    /// `nodes`: how many nodes `args` start (3 without --replicas or --shards); they use
+    /// `2 * nodes` ports from `port` on.
+    pub fn start(
+        port: u16,
+        nodes: u16,
+        args: &[&str],
+        env: &[(&str, &std::path::Path)],
+    ) -> Result<(Up, String), String> {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
+        command
+            .args(["up", "--port", &port.to_string(), "--peer-port", &(port + nodes).to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        match lines.next() {
+            Some(line) => Ok((Up { child, _stdout: lines }, line.unwrap())),
+            None => Err(String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr).into_owned()),
+        }
+    }
+
+    /// SIGTERM, as Ctrl-C: `chorus up` stops its nodes and exits.
+    pub fn stop(mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "chorus up exited with {status}");
+    }
+}
+
+impl Drop for Up {
+    /// After a failed assertion: SIGTERM first, so that `chorus up` stops its nodes and
+    /// removes an --in-memory directory; SIGKILL if it has not exited within 10 s.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            for _ in 0..200 {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

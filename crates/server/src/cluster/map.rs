@@ -1,0 +1,180 @@
+//! The slot map a node routes by, and the one routing check: every command passes
+//! [`SlotMap::route`] at dispatch (connection.rs, `execute`), before it is queued or run.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use chorus_core::slots::{crc16, key_slot, Slot, SLOT_COUNT};
+
+use super::config::ClusterSettings;
+use crate::resp::Reply;
+
+/// One node as the CLUSTER commands describe it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// Redis' 40-hex-digit node name: `<crc16(cluster_id)><group><index>`, the same on every
+    /// node without any exchange, and readable.
+    pub id: String,
+    pub addr: SocketAddr,
+    pub group: u16,
+    /// Position in its group: 0 is the one redirects name (its "master").
+    pub index: usize,
+}
+
+/// Which group owns each slot, every group's nodes, and this node.
+#[derive(Clone, Debug)]
+pub struct SlotMap {
+    /// Bumped by every change of ownership; clients see it in CLUSTER INFO and NODES.
+    pub epoch: u64,
+    owner: Vec<u16>,
+    /// Per group, its nodes; `groups[g][0]` is the target of redirects to `g`.
+    groups: Vec<Vec<ClusterNode>>,
+    me: ClusterNode,
+}
+
+impl SlotMap {
+    /// The map a configuration describes, as seen by the node at `client_addr`.
+    pub fn new(settings: &ClusterSettings, cluster_id: &str, client_addr: SocketAddr) -> SlotMap {
+        let mut owner = vec![u16::MAX; usize::from(SLOT_COUNT)];
+        let tag = crc16(cluster_id.as_bytes());
+        let mut groups = Vec::with_capacity(settings.groups.len());
+        for (group, config) in settings.groups.iter().enumerate() {
+            let group = group as u16;
+            for (first, last) in &config.slots {
+                owner[usize::from(*first)..=usize::from(*last)].fill(group);
+            }
+            let nodes = config.clients.iter().enumerate().map(|(index, addr)| ClusterNode {
+                id: format!("{tag:04x}{group:018x}{index:018x}"),
+                addr: *addr,
+                group,
+                index,
+            });
+            groups.push(nodes.collect::<Vec<_>>());
+        }
+        assert!(owner.iter().all(|group| *group != u16::MAX), "validated: every slot has an owner");
+        let me = groups[usize::from(settings.group)]
+            .iter()
+            .find(|node| node.addr == client_addr)
+            .expect("validated: this node is listed in its group")
+            .clone();
+        SlotMap { epoch: 1, owner, groups, me }
+    }
+
+    pub fn me(&self) -> &ClusterNode {
+        &self.me
+    }
+
+    pub fn groups(&self) -> &[Vec<ClusterNode>] {
+        &self.groups
+    }
+
+    pub fn owner(&self, slot: Slot) -> u16 {
+        self.owner[usize::from(slot)]
+    }
+
+    /// The slots of `group` as inclusive ranges, in order.
+    pub fn ranges_of(&self, group: u16) -> Vec<(Slot, Slot)> {
+        let mut ranges: Vec<(Slot, Slot)> = Vec::new();
+        for slot in 0..SLOT_COUNT {
+            if self.owner(slot) != group {
+                continue;
+            }
+            match ranges.last_mut() {
+                Some((_, last)) if *last + 1 == slot => *last = slot,
+                _ => ranges.push((slot, slot)),
+            }
+        }
+        ranges
+    }
+
+    /// `None` when this node may run the command; otherwise the reply instead: `-CROSSSLOT`
+    /// when its keys hash to different slots, `-MOVED` when their slot is another group's.
+    pub fn route(&self, args: &[Bytes]) -> Option<Reply> {
+        let keys = crate::command::command_keys(args);
+        let mut keys = keys.iter();
+        let slot = key_slot(keys.next()?);
+        if keys.any(|key| key_slot(key) != slot) {
+            return Some(Reply::error("CROSSSLOT Keys in request don't hash to the same slot"));
+        }
+        let owner = self.owner(slot);
+        if owner == self.me.group {
+            return None;
+        }
+        let target = &self.groups[usize::from(owner)][0];
+        Some(Reply::error(format!("MOVED {slot} {}", target.addr)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::config::GroupSettings;
+
+    fn map(me: u16) -> SlotMap {
+        let settings = ClusterSettings {
+            group: me,
+            groups: vec![
+                GroupSettings {
+                    slots: vec![(0, 8191)],
+                    clients: vec!["127.0.0.1:7000".parse().unwrap(), "127.0.0.1:7001".parse().unwrap()],
+                },
+                GroupSettings {
+                    slots: vec![(8192, 16383)],
+                    clients: vec!["127.0.0.1:7002".parse().unwrap()],
+                },
+            ],
+        };
+        let addr = if me == 0 { "127.0.0.1:7001" } else { "127.0.0.1:7002" };
+        SlotMap::new(&settings, "chorus", addr.parse().unwrap())
+    }
+
+    fn args(line: &str) -> Vec<Bytes> {
+        line.split(' ').map(|word| Bytes::copy_from_slice(word.as_bytes())).collect()
+    }
+
+    fn route(map: &SlotMap, line: &str) -> Option<String> {
+        map.route(&args(line)).map(|reply| match reply {
+            Reply::Error(text) => text,
+            other => panic!("not an error: {other:?}"),
+        })
+    }
+
+    #[test]
+    fn keys_of_other_groups_are_moved_to_their_first_node() {
+        let map = map(0);
+        // "foo" is slot 12182 (group 1), "bar" 5061 (group 0).
+        assert_eq!(route(&map, "GET foo").as_deref(), Some("MOVED 12182 127.0.0.1:7002"));
+        assert_eq!(route(&map, "GET bar"), None);
+        assert_eq!(route(&map, "SET bar 1"), None);
+        assert_eq!(route(&map, "PING"), None);
+        assert_eq!(route(&self::map(1), "GET bar").as_deref(), Some("MOVED 5061 127.0.0.1:7000"));
+    }
+
+    #[test]
+    fn multi_key_commands_must_stay_in_one_slot() {
+        let map = map(0);
+        assert_eq!(
+            route(&map, "MGET bar foo").as_deref(),
+            Some("CROSSSLOT Keys in request don't hash to the same slot")
+        );
+        assert_eq!(route(&map, "MSET {bar}1 a {bar}2 b"), None);
+        assert!(route(&map, "MSET bar 1 foo 2").unwrap().starts_with("CROSSSLOT"));
+        // Keys after numkeys, and the destination of a *STORE.
+        assert!(route(&map, "ZUNIONSTORE bar 2 bar foo").unwrap().starts_with("CROSSSLOT"));
+        assert_eq!(route(&map, "ZUNIONSTORE {bar}d 2 {bar}a {bar}b"), None);
+        assert!(route(&map, "SINTERCARD 2 bar foo").unwrap().starts_with("CROSSSLOT"));
+        assert!(route(&map, "XREAD COUNT 1 STREAMS bar foo 0 0").unwrap().starts_with("CROSSSLOT"));
+        assert_eq!(route(&map, "RENAME {foo}a {foo}b").as_deref(), Some("MOVED 12182 127.0.0.1:7002"));
+    }
+
+    #[test]
+    fn node_ids_are_forty_hex_digits_and_distinct() {
+        let map = map(0);
+        let ids: Vec<&str> = map.groups().iter().flatten().map(|node| node.id.as_str()).collect();
+        assert!(ids.iter().all(|id| id.len() == 40 && id.bytes().all(|b| b.is_ascii_hexdigit())));
+        assert_eq!(ids.len(), 3);
+        assert!(ids[0] != ids[1] && ids[1] != ids[2]);
+        assert_eq!(map.me().index, 1);
+        assert_eq!(map.ranges_of(1), vec![(8192, 16383)]);
+    }
+}
