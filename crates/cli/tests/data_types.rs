@@ -135,3 +135,75 @@ fn a_deadline_set_at_one_replica_holds_at_every_replica() {
         assert!(invalid.contains("invalid expire time in 'set' command"), "{p}: {invalid}");
     }
 }
+
+/// DUMP at one replica, RESTORE the payload at another, read the copy at a third: RESTORE is
+/// a replicated write on every protocol. A corrupted payload is refused and changes nothing.
+#[test]
+fn a_dumped_key_of_each_type_restores_at_another_replica_on_every_protocol() {
+    let writes = [
+        ("string", "SET src:string text", "GET"),
+        ("hash", "HSET src:hash f v g w", "HGETALL"),
+        ("list", "RPUSH src:list a b a", "LRANGE"),
+        ("set", "SADD src:set x y", "SMEMBERS"),
+        ("zset", "ZADD src:zset 1.5 m 2 n", "ZRANGE"),
+        ("stream", "XADD src:stream 1-1 field value", "XRANGE"),
+    ];
+    let read = |con: &mut redis::Connection, how: &str, key: &str| -> Value {
+        let line = match how {
+            "LRANGE" | "ZRANGE" => format!("{how} {key} 0 -1"),
+            "XRANGE" => format!("{how} {key} - +"),
+            _ => format!("{how} {key}"),
+        };
+        query(con, &line)
+    };
+    for protocol in PROTOCOLS {
+        let cluster = Cluster::start(3, &["--protocol", protocol]);
+        let (mut a, mut b, mut c) = (cluster.client(0), cluster.client(1), cluster.client(2));
+        let p = protocol;
+        for (kind, write, how) in writes {
+            let _: Value = query(&mut a, write);
+            let payload: Vec<u8> = query(&mut b, &format!("DUMP src:{kind}"));
+            let restored: String = redis::cmd("RESTORE")
+                .arg(format!("copy:{kind}"))
+                .arg(60_000)
+                .arg(&payload)
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(restored, "OK", "{p} {kind}");
+            assert_eq!(query::<String>(&mut a, &format!("TYPE copy:{kind}")), kind, "{p}");
+            let (original, copy) =
+                (read(&mut b, how, &format!("src:{kind}")), read(&mut a, how, &format!("copy:{kind}")));
+            assert_eq!(copy, original, "{p} {kind}: the copy read at another replica");
+            let ttl: i64 = query(&mut b, &format!("TTL copy:{kind}"));
+            assert!((59..=60).contains(&ttl), "{p} {kind}: TTL {ttl}");
+        }
+        assert_eq!(query::<Option<Vec<u8>>>(&mut a, "DUMP absent"), None, "{p}");
+
+        let payload: Vec<u8> = query(&mut a, "DUMP src:list");
+        let busy = redis::cmd("RESTORE").arg("copy:list").arg(0).arg(&payload).query::<Value>(&mut b);
+        assert!(busy.unwrap_err().to_string().contains("BUSYKEY"), "{p}");
+        let mut corrupted = payload.clone();
+        corrupted[2] ^= 0x20;
+        let refused = redis::cmd("RESTORE")
+            .arg("copy:list")
+            .arg(0)
+            .arg(&corrupted)
+            .arg("REPLACE")
+            .query::<Value>(&mut b);
+        let refused = refused.unwrap_err().to_string();
+        assert!(refused.contains("DUMP payload version or checksum are wrong"), "{p}: {refused}");
+        assert_eq!(query::<Vec<String>>(&mut c, "LRANGE copy:list 0 -1"), ["a", "b", "a"], "{p}: unchanged");
+        let replaced: String = redis::cmd("RESTORE")
+            .arg("copy:list")
+            .arg(0)
+            .arg(query::<Vec<u8>>(&mut a, "DUMP src:set"))
+            .arg("REPLACE")
+            .arg("IDLETIME")
+            .arg(5)
+            .query(&mut b)
+            .unwrap();
+        assert_eq!(replaced, "OK", "{p}");
+        assert_eq!(query::<String>(&mut c, "TYPE copy:list"), "set", "{p}: REPLACE replicated");
+        assert_eq!(query::<i64>(&mut a, "TTL copy:list"), -1, "{p}");
+    }
+}

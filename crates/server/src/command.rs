@@ -127,6 +127,8 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("touch", 2, &["readonly"], ONE_KEY),
     spec("object", 3, &["readonly"], (2, 2, 1)),
     spec("memory", -2, &["readonly"], (2, 2, 1)),
+    spec("dump", 2, &["readonly"], ONE_KEY),
+    spec("restore", -4, &["write", "denyoom"], ONE_KEY),
     spec("role", 1, &["noscript", "loading", "stale", "fast"], NO_KEYS),
     spec("module", -2, &["admin", "noscript"], NO_KEYS),
     spec("hsetnx", 4, &["write", "denyoom"], ONE_KEY),

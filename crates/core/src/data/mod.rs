@@ -10,6 +10,7 @@
 //! value; if that finds the key expired, the server re-runs the command as an [`ExecOp`] so
 //! that the expiry is decided by a replicated write (docs/expiry.md).
 
+pub mod dump;
 pub mod geo;
 mod hashes;
 mod keys;
@@ -139,6 +140,8 @@ pub const COMMANDS: &[(&str, i64, Access)] = {
         ("touch", 2, R),
         ("object", 3, R),
         ("memory", -3, R),
+        ("dump", 2, R),
+        ("restore", -4, W),
         // hashes
         ("hset", -4, W),
         ("hmset", -4, W),
@@ -398,6 +401,7 @@ fn run(args: &[Bytes], slot: &mut Slot) -> Reply {
     let args = Args { all: args };
     strings::run(&name, &args, slot)
         .or_else(|| keys::run(&name, &args, slot))
+        .or_else(|| dump::run(&name, &args, slot))
         .or_else(|| hashes::run(&name, &args, slot))
         .or_else(|| list::run(&name, &args, slot))
         .or_else(|| set::run(&name, &args, slot))
