@@ -144,6 +144,27 @@ pub fn decode_batch<M: WireMessage>(payload: Bytes) -> Result<Vec<M>, DecodeErro
     Ok(messages)
 }
 
+/// A peer message tagged with the event loop (raftlog: the shard) it is for on the receiving
+/// node, so one connection per peer carries every loop's batches and one task splits them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoopMessage<M> {
+    pub event_loop: u16,
+    pub message: M,
+}
+
+impl<M: WireMessage> WireMessage for LoopMessage<M> {
+    fn encode(&self, buf: &mut BytesMut) {
+        buf.put_u16_le(self.event_loop);
+        self.message.encode(buf);
+    }
+
+    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
+        let event_loop = reader.u16()?;
+        let message = M::decode(reader)?;
+        Ok(LoopMessage { event_loop, message })
+    }
+}
+
 /// A bounds-checked, zero-copy reader over a payload.
 pub struct Reader {
     bytes: Bytes,

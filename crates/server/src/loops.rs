@@ -12,48 +12,22 @@
 //! [`LoopCore`] wraps one instance so its messages are tagged with the loop on the way out
 //! ([`LoopMessage`]) and checked on the way in; it is sans-I/O like the core it wraps.
 
-use bytes::{BufMut, BytesMut};
-use chorus_core::codec::{DecodeError, Reader, WireMessage};
+pub use chorus_core::codec::LoopMessage;
+use chorus_core::codec::WireMessage;
 use chorus_core::{ClientRequestId, Command, Key, NodeId, NodeSet, Outbox, Replica, Time, View};
 use chorus_membership::PersistRecord;
 
 use crate::engine::{ServedReplica, WriteMark};
 
 /// A peer message that names the event loop it is for, so one task can split a peer's
-/// batches between the loops (raftlog's `ShardMessage`, and [`LoopMessage`]).
+/// batches between the loops ([`LoopMessage`], which raftlog's `ShardMessage` is).
 pub trait Routed {
     fn event_loop(&self) -> usize;
-}
-
-impl Routed for chorus_raftlog::shard::ShardMessage {
-    fn event_loop(&self) -> usize {
-        self.shard as usize
-    }
-}
-
-/// A message between loops `event_loop` of two nodes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LoopMessage<M> {
-    pub event_loop: u16,
-    pub message: M,
 }
 
 impl<M> Routed for LoopMessage<M> {
     fn event_loop(&self) -> usize {
         self.event_loop as usize
-    }
-}
-
-impl<M: WireMessage> WireMessage for LoopMessage<M> {
-    fn encode(&self, buf: &mut BytesMut) {
-        buf.put_u16_le(self.event_loop);
-        self.message.encode(buf);
-    }
-
-    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
-        let event_loop = reader.u16()?;
-        let message = M::decode(reader)?;
-        Ok(LoopMessage { event_loop, message })
     }
 }
 
@@ -239,7 +213,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
+    use bytes::{Bytes, BytesMut};
     use chorus_core::Outcome;
     use chorus_hermes::{Hermes, HermesConfig};
 

@@ -11,32 +11,14 @@
 //! [`ShardCore`] wraps a core so its messages are tagged on the way out and checked on the
 //! way in; it is sans-I/O like the core it wraps.
 
-use bytes::{BufMut, BytesMut};
-use chorus_core::codec::{DecodeError, Reader, WireMessage};
+use chorus_core::codec::LoopMessage;
 use chorus_core::{ClientRequestId, Command, NodeId, Outbox, Replica, Time, View};
 
 use crate::disk::DurableRaftLog;
 use crate::Message;
 
-/// A raftlog message between shards `shard` of two nodes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ShardMessage {
-    pub shard: u16,
-    pub message: Message,
-}
-
-impl WireMessage for ShardMessage {
-    fn encode(&self, buf: &mut BytesMut) {
-        buf.put_u16_le(self.shard);
-        self.message.encode(buf);
-    }
-
-    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
-        let shard = reader.u16()?;
-        let message = Message::decode(reader)?;
-        Ok(ShardMessage { shard, message })
-    }
-}
+/// A raftlog message between shards `event_loop` of two nodes.
+pub type ShardMessage = LoopMessage<Message>;
 
 /// A raftlog core serving shard `shard` of its node.
 pub struct ShardCore {
@@ -84,7 +66,10 @@ impl ShardCore {
         call(&mut self.core, &mut self.scratch);
         let shard = self.shard;
         out.messages.extend(
-            self.scratch.messages.drain(..).map(|(to, message)| (to, ShardMessage { shard, message })),
+            self.scratch
+                .messages
+                .drain(..)
+                .map(|(to, message)| (to, ShardMessage { event_loop: shard, message })),
         );
         out.replies.append(&mut self.scratch.replies);
     }
@@ -108,7 +93,7 @@ impl Replica for ShardCore {
     }
 
     fn on_message(&mut self, now: Time, from: NodeId, message: ShardMessage, out: &mut Outbox<ShardMessage>) {
-        if message.shard != self.shard {
+        if message.event_loop != self.shard {
             self.messages_misrouted += 1;
             return;
         }
@@ -140,7 +125,8 @@ impl Replica for ShardCore {
 mod tests {
     use super::*;
     use crate::{log_in_shard, log_of, shard_of, RaftLogConfig};
-    use bytes::Bytes;
+    use bytes::{Bytes, BytesMut};
+    use chorus_core::codec::WireMessage;
     use chorus_core::{NodeSet, Outcome};
 
     fn core(shard: usize, shards: usize) -> ShardCore {
@@ -177,7 +163,7 @@ mod tests {
     #[test]
     fn messages_carry_their_shard_and_round_trip() {
         let message =
-            ShardMessage { shard: 3, message: Message::SnapshotAck { log: 1, index: 7, received: 9 } };
+            ShardMessage { event_loop: 3, message: Message::SnapshotAck { log: 1, index: 7, received: 9 } };
         let mut buf = BytesMut::new();
         message.encode(&mut buf);
         assert_eq!(ShardMessage::decode_exact(buf.freeze()).unwrap(), message);
@@ -193,7 +179,7 @@ mod tests {
             shard.on_tick(Time::from_millis(10 * tick), &mut out);
         }
         assert!(!out.messages.is_empty());
-        assert!(out.messages.iter().all(|(_, message)| message.shard == 1));
+        assert!(out.messages.iter().all(|(_, message)| message.event_loop == 1));
         let (foreign, _) = (0..100)
             .map(|index| format!("k{index}"))
             .map(|key| (key.clone(), shard_of(key.as_bytes(), 2)))
@@ -204,7 +190,7 @@ mod tests {
         shard.on_client(Time::from_millis(600), ClientRequestId(1), command, &mut out);
         assert!(matches!(out.replies.as_slice(), [(ClientRequestId(1), Outcome::Error(_))]), "{out:?}");
         let stray =
-            ShardMessage { shard: 0, message: Message::SnapshotAck { log: 0, index: 1, received: 0 } };
+            ShardMessage { event_loop: 0, message: Message::SnapshotAck { log: 0, index: 1, received: 0 } };
         shard.on_message(Time::from_millis(600), NodeId(1), stray, &mut Outbox::default());
         assert_eq!(shard.messages_misrouted, 1);
     }
