@@ -879,7 +879,8 @@ impl Host {
                 (Some(tx), Some(local))
             }
             // The user path dials on its own, retrying until the next member holds the group
-            // at this epoch: members may then be initialized in any order (decision 27).
+            // at this epoch: members may then be initialized in any order (docs/decisions.md,
+            // "members on group hosts").
             (Some(addr), None) => (Some(self.link_lazily(addr, tenant, token, &init, caller)), None),
         };
         if let (Some(kernel), SlotMember::Kernel { slot }) = (kernel, &member) {
