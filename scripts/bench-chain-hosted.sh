@@ -62,6 +62,7 @@ for round in $(seq "$rounds"); do
         a_head=$(user_ticks "$head"); a_others=$(user_ticks "${others[@]}")
         a_hosts=$( [ ${#hosts[@]} -gt 0 ] && user_ticks "${hosts[@]}" || echo 0)
         read -r _ count _ rps p50 _ p99 _ _ <<<"$line"
+        echo "ticks: head $((a_head - b_head)) others $((a_others - b_others)) hosts $((a_hosts - b_hosts)) (${hosts[*]})" >&2
         us() { awk -v t="$1" -v hz="$hz" -v n="$count" 'BEGIN { printf "%.2f", t * 1e6 / hz / n }'; }
         head_us=$(us $((a_head - b_head)))
         others_us=$(us $((a_others - b_others)))
