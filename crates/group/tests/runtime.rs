@@ -473,8 +473,8 @@ fn hosted_members_initialized_head_first_link_up_and_acknowledge_at_the_tails_ca
         .iter()
         .map(|addr| HostLink::start(*addr, TENANT, TOKEN, Duration::from_secs(3)))
         .collect();
-    for position in 0..3 {
-        links[position].initialize(HostedInit {
+    for (position, link) in links.iter().enumerate() {
+        link.initialize(HostedInit {
             group: GroupId(1),
             epoch: 1,
             start_seq: 1,
