@@ -695,11 +695,16 @@ fn open_chain(
     joining: bool,
 ) -> anyhow::Result<chorus_chain::Chain> {
     let (chain_config, region) = open_chain_region(config, dir, replicas, joining)?;
-    let chain = chorus_chain::Chain::with_region(chain_config, region);
-    if let Some(error) = chain.region_error() {
-        anyhow::bail!("the chain region cannot be used: {error}");
+    usable_chain(chorus_chain::Chain::with_region(chain_config, region))
+}
+
+fn usable_chain<M: chorus_chain::Member>(
+    chain: chorus_chain::Chain<M>,
+) -> anyhow::Result<chorus_chain::Chain<M>> {
+    match chain.region_error() {
+        Some(error) => anyhow::bail!("the chain region cannot be used: {error}"),
+        None => Ok(chain),
     }
-    Ok(chain)
 }
 
 /// The chain store with its member on this node's group host (`chain_hosts`): the host maps
@@ -714,13 +719,9 @@ fn open_hosted_chain(
     let (chain_config, region) = open_chain_region(config, dir, replicas, joining)?;
     let (me, hosts) = (config.node_id, config.chain_hosts.clone());
     info!(host = %hosts[usize::from(me.0)], "the chain's member runs on this node's group host");
-    let chain = chorus_chain::Chain::with_member(chain_config, |initial| {
+    usable_chain(chorus_chain::Chain::with_member(chain_config, |initial| {
         chain_host::HostedMember::new(me, initial, region, hosts, std::time::Duration::from_secs(5))
-    });
-    if let Some(error) = chain.region_error() {
-        anyhow::bail!("the chain region cannot be used: {error}");
-    }
-    Ok(chain)
+    }))
 }
 
 fn open_chain_region(

@@ -989,11 +989,7 @@ impl Host {
         caller: &mpsc::Sender<Bytes>,
     ) -> Result<(mpsc::Sender<Bytes>, SocketAddr), String> {
         let position = init.position as usize;
-        let hello = Hello {
-            role: Role::Link { group: init.group, epoch: init.epoch, from_position: position as u8 },
-            tenant,
-            token,
-        };
+        let hello = link_hello(init, tenant, token);
         let stream = dial(addr, &hello, self.io_timeout).await?;
         let local = stream.local_addr().map_err(|e| e.to_string())?;
         let (probe, writer) = stream.into_split();
@@ -1002,16 +998,7 @@ impl Host {
         let (group, epoch, timeout) = (init.group, init.epoch, self.io_timeout);
         self.spawn(async move {
             if let Err(error) = write_loop(writer, rx, Some(probe), timeout).await {
-                // The next member is gone or stuck: the chain is broken. Tell the caller now
-                // rather than letting its retransmissions run out.
-                let refusal = Refusal::MemberFailed {
-                    position: position as u8 + 1,
-                    reason: format!("link from member {position} lost: {error}"),
-                };
-                let message = GroupMessage::Refused { group, epoch, seq: 0, refusal };
-                for frame in group_frames(&[message]) {
-                    let _ = failed.send(frame).await;
-                }
+                report_link_lost(&failed, group, epoch, position, error).await;
             }
         });
         Ok((tx, local))
@@ -1030,11 +1017,7 @@ impl Host {
         caller: &mpsc::Sender<Bytes>,
     ) -> mpsc::Sender<Bytes> {
         let position = init.position as usize;
-        let hello = Hello {
-            role: Role::Link { group: init.group, epoch: init.epoch, from_position: position as u8 },
-            tenant,
-            token,
-        };
+        let hello = link_hello(init, tenant, token);
         let (tx, rx) = mpsc::channel(WRITER_QUEUE_FRAMES);
         let failed = caller.clone();
         let host = self.clone();
@@ -1055,14 +1038,7 @@ impl Host {
             };
             let (probe, writer) = stream.into_split();
             if let Err(error) = write_loop(writer, rx, Some(probe), host.io_timeout).await {
-                let refusal = Refusal::MemberFailed {
-                    position: position as u8 + 1,
-                    reason: format!("link from member {position} lost: {error}"),
-                };
-                let message = GroupMessage::Refused { group, epoch, seq: 0, refusal };
-                for frame in group_frames(&[message]) {
-                    let _ = failed.send(frame).await;
-                }
+                report_link_lost(&failed, group, epoch, position, error).await;
             }
         });
         tx
@@ -1187,6 +1163,35 @@ pub(crate) fn spawn_spinner() {
             tokio::task::yield_now().await;
         }
     });
+}
+
+/// The handshake of the link from `init`'s member to the next one.
+fn link_hello(init: &Init, tenant: TenantId, token: Token) -> Hello {
+    Hello {
+        role: Role::Link { group: init.group, epoch: init.epoch, from_position: init.position },
+        tenant,
+        token,
+    }
+}
+
+/// The link from the member at `position` to the next one broke (the next member is gone or
+/// stuck): the chain is broken. Tell the caller now rather than letting its retransmissions
+/// run out.
+async fn report_link_lost(
+    caller: &mpsc::Sender<Bytes>,
+    group: GroupId,
+    epoch: u64,
+    position: usize,
+    error: io::Error,
+) {
+    let refusal = Refusal::MemberFailed {
+        position: position as u8 + 1,
+        reason: format!("link from member {position} lost: {error}"),
+    };
+    let message = GroupMessage::Refused { group, epoch, seq: 0, refusal };
+    for frame in group_frames(&[message]) {
+        let _ = caller.send(frame).await;
+    }
 }
 
 fn frame_of_raw(kind: u8, payload: &[u8]) -> Bytes {
