@@ -70,6 +70,16 @@ pub struct UpArgs {
     /// slot of the kernel data path; 2,048 keys, values up to about 64 KiB).
     #[arg(long, value_name = "server|kernel")]
     pub chain_shape: Option<String>,
+    /// chain: run the members on a group host per node (`chorus group-host`, HyperLoop's
+    /// NIC) instead of in the nodes' event loops. "user": the host applies and forwards in its
+    /// own process. "kernel" is refused for now (the chain's traffic is not yet carried as
+    /// the kernel path's datagrams; docs/protocols/hyperloop.md, "Not done yet").
+    #[arg(long, value_name = "user|kernel")]
+    pub datapath: Option<String>,
+    /// chain with --datapath: replica i's group host listens on group-host-port + i
+    /// (default port + 2000).
+    #[arg(long)]
+    pub group_host_port: Option<u16>,
     /// Log level of the nodes (their logs go to <data-dir>/node-<i>.log).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -106,11 +116,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         }
         chorus_chain::ChainLayout::named(shape).map_err(|error| anyhow::anyhow!("--chain-shape: {error}"))?;
     }
+    match (args.datapath.as_deref(), args.protocol.as_str()) {
+        (None, _) | (Some("user"), "chain") => {}
+        (Some("kernel"), "chain") => bail!(
+            "--datapath kernel: the chain's members do not run on the kernel data path yet (its \
+             operations are not sent as the kernel path's datagrams); use --datapath user"
+        ),
+        (Some(other), "chain") => bail!("--datapath {other:?}: expected user or kernel"),
+        (Some(_), _) => bail!("--datapath only applies to --protocol chain"),
+    }
     if args.shards == 0 || args.shards > 64 {
         bail!("--shards must be between 1 and 64");
     }
     let n = args.replicas as u16 * args.shards;
     let peer_port = args.peer_port.unwrap_or(args.port.saturating_add(1000));
+    let group_host_port = args.group_host_port.unwrap_or(args.port.saturating_add(2000));
     let port_of = |base: u16, i: u16, flag: &str| {
         base.checked_add(i)
             .filter(|port| *port != 0)
@@ -166,7 +186,16 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         }
     }
     let exe = std::env::current_exe().context("cannot find the chorus binary")?;
-    let mut cluster = Cluster { replicas, data_dir: data_dir.clone(), remove_on_exit };
+    let chain_hosts: Vec<SocketAddr> = match args.datapath {
+        None => Vec::new(),
+        Some(_) => (0..n)
+            .map(|i| {
+                port_of(group_host_port, i, "group-host-port").map(|port| SocketAddr::new(args.bind, port))
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let mut cluster = Cluster { replicas, hosts: Vec::new(), data_dir: data_dir.clone(), remove_on_exit };
+
     for replica in &mut cluster.replicas {
         let group = replica.index / r;
         // Groups are separate clusters: their own peers, and an id no other group accepts.
@@ -187,6 +216,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
             appendfsync: args.appendfsync.clone(),
             chain_shape: args.chain_shape.clone(),
+            chain_hosts: (!chain_hosts.is_empty())
+                .then(|| chain_hosts.iter().map(|addr| addr.to_string()).collect()),
             event_loops: args.event_loops,
             requirepass: requirepass.clone(),
             protected_mode: args.protected_mode.clone().map(chorus_server::config::YesNo::Text),
@@ -227,6 +258,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             .stderr(log);
         die_with_parent(&mut command);
         replica.child = Some(command.spawn().context("cannot start `chorus node`")?);
+    }
+
+    // After the nodes, which clear a fresh cluster's region directories: the hosts map the
+    // same files. A node dials its host again until it is up.
+    for (i, addr) in chain_hosts.iter().enumerate() {
+        let child = start_group_host(&exe, *addr, &data_dir.join(format!("node-{i}")), &args.log_level)?;
+        cluster.hosts.push(child);
     }
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -445,6 +483,8 @@ fn one_shard() -> u16 {
 
 struct Cluster {
     replicas: Vec<Replica>,
+    /// The chain's group hosts (`--datapath`), stopped after the nodes.
+    hosts: Vec<Child>,
     data_dir: PathBuf,
     remove_on_exit: bool,
 }
@@ -475,10 +515,46 @@ impl Drop for Cluster {
             }
             let _ = child.wait();
         }
+        for host in &mut self.hosts {
+            let _ = host.kill();
+            let _ = host.wait();
+        }
         if self.remove_on_exit {
             let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
+}
+
+/// A group host for the chain's member of one node: its regions are the node's (the node reads
+/// what the host writes), its log `<node dir>-host.log`.
+fn start_group_host(
+    exe: &Path,
+    listen: SocketAddr,
+    node_dir: &Path,
+    log_level: &str,
+) -> anyhow::Result<Child> {
+    let log_path = node_dir.with_extension("host.log");
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("cannot create log file {}", log_path.display()))?;
+    let token = chorus_group::runtime::format_token(&chorus_chain::replica::TOKEN);
+    let tenant = chorus_chain::replica::TENANT.0;
+    let mut command = Command::new(exe);
+    command
+        .arg("group-host")
+        .arg("--listen")
+        .arg(listen.to_string())
+        .arg("--region-dir")
+        .arg(node_dir.join("regions"))
+        .arg("--tenant")
+        .arg(format!("{tenant}:{token}"))
+        .arg("--datapath")
+        .arg("user")
+        .env("RUST_LOG", log_level)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    die_with_parent(&mut command);
+    command.spawn().context("cannot start `chorus group-host`")
 }
 
 fn terminate(child: &Child) {

@@ -451,3 +451,83 @@ fn tenant_quotas_refuse_regions_and_naive_replicas_beyond_them() {
     assert!(format!("{error:#}").contains("Naïve replicas here (quota)"), "{error:#}");
     drop(one);
 }
+
+/// Issue 17 point 5: every member is initialized by its own caller (the chain store's nodes
+/// each configure their own host), in any order. The head is initialized first, so its link
+/// to the next member can only come up once that member exists: the host dials it again
+/// until it is accepted, and the write reaches every region and is acknowledged to the
+/// tail's caller (`HostLink`).
+#[test]
+fn hosted_members_initialized_head_first_link_up_and_acknowledge_at_the_tails_caller() {
+    use chorus_core::NodeId;
+    use chorus_group::runtime::{HostLink, HostedInit};
+    use chorus_group::{GroupCaller, GroupConfig, GroupMessage, GroupOutbox, RequestId};
+
+    let rt = runtime();
+    let dir = TestDir::new("hosted");
+    let hosts = start_hosts(&rt, &dir, 3, HostMode::Chorus);
+    let hosts_addrs = addrs(&hosts);
+    let region_bytes = 4096;
+    let _guard = rt.enter();
+    let links: Vec<HostLink> = hosts_addrs
+        .iter()
+        .map(|addr| HostLink::start(*addr, TENANT, TOKEN, Duration::from_secs(3)))
+        .collect();
+    for (position, link) in links.iter().enumerate() {
+        link.initialize(HostedInit {
+            group: GroupId(1),
+            epoch: 1,
+            start_seq: 1,
+            region: "hosted".into(),
+            region_bytes,
+            chain_len: 3,
+            position: position as u8,
+            next: hosts_addrs.get(position + 1).copied(),
+        });
+        // Let the head's host try (and fail) to link before the next member exists.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let config = GroupConfig {
+        group: GroupId(1),
+        tenant: TENANT,
+        token: TOKEN,
+        epoch: 1,
+        chain: vec![NodeId(1), NodeId(2), NodeId(3)],
+        caller: NodeId(0),
+        region_bytes,
+        start_seq: 1,
+    };
+    let caller_config =
+        CallerConfig { retransmit_after: Time::from_millis(200), attempts_max: 50, window_max: 8 };
+    let mut caller = GroupCaller::new(config, NodeId(0), caller_config).unwrap();
+    let mut out = GroupOutbox::default();
+    caller.submit(
+        Time::ZERO,
+        RequestId(1),
+        Operation::write(64, Bytes::from_static(b"hosted!")).durable(),
+        &mut out,
+    );
+    let started = std::time::Instant::now();
+    let mut acked = None;
+    while acked.is_none() && started.elapsed() < Duration::from_secs(10) {
+        let ops: Vec<GroupMessage> = out.messages.drain(..).map(|(_, message)| message).collect();
+        links[0].send(&ops);
+        let mut from_tail = Vec::new();
+        links[2].drain(&mut from_tail);
+        for message in from_tail {
+            caller.on_message(Time::ZERO, NodeId(3), message, &mut out);
+        }
+        acked = out.completions.drain(..).next();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (request, result) = acked.expect("the tail's caller got the acknowledgement");
+    assert_eq!(request, RequestId(1));
+    assert!(result.is_ok(), "{result:?}");
+    for i in 0..3 {
+        let region = std::fs::read(dir.host(i).join(format!("{TENANT}")).join("hosted.region")).unwrap();
+        assert_eq!(&region[64..71], b"hosted!", "member {i}");
+    }
+    assert_eq!(links[0].last_error(), None);
+    drop(links);
+    drop(hosts);
+}

@@ -113,6 +113,11 @@ pub struct RawConfig {
     pub chain_log_bytes: Option<u64>,
     pub chain_index_slots: Option<u64>,
     pub chain_heap_bytes: Option<u64>,
+    /// chain only: the group host of every replica, by node id (`chorus group-host`, one per
+    /// machine). Set: the chain's members run on these hosts instead of in the nodes' event
+    /// loops (docs/protocols/chain.md, "Where the members run"). Each host's region directory
+    /// must be this node's `<data_dir>/regions`: the node reads the region the host writes.
+    pub chain_hosts: Option<Vec<String>>,
     /// Join a running cluster (Hermes §3.4 Recovery): the peer address of a live replica to
     /// copy the data from. `chorus node --join ADDR`.
     pub join: Option<String>,
@@ -315,6 +320,8 @@ pub struct NodeConfig {
     pub raftlog: RaftlogOptions,
     /// The chain store's region shape (`chain_shape` and its overrides).
     pub chain_layout: chorus_chain::ChainLayout,
+    /// The group host of every replica by node id; empty: members in the event loop.
+    pub chain_hosts: Vec<SocketAddr>,
     /// A peer link silent this long is dropped and redialled (chorus_net::NetConfig::link_timeout).
     pub peer_link_timeout_ms: u64,
     /// TLS for clients and/or peers; `None`: plain TCP everywhere.
@@ -496,6 +503,7 @@ impl RawConfig {
             chain_log_bytes: overrides.chain_log_bytes.or(self.chain_log_bytes),
             chain_index_slots: overrides.chain_index_slots.or(self.chain_index_slots),
             chain_heap_bytes: overrides.chain_heap_bytes.or(self.chain_heap_bytes),
+            chain_hosts: overrides.chain_hosts.or(self.chain_hosts),
             join: overrides.join.or(self.join),
             peer_link_timeout_ms: overrides.peer_link_timeout_ms.or(self.peer_link_timeout_ms),
             tls_port: overrides.tls_port.or(self.tls_port),
@@ -567,6 +575,7 @@ impl RawConfig {
         let persistence = self.persistence_options(protocol)?;
         let raftlog = self.raftlog_options(protocol)?;
         let chain_layout = self.chain_layout(protocol)?;
+        let chain_hosts = self.chain_hosts(protocol)?;
         let clients = self.client_limits()?;
         let requirepass = self.requirepass.clone().filter(|password| !password.is_empty());
         let client_addr =
@@ -659,6 +668,7 @@ impl RawConfig {
             persistence,
             raftlog,
             chain_layout,
+            chain_hosts,
             node_id,
             protocol,
             membership,
@@ -903,6 +913,23 @@ impl RawConfig {
         shape
             .with_sizes(self.chain_log_bytes, self.chain_index_slots, self.chain_heap_bytes)
             .map_err(|error| field_error("chain_log_bytes, chain_index_slots or chain_heap_bytes", error))
+    }
+
+    fn chain_hosts(&self, protocol: Protocol) -> Result<Vec<SocketAddr>, ConfigError> {
+        only_for(Protocol::Chain, protocol, &[("chain_hosts", self.chain_hosts.is_some())])?;
+        let hosts = self.chain_hosts.as_deref().unwrap_or_default();
+        let ids = self.peers.iter().flatten().filter_map(|(id, _)| id.parse::<usize>().ok());
+        let needed = ids.chain([usize::from(self.node_id.unwrap_or(0))]).max().unwrap_or(0) + 1;
+        if !hosts.is_empty() && hosts.len() < needed {
+            return Err(field_error(
+                "chain_hosts",
+                format!(
+                    "lists {} hosts: it needs the group host of each of the {needed} node ids",
+                    hosts.len()
+                ),
+            ));
+        }
+        hosts.iter().map(|host| parse_addr("chain_hosts", host)).collect()
     }
 
     fn event_loops(&self, protocol: Protocol) -> Result<usize, ConfigError> {

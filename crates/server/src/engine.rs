@@ -562,7 +562,7 @@ impl ServedReplica for Zab {
     }
 }
 
-impl ServedReplica for chorus_chain::Chain {
+impl<M: chorus_chain::Member + Send + 'static> ServedReplica for chorus_chain::Chain<M> {
     fn protocol_name(&self) -> &'static str {
         "chain"
     }

@@ -14,6 +14,7 @@
 //! * [`files`]: private data directories, unpredictable temporary ones.
 
 pub mod admin;
+pub mod chain_host;
 pub mod clients;
 pub mod cluster;
 pub mod command;
@@ -230,10 +231,17 @@ async fn serve_node(
         }
         Protocol::Chain => {
             let dir = state_dir.as_deref().expect("the chain store always has a directory");
-            let mut chain = Some(open_chain(config, dir, replicas, joining)?);
-            start
-                .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
-                .await?
+            if config.chain_hosts.is_empty() {
+                let mut chain = Some(open_chain(config, dir, replicas, joining)?);
+                start
+                    .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
+                    .await?
+            } else {
+                let mut chain = Some(open_hosted_chain(config, dir, replicas, joining)?);
+                start
+                    .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
+                    .await?
+            }
         }
     };
 
@@ -686,6 +694,42 @@ fn open_chain(
     replicas: NodeSet,
     joining: bool,
 ) -> anyhow::Result<chorus_chain::Chain> {
+    let (chain_config, region) = open_chain_region(config, dir, replicas, joining)?;
+    usable_chain(chorus_chain::Chain::with_region(chain_config, region))
+}
+
+fn usable_chain<M: chorus_chain::Member>(
+    chain: chorus_chain::Chain<M>,
+) -> anyhow::Result<chorus_chain::Chain<M>> {
+    match chain.region_error() {
+        Some(error) => anyhow::bail!("the chain region cannot be used: {error}"),
+        None => Ok(chain),
+    }
+}
+
+/// The chain store with its member on this node's group host (`chain_hosts`): the host maps
+/// the same region file, under the same directory (docs/protocols/chain.md, "Where the
+/// members run").
+fn open_hosted_chain(
+    config: &NodeConfig,
+    dir: &std::path::Path,
+    replicas: NodeSet,
+    joining: bool,
+) -> anyhow::Result<chorus_chain::Chain<chain_host::HostedMember>> {
+    let (chain_config, region) = open_chain_region(config, dir, replicas, joining)?;
+    let (me, hosts) = (config.node_id, config.chain_hosts.clone());
+    info!(host = %hosts[usize::from(me.0)], "the chain's member runs on this node's group host");
+    usable_chain(chorus_chain::Chain::with_member(chain_config, |initial| {
+        chain_host::HostedMember::new(me, initial, region, hosts, std::time::Duration::from_secs(5))
+    }))
+}
+
+fn open_chain_region(
+    config: &NodeConfig,
+    dir: &std::path::Path,
+    replicas: NodeSet,
+    joining: bool,
+) -> anyhow::Result<(chorus_chain::ChainConfig, chorus_region::Region)> {
     let mut chain_config = chorus_chain::ChainConfig::server(config.node_id, replicas);
     chain_config.layout = config.chain_layout;
     // §5.1: a joining node serves nothing until the head has copied its region over this one
@@ -697,14 +741,10 @@ fn open_chain(
     let store = chorus_region::RegionStore::open(dir.join("regions"), chorus_region::FlushBackend::Msync)
         .with_context(|| format!("cannot open the chain region directory under {}", dir.display()))?;
     let region = store
-        .register(chorus_region::TenantId(0), "chain", chain_config.layout.region_bytes())
+        .register(chorus_chain::replica::TENANT, chain_host::REGION_NAME, chain_config.layout.region_bytes())
         .context("cannot open the chain region")?;
     info!(path = ?region.path(), bytes = chain_config.layout.region_bytes(), "chain region mapped");
-    let chain = chorus_chain::Chain::with_region(chain_config, region);
-    if let Some(error) = chain.region_error() {
-        anyhow::bail!("the chain region cannot be used: {error}");
-    }
-    Ok(chain)
+    Ok((chain_config, region))
 }
 
 /// One message carries at most a key and a value, each bounded by the value limit.

@@ -53,6 +53,10 @@ use crate::outbox::GroupOutbox;
 const WRITER_QUEUE_FRAMES: usize = 1024;
 /// Coalesce queued frames into one write up to this many bytes.
 const COALESCE_BYTES_MAX: usize = 1024 * 1024;
+/// A link the next member does not accept yet is dialled again after this, doubling up to
+/// [`LINK_RETRY_MAX`].
+const LINK_RETRY_MIN: Duration = Duration::from_millis(5);
+const LINK_RETRY_MAX: Duration = Duration::from_millis(200);
 
 /// Who does the work of a group member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -866,12 +870,18 @@ impl Host {
                 (SlotMember::User(Box::new(Mutex::new(member))), path)
             }
         };
-        let (downstream, link_local) = match next {
-            None => (None, None),
-            Some(addr) => {
+        let (downstream, link_local) = match (next, kernel) {
+            (None, _) => (None, None),
+            // The kernel path needs the link's local address for its packets: dial now, so
+            // its members are initialized tail first (as `GroupClient` does).
+            (Some(addr), Some(_)) => {
                 let (tx, local) = self.link_to_next(addr, tenant, token, &init, caller).await?;
                 (Some(tx), Some(local))
             }
+            // The user path dials on its own, retrying until the next member holds the group
+            // at this epoch: members may then be initialized in any order (docs/decisions.md,
+            // "members on group hosts").
+            (Some(addr), None) => (Some(self.link_lazily(addr, tenant, token, &init, caller)), None),
         };
         if let (Some(kernel), SlotMember::Kernel { slot }) = (kernel, &member) {
             // The tail sends to the caller's UDP port from the address the caller reached it
@@ -979,11 +989,7 @@ impl Host {
         caller: &mpsc::Sender<Bytes>,
     ) -> Result<(mpsc::Sender<Bytes>, SocketAddr), String> {
         let position = init.position as usize;
-        let hello = Hello {
-            role: Role::Link { group: init.group, epoch: init.epoch, from_position: position as u8 },
-            tenant,
-            token,
-        };
+        let hello = link_hello(init, tenant, token);
         let stream = dial(addr, &hello, self.io_timeout).await?;
         let local = stream.local_addr().map_err(|e| e.to_string())?;
         let (probe, writer) = stream.into_split();
@@ -992,19 +998,50 @@ impl Host {
         let (group, epoch, timeout) = (init.group, init.epoch, self.io_timeout);
         self.spawn(async move {
             if let Err(error) = write_loop(writer, rx, Some(probe), timeout).await {
-                // The next member is gone or stuck: the chain is broken. Tell the caller now
-                // rather than letting its retransmissions run out.
-                let refusal = Refusal::MemberFailed {
-                    position: position as u8 + 1,
-                    reason: format!("link from member {position} lost: {error}"),
-                };
-                let message = GroupMessage::Refused { group, epoch, seq: 0, refusal };
-                for frame in group_frames(&[message]) {
-                    let _ = failed.send(frame).await;
-                }
+                report_link_lost(&failed, group, epoch, position, error).await;
             }
         });
         Ok((tx, local))
+    }
+
+    /// The link to the next member, dialled in the background: until the next member's host
+    /// accepts it (it holds the group at the next position and this epoch), operations wait in
+    /// the link's queue, and TCP's back-pressure reaches the caller, whose window bounds them.
+    /// Dialling stops once this member is replaced (a newer Initialize) or the host stops.
+    fn link_lazily(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        tenant: TenantId,
+        token: Token,
+        init: &Init,
+        caller: &mpsc::Sender<Bytes>,
+    ) -> mpsc::Sender<Bytes> {
+        let position = init.position as usize;
+        let hello = link_hello(init, tenant, token);
+        let (tx, rx) = mpsc::channel(WRITER_QUEUE_FRAMES);
+        let failed = caller.clone();
+        let host = self.clone();
+        let (group, epoch) = (init.group, init.epoch);
+        self.spawn(async move {
+            let mut backoff = LINK_RETRY_MIN;
+            let stream = loop {
+                match dial(addr, &hello, host.io_timeout).await {
+                    Ok(stream) => break stream,
+                    Err(reason) => debug!(group = group.0, epoch, "link to {addr} not up yet: {reason}"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(LINK_RETRY_MAX);
+                let current = host.slot(tenant, group).is_some_and(|slot| slot.epoch == epoch);
+                if !current || host.stopped.load(Relaxed) {
+                    return;
+                }
+            };
+            let (probe, writer) = stream.into_split();
+            if let Err(error) = write_loop(writer, rx, Some(probe), host.io_timeout).await {
+                report_link_lost(&failed, group, epoch, position, error).await;
+            }
+        });
+        tx
     }
 
     /// Naïve mode: start a replica dedicated to one tenant replica and return its address.
@@ -1126,6 +1163,35 @@ pub(crate) fn spawn_spinner() {
             tokio::task::yield_now().await;
         }
     });
+}
+
+/// The handshake of the link from `init`'s member to the next one.
+fn link_hello(init: &Init, tenant: TenantId, token: Token) -> Hello {
+    Hello {
+        role: Role::Link { group: init.group, epoch: init.epoch, from_position: init.position },
+        tenant,
+        token,
+    }
+}
+
+/// The link from the member at `position` to the next one broke (the next member is gone or
+/// stuck): the chain is broken. Tell the caller now rather than letting its retransmissions
+/// run out.
+async fn report_link_lost(
+    caller: &mpsc::Sender<Bytes>,
+    group: GroupId,
+    epoch: u64,
+    position: usize,
+    error: io::Error,
+) {
+    let refusal = Refusal::MemberFailed {
+        position: position as u8 + 1,
+        reason: format!("link from member {position} lost: {error}"),
+    };
+    let message = GroupMessage::Refused { group, epoch, seq: 0, refusal };
+    for frame in group_frames(&[message]) {
+        let _ = caller.send(frame).await;
+    }
 }
 
 fn frame_of_raw(kind: u8, payload: &[u8]) -> Bytes {

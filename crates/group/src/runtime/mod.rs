@@ -10,6 +10,7 @@
 pub mod child;
 pub mod client;
 pub mod host;
+pub mod hosted;
 pub mod wire;
 
 pub use child::{child_main, spawn_child, ChildProcess};
@@ -17,4 +18,5 @@ pub use client::{BlockingGroupClient, GroupClient, GroupSpec, WireFaults};
 pub use host::{
     serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, TenantCredential, TenantQuotas,
 };
+pub use hosted::{HostLink, HostedInit};
 pub use wire::{format_token, parse_token};

@@ -65,10 +65,10 @@ const GENERATION_BITS: u32 = 24;
 const COPY_WINDOW: usize = 16;
 /// Why a member without the data refuses clients.
 const JOINING: &str = "joining: the log and the database are being copied from the head";
-const TENANT: TenantId = TenantId(0);
+pub const TENANT: TenantId = TenantId(0);
 /// Peer links are already authenticated with the cluster token; the group token only keeps
 /// the group core's §7 check meaningful within one cluster.
-const TOKEN: Token = Token(*b"chorus-chain-grp");
+pub const TOKEN: Token = Token(*b"chorus-chain-grp");
 /// The owner id in the write-lock word.
 const OWNER: u64 = 1;
 

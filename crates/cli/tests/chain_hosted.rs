@@ -1,0 +1,140 @@
+//! `chorus up --protocol chain --datapath user` (issue 17 point 5): the chain's members run on
+//! a group host per node (`chorus group-host`), not in the nodes' event loops. Through the
+//! real binary: the hosts carry every operation (stopped hosts stop the writes while every
+//! node runs), the history of concurrent clients across a SIGKILL of the head is
+//! linearizable, the survivors go on with what was acknowledged, and the killed node
+//! restarted on its directory is copied to and linked through its host.
+
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::scratch::Scratch;
+use support::up::{client, free_port_run, Up};
+use support::workload;
+
+mod support;
+
+/// The pid of the `chorus group-host` listening on `port` (a child of `chorus up`).
+fn host_pid(port: u16) -> u32 {
+    let listen = format!("127.0.0.1:{port}");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> =
+            cmdline.split(|b| *b == 0).map(|arg| String::from_utf8_lossy(arg).into_owned()).collect();
+        if args.iter().any(|arg| arg == "group-host") && args.contains(&listen) {
+            return pid;
+        }
+    }
+    panic!("no group host listens on {listen}");
+}
+
+fn node_pid(port: u16) -> i32 {
+    let info: String = redis::cmd("INFO").arg("server").query(&mut client(port)).unwrap();
+    let line = info.lines().find(|line| line.starts_with("process_id:")).expect("INFO has process_id");
+    line["process_id:".len()..].trim().parse().unwrap()
+}
+
+fn signal(pid: i32, signal: i32) {
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to {pid}");
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// GET at `port` until it answers `want` (bounded; a node not listening yet is waited for).
+fn wait_for_value(port: u16, key: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let value: redis::RedisResult<Option<String>> =
+            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))
+                .and_then(|mut con| redis::cmd("GET").arg(key).query(&mut con));
+        if matches!(&value, Ok(Some(v)) if v == want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{key} at {port}: {value:?}, expected {want}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn chorus_up_chain_runs_its_members_on_group_hosts() {
+    let scratch = Scratch::new("chain-hosted");
+    let port = free_port_run(9, 3);
+    let dir = scratch.0.join("cluster");
+    let host_port = (port + 6).to_string();
+    let args = [
+        "--protocol",
+        "chain",
+        "--datapath",
+        "user",
+        "--group-host-port",
+        &host_port,
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ];
+    let (up, first) = Up::start(port, 3, &args, &[]).unwrap();
+    assert!(first.contains("3 chain replicas up"), "{first}");
+    let _: () = redis::cmd("SET").arg("k").arg("v0").query(&mut client(port)).unwrap();
+    wait_for_value(port + 2, "k", "v0");
+
+    // The hosts stopped, every node running: a write cannot complete, since the hosts apply
+    // and forward it (with members in the event loops it would). All of them, because which
+    // node is linked where depends on the views so far (a node slow to start may have been
+    // removed and joined again as the tail).
+    let hosts: Vec<i32> = (6..9).map(|i| host_pid(port + i) as i32).collect();
+    hosts.iter().for_each(|pid| signal(*pid, libc::SIGSTOP));
+    let mut con = client(port);
+    con.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let stalled = redis::cmd("SET").arg("k").arg("v1").query::<()>(&mut con);
+    hosts.iter().for_each(|pid| signal(*pid, libc::SIGCONT));
+    assert!(stalled.is_err(), "a write completed while the group hosts were stopped");
+    // Retransmitted by the coordinator once the host runs again.
+    wait_for_value(port + 2, "k", "v1");
+
+    // Concurrent clients on every node; the head (the coordinator) is SIGKILLed mid-load.
+    let targets: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", port + i)).collect();
+    let (stop, clients) = workload::spawn_until_stopped(targets);
+    thread::sleep(Duration::from_millis(700));
+    signal(node_pid(port), libc::SIGKILL);
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let history = clients.join().unwrap();
+    workload::check_across_crashes(&history, 50);
+
+    // The survivors re-chained on their hosts: a write at the new head reaches the tail.
+    let _: () = redis::cmd("SET").arg("after").arg("kill").query(&mut client(port + 1)).unwrap();
+    wait_for_value(port + 2, "after", "kill");
+    wait_for_value(port + 1, "k", "v1");
+
+    // The killed node restarted on its directory joins (§5.1): the new head copies its region
+    // to it through the copy group on its host, links it as the tail, and it serves.
+    let node0 = std::process::Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["node", "--config", dir.join("node-0.toml").to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let node0 = KillOnDrop(node0);
+    wait_for_value(port, "after", "kill");
+    let _: () = redis::cmd("SET").arg("through").arg("joiner").query(&mut client(port)).unwrap();
+    wait_for_value(port + 1, "through", "joiner");
+    drop(node0);
+    drop(up);
+
+    let error = Up::start(port, 3, &["--datapath", "user"], &[]).err().expect("hermes has no group hosts");
+    assert!(error.contains("only applies to --protocol chain"), "{error}");
+    let error = Up::start(port, 3, &["--protocol", "chain", "--datapath", "kernel"], &[])
+        .err()
+        .expect("the kernel path is not wired to the chain yet");
+    assert!(error.contains("--datapath kernel"), "{error}");
+}

@@ -1,0 +1,213 @@
+//! A member that lives on a group host, seen from the process that configures it: the caller
+//! connection of the chain store's hosted member (`--protocol chain` with group hosts, issue
+//! 17 point 5; docs/protocols/chain.md, "Where the members run").
+//!
+//! Unlike [`super::GroupClient`], which initializes a whole chain from one caller, each node
+//! initializes only its own host's member, and never waits: [`HostLink`] is driven from a
+//! synchronous event loop. It queues control requests and group frames for a background task
+//! that owns the connection, and hands back what the host sent (acknowledgements of groups
+//! whose tail this member is, refusals) through [`HostLink::drain`]. If the connection breaks,
+//! the task dials again and repeats the last `Initialize` of every group (the host dropped
+//! them with the connection); operations lost meanwhile are the caller's to retransmit.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use chorus_core::codec::{decode_batch, WireMessage};
+use chorus_region::TenantId;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::host::{dial, write_loop};
+use super::wire::{
+    frame_of, group_frames, read_frame, ControlReply, ControlRequest, Hello, Role, FRAME_BYTES_MAX,
+    FRAME_KIND_CONTROL, FRAME_KIND_REPLY,
+};
+use crate::message::{GroupMessage, FRAME_KIND_GROUP};
+use crate::op::{GroupId, Token};
+
+const QUEUE_FRAMES: usize = 1024;
+const REDIAL_AFTER: Duration = Duration::from_millis(50);
+
+/// One member's `Initialize` on its own host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostedInit {
+    pub group: GroupId,
+    pub epoch: u64,
+    pub start_seq: u64,
+    pub region: String,
+    pub region_bytes: u64,
+    pub chain_len: u8,
+    pub position: u8,
+    /// The next member's host (absent at the tail).
+    pub next: Option<SocketAddr>,
+}
+
+enum Request {
+    Initialize(HostedInit),
+    Frame(Bytes),
+}
+
+/// The caller connection of one member hosted on a group host. Dropping it closes the
+/// connection; the host then drops the member (the region file stays).
+pub struct HostLink {
+    requests: mpsc::UnboundedSender<Request>,
+    received: std_mpsc::Receiver<GroupMessage>,
+    last_error: Arc<Mutex<Option<String>>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for HostLink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl HostLink {
+    /// Start the connection to the host at `addr` on the current tokio runtime.
+    pub fn start(addr: SocketAddr, tenant: TenantId, token: Token, io_timeout: Duration) -> HostLink {
+        let (requests, rx) = mpsc::unbounded_channel();
+        let (received_tx, received) = std_mpsc::channel();
+        let last_error = Arc::new(Mutex::new(None));
+        let hello = Hello { role: Role::Caller, tenant, token };
+        let task = tokio::spawn(run(addr, hello, io_timeout, rx, received_tx, last_error.clone()));
+        HostLink { requests, received, last_error, task: task.abort_handle() }
+    }
+
+    /// Initialize (or re-initialize, in a newer epoch) this member on the host. Operations sent
+    /// after it reach the host after it, on the same connection.
+    pub fn initialize(&self, init: HostedInit) {
+        let _ = self.requests.send(Request::Initialize(init));
+    }
+
+    /// Operations for the group whose head this member is (or any group message the host's
+    /// member should apply as coming from the caller).
+    pub fn send(&self, messages: &[GroupMessage]) {
+        for frame in group_frames(messages) {
+            let _ = self.requests.send(Request::Frame(frame));
+        }
+    }
+
+    /// Everything the host sent since the last call: acknowledgements and refusals.
+    pub fn drain(&self, into: &mut Vec<GroupMessage>) {
+        into.extend(self.received.try_iter());
+    }
+
+    /// The host's last refusal of an `Initialize`, or why it cannot be reached.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+fn initialize_request(id: u64, init: &HostedInit) -> ControlRequest {
+    ControlRequest::Initialize {
+        id,
+        group: init.group,
+        epoch: init.epoch,
+        start_seq: init.start_seq,
+        region: init.region.clone(),
+        region_bytes: init.region_bytes,
+        chain_len: init.chain_len,
+        position: init.position,
+        next: init.next.map(|addr| addr.to_string()),
+        caller_port: 0,
+    }
+}
+
+async fn run(
+    addr: SocketAddr,
+    hello: Hello,
+    io_timeout: Duration,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+    received: std_mpsc::Sender<GroupMessage>,
+    last_error: Arc<Mutex<Option<String>>>,
+) {
+    let set_error =
+        |error: Option<String>| *last_error.lock().unwrap_or_else(PoisonError::into_inner) = error;
+    let mut inits: BTreeMap<GroupId, HostedInit> = BTreeMap::new();
+    let mut next_id = 1u64;
+    loop {
+        let stream = match dial(addr, &hello, io_timeout).await {
+            Ok(stream) => stream,
+            Err(reason) => {
+                set_error(Some(format!("group host {addr}: {reason}")));
+                tokio::time::sleep(REDIAL_AFTER).await;
+                // Keep the latest configuration; operations meanwhile are lost (retransmitted).
+                while let Ok(request) = requests.try_recv() {
+                    if let Request::Initialize(init) = request {
+                        inits.insert(init.group, init);
+                    }
+                }
+                continue;
+            }
+        };
+        let (mut reader, writer) = stream.into_split();
+        let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
+        let writer = tokio::spawn(write_loop(writer, rx, None, io_timeout));
+        for init in inits.values() {
+            let _ = tx.send(frame_of(FRAME_KIND_CONTROL, &initialize_request(next_id, init))).await;
+            next_id += 1;
+        }
+        let received = received.clone();
+        let last_error = last_error.clone();
+        let mut read = tokio::spawn(async move {
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            loop {
+                match read_frame(&mut reader, &mut buf, FRAME_BYTES_MAX).await {
+                    Ok(Some(frame)) if frame.kind == FRAME_KIND_GROUP => {
+                        match decode_batch::<GroupMessage>(frame.payload) {
+                            Ok(messages) => messages.into_iter().for_each(|m| drop(received.send(m))),
+                            Err(error) => return format!("malformed batch: {error}"),
+                        }
+                    }
+                    Ok(Some(frame)) if frame.kind == FRAME_KIND_REPLY => {
+                        match ControlReply::decode_exact(frame.payload) {
+                            Ok(ControlReply::Error { message, .. }) => {
+                                warn!("the group host refused Initialize: {message}");
+                                *last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(message);
+                            }
+                            Ok(_) => *last_error.lock().unwrap_or_else(PoisonError::into_inner) = None,
+                            Err(error) => return format!("malformed reply: {error}"),
+                        }
+                    }
+                    Ok(Some(frame)) => return format!("unexpected frame kind {:#x}", frame.kind),
+                    Ok(None) => return "closed".to_string(),
+                    Err(error) => return error.to_string(),
+                }
+            }
+        });
+        let reason = loop {
+            tokio::select! {
+                request = requests.recv() => {
+                    let frame = match request {
+                        None => {
+                            writer.abort();
+                            read.abort();
+                            return;
+                        }
+                        Some(Request::Initialize(init)) => {
+                            let frame = frame_of(FRAME_KIND_CONTROL, &initialize_request(next_id, &init));
+                            next_id += 1;
+                            inits.insert(init.group, init);
+                            frame
+                        }
+                        Some(Request::Frame(frame)) => frame,
+                    };
+                    if tx.send(frame).await.is_err() {
+                        break "the connection's writer stopped".to_string();
+                    }
+                }
+                reason = &mut read => break reason.unwrap_or_else(|error| error.to_string()),
+            }
+        };
+        writer.abort();
+        read.abort();
+        debug!(%addr, "connection to the group host lost ({reason}); dialling again");
+        set_error(Some(format!("connection to group host {addr} lost: {reason}")));
+        tokio::time::sleep(REDIAL_AFTER).await;
+    }
+}
