@@ -5,8 +5,9 @@
 //! <data_dir>/raftlog/
 //!   tenant-0/circular.region   level 1: the circular log, an mmap'd file (chorus-region),
 //!                              flushed (msync) before the turn's messages and replies leave
-//!   log                        level 2: append-only; the circular log drains into it in
-//!                              batches (write + fdatasync, then the circular head moves)
+//!   log, log.1                 level 2: append-only; the circular log drains into one of
+//!                              them in batches (write + fdatasync, then the circular head
+//!                              moves); a checkpoint switches to the other
 //!   snapshot                   the last checkpoint: every log's state machine (keys and
 //!                              session table), HardState and unapplied entries
 //!   boot                       incarnation counter: this node's session client id
@@ -19,16 +20,25 @@
 //!
 //! Records carry sequence numbers that only grow. A checkpoint file records the first
 //! sequence number after it; writing it (to a temporary file, fsync, rename, fsync of the
-//! directory) is the commit point, after which the log file is truncated and the circular
-//! log emptied. Replay reads the checkpoint, then the log file's records, then the circular
-//! log's, keeping each sequence number once and requiring them to be consecutive: a crash
-//! between any two steps leaves either duplicates (skipped) or records older than the
-//! checkpoint (skipped), never a hole. The circular log's header says which records were
+//! directory) is the commit point. **Checkpoints are written off the event loop**: at a
+//! checkpoint the drains switch to the other log file (empty), and a writer thread encodes
+//! the checkpoint (the core handed it copy-on-write images of the state, see
+//! `state::StateImage`), writes and renames it, and only then empties the file the drains
+//! left, whose records all precede the checkpoint. The loop goes on meanwhile; everything
+//! it persists stays in the two log levels, so a crash before the rename recovers from the
+//! previous checkpoint and both files. One checkpoint is in flight at a time (a second one
+//! waits for it: backpressure), and a checkpoint that records a snapshot installed from the
+//! leader is waited for, since the turn's messages acknowledge it. Replay reads the
+//! checkpoint, then the two log files' records (older file first), then the circular log's,
+//! keeping each sequence number once and requiring them to be consecutive: a crash between
+//! any two steps leaves either duplicates (skipped) or records older than the checkpoint
+//! (skipped), never a hole. The circular log's header says which records were
 //! drained (durably) to the file, so the file must reach that far; a damaged record there, or
 //! in the middle of the circular log, refuses the start instead of silently dropping what
 //! followed it.
 
 use std::path::Path;
+use std::sync::mpsc;
 
 use bytes::{Bytes, BytesMut};
 use chorus_core::codec::WireMessage;
@@ -42,7 +52,10 @@ use crate::durable::{Checkpoint, Record, Recovered};
 use crate::{Message, RaftLog, RaftLogConfig};
 
 const SNAPSHOT_MAGIC: u64 = 0x7061_6e73_676f_6c72; // "rlogsnap"
-const LOG: &str = "log";
+/// The two log files: drains go to one, a checkpoint switches them to the other.
+const LOGS: [&str; 2] = ["log", "log.1"];
+#[cfg(test)]
+const LOG: &str = LOGS[0];
 const SNAPSHOT: &str = "snapshot";
 const BOOT: &str = "boot";
 const CIRCULAR: &str = "circular.region";
@@ -87,6 +100,9 @@ pub struct DiskOptions {
     /// How the circular log is made durable: `msync` (default) or `none` (volatile).
     pub flush: FlushBackend,
     pub storage: StorageKind,
+    /// Checkpoints are written by a thread of their own (the server), or in the call that
+    /// hands them over (the simulator, which must stay deterministic).
+    pub checkpoint_thread: bool,
     /// Broken variant `Bug::AckBeforeSync`: sync only every this many turns, while every
     /// turn's messages and replies leave at once. 1 (correct): every turn.
     pub sync_every_turns: u32,
@@ -98,6 +114,7 @@ impl Default for DiskOptions {
             circular_bytes: 4 << 20,
             flush: FlushBackend::Msync,
             storage: StorageKind::Files,
+            checkpoint_thread: true,
             sync_every_turns: 1,
         }
     }
@@ -116,11 +133,100 @@ pub struct DiskStats {
 pub struct TwoLevelLog {
     storage: BoxedStorage,
     circular: CircularLog<BoxedRegion>,
-    /// The largest sequence number in the log file.
+    /// The largest sequence number in the log files.
     file_last_seq: u64,
+    /// Which of `LOGS` drains go to. The other is empty, or holds records that only a
+    /// checkpoint in flight makes obsolete.
+    current: usize,
+    /// The other file holds records no durable checkpoint covers (recovery found a
+    /// checkpoint that never completed): the next checkpoint cannot switch to it, so it is
+    /// written in the loop and empties both files.
+    other_needed: bool,
+    /// The checkpoint writer thread (None: checkpoints are written inline).
+    writer: Option<CheckpointWriter>,
+    /// A checkpoint was handed to the writer and is not done yet.
+    in_flight: bool,
     stats: DiskStats,
     sync_every_turns: u32,
     turns_unsynced: u32,
+}
+
+/// A checkpoint to write, and the log file it makes obsolete.
+struct CheckpointJob {
+    checkpoint: Checkpoint,
+    /// The sequence number of the first record after it.
+    next_seq: u64,
+    obsolete: &'static str,
+}
+
+/// The checkpoint file's bytes: the magic, then one framed record whose sequence number is
+/// the first record after the checkpoint. Encoding the state images happens here.
+fn checkpoint_file(checkpoint: &Checkpoint, next_seq: u64) -> Vec<u8> {
+    let mut payload = BytesMut::new();
+    checkpoint.encode(&mut payload);
+    let mut bytes = Vec::with_capacity(payload.len() + 24);
+    bytes.extend_from_slice(&SNAPSHOT_MAGIC.to_le_bytes());
+    frame(next_seq, &payload, &mut bytes);
+    bytes
+}
+
+/// Write the checkpoint into place (the commit point), then empty the log file it made
+/// obsolete. Runs on the writer thread, or inline.
+fn write_checkpoint(storage: &mut (dyn Storage + Send), job: &CheckpointJob) -> Result<(), DiskError> {
+    let bytes = checkpoint_file(&job.checkpoint, job.next_seq);
+    let describe = storage.describe(SNAPSHOT);
+    storage.replace(SNAPSHOT, &bytes).map_err(io(format!("writing {describe}")))?;
+    let log = storage.describe(job.obsolete);
+    storage.truncate(job.obsolete, 0).map_err(io(format!("truncating {log}")))?;
+    storage.sync(job.obsolete).map_err(io(format!("fsync {log}")))
+}
+
+/// The thread that writes checkpoints, with a storage handle of its own on the same files.
+struct CheckpointWriter {
+    jobs: Option<mpsc::Sender<CheckpointJob>>,
+    done: mpsc::Receiver<Result<(), DiskError>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CheckpointWriter {
+    fn start(mut storage: BoxedStorage) -> Result<CheckpointWriter, DiskError> {
+        let (jobs, pending) = mpsc::channel::<CheckpointJob>();
+        let (report, done) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("raftlog-checkpoint".into())
+            .spawn(move || {
+                for job in pending {
+                    if report.send(write_checkpoint(storage.as_mut(), &job)).is_err() {
+                        return; // the log was dropped
+                    }
+                }
+            })
+            .map_err(io("starting the checkpoint writer thread"))?;
+        Ok(CheckpointWriter { jobs: Some(jobs), done, thread: Some(thread) })
+    }
+
+    fn send(&self, job: CheckpointJob) -> Result<(), DiskError> {
+        let jobs = self.jobs.as_ref().expect("the writer is running");
+        jobs.send(job).map_err(|_| writer_gone())
+    }
+}
+
+fn writer_gone() -> DiskError {
+    DiskError::Io {
+        context: "the checkpoint writer thread".into(),
+        source: std::io::Error::other("it stopped"),
+    }
+}
+
+impl Drop for CheckpointWriter {
+    /// Let the checkpoint in flight finish: a half-written one is harmless (the rename is
+    /// the commit point), but a finished one saves the next start a longer replay.
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 fn frame(seq: u64, payload: &[u8], buf: &mut Vec<u8>) {
@@ -162,22 +268,28 @@ fn parse_log_file(bytes: &[u8]) -> (Vec<(u64, Bytes)>, usize) {
     (records, at)
 }
 
-/// The storage and circular-log region `options` ask for, in `dir`.
-fn open_storage(dir: &Path, options: DiskOptions) -> Result<(BoxedStorage, BoxedRegion), DiskError> {
+/// The storage and circular-log region `options` ask for, in `dir`, and a second handle on
+/// the storage for the checkpoint writer thread.
+fn open_storage(
+    dir: &Path,
+    options: DiskOptions,
+) -> Result<(BoxedStorage, BoxedRegion, BoxedStorage), DiskError> {
+    let opening = || io(format!("opening {}", dir.display()));
     match options.storage {
         StorageKind::Files => {
-            let storage = FileStorage::open(dir).map_err(io(format!("opening {}", dir.display())))?;
+            let storage = FileStorage::open(dir).map_err(opening())?;
+            let writer = FileStorage::open(dir).map_err(opening())?;
             let store = RegionStore::open(dir, options.flush).map_err(CircularError::from)?;
             let region = store
                 .register(TenantId(0), "circular", options.circular_bytes)
                 .map_err(CircularError::from)?;
-            Ok((Box::new(storage), Box::new(region)))
+            Ok((Box::new(storage), Box::new(region), Box::new(writer)))
         }
         StorageKind::CrashTest => {
-            let storage = CrashTestStorage::open(dir).map_err(io(format!("opening {}", dir.display())))?;
+            let storage = CrashTestStorage::open(dir).map_err(opening())?;
             let region = StorageRegion::open(storage.clone(), CIRCULAR, options.circular_bytes)
                 .map_err(CircularError::from)?;
-            Ok((Box::new(storage), Box::new(region)))
+            Ok((Box::new(storage.clone()), Box::new(region), Box::new(storage)))
         }
     }
 }
@@ -185,8 +297,10 @@ fn open_storage(dir: &Path, options: DiskOptions) -> Result<(BoxedStorage, Boxed
 impl TwoLevelLog {
     /// Open (or create) the two-level log in `dir` and recover what it holds.
     pub fn open(dir: &Path, options: DiskOptions) -> Result<(TwoLevelLog, Recovered), DiskError> {
-        let (storage, region) = open_storage(dir, options)?;
-        TwoLevelLog::open_on(storage, region, options)
+        let (storage, region, writer) = open_storage(dir, options)?;
+        let (log, recovered) = TwoLevelLog::open_on(storage, region, options)?;
+        let log = if options.checkpoint_thread { log.with_writer(writer)? } else { log };
+        Ok((log, recovered))
     }
 
     /// Open the two-level log on `storage` (its files) and `region` (its circular log).
@@ -196,18 +310,25 @@ impl TwoLevelLog {
         options: DiskOptions,
     ) -> Result<(TwoLevelLog, Recovered), DiskError> {
         let (checkpoint, first_seq) = read_checkpoint(storage.as_ref())?;
-        let bytes =
-            storage.read(LOG).map_err(io(format!("reading {}", storage.describe(LOG))))?.unwrap_or_default();
-        let (file_records, valid_bytes) = parse_log_file(&bytes);
-        if valid_bytes < bytes.len() {
-            // A torn drain: cut it (the circular log still holds what it carried). If it was
-            // damage instead, the sequence check below finds the records it hid missing.
-            storage
-                .truncate(LOG, valid_bytes as u64)
-                .map_err(io(format!("truncating {}", storage.describe(LOG))))?;
-            storage.sync(LOG).map_err(io(format!("fsync {}", storage.describe(LOG))))?;
+        let mut files = Vec::with_capacity(LOGS.len());
+        for (file, name) in LOGS.iter().enumerate() {
+            files.push((file, read_log_file(storage.as_mut(), name)?));
         }
-        let file_last_seq = file_records.last().map_or(0, |(seq, _)| *seq);
+        // The file drained to last holds the newest records; the other one older records
+        // (a checkpoint in flight at the crash) or none.
+        files.sort_by_key(|(_, records)| records.last().map_or(0, |(seq, _)| *seq));
+        let current = if files[1].1.is_empty() { 0 } else { files[1].0 };
+        let other = LOGS[1 - current];
+        let other_needed = files.iter().any(|(file, records)| {
+            *file != current && records.last().is_some_and(|(seq, _)| *seq >= first_seq)
+        });
+        if !other_needed && files.iter().any(|(file, records)| *file != current && !records.is_empty()) {
+            // Everything in it precedes the checkpoint: finish what its writer did not.
+            storage.truncate(other, 0).map_err(io(format!("truncating {}", storage.describe(other))))?;
+            storage.sync(other).map_err(io(format!("fsync {}", storage.describe(other))))?;
+        }
+        let file_records: Vec<(u64, Bytes)> = files.into_iter().flat_map(|(_, records)| records).collect();
+        let file_last_seq = file_records.iter().map(|(seq, _)| *seq).max().unwrap_or(0);
 
         let (mut circular, circular_records) = CircularLog::open(region, first_seq.max(file_last_seq + 1))?;
         if let Some(damaged) = circular.damaged_record() {
@@ -232,11 +353,11 @@ impl TwoLevelLog {
             if seq > expected {
                 return Err(DiskError::Corrupt(format!(
                     "{}: record {expected} is missing (next found: {seq})",
-                    storage.describe(LOG)
+                    storage.describe(LOGS[current])
                 )));
             }
             let record = Record::decode_exact(payload).map_err(|error| {
-                DiskError::Corrupt(format!("{}: record {seq}: {error}", storage.describe(LOG)))
+                DiskError::Corrupt(format!("{}: record {seq}: {error}", storage.describe(LOGS[current])))
             })?;
             records.push(record);
             expected += 1;
@@ -244,7 +365,7 @@ impl TwoLevelLog {
         if expected <= drained_through {
             return Err(DiskError::Corrupt(format!(
                 "{}: records {expected}..={drained_through} were drained to it but are not there (damaged)",
-                storage.describe(LOG)
+                storage.describe(LOGS[current])
             )));
         }
         // Appends continue after everything recovered (a checkpoint may be ahead of a
@@ -256,6 +377,10 @@ impl TwoLevelLog {
             storage,
             circular,
             file_last_seq,
+            current,
+            other_needed,
+            writer: None,
+            in_flight: false,
             stats: DiskStats::default(),
             sync_every_turns: options.sync_every_turns.max(1),
             turns_unsynced: 0,
@@ -265,6 +390,40 @@ impl TwoLevelLog {
 
     pub fn stats(&self) -> DiskStats {
         self.stats
+    }
+
+    /// Write checkpoints on a thread of their own, through `storage` (a second handle on
+    /// the same files).
+    pub fn with_writer(mut self, storage: BoxedStorage) -> Result<TwoLevelLog, DiskError> {
+        self.writer = Some(CheckpointWriter::start(storage)?);
+        Ok(self)
+    }
+
+    /// Return once the checkpoint in flight (if any) is in place.
+    pub fn wait_for_checkpoint(&mut self) -> Result<(), DiskError> {
+        if !self.in_flight {
+            return Ok(());
+        }
+        let writer = self.writer.as_ref().expect("only a writer has checkpoints in flight");
+        let result = writer.done.recv().map_err(|_| writer_gone())?;
+        self.checkpoint_done(result)
+    }
+
+    /// Take the writer's report if it is in, without waiting.
+    fn poll_checkpoint(&mut self) -> Result<(), DiskError> {
+        let Some(writer) = self.writer.as_ref().filter(|_| self.in_flight) else { return Ok(()) };
+        match writer.done.try_recv() {
+            Ok(result) => self.checkpoint_done(result),
+            Err(mpsc::TryRecvError::Empty) => Ok(()),
+            Err(mpsc::TryRecvError::Disconnected) => Err(writer_gone()),
+        }
+    }
+
+    fn checkpoint_done(&mut self, result: Result<(), DiskError>) -> Result<(), DiskError> {
+        self.in_flight = false;
+        result?;
+        self.stats.checkpoints += 1;
+        Ok(())
     }
 
     /// Make `records` durable, in order; returns once they are (the circular log flushed,
@@ -294,6 +453,7 @@ impl TwoLevelLog {
     /// Make every record written so far durable: flush the circular log, and drain it into
     /// the file once it is half full (Cyclone drains in batches).
     pub fn sync(&mut self) -> Result<(), DiskError> {
+        self.poll_checkpoint()?;
         self.turns_unsynced += 1;
         if self.turns_unsynced < self.sync_every_turns {
             return Ok(()); // Broken variant AckBeforeSync: the turn's messages leave anyway.
@@ -327,9 +487,10 @@ impl TwoLevelLog {
     }
 
     fn write_file(&mut self, bytes: &[u8]) -> Result<(), DiskError> {
-        let describe = self.storage.describe(LOG);
-        self.storage.append(LOG, bytes).map_err(io(format!("appending to {describe}")))?;
-        self.storage.sync(LOG).map_err(io(format!("fsync {describe}")))
+        let name = LOGS[self.current];
+        let describe = self.storage.describe(name);
+        self.storage.append(name, bytes).map_err(io(format!("appending to {describe}")))?;
+        self.storage.sync(name).map_err(io(format!("fsync {describe}")))
     }
 
     /// Move every record of the circular log to the log file, then empty the circular log.
@@ -351,24 +512,62 @@ impl TwoLevelLog {
         Ok(())
     }
 
+    /// Switch the drains to the other log file and have the checkpoint written (by the
+    /// writer thread, or here); the file left holds only records the checkpoint covers.
     fn checkpoint(&mut self, checkpoint: &Checkpoint) -> Result<(), DiskError> {
+        // One at a time: the file this one frees is the one the next one switches to.
+        self.wait_for_checkpoint()?;
         let next_seq = self.circular.next_seq();
-        let mut payload = BytesMut::new();
-        checkpoint.encode(&mut payload);
-        let mut bytes = Vec::with_capacity(payload.len() + 24);
-        bytes.extend_from_slice(&SNAPSHOT_MAGIC.to_le_bytes());
-        frame(next_seq, &payload, &mut bytes);
-        let describe = self.storage.describe(SNAPSHOT);
-        self.storage.replace(SNAPSHOT, &bytes).map_err(io(format!("writing {describe}")))?;
-        // The checkpoint is in place: both levels of the log may go.
-        let log = self.storage.describe(LOG);
-        self.storage.truncate(LOG, 0).map_err(io(format!("truncating {log}")))?;
-        self.storage.sync(LOG).map_err(io(format!("fsync {log}")))?;
+        if self.other_needed {
+            return self.checkpoint_in_place(checkpoint, next_seq);
+        }
+        let obsolete = LOGS[self.current];
+        self.current = 1 - self.current;
+        let job = CheckpointJob { checkpoint: checkpoint.clone(), next_seq, obsolete };
+        match &self.writer {
+            Some(writer) => {
+                writer.send(job)?;
+                self.in_flight = true;
+                if checkpoint.installed {
+                    self.wait_for_checkpoint()?;
+                }
+                Ok(())
+            }
+            None => {
+                write_checkpoint(self.storage.as_mut(), &job)?;
+                self.checkpoint_done(Ok(()))
+            }
+        }
+    }
+
+    /// A checkpoint written in the loop, after which both log files and the circular log
+    /// are emptied (everything persisted so far precedes it).
+    fn checkpoint_in_place(&mut self, checkpoint: &Checkpoint, next_seq: u64) -> Result<(), DiskError> {
+        let job =
+            CheckpointJob { checkpoint: checkpoint.clone(), next_seq, obsolete: LOGS[1 - self.current] };
+        write_checkpoint(self.storage.as_mut(), &job)?;
+        let log = self.storage.describe(LOGS[self.current]);
+        self.storage.truncate(LOGS[self.current], 0).map_err(io(format!("truncating {log}")))?;
+        self.storage.sync(LOGS[self.current]).map_err(io(format!("fsync {log}")))?;
         self.file_last_seq = next_seq.saturating_sub(1);
         self.circular.truncate_all(next_seq)?;
-        self.stats.checkpoints += 1;
-        Ok(())
+        self.other_needed = false;
+        self.checkpoint_done(Ok(()))
     }
+}
+
+/// The valid records of log file `name`, cutting a torn tail (a drain the crash interrupted;
+/// the circular log still holds what it carried). If it was damage instead, the sequence
+/// check of the replay finds the records it hid missing.
+fn read_log_file(storage: &mut (dyn Storage + Send), name: &str) -> Result<Vec<(u64, Bytes)>, DiskError> {
+    let describe = storage.describe(name);
+    let bytes = storage.read(name).map_err(io(format!("reading {describe}")))?.unwrap_or_default();
+    let (records, valid_bytes) = parse_log_file(&bytes);
+    if valid_bytes < bytes.len() {
+        storage.truncate(name, valid_bytes as u64).map_err(io(format!("truncating {describe}")))?;
+        storage.sync(name).map_err(io(format!("fsync {describe}")))?;
+    }
+    Ok(records)
 }
 
 /// The checkpoint and the sequence number of the first record after it (1 without one).
@@ -438,8 +637,15 @@ impl DurableRaftLog {
         dir: &Path,
         options: DiskOptions,
     ) -> Result<DurableRaftLog, DiskError> {
-        let (storage, region) = open_storage(dir, options)?;
-        DurableRaftLog::open_on(config, storage, region, options)
+        let (storage, region, writer) = open_storage(dir, options)?;
+        let mut replica = DurableRaftLog::open_on(config, storage, region, options)?;
+        if options.checkpoint_thread {
+            replica.disk = match replica.disk.take() {
+                Some(disk) => Some(disk.with_writer(writer)?),
+                None => None,
+            };
+        }
+        Ok(replica)
     }
 
     /// Like [`DurableRaftLog::open`], on given storage (the simulator's disk).
@@ -612,14 +818,94 @@ mod tests {
                 term: 1,
                 ..Default::default()
             }],
+            installed: false,
         };
         let after = Record::HardState { log: 0, term: 2, vote: 1, commit: 20 };
         log.persist(&[Record::Checkpoint(checkpoint.clone()), after.clone()]).unwrap();
+        log.wait_for_checkpoint().unwrap();
+        assert_eq!(log.stats().checkpoints, 1);
         assert_eq!(std::fs::metadata(dir.join("log")).unwrap().len(), 0);
+        log.drain().unwrap(); // the drains went to the other file
+        assert!(std::fs::metadata(dir.join("log.1")).unwrap().len() > 0);
         drop(log);
         let (_, recovered) = TwoLevelLog::open(&dir, small()).unwrap();
         assert_eq!(recovered.checkpoint, Some(checkpoint));
         assert_eq!(recovered.records, vec![after]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn checkpoint_at(index: u64) -> Checkpoint {
+        Checkpoint {
+            logs: vec![LogCheckpoint {
+                snapshot_index: index,
+                snapshot_term: 1,
+                state: Bytes::from(format!("state at {index}")).into(),
+                commit: index,
+                term: 1,
+                ..Default::default()
+            }],
+            installed: false,
+        }
+    }
+
+    #[test]
+    fn a_crash_before_a_background_checkpoint_completes_recovers_from_both_log_files() {
+        let disk = chorus_storage::SimDisk::new();
+        let (mut log, _) = on_sim(&disk).unwrap();
+        let first: Vec<Record> = (1..=10).map(|i| entries(0, i, 1, 300)).collect();
+        log.persist(&first).unwrap();
+        log.persist(&[Record::Checkpoint(checkpoint_at(10))]).unwrap();
+        let middle: Vec<Record> = (11..=20).map(|i| entries(0, i, 1, 300)).collect();
+        log.persist(&middle).unwrap();
+        log.drain().unwrap();
+        // The next checkpoint switched the drains to the other file, and its writer never
+        // finished (the crash): the records of both files are needed.
+        log.current = 1 - log.current;
+        let last: Vec<Record> = (21..=30).map(|i| entries(0, i, 1, 300)).collect();
+        log.persist(&last).unwrap();
+        log.drain().unwrap();
+        drop(log);
+        disk.crash(7);
+        let (mut log, recovered) = on_sim(&disk).unwrap();
+        assert_eq!(recovered.checkpoint, Some(checkpoint_at(10)));
+        let expected: Vec<Record> = middle.iter().chain(&last).cloned().collect();
+        assert_eq!(recovered.records, expected);
+        assert!(log.other_needed);
+        // The next checkpoint cannot switch to a needed file: written in place, it empties
+        // both, and later records replay after it.
+        log.persist(&[Record::Checkpoint(checkpoint_at(30))]).unwrap();
+        assert!(!log.other_needed);
+        let after = entries(0, 31, 1, 300);
+        log.persist(std::slice::from_ref(&after)).unwrap();
+        drop(log);
+        let (_, recovered) = on_sim(&disk).unwrap();
+        assert_eq!(recovered.checkpoint, Some(checkpoint_at(30)));
+        assert_eq!(recovered.records, vec![after]);
+    }
+
+    #[test]
+    fn records_persisted_while_a_checkpoint_is_written_replay_after_it() {
+        let dir = temp_dir("background");
+        let (mut log, _) = TwoLevelLog::open(&dir, small()).unwrap();
+        let mut after = Vec::new();
+        for round in 1..=5u64 {
+            for i in 0..8 {
+                log.persist(&[entries(0, round * 100 + i, 1, 300)]).unwrap();
+            }
+            // Each checkpoint goes to the writer; the records that follow it go on at once
+            // (the next checkpoint waits for the previous one).
+            log.persist(&[Record::Checkpoint(checkpoint_at(round * 100 + 7))]).unwrap();
+            after = (0..6).map(|i| entries(1, round * 100 + i, 1, 500)).collect();
+            for record in &after {
+                log.persist(std::slice::from_ref(record)).unwrap();
+            }
+        }
+        log.wait_for_checkpoint().unwrap();
+        assert_eq!(log.stats().checkpoints, 5);
+        drop(log);
+        let (_, recovered) = TwoLevelLog::open(&dir, small()).unwrap();
+        assert_eq!(recovered.checkpoint, Some(checkpoint_at(507)));
+        assert_eq!(recovered.records, after);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -13,6 +13,8 @@ use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
 use protobuf::Message as _;
 use raft::prelude::{Entry, HardState};
 
+use crate::state::StateImage;
+
 /// One durable change. A [`Record::Checkpoint`] supersedes every record before it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
@@ -37,14 +39,18 @@ pub enum Record {
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Checkpoint {
     pub logs: Vec<LogCheckpoint>,
+    /// Records a snapshot installed from the leader, which no other record holds: it must be
+    /// durable before the turn's messages (which acknowledge it) leave, so the runtime
+    /// writes it at once instead of in the background. Not stored.
+    pub installed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct LogCheckpoint {
     pub snapshot_index: u64,
     pub snapshot_term: u64,
-    /// `LogState::encode` at `snapshot_index`.
-    pub state: Bytes,
+    /// The state machine at `snapshot_index`, encoded by whoever writes the checkpoint.
+    pub state: StateImage,
     pub term: u64,
     pub vote: u64,
     pub commit: u64,
@@ -103,7 +109,7 @@ impl WireMessage for Checkpoint {
         for log in &self.logs {
             buf.put_u64_le(log.snapshot_index);
             buf.put_u64_le(log.snapshot_term);
-            buf.put_bytes_prefixed(&log.state);
+            buf.put_bytes_prefixed(&log.state.bytes());
             buf.put_u64_le(log.term);
             buf.put_u64_le(log.vote);
             buf.put_u64_le(log.commit);
@@ -121,14 +127,14 @@ impl WireMessage for Checkpoint {
             logs.push(LogCheckpoint {
                 snapshot_index: reader.u64()?,
                 snapshot_term: reader.u64()?,
-                state: reader.bytes()?,
+                state: StateImage::from(reader.bytes()?),
                 term: reader.u64()?,
                 vote: reader.u64()?,
                 commit: reader.u64()?,
                 entries: read_entries(reader)?,
             });
         }
-        Ok(Checkpoint { logs })
+        Ok(Checkpoint { logs, installed: false })
     }
 }
 
@@ -194,12 +200,13 @@ mod tests {
                 logs: vec![LogCheckpoint {
                     snapshot_index: 4,
                     snapshot_term: 2,
-                    state: Bytes::from_static(b"state"),
+                    state: Bytes::from_static(b"state").into(),
                     term: 3,
                     vote: 1,
                     commit: 5,
                     entries: vec![entry(5, b"x")],
                 }],
+                installed: false,
             }),
         ];
         for record in records {

@@ -18,6 +18,7 @@
 
 pub mod circular;
 pub mod config;
+mod cow;
 pub mod disk;
 pub mod durable;
 pub mod message;
@@ -32,4 +33,4 @@ pub mod txn;
 pub use config::{Bug, RaftLogConfig};
 pub use message::{EntryBatch, Message, Proposal, SessionId, Step, StepKind, TxnId};
 pub use replica::{log_in_shard, log_of, shard_of, RaftLog, RaftLogStats};
-pub use state::{LogState, ProposalResult, SessionRecord};
+pub use state::{LogState, ProposalResult, SessionRecord, StateImage};

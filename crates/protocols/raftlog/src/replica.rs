@@ -34,7 +34,7 @@ use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
 use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
 use crate::message::{SessionId, StepKind};
 use crate::speculate::Speculation;
-use crate::state::{LogState, ProposalResult, SessionRecord};
+use crate::state::{LogState, ProposalResult, SessionRecord, StateImage};
 use crate::storage::LogStorage;
 use crate::transfer::{self, Incoming, Outgoing};
 use crate::txn::{Driver, StepResult};
@@ -105,7 +105,7 @@ pub struct RaftLogStats {
 }
 
 /// FNV-1a (64-bit) of the key: the one hash that places keys on shards and logs.
-fn fnv1a64(key: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(key: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key {
         hash ^= *byte as u64;
@@ -347,7 +347,8 @@ impl RaftLog {
                 snapshot
                     .mut_metadata()
                     .set_conf_state(raft::prelude::ConfState::from((voters.clone(), vec![])));
-                snapshot.data = saved.state.clone();
+                let state_bytes = saved.state.bytes();
+                snapshot.data = state_bytes.clone();
                 storage.apply_snapshot(snapshot);
                 storage.set_hard_state(saved.hard_state());
                 storage
@@ -357,10 +358,10 @@ impl RaftLog {
                 // election still pending) was never compacted: its state is the empty one,
                 // saved as no bytes. Such a node used to refuse to restart (the simulator's
                 // power losses found it).
-                *state = if saved.snapshot_index == 0 && saved.state.is_empty() {
+                *state = if saved.snapshot_index == 0 && state_bytes.is_empty() {
                     LogState::default()
                 } else {
-                    LogState::decode(saved.state.clone())
+                    LogState::decode(state_bytes)
                         .map_err(|error| format!("checkpoint of log {log}: state machine: {error}"))?
                 };
             }
@@ -1060,7 +1061,7 @@ impl RaftLog {
         self.applied_since_snapshot = 0;
         self.checkpoint_due = false;
         self.stats.snapshots_taken += 1;
-        let mut checkpoint = Checkpoint::default();
+        let mut checkpoint = Checkpoint { installed: checkpoint_due, ..Checkpoint::default() };
         for group in &mut self.groups {
             // A log waiting at a gang in the middle of an entry holds part of that entry's
             // effects: its state is not the state at any index, so it keeps its snapshot.
@@ -1071,7 +1072,8 @@ impl RaftLog {
             // last snapshot keeps it: encoding the state again would give the same bytes.
             let index = group.applied_index.min(storage.last_index());
             if index > storage.snapshot_index() && !part_applied {
-                let state = group.state.encode();
+                // A copy-on-write image, not the bytes: the writer thread encodes it.
+                let state = StateImage::of(&group.state);
                 self.stats.snapshot_logs_encoded += 1;
                 let trailing = storage.trailing_fitting(
                     index,
@@ -1085,7 +1087,7 @@ impl RaftLog {
                 checkpoint.logs.push(LogCheckpoint {
                     snapshot_index: storage.snapshot_index(),
                     snapshot_term: storage.snapshot_term(),
-                    state: storage.snapshot_data().clone(),
+                    state: storage.snapshot_image().clone(),
                     term: hard_state.term,
                     vote: hard_state.vote,
                     commit: hard_state.commit,
@@ -1658,6 +1660,7 @@ fn guard_log_length(raft: &mut RawNode<LogStorage>, message: &mut raft::prelude:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn the_log_of_a_key_never_changes() {
@@ -1678,15 +1681,63 @@ mod tests {
         let busy = LogCheckpoint {
             snapshot_index: 3,
             snapshot_term: 1,
-            state: LogState::default().encode(),
+            state: LogState::default().encode().into(),
             term: 1,
             commit: 3,
             ..LogCheckpoint::default()
         };
         let idle = LogCheckpoint::default();
-        let recovered =
-            Recovered { checkpoint: Some(Checkpoint { logs: vec![busy, idle] }), records: Vec::new() };
+        let recovered = Recovered {
+            checkpoint: Some(Checkpoint { logs: vec![busy, idle], installed: false }),
+            records: Vec::new(),
+        };
         assert!(RaftLog::restore(config, recovered).is_ok());
+    }
+
+    /// A checkpoint hands the runtime images of the state, not bytes: the loop encodes
+    /// nothing, and writes after the checkpoint do not leak into it (copy-on-write).
+    #[test]
+    fn a_checkpoint_carries_unencoded_images_that_later_writes_do_not_change() {
+        let mut config = RaftLogConfig::new(NodeId(0), [NodeId(0)].into_iter().collect());
+        config.logs = 1;
+        config.durable = true;
+        config.snapshot_entries = 4;
+        let mut core = RaftLog::new(config);
+        let mut out = Outbox::default();
+        let mut now_ms = 0;
+        while !core.groups[0].is_leader() {
+            now_ms += 10;
+            core.on_tick(Time::from_millis(now_ms), &mut out);
+        }
+        let write =
+            |value: String| Command::Write { key: Bytes::from_static(b"k"), value: Some(Bytes::from(value)) };
+        let mut checkpoint = None;
+        for request in 0..12 {
+            core.on_client(
+                Time::from_millis(now_ms),
+                ClientRequestId(request),
+                write(format!("v{request}")),
+                &mut out,
+            );
+            now_ms += 1;
+            core.on_tick(Time::from_millis(now_ms), &mut out);
+            for record in core.take_durable() {
+                if let Record::Checkpoint(taken) = record {
+                    checkpoint.get_or_insert(taken);
+                }
+            }
+        }
+        let checkpoint = checkpoint.expect("a checkpoint every 4 entries");
+        let image = &checkpoint.logs[0].state;
+        assert!(!image.is_encoded(), "the loop must leave the encoding to the writer");
+        assert!(checkpoint.logs[0].snapshot_index < core.groups[0].applied_index);
+        let live = core.groups[0].state.get(b"k").cloned();
+        assert_eq!(live.as_deref(), Some(&b"v11"[..]));
+        // The later writes changed the live state, not the image taken before them.
+        let saved = LogState::decode(image.bytes()).unwrap();
+        assert_eq!(saved.key_count(), 1);
+        assert_ne!(saved.get(b"k").cloned(), live, "the image kept the value it had");
+        assert_ne!(saved.get(b"k").cloned(), live, "the image kept its own value");
     }
 
     #[test]

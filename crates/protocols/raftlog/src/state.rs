@@ -20,10 +20,12 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use chorus_core::{Command, CommandError, Key, Outcome, Value};
 use rustc_hash::FxHashMap;
 
+use crate::cow::CowMap;
 use crate::message::{Proposal, SessionId, Step, TxnId};
 
 /// What one client session last executed in this log.
@@ -68,9 +70,12 @@ pub struct GangRecord {
 /// How ganged operations are ordered in a log: rank first, the gang's id breaks ties.
 pub type GangOrder = (u64, TxnId);
 
-#[derive(Default, Debug)]
+/// `Clone` is cheap for the keys (a [`CowMap`]) and costs the rest of the state (sessions,
+/// locks, transactions, gang records, all bounded or small): what a checkpoint takes inside
+/// the event loop ([`StateImage::of`]).
+#[derive(Clone, Default, Debug)]
 pub struct LogState {
-    store: FxHashMap<Key, Value>,
+    store: CowMap,
     sessions: FxHashMap<SessionId, SessionRecord>,
     /// Keys locked by a multi-key transaction (Cyclone §4.2's bucket locks, per key here).
     /// Single-key commands on a locked key do not run (`CommandError::Locked`).
@@ -454,9 +459,65 @@ impl LogState {
             Some(value) => {
                 self.store.insert(key.clone(), value);
             }
-            None => {
-                self.store.remove(key);
-            }
+            None => self.store.remove(key),
+        }
+    }
+}
+
+/// A log's state machine at a snapshot index, encoded lazily and at most once: taking one
+/// ([`StateImage::of`]) is a copy-on-write clone of the state, and the bytes are made where
+/// they are first needed, on the checkpoint writer's thread or when a lagging follower is
+/// sent the snapshot. Clones share the bytes.
+#[derive(Clone, Default)]
+pub struct StateImage(Arc<ImageInner>);
+
+#[derive(Default)]
+struct ImageInner {
+    /// The state until it is encoded (then dropped, so the live state's buckets stop being
+    /// shared and writes stop copying them).
+    state: Mutex<Option<LogState>>,
+    bytes: OnceLock<Bytes>,
+}
+
+impl StateImage {
+    pub fn of(state: &LogState) -> StateImage {
+        StateImage(Arc::new(ImageInner { state: Mutex::new(Some(state.clone())), bytes: OnceLock::new() }))
+    }
+
+    /// `LogState::encode` of the state it was taken from.
+    pub fn bytes(&self) -> Bytes {
+        self.0
+            .bytes
+            .get_or_init(|| {
+                let state = self.0.state.lock().expect("state image lock").take();
+                state.map(|state| state.encode()).unwrap_or_default()
+            })
+            .clone()
+    }
+
+    /// Whether the bytes were made yet (tests: the loop must not have made them).
+    pub fn is_encoded(&self) -> bool {
+        self.0.bytes.get().is_some()
+    }
+}
+
+impl From<Bytes> for StateImage {
+    fn from(bytes: Bytes) -> StateImage {
+        StateImage(Arc::new(ImageInner { state: Mutex::new(None), bytes: OnceLock::from(bytes) }))
+    }
+}
+
+impl PartialEq for StateImage {
+    fn eq(&self, other: &StateImage) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.bytes() == other.bytes()
+    }
+}
+
+impl std::fmt::Debug for StateImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.bytes.get() {
+            Some(bytes) => write!(f, "StateImage({} bytes)", bytes.len()),
+            None => write!(f, "StateImage(not encoded)"),
         }
     }
 }

@@ -15,12 +15,17 @@
 use raft::prelude::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, StorageError};
 
+use crate::state::StateImage;
+
 #[derive(Clone, Debug)]
 pub struct LogStorage {
     hard_state: HardState,
     conf_state: ConfState,
-    /// The latest snapshot: metadata (index, term, voters) and the encoded `LogState`.
+    /// The latest snapshot's metadata (index, term, voters); its data is `image`.
     snapshot: Snapshot,
+    /// The state machine at the snapshot, encoded only when first needed (a checkpoint's
+    /// writer thread, or raft-rs sending it to a lagging follower).
+    image: StateImage,
     /// Held entries: `entries[i].index == first + i`. `first <= snapshot index + 1`: the
     /// entries up to the snapshot index are trailing ones (covered by the snapshot, kept
     /// for lagging followers).
@@ -39,6 +44,7 @@ impl LogStorage {
             hard_state: HardState::default(),
             conf_state,
             snapshot,
+            image: StateImage::default(),
             entries: Vec::new(),
             first: 1,
             term_before_first: 0,
@@ -124,7 +130,7 @@ impl LogStorage {
 
     /// Install a snapshot received from the leader (or read at restart): every entry up to
     /// it is covered; later entries that agree with it are kept.
-    pub fn apply_snapshot(&mut self, snapshot: Snapshot) {
+    pub fn apply_snapshot(&mut self, mut snapshot: Snapshot) {
         let index = snapshot.get_metadata().index;
         let term = snapshot.get_metadata().term;
         // (An older snapshot than the held entries never arrives; it would drop them all.)
@@ -136,6 +142,7 @@ impl LogStorage {
         self.hard_state.term = self.hard_state.term.max(term);
         self.hard_state.commit = self.hard_state.commit.max(index);
         self.conf_state = snapshot.get_metadata().get_conf_state().clone();
+        self.image = StateImage::from(std::mem::take(&mut snapshot.data));
         self.snapshot = snapshot;
         if !agrees || self.entries.is_empty() {
             self.clear_entries();
@@ -147,7 +154,7 @@ impl LogStorage {
 
     /// Compact to `index` (applied, so covered by `state`): the snapshot becomes
     /// `(index, its term, state)` and earlier entries are dropped.
-    pub fn compact(&mut self, index: u64, state: bytes::Bytes) {
+    pub fn compact(&mut self, index: u64, state: impl Into<StateImage>) {
         self.compact_keeping(index, state, 0);
     }
 
@@ -170,7 +177,7 @@ impl LogStorage {
 
     /// [`LogStorage::compact`], keeping up to `trailing` entries at or before `index`
     /// (fewer if the storage holds fewer).
-    pub fn compact_keeping(&mut self, index: u64, state: bytes::Bytes, trailing: u64) {
+    pub fn compact_keeping(&mut self, index: u64, state: impl Into<StateImage>, trailing: u64) {
         assert!(index >= self.snapshot_index(), "compaction never goes backwards");
         assert!(index <= self.last_index(), "compaction only covers entries the log holds");
         let term = self.term_of(index).expect("the term of a held entry");
@@ -186,15 +193,15 @@ impl LogStorage {
         metadata.index = index;
         metadata.term = term;
         metadata.set_conf_state(self.conf_state.clone());
-        snapshot.data = state;
         self.snapshot = snapshot;
+        self.image = state.into();
         if self.entries.is_empty() || self.first > index + 1 {
             self.clear_entries();
         }
     }
 
-    pub fn snapshot_data(&self) -> &bytes::Bytes {
-        &self.snapshot.data
+    pub fn snapshot_image(&self) -> &StateImage {
+        &self.image
     }
 }
 
@@ -250,7 +257,9 @@ impl raft::Storage for LogStorage {
         if self.snapshot_index() < request_index {
             return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
         }
-        Ok(self.snapshot.clone())
+        let mut snapshot = self.snapshot.clone();
+        snapshot.data = self.image.bytes();
+        Ok(snapshot)
     }
 }
 
