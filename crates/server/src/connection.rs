@@ -189,9 +189,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     if read? == 0 {
                         return Ok(());
                     }
-                    if self.shared.live.idle_timeout_s.load(Relaxed) > 0 {
-                        self.last_read = Instant::now(); // a clock read per request only when needed
-                    }
+                    // Kept even while `timeout` is 0: CONFIG SET may turn it on, and must not
+                    // then close a busy connection as idle.
+                    self.last_read = Instant::now();
                     // Checked as soon as bytes arrive, before they are parsed (as Redis does).
                     let buffered = self.read.len();
                     let limit = self.shared.live.query_buffer_bytes_max.load(Relaxed) as usize;

@@ -55,18 +55,6 @@ pub fn digest(password: &[u8]) -> [u8; 32] {
     Sha256::digest(password).into()
 }
 
-/// Redis' `client-output-buffer-limit pubsub <hard> <soft> <soft seconds>`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OutputLimit {
-    pub hard_bytes: u64,
-    pub soft_bytes: u64,
-    pub soft_s: u64,
-}
-
-/// Redis' default: `pubsub 32mb 8mb 60`.
-pub const PUBSUB_OUTPUT_LIMIT_DEFAULT: OutputLimit =
-    OutputLimit { hard_bytes: 32 << 20, soft_bytes: 8 << 20, soft_s: 60 };
-
 pub struct Live {
     user: RwLock<DefaultUser>,
     /// The client port is reachable from other hosts and `protected-mode` is on: the
@@ -83,9 +71,6 @@ pub struct Live {
     pub slowlog_len_max: AtomicU64,
     /// Redis' `latency-monitor-threshold`, milliseconds (0: off).
     pub latency_threshold_ms: AtomicU64,
-    pubsub_hard_bytes: AtomicU64,
-    pubsub_soft_bytes: AtomicU64,
-    pubsub_soft_s: AtomicU64,
 }
 
 /// What CONFIG SET accepts (and CONFIG GET shows from here).
@@ -98,7 +83,6 @@ pub const SETTABLE: &[&str] = &[
     "slowlog-log-slower-than",
     "slowlog-max-len",
     "latency-monitor-threshold",
-    "client-output-buffer-limit",
 ];
 
 impl Live {
@@ -120,9 +104,6 @@ impl Live {
             slowlog_slower_than_us: AtomicI64::new(10_000),
             slowlog_len_max: AtomicU64::new(128),
             latency_threshold_ms: AtomicU64::new(0),
-            pubsub_hard_bytes: AtomicU64::new(PUBSUB_OUTPUT_LIMIT_DEFAULT.hard_bytes),
-            pubsub_soft_bytes: AtomicU64::new(PUBSUB_OUTPUT_LIMIT_DEFAULT.soft_bytes),
-            pubsub_soft_s: AtomicU64::new(PUBSUB_OUTPUT_LIMIT_DEFAULT.soft_s),
         }
     }
 
@@ -142,14 +123,6 @@ impl Live {
         Ok(())
     }
 
-    pub fn pubsub_limit(&self) -> OutputLimit {
-        OutputLimit {
-            hard_bytes: self.pubsub_hard_bytes.load(Relaxed),
-            soft_bytes: self.pubsub_soft_bytes.load(Relaxed),
-            soft_s: self.pubsub_soft_s.load(Relaxed),
-        }
-    }
-
     /// The current value of a [`SETTABLE`] name, as CONFIG GET shows it.
     pub fn get(&self, name: &str) -> Option<String> {
         Some(match name {
@@ -162,13 +135,6 @@ impl Live {
             "slowlog-log-slower-than" => self.slowlog_slower_than_us.load(Relaxed).to_string(),
             "slowlog-max-len" => self.slowlog_len_max.load(Relaxed).to_string(),
             "latency-monitor-threshold" => self.latency_threshold_ms.load(Relaxed).to_string(),
-            "client-output-buffer-limit" => {
-                let limit = self.pubsub_limit();
-                format!(
-                    "normal 0 0 0 slave 268435456 67108864 60 pubsub {} {} {}",
-                    limit.hard_bytes, limit.soft_bytes, limit.soft_s
-                )
-            }
             _ => return None,
         })
     }
@@ -213,11 +179,6 @@ impl Live {
             Change::SlowerThan(us) => self.slowlog_slower_than_us.store(us, Relaxed),
             Change::SlowlogLen(len) => self.slowlog_len_max.store(len, Relaxed),
             Change::LatencyThreshold(ms) => self.latency_threshold_ms.store(ms, Relaxed),
-            Change::PubsubLimit(limit) => {
-                self.pubsub_hard_bytes.store(limit.hard_bytes, Relaxed);
-                self.pubsub_soft_bytes.store(limit.soft_bytes, Relaxed);
-                self.pubsub_soft_s.store(limit.soft_s, Relaxed);
-            }
         }
         Ok(())
     }
@@ -232,7 +193,6 @@ enum Change {
     SlowerThan(i64),
     SlowlogLen(u64),
     LatencyThreshold(u64),
-    PubsubLimit(OutputLimit),
 }
 
 fn parse(name: &str, value: &[u8]) -> Result<Change, String> {
@@ -257,7 +217,6 @@ fn parse(name: &str, value: &[u8]) -> Result<Change, String> {
         }
         "slowlog-max-len" => Change::SlowlogLen(number()?),
         "latency-monitor-threshold" => Change::LatencyThreshold(number()?),
-        "client-output-buffer-limit" => Change::PubsubLimit(parse_output_limit(&text).map_err(|why| invalid(&why))?),
         _ => {
             return Err(format!(
                 "Unknown option or number of arguments for CONFIG SET - '{name}' (chorus changes {} at run time; the rest are read from the node's config file at start)",
@@ -265,35 +224,6 @@ fn parse(name: &str, value: &[u8]) -> Result<Change, String> {
             ))
         }
     })
-}
-
-/// `<class> <hard> <soft> <seconds>`, possibly several classes; chorus has pubsub clients
-/// only to bound (normal clients are bounded by their own reads, there are no replicas).
-fn parse_output_limit(text: &str) -> Result<OutputLimit, String> {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    if words.is_empty() || !words.len().is_multiple_of(4) {
-        return Err("Wrong number of arguments in buffer limit configuration.".into());
-    }
-    let mut pubsub = None;
-    for class in words.chunks(4) {
-        let memory = |word: &str| {
-            parse_memory(word)
-                .ok_or("Error in hard, soft or soft_seconds setting in buffer limit configuration.")
-        };
-        let limit = OutputLimit {
-            hard_bytes: memory(class[1])?,
-            soft_bytes: memory(class[2])?,
-            soft_s: class[3]
-                .parse()
-                .map_err(|_| "Error in hard, soft or soft_seconds setting in buffer limit configuration.")?,
-        };
-        match class[0].to_ascii_lowercase().as_str() {
-            "pubsub" => pubsub = Some(limit),
-            "normal" | "replica" | "slave" => {}
-            _ => return Err("Invalid client class specified in buffer limit configuration.".into()),
-        }
-    }
-    pubsub.ok_or_else(|| "chorus bounds the output of pubsub clients only: give a 'pubsub' class".into())
 }
 
 /// Redis' memory values: a number with an optional unit (`b`, `k`, `kb`, `m`, `mb`, `g`, `gb`;
@@ -367,17 +297,11 @@ mod tests {
     }
 
     #[test]
-    fn output_limits_and_memory_values_parse_like_redis() {
+    fn memory_values_parse_like_redis() {
         assert_eq!(parse_memory("1kb"), Some(1024));
         assert_eq!(parse_memory("1k"), Some(1000));
         assert_eq!(parse_memory("3GB"), Some(3 << 30));
         assert_eq!(parse_memory("x"), None);
         assert_eq!(parse_memory("99999999999999999999gb"), None);
-        assert_eq!(
-            parse_output_limit("normal 0 0 0 pubsub 1mb 512kb 10"),
-            Ok(OutputLimit { hard_bytes: 1 << 20, soft_bytes: 512 << 10, soft_s: 10 })
-        );
-        assert!(parse_output_limit("pubsub 1mb 512kb").is_err());
-        assert!(parse_output_limit("normal 0 0 0").is_err());
     }
 }
