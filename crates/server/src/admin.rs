@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::clients::{ClientInfo, KillFilter, Registry};
-use crate::connection::Settings;
+use crate::clients::{ClientInfo, KillFilter};
+use crate::connection::Shared;
+use crate::live::DefaultUser;
 use crate::resp::Reply;
 
 /// What the answers need to know about the calling connection.
@@ -16,9 +17,8 @@ pub struct ClientView<'a> {
     pub name: Option<Bytes>,
     pub resp: u8,
     pub started: Instant,
-    pub settings: &'a Settings,
-    /// The node's connected clients (CLIENT LIST, CLIENT KILL).
-    pub clients: &'a Registry,
+    /// The node: its clients (CLIENT LIST, CLIENT KILL), run-time settings, slow log, pause.
+    pub shared: &'a Shared,
 }
 
 fn word(arg: &[u8]) -> String {
@@ -40,9 +40,9 @@ pub fn run(args: &[Bytes], client: &ClientView) -> Reply {
         }
         "ACL" => acl(args, client),
         "CLIENT" => client_command(args, client),
-        "CONFIG" => config(args),
-        "SLOWLOG" => slowlog(args),
-        "LATENCY" => latency(args),
+        "CONFIG" => config(args, client.shared),
+        "SLOWLOG" => client.shared.monitor.slowlog(args),
+        "LATENCY" => client.shared.monitor.latency(args),
         "LOLWUT" => Reply::Verbatim(format!(
             "Chorus {}, speaking Redis ver. {}\n",
             env!("CARGO_PKG_VERSION"),
@@ -64,15 +64,15 @@ fn time() -> Reply {
     Reply::Array(vec![Reply::text(&now.as_secs().to_string()), Reply::text(&now.subsec_micros().to_string())])
 }
 
-/// The one user, `default`, with the node's `requirepass` (docs/resp.md, "ACL").
+/// The one user, `default`, whose passwords are `requirepass` or what ACL SETUSER set
+/// (docs/resp.md, "ACL").
 fn acl(args: &[Bytes], client: &ClientView) -> Reply {
     let Some(sub) = args.get(1).map(|a| word(a)) else { return arity("acl") };
-    let password = client.settings.requirepass.is_some();
-    let rule = if password { "on #<redacted> ~* &* +@all" } else { "on nopass sanitize-payload ~* &* +@all" };
+    let user = client.shared.live.user();
     match sub.as_str() {
         "WHOAMI" => Reply::text("default"),
         "USERS" => Reply::Array(vec![Reply::text("default")]),
-        "LIST" => Reply::Array(vec![Reply::text(&format!("user default {rule}"))]),
+        "LIST" => Reply::Array(vec![Reply::text(&format!("user default {}", rules(&user)))]),
         "CAT" if args.len() == 2 => Reply::Array(CATEGORIES.iter().map(|c| Reply::text(c)).collect()),
         "CAT" => Reply::Array(commands_in(&String::from_utf8_lossy(&args[2]).to_ascii_lowercase())),
         "HELP" => Reply::Array(
@@ -82,8 +82,8 @@ fn acl(args: &[Bytes], client: &ClientView) -> Reply {
                 .collect(),
         ),
         "GETUSER" if args.len() == 3 && args[2].as_ref() == b"default" => Reply::Map(vec![
-            (Reply::text("flags"), Reply::Array(vec![Reply::text("on")])),
-            (Reply::text("passwords"), Reply::Array(Vec::new())),
+            (Reply::text("flags"), Reply::Array(flags(&user).into_iter().map(Reply::text).collect())),
+            (Reply::text("passwords"), Reply::Array(user.passwords.iter().map(|hash| Reply::text(&hex(hash))).collect())),
             (Reply::text("commands"), Reply::text("+@all")),
             (Reply::text("keys"), Reply::text("~*")),
             (Reply::text("channels"), Reply::text("&*")),
@@ -91,8 +91,14 @@ fn acl(args: &[Bytes], client: &ClientView) -> Reply {
         ]),
         "GETUSER" => Reply::Null,
         "LOG" => Reply::Array(Vec::new()),
+        "SETUSER" if args.len() >= 3 && args[2].as_ref() == b"default" => {
+            match setuser(user, &args[3..]).and_then(|user| client.shared.live.set_user(user)) {
+                Ok(()) => Reply::ok(),
+                Err(why) => Reply::err(format!("Error in ACL SETUSER modifier: {why}")),
+            }
+        }
         "SETUSER" | "DELUSER" | "DRYRUN" | "LOAD" | "SAVE" => Reply::err(format!(
-            "ACL {sub} is not supported: chorus has one user, 'default', whose password is requirepass in the node's config file"
+            "ACL {sub} is not supported: chorus has one user, 'default' (ACL SETUSER default changes its passwords)"
         )),
         "GENPASS" => {
             // As Redis: `bits` (default 256) rounded up to whole hex digits.
@@ -108,6 +114,96 @@ fn acl(args: &[Bytes], client: &ClientView) -> Reply {
         }
         _ => Reply::err(format!("unknown subcommand '{sub}'. Try ACL HELP.")),
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn flags(user: &DefaultUser) -> Vec<&'static str> {
+    let mut flags = vec![if user.enabled { "on" } else { "off" }];
+    if user.nopass {
+        flags.push("nopass");
+    }
+    flags
+}
+
+/// ACL LIST's rule string for the default user.
+fn rules(user: &DefaultUser) -> String {
+    let mut rules: Vec<String> = flags(user).into_iter().map(String::from).collect();
+    rules.extend(user.passwords.iter().map(|hash| format!("#{}", hex(hash))));
+    rules.push("~* &* +@all".into());
+    rules.join(" ")
+}
+
+/// ACL SETUSER default's rules, applied in order to a copy: all of them or none. Only the
+/// rules about the user's state and passwords are taken; permissions stay everything
+/// (`~*`, `&*`, `+@all` and their synonyms are accepted as they change nothing): a rule
+/// that would restrict the user is refused rather than accepted and not enforced.
+fn setuser(mut user: DefaultUser, rules: &[Bytes]) -> Result<DefaultUser, String> {
+    for rule in rules {
+        let text = String::from_utf8_lossy(rule);
+        match rule.as_ref() {
+            b"on" => user.enabled = true,
+            b"off" => user.enabled = false,
+            b"nopass" => {
+                user.nopass = true;
+                user.passwords.clear();
+            }
+            b"resetpass" => {
+                user.nopass = false;
+                user.passwords.clear();
+            }
+            b"~*" | b"allkeys" | b"%RW~*" | b"&*" | b"allchannels" | b"+@all" | b"allcommands" => {}
+            [b'>', password @ ..] => {
+                let hash = crate::live::digest(password);
+                if !user.passwords.contains(&hash) {
+                    user.passwords.push(hash);
+                }
+                user.nopass = false;
+            }
+            [b'<', password @ ..] => {
+                let hash = crate::live::digest(password);
+                let before = user.passwords.len();
+                user.passwords.retain(|stored| *stored != hash);
+                if user.passwords.len() == before {
+                    return Err("no such password".into());
+                }
+            }
+            [b'#', hash @ ..] | [b'!', hash @ ..] => {
+                let hash = parse_hash(hash).ok_or("The password hash must be exactly 64 characters and contain only lowercase hexadecimal characters")?;
+                if rule[0] == b'#' {
+                    if !user.passwords.contains(&hash) {
+                        user.passwords.push(hash);
+                    }
+                    user.nopass = false;
+                } else {
+                    let before = user.passwords.len();
+                    user.passwords.retain(|stored| *stored != hash);
+                    if user.passwords.len() == before {
+                        return Err("no such password".into());
+                    }
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "'{text}' is not supported: chorus' default user may run every command on every key and channel; only on, off, >pw, <pw, #hash, !hash, nopass, resetpass are taken"
+                ))
+            }
+        }
+    }
+    Ok(user)
+}
+
+fn parse_hash(text: &[u8]) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c)) {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (at, pair) in text.chunks(2).enumerate() {
+        hash[at] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(hash)
 }
 
 /// Random bytes without a new dependency: the std hasher's per-process random keys.
@@ -199,9 +295,9 @@ fn client_lines(clients: &[ClientInfo]) -> Reply {
 /// them normal ones).
 fn client_list(args: &[Bytes], client: &ClientView) -> Reply {
     match args.get(2).map(|arg| word(arg)).as_deref() {
-        None => client_lines(&client.clients.list(None)),
+        None => client_lines(&client.shared.clients.list(None)),
         Some("TYPE") if args.len() == 4 => match word(&args[3]).as_str() {
-            "NORMAL" => client_lines(&client.clients.list(None)),
+            "NORMAL" => client_lines(&client.shared.clients.list(None)),
             "MASTER" | "REPLICA" | "SLAVE" | "PUBSUB" => Reply::Verbatim(String::new()),
             other => Reply::err(format!("Unknown client type '{other}'")),
         },
@@ -209,7 +305,7 @@ fn client_list(args: &[Bytes], client: &ClientView) -> Reply {
             let ids: Result<Vec<u64>, _> =
                 args[3..].iter().map(|id| String::from_utf8_lossy(id).parse::<u64>()).collect();
             match ids {
-                Ok(ids) => client_lines(&client.clients.list(Some(&ids))),
+                Ok(ids) => client_lines(&client.shared.clients.list(Some(&ids))),
                 Err(_) => Reply::err("Invalid client ID"),
             }
         }
@@ -224,7 +320,7 @@ fn client_kill(args: &[Bytes], client: &ClientView) -> Reply {
             addr: Some(String::from_utf8_lossy(&args[2]).into_owned()),
             ..KillFilter::default()
         };
-        return match client.clients.kill(&filter, client.id) {
+        return match client.shared.clients.kill(&filter, client.id) {
             0 => Reply::err("No such client"),
             _ => Reply::ok(),
         };
@@ -238,7 +334,7 @@ fn client_kill(args: &[Bytes], client: &ClientView) -> Reply {
             return reply;
         }
     }
-    Reply::Integer(client.clients.kill(&filter, client.id) as i64)
+    Reply::Integer(client.shared.clients.kill(&filter, client.id) as i64)
 }
 
 /// One `filter value` pair of CLIENT KILL into `filter`. A TYPE other than normal matches
@@ -270,7 +366,7 @@ fn kill_filter(filter: &mut KillFilter, name: &str, value: &[u8]) -> Result<(), 
 fn client_command(args: &[Bytes], client: &ClientView) -> Reply {
     match word(&args[1]).as_str() {
         "LIST" => client_list(args, client),
-        "INFO" => match client.clients.get(client.id) {
+        "INFO" => match client.shared.clients.get(client.id) {
             Some(me) => Reply::Verbatim(format!("{}\n", client_line(&me))),
             None => Reply::err("internal error: this client is not registered"),
         },
@@ -281,39 +377,64 @@ fn client_command(args: &[Bytes], client: &ClientView) -> Reply {
         },
         "GETREDIR" => Reply::Integer(-1),
         "UNBLOCK" => Reply::Integer(0),
+        "PAUSE" => client_pause(args, client),
+        "UNPAUSE" if args.len() == 2 => {
+            client.shared.pause.stop();
+            Reply::ok()
+        }
+        // Tracking is off, and can only be turned off: invalidating a client's cache would
+        // need every replica to report the keys it applies (docs/resp.md, "What is missing").
+        "TRACKING" => match args.get(2).map(|a| word(a)).as_deref() {
+            Some("OFF") => Reply::ok(),
+            Some("ON") => Reply::err(
+                "CLIENT TRACKING ON is not supported by chorus: a key written through another replica could not be invalidated",
+            ),
+            _ => Reply::err("syntax error"),
+        },
+        "TRACKINGINFO" if args.len() == 2 => Reply::Map(vec![
+            (Reply::text("flags"), Reply::Array(vec![Reply::text("off")])),
+            (Reply::text("redirect"), Reply::Integer(-1)),
+            (Reply::text("prefixes"), Reply::Array(Vec::new())),
+        ]),
         other => Reply::err(format!(
-            "CLIENT {other} is not supported by chorus (only LIST, INFO, KILL, ID, SETNAME, GETNAME, SETINFO, NO-EVICT, NO-TOUCH)"
+            "CLIENT {other} is not supported by chorus (only LIST, INFO, KILL, ID, SETNAME, GETNAME, SETINFO, NO-EVICT, NO-TOUCH, PAUSE, UNPAUSE, REPLY, TRACKING OFF, TRACKINGINFO)"
         )),
     }
 }
 
-fn config(args: &[Bytes]) -> Reply {
+/// CLIENT PAUSE timeout [WRITE|ALL]: this node's clients wait (pause.rs).
+fn client_pause(args: &[Bytes], client: &ClientView) -> Reply {
+    let timeout_ms = match args.get(2).map(|arg| chorus_core::data::parse_int(arg)) {
+        Some(Ok(ms)) if ms >= 0 => ms as u64,
+        Some(_) => return Reply::err("timeout is not an integer or out of range"),
+        None => return arity("client|pause"),
+    };
+    let mode = match args.get(3).map(|a| word(a)).as_deref() {
+        None | Some("ALL") if args.len() <= 4 => crate::pause::Mode::All,
+        Some("WRITE") if args.len() == 4 => crate::pause::Mode::Write,
+        _ => return Reply::err("syntax error"),
+    };
+    client.shared.pause.start(timeout_ms, mode);
+    Reply::ok()
+}
+
+fn config(args: &[Bytes], shared: &Shared) -> Reply {
     match word(&args[1]).as_str() {
         "SET" if args.len() < 4 || !args.len().is_multiple_of(2) => arity("config|set"),
-        "SET" => Reply::err(format!(
-            "CONFIG SET '{}' is not supported: chorus reads its settings from the node's config file at start",
-            String::from_utf8_lossy(&args[2])
-        )),
-        "RESETSTAT" => Reply::err("CONFIG RESETSTAT is not supported: chorus' counters are monotonic (Prometheus counters)"),
+        "SET" => {
+            let pairs: Vec<(String, Vec<u8>)> = args[2..]
+                .chunks(2)
+                .map(|pair| (String::from_utf8_lossy(&pair[0]).to_ascii_lowercase(), pair[1].to_vec()))
+                .collect();
+            match shared.live.set(&pairs) {
+                Ok(()) => Reply::ok(),
+                Err(why) => Reply::err(why),
+            }
+        }
+        "RESETSTAT" if args.len() == 2 => {
+            shared.metrics.reset_stats();
+            Reply::ok()
+        }
         other => Reply::err(format!("CONFIG {other} is not supported")),
-    }
-}
-
-/// Chorus keeps no slow log: the per-command latency histograms are on the metrics port.
-fn slowlog(args: &[Bytes]) -> Reply {
-    match word(&args[1]).as_str() {
-        "GET" => Reply::Array(Vec::new()),
-        "LEN" => Reply::Integer(0),
-        "RESET" => Reply::ok(),
-        other => Reply::err(format!("unknown subcommand '{other}'. Try SLOWLOG HELP.")),
-    }
-}
-
-fn latency(args: &[Bytes]) -> Reply {
-    match word(&args[1]).as_str() {
-        "LATEST" | "HISTORY" => Reply::Array(Vec::new()),
-        "RESET" => Reply::Integer(0),
-        "DOCTOR" => Reply::Verbatim("Chorus records per-command latency histograms on its metrics port (docs/operations.md); LATENCY has no events to report.\n".into()),
-        other => Reply::err(format!("unknown subcommand '{other}'. Try LATENCY HELP.")),
     }
 }

@@ -383,6 +383,7 @@ pub enum Request {
     FlushAll,
     Info(Vec<String>),
     ConfigGet(Vec<Bytes>),
+    ClientReply(ReplyMode),
     CommandCount,
     CommandList,
     CommandInfo(Vec<Bytes>),
@@ -439,6 +440,16 @@ pub enum Request {
     Keyspace(Vec<Bytes>),
     /// CLUSTER, READONLY, READWRITE (cluster/command.rs).
     Cluster(Vec<Bytes>),
+}
+
+/// CLIENT REPLY: whether the connection's replies are sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyMode {
+    On,
+    /// No reply at all, until CLIENT REPLY ON.
+    Off,
+    /// No reply to the next command.
+    Skip,
 }
 
 impl Request {
@@ -604,8 +615,15 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             (b"SETINFO", 4) => Request::ClientSetInfo,
             (b"ID", 2) => Request::ClientId,
             (b"SETNAME" | b"GETNAME" | b"SETINFO" | b"ID", _) => return Err(arity_error("client")),
+            (b"REPLY", 3) => match upper(&args[2]).as_slice() {
+                b"ON" => Request::ClientReply(ReplyMode::On),
+                b"OFF" => Request::ClientReply(ReplyMode::Off),
+                b"SKIP" => Request::ClientReply(ReplyMode::Skip),
+                _ => return Err(syntax_error()),
+            },
+            (b"REPLY", _) => return Err(arity_error("client|reply")),
             (
-                b"LIST" | b"INFO" | b"KILL" | b"NO-EVICT" | b"NO-TOUCH" | b"PAUSE" | b"UNPAUSE" | b"REPLY"
+                b"LIST" | b"INFO" | b"KILL" | b"NO-EVICT" | b"NO-TOUCH" | b"PAUSE" | b"UNPAUSE"
                 | b"TRACKINGINFO" | b"GETREDIR" | b"UNBLOCK" | b"TRACKING" | b"CACHING",
                 _,
             ) => Request::Admin(args.to_vec()),

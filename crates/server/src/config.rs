@@ -299,6 +299,8 @@ pub struct NodeConfig {
     pub cluster_id: String,
     pub cluster_token: String,
     pub requirepass: Option<String>,
+    /// `protected-mode`: a non-loopback client port needs a password (kept at run time too).
+    pub protected_mode: bool,
     pub metrics_addr: Option<SocketAddr>,
     pub value_bytes_max: usize,
     pub peer_queue_bytes_max: usize,
@@ -679,6 +681,7 @@ impl RawConfig {
             cluster_id,
             cluster_token,
             requirepass,
+            protected_mode: protected.unwrap_or(true),
             metrics_addr,
             value_bytes_max,
             peer_queue_bytes_max,

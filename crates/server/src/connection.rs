@@ -12,13 +12,12 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use chorus_core::{Command, Outcome};
-use chorus_net::handshake::constant_time_eq;
 use chorus_net::NetStats;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{watch, Notify};
 use tracing::debug;
 
-use crate::command::{self, error_reply, glob_match, Request, COMMAND_TABLE};
+use crate::command::{self, error_reply, glob_match, ReplyMode, Request, COMMAND_TABLE};
 use crate::config::ClientLimits;
 use crate::engine::{Done, EngineHandle, WriteMarks};
 use crate::memory;
@@ -45,19 +44,24 @@ pub struct Shared {
     pub shutdown: Arc<Notify>,
     /// The slot map when the node is one group of a sharded cluster (docs/resp.md, "Cluster").
     pub cluster: Option<crate::cluster::SlotMap>,
+    /// What CONFIG SET and ACL SETUSER change while the node runs (the password among them).
+    pub live: crate::live::Live,
+    /// SLOWLOG and LATENCY.
+    pub monitor: crate::monitor::Monitor,
+    /// CLIENT PAUSE.
+    pub pause: crate::pause::Pause,
 }
 
-/// Node settings connections need (INFO, CONFIG GET, AUTH, limits).
+/// Node settings connections need (INFO, CONFIG GET, limits), fixed at start; the ones
+/// CONFIG SET changes are read from [`Shared::live`] instead.
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub node_id: u8,
     pub protocol: &'static str,
     pub client_addr: SocketAddr,
     pub peer_addr: SocketAddr,
-    pub requirepass: Option<String>,
     /// What an authenticated client may send (before AUTH: [`Limits::UNAUTHENTICATED`]).
     pub limits: Limits,
-    pub maxclients: usize,
     pub clients: ClientLimits,
 }
 
@@ -88,6 +92,8 @@ pub struct Connection<S> {
     last_read: Instant,
     /// Woken by another client's CLIENT KILL.
     kill: Arc<Notify>,
+    /// CLIENT REPLY; `Skip` counts the replies still to drop.
+    replies: (ReplyMode, u8),
 }
 
 /// The connection's two ends, for CLIENT LIST and CLIENT KILL.
@@ -123,7 +129,7 @@ enum Expiry {
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     pub fn new(shared: Arc<Shared>, stream: S, addresses: Addresses) -> Connection<S> {
         let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
-        let authenticated = shared.settings.requirepass.is_none();
+        let authenticated = shared.live.user().open();
         let kill = Arc::new(Notify::new());
         shared.clients.register(crate::clients::ClientInfo {
             id,
@@ -150,6 +156,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             incomplete_since: None,
             last_read: Instant::now(),
             kill,
+            replies: (ReplyMode::On, 0),
         }
     }
 
@@ -170,7 +177,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let kill = self.kill.clone();
         let killed = kill.notified();
         tokio::pin!(killed);
-        let idle_timeout = self.shared.settings.clients.idle_timeout_s > 0;
         loop {
             let close = self.run_pipeline().await?;
             if close {
@@ -183,12 +189,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     if read? == 0 {
                         return Ok(());
                     }
-                    if idle_timeout {
-                        self.last_read = Instant::now(); // a clock read per request only when needed
-                    }
+                    // Kept even while `timeout` is 0: CONFIG SET may turn it on, and must not
+                    // then close a busy connection as idle.
+                    self.last_read = Instant::now();
                     // Checked as soon as bytes arrive, before they are parsed (as Redis does).
                     let buffered = self.read.len();
-                    let limit = self.shared.settings.clients.query_buffer_bytes_max;
+                    let limit = self.shared.live.query_buffer_bytes_max.load(Relaxed) as usize;
                     if buffered > limit {
                         let error = ProtocolError(format!(
                             "the query buffer holds {buffered} bytes, over client-query-buffer-limit ({limit})"
@@ -227,8 +233,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         continue;
                     }
                     let (reply, close) = self.execute(args).await;
-                    if let Some(reply) = reply {
-                        reply.encode(self.resp, &mut self.write);
+                    match reply {
+                        Some(reply) if self.replying() => reply.encode(self.resp, &mut self.write),
+                        _ => {}
                     }
                     if close {
                         return Ok(true);
@@ -251,11 +258,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         }
     }
 
+    /// Whether the reply to the command just run is sent (CLIENT REPLY OFF/SKIP drop it).
+    fn replying(&mut self) -> bool {
+        match &mut self.replies {
+            (ReplyMode::On, _) => true,
+            (ReplyMode::Off, _) => false,
+            (ReplyMode::Skip, left) => {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    self.replies = (ReplyMode::On, 0);
+                }
+                false
+            }
+        }
+    }
+
     /// When this connection stops waiting for input, and why.
     fn expiry(&self) -> Option<(Instant, Expiry)> {
         let clients = &self.shared.settings.clients;
-        let idle = (clients.idle_timeout_s > 0)
-            .then(|| (self.last_read + Duration::from_secs(clients.idle_timeout_s), Expiry::Idle));
+        let idle_timeout_s = self.shared.live.idle_timeout_s.load(Relaxed);
+        let idle = (idle_timeout_s > 0)
+            .then(|| (self.last_read + Duration::from_secs(idle_timeout_s), Expiry::Idle));
         let incomplete =
             self.incomplete_since.filter(|_| clients.incomplete_command_timeout_ms > 0).map(|since| {
                 (since + Duration::from_millis(clients.incomplete_command_timeout_ms), Expiry::Incomplete)
@@ -297,7 +320,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             (Some(map), Ok(_)) if self.authenticated => map.route(&args),
             _ => None,
         };
-        drop(args);
         if let Some(reply) = redirect {
             // As Redis: a redirected command inside MULTI makes EXEC fail.
             if let Some(multi) = &mut self.multi {
@@ -317,6 +339,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Ok(request) if !self.authenticated && !request.allowed_unauthenticated() => {
                 Reply::error("NOAUTH Authentication required.")
             }
+            Ok(Request::ClientReply(mode)) => {
+                // This command's own reply is dropped too, except ON's (as Redis).
+                self.replies = (mode, if mode == ReplyMode::Skip { 2 } else { 0 });
+                Reply::ok()
+            }
             Ok(Request::Quit) => {
                 close = true;
                 Reply::ok()
@@ -335,24 +362,49 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
             Ok(Request::Reset) => self.reset(),
             Ok(request) if self.multi.is_some() => self.in_multi(request).await,
-            Ok(Request::Multi) => self.multi_start(),
-            Ok(Request::Exec) => Reply::err("EXEC without MULTI"),
-            Ok(Request::Discard) => Reply::err("DISCARD without MULTI"),
-            Ok(Request::Watch(keys)) => self.watch(keys).await,
-            Ok(Request::Unwatch) => {
+            Ok(request) => {
+                self.shared.pause.hold(name).await;
+                self.run_outside_multi(request).await
+            }
+        };
+        let duration_us = self.shared.metrics.record(command::metric_index(name), reply.is_error(), started);
+        if crate::monitor::Monitor::is_slow(&self.shared.live, duration_us) {
+            self.log_slow(name, &args, duration_us);
+        }
+        (Some(reply), close)
+    }
+
+    fn log_slow(&self, name: &str, args: &[Bytes], duration_us: u64) {
+        let me = self.shared.clients.get(self.id);
+        let ran = crate::monitor::Ran {
+            name,
+            args,
+            duration_us,
+            addr: me.map(|me| me.addr.to_string()).unwrap_or_default(),
+            client_name: self.name.clone(),
+        };
+        self.shared.monitor.observe(&self.shared.live, ran);
+    }
+
+    /// A command outside MULTI, once no CLIENT PAUSE holds it.
+    async fn run_outside_multi(&mut self, request: Request) -> Reply {
+        match request {
+            Request::Multi => self.multi_start(),
+            Request::Exec => Reply::err("EXEC without MULTI"),
+            Request::Discard => Reply::err("DISCARD without MULTI"),
+            Request::Watch(keys) => self.watch(keys).await,
+            Request::Unwatch => {
                 self.watched.clear();
                 Reply::ok()
             }
-            Ok(request) => self.run_request(request).await,
-        };
-        self.shared.metrics.record(command::metric_index(name), reply.is_error(), started);
-        (Some(reply), close)
+            request => self.run_request(request).await,
+        }
     }
 
     /// Redis' `maxmemory` with `noeviction`: commands that may grow the data set are refused
     /// while the allocator holds more than the limit (sampled every 100 ms).
     fn over_maxmemory(&self, name: &str) -> bool {
-        let max = self.shared.settings.clients.maxmemory_bytes;
+        let max = self.shared.live.maxmemory_bytes.load(Relaxed);
         max > 0 && command::has_flag(name, "denyoom") && self.shared.metrics.used_memory.load(Relaxed) > max
     }
 
@@ -628,7 +680,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         self.resp = 2;
         self.shared.clients.update(self.id, |info| info.resp = 2);
         self.set_name(None);
-        self.authenticated = self.shared.settings.requirepass.is_none();
+        self.authenticated = self.shared.live.user().open();
         Reply::Status("RESET")
     }
 
@@ -673,13 +725,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     }
 
     fn auth(&mut self, user: Option<&[u8]>, password: &[u8]) -> Reply {
-        let Some(expected) = &self.shared.settings.requirepass else {
+        let default = self.shared.live.user();
+        if user.is_none() && default.open() {
             return Reply::err(
                 "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
             );
-        };
+        }
         let user_ok = user.is_none_or(|user| user == b"default");
-        if user_ok && constant_time_eq(password, expected.as_bytes()) {
+        if user_ok && default.accepts(password) {
             self.authenticated = true;
             Reply::ok()
         } else {
@@ -714,13 +767,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         if wanted("clients") {
             info.section("Clients");
             info.field("connected_clients", &metrics.connections_current.load(Relaxed));
-            info.field("maxclients", &settings.maxclients);
+            info.field("maxclients", &self.shared.live.maxclients.load(Relaxed));
         }
         if wanted("memory") {
             // The allocator's figure (memory.rs): keys, values, and everything else the
             // process allocated (connection buffers, peer queues, the protocol's state).
             let used = memory::used_bytes();
-            let max = settings.clients.maxmemory_bytes;
+            let max = self.shared.live.maxmemory_bytes.load(Relaxed);
             info.section("Memory");
             info.field("used_memory", &used);
             info.field("used_memory_human", &memory::human(used));
@@ -796,20 +849,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     fn config_get(&self, patterns: &[Bytes]) -> Reply {
         let settings = &self.shared.settings;
         let clients = &settings.clients;
-        let parameters: Vec<(&str, String)> = vec![
+        let mut parameters: Vec<(&str, String)> = vec![
             ("save", String::new()),
             ("appendonly", "no".into()),
-            ("maxmemory", clients.maxmemory_bytes.to_string()),
             ("maxmemory-policy", "noeviction".into()),
             ("databases", "1".into()),
-            ("maxclients", settings.maxclients.to_string()),
-            ("timeout", clients.idle_timeout_s.to_string()),
             ("tcp-keepalive", clients.tcp_keepalive_s.to_string()),
             ("port", settings.client_addr.port().to_string()),
             ("bind", settings.client_addr.ip().to_string()),
             ("protected-mode", if settings.client_addr.ip().is_loopback() { "yes" } else { "no" }.into()),
             ("proto-max-bulk-len", settings.limits.bulk_bytes_max.to_string()),
-            ("client-query-buffer-limit", clients.query_buffer_bytes_max.to_string()),
             ("cluster-enabled", if self.shared.cluster.is_some() { "yes" } else { "no" }.into()),
             ("io-threads", "1".into()),
             // The thresholds OBJECT ENCODING answers by (chorus_core::data::keys); chorus
@@ -822,6 +871,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             ("zset-max-listpack-value", "64".into()),
             ("list-max-listpack-size", "-2".into()),
         ];
+        // The ones CONFIG SET changes, as they are now.
+        parameters.extend(
+            crate::live::SETTABLE.iter().filter_map(|name| Some((*name, self.shared.live.get(name)?))),
+        );
         let mut pairs = Vec::new();
         for (name, value) in &parameters {
             if patterns.iter().any(|pattern| glob_match(pattern, name.as_bytes())) {

@@ -23,9 +23,12 @@ pub mod connection;
 pub mod engine;
 pub mod files;
 pub mod listener;
+pub mod live;
 pub mod loops;
 pub mod memory;
 pub mod metrics;
+pub mod monitor;
+pub mod pause;
 pub mod persistence;
 pub mod resp;
 
@@ -250,9 +253,6 @@ async fn serve_node(
         info!(addr = %listener.local_addr()?, "serving Prometheus metrics");
         tokio::spawn(metrics::serve(listener, metrics.clone(), net_stats.clone(), engine.clone()));
     }
-    if config.clients.maxmemory_bytes > 0 {
-        tokio::spawn(memory::sample(metrics.clone()));
-    }
     // A bulk must fit both Redis' protocol limit and the store's value limit.
     let bulk_bytes_max = config.clients.proto_max_bulk_len.min(config.value_bytes_max);
     let limits = resp::Limits { bulk_bytes_max, ..resp::Limits::default() };
@@ -267,11 +267,18 @@ async fn serve_node(
             protocol: config.protocol.name(),
             client_addr: config.client_addr,
             peer_addr: config.peer_addr,
-            requirepass: config.requirepass.clone(),
             limits,
-            maxclients: config.maxclients,
             clients: config.clients,
         },
+        live: live::Live::new(
+            config.requirepass.as_deref(),
+            config.protected_mode && !config.client_addr.ip().is_loopback(),
+            config.maxclients,
+            clients_fitting(config.replicas.len().saturating_sub(1)).max(config.maxclients as u64),
+            &config.clients,
+        ),
+        monitor: monitor::Monitor::default(),
+        pause: pause::Pause::default(),
         next_client_id: AtomicU64::new(0),
         clients: clients::Registry::default(),
         closing,
@@ -281,6 +288,10 @@ async fn serve_node(
             .as_ref()
             .map(|settings| cluster::SlotMap::new(settings, &config.cluster_id, config.client_addr)),
     });
+    let sampled = shared.clone();
+    tokio::spawn(memory::sample(shared.metrics.clone(), move || {
+        sampled.live.maxmemory_bytes.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }));
     info!(
         node = %me,
         protocol = config.protocol.name(),
@@ -329,6 +340,17 @@ const CONNECTIONS_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from
 /// then never takes the descriptors a peer link needs to reconnect.
 fn reserved_descriptors(peers: usize) -> u64 {
     64 + 4 * peers as u64
+}
+
+/// How many clients the open-file limit leaves room for now (CONFIG SET maxclients' bound).
+#[allow(clippy::unnecessary_cast)]
+fn clients_fitting(peers: usize) -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we pass and has no other effect.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 0;
+    }
+    (limit.rlim_cur as u64).saturating_sub(reserved_descriptors(peers))
 }
 
 /// Check `maxclients` against the open-file limit as Redis does: raise the soft limit to fit

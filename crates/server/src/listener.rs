@@ -41,7 +41,7 @@ pub fn admit(shared: &Arc<Shared>, stream: &TcpStream) -> Option<ClientSlot> {
     let metrics = &shared.metrics;
     metrics.connections_accepted.fetch_add(1, Relaxed);
     let current = metrics.connections_current.fetch_add(1, Relaxed);
-    if current as usize >= shared.settings.maxclients {
+    if current >= shared.live.maxclients.load(Relaxed) {
         metrics.connections_current.fetch_sub(1, Relaxed);
         metrics.connections_rejected.fetch_add(1, Relaxed);
         let _ = stream.try_write(MAXCLIENTS_REPLY);

@@ -54,13 +54,16 @@ pub fn human(bytes: u64) -> String {
 /// How often the figure `maxmemory` is checked against is refreshed.
 pub const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
 
-/// Keep `metrics.used_memory` current (run while `maxmemory` is set).
-pub async fn sample(metrics: Arc<Metrics>) {
+/// Keep `metrics.used_memory` current while `limited()` says a `maxmemory` is set (CONFIG SET
+/// can set one at any time; without one the allocator is not asked).
+pub async fn sample(metrics: Arc<Metrics>, limited: impl Fn() -> bool) {
     let mut interval = tokio::time::interval(SAMPLE_PERIOD);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         interval.tick().await;
-        metrics.used_memory.store(used_bytes(), Relaxed);
+        if limited() {
+            metrics.used_memory.store(used_bytes(), Relaxed);
+        }
     }
 }
 

@@ -57,14 +57,30 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn record(&self, command: usize, error: bool, started: Instant) {
+    /// Count a command that started at `started`; how long it took, µs.
+    pub fn record(&self, command: usize, error: bool, started: Instant) -> u64 {
+        let duration_us = started.elapsed().as_micros() as u64;
         if let Some(metrics) = self.commands.get(command) {
             metrics.calls.fetch_add(1, Relaxed);
             if error {
                 metrics.errors.fetch_add(1, Relaxed);
             }
-            metrics.latency_us.observe(started.elapsed().as_micros() as u64);
+            metrics.latency_us.observe(duration_us);
         }
+        duration_us
+    }
+
+    /// CONFIG RESETSTAT: zero the counters INFO shows (commands, errors, connections
+    /// received and rejected, protocol errors). Prometheus sees a counter reset, as after a
+    /// restart; the latency histograms and the clients connected now are kept.
+    pub fn reset_stats(&self) {
+        for command in &self.commands {
+            command.calls.store(0, Relaxed);
+            command.errors.store(0, Relaxed);
+        }
+        self.connections_accepted.store(0, Relaxed);
+        self.connections_rejected.store(0, Relaxed);
+        self.protocol_errors.store(0, Relaxed);
     }
 
     pub fn total_commands(&self) -> u64 {

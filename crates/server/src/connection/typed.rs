@@ -315,8 +315,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             name: self.name.clone(),
             resp: self.resp,
             started: self.shared.metrics.started,
-            settings: &self.shared.settings,
-            clients: &self.shared.clients,
+            shared: &self.shared,
         };
         crate::admin::run(&args, &view)
     }
