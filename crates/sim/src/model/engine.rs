@@ -9,11 +9,12 @@
 //! 1. receive (any thread): `client_request_ns` per client request, `message_received_ns` per
 //!    peer frame, plus its bytes;
 //! 2. handle (the protocol thread): a **turn** takes every event already waiting (up to the
-//!    server's 512), as the server's event loop does; each costs `handle_ns`, a client command
-//!    `key_op_ns` more, and the turn `sync_ns` once if it wrote durable state;
-//! 3. send (any thread): `message_sent_ns` plus bytes per frame and per reply, where a turn's
-//!    messages to one peer travel in ONE frame (the server's `send_turn`: opportunistic
-//!    batching, Hermes §4.2).
+//!    server's 512), as the server's event loop does; each costs `handle_ns` (a tick
+//!    `tick_ns`), a client command `key_op_ns` more, and the turn `sync_ns` once if it wrote
+//!    durable state;
+//! 3. send (any thread): `message_sent_ns` per frame and `reply_sent_ns` per reply, plus
+//!    bytes, where a turn's messages to one peer travel in ONE frame (the server's
+//!    `send_turn`: opportunistic batching, Hermes §4.2).
 //!
 //! Then each frame queues for its node's egress NIC, crosses the switch (`latency_ns`), and
 //! queues for the receiver's ingress NIC. Ticks skip stage 1. A machine either belongs to one
@@ -465,9 +466,15 @@ where
     }
 
     fn send_cost(&self, outputs: &Outputs<P::Message>) -> Nanos {
-        let frames = outputs.frames.iter().map(|(_, _, bytes)| *bytes);
-        let replies = outputs.replies.iter().map(|(_, _, bytes)| *bytes);
-        frames.chain(replies).map(|bytes| self.costs.message_sent_ns + self.costs.bytes_ns(bytes)).sum()
+        let frames = outputs
+            .frames
+            .iter()
+            .map(|(_, _, bytes)| self.costs.message_sent_ns + self.costs.bytes_ns(*bytes));
+        let replies = outputs
+            .replies
+            .iter()
+            .map(|(_, _, bytes)| self.costs.reply_sent_ns + self.costs.bytes_ns(*bytes));
+        frames.sum::<Nanos>() + replies.sum::<Nanos>()
     }
 
     /// The protocol thread takes a turn: every event waiting (up to the server's bound), the
@@ -491,7 +498,7 @@ where
                     }
                 }
                 Work::Tick => {
-                    cost += self.costs.handle_ns;
+                    cost += self.costs.tick_ns;
                     replica.on_tick(now, &mut self.outbox);
                 }
             }
