@@ -108,9 +108,12 @@ struct RunCounters {
     ticks_per_op: f64,
     /// The nodes' and the load generator's CPU over the run, in cores.
     cores_used: f64,
-    /// The cores other processes left the run (the host's cores less the CPU everything else
-    /// used, from /proc/stat, steal included), and that as a share of the host.
-    cores_available: f64,
+    /// The cores other processes (and the hypervisor's steal) used meanwhile, from /proc/stat.
+    others_cores: f64,
+    /// The share of CPU the run's threads got while they wanted it, counting only the waits
+    /// others caused: run / (run + runqueue wait x others' share of the host), from
+    /// /proc/<pid>/task/<tid>/schedstat of the nodes and the load generator. 1 on a quiet host
+    /// (waiting for one's own threads is what the model already queues).
     cpu_share: f64,
 }
 
@@ -121,6 +124,9 @@ struct CalibrationRuns {
     ping_pong: PingPong,
     /// The same write-read-write-read in one thread, where nothing sleeps.
     syscalls_cpu_ns_per_round_trip: f64,
+    timer_sleeps_per_tick: f64,
+    /// An idle tick's CPU beyond its timer's wake, before negative noise is cut to zero.
+    tick_work_ns: f64,
     idle_server_cpu_us_per_s: f64,
     idle_frames_per_s: f64,
     idle_messages_per_s: f64,
@@ -175,14 +181,16 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         "idle: {:.0} us of node CPU per second, {:.0} wakes/s, {:.0} frames/s, {:.0} messages/s",
         idle.cpu_us_per_s, idle.wakes_per_s, idle.frames_per_s, idle.messages_per_s
     );
-    // An idle node wakes for its ticks (and the odd heartbeat): what it spends beyond those
-    // wakes is the tick's own work.
+    let (timer_wake_ns, timer_sleeps_per_tick) = timer_wake(1_000)?;
+    println!(
+        "a timer's wake (tokio interval of 1 ms, nothing else): {timer_wake_ns:.0} ns of CPU, {timer_sleeps_per_tick:.2} sleeps per tick"
+    );
+    // An idle node sleeps between ticks (and the odd heartbeat): what it spends beyond its
+    // timers' wakes is the tick's own work. Within noise of zero it is taken as zero.
     let ticks_per_s = NODES as f64 * TICKS_PER_S;
-    let tick_ns = (idle.cpu_us_per_s * 1e3 - idle.wakes_per_s * wake_ns) / ticks_per_s;
-    println!("a tick: {tick_ns:.0} ns of CPU beyond its wake ({ticks_per_s:.0} ticks/s)");
-    if tick_ns <= 0.0 {
-        bail!("idle nodes spent less CPU ({:.0} us/s) than their wakes ({:.0}/s x {wake_ns:.0} ns): the machine is too busy to calibrate", idle.cpu_us_per_s, idle.wakes_per_s);
-    }
+    let tick_work_ns = (idle.cpu_us_per_s * 1e3 - idle.wakes_per_s * timer_wake_ns) / ticks_per_s;
+    let tick_ns = tick_work_ns.max(0.0);
+    println!("a tick's own work: {tick_work_ns:.0} ns of CPU beyond its wake ({ticks_per_s:.0} ticks/s), {tick_ns:.0} ns kept");
     let duration = Duration::from_secs_f64(args.seconds);
     let median_of = |write_percent| -> anyhow::Result<RunCounters> {
         let rounds = (0..args.rounds)
@@ -196,15 +204,15 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     println!("GET, 1 client: {get:?}");
     println!("SET, 1 client: {set:?}");
 
-    // Per operation, a GET is: its wake-ups, the ticks meanwhile, receiving the request, its
-    // handler, sending the reply; a SET adds peer frames (sent and received), their handlers,
-    // wake-ups and the ticks of its longer run.
-    let background_us =
-        |run: &RunCounters| (run.wakes_raw_per_op * wake_ns + run.ticks_per_op * tick_ns) / 1e3;
+    // Per operation, with the idle nodes' CPU, wakes and frames removed (the ticks' and
+    // their timers' share): a GET is its wake-ups, receiving the request, its handler,
+    // sending the reply; a SET adds peer frames (sent and received), their handlers and
+    // wake-ups.
+    let background_us = |run: &RunCounters| run.wakes_per_op * wake_ns / 1e3;
     let extra_messages = (set.messages_per_op - get.messages_per_op).max(0.0);
     let extra_frames = (set.frames_per_op - get.frames_per_op).max(f64::MIN_POSITIVE);
-    let frame_us = (set.server_cpu_raw_us_per_op
-        - get.server_cpu_raw_us_per_op
+    let frame_us = (set.server_cpu_us_per_op
+        - get.server_cpu_us_per_op
         - (background_us(&set) - background_us(&get))
         - extra_messages * handle_ns as f64 / 1e3)
         / extra_frames;
@@ -213,9 +221,9 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     }
     let half_frame_ns = (frame_us * 1e3 / 2.0).round() as u64;
     let handler_us = (handle_ns + key_op_ns) as f64 / 1e3;
-    let request_us = get.server_cpu_raw_us_per_op - background_us(&get) - handler_us;
+    let request_us = get.server_cpu_us_per_op - background_us(&get) - handler_us;
     if request_us <= 0.0 {
-        bail!("a GET cost less node CPU ({:.1} us) than its wake-ups, ticks and handler ({:.1} us): the machine is too busy to calibrate", get.server_cpu_raw_us_per_op, background_us(&get) + handler_us);
+        bail!("a GET cost less node CPU ({:.1} us) than its wake-ups and handler ({:.1} us): the machine is too busy to calibrate", get.server_cpu_us_per_op, background_us(&get) + handler_us);
     }
     let half_request_ns = (request_us * 1e3 / 2.0).round() as u64;
     let machine = chorus_bench::compare::machine();
@@ -235,6 +243,7 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         sync_ns,
         client_op_ns: (get.client_cpu_us_per_op * 1e3).round() as u64,
         wake_ns: wake_ns.round() as u64,
+        timer_wake_ns: timer_wake_ns.round() as u64,
         wakeup_ns,
     };
     println!("{}", serde_json::to_string_pretty(&costs)?);
@@ -243,6 +252,8 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         handlers,
         ping_pong,
         syscalls_cpu_ns_per_round_trip: syscalls_ns,
+        timer_sleeps_per_tick,
+        tick_work_ns,
         idle_server_cpu_us_per_s: idle.cpu_us_per_s,
         idle_frames_per_s: idle.frames_per_s,
         idle_messages_per_s: idle.messages_per_s,
@@ -281,8 +292,8 @@ struct CompareRow {
     real_cpu_us_per_op: f64,
     /// CPU the nodes and the load generator used, in cores.
     real_cores_used: f64,
-    /// Cores other processes left the run, and that as a share of the host.
-    real_cores_available: f64,
+    /// Cores other processes used meanwhile, and the share of CPU the run got.
+    real_others_cores: f64,
     real_cpu_share: f64,
     /// The model on the whole host.
     model: ModelColumns,
@@ -383,7 +394,7 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
                 real_rounds_ops_per_s,
                 real_cpu_us_per_op: real.server_cpu_raw_us_per_op,
                 real_cores_used: real.cores_used,
-                real_cores_available: real.cores_available,
+                real_others_cores: real.others_cores,
                 real_cpu_share: real.cpu_share,
                 model: ModelColumns::of(&model, &real, 1.0),
                 model_at_share: ModelColumns::of(&at_share, &real, real.cpu_share),
@@ -402,7 +413,7 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
         rows.len()
     );
     println!(
-        "(`avail` is the cores other processes left the run, from /proc/stat; the model at the share divides every CPU cost by avail / {host_cores})"
+        "(`used`: cores the run used; `other`: cores other processes used meanwhile (/proc/stat); `share`: run / (run + runqueue wait x other / {host_cores}) of the run's threads (schedstat); the model at the share divides every CPU cost by it)"
     );
     let comparison = Comparison {
         machine: chorus_bench::compare::machine(),
@@ -422,7 +433,7 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
 fn print_row(row: &CompareRow, header: bool) {
     if header {
         println!(
-            "{:>8} {:>7} | {:>9} {:>9} {:>6} {:>12} | {:>8} {:>8} {:>6} {:>12} | {:>7} {:>7} {:>6} | {:>5} {:>5}",
+            "{:>8} {:>7} | {:>9} {:>9} {:>6} {:>12} | {:>8} {:>8} {:>6} {:>12} | {:>7} {:>7} {:>6} | {:>5} {:>5} {:>5}",
             "protocol",
             "clients",
             "real op/s",
@@ -437,13 +448,14 @@ fn print_row(row: &CompareRow, header: bool) {
             "model",
             "err",
             "used",
-            "avail",
+            "other",
+            "share",
         );
     }
     let percent = |error: f64| format!("{:+.0}%", error * 100.0);
     let share = &row.model_at_share;
     println!(
-        "{:>8} {:>7} | {:>9.0} {:>9.0} {:>6} {:>12} | {:>8.1} {:>8.1} {:>6} {:>12} | {:>7.1} {:>7.1} {:>6} | {:>5.2} {:>5.2}",
+        "{:>8} {:>7} | {:>9.0} {:>9.0} {:>6} {:>12} | {:>8.1} {:>8.1} {:>6} {:>12} | {:>7.1} {:>7.1} {:>6} | {:>5.2} {:>5.2} {:>5.2}",
         row.protocol,
         row.clients,
         row.real_ops_per_s,
@@ -458,7 +470,8 @@ fn print_row(row: &CompareRow, header: bool) {
         row.model.cpu_us_per_op,
         percent(row.model.cpu_error),
         row.real_cores_used,
-        row.real_cores_available,
+        row.real_others_cores,
+        row.real_cpu_share,
     );
 }
 
@@ -533,6 +546,9 @@ struct Snapshot {
     self_cpu_us: u64,
     /// Every CPU of the host, busy (steal included), from /proc/stat.
     host_busy_us: u64,
+    /// The nodes' and this process's threads: time run and time runnable but waiting.
+    sched_run_ns: u64,
+    sched_wait_ns: u64,
     frames: u64,
     messages: u64,
     wakes: u64,
@@ -548,8 +564,14 @@ fn snapshot(procs: &Procs, targets: &[SocketAddr]) -> anyhow::Result<Snapshot> {
         messages += peer_counter(&info, "messages_received");
     }
     let wakes = procs.pids().iter().map(|pid| voluntary_switches(*pid)).sum();
+    let mut pids = procs.pids();
+    pids.push(std::process::id());
+    let (sched_run_ns, sched_wait_ns) =
+        pids.iter().map(|pid| schedstat(*pid)).fold((0, 0), |sum, (run, wait)| (sum.0 + run, sum.1 + wait));
     Ok(Snapshot {
         at: Instant::now(),
+        sched_run_ns,
+        sched_wait_ns,
         cpu_us,
         self_cpu_us: self_cpu_us(),
         host_busy_us: host_busy_us().context("cannot read /proc/stat")?,
@@ -584,6 +606,25 @@ fn clock_ticks_per_s() -> u64 {
     } else {
         100
     }
+}
+
+/// Time every thread of `pid` ran and waited on a runqueue, in nanoseconds (schedstat).
+fn schedstat(pid: u32) -> (u64, u64) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return (0, 0) };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace().map(|field| field.parse::<u64>().ok());
+            Some((fields.next()??, fields.next()??))
+        })
+        .fold((0, 0), |sum, (run, wait)| (sum.0 + run, sum.1 + wait))
+}
+
+/// The share of CPU a run's threads got: see [`RunCounters::cpu_share`].
+fn cpu_share(run_ns: u64, wait_ns: u64, others_cores: f64, host_cores: f64) -> f64 {
+    let others = (others_cores / host_cores).clamp(0.0, 1.0);
+    let share = run_ns as f64 / (run_ns as f64 + wait_ns as f64 * others).max(1.0);
+    share.clamp(0.05, 1.0)
 }
 
 /// Voluntary context switches of the calling thread so far.
@@ -674,8 +715,6 @@ fn measure(
         (after.host_busy_us.saturating_sub(before.host_busy_us) as f64 - (cpu_us + self_us) as f64).max(0.0)
             / 1e6
             / seconds;
-    // At least a twentieth of the host: /proc/stat counts in 10 ms ticks.
-    let cores_available = (host_cores - others_cores).clamp(host_cores / 20.0, host_cores);
     Ok(RunCounters {
         ops: report.operations,
         ops_per_s: report.ops_per_s,
@@ -689,8 +728,13 @@ fn measure(
         wakes_raw_per_op: (after.wakes - before.wakes) as f64 / ops,
         ticks_per_op: NODES as f64 * TICKS_PER_S * seconds / ops,
         cores_used: (cpu_us + self_us) as f64 / 1e6 / seconds,
-        cores_available,
-        cpu_share: cores_available / host_cores,
+        others_cores,
+        cpu_share: cpu_share(
+            after.sched_run_ns - before.sched_run_ns,
+            after.sched_wait_ns - before.sched_wait_ns,
+            others_cores,
+            host_cores,
+        ),
     })
 }
 
@@ -756,6 +800,26 @@ fn bounce_on_node_runtime(stream: TcpStream, round_trips: u32, serve: bool) -> s
         Ok::<_, std::io::Error>(())
     })?;
     Ok((thread_cpu_ns() - cpu_started, thread_sleeps() - sleeps_started))
+}
+
+/// A tokio current-thread runtime, as a node runs, waits for a 1 ms interval `ticks` times
+/// with nothing else to do: its thread's CPU per sleep (each a timer's wake), and sleeps per
+/// tick.
+fn timer_wake(ticks: u32) -> anyhow::Result<(f64, f64)> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (cpu_started, sleeps_started) = (thread_cpu_ns(), thread_sleeps());
+    runtime.block_on(async {
+        let mut interval = tokio::time::interval(Duration::from_millis(1));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        for _ in 0..ticks {
+            interval.tick().await;
+        }
+    });
+    let sleeps = thread_sleeps() - sleeps_started;
+    if sleeps == 0 {
+        bail!("a runtime waiting for its timer never slept: cannot measure a timer's wake");
+    }
+    Ok(((thread_cpu_ns() - cpu_started) as f64 / sleeps as f64, sleeps as f64 / ticks as f64))
 }
 
 /// The ping-pong's four syscalls per round trip (write, read, write, read) in ONE thread on a
@@ -845,6 +909,16 @@ mod tests {
         let stat = "cpu  100 5 20 900 40 3 2 10 0 0\ncpu0 50 2 10 450 20 1 1 5 0 0\n";
         assert_eq!(host_busy_us_of(stat, 100).expect("parsed"), (100 + 5 + 20 + 3 + 2 + 10) * 10_000);
         assert!(host_busy_us_of("cpu  1 2 3\n", 100).is_err());
+    }
+
+    /// Only the waits others caused count: on a quiet host the share is 1 however long the
+    /// run's own threads queued for each other.
+    #[test]
+    fn the_cpu_share_counts_the_waits_others_caused() {
+        assert_eq!(cpu_share(1_000, 3_000, 0.0, 2.0), 1.0);
+        assert_eq!(cpu_share(1_000, 1_000, 2.0, 2.0), 0.5);
+        assert_eq!(cpu_share(1_000, 2_000, 1.0, 2.0), 0.5);
+        assert_eq!(cpu_share(0, 1_000, 2.0, 2.0), 0.05);
     }
 
     #[test]

@@ -207,8 +207,8 @@ fn an_idle_node_pays_to_wake() {
     assert_close(busy.nodes_cpu_us_per_op, 10.0, 0.05, "CPU per read under load");
 }
 
-/// A tick costs the event loop `tick_ns` whatever else happens, plus a wake when it finds the
-/// node asleep: a node that only ticks (one read every 10 ms) keeps its protocol thread busy
+/// A tick costs the event loop `tick_ns` whatever else happens, plus a timer's wake when it
+/// finds the node asleep: a node that only ticks (one read every 10 ms) keeps its protocol thread busy
 /// (tick + wake) / tick period of the time.
 #[test]
 fn an_idle_node_pays_its_ticks_and_their_wakes() {
@@ -217,7 +217,11 @@ fn an_idle_node_pays_its_ticks_and_their_wakes() {
     config.costs.tick_ns = 100_000;
     let ticking = predict(&config).expect("a valid configuration");
     assert_close(ticking.protocol_thread_utilisation_max, 0.10, 0.03, "ticks alone");
+    // A tick is woken by its timer, not by a peer's write.
     config.costs.wake_ns = 50_000;
+    let socket_wakes = predict(&config).expect("a valid configuration");
+    assert_close(socket_wakes.protocol_thread_utilisation_max, 0.10, 0.03, "ticks, socket wakes");
+    config.costs.timer_wake_ns = 50_000;
     let waking = predict(&config).expect("a valid configuration");
     assert_close(waking.protocol_thread_utilisation_max, 0.15, 0.03, "ticks and their wakes");
 }

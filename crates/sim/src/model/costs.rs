@@ -49,6 +49,9 @@ pub struct CostTable {
     /// a node is never idle and never pays it; at one client it pays it for every event.
     #[serde(default)]
     pub wake_ns: u64,
+    /// Waking an idle node by its tick's timer: on a VM, arming and taking a timer interrupt
+    /// costs far more than being woken by a peer's write, so the two are measured apart.
+    pub timer_wake_ns: u64,
     /// From a write on loopback to the reader running (the scheduler's wake-up; no CPU of
     /// its own): the one-way latency of the `loopback` network.
     #[serde(default)]
@@ -71,6 +74,7 @@ impl CostTable {
             sync_ns: 20_000,
             client_op_ns: 5_000,
             wake_ns: 0,
+            timer_wake_ns: 0,
             wakeup_ns: 10_000,
         }
     }
@@ -90,6 +94,7 @@ impl CostTable {
             sync_ns: 0,
             client_op_ns: 0,
             wake_ns: 0,
+            timer_wake_ns: 0,
             wakeup_ns: 0,
         }
     }
@@ -113,6 +118,7 @@ impl CostTable {
             sync_ns: scale(self.sync_ns),
             client_op_ns: scale(self.client_op_ns),
             wake_ns: scale(self.wake_ns),
+            timer_wake_ns: scale(self.timer_wake_ns),
             wakeup_ns: self.wakeup_ns,
         }
     }

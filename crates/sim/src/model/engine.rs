@@ -120,8 +120,9 @@ enum Event<M> {
 struct Node<M> {
     threads: u32,
     threads_free: u32,
-    /// A wake-up (`wake_ns`) the node owes: charged to the next stage it starts.
-    wake_owed: bool,
+    /// The wake-up the node owes (`wake_ns`, or `timer_wake_ns` when its tick woke it):
+    /// charged to the next stage it starts.
+    wake_owed_ns: Nanos,
     /// The machine whose cores it uses (an index into `Engine::cores_free`).
     machine: usize,
     protocol_busy: bool,
@@ -208,7 +209,7 @@ where
             .map(|index| Node {
                 threads: placement.threads,
                 threads_free: placement.threads,
-                wake_owed: false,
+                wake_owed_ns: 0,
                 machine: if shared_host { 0 } else { index },
                 protocol_busy: false,
                 receive: VecDeque::new(),
@@ -299,7 +300,7 @@ where
                 self.dispatch_machine(0);
             }
             Event::Arrive { node, work, bytes } => {
-                self.note_wake(node);
+                self.note_wake(node, self.costs.wake_ns);
                 self.nodes[node.index()].receive.push_back((work, bytes));
                 self.dispatch(node);
             }
@@ -322,7 +323,7 @@ where
             }
             Event::Reply { request, outcome } => self.reply(request, outcome),
             Event::Tick(node) => {
-                self.note_wake(node);
+                self.note_wake(node, self.costs.timer_wake_ns);
                 self.nodes[node.index()].handle.push_back(Work::Tick);
                 self.dispatch(node);
                 self.schedule(self.now + self.tick_ns, Event::Tick(node));
@@ -331,14 +332,14 @@ where
     }
 
     /// Work reaches `node`: if it had nothing to do, its thread sleeps and must be woken.
-    fn note_wake(&mut self, node: NodeId) {
+    fn note_wake(&mut self, node: NodeId, wake_ns: Nanos) {
         let state = &mut self.nodes[node.index()];
         let idle = state.threads_free == state.threads
             && state.receive.is_empty()
             && state.handle.is_empty()
             && state.send.is_empty();
-        if idle && self.costs.wake_ns > 0 {
-            state.wake_owed = true;
+        if idle {
+            state.wake_owed_ns = wake_ns;
         }
     }
 
@@ -451,7 +452,7 @@ where
         let state = &mut self.nodes[node.index()];
         state.threads_free -= 1;
         self.cores_free[state.machine] -= 1;
-        let wake = if std::mem::take(&mut state.wake_owed) { self.costs.wake_ns } else { 0 };
+        let wake = std::mem::take(&mut state.wake_owed_ns);
         state.busy_ns += cost + wake;
         cost + wake
     }
