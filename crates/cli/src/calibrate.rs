@@ -7,17 +7,21 @@
 //!
 //! * `handle_ns`, `key_op_ns`: the real Hermes cores' `on_message` and `on_client`, timed
 //!   in-process (chorus_sim::model::timing);
-//! * `wakeup_ns`: a loopback TCP ping-pong between two threads, wall time per round trip less
-//!   the CPU both threads spent on it, halved (what a reader waits for the scheduler);
+//! * `wake_ns`, `wakeup_ns`: two threads, each on a tokio current-thread runtime as a node
+//!   runs, bounce one byte over loopback TCP; the same four syscalls run in ONE thread
+//!   (nothing sleeps). The ping-pong's extra CPU per voluntary sleep is a wake's CPU; its wall
+//!   time less its CPU, halved, is what a reader waits for the scheduler;
 //! * `byte_ps`: CPU per byte streaming 64 MiB through a loopback socket;
 //! * `sync_ns`: the median `fdatasync` of a 4 KiB append where the benchmarks keep their data;
-//! * the per-event I/O costs, from a real 3-node Hermes cluster (`chorus node`, loopback) with
-//!   one client, where nothing batches: the nodes' CPU per GET (minus idle) is a request's
-//!   whole server-side cost, so `client_request_ns` is it less the handler and one reply
-//!   send; the extra CPU of a SET over a GET, less its messages' handlers, divided by the peer
-//!   frames it took (the nodes' own counters, INFO replication) is a frame's send + receive,
-//!   split evenly between `message_sent_ns` and `message_received_ns`; the load generator's
-//!   own CPU per operation is `client_op_ns`.
+//! * the rest from a real 3-node Hermes cluster (`chorus node`, loopback), from the nodes'
+//!   CPU, voluntary sleeps and peer counters (INFO replication). Idle, the nodes only tick:
+//!   their CPU less their wakes x `wake_ns`, per tick, is `tick_ns`. One client, GETs, where
+//!   nothing batches: the nodes' CPU per GET less its wakes, ticks and handler is a request's
+//!   receive and reply, split evenly into `client_request_ns` and `reply_sent_ns`. One
+//!   client, SETs: the extra CPU of a SET over a GET, less its extra wakes, ticks and its
+//!   messages' handlers, per peer frame, is a frame's send + receive, split evenly into
+//!   `message_sent_ns` and `message_received_ns`. The load generator's own CPU per GET is
+//!   `client_op_ns`.
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -39,6 +43,11 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 const KEYS: u64 = 10_000;
+/// The replicas of every calibration and comparison cluster.
+const NODES: usize = 3;
+/// A node's event loop ticks every millisecond (crates/server/src/engine.rs, `TICK`; the
+/// model's `tick_period`).
+const TICKS_PER_S: f64 = 1_000.0;
 const VALUE_BYTES: usize = 32;
 
 #[derive(clap::Args)]
@@ -82,26 +91,42 @@ struct RunCounters {
     ops: u64,
     ops_per_s: f64,
     p50_us: f64,
-    /// The three nodes' CPU (user + system), per operation, in microseconds.
+    /// The three nodes' CPU (user + system), per operation, in microseconds, idle CPU removed.
     server_cpu_us_per_op: f64,
+    /// The same with everything the nodes did meanwhile (ticks included), as the model counts.
+    server_cpu_raw_us_per_op: f64,
     /// This process's CPU (the load generator), per operation.
     client_cpu_us_per_op: f64,
     /// Peer frames the nodes sent, and peer messages they received, per operation.
     frames_per_op: f64,
     messages_per_op: f64,
     /// Times a node thread went to sleep (voluntary context switches), per operation: each
-    /// is one wake-up.
+    /// is one wake-up. Idle wakes removed, then all of them.
     wakes_per_op: f64,
+    wakes_raw_per_op: f64,
+    /// The nodes' ticks per operation (each node ticks every millisecond).
+    ticks_per_op: f64,
     /// The nodes' and the load generator's CPU over the run, in cores.
     cores_used: f64,
+    /// The cores other processes (and the hypervisor's steal) used meanwhile, from /proc/stat.
+    others_cores: f64,
+    /// The share of CPU the run's threads got while they wanted it, counting only the waits
+    /// others caused: run / (run + runqueue wait x others' share of the host), from
+    /// /proc/<pid>/task/<tid>/schedstat of the nodes and the load generator. 1 on a quiet host
+    /// (waiting for one's own threads is what the model already queues).
+    cpu_share: f64,
 }
 
 #[derive(Serialize)]
 struct CalibrationRuns {
     machine: chorus_bench::compare::Machine,
     handlers: chorus_sim::model::timing::HandlerTiming,
-    ping_pong_round_trip_ns: f64,
-    ping_pong_cpu_ns: f64,
+    ping_pong: PingPong,
+    /// The same write-read-write-read in one thread, where nothing sleeps.
+    syscalls_cpu_ns_per_round_trip: f64,
+    timer_sleeps_per_tick: f64,
+    /// An idle tick's CPU beyond its timer's wake, before negative noise is cut to zero.
+    tick_work_ns: f64,
     idle_server_cpu_us_per_s: f64,
     idle_frames_per_s: f64,
     idle_messages_per_s: f64,
@@ -123,9 +148,18 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         "handlers: on_message {:.0} ns, on_client {:.0} ns (in-process, {} + {} calls)",
         handlers.message_ns_mean, handlers.client_ns_mean, handlers.message_calls, handlers.client_calls
     );
-    let (round_trip_ns, ping_pong_cpu_ns) = ping_pong(20_000)?;
-    let wakeup_ns = ((round_trip_ns - ping_pong_cpu_ns) / 2.0).max(0.0).round() as u64;
-    println!("loopback ping-pong: {round_trip_ns:.0} ns per round trip, {ping_pong_cpu_ns:.0} ns of CPU");
+    let ping_pong = tokio_ping_pong(20_000)?;
+    let syscalls_ns = syscalls_cpu_ns_per_round_trip(20_000)?;
+    println!(
+        "loopback ping-pong (tokio, two threads): {:.0} ns per round trip, {:.0} ns of CPU, {:.2} sleeps; the same syscalls in one thread: {syscalls_ns:.0} ns of CPU",
+        ping_pong.wall_ns, ping_pong.cpu_ns, ping_pong.sleeps
+    );
+    if ping_pong.sleeps < 0.5 || ping_pong.cpu_ns <= syscalls_ns {
+        bail!("the ping-pong's threads did not sleep ({ping_pong:?}, one thread {syscalls_ns:.0} ns): cannot measure a wake on this machine now");
+    }
+    let wake_ns = (ping_pong.cpu_ns - syscalls_ns) / ping_pong.sleeps;
+    let wakeup_ns = ((ping_pong.wall_ns - ping_pong.cpu_ns) / 2.0).max(0.0).round() as u64;
+    println!("a wake: {wake_ns:.0} ns of CPU; loopback wake-up latency {wakeup_ns} ns");
     let byte_ps = stream_cpu_ps_per_byte(64 << 20)?;
     println!("loopback stream: {byte_ps} ps of CPU per byte");
     // Every directory straight under the scratch root, so that the last one removed takes
@@ -140,16 +174,23 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     let runtime = chorus_bench::cli::runtime(None)?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut procs = Procs::new("calibrate", procs::scratch_root().join("model-calibrate"))?;
-    let targets = procs::start_chorus_cluster(&mut procs, &exe, "hermes", 3, &[], &stop)?;
+    let targets = procs::start_chorus_cluster(&mut procs, &exe, "hermes", NODES, &[], &stop)?;
     load_keys(&targets, &runtime)?;
     let idle = idle_rates(&procs, &targets, Duration::from_secs(2))?;
     println!(
         "idle: {:.0} us of node CPU per second, {:.0} wakes/s, {:.0} frames/s, {:.0} messages/s",
         idle.cpu_us_per_s, idle.wakes_per_s, idle.frames_per_s, idle.messages_per_s
     );
-    // An idle node only wakes (for its tick and the odd heartbeat): its CPU per wake is
-    // what waking costs, less the tick's handler.
-    let wake_ns = (idle.cpu_us_per_s * 1e3 / idle.wakes_per_s.max(1.0) - handle_ns as f64).max(0.0);
+    let (timer_wake_ns, timer_sleeps_per_tick) = timer_wake(1_000)?;
+    println!(
+        "a timer's wake (tokio interval of 1 ms, nothing else): {timer_wake_ns:.0} ns of CPU, {timer_sleeps_per_tick:.2} sleeps per tick"
+    );
+    // An idle node sleeps between ticks (and the odd heartbeat): what it spends beyond its
+    // timers' wakes is the tick's own work. Within noise of zero it is taken as zero.
+    let ticks_per_s = NODES as f64 * TICKS_PER_S;
+    let tick_work_ns = (idle.cpu_us_per_s * 1e3 - idle.wakes_per_s * timer_wake_ns) / ticks_per_s;
+    let tick_ns = tick_work_ns.max(0.0);
+    println!("a tick's own work: {tick_work_ns:.0} ns of CPU beyond its wake ({ticks_per_s:.0} ticks/s), {tick_ns:.0} ns kept");
     let duration = Duration::from_secs_f64(args.seconds);
     let median_of = |write_percent| -> anyhow::Result<RunCounters> {
         let rounds = (0..args.rounds)
@@ -163,50 +204,56 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     println!("GET, 1 client: {get:?}");
     println!("SET, 1 client: {set:?}");
 
-    // Per operation, a GET is: its wake-ups, receiving the request, its handler, sending
-    // the reply; a SET adds peer frames (sent and received), their handlers and wake-ups.
-    let handler_us = (handle_ns + key_op_ns) as f64 / 1e3;
-    let wake_us = wake_ns / 1e3;
+    // Per operation, with the idle nodes' CPU, wakes and frames removed (the ticks' and
+    // their timers' share): a GET is its wake-ups, receiving the request, its handler,
+    // sending the reply; a SET adds peer frames (sent and received), their handlers and
+    // wake-ups.
+    let background_us = |run: &RunCounters| run.wakes_per_op * wake_ns / 1e3;
     let extra_messages = (set.messages_per_op - get.messages_per_op).max(0.0);
     let extra_frames = (set.frames_per_op - get.frames_per_op).max(f64::MIN_POSITIVE);
-    let extra_wakes = set.wakes_per_op - get.wakes_per_op;
     let frame_us = (set.server_cpu_us_per_op
         - get.server_cpu_us_per_op
-        - extra_wakes * wake_us
+        - (background_us(&set) - background_us(&get))
         - extra_messages * handle_ns as f64 / 1e3)
         / extra_frames;
     if frame_us <= 0.0 {
         bail!("a SET's frames cost no CPU beyond their wake-ups ({set:?} vs {get:?}): the machine is too busy to calibrate, try again with more --rounds");
     }
     let half_frame_ns = (frame_us * 1e3 / 2.0).round() as u64;
-    let request_us = get.server_cpu_us_per_op - get.wakes_per_op * wake_us - handler_us - frame_us / 2.0;
+    let handler_us = (handle_ns + key_op_ns) as f64 / 1e3;
+    let request_us = get.server_cpu_us_per_op - background_us(&get) - handler_us;
     if request_us <= 0.0 {
-        bail!("a GET cost less node CPU ({:.1} us) than its wake-ups, handler and reply: the machine is too busy to calibrate", get.server_cpu_us_per_op);
+        bail!("a GET cost less node CPU ({:.1} us) than its wake-ups and handler ({:.1} us): the machine is too busy to calibrate", get.server_cpu_us_per_op, background_us(&get) + handler_us);
     }
-    let client_request_ns = (request_us * 1e3).round() as u64;
+    let half_request_ns = (request_us * 1e3 / 2.0).round() as u64;
     let machine = chorus_bench::compare::machine();
     let costs = CostTable {
         source: format!(
             "chorus model calibrate on {} ({} cores), {} rounds of {:.0} s, median",
             machine.cpu_model, machine.nproc, args.rounds, args.seconds
         ),
-        client_request_ns,
+        client_request_ns: half_request_ns,
         message_received_ns: half_frame_ns,
         message_sent_ns: half_frame_ns,
+        reply_sent_ns: half_request_ns,
         byte_ps,
         handle_ns,
+        tick_ns: tick_ns.round() as u64,
         key_op_ns,
         sync_ns,
         client_op_ns: (get.client_cpu_us_per_op * 1e3).round() as u64,
         wake_ns: wake_ns.round() as u64,
+        timer_wake_ns: timer_wake_ns.round() as u64,
         wakeup_ns,
     };
     println!("{}", serde_json::to_string_pretty(&costs)?);
     let runs = CalibrationRuns {
         machine,
         handlers,
-        ping_pong_round_trip_ns: round_trip_ns,
-        ping_pong_cpu_ns,
+        ping_pong,
+        syscalls_cpu_ns_per_round_trip: syscalls_ns,
+        timer_sleeps_per_tick,
+        tick_work_ns,
         idle_server_cpu_us_per_s: idle.cpu_us_per_s,
         idle_frames_per_s: idle.frames_per_s,
         idle_messages_per_s: idle.messages_per_s,
@@ -231,7 +278,8 @@ fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// One row of the comparison: the median of the real rounds next to the model.
+/// One row of the comparison: the median of the real rounds next to the model, given the
+/// whole host and given the CPU share the real run had.
 #[derive(Serialize)]
 struct CompareRow {
     protocol: String,
@@ -239,18 +287,61 @@ struct CompareRow {
     real_ops_per_s: f64,
     real_p50_us: f64,
     real_rounds_ops_per_s: Vec<f64>,
-    /// The nodes' CPU per operation (idle removed): on a busy machine it moves far less than
-    /// throughput, so it checks the cost table when throughput cannot.
+    /// The nodes' CPU per operation, everything they did in the run (ticks included), as the
+    /// model counts it: a busy host moves it far less than throughput.
     real_cpu_us_per_op: f64,
-    /// CPU the nodes and the load generator got, in cores: what the host gave the run.
+    /// CPU the nodes and the load generator used, in cores.
     real_cores_used: f64,
-    model_ops_per_s: f64,
-    model_p50_us: f64,
-    model_cpu_us_per_op: f64,
+    /// Cores other processes used meanwhile, and the share of CPU the run got.
+    real_others_cores: f64,
+    real_cpu_share: f64,
+    /// The model on the whole host.
+    model: ModelColumns,
+    /// The model with every CPU cost divided by the share (`CostTable::at_cpu_share`).
+    model_at_share: ModelColumns,
+}
+
+#[derive(Serialize)]
+struct ModelColumns {
+    ops_per_s: f64,
+    p50_us: f64,
+    cpu_us_per_op: f64,
     /// (model - real) / real.
     throughput_error: f64,
     p50_error: f64,
     cpu_error: f64,
+}
+
+impl ModelColumns {
+    fn of(model: &chorus_sim::model::ModelReport, real: &RunCounters, cpu_share: f64) -> ModelColumns {
+        // CPU per operation in the table's own units: a stretched cost is not more work.
+        let cpu_us_per_op = model.nodes_cpu_us_per_op * cpu_share;
+        ModelColumns {
+            ops_per_s: model.throughput_ops_per_s,
+            p50_us: model.latency.p50_us,
+            cpu_us_per_op,
+            throughput_error: model.throughput_ops_per_s / real.ops_per_s - 1.0,
+            p50_error: model.latency.p50_us / real.p50_us - 1.0,
+            cpu_error: cpu_us_per_op / real.server_cpu_raw_us_per_op - 1.0,
+        }
+    }
+
+    fn within(&self, tolerance: f64) -> bool {
+        self.throughput_error.abs() <= tolerance && self.p50_error.abs() <= tolerance
+    }
+}
+
+#[derive(Serialize)]
+struct Comparison {
+    machine: chorus_bench::compare::Machine,
+    /// The load average when the comparison started (1, 5, 15 minutes).
+    load_average: String,
+    costs: CostTable,
+    write_percent: u32,
+    rounds: usize,
+    seconds: f64,
+    host_cores: u32,
+    rows: Vec<CompareRow>,
 }
 
 pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
@@ -270,12 +361,16 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
     let runtime = chorus_bench::cli::runtime(None)?;
     let stop = Arc::new(AtomicBool::new(false));
     let host_cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let load_average = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load_average = load_average.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+    println!("costs: {}", costs.source);
+    println!("host: {host_cores} cores, load average {load_average}");
     let duration = Duration::from_secs_f64(args.seconds);
     let mut rows = Vec::new();
     for protocol in &args.protocols {
         let mut procs =
             Procs::new(protocol, procs::scratch_root().join(format!("model-compare-{protocol}")))?;
-        let targets = procs::start_chorus_cluster(&mut procs, &exe, protocol, 3, &[], &stop)?;
+        let targets = procs::start_chorus_cluster(&mut procs, &exe, protocol, NODES, &[], &stop)?;
         load_keys(&targets, &runtime)?;
         let idle = idle_rates(&procs, &targets, Duration::from_millis(500))?;
         for &clients in &args.clients {
@@ -286,75 +381,97 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let real_rounds_ops_per_s = rounds.iter().map(|run| run.ops_per_s).collect();
             let real = median_run(rounds);
-            let model = predict_loopback(protocol, clients, args.write_percent, host_cores, &costs)?;
+            let predict = |costs: &CostTable| {
+                predict_loopback(protocol, clients, args.write_percent, host_cores, costs)
+            };
+            let model = predict(&costs)?;
+            let at_share = predict(&costs.at_cpu_share(real.cpu_share))?;
             let row = CompareRow {
                 protocol: protocol.clone(),
                 clients,
                 real_ops_per_s: real.ops_per_s,
                 real_p50_us: real.p50_us,
                 real_rounds_ops_per_s,
-                real_cpu_us_per_op: real.server_cpu_us_per_op,
+                real_cpu_us_per_op: real.server_cpu_raw_us_per_op,
                 real_cores_used: real.cores_used,
-                model_ops_per_s: model.throughput_ops_per_s,
-                model_p50_us: model.latency.p50_us,
-                model_cpu_us_per_op: model.nodes_cpu_us_per_op,
-                throughput_error: model.throughput_ops_per_s / real.ops_per_s - 1.0,
-                p50_error: model.latency.p50_us / real.p50_us - 1.0,
-                cpu_error: model.nodes_cpu_us_per_op / real.server_cpu_us_per_op - 1.0,
+                real_others_cores: real.others_cores,
+                real_cpu_share: real.cpu_share,
+                model: ModelColumns::of(&model, &real, 1.0),
+                model_at_share: ModelColumns::of(&at_share, &real, real.cpu_share),
             };
             print_row(&row, rows.is_empty());
             rows.push(row);
         }
         drop(procs);
     }
-    write_json(&args.json, &rows)?;
-    let within =
-        rows.iter().filter(|row| row.throughput_error.abs() <= 0.2 && row.p50_error.abs() <= 0.2).count();
-    let cpu_within = rows.iter().filter(|row| row.cpu_error.abs() <= 0.2).count();
+    let count = |within: &dyn Fn(&CompareRow) -> bool| rows.iter().filter(|row| within(row)).count();
+    let whole = count(&|row| row.model.within(0.2));
+    let shared = count(&|row| row.model_at_share.within(0.2));
+    let cpu = count(&|row| row.model.cpu_error.abs() <= 0.2);
     println!(
-        "{within} of {} rows within 20% on both throughput and p50, {cpu_within} on CPU per operation; JSON: {}",
-        rows.len(),
-        args.json.display()
+        "within 20% on both throughput and p50: {whole} of {} rows with the whole host, {shared} at the run's CPU share; {cpu} on the nodes' CPU per operation",
+        rows.len()
     );
     println!(
-        "(the model gives the run {host_cores} free cores; `cores` is what the real run got: on a busy machine \
-         throughput and latency follow the share, CPU per operation much less)"
+        "(`used`: cores the run used; `other`: cores other processes used meanwhile (/proc/stat); `share`: run / (run + runqueue wait x other / {host_cores}) of the run's threads (schedstat); the model at the share divides every CPU cost by it)"
     );
+    let comparison = Comparison {
+        machine: chorus_bench::compare::machine(),
+        load_average,
+        costs,
+        write_percent: args.write_percent,
+        rounds: args.rounds,
+        seconds: args.seconds,
+        host_cores,
+        rows,
+    };
+    write_json(&args.json, &comparison)?;
+    println!("JSON: {}", args.json.display());
     Ok(0)
 }
 
 fn print_row(row: &CompareRow, header: bool) {
     if header {
         println!(
-            "{:>8} {:>7} {:>11} {:>11} {:>7} {:>9} {:>9} {:>7} {:>8} {:>9} {:>7} {:>6}",
+            "{:>8} {:>7} | {:>9} {:>9} {:>6} {:>12} | {:>8} {:>8} {:>6} {:>12} | {:>7} {:>7} {:>6} | {:>5} {:>5} {:>5}",
             "protocol",
             "clients",
-            "real ops/s",
-            "model ops/s",
-            "error",
+            "real op/s",
+            "model",
+            "err",
+            "at share",
             "real p50",
-            "model p50",
-            "error",
+            "model",
+            "err",
+            "at share",
             "real cpu",
-            "model cpu",
-            "error",
-            "cores"
+            "model",
+            "err",
+            "used",
+            "other",
+            "share",
         );
     }
+    let percent = |error: f64| format!("{:+.0}%", error * 100.0);
+    let share = &row.model_at_share;
     println!(
-        "{:>8} {:>7} {:>11.0} {:>11.0} {:>+6.0}% {:>9.1} {:>9.1} {:>+6.0}% {:>8.1} {:>9.1} {:>+6.0}% {:>6.2}",
+        "{:>8} {:>7} | {:>9.0} {:>9.0} {:>6} {:>12} | {:>8.1} {:>8.1} {:>6} {:>12} | {:>7.1} {:>7.1} {:>6} | {:>5.2} {:>5.2} {:>5.2}",
         row.protocol,
         row.clients,
         row.real_ops_per_s,
-        row.model_ops_per_s,
-        row.throughput_error * 100.0,
+        row.model.ops_per_s,
+        percent(row.model.throughput_error),
+        format!("{:.0} {}", share.ops_per_s, percent(share.throughput_error)),
         row.real_p50_us,
-        row.model_p50_us,
-        row.p50_error * 100.0,
+        row.model.p50_us,
+        percent(row.model.p50_error),
+        format!("{:.0} {}", share.p50_us, percent(share.p50_error)),
         row.real_cpu_us_per_op,
-        row.model_cpu_us_per_op,
-        row.cpu_error * 100.0,
-        row.real_cores_used
+        row.model.cpu_us_per_op,
+        percent(row.model.cpu_error),
+        row.real_cores_used,
+        row.real_others_cores,
+        row.real_cpu_share,
     );
 }
 
@@ -367,7 +484,7 @@ fn predict_loopback(
     host_cores: u32,
     costs: &CostTable,
 ) -> anyhow::Result<chorus_sim::model::ModelReport> {
-    let mut config = ModelConfig::new(protocol, 3, 1, Network::loopback(costs), clients as u32);
+    let mut config = ModelConfig::new(protocol, NODES, 1, Network::loopback(costs), clients as u32);
     config.host_cores = Some(host_cores);
     config.costs = costs.clone();
     let mut workload = Workload::named(&format!("kv-w{write_percent}")).context("a workload")?;
@@ -427,6 +544,11 @@ struct Snapshot {
     at: Instant,
     cpu_us: u64,
     self_cpu_us: u64,
+    /// Every CPU of the host, busy (steal included), from /proc/stat.
+    host_busy_us: u64,
+    /// The nodes' and this process's threads: time run and time runnable but waiting.
+    sched_run_ns: u64,
+    sched_wait_ns: u64,
     frames: u64,
     messages: u64,
     wakes: u64,
@@ -442,7 +564,78 @@ fn snapshot(procs: &Procs, targets: &[SocketAddr]) -> anyhow::Result<Snapshot> {
         messages += peer_counter(&info, "messages_received");
     }
     let wakes = procs.pids().iter().map(|pid| voluntary_switches(*pid)).sum();
-    Ok(Snapshot { at: Instant::now(), cpu_us, self_cpu_us: self_cpu_us(), frames, messages, wakes })
+    let mut pids = procs.pids();
+    pids.push(std::process::id());
+    let (sched_run_ns, sched_wait_ns) =
+        pids.iter().map(|pid| schedstat(*pid)).fold((0, 0), |sum, (run, wait)| (sum.0 + run, sum.1 + wait));
+    Ok(Snapshot {
+        at: Instant::now(),
+        sched_run_ns,
+        sched_wait_ns,
+        cpu_us,
+        self_cpu_us: self_cpu_us(),
+        host_busy_us: host_busy_us().context("cannot read /proc/stat")?,
+        frames,
+        messages,
+        wakes,
+    })
+}
+
+/// The host's busy CPU time since boot, all CPUs: user, nice, system, irq, softirq and steal
+/// (the hypervisor's, which the run could not have either).
+fn host_busy_us() -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    host_busy_us_of(&stat, clock_ticks_per_s())
+}
+
+fn host_busy_us_of(stat: &str, ticks_per_s: u64) -> anyhow::Result<u64> {
+    let line = stat.lines().find(|line| line.starts_with("cpu ")).context("no cpu line")?;
+    let fields: Vec<u64> =
+        line.split_whitespace().skip(1).map(str::parse).collect::<Result<_, _>>().context("a cpu field")?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = fields[..] else {
+        bail!("a cpu line of {} fields", fields.len());
+    };
+    Ok((user + nice + system + irq + softirq + steal) * 1_000_000 / ticks_per_s.max(1))
+}
+
+fn clock_ticks_per_s() -> u64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as u64
+    } else {
+        100
+    }
+}
+
+/// Time every thread of `pid` ran and waited on a runqueue, in nanoseconds (schedstat).
+fn schedstat(pid: u32) -> (u64, u64) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return (0, 0) };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace().map(|field| field.parse::<u64>().ok());
+            Some((fields.next()??, fields.next()??))
+        })
+        .fold((0, 0), |sum, (run, wait)| (sum.0 + run, sum.1 + wait))
+}
+
+/// The share of CPU a run's threads got: see [`RunCounters::cpu_share`].
+fn cpu_share(run_ns: u64, wait_ns: u64, others_cores: f64, host_cores: f64) -> f64 {
+    let others = (others_cores / host_cores).clamp(0.0, 1.0);
+    let share = run_ns as f64 / (run_ns as f64 + wait_ns as f64 * others).max(1.0);
+    share.clamp(0.05, 1.0)
+}
+
+/// Voluntary context switches of the calling thread so far.
+fn thread_sleeps() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    status_sleeps(&status)
+}
+
+fn status_sleeps(status: &str) -> u64 {
+    let line = status.lines().find(|line| line.starts_with("voluntary_ctxt_switches:"));
+    line.and_then(|line| line.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0)
 }
 
 /// Voluntary context switches of every thread of `pid` (each one a sleep, so a later wake).
@@ -450,10 +643,7 @@ fn voluntary_switches(pid: u32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
     tasks
         .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
-        .filter_map(|status| {
-            let line = status.lines().find(|line| line.starts_with("voluntary_ctxt_switches:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
+        .map(|status| status_sleeps(&status))
         .sum()
 }
 
@@ -518,18 +708,33 @@ fn measure(
     let ops = report.operations as f64;
     let seconds = after.at.duration_since(before.at).as_secs_f64();
     let per_op = |delta: u64, idle_per_s: f64| (delta as f64 - idle_per_s * seconds).max(0.0) / ops;
+    let cpu_us = after.cpu_us - before.cpu_us;
+    let self_us = after.self_cpu_us - before.self_cpu_us;
+    let host_cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let others_cores =
+        (after.host_busy_us.saturating_sub(before.host_busy_us) as f64 - (cpu_us + self_us) as f64).max(0.0)
+            / 1e6
+            / seconds;
     Ok(RunCounters {
         ops: report.operations,
         ops_per_s: report.ops_per_s,
         p50_us: report.overall.latency.p50_us,
-        server_cpu_us_per_op: per_op(after.cpu_us - before.cpu_us, idle.cpu_us_per_s),
+        server_cpu_us_per_op: per_op(cpu_us, idle.cpu_us_per_s),
+        server_cpu_raw_us_per_op: cpu_us as f64 / ops,
         client_cpu_us_per_op: (after.self_cpu_us - before.self_cpu_us) as f64 / ops,
         frames_per_op: per_op(after.frames - before.frames, idle.frames_per_s),
         messages_per_op: per_op(after.messages - before.messages, idle.messages_per_s),
         wakes_per_op: per_op(after.wakes - before.wakes, idle.wakes_per_s),
-        cores_used: ((after.cpu_us - before.cpu_us) + (after.self_cpu_us - before.self_cpu_us)) as f64
-            / 1e6
-            / seconds,
+        wakes_raw_per_op: (after.wakes - before.wakes) as f64 / ops,
+        ticks_per_op: NODES as f64 * TICKS_PER_S * seconds / ops,
+        cores_used: (cpu_us + self_us) as f64 / 1e6 / seconds,
+        others_cores,
+        cpu_share: cpu_share(
+            after.sched_run_ns - before.sched_run_ns,
+            after.sched_wait_ns - before.sched_wait_ns,
+            others_cores,
+            host_cores,
+        ),
     })
 }
 
@@ -540,35 +745,100 @@ fn median_run(mut rounds: Vec<RunCounters>) -> RunCounters {
     rounds.swap_remove(rounds.len() / 2)
 }
 
-/// Two threads bounce one byte over loopback TCP `round_trips` times: wall time and CPU time
-/// (both threads) per round trip, in nanoseconds.
-fn ping_pong(round_trips: u32) -> anyhow::Result<(f64, f64)> {
+/// A ping-pong over loopback TCP, per round trip: wall time, CPU of both threads, and their
+/// voluntary sleeps.
+#[derive(Clone, Debug, Serialize)]
+struct PingPong {
+    wall_ns: f64,
+    cpu_ns: f64,
+    sleeps: f64,
+}
+
+/// Two threads, each on a tokio current-thread runtime as a node runs, bounce one byte over
+/// loopback TCP `round_trips` times: each read finds nothing and parks the runtime, each
+/// write wakes the other side.
+fn tokio_ping_pong(round_trips: u32) -> anyhow::Result<PingPong> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    let echo = std::thread::spawn(move || -> std::io::Result<u64> {
-        let (mut stream, _) = listener.accept()?;
-        stream.set_nodelay(true)?;
-        let started = thread_cpu_ns();
-        let mut byte = [0u8; 1];
-        for _ in 0..round_trips {
-            stream.read_exact(&mut byte)?;
-            stream.write_all(&byte)?;
-        }
-        Ok(thread_cpu_ns() - started)
+    let echo = std::thread::spawn(move || -> std::io::Result<(u64, u64)> {
+        let (stream, _) = listener.accept()?;
+        bounce_on_node_runtime(stream, round_trips, false)
     });
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_nodelay(true)?;
+    let stream = TcpStream::connect(addr)?;
     let started = Instant::now();
-    let cpu_started = thread_cpu_ns();
+    let (cpu_ns, sleeps) = bounce_on_node_runtime(stream, round_trips, true)?;
+    let wall_ns = started.elapsed().as_nanos() as f64;
+    let (echo_cpu_ns, echo_sleeps) =
+        echo.join().map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
+    let per_round_trip = |total: u64| total as f64 / round_trips as f64;
+    Ok(PingPong {
+        wall_ns: wall_ns / round_trips as f64,
+        cpu_ns: per_round_trip(cpu_ns + echo_cpu_ns),
+        sleeps: per_round_trip(sleeps + echo_sleeps),
+    })
+}
+
+/// One end of the ping-pong (`serve`: it writes first): its thread's CPU and sleeps.
+fn bounce_on_node_runtime(stream: TcpStream, round_trips: u32, serve: bool) -> std::io::Result<(u64, u64)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    stream.set_nodelay(true)?;
+    stream.set_nonblocking(true)?;
+    let (cpu_started, sleeps_started) = (thread_cpu_ns(), thread_sleeps());
+    runtime.block_on(async move {
+        let mut stream = tokio::net::TcpStream::from_std(stream)?;
+        let mut byte = [7u8; 1];
+        for _ in 0..round_trips {
+            if serve {
+                stream.write_all(&byte).await?;
+            }
+            stream.read_exact(&mut byte).await?;
+            if !serve {
+                stream.write_all(&byte).await?;
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })?;
+    Ok((thread_cpu_ns() - cpu_started, thread_sleeps() - sleeps_started))
+}
+
+/// A tokio current-thread runtime, as a node runs, waits for a 1 ms interval `ticks` times
+/// with nothing else to do: its thread's CPU per sleep (each a timer's wake), and sleeps per
+/// tick.
+fn timer_wake(ticks: u32) -> anyhow::Result<(f64, f64)> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (cpu_started, sleeps_started) = (thread_cpu_ns(), thread_sleeps());
+    runtime.block_on(async {
+        let mut interval = tokio::time::interval(Duration::from_millis(1));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        for _ in 0..ticks {
+            interval.tick().await;
+        }
+    });
+    let sleeps = thread_sleeps() - sleeps_started;
+    if sleeps == 0 {
+        bail!("a runtime waiting for its timer never slept: cannot measure a timer's wake");
+    }
+    Ok(((thread_cpu_ns() - cpu_started) as f64 / sleeps as f64, sleeps as f64 / ticks as f64))
+}
+
+/// The ping-pong's four syscalls per round trip (write, read, write, read) in ONE thread on a
+/// loopback pair: every read finds its byte, nothing sleeps. CPU per round trip.
+fn syscalls_cpu_ns_per_round_trip(round_trips: u32) -> anyhow::Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let mut a = TcpStream::connect(listener.local_addr()?)?;
+    let (mut b, _) = listener.accept()?;
+    a.set_nodelay(true)?;
+    b.set_nodelay(true)?;
+    let started = thread_cpu_ns();
     let mut byte = [7u8; 1];
     for _ in 0..round_trips {
-        stream.write_all(&byte)?;
-        stream.read_exact(&mut byte)?;
+        a.write_all(&byte)?;
+        b.read_exact(&mut byte)?;
+        b.write_all(&byte)?;
+        a.read_exact(&mut byte)?;
     }
-    let cpu = thread_cpu_ns() - cpu_started;
-    let wall = started.elapsed().as_nanos() as f64;
-    let echo_cpu = echo.join().map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
-    Ok((wall / round_trips as f64, (cpu + echo_cpu) as f64 / round_trips as f64))
+    Ok((thread_cpu_ns() - started) as f64 / round_trips as f64)
 }
 
 /// CPU of both ends per byte streamed through loopback, in picoseconds.
@@ -631,6 +901,30 @@ mod tests {
         assert_eq!(peer_counter(info, "frames_sent"), 15);
         assert_eq!(peer_counter(info, "messages_received"), 10);
         assert_eq!(peer_counter(info, "connects"), 2);
+    }
+
+    /// Busy is everything but idle and iowait, steal included, in the kernel's clock ticks.
+    #[test]
+    fn host_busy_time_counts_steal_and_leaves_idle_out() {
+        let stat = "cpu  100 5 20 900 40 3 2 10 0 0\ncpu0 50 2 10 450 20 1 1 5 0 0\n";
+        assert_eq!(host_busy_us_of(stat, 100).expect("parsed"), (100 + 5 + 20 + 3 + 2 + 10) * 10_000);
+        assert!(host_busy_us_of("cpu  1 2 3\n", 100).is_err());
+    }
+
+    /// Only the waits others caused count: on a quiet host the share is 1 however long the
+    /// run's own threads queued for each other.
+    #[test]
+    fn the_cpu_share_counts_the_waits_others_caused() {
+        assert_eq!(cpu_share(1_000, 3_000, 0.0, 2.0), 1.0);
+        assert_eq!(cpu_share(1_000, 1_000, 2.0, 2.0), 0.5);
+        assert_eq!(cpu_share(1_000, 2_000, 1.0, 2.0), 0.5);
+        assert_eq!(cpu_share(0, 1_000, 2.0, 2.0), 0.05);
+    }
+
+    #[test]
+    fn sleeps_are_the_voluntary_switches() {
+        let status = "Name:\tchorus\nvoluntary_ctxt_switches:\t42\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(status_sleeps(status), 42);
     }
 
     #[test]

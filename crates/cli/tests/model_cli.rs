@@ -62,8 +62,8 @@ fn model_reads_a_calibrated_table() {
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let path = dir.join("costs.json");
     let table = r#"{"source": "calibrated here", "client_request_ns": 3000, "message_received_ns": 2000,
-        "message_sent_ns": 2000, "byte_ps": 400, "handle_ns": 450, "key_op_ns": 250, "sync_ns": 200,
-        "client_op_ns": 20000, "wake_ns": 30000, "wakeup_ns": 7000}"#;
+        "message_sent_ns": 2000, "reply_sent_ns": 1500, "byte_ps": 400, "handle_ns": 450, "tick_ns": 900, "key_op_ns": 250, "sync_ns": 200,
+        "client_op_ns": 20000, "wake_ns": 30000, "timer_wake_ns": 30000, "wakeup_ns": 7000}"#;
     std::fs::write(&path, table).expect("written");
     let output = chorus(&[
         "model",

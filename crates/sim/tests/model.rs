@@ -206,3 +206,56 @@ fn an_idle_node_pays_to_wake() {
     // Almost every read then costs only its 10 us of handling.
     assert_close(busy.nodes_cpu_us_per_op, 10.0, 0.05, "CPU per read under load");
 }
+
+/// A tick costs the event loop `tick_ns` whatever else happens, plus a timer's wake when it
+/// finds the node asleep: a node that only ticks (one read every 10 ms) keeps its protocol thread busy
+/// (tick + wake) / tick period of the time.
+#[test]
+fn an_idle_node_pays_its_ticks_and_their_wakes() {
+    let mut config = config("hermes", 1, 1, latency_only(1_000), 1, 0);
+    config.load = Load::Open { ops_per_s: 100 };
+    config.costs.tick_ns = 100_000;
+    let ticking = predict(&config).expect("a valid configuration");
+    assert_close(ticking.protocol_thread_utilisation_max, 0.10, 0.03, "ticks alone");
+    // A tick is woken by its timer, not by a peer's write.
+    config.costs.wake_ns = 50_000;
+    let socket_wakes = predict(&config).expect("a valid configuration");
+    assert_close(socket_wakes.protocol_thread_utilisation_max, 0.10, 0.03, "ticks, socket wakes");
+    config.costs.timer_wake_ns = 50_000;
+    let waking = predict(&config).expect("a valid configuration");
+    assert_close(waking.protocol_thread_utilisation_max, 0.15, 0.03, "ticks and their wakes");
+}
+
+/// A client reply costs `reply_sent_ns` on the node, a peer frame `message_sent_ns`: a read
+/// (no peer message) pays only the former, a Hermes write on 3 nodes both.
+#[test]
+fn replies_and_peer_frames_are_charged_apart() {
+    let mut config = config("hermes", 3, 1, latency_only(1_000), 1, 0);
+    config.costs.reply_sent_ns = 10_000;
+    let reads = run(&config);
+    // Two 1 us hops and the reply's send.
+    assert_eq!(reads.latency.p50_us, 12.0, "{reads:?}");
+    config.costs.reply_sent_ns = 0;
+    config.costs.message_sent_ns = 10_000;
+    let reads = run(&config);
+    assert_eq!(reads.latency.p50_us, 2.0, "{reads:?}");
+    config.workload = Workload::named("kv-w100").expect("a workload");
+    let writes = run(&config);
+    // The client's hop; two INV frames sent (20 us) and a hop; an ACK sent (10 us) and a hop;
+    // two VAL frames sent in the same stage as the reply (20 us); the reply's hop.
+    assert_eq!(writes.latency.p50_us, 54.0, "{writes:?}");
+}
+
+/// At a CPU share of one half, every CPU cost doubles: a CPU-bound node serves half as many
+/// reads, while a latency (the loopback wake-up) stays what it was.
+#[test]
+fn half_the_cpu_share_halves_a_cpu_bound_throughput() {
+    let mut config = config("hermes", 1, 1, latency_only(1_000), 64, 0);
+    config.costs.client_request_ns = 10_000;
+    config.costs.wakeup_ns = 7_000;
+    let full = run(&config).throughput_ops_per_s;
+    assert_close(full, 100_000.0, 0.02, "the whole core");
+    config.costs = config.costs.at_cpu_share(0.5);
+    assert_eq!((config.costs.client_request_ns, config.costs.wakeup_ns), (20_000, 7_000));
+    assert_close(run(&config).throughput_ops_per_s, 50_000.0, 0.02, "half the core");
+}

@@ -21,13 +21,20 @@ pub struct CostTable {
     pub client_request_ns: u64,
     /// Receiving and decoding one peer frame (a turn's messages to this node; any core).
     pub message_received_ns: u64,
-    /// Encoding and sending one peer frame or one client reply (any core).
+    /// Encoding and sending one peer frame (any core).
     pub message_sent_ns: u64,
+    /// Encoding and writing one client reply (any core): a reply goes straight to its
+    /// connection, a peer frame through the link's writer, so the two are measured apart.
+    pub reply_sent_ns: u64,
     /// Per byte received or sent, on top of the per-message costs (copies, checksums; any core).
     pub byte_ps: u64,
-    /// The protocol core handling one event: a request, a message of a frame, or a tick
-    /// (protocol thread).
+    /// The protocol core handling one event: a request or a message of a frame (protocol
+    /// thread).
     pub handle_ns: u64,
+    /// The event loop's own work per tick, whatever else it does (protocol thread): its timer,
+    /// a turn with only the tick in it, the background a tick drives (heartbeats). On top of
+    /// `wake_ns` when the tick finds the node asleep.
+    pub tick_ns: u64,
     /// Executing one client command against the store (protocol thread).
     pub key_op_ns: u64,
     /// Making one turn's writes durable (protocol thread: the server syncs before the turn's
@@ -42,6 +49,9 @@ pub struct CostTable {
     /// a node is never idle and never pays it; at one client it pays it for every event.
     #[serde(default)]
     pub wake_ns: u64,
+    /// Waking an idle node by its tick's timer: on a VM, arming and taking a timer interrupt
+    /// costs far more than being woken by a peer's write, so the two are measured apart.
+    pub timer_wake_ns: u64,
     /// From a write on loopback to the reader running (the scheduler's wake-up; no CPU of
     /// its own): the one-way latency of the `loopback` network.
     #[serde(default)]
@@ -56,12 +66,15 @@ impl CostTable {
             client_request_ns: 4_000,
             message_received_ns: 2_000,
             message_sent_ns: 1_500,
+            reply_sent_ns: 1_500,
             byte_ps: 100,
             handle_ns: 500,
+            tick_ns: 500,
             key_op_ns: 300,
             sync_ns: 20_000,
             client_op_ns: 5_000,
             wake_ns: 0,
+            timer_wake_ns: 0,
             wakeup_ns: 10_000,
         }
     }
@@ -73,13 +86,40 @@ impl CostTable {
             client_request_ns: 0,
             message_received_ns: 0,
             message_sent_ns: 0,
+            reply_sent_ns: 0,
             byte_ps: 0,
             handle_ns: 0,
+            tick_ns: 0,
             key_op_ns: 0,
             sync_ns: 0,
             client_op_ns: 0,
             wake_ns: 0,
+            timer_wake_ns: 0,
             wakeup_ns: 0,
+        }
+    }
+
+    /// This table on a CPU that gives the run only `share` (0 to 1] of each core (a host
+    /// busy with other processes): every CPU cost divided by `share`, as processor sharing
+    /// stretches each piece of work. `wakeup_ns`, a latency, is left alone.
+    pub fn at_cpu_share(&self, share: f64) -> CostTable {
+        assert!(share > 0.0 && share <= 1.0, "a CPU share is in (0, 1]");
+        let scale = |ns: u64| (ns as f64 / share).round() as u64;
+        CostTable {
+            source: format!("{} (at a {:.0}% CPU share)", self.source, share * 100.0),
+            client_request_ns: scale(self.client_request_ns),
+            message_received_ns: scale(self.message_received_ns),
+            message_sent_ns: scale(self.message_sent_ns),
+            reply_sent_ns: scale(self.reply_sent_ns),
+            byte_ps: scale(self.byte_ps),
+            handle_ns: scale(self.handle_ns),
+            tick_ns: scale(self.tick_ns),
+            key_op_ns: scale(self.key_op_ns),
+            sync_ns: scale(self.sync_ns),
+            client_op_ns: scale(self.client_op_ns),
+            wake_ns: scale(self.wake_ns),
+            timer_wake_ns: scale(self.timer_wake_ns),
+            wakeup_ns: self.wakeup_ns,
         }
     }
 

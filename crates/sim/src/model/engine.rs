@@ -9,11 +9,12 @@
 //! 1. receive (any thread): `client_request_ns` per client request, `message_received_ns` per
 //!    peer frame, plus its bytes;
 //! 2. handle (the protocol thread): a **turn** takes every event already waiting (up to the
-//!    server's 512), as the server's event loop does; each costs `handle_ns`, a client command
-//!    `key_op_ns` more, and the turn `sync_ns` once if it wrote durable state;
-//! 3. send (any thread): `message_sent_ns` plus bytes per frame and per reply, where a turn's
-//!    messages to one peer travel in ONE frame (the server's `send_turn`: opportunistic
-//!    batching, Hermes §4.2).
+//!    server's 512), as the server's event loop does; each costs `handle_ns` (a tick
+//!    `tick_ns`), a client command `key_op_ns` more, and the turn `sync_ns` once if it wrote
+//!    durable state;
+//! 3. send (any thread): `message_sent_ns` per frame and `reply_sent_ns` per reply, plus
+//!    bytes, where a turn's messages to one peer travel in ONE frame (the server's
+//!    `send_turn`: opportunistic batching, Hermes §4.2).
 //!
 //! Then each frame queues for its node's egress NIC, crosses the switch (`latency_ns`), and
 //! queues for the receiver's ingress NIC. Ticks skip stage 1. A machine either belongs to one
@@ -119,8 +120,9 @@ enum Event<M> {
 struct Node<M> {
     threads: u32,
     threads_free: u32,
-    /// A wake-up (`wake_ns`) the node owes: charged to the next stage it starts.
-    wake_owed: bool,
+    /// The wake-up the node owes (`wake_ns`, or `timer_wake_ns` when its tick woke it):
+    /// charged to the next stage it starts.
+    wake_owed_ns: Nanos,
     /// The machine whose cores it uses (an index into `Engine::cores_free`).
     machine: usize,
     protocol_busy: bool,
@@ -207,7 +209,7 @@ where
             .map(|index| Node {
                 threads: placement.threads,
                 threads_free: placement.threads,
-                wake_owed: false,
+                wake_owed_ns: 0,
                 machine: if shared_host { 0 } else { index },
                 protocol_busy: false,
                 receive: VecDeque::new(),
@@ -298,7 +300,7 @@ where
                 self.dispatch_machine(0);
             }
             Event::Arrive { node, work, bytes } => {
-                self.note_wake(node);
+                self.note_wake(node, self.costs.wake_ns);
                 self.nodes[node.index()].receive.push_back((work, bytes));
                 self.dispatch(node);
             }
@@ -321,7 +323,7 @@ where
             }
             Event::Reply { request, outcome } => self.reply(request, outcome),
             Event::Tick(node) => {
-                self.note_wake(node);
+                self.note_wake(node, self.costs.timer_wake_ns);
                 self.nodes[node.index()].handle.push_back(Work::Tick);
                 self.dispatch(node);
                 self.schedule(self.now + self.tick_ns, Event::Tick(node));
@@ -330,14 +332,14 @@ where
     }
 
     /// Work reaches `node`: if it had nothing to do, its thread sleeps and must be woken.
-    fn note_wake(&mut self, node: NodeId) {
+    fn note_wake(&mut self, node: NodeId, wake_ns: Nanos) {
         let state = &mut self.nodes[node.index()];
         let idle = state.threads_free == state.threads
             && state.receive.is_empty()
             && state.handle.is_empty()
             && state.send.is_empty();
-        if idle && self.costs.wake_ns > 0 {
-            state.wake_owed = true;
+        if idle {
+            state.wake_owed_ns = wake_ns;
         }
     }
 
@@ -450,7 +452,7 @@ where
         let state = &mut self.nodes[node.index()];
         state.threads_free -= 1;
         self.cores_free[state.machine] -= 1;
-        let wake = if std::mem::take(&mut state.wake_owed) { self.costs.wake_ns } else { 0 };
+        let wake = std::mem::take(&mut state.wake_owed_ns);
         state.busy_ns += cost + wake;
         cost + wake
     }
@@ -465,9 +467,15 @@ where
     }
 
     fn send_cost(&self, outputs: &Outputs<P::Message>) -> Nanos {
-        let frames = outputs.frames.iter().map(|(_, _, bytes)| *bytes);
-        let replies = outputs.replies.iter().map(|(_, _, bytes)| *bytes);
-        frames.chain(replies).map(|bytes| self.costs.message_sent_ns + self.costs.bytes_ns(bytes)).sum()
+        let frames = outputs
+            .frames
+            .iter()
+            .map(|(_, _, bytes)| self.costs.message_sent_ns + self.costs.bytes_ns(*bytes));
+        let replies = outputs
+            .replies
+            .iter()
+            .map(|(_, _, bytes)| self.costs.reply_sent_ns + self.costs.bytes_ns(*bytes));
+        frames.sum::<Nanos>() + replies.sum::<Nanos>()
     }
 
     /// The protocol thread takes a turn: every event waiting (up to the server's bound), the
@@ -491,7 +499,7 @@ where
                     }
                 }
                 Work::Tick => {
-                    cost += self.costs.handle_ns;
+                    cost += self.costs.tick_ns;
                     replica.on_tick(now, &mut self.outbox);
                 }
             }
