@@ -140,6 +140,9 @@ pub struct Metadata {
     next_raft_tick: Time,
     /// Proposals made here, by id, so that only this node reports them decided.
     pending: BTreeSet<u64>,
+    /// Every proposal id applied (decided by the log, so the same at every node): a proposal
+    /// made again, because the first copy might have been lost, is applied once.
+    applied: BTreeSet<u64>,
 }
 
 /// Raft ids must be non-zero.
@@ -168,6 +171,7 @@ impl Metadata {
             raft_tick_period,
             next_raft_tick: now + raft_tick_period,
             pending: BTreeSet::new(),
+            applied: BTreeSet::new(),
         }
     }
 
@@ -185,7 +189,8 @@ impl Metadata {
     }
 
     /// Put `change` in the log under the caller's unique `proposal` id; a follower forwards
-    /// it to the leader. It may still be lost with a leader: the caller gives up after a while.
+    /// it to the leader. It may be lost on the way (a link not up yet, a leader that fails):
+    /// the caller proposes it again under the same id, which is applied at most once.
     pub fn propose(
         &mut self,
         proposal: u64,
@@ -251,6 +256,9 @@ impl Metadata {
             return;
         }
         let Some((proposal, change)) = decode(&entry.data) else { return };
+        if !self.applied.insert(proposal) {
+            return; // A copy of a proposal already applied.
+        }
         let result = self.table.apply(&change);
         out.changed |= result.is_ok();
         if self.pending.remove(&proposal) {
@@ -358,6 +366,14 @@ mod tests {
             [(8, Err(ChangeRefused::Unchanged)), (9, Err(ChangeRefused::NoSuchGroup(5)))]
         );
         assert_eq!(net.epochs(), vec![Some(2); 4]);
+        // A proposal made again (its first copy might have been lost) is applied once, even
+        // after a later change it would otherwise undo.
+        net.propose(follower, 11, SlotChange::Assign { first: 300, last: 300, group: 1 }).unwrap();
+        net.propose(follower, 12, SlotChange::Assign { first: 300, last: 300, group: 0 }).unwrap();
+        net.propose(follower, 11, SlotChange::Assign { first: 300, last: 300, group: 1 }).unwrap();
+        net.run_ms(100);
+        assert_eq!(net.epochs(), vec![Some(4); 4]);
+        assert!(net.nodes.iter().flatten().all(|node| node.table().owner(300) == 0));
         assert_eq!(
             net.propose(follower, 10, SlotChange::Assign { first: 5, last: 16384, group: 0 }),
             Err(ProposeError::BadRange(5, 16384))

@@ -105,6 +105,15 @@ pub async fn start(
     Ok(Cluster { map, proposals })
 }
 
+const REPROPOSE_PERIOD: Duration = Duration::from_millis(300);
+
+struct Waiting {
+    change: SlotChange,
+    reply: oneshot::Sender<Decision>,
+    until: Instant,
+    proposed_at: Instant,
+}
+
 struct Runtime {
     meta: Metadata,
     log: MembershipLog<FileStorage>,
@@ -112,8 +121,11 @@ struct Runtime {
     publish: watch::Sender<Arc<SlotMap>>,
     config_map: SlotMap,
     origin: Instant,
-    /// Proposals made here and not decided yet: who waits, and until when.
-    waiting: BTreeMap<u64, (oneshot::Sender<Decision>, Instant)>,
+    /// Proposals made here and not decided yet, by id. Proposed again every
+    /// [`REPROPOSE_PERIOD`]: a forwarded proposal is lost if the link to the leader is not up
+    /// yet (the transport drops frames for a peer it is not connected to); the core applies
+    /// an id once.
+    waiting: BTreeMap<u64, Waiting>,
     /// Proposals made while there was no Raft leader (just after a start, during an
     /// election): tried again every tick until their deadline.
     deferred: Vec<(SlotChange, oneshot::Sender<Decision>, Instant)>,
@@ -135,10 +147,7 @@ impl Runtime {
                 _ = tick.tick() => {
                     let now = Time::from_nanos(self.origin.elapsed().as_nanos() as u64);
                     self.meta.on_tick(now, &mut out);
-                    for (change, reply, until) in std::mem::take(&mut self.deferred) {
-                        self.propose(change, reply, until, &mut out);
-                    }
-                    self.expire_proposals();
+                    self.retry_proposals(&mut out);
                 }
                 Some((from, batch)) = inbound.recv() => {
                     for message in batch {
@@ -167,7 +176,7 @@ impl Runtime {
         let proposal = (u64::from(self.meta.me().0) << 56) ^ start ^ self.next;
         match self.meta.propose(proposal, change, out) {
             Ok(()) => {
-                self.waiting.insert(proposal, (reply, until));
+                self.waiting.insert(proposal, Waiting { change, reply, until, proposed_at: Instant::now() });
             }
             Err(ProposeError::NoLeader) if Instant::now() < until => {
                 self.deferred.push((change, reply, until))
@@ -178,14 +187,24 @@ impl Runtime {
         }
     }
 
-    fn expire_proposals(&mut self) {
+    /// Propose again what may have been lost; give up on what is past its deadline.
+    fn retry_proposals(&mut self, out: &mut MetadataOutbox) {
+        for (change, reply, until) in std::mem::take(&mut self.deferred) {
+            self.propose(change, reply, until, out);
+        }
         let now = Instant::now();
+        for (proposal, waiting) in &mut self.waiting {
+            if now >= waiting.proposed_at + REPROPOSE_PERIOD && now < waiting.until {
+                waiting.proposed_at = now;
+                let _ = self.meta.propose(*proposal, waiting.change, out);
+            }
+        }
         let expired: Vec<u64> =
-            self.waiting.iter().filter(|(_, (_, until))| *until <= now).map(|(id, _)| *id).collect();
+            self.waiting.iter().filter(|(_, waiting)| waiting.until <= now).map(|(id, _)| *id).collect();
         for proposal in expired {
             self.meta.abandon(proposal);
-            if let Some((reply, _)) = self.waiting.remove(&proposal) {
-                let _ = reply.send(Err(format!(
+            if let Some(waiting) = self.waiting.remove(&proposal) {
+                let _ = waiting.reply.send(Err(format!(
                     "not decided within {} s (no majority of all nodes, or its leader failed): \
                      check CLUSTER SLOTS before retrying",
                     PROPOSAL_TIMEOUT.as_secs()
@@ -212,8 +231,8 @@ impl Runtime {
             self.publish.send_replace(Arc::new(map));
         }
         for (proposal, decision) in out.decided {
-            if let Some((reply, _)) = self.waiting.remove(&proposal) {
-                let _ = reply.send(decision.map_err(|refused| refused.to_string()));
+            if let Some(waiting) = self.waiting.remove(&proposal) {
+                let _ = waiting.reply.send(decision.map_err(|refused| refused.to_string()));
             }
         }
     }
