@@ -79,7 +79,7 @@ pub(crate) fn drive(raft: &mut RawNode<MemStorage>, persist: &mut Vec<PersistRec
     let mut light = raft.advance(ready);
     if let Some(commit) = light.commit_index() {
         store.wl().mut_hard_state().set_commit(commit);
-        persist.push(hard_state_record(&store.rl().hard_state()));
+        persist.push(hard_state_record(store.rl().hard_state()));
     }
     out.messages.extend(light.take_messages());
     out.committed.extend(light.take_committed_entries());
