@@ -33,6 +33,10 @@ pub struct UpArgs {
     /// Peer port of replica 0; replica i listens for peers on peer-port + i (default port + 1000).
     #[arg(long)]
     pub peer_port: Option<u16>,
+    /// With --shards: the metadata service port of node 0 (node i: meta-port + i; default
+    /// port + 2000). The slot map is agreed there by every node of every group.
+    #[arg(long)]
+    pub meta_port: Option<u16>,
     /// Where the nodes keep their data, configs and logs; kept on exit. Default:
     /// $XDG_DATA_HOME/chorus/up-<port> (else ~/.local/share/chorus/up-<port>), which survives
     /// a reboot. `chorus up` on a directory that holds a cluster restarts that cluster.
@@ -77,7 +81,7 @@ pub struct UpArgs {
     #[arg(long, value_name = "user|kernel")]
     pub datapath: Option<String>,
     /// chain with --datapath: replica i's group host listens on group-host-port + i
-    /// (default port + 2000).
+    /// (default port + 3000; port + 2000 is the metadata service's).
     #[arg(long)]
     pub group_host_port: Option<u16>,
     /// Log level of the nodes (their logs go to <data-dir>/node-<i>.log).
@@ -95,6 +99,8 @@ struct Replica {
     index: u16,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
+    /// Its metadata service (used with --shards only).
+    meta_addr: SocketAddr,
     log: PathBuf,
     child: Option<Child>,
 }
@@ -130,7 +136,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
     }
     let n = args.replicas as u16 * args.shards;
     let peer_port = args.peer_port.unwrap_or(args.port.saturating_add(1000));
-    let group_host_port = args.group_host_port.unwrap_or(args.port.saturating_add(2000));
+    let meta_port = args.meta_port.unwrap_or(args.port.saturating_add(2000));
+    let group_host_port = args.group_host_port.unwrap_or(args.port.saturating_add(3000));
     let port_of = |base: u16, i: u16, flag: &str| {
         base.checked_add(i)
             .filter(|port| *port != 0)
@@ -167,19 +174,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
     for i in 0..n {
         let client_addr = SocketAddr::new(args.bind, port_of(args.port, i, "port")?);
         let peer_addr = SocketAddr::new(args.bind, port_of(peer_port, i, "peer-port")?);
+        let meta_addr = SocketAddr::new(args.bind, port_of(meta_port, i, "meta-port")?);
         let id = (i % r) as u8;
         peers[usize::from(i / r)].insert(id.to_string(), peer_addr.to_string());
         let log = data_dir.join(format!("node-{i}.log"));
-        replicas.push(Replica { id, index: i, client_addr, peer_addr, log, child: None });
+        replicas.push(Replica { id, index: i, client_addr, peer_addr, meta_addr, log, child: None });
     }
     let sections: Vec<_> = (0..args.shards).map(|group| sharding(&args, &replicas, group)).collect();
     // Refuse early when a port is taken: a node that cannot bind would exit, and another
     // server on that port would otherwise pass for our replica.
     for replica in &replicas {
-        for addr in [replica.client_addr, replica.peer_addr] {
+        let meta = Some(replica.meta_addr).filter(|_| args.shards > 1);
+        for addr in [replica.client_addr, replica.peer_addr].into_iter().chain(meta) {
             if let Err(error) = std::net::TcpListener::bind(addr) {
                 bail!(
-                    "cannot use {addr} for node {}: {error} (choose other ports with --port/--peer-port)",
+                    "cannot use {addr} for node {}: {error} (choose other ports with --port/--peer-port/--meta-port)",
                     replica.index
                 );
             }
@@ -385,6 +394,7 @@ fn sharding(args: &UpArgs, replicas: &[Replica], group: u16) -> Option<chorus_se
         .map(|((first, last), nodes)| chorus_server::cluster::RawGroup {
             slots: vec![format!("{first}-{last}")],
             clients: nodes.iter().map(|node| node.client_addr.to_string()).collect(),
+            meta: nodes.iter().map(|node| node.meta_addr.to_string()).collect(),
         })
         .collect();
     Some(chorus_server::cluster::RawCluster { group: Some(group), groups })

@@ -32,7 +32,7 @@ fn follow(port: u16, cmd: &redis::Cmd) -> (redis::Value, usize) {
 #[test]
 fn a_sharded_cluster_splits_the_keys_and_redirects_clients() {
     // 2 groups of 3: group 0 on port..port+2 owns slots 0-8191, group 1 the rest.
-    let port = free_port_run(12, 5);
+    let port = free_port_run(18, 5);
     let (up, first) = Up::start(port, 6, &["--shards", "2", "--replicas", "3", "--in-memory"], &[]).unwrap();
     assert!(first.contains("2 shards x 3 hermes replicas up"), "{first}");
     let group_of = |key: &str| u16::from(key_slot(key.as_bytes()) >= 8192);
@@ -161,7 +161,7 @@ fn redis_cli_and_redis_benchmark_route_by_themselves() {
         return;
     }
     // 3 groups of 1: nodes at port, port+1, port+2.
-    let port = free_port_run(6, 7);
+    let port = free_port_run(9, 7);
     let (up, _) = Up::start(port, 3, &["--shards", "3", "--replicas", "1", "--in-memory"], &[]).unwrap();
     let redis_cli = |node: u16, input: &str| {
         let mut child = Command::new("redis-cli")
@@ -200,6 +200,94 @@ fn redis_cli_and_redis_benchmark_route_by_themselves() {
     for node in 0..3 {
         let size: u64 = query(&mut client(port + node), "DBSIZE");
         assert_eq!(size, dbsizes[usize::from(node)] + 1, "one benchmark key per master (node {node})");
+    }
+    up.stop();
+}
+
+/// The epoch every node of `port..port + nodes` reports, once they all agree on `epoch`.
+fn wait_for_epoch(port: u16, nodes: u16, epoch: u64) {
+    let wanted = format!("cluster_current_epoch:{epoch}\r\n");
+    for _ in 0..100 {
+        let infos: Vec<String> =
+            (0..nodes).map(|node| query(&mut client(port + node), "CLUSTER INFO")).collect();
+        if infos.iter().all(|info| info.contains(&wanted)) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the nodes did not all reach epoch {epoch}");
+}
+
+/// Issue 20 point 1: the slot map is the metadata service's (Raft over every node of every
+/// group), not each node's configuration: a change made at one node is seen by every node of
+/// both groups, in CLUSTER SLOTS/NODES/INFO and in where keys are served, and a restarted
+/// cluster comes back with the changed map.
+#[test]
+fn a_slot_moved_through_the_metadata_service_is_seen_everywhere_and_kept() {
+    let scratch = support::scratch::Scratch::new("sharding-metadata");
+    let dir = scratch.0.to_str().unwrap();
+    let port = free_port_run(18, 8);
+    let args = ["--shards", "2", "--replicas", "3", "--data-dir", dir];
+    let (up, _) = Up::start(port, 6, &args, &[]).unwrap();
+    // "bar" is slot 5061, group 0's (ports port..port+2) at epoch 1.
+    assert_eq!(key_slot(b"bar"), 5061);
+    let mut follower = client(port + 1);
+    let _: () = query(&mut follower, "SET bar before");
+    let group_1: String = query(&mut client(port + 3), "CLUSTER MYID");
+    let setslot = format!("CLUSTER SETSLOT 5061 NODE {group_1}");
+    // A slot that still holds keys stays: they would be left behind.
+    let error = error_of(&mut follower, &setslot);
+    assert!(error.contains("still hold keys"), "{error}");
+    // Only the owner can tell whether the slot is empty.
+    let error = error_of(&mut client(port + 4), &setslot);
+    assert!(error.contains("owner (127.0.0.1:"), "{error}");
+    let _: () = query(&mut follower, "DEL bar");
+    let _: () = query(&mut follower, &setslot);
+    wait_for_epoch(port, 6, 2);
+
+    // The change is one decided epoch: the same move again changes nothing.
+    let again = format!("CLUSTER SETSLOT 5061 NODE {group_1}");
+    let error = error_of(&mut client(port + 3), &again);
+    assert!(error.contains("already belong"), "{error}");
+
+    // Every node routes slot 5061 to group 1 now, and lists it there.
+    for node in 0..6u16 {
+        let mut con = client(port + node);
+        if node < 3 {
+            let error = redis::cmd("GET").arg("bar").query::<redis::Value>(&mut con).unwrap_err();
+            let owner = format!("127.0.0.1:{}", port + 3);
+            assert_eq!(error.redirect_node(), Some((owner.as_str(), 5061)), "node {node}: {error}");
+        } else {
+            let _: () = redis::cmd("SET").arg("bar").arg(format!("at {node}")).query(&mut con).unwrap();
+        }
+        let slots: Vec<Vec<redis::Value>> = query(&mut con, "CLUSTER SLOTS");
+        let ranges: Vec<(i64, i64, i64)> = slots
+            .iter()
+            .map(|entry| {
+                let int = |v: &redis::Value| redis::from_redis_value::<i64>(v).unwrap();
+                let first_node: (String, i64, String) = redis::from_redis_value(&entry[2]).unwrap();
+                (int(&entry[0]), int(&entry[1]), first_node.1 - i64::from(port))
+            })
+            .collect();
+        assert_eq!(
+            ranges,
+            vec![(0, 5060, 0), (5061, 5061, 3), (5062, 8191, 0), (8192, 16383, 3)],
+            "node {node}"
+        );
+        let nodes: String = query(&mut con, "CLUSTER NODES");
+        let master_1 = nodes.lines().find(|line| line.starts_with(&group_1)).unwrap();
+        assert!(master_1.contains(" 2 connected 5061 8192-16383"), "node {node}: {master_1}");
+    }
+    up.stop();
+
+    // Restarted, every node rebuilds the map from its metadata.log: still epoch 2.
+    let (up, first) = Up::start(port, 6, &args, &[]).unwrap();
+    assert!(first.contains("restarted from the data kept"), "{first}");
+    wait_for_epoch(port, 6, 2);
+    for node in 0..6u16 {
+        let (value, redirects) = follow(port + node, redis::cmd("GET").arg("bar"));
+        assert_eq!(value, redis::Value::BulkString(b"at 5".to_vec()), "node {node}");
+        assert_eq!(redirects, usize::from(node < 3), "node {node}");
     }
     up.stop();
 }

@@ -29,11 +29,14 @@
 mod log;
 mod managed;
 mod message;
+pub mod metadata;
 mod node;
+mod raft_io;
 
 pub use log::{LogError, MembershipLog, MEMBERSHIP_LOG};
 pub use managed::{Wire, WithMembership};
 pub use message::{decode_records, encode_records, MembershipMessage, PERSIST_FRAME_KIND};
+pub use metadata::{Metadata, MetadataOutbox, SlotChange, SlotTable, METADATA_LOG};
 pub use node::{
     Membership, MembershipConfig, MembershipEvent, MembershipOutbox, MembershipStats, PersistRecord,
 };

@@ -31,19 +31,29 @@ pub enum LogError {
 /// The log file on some storage.
 pub struct MembershipLog<S: Storage> {
     storage: S,
+    /// The file: [`MEMBERSHIP_LOG`], or the metadata service's [`crate::METADATA_LOG`].
+    name: &'static str,
 }
 
 impl<S: Storage> MembershipLog<S> {
     /// Open the log and read back every record a previous incarnation persisted. A torn last
     /// frame (a crash mid-append, never acknowledged) is cut; anything else damaged refuses.
-    pub fn open(mut storage: S) -> Result<(MembershipLog<S>, Vec<PersistRecord>), LogError> {
-        let path = storage.describe(MEMBERSHIP_LOG);
+    pub fn open(storage: S) -> Result<(MembershipLog<S>, Vec<PersistRecord>), LogError> {
+        MembershipLog::open_named(storage, MEMBERSHIP_LOG)
+    }
+
+    /// [`MembershipLog::open`] on the file `name`: another Raft group's records.
+    pub fn open_named(
+        mut storage: S,
+        name: &'static str,
+    ) -> Result<(MembershipLog<S>, Vec<PersistRecord>), LogError> {
+        let path = storage.describe(name);
         let io = |source| LogError::Io { path: path.clone(), source };
-        let Some(bytes) = storage.read(MEMBERSHIP_LOG).map_err(io)? else {
+        let Some(bytes) = storage.read(name).map_err(io)? else {
             // Created at once (private, like every data file), not at the first vote.
-            storage.append(MEMBERSHIP_LOG, &[]).map_err(io)?;
-            storage.sync(MEMBERSHIP_LOG).map_err(io)?;
-            return Ok((MembershipLog { storage }, Vec::new()));
+            storage.append(name, &[]).map_err(io)?;
+            storage.sync(name).map_err(io)?;
+            return Ok((MembershipLog { storage, name }, Vec::new()));
         };
         let (records, valid_bytes) =
             decode_records(&bytes).map_err(|source| LogError::Corrupt { path: path.clone(), source })?;
@@ -51,10 +61,10 @@ impl<S: Storage> MembershipLog<S> {
             return Err(LogError::Damaged { path: path.clone(), at: valid_bytes });
         }
         if valid_bytes < bytes.len() {
-            storage.truncate(MEMBERSHIP_LOG, valid_bytes as u64).map_err(io)?;
-            storage.sync(MEMBERSHIP_LOG).map_err(io)?;
+            storage.truncate(name, valid_bytes as u64).map_err(io)?;
+            storage.sync(name).map_err(io)?;
         }
-        Ok((MembershipLog { storage }, records))
+        Ok((MembershipLog { storage, name }, records))
     }
 
     /// Append `records` (not durable until [`MembershipLog::sync`]).
@@ -64,15 +74,15 @@ impl<S: Storage> MembershipLog<S> {
         }
         let mut bytes = BytesMut::new();
         encode_records(records, &mut bytes);
-        self.storage.append(MEMBERSHIP_LOG, &bytes)
+        self.storage.append(self.name, &bytes)
     }
 
     pub fn sync(&mut self) -> std::io::Result<()> {
-        self.storage.sync(MEMBERSHIP_LOG)
+        self.storage.sync(self.name)
     }
 
     pub fn describe(&self) -> String {
-        self.storage.describe(MEMBERSHIP_LOG)
+        self.storage.describe(self.name)
     }
 }
 

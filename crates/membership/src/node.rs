@@ -3,9 +3,9 @@
 use std::collections::VecDeque;
 
 use chorus_core::{Epoch, NodeId, NodeSet, Time, View};
-use raft::prelude::{ConfState, Entry, EntryType, MessageType};
+use raft::prelude::{Entry, EntryType, MessageType};
 use raft::storage::MemStorage;
-use raft::{Config, RawNode, StateRole};
+use raft::{RawNode, StateRole};
 
 use crate::message::MembershipMessage;
 
@@ -211,39 +211,7 @@ impl Membership {
     pub fn restore(config: MembershipConfig, now: Time, records: &[PersistRecord]) -> Membership {
         assert!(config.members.contains(config.me), "a node is a member of its own cluster");
         let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
-        let storage = MemStorage::new_with_conf_state(ConfState::from((voters, vec![])));
-        for record in records {
-            match record {
-                PersistRecord::HardState { term, vote, commit } => {
-                    let hard_state = raft::prelude::HardState {
-                        term: *term,
-                        vote: *vote,
-                        commit: *commit,
-                        ..Default::default()
-                    };
-                    storage.wl().set_hardstate(hard_state);
-                }
-                PersistRecord::Entries(entries) => {
-                    storage.wl().append(entries).expect("persisted entries are contiguous");
-                }
-            }
-        }
-        // raft-rs draws election timeouts from a thread-local RNG, which would make the
-        // simulator non-deterministic. A fixed, per-node timeout (min = max - 1) keeps it
-        // deterministic, and staggering it by node id avoids endless split votes.
-        let election_tick = 10 + 3 * config.me.index();
-        let raft_config = Config {
-            id: raft_id(config.me),
-            election_tick,
-            heartbeat_tick: 3,
-            min_election_tick: election_tick,
-            max_election_tick: election_tick + 1,
-            pre_vote: true,
-            check_quorum: true,
-            ..Default::default()
-        };
-        let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let raft = RawNode::new(&raft_config, storage, &logger).expect("valid raft config");
+        let raft = crate::raft_io::restore(raft_id(config.me), config.me.index(), voters, records);
         let view = View { epoch: Epoch(1), live: config.members };
         Membership {
             next_raft_tick: now + config.raft_tick_period,
@@ -294,26 +262,7 @@ impl Membership {
     /// What this node would find on disk if it crashed now: the Raft hard state and log
     /// (the simulator restarts nodes from it).
     pub fn durable_records(&self) -> Vec<PersistRecord> {
-        use raft::Storage as _;
-        let store = &self.raft.raft.raft_log.store;
-        let hard_state = store.rl().hard_state().clone();
-        let first = store.first_index().expect("in-memory storage");
-        let last = store.last_index().expect("in-memory storage");
-        let entries = if last >= first {
-            store
-                .entries(first, last + 1, None, raft::GetEntriesContext::empty(false))
-                .expect("stored entries")
-        } else {
-            Vec::new()
-        };
-        vec![
-            PersistRecord::Entries(entries),
-            PersistRecord::HardState {
-                term: hard_state.term,
-                vote: hard_state.vote,
-                commit: hard_state.commit,
-            },
-        ]
+        crate::raft_io::durable_records(&self.raft)
     }
 
     pub fn me(&self) -> NodeId {
@@ -797,44 +746,12 @@ impl Membership {
         }
     }
 
-    /// The raft-rs 0.7 Ready cycle: send, persist, apply, advance, then the light ready.
+    /// The raft-rs Ready cycle (raft_io), then apply what was committed.
     fn handle_ready(&mut self, out: &mut MembershipOutbox) {
-        if !self.raft.has_ready() {
-            return;
+        let readied = crate::raft_io::drive(&mut self.raft, &mut out.persist);
+        self.send_raft(readied.messages, out);
+        for entry in &readied.committed {
+            self.apply(entry);
         }
-        let mut ready = self.raft.ready();
-        self.send_raft(ready.take_messages(), out);
-        for entry in ready.take_committed_entries() {
-            self.apply(&entry);
-        }
-        let store = self.raft.raft.raft_log.store.clone();
-        if !ready.entries().is_empty() {
-            store.wl().append(ready.entries()).expect("append to the in-memory log");
-            out.persist.push(PersistRecord::Entries(ready.entries().clone()));
-        }
-        if let Some(hard_state) = ready.hs() {
-            store.wl().set_hardstate(hard_state.clone());
-            out.persist.push(PersistRecord::HardState {
-                term: hard_state.term,
-                vote: hard_state.vote,
-                commit: hard_state.commit,
-            });
-        }
-        self.send_raft(ready.take_persisted_messages(), out);
-        let mut light = self.raft.advance(ready);
-        if let Some(commit) = light.commit_index() {
-            store.wl().mut_hard_state().set_commit(commit);
-            let hard_state = store.rl().hard_state().clone();
-            out.persist.push(PersistRecord::HardState {
-                term: hard_state.term,
-                vote: hard_state.vote,
-                commit: hard_state.commit,
-            });
-        }
-        self.send_raft(light.take_messages(), out);
-        for entry in light.take_committed_entries() {
-            self.apply(&entry);
-        }
-        self.raft.advance_apply();
     }
 }

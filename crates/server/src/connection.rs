@@ -43,7 +43,7 @@ pub struct Shared {
     /// SHUTDOWN asks the node to stop through this.
     pub shutdown: Arc<Notify>,
     /// The slot map when the node is one group of a sharded cluster (docs/resp.md, "Cluster").
-    pub cluster: Option<crate::cluster::SlotMap>,
+    pub cluster: Option<crate::cluster::Cluster>,
     /// What CONFIG SET and ACL SETUSER change while the node runs (the password among them).
     pub live: crate::live::Live,
     /// SLOWLOG and LATENCY.
@@ -317,7 +317,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let (name, parsed) = command::parse(&args);
         // The one place keys are routed by slot: before a command is queued (MULTI) or run.
         let redirect = match (&self.shared.cluster, &parsed) {
-            (Some(map), Ok(_)) if self.authenticated => map.route(&args),
+            (Some(cluster), Ok(_)) if self.authenticated => cluster.map().route(&args),
             _ => None,
         };
         if let Some(reply) = redirect {

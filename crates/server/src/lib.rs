@@ -130,6 +130,8 @@ async fn serve_node(
     if let Some(tls) = config.tls.as_ref().filter(|tls| tls.cluster) {
         net.tls = Some(chorus_net::tls::PeerTls::load(&tls.files).context("tls_cluster")?);
     }
+    // The metadata service's links are peer links too: the same TLS when it is on.
+    let net_tls = net.tls.clone();
 
     let clients = TcpListener::bind(config.client_addr)
         .await
@@ -258,6 +260,15 @@ async fn serve_node(
     let limits = resp::Limits { bulk_bytes_max, ..resp::Limits::default() };
     let (closing_tx, closing) = watch::channel(false);
     let stop_requested = Arc::new(tokio::sync::Notify::new());
+    let cluster = match &config.cluster {
+        None => None,
+        Some(settings) => {
+            let map = cluster::SlotMap::new(settings, config.client_addr);
+            let dir = state_dir.as_deref().expect("a node always has a state directory");
+            let tls = net_tls.clone();
+            Some(cluster::service::start(map, &config.cluster_token, tls, dir).await?)
+        }
+    };
     let shared = Arc::new(Shared {
         engine,
         metrics,
@@ -283,10 +294,7 @@ async fn serve_node(
         clients: clients::Registry::default(),
         closing,
         shutdown: stop_requested.clone(),
-        cluster: config
-            .cluster
-            .as_ref()
-            .map(|settings| cluster::SlotMap::new(settings, &config.cluster_id, config.client_addr)),
+        cluster,
     });
     let sampled = shared.clone();
     tokio::spawn(memory::sample(shared.metrics.clone(), move || {

@@ -35,7 +35,7 @@ impl Up {
     /// Start `chorus up` and read the first line it prints; `Err`: what it said on stderr
     /// when it exited instead.
     /// `nodes`: how many nodes `args` start (3 without --replicas or --shards); they use
-    /// `2 * nodes` ports from `port` on.
+    /// `2 * nodes` ports from `port` on (`3 * nodes` with --shards: the metadata service's).
     pub fn start(
         port: u16,
         nodes: u16,
@@ -45,6 +45,7 @@ impl Up {
         let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
         command
             .args(["up", "--port", &port.to_string(), "--peer-port", &(port + nodes).to_string()])
+            .args(["--meta-port", &(port + 2 * nodes).to_string()])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

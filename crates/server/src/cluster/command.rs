@@ -18,6 +18,12 @@ pub enum Plan {
         slot: Slot,
         count: Option<usize>,
     },
+    /// SETSLOT slot NODE id: give `slot` to `group` through the metadata service, once this
+    /// node (of the current owner) has checked it holds no keys of it.
+    Assign {
+        slot: Slot,
+        group: u16,
+    },
 }
 
 const DISABLED: &str = "This instance has cluster support disabled";
@@ -66,6 +72,7 @@ pub fn plan(args: &[Bytes], map: Option<&SlotMap>) -> Plan {
                 Err(error) => Plan::Answer(error),
             }
         }
+        "SETSLOT" => setslot(args, map),
         "HELP" => Plan::Answer(Reply::Array(
             [
                 "CLUSTER KEYSLOT <key>",
@@ -78,6 +85,7 @@ pub fn plan(args: &[Bytes], map: Option<&SlotMap>) -> Plan {
                 "CLUSTER REPLICAS <node-id>",
                 "CLUSTER COUNTKEYSINSLOT <slot>",
                 "CLUSTER GETKEYSINSLOT <slot> <count>",
+                "CLUSTER SETSLOT <slot> NODE <node-id>",
             ]
             .iter()
             .map(|line| Reply::text(line))
@@ -87,6 +95,40 @@ pub fn plan(args: &[Bytes], map: Option<&SlotMap>) -> Plan {
             "CLUSTER {other} is not supported: the slot map comes from the nodes' configuration \
              (docs/operations.md, \"Sharding\")"
         ))),
+    }
+}
+
+/// `CLUSTER SETSLOT <slot> NODE <node-id>`: the slot goes to that node's group, at every node,
+/// through the metadata service. Only a node of the current owner can check that the slot is
+/// empty (its keys would be left behind otherwise), so only it takes the command.
+fn setslot(args: &[Bytes], map: &SlotMap) -> Plan {
+    if args.len() < 4 {
+        return Plan::Answer(Reply::err("wrong number of arguments for 'cluster|setslot' command"));
+    }
+    let slot = match slot_arg(&args[2]) {
+        Ok(slot) => slot,
+        Err(error) => return Plan::Answer(error),
+    };
+    let action = word(&args[3]);
+    match (action.as_str(), args.get(4)) {
+        ("NODE", Some(id)) if args.len() == 5 => match map.node_named(id) {
+            None => Plan::Answer(Reply::err(format!("Unknown node {}", String::from_utf8_lossy(id)))),
+            Some(_) if map.owner(slot) != map.me().group => {
+                let owner = &map.groups()[usize::from(map.owner(slot))][0];
+                Plan::Answer(Reply::err(format!(
+                    "send SETSLOT {slot} NODE to a node of the slot's owner ({}): only it can check the slot is empty",
+                    owner.addr
+                )))
+            }
+            Some(node) => Plan::Assign { slot, group: node.group },
+        },
+        ("IMPORTING" | "MIGRATING" | "STABLE", _) => Plan::Answer(Reply::err(format!(
+            "CLUSTER SETSLOT {action} is not supported yet: move empty slots with SETSLOT <slot> NODE \
+             (docs/resp.md, \"Cluster\")"
+        ))),
+        _ => Plan::Answer(Reply::err(
+            "Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP",
+        )),
     }
 }
 
@@ -238,11 +280,19 @@ mod tests {
         let settings = ClusterSettings {
             group: 1,
             groups: vec![
-                GroupSettings { slots: vec![(0, 5460)], clients: vec![addr(7000), addr(7001)] },
-                GroupSettings { slots: vec![(5461, 16383)], clients: vec![addr(7002), addr(7003)] },
+                GroupSettings {
+                    slots: vec![(0, 5460)],
+                    clients: vec![addr(7000), addr(7001)],
+                    meta: vec![addr(9000), addr(9001)],
+                },
+                GroupSettings {
+                    slots: vec![(5461, 16383)],
+                    clients: vec![addr(7002), addr(7003)],
+                    meta: vec![addr(9002), addr(9003)],
+                },
             ],
         };
-        SlotMap::new(&settings, "test", addr(7003))
+        SlotMap::new(&settings, addr(7003))
     }
 
     fn args(line: &str) -> Vec<Bytes> {
@@ -313,6 +363,27 @@ mod tests {
         let keys = vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")];
         assert_eq!(keys_reply(keys.clone(), None), Reply::Integer(2));
         assert_eq!(keys_reply(keys, Some(1)), Reply::Array(vec![Reply::Bulk(Bytes::from_static(b"a"))]));
+    }
+
+    #[test]
+    fn setslot_node_is_planned_at_the_owner_only() {
+        let map = map(); // This node is in group 1, which owns 5461-16383.
+        let first_of_group_0 = map.groups()[0][0].id.clone();
+        let line = format!("CLUSTER SETSLOT 6000 NODE {first_of_group_0}");
+        assert_eq!(plan(&args(&line), Some(&map)), Plan::Assign { slot: 6000, group: 0 });
+        let at_other = text_error(answer(&format!("CLUSTER SETSLOT 10 NODE {first_of_group_0}")));
+        assert!(at_other.contains("owner (127.0.0.1:7000)"), "{at_other}");
+        assert!(text_error(answer("CLUSTER SETSLOT 6000 NODE nobody")).contains("Unknown node"));
+        assert!(text_error(answer("CLUSTER SETSLOT 99999 NODE x")).contains("Invalid slot"));
+        assert!(text_error(answer("CLUSTER SETSLOT 6000 MIGRATING x")).contains("not supported yet"));
+        assert!(text_error(answer("CLUSTER SETSLOT 6000")).contains("wrong number"));
+    }
+
+    fn text_error(reply: Reply) -> String {
+        match reply {
+            Reply::Error(text) => text,
+            other => panic!("not an error: {other:?}"),
+        }
     }
 
     #[test]

@@ -7,10 +7,15 @@
 //! [[cluster.groups]]
 //! slots = ["0-8191"]                         # inclusive ranges, or single slots "42"
 //! clients = ["10.0.0.1:7379", "10.0.0.2:7379", "10.0.0.3:7379"]  # its nodes, as clients reach them
+//! meta = ["10.0.0.1:9379", "10.0.0.2:9379", "10.0.0.3:9379"]     # their metadata service
 //! [[cluster.groups]]
 //! slots = ["8192-16383"]
 //! clients = ["10.0.1.1:7379", "10.0.1.2:7379", "10.0.1.3:7379"]
+//! meta = ["10.0.1.1:9379", "10.0.1.2:9379", "10.0.1.3:9379"]
 //! ```
+//!
+//! `slots` is the map at epoch 1; from then on the map is the metadata service's (every node
+//! of every group is one of its Raft voters, at its `meta` address: cluster/service.rs).
 //!
 //! Every node of every group gets the same `groups`; only `group` differs. The first client
 //! address of a group is the one `-MOVED` sends clients to and the one CLUSTER SLOTS lists
@@ -35,6 +40,10 @@ pub struct RawCluster {
 pub struct RawGroup {
     pub slots: Vec<String>,
     pub clients: Vec<String>,
+    /// Per node, in the order of `clients`: where its metadata service listens for the
+    /// other nodes' (peer traffic, like `peer_addr`).
+    #[serde(default)]
+    pub meta: Vec<String>,
 }
 
 /// A validated `[cluster]` section: every slot owned by exactly one group.
@@ -51,7 +60,13 @@ pub struct GroupSettings {
     pub slots: Vec<(Slot, Slot)>,
     /// The group's nodes as clients reach them; the first is the one redirects name.
     pub clients: Vec<SocketAddr>,
+    /// The same nodes' metadata service addresses.
+    pub meta: Vec<SocketAddr>,
 }
+
+/// Most nodes in all groups together: the metadata service's peer ids are one byte and its
+/// transport's node sets hold 64.
+pub const NODES_MAX: usize = chorus_core::NodeId::COUNT_MAX;
 
 fn field_error(field: &str, message: impl std::fmt::Display) -> ConfigError {
     ConfigError(format!("config field `{field}`: {message}"))
@@ -105,18 +120,28 @@ impl RawCluster {
             if raw.clients.is_empty() {
                 return Err(field_error(&format!("{field}.clients"), "missing: the group's nodes"));
             }
-            let clients = raw
-                .clients
-                .iter()
-                .map(|addr| {
-                    addr.parse::<SocketAddr>().map_err(|error| {
-                        field_error(&format!("{field}.clients"), format!("{addr:?} is not ip:port: {error}"))
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let clients = parse_addrs(&raw.clients, &format!("{field}.clients"))?;
+            let meta = parse_addrs(&raw.meta, &format!("{field}.meta"))?;
+            if meta.len() != clients.len() {
+                return Err(field_error(
+                    &format!("{field}.meta"),
+                    format!(
+                        "{} addresses for {} nodes: list each node's metadata service address, in the order of `clients`",
+                        meta.len(),
+                        clients.len()
+                    ),
+                ));
+            }
             let mut slots = slots;
             slots.sort_unstable();
-            groups.push(GroupSettings { slots, clients });
+            groups.push(GroupSettings { slots, clients, meta });
+        }
+        let nodes = groups.iter().map(|group| group.clients.len()).sum::<usize>();
+        if nodes > NODES_MAX {
+            return Err(field_error(
+                "cluster.groups",
+                format!("{nodes} nodes; at most {NODES_MAX} in all groups"),
+            ));
         }
         if let Some(slot) = owner.iter().position(Option::is_none) {
             return Err(field_error("cluster.groups", format!("slot {slot} is owned by no group")));
@@ -129,6 +154,16 @@ impl RawCluster {
         }
         Ok(ClusterSettings { group, groups })
     }
+}
+
+fn parse_addrs(addrs: &[String], field: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+    addrs
+        .iter()
+        .map(|addr| {
+            addr.parse::<SocketAddr>()
+                .map_err(|error| field_error(field, format!("{addr:?} is not ip:port: {error}")))
+        })
+        .collect()
 }
 
 /// `"42"` or `"0-5460"` (inclusive), within `0..SLOT_COUNT`.
@@ -155,6 +190,7 @@ mod tests {
                 .map(|(slots, clients)| RawGroup {
                     slots: slots.iter().map(|s| s.to_string()).collect(),
                     clients: clients.iter().map(|s| s.to_string()).collect(),
+                    meta: clients.iter().map(|s| s.replace(":7", ":9")).collect(),
                 })
                 .collect(),
         }
@@ -191,5 +227,12 @@ mod tests {
         assert!(error(&raw(0, &[(&["0-16383"], &["127.0.0.1:1"])])).contains("must list this node"));
         assert!(error(&raw(0, &[(&["0-16383"], &["nowhere"])])).contains("is not ip:port"));
         assert!(error(&RawCluster::default()).contains("`cluster.groups`"));
+        let mut no_meta = raw(0, &[(&["0-16383"], &[ME])]);
+        no_meta.groups[0].meta.clear();
+        assert!(
+            error(&no_meta).contains("`cluster.groups[0].meta`: 0 addresses for 1 nodes"),
+            "{}",
+            error(&no_meta)
+        );
     }
 }

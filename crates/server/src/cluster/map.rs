@@ -1,10 +1,14 @@
 //! The slot map a node routes by, and the one routing check: every command passes
 //! [`SlotMap::route`] at dispatch (connection.rs, `execute`), before it is queued or run.
+//! Who owns which slot, and the epoch, are the metadata service's ([`SlotMap::at`]); the
+//! nodes and their addresses come from the configuration.
 
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 use chorus_core::slots::{crc16, key_slot, Slot, SLOT_COUNT};
+use chorus_core::NodeId;
+use chorus_membership::SlotTable;
 
 use super::config::ClusterSettings;
 use crate::resp::Reply;
@@ -12,10 +16,16 @@ use crate::resp::Reply;
 /// One node as the CLUSTER commands describe it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterNode {
-    /// Redis' 40-hex-digit node name: `<crc16(cluster_id)><group><index>`, the same on every
+    /// Redis' 40-hex-digit node name: `<crc16(every group's client addresses)><group><index>`,
+    /// the same on every node of every group (each group has its own cluster id, so that
+    /// cannot be the tag: ids seen from another group would not match MYID)
     /// node without any exchange, and readable.
     pub id: String,
     pub addr: SocketAddr,
+    /// Where its metadata service listens.
+    pub meta: SocketAddr,
+    /// Its id in the metadata service: its position among every group's nodes, in order.
+    pub node: NodeId,
     pub group: u16,
     /// Position in its group: 0 is the one redirects name (its "master").
     pub index: usize,
@@ -34,20 +44,27 @@ pub struct SlotMap {
 
 impl SlotMap {
     /// The map a configuration describes, as seen by the node at `client_addr`.
-    pub fn new(settings: &ClusterSettings, cluster_id: &str, client_addr: SocketAddr) -> SlotMap {
+    pub fn new(settings: &ClusterSettings, client_addr: SocketAddr) -> SlotMap {
         let mut owner = vec![u16::MAX; usize::from(SLOT_COUNT)];
-        let tag = crc16(cluster_id.as_bytes());
+        let every_client: Vec<String> =
+            settings.groups.iter().flat_map(|group| &group.clients).map(SocketAddr::to_string).collect();
+        let tag = crc16(every_client.join(",").as_bytes());
         let mut groups = Vec::with_capacity(settings.groups.len());
         for (group, config) in settings.groups.iter().enumerate() {
             let group = group as u16;
             for (first, last) in &config.slots {
                 owner[usize::from(*first)..=usize::from(*last)].fill(group);
             }
-            let nodes = config.clients.iter().enumerate().map(|(index, addr)| ClusterNode {
-                id: format!("{tag:04x}{group:018x}{index:018x}"),
-                addr: *addr,
-                group,
-                index,
+            let before = groups.iter().map(Vec::len).sum::<usize>();
+            let nodes = config.clients.iter().zip(&config.meta).enumerate().map(|(index, (addr, meta))| {
+                ClusterNode {
+                    id: format!("{tag:04x}{group:018x}{index:018x}"),
+                    addr: *addr,
+                    meta: *meta,
+                    node: NodeId(u8::try_from(before + index).expect("validated: at most 64 nodes")),
+                    group,
+                    index,
+                }
             });
             groups.push(nodes.collect::<Vec<_>>());
         }
@@ -58,6 +75,26 @@ impl SlotMap {
             .expect("validated: this node is listed in its group")
             .clone();
         SlotMap { epoch: 1, owner, groups, me }
+    }
+
+    /// The ownership part, as the metadata service starts from it.
+    pub fn table(&self) -> SlotTable {
+        SlotTable::new(self.groups.len() as u16, self.owner.clone())
+    }
+
+    /// This map with the metadata service's ownership and epoch.
+    pub fn at(&self, table: &SlotTable) -> SlotMap {
+        SlotMap {
+            epoch: table.epoch(),
+            owner: table.owners().to_vec(),
+            groups: self.groups.clone(),
+            me: self.me.clone(),
+        }
+    }
+
+    /// The node CLUSTER commands name by `id`.
+    pub fn node_named(&self, id: &[u8]) -> Option<&ClusterNode> {
+        self.groups.iter().flatten().find(|node| node.id.as_bytes() == id)
     }
 
     pub fn me(&self) -> &ClusterNode {
@@ -117,15 +154,17 @@ mod tests {
                 GroupSettings {
                     slots: vec![(0, 8191)],
                     clients: vec!["127.0.0.1:7000".parse().unwrap(), "127.0.0.1:7001".parse().unwrap()],
+                    meta: vec!["127.0.0.1:9000".parse().unwrap(), "127.0.0.1:9001".parse().unwrap()],
                 },
                 GroupSettings {
                     slots: vec![(8192, 16383)],
                     clients: vec!["127.0.0.1:7002".parse().unwrap()],
+                    meta: vec!["127.0.0.1:9002".parse().unwrap()],
                 },
             ],
         };
         let addr = if me == 0 { "127.0.0.1:7001" } else { "127.0.0.1:7002" };
-        SlotMap::new(&settings, "chorus", addr.parse().unwrap())
+        SlotMap::new(&settings, addr.parse().unwrap())
     }
 
     fn args(line: &str) -> Vec<Bytes> {
@@ -176,5 +215,18 @@ mod tests {
         assert!(ids[0] != ids[1] && ids[1] != ids[2]);
         assert_eq!(map.me().index, 1);
         assert_eq!(map.ranges_of(1), vec![(8192, 16383)]);
+        assert_eq!(map.me().node, NodeId(1));
+        assert_eq!(map.groups()[1][0].node, NodeId(2));
+    }
+
+    #[test]
+    fn routing_follows_the_metadata_services_table() {
+        let map = map(0);
+        let mut owner = map.table().owners().to_vec();
+        owner[12182] = 0; // "foo" moves to group 0 in epoch 2; "bar" (5061) to group 1.
+        owner[5061] = 1;
+        let moved = map.at(&SlotTable::new(2, owner));
+        assert_eq!(route(&moved, "GET foo"), None);
+        assert_eq!(route(&moved, "GET bar").as_deref(), Some("MOVED 5061 127.0.0.1:7002"));
     }
 }

@@ -7,10 +7,14 @@
 //! * [`config`]: the `[cluster]` section of a node's configuration.
 //! * [`map`]: the slot map, the routing check every command passes at dispatch.
 //! * [`command`]: the CLUSTER command family.
+//! * [`service`]: the metadata service that holds the map (Raft over every node of every
+//!   group), and what connections see of it.
 
 pub mod command;
 pub mod config;
 pub mod map;
+pub mod service;
 
 pub use config::{ClusterSettings, GroupSettings, RawCluster, RawGroup};
 pub use map::SlotMap;
+pub use service::Cluster;

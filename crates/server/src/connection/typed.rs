@@ -183,8 +183,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     /// CLUSTER, READONLY, READWRITE (cluster/command.rs).
     pub(super) async fn cluster(&mut self, args: Vec<Bytes>) -> Reply {
         use crate::cluster::command::{keys_reply, plan, Plan};
-        match plan(&args, self.shared.cluster.as_ref()) {
+        let map = self.shared.cluster.as_ref().map(|cluster| cluster.map());
+        match plan(&args, map.as_deref()) {
             Plan::Answer(reply) => reply,
+            Plan::Assign { slot, group } => self.assign_slot(slot, group).await,
             Plan::KeysInSlot { slot, count } => {
                 let in_slot = |key: &Bytes| chorus_core::slots::key_slot(key) == slot;
                 match self.live_keys_where(in_slot).await {
@@ -192,6 +194,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     Err(reply) => reply,
                 }
             }
+        }
+    }
+
+    /// SETSLOT NODE: refused while this group holds keys of the slot (they would stay here,
+    /// unreachable); otherwise decided by the metadata service and seen by every node.
+    async fn assign_slot(&mut self, slot: chorus_core::slots::Slot, group: u16) -> Reply {
+        let in_slot = |key: &Bytes| chorus_core::slots::key_slot(key) == slot;
+        match self.live_keys_where(in_slot).await {
+            Ok(live) if !live.is_empty() => {
+                return Reply::err(format!(
+                    "Can't assign hashslot {slot} to a different node while I still hold keys for this hash slot ({})",
+                    live.len()
+                ))
+            }
+            Ok(_) => {}
+            Err(reply) => return reply,
+        }
+        let change = chorus_membership::SlotChange::Assign { first: slot, last: slot, group };
+        let cluster = self.shared.cluster.as_ref().expect("planned only when sharded");
+        match cluster.propose(change).await {
+            Ok(_) => Reply::ok(),
+            Err(error) => Reply::err(error),
         }
     }
 
