@@ -821,6 +821,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             info.field("chorus_peer_links_timed_out", &self.shared.net.links_timed_out.load(Relaxed));
             if let Some(status) = &status {
                 info.field("chorus_requests_past_deadline", &status.requests_past_deadline);
+                info.field("chorus_requests_inline", &status.requests_inline);
                 info.field("chorus_requests_in_flight", &status.pending_requests);
                 for (name, value) in &status.counters {
                     info.field(&format!("{}_{name}", status.protocol), value);
