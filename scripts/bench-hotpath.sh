@@ -20,24 +20,8 @@ points=${POINTS:-set64,get64,set1,get1}
 hz=$(getconf CLK_TCK)
 IFS=, read -r -a systems <<<"$bins"
 load=${systems[-1]#*=}
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-cpu_ticks() { # pids... -> utime + stime, in clock ticks
-    local total=0
-    for pid in "$@"; do
-        read -r -a stat <"/proc/$pid/stat"
-        total=$((total + stat[13] + stat[14]))
-    done
-    echo "$total"
-}
-
-operational() { # port
-    redis-cli -p "$1" info 2>/dev/null | grep -q "chorus_operational:1"
-}
+# shellcheck source=scripts/bench-common.sh
+source "$(dirname "$0")/bench-common.sh"
 
 lines=()
 point() { # label targets pids...
