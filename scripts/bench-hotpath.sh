@@ -17,7 +17,6 @@ bins=${BINS:-chorus=target/release/chorus}
 port=${PORT:-26379}
 seconds=${SECONDS_PER_POINT:-5}
 points=${POINTS:-set64,get64,set1,get1}
-hz=$(getconf CLK_TCK)
 IFS=, read -r -a systems <<<"$bins"
 load=${systems[-1]#*=}
 # shellcheck source=scripts/bench-common.sh
@@ -32,18 +31,14 @@ point() { # label targets pids...
     for p in ${points//,/ }; do
         local ratio=1.0 clients=${p#???}
         [ "${p:0:3}" = get ] && ratio=0.0
-        local before after line stat=/tmp/bench-hotpath-stat.$$
-        before=$(cpu_ticks "$@")
+        local stat=/tmp/bench-hotpath-stat.$$
         if [ "${PERF:-0}" = 1 ]; then
             perf stat -x, -e context-switches,raw_syscalls:sys_enter -p "$pidlist" -o "$stat" \
                 -- sleep "$((seconds - 1))" 2>/dev/null &
             perfpid=$!
         fi
-        line=$("$load" bench kv --write-ratio "$ratio" --keys 10000 --distribution uniform --clients "$clients" \
-            --ops 100000000 --duration-s "$seconds" --targets "$targets" 2>&1 | grep -E '^(SET|GET) ')
-        after=$(cpu_ticks "$@")
+        kv_point "$load" "$ratio" "$clients" "$targets" "$@"
         local cs=null sc=null
-        read -r op count _ rps p50 _ p99 p999 _ <<<"$line"
         if [ "${PERF:-0}" = 1 ]; then
             wait "$perfpid" || true
             # perf counted over seconds-1 of the point: scale by the point's rate.
@@ -51,8 +46,6 @@ point() { # label targets pids...
             sc=$(awk -F, -v n="$rps" -v s="$((seconds - 1))" '/sys_enter/ { printf "%.2f", $1 / (n * s) }' "$stat")
             rm -f "$stat"
         fi
-        local us_op
-        us_op=$(awk -v t=$((after - before)) -v hz="$hz" -v n="$count" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')
         echo "$label ${p} ops/s $rps p50 $p50 p99 $p99 p99.9 $p999 cpu_us_op $us_op syscalls_op $sc cs_op $cs" >&2
         lines+=("{\"system\":\"$label\",\"point\":\"$p\",\"ops_per_s\":$rps,\"p50_us\":$p50,\"p99_us\":$p99,\"p999_us\":$p999,\"cpu_us_per_op\":$us_op,\"syscalls_per_op\":$sc,\"context_switches_per_op\":$cs}")
     done
@@ -66,10 +59,7 @@ for round in $(seq "$rounds"); do
         "$chorus" up --in-memory --protocol hermes --port "$port" --peer-port $((port + 100)) >/dev/null 2>&1 &
         up=$!
         pids+=("$up")
-        for _ in $(seq 300); do
-            operational "$port" && operational $((port + 1)) && operational $((port + 2)) && break
-            sleep 0.1
-        done
+        wait_operational "$port"
         nodes=$(pgrep -P "$up" || true)
         if ! kill -0 "$up" 2>/dev/null || [ "$(echo "$nodes" | wc -w)" != 3 ]; then
             echo "scripts/bench-hotpath.sh: $label did not start 3 replicas (port $port in use?)" >&2
@@ -78,17 +68,12 @@ for round in $(seq "$rounds"); do
         "$load" bench kv --write-ratio 1.0 --keys 10000 --clients 16 --ops 20000 --targets "$targets" >/dev/null 2>&1
         # shellcheck disable=SC2086
         point "$label" "$targets" $nodes
-        kill -TERM "$up"
-        wait "$up" || true
+        stop "$up"
     done
-    redis-server --port $((port + 50)) --save "" --appendonly no >/dev/null 2>&1 &
-    redis=$!
-    pids+=("$redis")
-    sleep 0.5
+    start_redis $((port + 50))
     "$load" bench kv --write-ratio 1.0 --keys 10000 --clients 16 --ops 20000 --targets "127.0.0.1:$((port + 50))" >/dev/null 2>&1
     point redis "127.0.0.1:$((port + 50))" "$redis"
-    kill "$redis"
-    wait "$redis" || true
+    stop "$redis"
     echo "round $round done (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
 done
 
