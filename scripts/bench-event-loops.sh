@@ -14,40 +14,15 @@ out=${3:-target/bench-event-loops.json}
 chorus=${CHORUS:-target/release/chorus}
 port=${PORT:-26379}
 seconds=${SECONDS_PER_POINT:-6}
-hz=$(getconf CLK_TCK)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-cpu_ticks() { # pids... -> utime + stime, in clock ticks
-    local total=0
-    for pid in "$@"; do
-        read -r -a stat <"/proc/$pid/stat"
-        total=$((total + stat[13] + stat[14]))
-    done
-    echo "$total"
-}
-
-operational() { # port
-    redis-cli -p "$1" info 2>/dev/null | grep -q "chorus_operational:1"
-}
+# shellcheck source=scripts/bench-common.sh
+source "$(dirname "$0")/bench-common.sh"
 
 results=()
 point() { # label targets pids...
     local label=$1 targets=$2
     shift 2
     for ratio in 1.0 0.0; do
-        local before after line
-        before=$(cpu_ticks "$@")
-        line=$("$chorus" bench kv --write-ratio "$ratio" --keys 10000 --distribution uniform --clients 64 \
-            --ops 100000000 --duration-s "$seconds" --targets "$targets" 2>&1 | grep -E '^(SET|GET) ')
-        after=$(cpu_ticks "$@")
-        # operation count errors ops/s p50 p95 p99 p99.9 max
-        read -r op count _ rps p50 _ p99 p999 _ <<<"$line"
-        local us_op
-        us_op=$(awk -v t=$((after - before)) -v hz="$hz" -v n="$count" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')
+        kv_point "$chorus" "$ratio" 64 "$targets" "$@"
         echo "$label $op ops/s $rps p50 $p50 p99 $p99 p99.9 $p999 cpu_us_op $us_op" >&2
         results+=("{\"system\":\"$label\",\"op\":\"$op\",\"ops_per_s\":$rps,\"p50_us\":$p50,\"p99_us\":$p99,\"p999_us\":$p999,\"cpu_us_per_op\":$us_op}")
     done
@@ -60,23 +35,15 @@ for round in $(seq "$rounds"); do
             >/dev/null 2>&1 &
         up=$!
         pids+=("$up")
-        for _ in $(seq 300); do
-            operational "$port" && operational $((port + 1)) && operational $((port + 2)) && break
-            sleep 0.1
-        done
+        wait_operational "$port"
         sleep 1
         # shellcheck disable=SC2046
         point "hermes-loops$n" "$targets" $(pgrep -P "$up")
-        kill -TERM "$up"
-        wait "$up" || true
+        stop "$up"
     done
-    redis-server --port $((port + 50)) --save "" --appendonly no >/dev/null 2>&1 &
-    redis=$!
-    pids+=("$redis")
-    sleep 0.5
+    start_redis $((port + 50))
     point redis "127.0.0.1:$((port + 50))" "$redis"
-    kill "$redis"
-    wait "$redis" || true
+    stop "$redis"
     echo "round $round done" >&2
 done
 

@@ -542,6 +542,11 @@ async fn write_loop(
     encode_frame(kind::KEEPALIVE, &[], &mut keepalive_frame);
     let mut coalesced = BytesMut::new();
     let mut probe = [0u8; 64];
+    // One timer for the link's life, moved only when it fires: a timer armed and cancelled
+    // per frame cost two timer-wheel updates per peer message batch (issue 23's profile).
+    let mut last_sent = tokio::time::Instant::now();
+    let idle = tokio::time::sleep(keepalive);
+    tokio::pin!(idle);
     loop {
         // The link is send-only: reading only notices the peer closing it.
         let next = tokio::select! {
@@ -556,11 +561,16 @@ async fn write_loop(
                     Err(error) => error,
                 });
             }
-            () = tokio::time::sleep(keepalive) => None,
+            () = &mut idle => None,
         };
         let Some((first, first_count)) = next else {
-            stream.write_all(&keepalive_frame).await?;
-            stream.flush().await?;
+            // Due only if nothing went out for a whole period since the timer was set.
+            if last_sent.elapsed() >= keepalive {
+                stream.write_all(&keepalive_frame).await?;
+                stream.flush().await?;
+                last_sent = tokio::time::Instant::now();
+            }
+            idle.as_mut().reset(last_sent + keepalive);
             continue;
         };
         let mut frames = 1u64;
@@ -598,6 +608,7 @@ async fn write_loop(
         }
         stats.frames_sent.fetch_add(frames, Relaxed);
         stats.messages_sent.fetch_add(messages, Relaxed);
+        last_sent = tokio::time::Instant::now();
         stats.bytes_sent.fetch_add(bytes as u64, Relaxed);
         stats.writes.fetch_add(1, Relaxed);
     }
@@ -705,7 +716,12 @@ where
     let failed = |error: String| InboundError::Failed(node, error);
     info!(peer = %node, tls = config.tls.is_some(), "accepted inbound peer link");
     let peer_stats = stats.peers.get(&node).cloned();
+    // One timer for the link's life (see write_loop): moved only when it fires early.
+    let mut last_heard = tokio::time::Instant::now();
+    let silence = tokio::time::sleep(config.link_timeout);
+    tokio::pin!(silence);
     loop {
+        let mut delivered = false;
         loop {
             let frame = match decode_frame(&mut buf, config.frame_payload_bytes_max) {
                 Ok(Some(frame)) => frame,
@@ -727,20 +743,31 @@ where
             if queue.send((node, messages)).await.is_err() {
                 return Ok(node); // the event loop is gone: shutting down
             }
+            delivered = true;
         }
         // Only time spent waiting for bytes counts as silence, not time spent waiting for
         // room in the event loop's queue.
-        match tokio::time::timeout(config.link_timeout, stream.read_buf(&mut buf)).await {
-            Err(_) => {
+        if delivered {
+            last_heard = tokio::time::Instant::now();
+        }
+        let read = tokio::select! {
+            read = stream.read_buf(&mut buf) => read,
+            () = &mut silence => {
+                if last_heard.elapsed() < config.link_timeout {
+                    silence.as_mut().reset(last_heard + config.link_timeout);
+                    continue;
+                }
                 stats.links_timed_out.fetch_add(1, Relaxed);
                 return Err(failed(format!(
                     "silent for {} ms although keepalives are due; closing it",
                     config.link_timeout.as_millis()
                 )));
             }
-            Ok(Ok(0)) => return Ok(node),
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => return Err(failed(error.to_string())),
+        };
+        match read {
+            Ok(0) => return Ok(node),
+            Ok(_) => last_heard = tokio::time::Instant::now(),
+            Err(error) => return Err(failed(error.to_string())),
         }
     }
 }

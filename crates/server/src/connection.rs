@@ -433,7 +433,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 Ok((command, shape)) => {
                     let outcome = self.run_one(command).await;
                     // A deadline, a list, a set...: the typed path decides (connection/typed.rs).
-                    match command::as_typed(&request).filter(|_| command::needs_typed(&outcome)) {
+                    // Checked first: the typed form copies the command's words, and nearly
+                    // every outcome does not need it.
+                    match command::needs_typed(&outcome).then(|| command::as_typed(&request)).flatten() {
                         Some(args) => self.run_data(args).await,
                         None => command::shape_reply(shape, outcome),
                     }
@@ -819,6 +821,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             info.field("chorus_peer_links_timed_out", &self.shared.net.links_timed_out.load(Relaxed));
             if let Some(status) = &status {
                 info.field("chorus_requests_past_deadline", &status.requests_past_deadline);
+                info.field("chorus_requests_inline", &status.requests_inline);
                 info.field("chorus_requests_in_flight", &status.pending_requests);
                 for (name, value) in &status.counters {
                     info.field(&format!("{}_{name}", status.protocol), value);

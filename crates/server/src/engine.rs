@@ -14,7 +14,7 @@
 //! fails what is still pending (docs/operations.md, "Stopping a node").
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use chorus_core::codec::WireMessage;
@@ -64,6 +64,11 @@ where
     }
     /// Replies wait for [`Self::persist_turn`]: an acknowledged write must be on disk.
     const REPLIES_AFTER_PERSIST: bool = false;
+    /// Reads may run on the connection's task between the loop's turns ([`InlineLoop`]):
+    /// the core answers a read at once or queues it, and sends nothing for it (Hermes). A core
+    /// whose reads send messages (ZAB's sync, CRAQ's tail query) would send them a frame per
+    /// read instead of a batch per turn.
+    const READS_INLINE: bool = false;
     /// Run `requests` as one atomic transaction (MULTI/EXEC), replying to each. Only
     /// raftlog can; the others refuse every command rather than claim atomicity.
     fn on_transaction(
@@ -196,6 +201,8 @@ where
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.take_persist_records()
     }
+    /// The lease is checked by the protocol core's own read path (Hermes' `leased`).
+    const READS_INLINE: bool = P::READS_INLINE;
     fn message_keys(message: &Self::Message, keys: &mut Vec<Key>) {
         if let Wire::Protocol(message) = message {
             P::message_keys(message, keys);
@@ -405,6 +412,8 @@ impl ServedReplica for ShardCore {
 }
 
 impl ServedReplica for Hermes {
+    /// A read is local (Valid key, under the lease) or waits in the key's queue.
+    const READS_INLINE: bool = true;
     fn protocol_name(&self) -> &'static str {
         "hermes"
     }
@@ -661,6 +670,8 @@ pub struct EngineStatus {
     pub pending_requests: usize,
     /// Requests answered by the request deadline rather than by the core.
     pub requests_past_deadline: u64,
+    /// Commands run by connection tasks between the loop's turns ([`InlineLoop`]).
+    pub requests_inline: u64,
     pub counters: Vec<(&'static str, u64)>,
 }
 
@@ -713,6 +724,28 @@ pub enum EngineRequest {
 #[derive(Clone)]
 pub struct EngineHandle {
     shards: Arc<[mpsc::Sender<EngineRequest>]>,
+    /// Per shard, the event loop's state when that loop runs as a task of the connections'
+    /// own thread ([`InlineLoop`]); empty otherwise.
+    inline: Arc<[InlineSlot]>,
+}
+
+/// Where an event loop publishes its state for the inline path. Weak: the loop alone keeps
+/// its state (and its transport) alive, so stopping it drops them as before.
+pub type InlineSlot = OnceLock<Weak<dyn InlineLoop>>;
+
+/// A read run by the connection's task through the event loop's own code, instead of being
+/// queued to the loop and woken back (issue 23: the hand-off connection -> event loop ->
+/// connection). Only possible while the loop is between turns, which on one thread is whenever
+/// another task runs: the loop holds its state's lock for a whole turn and never across an
+/// `.await`. The read goes through exactly what the loop does with a received request
+/// ([`EventLoop::on_request`]), so what the core decides (a Hermes read is local only for a
+/// Valid key under a lease, and otherwise waits in the key's queue) is unchanged: the request
+/// simply arrives between two turns. Updates keep going through the loop's turns, where their
+/// messages are batched (docs/benchmarks.md measures both).
+pub trait InlineLoop: Send + Sync {
+    /// Submit `command` now; `Err` gives it back when the loop is in a turn (another thread)
+    /// or runs such commands only in its own turns.
+    fn try_submit(&self, command: Command) -> Result<oneshot::Receiver<Done>, Command>;
 }
 
 /// A request submitted to a node that is stopping, or whose event loop is gone: not executed.
@@ -740,12 +773,27 @@ impl EngineHandle {
         &self.shards[chorus_raftlog::shard_of(key, self.shards.len())]
     }
 
-    /// Submit a command; the returned receiver completes once it has.
+    /// Submit a command; the returned receiver completes once it has (at once for a local
+    /// read run inline).
     async fn submit(&self, command: Command) -> oneshot::Receiver<Done> {
+        let shard = chorus_raftlog::shard_of(command.key(), self.shards.len());
+        let command = match self.inline[shard].get().and_then(Weak::upgrade) {
+            Some(state) => match state.try_submit(command) {
+                Ok(rx) => return rx,
+                Err(command) => command,
+            },
+            None => command,
+        };
         let (reply, rx) = oneshot::channel();
         // If the loop is gone, `reply` is dropped with the request and `rx` reports it.
-        let _ = self.sender(command.key()).send(EngineRequest::Command { command, reply }).await;
+        let _ = self.shards[shard].send(EngineRequest::Command { command, reply }).await;
         rx
+    }
+
+    /// Where the event loops publish their state for the inline path (not the handle
+    /// itself: a loop holding a request sender would never see its channel close).
+    pub fn inline_slots(&self) -> Arc<[InlineSlot]> {
+        self.inline.clone()
     }
 
     pub async fn execute(&self, command: Command) -> Done {
@@ -915,6 +963,7 @@ impl EngineStatus {
         self.keys += other.keys;
         self.pending_requests += other.pending_requests;
         self.requests_past_deadline += other.requests_past_deadline;
+        self.requests_inline += other.requests_inline;
         for (name, value) in other.counters {
             match self.counters.iter_mut().find(|(known, _)| *known == name) {
                 // Per-shard identities (the incarnation, the shard number) are not summed.
@@ -943,7 +992,8 @@ pub fn channels(shards: usize) -> (EngineHandle, Vec<mpsc::Receiver<EngineReques
     assert!(shards >= 1, "at least one event loop");
     let (senders, receivers): (Vec<_>, Vec<_>) =
         (0..shards).map(|_| mpsc::channel(REQUESTS_QUEUED_MAX)).unzip();
-    (EngineHandle { shards: senders.into() }, receivers)
+    let inline = (0..shards).map(|_| OnceLock::new()).collect();
+    (EngineHandle { shards: senders.into(), inline }, receivers)
 }
 
 /// How long a stopping node tries to leave the view before it stops anyway (the others then
@@ -979,6 +1029,8 @@ where
     deadlines: VecDeque<(Instant, ClientRequestId)>,
     request_deadline: Duration,
     requests_past_deadline: u64,
+    /// Commands run by connection tasks between turns ([`InlineLoop`]).
+    requests_inline: u64,
     waiters: Vec<Waiter>,
     /// Since when the node has been stopping.
     stopping: Option<Instant>,
@@ -1030,6 +1082,7 @@ impl NodeDisk {
 /// node has left the view (or failed to within [`LEAVE_TIMEOUT`]). Every request the core has
 /// not answered within `request_deadline` is answered for it: a read was not executed, an
 /// update's outcome is unknown.
+#[allow(clippy::too_many_arguments)] // the loop's inputs, each its own thing; a struct would only rename them
 pub async fn run<R>(
     replica: R,
     request_deadline: Duration,
@@ -1038,11 +1091,12 @@ pub async fn run<R>(
     mut inbound: chorus_net::Inbound<R::Message>,
     mut shutdown: watch::Receiver<bool>,
     disk: NodeDisk,
+    inline: Option<(Arc<[InlineSlot]>, usize)>,
 ) where
     R: ServedReplica,
     R::Message: WireMessage + Send + 'static,
 {
-    let mut state = EventLoop {
+    let state = EventLoop {
         replica,
         transport,
         outbox: Outbox::default(),
@@ -1050,6 +1104,7 @@ pub async fn run<R>(
         deadlines: VecDeque::new(),
         request_deadline,
         requests_past_deadline: 0,
+        requests_inline: 0,
         waiters: Vec::new(),
         stopping: None,
         left_at: None,
@@ -1062,21 +1117,32 @@ pub async fn run<R>(
         persistence: disk.persistence,
         touched: Vec::new(),
     };
+    // The loop owns its state; connections on its thread borrow it between turns (InlineLoop).
+    let shared = Arc::new(Mutex::new(state));
+    if let Some((slots, shard)) = inline {
+        let weak: Weak<dyn InlineLoop> = Arc::downgrade(&shared) as Weak<dyn InlineLoop>;
+        let _ = slots[shard].set(weak);
+    }
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut stopping = false;
     loop {
-        tokio::select! {
-            changed = shutdown.changed(), if state.stopping.is_none() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    state.start_stopping();
-                }
-            }
+        let event = tokio::select! {
+            changed = shutdown.changed(), if !stopping => Event::Shutdown(changed.is_err() || *shutdown.borrow()),
             request = requests.recv() => match request {
-                Some(request) => state.on_request(request),
+                Some(request) => Event::Request(request),
                 None => break,
             },
-            Some((from, messages)) = inbound.recv() => state.on_messages(from, messages),
-            _ = tick.tick() => {}
+            Some((from, messages)) = inbound.recv() => Event::Messages(from, messages),
+            _ = tick.tick() => Event::Tick,
+        };
+        // Held for the whole turn and never across an `.await`.
+        let mut state = lock(&shared);
+        match event {
+            Event::Shutdown(true) => state.start_stopping(),
+            Event::Shutdown(false) | Event::Tick => {}
+            Event::Request(request) => state.on_request(request),
+            Event::Messages(from, messages) => state.on_messages(from, messages),
         }
         for _ in 0..EVENTS_PER_TURN_MAX {
             let Ok((from, messages)) = inbound.try_recv() else { break };
@@ -1094,14 +1160,51 @@ pub async fn run<R>(
             break;
         }
         state.log_view_changes();
+        stopping = state.stopping.is_some();
     }
+    let mut state = lock(&shared);
     state.fail_pending();
     if let Some(persistence) = &mut state.persistence {
         if let Err(error) = persistence.close() {
             tracing::error!(%error, "cannot close the append-only file cleanly");
         }
     }
-    // Dropping `state` drops the transport (its writers stop).
+    // Dropping the state (the one strong reference) drops the transport: its writers stop.
+}
+
+/// What woke the event loop.
+enum Event<M> {
+    Shutdown(bool),
+    Request(EngineRequest),
+    Messages(NodeId, Vec<M>),
+    Tick,
+}
+
+/// The loop's state. A panic while it was held already stopped the node's loop; what is left
+/// is only read to fail what was pending.
+fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl<R: ServedReplica> InlineLoop for Mutex<EventLoop<R>>
+where
+    R::Message: WireMessage + Send + 'static,
+{
+    fn try_submit(&self, command: Command) -> Result<oneshot::Receiver<Done>, Command> {
+        let Ok(mut state) = self.try_lock() else { return Err(command) };
+        if !state.takes_inline(&command) {
+            return Err(command);
+        }
+        state.requests_inline += 1;
+        let (reply, rx) = oneshot::channel();
+        state.on_request(EngineRequest::Command { command, reply });
+        // Whatever the request left in the outbox (nothing, for the cores that take inline
+        // reads) goes out as a turn of its own.
+        if !state.outbox.messages.is_empty() || !state.outbox.replies.is_empty() {
+            state.perform_outbox();
+        }
+        Ok(rx)
+    }
 }
 
 impl<R: ServedReplica> EventLoop<R>
@@ -1110,6 +1213,14 @@ where
 {
     fn now(&self) -> Time {
         Time::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    /// Whether `command` may run inline: reads only. An update run inline ends a turn of its
+    /// own, so its messages leave in frames of their own instead of in the turn's batch: at 64
+    /// clients that cost a SET more than the hand-off it saved (docs/benchmarks.md). Nor when
+    /// replies wait for the turn's sync (raftlog, `appendfsync always`).
+    fn takes_inline(&self, command: &Command) -> bool {
+        R::READS_INLINE && !command.is_update() && !R::REPLIES_AFTER_PERSIST && !self.replies_wait
     }
 
     fn start_stopping(&mut self) {
@@ -1218,6 +1329,7 @@ where
                     keys: self.replica.keys_with_values(),
                     pending_requests: self.pending.len(),
                     requests_past_deadline: self.requests_past_deadline,
+                    requests_inline: self.requests_inline,
                     counters: self.replica.counters(),
                 });
             }
@@ -1402,5 +1514,109 @@ where
             tracing::error!(%error, "cannot persist membership state; stopping this node");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use chorus_core::{Epoch, Timestamp};
+    use chorus_hermes::{HermesConfig, Message};
+    use std::collections::BTreeMap;
+
+    fn value(text: &'static str) -> Option<Bytes> {
+        Some(Bytes::from_static(text.as_bytes()))
+    }
+
+    /// Node 0's event loop with Hermes and no real peers: the test plays node 1 by feeding
+    /// its messages into the loop's inbound channel (what node 0 sends goes nowhere).
+    async fn hermes_loop() -> (EngineHandle, mpsc::Sender<(NodeId, Vec<Message>)>) {
+        let members = NodeSet::from_iter([NodeId(0), NodeId(1), NodeId(2)]);
+        let unreachable: BTreeMap<NodeId, std::net::SocketAddr> =
+            [(NodeId(1), "127.0.0.1:9".parse().unwrap()), (NodeId(2), "127.0.0.1:9".parse().unwrap())].into();
+        let config = chorus_net::NetConfig::new(
+            NodeId(0),
+            "inline-test",
+            "0123456789abcdef0123456789abcdef",
+            "hermes",
+            "127.0.0.1:0".parse().unwrap(),
+            unreachable,
+        );
+        let (transport, _inbound, _stats) = chorus_net::start::<Message>(config).await.expect("transport");
+        let (data_tx, data_rx) = mpsc::channel(16);
+        let (_priority_tx, priority_rx) = mpsc::channel(16);
+        let inbound = chorus_net::Inbound::from_channels(priority_rx, data_rx);
+        let (handle, mut receivers) = channels(1);
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let hermes = Hermes::new(HermesConfig::new(NodeId(0), members));
+        let inline = Some((handle.inline_slots(), 0));
+        let requests = receivers.pop().expect("one loop");
+        let deadline = Duration::from_secs(60);
+        tokio::spawn(async move {
+            let _keep = _shutdown_tx;
+            run(hermes, deadline, transport, requests, inbound, shutdown, NodeDisk::none(), inline).await;
+        });
+        (handle, data_tx)
+    }
+
+    /// A message from node 1 handled by the loop: the loop drains its inbound channel in the
+    /// turn that answers the status request sent after it.
+    async fn deliver(handle: &EngineHandle, peer: &mpsc::Sender<(NodeId, Vec<Message>)>, message: Message) {
+        peer.send((NodeId(1), vec![message])).await.expect("loop running");
+        handle.status().await.expect("loop running");
+    }
+
+    /// The inline path (a connection running a command through the loop between turns) must
+    /// serve only what the core would serve: a Valid key at once, an Invalid one (an INV seen,
+    /// its VAL not yet) only once it is valid again, with the new value, never the stale one.
+    #[test]
+    fn an_inline_read_waits_for_an_invalid_key_and_never_serves_the_stale_value() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let (handle, peer) = hermes_loop().await;
+            let key = Key::from("k".to_string());
+            let read = || Command::Read { key: key.clone() };
+            // Committed first version, written by node 1.
+            let ts1 = Timestamp::new(2, 1);
+            let epoch = Epoch(1);
+            let inv1 = Message::Inv {
+                epoch,
+                key: key.clone(),
+                ts: ts1,
+                value: value("old"),
+                rmw: false,
+                superseded: false,
+            };
+            deliver(&handle, &peer, inv1).await;
+            deliver(&handle, &peer, Message::Val { epoch, key: key.clone(), ts: ts1 }).await;
+
+            // Valid: served inline, in the call itself (no turn of the loop in between).
+            let mut rx = handle.submit(read()).await;
+            let served = rx.try_recv().expect("a Valid key is served inline, at once");
+            assert_eq!(served.outcome, Outcome::Value(value("old")));
+
+            // Node 1 invalidates the key with a newer write; its VAL has not arrived.
+            let ts2 = Timestamp::new(4, 1);
+            let inv2 = Message::Inv {
+                epoch,
+                key: key.clone(),
+                ts: ts2,
+                value: value("new"),
+                rmw: false,
+                superseded: false,
+            };
+            deliver(&handle, &peer, inv2).await;
+            let mut rx = handle.submit(read()).await;
+            assert!(
+                matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)),
+                "an Invalid key must not be served (the stale value would break linearizability)"
+            );
+            deliver(&handle, &peer, Message::Val { epoch, key: key.clone(), ts: ts2 }).await;
+            assert_eq!(rx.await.expect("answered").outcome, Outcome::Value(value("new")));
+
+            let status = handle.status().await.expect("loop running");
+            assert_eq!(status.requests_inline, 2, "both reads ran inline");
+        });
     }
 }

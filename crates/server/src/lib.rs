@@ -171,8 +171,15 @@ async fn serve_node(
     let engine_thread = config.worker_threads > 1;
     let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
     let request_deadline = std::time::Duration::from_millis(config.clients.request_deadline_ms);
-    let start =
-        Start { net, requests, shutdown: shutdown_rx, engine_thread, stopped: stopped_tx, request_deadline };
+    let start = Start {
+        net,
+        requests,
+        inline: engine.inline_slots(),
+        shutdown: shutdown_rx,
+        engine_thread,
+        stopped: stopped_tx,
+        request_deadline,
+    };
     let net_stats = match config.protocol {
         Protocol::Hermes => {
             start
@@ -524,6 +531,8 @@ struct Start {
     net: NetConfig,
     /// One per event loop: one, one per raftlog shard, or `event_loops`.
     requests: Vec<tokio::sync::mpsc::Receiver<EngineRequest>>,
+    /// Where a loop on the connections' thread publishes its state ([`engine::InlineLoop`]).
+    inline: Arc<[engine::InlineSlot]>,
     shutdown: watch::Receiver<bool>,
     /// Run the event loop on a thread of its own rather than as a task of the node's runtime.
     engine_thread: bool,
@@ -581,9 +590,12 @@ impl Start {
         transport.set_priority(R::is_priority);
         let stopped = self.stopped;
         let [requests]: [_; 1] = self.requests.try_into().expect("one event loop, one request channel");
+        // On the connections' own thread, they may run commands through the loop between its
+        // turns; on a thread of its own, the loop keeps its core to itself.
+        let inline = (!self.engine_thread).then(|| (self.inline.clone(), 0));
         let event_loop = async move {
             let deadline = self.request_deadline;
-            engine::run(replica, deadline, transport, requests, inbound, self.shutdown, disk).await;
+            engine::run(replica, deadline, transport, requests, inbound, self.shutdown, disk, inline).await;
             let _ = stopped.send(());
         };
         // With one worker thread (the default) the event loop is one more task on it: a
@@ -660,7 +672,7 @@ impl Start {
             let (transport, shutdown, deadline) =
                 (transport.sibling(), self.shutdown.clone(), self.request_deadline);
             let event_loop = async move {
-                engine::run(core, deadline, transport, requests, inbound, shutdown, disk).await;
+                engine::run(core, deadline, transport, requests, inbound, shutdown, disk, None).await;
                 let _ = stopped_tx.send(());
             };
             std::thread::Builder::new()

@@ -171,6 +171,7 @@ where
     fn is_priority(message: &Self::Message) -> bool {
         P::is_priority(&message.message)
     }
+    const READS_INLINE: bool = P::READS_INLINE;
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.core.take_durable_records()
     }
