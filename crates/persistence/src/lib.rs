@@ -165,6 +165,10 @@ pub struct Restored {
     pub reason: String,
     /// A checksum caught damage: the files were refused (the node copies from a peer).
     pub refused: bool,
+    /// No append-only file was there: the node never ran on this directory. Otherwise it is
+    /// a restart, and a node that restores nothing must rejoin and copy, even if its
+    /// membership service never wrote a record (a cluster that never changed its view).
+    pub fresh: bool,
 }
 
 /// Counters and state for `INFO persistence`.
@@ -274,7 +278,7 @@ impl Persistence {
                 // copying every key from a peer.
                 tracing::error!("{damage}; not using these files: the node rejoins and copies from a peer");
                 persistence.start_over()?;
-                Restored { records: Vec::new(), trusted: false, reason: damage, refused: true }
+                Restored { records: Vec::new(), trusted: false, reason: damage, refused: true, fresh: false }
             }
         };
         persistence.info.restored_records = restored.records.len() as u64;
@@ -296,7 +300,7 @@ impl Persistence {
         let Some(manifest) = manifest else {
             self.start_over().map_err(|error| error.to_string())?;
             let reason = "no append-only file yet".to_string();
-            return Ok(Restored { records: Vec::new(), trusted: false, reason, refused: false });
+            return Ok(Restored { records: Vec::new(), trusted: false, reason, refused: false, fresh: true });
         };
         let mut data = Vec::new();
         let mut complete = None;
@@ -359,7 +363,7 @@ impl Persistence {
             ),
             Some(_) => (true, String::new()),
         };
-        Ok(Restored { records: data, trusted, reason, refused: false })
+        Ok(Restored { records: data, trusted, reason, refused: false, fresh: false })
     }
 
     /// A fresh generation: an empty incremental file, no base. Its number is past every file
