@@ -223,9 +223,15 @@ pub enum AppendOnly {
     /// copies from a peer.
     Always,
     /// Broken (`ack-before-sync`): a turn's messages and replies leave before its records are
-    /// synced (the sync comes with the next turn), so a crash can lose what a replica ACKed.
+    /// synced, which happens every [`ACK_BEFORE_SYNC_PERIOD`] (`appendfsync everysec` with
+    /// replies and ACKs not waiting, at the swarm's time scale), so a crash can lose what a
+    /// replica acknowledged while its files still say every record was synced first.
     AckBeforeSync,
 }
+
+/// How often [`AppendOnly::AckBeforeSync`] syncs: longer than a lease (60 ms), as a second is
+/// longer than the server's.
+pub const ACK_BEFORE_SYNC_PERIOD: Time = Time::from_millis(100);
 
 /// Builds a protocol core for [`simulate_managed_appendonly`]: `(me, replicas, seed, joining)`,
 /// `joining` when the node starts empty and copies from its peers.
@@ -358,6 +364,9 @@ pub struct KeysOnDisk<P: Persisted> {
     updates: rustc_hash::FxHashMap<ClientRequestId, Key>,
     /// This incarnation started from its files (counted as `appendonly.restarts_from_disk`).
     from_disk: bool,
+    /// The node's clock at its latest event, and at its latest sync ([`AppendOnly::AckBeforeSync`]).
+    now: Time,
+    synced_at: Time,
 }
 
 impl<P: Persisted> KeysOnDisk<P> {
@@ -369,7 +378,8 @@ impl<P: Persisted> KeysOnDisk<P> {
     ) -> KeysOnDisk<P> {
         aof.stop_clock();
         let updates = rustc_hash::FxHashMap::default();
-        KeysOnDisk { inner, aof, mode, touched: Vec::new(), updates, from_disk }
+        let (now, synced_at) = (Time::ZERO, Time::ZERO);
+        KeysOnDisk { inner, aof, mode, touched: Vec::new(), updates, from_disk, now, synced_at }
     }
 
     /// Note the keys of what a call sent and answered (entries of `out` from `sent` and
@@ -401,6 +411,7 @@ impl<P: Persisted> Replica for KeysOnDisk<P> {
         command: Command,
         out: &mut Outbox<Self::Message>,
     ) {
+        self.now = now;
         let (sent, answered) = (out.messages.len(), out.replies.len());
         if command.is_update() {
             self.touched.push(command.key().clone());
@@ -416,6 +427,7 @@ impl<P: Persisted> Replica for KeysOnDisk<P> {
         message: Self::Message,
         out: &mut Outbox<Self::Message>,
     ) {
+        self.now = now;
         let (sent, answered) = (out.messages.len(), out.replies.len());
         if let Wire::Protocol(message) = &message {
             P::message_keys(message, &mut self.touched);
@@ -424,6 +436,7 @@ impl<P: Persisted> Replica for KeysOnDisk<P> {
         self.note_out(out, sent, answered);
     }
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.now = now;
         let (sent, answered) = (out.messages.len(), out.replies.len());
         self.inner.on_tick(now, out);
         self.note_out(out, sent, answered);
@@ -451,12 +464,13 @@ impl<P: Persisted> Replica for KeysOnDisk<P> {
         report("appendonly.syncs", info.syncs);
     }
     /// The membership's records, then the turn's keys (ZAB: its history), appended; with
-    /// [`AppendOnly::AckBeforeSync`] the previous turn's are synced only now, after this
-    /// turn's messages were computed and the last turn's already left.
+    /// [`AppendOnly::AckBeforeSync`] synced only once a period, after messages that depended
+    /// on them left.
     fn write_durable(&mut self) -> bool {
         let membership = self.inner.write_durable();
-        if self.mode == AppendOnly::AckBeforeSync {
+        if self.mode == AppendOnly::AckBeforeSync && self.now >= self.synced_at + ACK_BEFORE_SYNC_PERIOD {
             self.aof.sync_now().expect("the simulated disk never fails a sync");
+            self.synced_at = self.now;
         }
         let protocol = self.inner.node.protocol_mut();
         let log_records = protocol.take_log_records();

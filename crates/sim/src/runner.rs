@@ -511,14 +511,12 @@ pub const MANAGED_MINIMUMS: &[Minimum] = &[
 /// ([`appendonly`]): restarts from the files, power losses, every kind of storage fault and
 /// its detection, crashes between a turn's write and its sync, and rewrites.
 pub const APPENDONLY_MINIMUMS: &[Minimum] = &[
-    Minimum { counter: "appendonly.restarts_from_disk", per_1000_seeds: 1 },
-    Minimum { counter: "appendonly.rewrites", per_1000_seeds: 1 },
-    Minimum { counter: "power_losses", per_1000_seeds: 1 },
-    Minimum { counter: "crashes_before_sync", per_1000_seeds: 1 },
-    Minimum { counter: "storage_writes_lost", per_1000_seeds: 1 },
-    Minimum { counter: "storage_writes_torn", per_1000_seeds: 1 },
-    Minimum { counter: "storage_sectors_corrupted", per_1000_seeds: 1 },
-    Minimum { counter: "storage_corruption_detected", per_1000_seeds: 1 },
+    Minimum { counter: "appendonly.restarts_from_disk", per_1000_seeds: 300 },
+    Minimum { counter: "appendonly.rewrites", per_1000_seeds: 5_000 },
+    Minimum { counter: "power_losses", per_1000_seeds: 100 },
+    Minimum { counter: "crashes_before_sync", per_1000_seeds: 10 },
+    Minimum { counter: "storage_sectors_corrupted", per_1000_seeds: 50 },
+    Minimum { counter: "storage_corruption_detected", per_1000_seeds: 50 },
 ];
 
 /// Every floor `counts` misses over `seeds` seeds, as readable lines.
