@@ -41,6 +41,11 @@ pub struct SimArgs {
     /// List every broken variant, one `PROTOCOL VARIANT` line each, and exit.
     #[arg(long)]
     list_broken: bool,
+    /// Hermes, CRAQ and ZAB keep their keys in the server's append-only file on each node's
+    /// simulated disk (`appendfsync always`): crashed nodes and, on some seeds, every node after
+    /// a power loss restart from what their disk kept, under lost, torn and corrupted writes.
+    #[arg(long)]
+    appendonly: bool,
 }
 
 const PROTOCOLS: &str = "hermes, craq, zab, zab-local, raftlog, chain";
@@ -82,7 +87,13 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
-    let setup = setup_for(&args)?;
+    let mut setup = setup_for(&args)?;
+    if args.appendonly {
+        if !matches!(args.protocol.as_str(), "hermes" | "craq" | "zab" | "zab-local") {
+            bail!("--appendonly is for hermes, craq and zab (raftlog always runs on its simulated disk)");
+        }
+        setup = chorus_sim::runner::appendonly(setup, chorus_sim::managed::AppendOnly::Always);
+    }
     if !(1..=64).contains(&args.replicas) {
         bail!("--replicas must be between 1 and 64, got {}", args.replicas);
     }

@@ -23,6 +23,10 @@ pub struct WithMembership<P: Replica> {
     membership_out: MembershipOutbox,
     /// Raft state the runtime must make durable before it sends what the same calls produced.
     persist: Vec<PersistRecord>,
+    /// The protocol has heard the membership's lease at least once. Until then a core runs
+    /// with the lease it was built with (unlimited, for tests without a membership service),
+    /// so a node restarted from its files would serve reads before its first tick.
+    lease_told: bool,
 }
 
 impl<P: Replica> WithMembership<P> {
@@ -34,6 +38,7 @@ impl<P: Replica> WithMembership<P> {
             protocol_out: Outbox::default(),
             membership_out: MembershipOutbox::default(),
             persist: Vec::new(),
+            lease_told: false,
         }
     }
 
@@ -63,6 +68,11 @@ impl<P: Replica> WithMembership<P> {
     /// last call. A runtime without durable storage (the simulator) may drop them.
     pub fn take_persist_records(&mut self) -> Vec<PersistRecord> {
         std::mem::take(&mut self.persist)
+    }
+
+    fn tell_lease(&mut self, now: Time) {
+        self.protocol.on_lease(now, self.membership.lease_until(), &mut self.protocol_out);
+        self.lease_told = true;
     }
 
     /// Hand the membership node's news to the protocol, then everything to the runtime.
@@ -96,6 +106,9 @@ impl<P: Replica> Replica for WithMembership<P> {
         command: Command,
         out: &mut Outbox<Self::Message>,
     ) {
+        if !self.lease_told {
+            self.tell_lease(now);
+        }
         self.protocol.on_client(now, request, command, &mut self.protocol_out);
         self.flush(now, out);
     }
@@ -119,7 +132,7 @@ impl<P: Replica> Replica for WithMembership<P> {
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
         self.membership.on_tick(now, &mut self.membership_out);
         self.flush(now, out);
-        self.protocol.on_lease(now, self.membership.lease_until(), &mut self.protocol_out);
+        self.tell_lease(now);
         self.protocol.on_tick(now, &mut self.protocol_out);
         if self.protocol.is_caught_up() {
             self.membership.note_caught_up(now);

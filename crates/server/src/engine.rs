@@ -1357,7 +1357,7 @@ where
                     // The snapshot starts from a state whose records are all logged.
                     persistence.log_records(self.replica.take_log_records());
                     if save {
-                        persistence.bgsave(&self.replica)?;
+                        persistence.bgsave(&crate::persistence::Served(&self.replica))?;
                     }
                     Ok(persistence.info())
                 });
@@ -1481,7 +1481,9 @@ where
                 self.touched.push(key.clone());
             }
         }
-        if let Err(error) = persistence.end_turn(&self.replica, &mut self.touched, defer_sync) {
+        if let Err(error) =
+            persistence.end_turn(&crate::persistence::Served(&self.replica), &mut self.touched, defer_sync)
+        {
             tracing::error!("cannot persist keys ({error:#}); stopping this node");
             std::process::exit(1);
         }

@@ -453,6 +453,8 @@ impl LoopSetup {
         let data_dir = config.data_dir.as_deref().map(|dir| loop_dir(dir, index));
         let (persistence, restored) = open_persistence(config, data_dir.as_deref())?;
         let data_restored = restored.as_ref().is_some_and(|restored| restored.trusted);
+        // An append-only file was there: a restart, whatever the membership log holds.
+        let files_existed = restored.as_ref().is_some_and(|restored| !restored.fresh);
         // ZAB rejoins even with its data: its recovery then runs in a new epoch, as every ZAB
         // leader's must (zxids of a reused epoch could repeat ones its earlier run proposed).
         let rejoins_with_data = matches!(config.protocol, Protocol::Zab(_));
@@ -461,7 +463,8 @@ impl LoopSetup {
                 let dir = loop_dir(dir, index);
                 files::create_private_dir(&dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
-                Some(Managed::open(config, timing, &dir, data_restored && !rejoins_with_data)?)
+                let data_restored = data_restored && !rejoins_with_data;
+                Some(Managed::open(config, timing, &dir, data_restored, files_existed)?)
             }
             _ => None,
         };
@@ -958,11 +961,15 @@ struct Managed {
 impl Managed {
     /// `data_restored`: the protocol's keys came back from this node's own append-only file
     /// (all of them, every acknowledged one included), so a restart needs no copy.
+    /// `files_existed`: it found an append-only file, so it ran before even if its membership
+    /// log is empty (a cluster that never changed its view): without its data it must rejoin,
+    /// not come back as an empty member.
     fn open(
         config: &NodeConfig,
         timing: MembershipTiming,
         dir: &std::path::Path,
         data_restored: bool,
+        files_existed: bool,
     ) -> anyhow::Result<Managed> {
         let storage = FileStorage::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
         let path = dir.join(MEMBERSHIP_LOG);
@@ -975,7 +982,7 @@ impl Managed {
         if !records.is_empty() {
             info!(records = records.len(), "membership state restored from {}", path.display());
         }
-        let restarted = !records.is_empty();
+        let restarted = !records.is_empty() || files_existed;
         if config.protocol.can_join() {
             // Without its keys on disk a restarted node has lost them (CRAQ and ZAB keep them in
             // memory; a chain region may have missed writes while the node was down), and so

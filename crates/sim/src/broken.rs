@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use crate::managed::MembershipTweak;
+use crate::managed::{AppendOnly, MembershipTweak};
 use crate::runner::{ProtocolSetup, ReadMode};
 use crate::simulator::SimConfig;
 
@@ -74,6 +74,15 @@ pub fn variants() -> Vec<BrokenVariant> {
         name: "lease-without-drift-margin".to_string(),
         seeds_max: 5_000,
         setup: ProtocolSetup::Hermes { tweak: None, membership: Some(no_margin) },
+    });
+    // The server's persistence, not a protocol's: a replica whose ACKs (and every other
+    // message and reply) leave before the turn's append-only records are synced, run on the
+    // swarm that restarts nodes from their files; a crash then loses what it acknowledged.
+    all.push(BrokenVariant {
+        protocol: "hermes",
+        name: "ack-before-sync".to_string(),
+        seeds_max: 2_000,
+        setup: crate::runner::appendonly(ProtocolSetup::hermes(), AppendOnly::AckBeforeSync),
     });
     // The server's, not a protocol's: a replica that expires keys by its own clock (a typed
     // read answers "absent" once its clock passes the deadline, without the replicated

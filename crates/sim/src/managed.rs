@@ -16,8 +16,9 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use chorus_core::{ClientRequestId, Command, NodeId, NodeSet, Outbox, Replica, Time, View};
-use chorus_membership::{Membership, MembershipConfig, MembershipLog, WithMembership};
+use chorus_core::{ClientRequestId, Command, Key, NodeId, NodeSet, Outbox, Replica, Time, View};
+use chorus_membership::{Membership, MembershipConfig, MembershipLog, Wire, WithMembership};
+use chorus_persistence::Persisted;
 use chorus_storage::SimDisk;
 
 use crate::rng::Rng;
@@ -207,5 +208,283 @@ impl<P: Replica> Replica for OnDisk<P> {
     }
     fn sync_durable(&mut self) {
         self.log.sync().expect("the simulated disk never fails a sync");
+    }
+}
+
+/// How the main swarm's Hermes, CRAQ and ZAB keep their keys (`SimConfig::appendonly`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AppendOnly {
+    /// In memory: a restarted node joins and copies every key from its peers.
+    #[default]
+    Off,
+    /// The server's append-only file (`chorus_persistence`, `appendonly yes`, `appendfsync
+    /// always`) on the node's simulated disk: a restarted node loads it and comes back as the
+    /// member it was (ZAB rejoins with its history); damaged files are refused and the node
+    /// copies from a peer.
+    Always,
+    /// Broken (`ack-before-sync`): a turn's messages and replies leave before its records are
+    /// synced, which happens every [`ACK_BEFORE_SYNC_PERIOD`] (`appendfsync everysec` with
+    /// replies and ACKs not waiting, at the swarm's time scale), so a crash can lose what a
+    /// replica acknowledged while its files still say every record was synced first.
+    AckBeforeSync,
+}
+
+/// How often [`AppendOnly::AckBeforeSync`] syncs: longer than a lease (60 ms), as a second is
+/// longer than the server's.
+pub const ACK_BEFORE_SYNC_PERIOD: Time = Time::from_millis(100);
+
+/// Builds a protocol core for [`simulate_managed_appendonly`]: `(me, replicas, seed, joining)`,
+/// `joining` when the node starts empty and copies from its peers.
+pub type BuildPersisted<'a, P> = dyn FnMut(NodeId, NodeSet, u64, bool) -> P + 'a;
+
+/// The append-only file's settings in the swarm: `appendfsync always`, no time-based save
+/// rule (the simulator's clock is not the wall clock), and a rewrite once the incremental file
+/// passes `rewrite_bytes_min`, small on some seeds so snapshots and rewrites run while clients do.
+fn appendonly_options(rewrite_bytes_min: u64) -> chorus_persistence::PersistenceOptions {
+    chorus_persistence::PersistenceOptions {
+        appendonly: true,
+        appendfsync: chorus_persistence::AppendFsync::Always,
+        save: Vec::new(),
+        rewrite_bytes_min,
+        ..chorus_persistence::PersistenceOptions::default()
+    }
+}
+
+/// [`simulate_managed`] with the protocol's keys in the server's append-only file on each
+/// node's simulated disk, beside its `membership.log`. A crash loses, keeps or tears each
+/// file's unsynced writes and on a quarter of the seeds one restart finds a corrupted sector;
+/// the restarted node then does what `chorus node` does (crates/server/src/lib.rs,
+/// `Managed::open`): with trusted files it loads them and comes back as the member it was (ZAB
+/// rejoins with its history), with damaged ones it refuses them and joins to copy from a peer,
+/// and a damaged `membership.log` keeps it down.
+pub fn simulate_managed_appendonly<P>(
+    config: &SimConfig,
+    membership_tweak: Option<&MembershipTweak>,
+    mode: AppendOnly,
+    build: &mut BuildPersisted<'_, P>,
+) -> SeedRun
+where
+    P: Persisted,
+    P::Message: Debug,
+{
+    assert_ne!(mode, AppendOnly::Off, "use simulate_managed for nodes without an append-only file");
+    let membership_config = |me: NodeId, replicas: NodeSet| {
+        let mut config = swarm_membership_config(me, replicas);
+        if let Some(tweak) = membership_tweak {
+            tweak(&mut config);
+        }
+        config
+    };
+    let mut draw = Rng::new(config.seed ^ 0x414F_4621);
+    let options = appendonly_options(*draw.pick(&[1 << 10, 16 << 10, 64 << 20]));
+    let build = std::cell::RefCell::new(build);
+    let mut corrupt_one_restart = draw.chance(0.25);
+    let mut first = |me: NodeId, replicas: NodeSet, seed: u64| {
+        let membership = Membership::new(membership_config(me, replicas), Time::ZERO);
+        let node = WithMembership::new((build.borrow_mut())(me, replicas, seed, false), membership);
+        let disk = SimDisk::new();
+        let on_disk = OnDisk::new(node, disk.clone()).expect("an empty disk opens");
+        let (aof, _) = chorus_persistence::Persistence::open_on(
+            Box::new(disk),
+            std::path::Path::new("appendonly"),
+            options.clone(),
+        )
+        .expect("an empty disk opens");
+        KeysOnDisk::new(on_disk, aof, mode, false)
+    };
+    let mut restart = |context: RestartContext, crashed: &KeysOnDisk<P>| {
+        let disk = crashed.inner.disk.clone();
+        let corrupt = std::mem::take(&mut corrupt_one_restart);
+        let mut storage = StorageFaults::crash(&disk, context.seed, corrupt);
+        let replica =
+            restart_from_disk(&context, &disk, &options, mode, &membership_config, &build, &mut storage);
+        Restarted { replica, storage }
+    };
+    simulate_with_restarts(&SimConfig { power_loss: true, ..config.clone() }, &mut first, &mut restart)
+}
+
+/// What `chorus node` does on a restart (crates/server/src/lib.rs, `LoopSetup::open` and
+/// `Managed::open`): load the append-only file, decide whether to rejoin, restore the keys.
+fn restart_from_disk<P: Persisted>(
+    context: &RestartContext,
+    disk: &SimDisk,
+    options: &chorus_persistence::PersistenceOptions,
+    mode: AppendOnly,
+    membership_config: &dyn Fn(NodeId, NodeSet) -> MembershipConfig,
+    build: &std::cell::RefCell<&mut BuildPersisted<'_, P>>,
+    storage: &mut StorageFaults,
+) -> Result<KeysOnDisk<P>, String> {
+    let opened = MembershipLog::open(disk.clone());
+    // Refused: a checksum caught the damage to `membership.log` (the node stays down).
+    storage.corruption_detected += opened.is_err() as u64;
+    let (log, records) = opened.map_err(|error| error.to_string())?;
+    let (mut aof, restored) = chorus_persistence::Persistence::open_on(
+        Box::new(disk.clone()),
+        std::path::Path::new("appendonly"),
+        options.clone(),
+    )
+    .map_err(|error| format!("{error:#}"))?;
+    aof.stop_clock();
+    // Refused: the node copies every key from a peer instead (repaired, never served).
+    storage.corruption_detected += restored.refused as u64;
+    let data_restored = restored.trusted && !P::REJOINS_WITH_DATA;
+    let mut config = membership_config(context.node, context.replicas);
+    let restarted = !records.is_empty() || !restored.fresh;
+    if restarted && !data_restored {
+        config.join = Some(context.seed | 1);
+    }
+    let membership = Membership::restore(config, context.now, &records);
+    let joining = membership.is_joining();
+    let mut protocol = (build.borrow_mut())(context.node, context.replicas, context.seed, joining);
+    let from_disk = restored.trusted && (!joining || P::REJOINS_WITH_DATA);
+    if from_disk {
+        // Above every update number the crashed incarnation used (it ran for less than the
+        // node's clock shows, at fewer than 2^16 updates a microsecond).
+        let seq_floor = (context.now.as_micros() + 1) << 16;
+        protocol
+            .restore_records(restored.records, seq_floor)
+            .map_err(|error| format!("a checksummed append-only record does not load: {error:#}"))?;
+    }
+    let on_disk = OnDisk { node: WithMembership::new(protocol, membership), log, disk: disk.clone() };
+    Ok(KeysOnDisk::new(on_disk, aof, mode, from_disk))
+}
+
+/// A managed node whose protocol keeps its keys in the server's append-only file
+/// (`chorus_persistence::Persistence`) on the node's simulated disk: each turn logs the state
+/// of the keys its messages and client updates touched, as the server's event loop does
+/// (crates/server/src/engine.rs, `persist_keys`), and syncs it before the turn's messages and
+/// replies leave.
+pub struct KeysOnDisk<P: Persisted> {
+    inner: OnDisk<P>,
+    aof: chorus_persistence::Persistence,
+    mode: AppendOnly,
+    /// The keys this turn touched.
+    touched: Vec<Key>,
+    /// Updates admitted and not yet answered: their key is logged with the answer.
+    updates: rustc_hash::FxHashMap<ClientRequestId, Key>,
+    /// This incarnation started from its files (counted as `appendonly.restarts_from_disk`).
+    from_disk: bool,
+    /// The node's clock at its latest event, and at its latest sync ([`AppendOnly::AckBeforeSync`]).
+    now: Time,
+    synced_at: Time,
+}
+
+impl<P: Persisted> KeysOnDisk<P> {
+    fn new(
+        inner: OnDisk<P>,
+        mut aof: chorus_persistence::Persistence,
+        mode: AppendOnly,
+        from_disk: bool,
+    ) -> KeysOnDisk<P> {
+        aof.stop_clock();
+        let updates = rustc_hash::FxHashMap::default();
+        let (now, synced_at) = (Time::ZERO, Time::ZERO);
+        KeysOnDisk { inner, aof, mode, touched: Vec::new(), updates, from_disk, now, synced_at }
+    }
+
+    /// Note the keys of what a call sent and answered (entries of `out` from `sent` and
+    /// `answered` on).
+    fn note_out(&mut self, out: &Outbox<<Self as Replica>::Message>, sent: usize, answered: usize) {
+        for (_, message) in &out.messages[sent..] {
+            if let Wire::Protocol(message) = message {
+                P::message_keys(message, &mut self.touched);
+            }
+        }
+        for (request, _) in &out.replies[answered..] {
+            if let Some(key) = self.updates.remove(request) {
+                self.touched.push(key);
+            }
+        }
+    }
+}
+
+impl<P: Persisted> Replica for KeysOnDisk<P> {
+    type Message = <WithMembership<P> as Replica>::Message;
+
+    fn id(&self) -> NodeId {
+        self.inner.id()
+    }
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.now = now;
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        if command.is_update() {
+            self.touched.push(command.key().clone());
+            self.updates.insert(request, command.key().clone());
+        }
+        self.inner.on_client(now, request, command, out);
+        self.note_out(out, sent, answered);
+    }
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Self::Message,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.now = now;
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        if let Wire::Protocol(message) = &message {
+            P::message_keys(message, &mut self.touched);
+        }
+        self.inner.on_message(now, from, message, out);
+        self.note_out(out, sent, answered);
+    }
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.now = now;
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        self.inner.on_tick(now, out);
+        self.note_out(out, sent, answered);
+    }
+    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        self.inner.on_view(now, view, out);
+        self.note_out(out, sent, answered);
+    }
+    fn is_caught_up(&self) -> bool {
+        self.inner.is_caught_up()
+    }
+    fn is_control(message: &Self::Message) -> bool {
+        OnDisk::<P>::is_control(message)
+    }
+    fn installed_view(&self) -> Option<View> {
+        self.inner.installed_view()
+    }
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        self.inner.event_counts(report);
+        let info = self.aof.info();
+        report("appendonly.restarts_from_disk", self.from_disk as u64);
+        report("appendonly.records_restored", info.restored_records);
+        report("appendonly.rewrites", info.snapshots);
+        report("appendonly.syncs", info.syncs);
+    }
+    /// The membership's records, then the turn's keys (ZAB: its history), appended; with
+    /// [`AppendOnly::AckBeforeSync`] synced only once a period, after messages that depended
+    /// on them left.
+    fn write_durable(&mut self) -> bool {
+        let membership = self.inner.write_durable();
+        if self.mode == AppendOnly::AckBeforeSync && self.now >= self.synced_at + ACK_BEFORE_SYNC_PERIOD {
+            self.aof.sync_now().expect("the simulated disk never fails a sync");
+            self.synced_at = self.now;
+        }
+        let protocol = self.inner.node.protocol_mut();
+        let log_records = protocol.take_log_records();
+        let keys = !self.touched.is_empty() || !log_records.is_empty();
+        self.aof.log_records(log_records);
+        self.aof
+            .end_turn(self.inner.node.protocol(), &mut self.touched, true)
+            .expect("the simulated disk never fails a write");
+        membership || keys
+    }
+    fn sync_durable(&mut self) {
+        self.inner.sync_durable();
+        if self.mode == AppendOnly::Always {
+            self.aof.sync_now().expect("the simulated disk never fails a sync");
+        }
     }
 }

@@ -19,7 +19,9 @@ use chorus_zab::{Zab, ZabConfig};
 
 use crate::checker::{check_history, CheckerConfig, Violation};
 use crate::faults::FaultCounts;
-use crate::managed::{managed_sim_config, simulate_managed, MembershipTweak};
+use crate::managed::{
+    managed_sim_config, simulate_managed, simulate_managed_appendonly, AppendOnly, MembershipTweak,
+};
 use crate::rng::Rng;
 use crate::simulator::{
     simulate_with_restarts, RestartContext, Restarted, SeedRun, SimConfig, StorageFaults,
@@ -126,6 +128,16 @@ impl ProtocolSetup {
     }
 }
 
+/// `setup` (Hermes, CRAQ or ZAB) with its keys in the server's append-only file on each
+/// node's simulated disk: crashed nodes, and every node after a power loss, restart from what
+/// their disk kept (`chorus sim --appendonly`).
+pub fn appendonly(setup: ProtocolSetup, mode: AppendOnly) -> ProtocolSetup {
+    let name = setup.name();
+    let simulate =
+        move |config: &SimConfig| setup.simulate(&SimConfig { appendonly: mode, ..config.clone() });
+    ProtocolSetup::Custom { name, simulate: Arc::new(simulate) }
+}
+
 /// Each seed also draws the Hermes options (O2, O3 and the message-loss timeout) and how
 /// finely a joiner's copy is chunked, so the sweep covers every combination.
 fn simulate_hermes(
@@ -142,19 +154,19 @@ fn simulate_hermes(
     let chunk_bytes_target = *options_rng.pick(&[64, 4096]);
     let description =
         format!("{optimizations:?}, mlt {message_loss_timeout:?}, chunks {chunk_bytes_target} B");
-    let mut build = |me: NodeId, replicas: NodeSet, seed: u64, crashed: Option<&Hermes>| {
+    let build = |me: NodeId, replicas: NodeSet, seed: u64, recovering: bool| {
         let mut hermes_config = HermesConfig::new(me, replicas);
         hermes_config.optimizations = optimizations;
         hermes_config.message_loss_timeout = message_loss_timeout;
         hermes_config.chunk_bytes_target = chunk_bytes_target;
-        hermes_config.recovering = crashed.is_some();
+        hermes_config.recovering = recovering;
         hermes_config.seed = seed;
         if let Some(tweak) = tweak {
             tweak(&mut hermes_config);
         }
         Hermes::new(hermes_config)
     };
-    (simulate_managed(&managed_sim_config(config), membership, &mut build), description)
+    (simulate_managed_either(config, membership, &build), description)
 }
 
 /// Each seed draws the retransmission timeout, so some seeds retransmit eagerly (duplicates
@@ -168,17 +180,17 @@ fn simulate_craq(
     let retransmit_timeout = Time::from_millis(options_rng.range(3, 30));
     let chunk_bytes_target = *options_rng.pick(&[64, 4096]);
     let description = format!("retransmit {retransmit_timeout:?}, chunks {chunk_bytes_target} B");
-    let mut build = |me: NodeId, replicas: NodeSet, _seed: u64, crashed: Option<&Craq>| {
+    let build = |me: NodeId, replicas: NodeSet, _seed: u64, recovering: bool| {
         let mut craq_config = CraqConfig::new(me, replicas);
         craq_config.retransmit_timeout = retransmit_timeout;
         craq_config.chunk_bytes_target = chunk_bytes_target;
-        craq_config.recovering = crashed.is_some();
+        craq_config.recovering = recovering;
         if let Some(tweak) = tweak {
             tweak(&mut craq_config);
         }
         Craq::new(craq_config)
     };
-    (simulate_managed(&managed_sim_config(config), membership, &mut build), description)
+    (simulate_managed_either(config, membership, &build), description)
 }
 
 /// Each seed draws the retransmission timeout and how many entries a catch-up message carries
@@ -197,19 +209,59 @@ fn simulate_zab(
         "{} reads, retransmit {retransmit_timeout:?}, catch-up batch {catch_up_entries_max}, snapshot chunks {snapshot_chunk_bytes_target} B",
         read_mode.name()
     );
-    let mut build = |me: NodeId, replicas: NodeSet, _seed: u64, crashed: Option<&Zab>| {
+    let build = |me: NodeId, replicas: NodeSet, _seed: u64, recovering: bool| {
         let mut zab_config = ZabConfig::new(me, replicas);
         zab_config.read_mode = read_mode;
         zab_config.retransmit_timeout = retransmit_timeout;
         zab_config.catch_up_entries_max = catch_up_entries_max;
         zab_config.snapshot_chunk_bytes_target = snapshot_chunk_bytes_target;
-        zab_config.recovering = crashed.is_some();
+        zab_config.recovering = recovering;
         if let Some(tweak) = tweak {
             tweak(&mut zab_config);
         }
-        Zab::new(zab_config)
+        let persisting = config.appendonly != AppendOnly::Off;
+        if persisting {
+            // As `chorus node` with an append-only file: a node back from its files takes
+            // only the entries it missed while they are still held.
+            zab_config.history_retained_entries = ZAB_HISTORY_RETAINED_ENTRIES;
+        }
+        let mut zab = Zab::new(zab_config);
+        if persisting {
+            zab.enable_persistence();
+        }
+        zab
     };
-    (simulate_managed(&managed_sim_config(config), membership, &mut build), description)
+    (simulate_managed_either(config, membership, &build), description)
+}
+
+/// What a persisting ZAB node keeps of its history after every replica applied it (the
+/// server's `ZAB_HISTORY_RETAINED_ENTRIES`).
+const ZAB_HISTORY_RETAINED_ENTRIES: u64 = 20_000;
+
+/// Run a managed protocol built by `build(me, replicas, seed, recovering)`, its keys in memory
+/// or in the append-only file as `config.appendonly` says.
+fn simulate_managed_either<P>(
+    config: &SimConfig,
+    membership: Option<&MembershipTweak>,
+    build: &dyn Fn(NodeId, NodeSet, u64, bool) -> P,
+) -> SeedRun
+where
+    P: chorus_persistence::Persisted,
+    P::Message: std::fmt::Debug,
+{
+    let managed = managed_sim_config(config);
+    match config.appendonly {
+        AppendOnly::Off => {
+            let mut build =
+                |me, replicas, seed, crashed: Option<&P>| build(me, replicas, seed, crashed.is_some());
+            simulate_managed(&managed, membership, &mut build)
+        }
+        mode => {
+            simulate_managed_appendonly(&managed, membership, mode, &mut |me, replicas, seed, joining| {
+                build(me, replicas, seed, joining)
+            })
+        }
+    }
 }
 
 /// Raftlog runs its own Raft groups (views are informational to it), so no membership service:
@@ -453,6 +505,18 @@ pub const MANAGED_MINIMUMS: &[Minimum] = &[
     Minimum { counter: "expiry.reads_found_expired", per_1000_seeds: 1_000 },
     Minimum { counter: "ops_overlapping", per_1000_seeds: 50_000 },
     Minimum { counter: "updates_interrupted", per_1000_seeds: 300 },
+];
+
+/// Floors per 1,000 seeds for swarms whose nodes keep their keys in the append-only file
+/// ([`appendonly`]): restarts from the files, power losses, every kind of storage fault and
+/// its detection, crashes between a turn's write and its sync, and rewrites.
+pub const APPENDONLY_MINIMUMS: &[Minimum] = &[
+    Minimum { counter: "appendonly.restarts_from_disk", per_1000_seeds: 300 },
+    Minimum { counter: "appendonly.rewrites", per_1000_seeds: 5_000 },
+    Minimum { counter: "power_losses", per_1000_seeds: 100 },
+    Minimum { counter: "crashes_before_sync", per_1000_seeds: 10 },
+    Minimum { counter: "storage_sectors_corrupted", per_1000_seeds: 50 },
+    Minimum { counter: "storage_corruption_detected", per_1000_seeds: 50 },
 ];
 
 /// Every floor `counts` misses over `seeds` seeds, as readable lines.

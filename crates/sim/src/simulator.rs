@@ -21,6 +21,7 @@ use rustc_hash::FxHashMap;
 
 use crate::faults::{FaultCounts, FaultPlan, PlanLimits};
 use crate::history::{Completion, History, Operation};
+use crate::managed::AppendOnly;
 use crate::rng::Rng;
 use crate::workload::{CommandGenerator, KeySpace, WorkloadPlan};
 
@@ -60,6 +61,9 @@ pub struct SimConfig {
     /// passed by its replica's own clock answers "absent" at once instead of running the
     /// replicated delete (docs/expiry.md). The checker must catch it under drifting clocks.
     pub expiry_by_local_clock: bool,
+    /// Hermes, CRAQ and ZAB keep their keys in the server's append-only file on each node's
+    /// simulated disk and restart from it ([`crate::managed::simulate_managed_appendonly`]).
+    pub appendonly: AppendOnly,
 }
 
 impl SimConfig {
@@ -79,6 +83,7 @@ impl SimConfig {
             pauses: false,
             power_loss: false,
             expiry_by_local_clock: false,
+            appendonly: AppendOnly::Off,
         }
     }
 

@@ -100,6 +100,9 @@ caught! {
     raftlog_without_sessions: "raftlog" "no-sessions",
     // Acknowledges before syncing: caught after a power loss of every node.
     raftlog_acknowledging_before_syncing: "raftlog" "ack-before-sync",
+    // The server's persistence: ACKs and replies before the append-only file is synced,
+    // caught in the swarm that restarts nodes from their files.
+    hermes_acknowledging_before_syncing: "hermes" "ack-before-sync",
     // The server's: a replica expiring keys by its own clock, caught under drifting clocks.
     hermes_expiring_by_the_local_clock: "hermes" "expiry-by-local-clock",
     craq_expiring_by_the_local_clock: "craq" "expiry-by-local-clock",

@@ -90,3 +90,16 @@ fn a_panicking_seed_is_a_failing_seed() {
         summary.panicked_seeds
     );
 }
+
+/// The main swarm with Hermes' keys in the server's append-only file on each node's simulated
+/// disk: crashed nodes and power losses restart from what the disk kept (unsynced writes lost
+/// or torn, a sector corrupted on some seeds), and every acknowledged write must survive.
+#[test]
+fn hermes_restarts_from_its_append_only_file_under_storage_faults() {
+    let setup =
+        chorus_sim::runner::appendonly(ProtocolSetup::hermes(), chorus_sim::managed::AppendOnly::Always);
+    let minimums: Vec<Minimum> =
+        MANAGED_MINIMUMS.iter().chain(chorus_sim::runner::APPENDONLY_MINIMUMS).copied().collect();
+    let summary = assert_swarm_passes(&setup, 3, 300, &minimums);
+    eprintln!("{:?}", summary.faults);
+}

@@ -95,3 +95,18 @@ fn a_leader_change_by_a_join_waits_out_the_old_leader() {
     let verdict = check_seed(&ProtocolSetup::zab(ReadMode::Sync), &SimConfig::new(1641, 3));
     assert!(verdict.passed(), "{}", describe_failure(&verdict));
 }
+
+/// The main swarm with ZAB's history in the server's append-only file on each node's simulated
+/// disk: crashed nodes and power losses restart from what the disk kept (a corrupted sector on
+/// some seeds) and rejoin with their history, catching up only what they missed.
+#[test]
+fn zab_restarts_from_its_append_only_file_under_storage_faults() {
+    let setup = chorus_sim::runner::appendonly(
+        ProtocolSetup::zab(chorus_sim::runner::ReadMode::Sync),
+        chorus_sim::managed::AppendOnly::Always,
+    );
+    let minimums: Vec<Minimum> =
+        MANAGED_MINIMUMS.iter().chain(chorus_sim::runner::APPENDONLY_MINIMUMS).copied().collect();
+    let summary = assert_swarm_passes(&setup, 3, 300, &minimums);
+    eprintln!("{:?}", summary.faults);
+}
