@@ -2,7 +2,7 @@
 //! through the real binary and a real Redis client library (the `redis` crate).
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -10,15 +10,6 @@ use support::loopback::{free_addrs, DEADLINE};
 use support::scratch::Scratch;
 
 mod support;
-
-/// A base port with `count` free ports after it (for `chorus up`, which numbers them).
-fn free_port_run(count: u16) -> u16 {
-    let start = 30_000 + (std::process::id() % 20_000) as u16;
-    (start..60_000)
-        .step_by(count as usize)
-        .find(|base| (0..count).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()))
-        .expect("a run of free ports")
-}
 
 /// `chorus up` as a child; killed (SIGKILL) if the test ends without stopping it.
 struct Up(Option<Child>);
@@ -40,7 +31,7 @@ fn redis_client(url: &str) -> redis::RedisResult<redis::Connection> {
 
 #[test]
 fn chorus_up_with_requirepass_starts_and_clients_must_authenticate() {
-    let port = free_port_run(6);
+    let port = support::up::free_port_run(6, 0);
     let scratch = Scratch::new("auth-up");
     let mut child = Command::new(env!("CARGO_BIN_EXE_chorus"))
         .args(["up", "--replicas", "3", "--port", &port.to_string(), "--peer-port", &(port + 3).to_string()])

@@ -5,10 +5,13 @@ use std::net::TcpListener;
 use std::process::{Child, ChildStdout, Command, Stdio};
 
 /// A base port with `count` free ports after it (for `chorus up`, which numbers them);
-/// each test its own `lane`, since they run at the same time.
+/// each test its own `lane`, since they run at the same time. Below 32768, the start of
+/// Linux's ephemeral range: a port found free there could otherwise be taken, before the
+/// node binds it, as the source port of any outgoing connection on the machine.
 pub fn free_port_run(count: u16, lane: u16) -> u16 {
-    let start = 30_000 + (std::process::id() % 20_000) as u16 + lane * 500;
-    (start..60_000)
+    assert!(lane < 16, "lanes are 500 ports apart below the ephemeral range");
+    let start = 10_000 + (std::process::id() % 8_000) as u16 + lane * 500;
+    (start..32_768 - count)
         .step_by(count as usize)
         .find(|base| (0..count).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()))
         .expect("a run of free ports")
