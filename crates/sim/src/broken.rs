@@ -67,12 +67,15 @@ pub fn variants() -> Vec<BrokenVariant> {
         all.push(variant("hermes", &bug, hermes_seeds_max(bug), setup));
     }
     // The membership service's: promises without the drift margin, so a lease can outlive a
-    // promise when clocks drift (run under Hermes, whose reads lean on the lease).
+    // promise when clocks drift (run under Hermes, whose reads lean on the lease). First
+    // caught at seed 8,665 since a core hears the membership's lease before its first
+    // request (it was caught earlier while a restarted node briefly kept an unlimited lease,
+    // a real bug that made this variant look easier to catch than it is).
     let no_margin: MembershipTweak = Arc::new(|config| config.drift_margin = chorus_core::Time::ZERO);
     all.push(BrokenVariant {
         protocol: "hermes",
         name: "lease-without-drift-margin".to_string(),
-        seeds_max: 5_000,
+        seeds_max: 20_000,
         setup: ProtocolSetup::Hermes { tweak: None, membership: Some(no_margin) },
     });
     // The server's persistence, not a protocol's: a replica whose ACKs (and every other
