@@ -1291,6 +1291,8 @@ client_addr = "127.0.0.1:7380"
         assert_eq!(parse_memory("7"), Some(7));
         assert_eq!(parse_memory("1tb"), None);
         assert_eq!(parse_memory("mb"), None);
+        assert_eq!(parse_memory("1k"), Some(1000));
+        assert_eq!(parse_memory("99999999999999999999gb"), None, "overflow is refused, not wrapped");
         let text = format!(
             "maxmemory = \"64mb\"\ntimeout = 30\n\"tcp-keepalive\" = 60\n\"proto-max-bulk-len\" = 2097152\n\"client-query-buffer-limit\" = \"2mb\"\n{GOOD}"
         );

@@ -199,7 +199,8 @@ fn parse(name: &str, value: &[u8]) -> Result<Change, String> {
     let text = String::from_utf8_lossy(value);
     let invalid = |why: &str| format!("CONFIG SET failed (possibly related to argument '{name}') - {why}");
     let number = || text.parse::<u64>().map_err(|_| invalid("argument couldn't be parsed into an integer"));
-    let memory = || parse_memory(&text).ok_or_else(|| invalid("argument must be a memory value"));
+    let memory =
+        || crate::config::parse_memory(&text).ok_or_else(|| invalid("argument must be a memory value"));
     Ok(match name {
         "maxmemory" => Change::MaxMemory(memory()?),
         "timeout" => Change::Timeout(number()?),
@@ -224,25 +225,6 @@ fn parse(name: &str, value: &[u8]) -> Result<Change, String> {
             ))
         }
     })
-}
-
-/// Redis' memory values: a number with an optional unit (`b`, `k`, `kb`, `m`, `mb`, `g`, `gb`;
-/// `k` is 1000, `kb` 1024).
-pub fn parse_memory(text: &str) -> Option<u64> {
-    let lower = text.to_ascii_lowercase();
-    let split = lower.find(|c: char| !c.is_ascii_digit()).unwrap_or(lower.len());
-    let (digits, unit) = lower.split_at(split);
-    let scale: u64 = match unit {
-        "" | "b" => 1,
-        "k" => 1_000,
-        "kb" => 1 << 10,
-        "m" => 1_000_000,
-        "mb" => 1 << 20,
-        "g" => 1_000_000_000,
-        "gb" => 1 << 30,
-        _ => return None,
-    };
-    digits.parse::<u64>().ok()?.checked_mul(scale)
 }
 
 #[cfg(test)]
@@ -294,14 +276,5 @@ mod tests {
         assert!(live.user().accepts(b"secret"), "unchanged");
         live.set(&[pair("requirepass", "other")]).unwrap();
         assert!(live.user().accepts(b"other") && !live.user().accepts(b"secret"));
-    }
-
-    #[test]
-    fn memory_values_parse_like_redis() {
-        assert_eq!(parse_memory("1kb"), Some(1024));
-        assert_eq!(parse_memory("1k"), Some(1000));
-        assert_eq!(parse_memory("3GB"), Some(3 << 30));
-        assert_eq!(parse_memory("x"), None);
-        assert_eq!(parse_memory("99999999999999999999gb"), None);
     }
 }
