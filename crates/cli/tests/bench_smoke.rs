@@ -2,10 +2,14 @@
 //! tiny operation counts. Checks that the runs complete without errors and that the JSON
 //! report has its shape; nothing here looks at how fast anything was.
 
-use std::net::{SocketAddr, TcpListener};
+mod support;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use support::loopback::free_addrs;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -27,11 +31,6 @@ impl Drop for Cluster {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
-}
-
-fn free_addrs(count: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|listener| listener.local_addr().unwrap()).collect()
 }
 
 fn start_cluster(name: &str) -> Cluster {

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use chorus_group::runtime::{BlockingGroupClient, GroupSpec};
 use chorus_group::txn::{Txn, TxnLayout};
 use chorus_group::{GroupId, Token};
 use chorus_region::TenantId;
+use support::loopback::free_addrs;
 use support::scratch::Scratch;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -28,11 +29,6 @@ impl Drop for Hosts {
             let _ = child.wait();
         }
     }
-}
-
-fn free_addrs(count: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|listener| listener.local_addr().unwrap()).collect()
 }
 
 fn start_hosts(mode: &str, scratch: &Scratch) -> (Hosts, Vec<SocketAddr>) {

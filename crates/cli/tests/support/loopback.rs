@@ -29,10 +29,28 @@ pub struct Cluster {
     pub password: Option<String>,
 }
 
-/// Distinct free loopback ports: hold every listener until all are chosen.
+/// Distinct free loopback ports, below Linux's ephemeral range (32768-60999): a port the
+/// kernel handed out with `bind(:0)` comes from that range, and between our check and the
+/// node's bind it can be taken as another connection's source port (a node then exits with
+/// 'Address already in use'). Each process walks its own cursor from a pid-derived start,
+/// past the lanes of [`super::up::free_port_run`], holding every listener until all are chosen.
 pub fn free_addrs(count: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<TcpListener> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|listener| listener.local_addr().unwrap()).collect()
+    const LOW_PORT: usize = 10_000;
+    const HIGH_PORT: usize = 32_768;
+    static CURSOR: AtomicUsize = AtomicUsize::new(0);
+    let start = (std::process::id() as usize % 8_000) + 8 * 500;
+    let mut held = Vec::with_capacity(count);
+    for _attempt in 0..(HIGH_PORT - LOW_PORT) {
+        if held.len() == count {
+            break;
+        }
+        let offset = (start + CURSOR.fetch_add(1, Ordering::Relaxed)) % (HIGH_PORT - LOW_PORT);
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", (LOW_PORT + offset) as u16)) {
+            held.push(listener);
+        }
+    }
+    assert_eq!(held.len(), count, "{count} free ports below the ephemeral range");
+    held.iter().map(|listener| listener.local_addr().unwrap()).collect()
 }
 
 impl Cluster {
@@ -105,8 +123,12 @@ impl Cluster {
         // Serving needs a membership lease as well as peer links.
         let operational = "chorus_operational:1";
         loop {
-            if let Some(status) = self.nodes[i].child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("node {i} exited ({status}):\n{}", self.log(i));
+            // A peer that exited (e.g. it could not bind) is the cause; name it, not node i.
+            for j in 0..self.nodes.len() {
+                let Some(child) = self.nodes[j].child.as_mut() else { continue };
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("node {j} exited ({status}) while node {i} waited for it:\n{}", self.log(j));
+                }
             }
             if let Ok(mut con) = self.try_client(i) {
                 let info: redis::RedisResult<String> = redis::cmd("INFO").arg("replication").query(&mut con);
