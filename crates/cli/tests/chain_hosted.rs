@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::scratch::Scratch;
-use support::up::{client, free_port_run, Up};
+use support::up::{client, free_port_run, set_retrying, Up};
 use support::workload;
 
 mod support;
@@ -111,7 +111,7 @@ fn chorus_up_chain_runs_its_members_on_group_hosts() {
     workload::check_across_crashes(&history, 50);
 
     // The survivors re-chained on their hosts: a write at the new head reaches the tail.
-    let _: () = redis::cmd("SET").arg("after").arg("kill").query(&mut client(port + 1)).unwrap();
+    set_retrying(port + 1, "after", "kill");
     wait_for_value(port + 2, "after", "kill");
     wait_for_value(port + 1, "k", "v1");
 
@@ -126,7 +126,7 @@ fn chorus_up_chain_runs_its_members_on_group_hosts() {
         .unwrap();
     let node0 = KillOnDrop(node0);
     wait_for_value(port, "after", "kill");
-    let _: () = redis::cmd("SET").arg("through").arg("joiner").query(&mut client(port)).unwrap();
+    set_retrying(port, "through", "joiner");
     wait_for_value(port + 1, "through", "joiner");
     drop(node0);
     drop(up);

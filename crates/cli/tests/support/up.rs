@@ -27,6 +27,27 @@ pub fn client(port: u16) -> redis::Connection {
     con
 }
 
+/// SET `key` to `value` at the node on `port`, again while it answers that the outcome is
+/// unknown or to try again (a view change after a crash is still under way); a SET is
+/// idempotent, so repeating it is what a client would do.
+pub fn set_retrying(port: u16, key: &str, value: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let result = redis::cmd("SET").arg(key).arg(value).query::<()>(&mut client(port));
+        match result {
+            Ok(()) => return,
+            Err(error) if std::time::Instant::now() < deadline => {
+                assert!(
+                    matches!(error.code(), Some("UNKNOWN" | "TRYAGAIN")),
+                    "SET {key} at {port}: {error}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(error) => panic!("SET {key} at {port} still failing after 20 s: {error}"),
+        }
+    }
+}
+
 /// `chorus up --port P --peer-port P+nodes ARGS` as a child; killed (SIGKILL) if the test
 /// ends without stopping it. Its stdout stays open: `chorus up` writes to it until it exits.
 pub struct Up {
