@@ -9,7 +9,7 @@ use chorus_sim::model::{
 
 /// A network that costs only its latency.
 fn latency_only(latency_ns: u64) -> Network {
-    Network { name: "test".into(), latency_ns, bandwidth_bits_per_s: u64::MAX, packet_ns: 0 }
+    Network { name: "test".into(), latency_ns, bandwidth_bits_per_s: u64::MAX, packet_ns: 0, kernel_bypass: false }
 }
 
 fn config(
@@ -98,6 +98,7 @@ fn a_saturated_link_caps_throughput_at_bandwidth_over_message_size() {
         latency_ns: 5_000,
         bandwidth_bits_per_s: 1_000_000_000,
         packet_ns: 1_000,
+        kernel_bypass: false,
     };
     let mut config = config("hermes", 1, 1, network.clone(), 16, 100);
     config.workload.value_bytes = 100_000;
