@@ -232,10 +232,11 @@ struct Machine {
     ingress_busy_ns: u64,
 }
 
-/// What one run measured, before summarising.
+/// What one run measured over its window, before summarising.
 pub(super) struct Measured {
-    pub end_ns: Nanos,
-    /// Per machine that runs replicas.
+    /// The window's length.
+    pub window_ns: Nanos,
+    /// Per machine that runs replicas, busy within the window.
     pub machine_busy_ns: Vec<u64>,
     pub machine_cores: Vec<u32>,
     pub protocol_busy_ns: Vec<u64>,
@@ -243,9 +244,18 @@ pub(super) struct Measured {
     pub ingress_busy_ns: Vec<u64>,
     /// The load generator's CPU on a shared host.
     pub client_busy_ns: u64,
-    /// Every replica's CPU from the measured window's start on.
+    /// Every replica's CPU within the window.
     pub window_nodes_busy_ns: u64,
     pub events: u64,
+}
+
+/// The busy-time counters at one instant (work is counted when it starts).
+struct Counters {
+    machine_busy_ns: Vec<u64>,
+    protocol_busy_ns: Vec<u64>,
+    egress_busy_ns: Vec<u64>,
+    ingress_busy_ns: Vec<u64>,
+    client_busy_ns: u64,
 }
 
 /// Which messages the receiving NIC handles without the CPU (HyperLoop's offloaded hops).
@@ -367,7 +377,8 @@ where
         self.queue.insert((at, self.seq), event);
     }
 
-    /// Run until `end_ns` of virtual time; CPU spent from `window_ns` on is also summed apart.
+    /// Run until `end_ns` of virtual time; what is measured is what happened from
+    /// `window_ns` on.
     pub(super) fn run(mut self, window_ns: Nanos, end_ns: Nanos) -> Measured {
         let count = self.instances.len() as u64;
         for instance in 0..self.instances.len() {
@@ -383,34 +394,46 @@ where
             self.schedule(at, Event::Issue(client));
         }
         let mut events = 0;
-        let mut busy_before_window = None;
+        let mut at_window = None;
         while let Some(((at, _), event)) = self.queue.pop_first() {
             if at > end_ns {
                 break;
             }
-            if at >= window_ns && busy_before_window.is_none() {
-                busy_before_window = Some(self.replicas_busy_ns());
+            if at >= window_ns && at_window.is_none() {
+                at_window = Some(self.counters());
             }
             self.now = at;
             events += 1;
             self.handle(event);
         }
-        let used: Vec<&Machine> = self.machines.iter().filter(|machine| !machine.instances.is_empty()).collect();
+        let start = at_window.unwrap_or_else(|| self.counters());
+        let end = self.counters();
+        let minus = |after: &[u64], before: &[u64]| after.iter().zip(before).map(|(a, b)| a - b).collect::<Vec<_>>();
+        let machine_busy_ns = minus(&end.machine_busy_ns, &start.machine_busy_ns);
+        let used: Vec<usize> =
+            (0..self.machines.len()).filter(|machine| !self.machines[*machine].instances.is_empty()).collect();
+        let pick = |all: Vec<u64>| used.iter().map(|machine| all[*machine]).collect::<Vec<_>>();
         Measured {
-            end_ns,
-            machine_busy_ns: used.iter().map(|machine| machine.busy_ns).collect(),
-            machine_cores: used.iter().map(|machine| machine.spec.cores).collect(),
-            protocol_busy_ns: self.instances.iter().map(|instance| instance.protocol_busy_ns).collect(),
-            egress_busy_ns: used.iter().map(|machine| machine.egress_busy_ns).collect(),
-            ingress_busy_ns: used.iter().map(|machine| machine.ingress_busy_ns).collect(),
-            client_busy_ns: self.client_busy_ns,
-            window_nodes_busy_ns: self.replicas_busy_ns() - busy_before_window.unwrap_or(0),
+            window_ns: end_ns.saturating_sub(window_ns).max(1),
+            window_nodes_busy_ns: machine_busy_ns.iter().sum(),
+            machine_busy_ns: pick(machine_busy_ns),
+            machine_cores: used.iter().map(|machine| self.machines[*machine].spec.cores).collect(),
+            protocol_busy_ns: minus(&end.protocol_busy_ns, &start.protocol_busy_ns),
+            egress_busy_ns: pick(minus(&end.egress_busy_ns, &start.egress_busy_ns)),
+            ingress_busy_ns: pick(minus(&end.ingress_busy_ns, &start.ingress_busy_ns)),
+            client_busy_ns: end.client_busy_ns - start.client_busy_ns,
             events,
         }
     }
 
-    fn replicas_busy_ns(&self) -> u64 {
-        self.machines.iter().map(|machine| machine.busy_ns).sum()
+    fn counters(&self) -> Counters {
+        Counters {
+            machine_busy_ns: self.machines.iter().map(|machine| machine.busy_ns).collect(),
+            protocol_busy_ns: self.instances.iter().map(|instance| instance.protocol_busy_ns).collect(),
+            egress_busy_ns: self.machines.iter().map(|machine| machine.egress_busy_ns).collect(),
+            ingress_busy_ns: self.machines.iter().map(|machine| machine.ingress_busy_ns).collect(),
+            client_busy_ns: self.client_busy_ns,
+        }
     }
 
     fn handle(&mut self, event: Event<P::Message>) {

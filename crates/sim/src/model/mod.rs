@@ -84,6 +84,11 @@ pub struct ModelConfig {
     pub clients_start: Time,
     pub tick_period: Time,
     pub seed: u64,
+    /// Raftlog's logs per node (Cyclone's physical logs; the server's `raftlog_logs`, default
+    /// 8), split evenly over the `loops` (the server's `raftlog_shards`).
+    pub raftlog_logs: usize,
+    /// Raftlog's `raftlog_batch_max`: the most commands one entry carries (1: no batching).
+    pub raftlog_batch_commands_max: usize,
 }
 
 impl ModelConfig {
@@ -109,6 +114,8 @@ impl ModelConfig {
             clients_start: Time::ZERO,
             tick_period: Time::from_millis(1),
             seed: 1,
+            raftlog_logs: 8,
+            raftlog_batch_commands_max: 1_024,
         }
     }
 }
@@ -148,8 +155,8 @@ pub struct ModelReport {
     pub ops_measured: u64,
     /// Operations answered with an error (not serving, no leader yet) in the window.
     pub errors: u64,
-    /// The busiest machine's cores, protocol thread and NIC direction, busy over the whole
-    /// run (0 to 1): which resource saturates. On a shared host, the cores are the host's.
+    /// The busiest machine's cores, protocol thread and NIC direction, busy over the
+    /// measured window (0 to 1, work counted when it starts): which resource saturates. On a shared host, the cores are the host's.
     /// Replica work only: a background load is not counted.
     pub cpu_utilisation_max: f64,
     pub protocol_thread_utilisation_max: f64,
@@ -174,7 +181,7 @@ pub fn predict(config: &ModelConfig) -> Result<ModelReport, String> {
             };
             predict_with(config, build, None)
         }
-        "raftlog" => predict_with(config, |me, _| raftlog_syncing(me, all), None),
+        "raftlog" => predict_with(config, |me, shard| raftlog_syncing(config, me, all, shard), None),
         other => Err(format!("unknown protocol {other:?}: the model runs {}", PROTOCOLS.join(", "))),
     }
 }
@@ -195,6 +202,9 @@ fn check(config: &ModelConfig) -> Result<NodeSet, String> {
     }
     if config.host_cores.is_some_and(|cores| !(1..=1024).contains(&cores)) {
         return Err("a shared host needs between 1 and 1024 cores".into());
+    }
+    if config.protocol == "raftlog" && config.raftlog_logs % config.loops != 0 {
+        return Err("raftlog's logs must split evenly over the event loops".into());
     }
     if config.threads == Some(0) {
         return Err("an instance needs at least one thread".into());
@@ -241,10 +251,16 @@ where
 /// records syncs them (charged `sync_ns`). The records themselves are dropped: the model
 /// needs to know that a turn syncs, not what it wrote (a simulated disk copies whole files
 /// at every sync, far too slow for millions of turns).
-fn raftlog_syncing(me: NodeId, all: NodeSet) -> DurableRaftLog {
-    let mut config = RaftLogConfig::new(me, all);
-    config.durable = true;
-    DurableRaftLog::in_memory(config)
+/// Shard `shard` of `config.loops` holds its share of the logs, as the server's
+/// `open_raftlog_shard`.
+fn raftlog_syncing(config: &ModelConfig, me: NodeId, all: NodeSet, shard: usize) -> DurableRaftLog {
+    let mut raftlog = RaftLogConfig::new(me, all);
+    raftlog.durable = true;
+    raftlog.logs = (config.raftlog_logs / config.loops).max(1);
+    raftlog.shards = config.loops;
+    raftlog.shard = shard;
+    raftlog.batch_commands_max = config.raftlog_batch_commands_max.max(1);
+    DurableRaftLog::in_memory(raftlog)
 }
 
 /// Where the machines are: one per node (groups apart or sharing `nodes` machines), or one
@@ -295,7 +311,7 @@ where
     let utilisation = |busy: &[u64], capacity: &dyn Fn(usize) -> f64| {
         busy.iter()
             .enumerate()
-            .map(|(index, ns)| *ns as f64 / (measured.end_ns as f64 * capacity(index)))
+            .map(|(index, ns)| *ns as f64 / (measured.window_ns as f64 * capacity(index)))
             .fold(0.0, f64::max)
     };
     let one = |_| 1.0;
