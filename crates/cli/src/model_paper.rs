@@ -450,7 +450,13 @@ fn hyperloop(context: &Setup) -> anyhow::Result<Experiment> {
                 config.background_slice = loaded.then_some(slice);
                 config.workload = workload;
                 config.warmup = Time::from_millis(20);
-                config.duration = Time::from_millis(if context.quick { 100 } else { 400 });
+                // A short pilot tells how fast the point runs; the window then holds about
+                // 20 000 operations (4 000 quick), within 5 ms and 4 s of virtual time.
+                config.duration = Time::from_millis(5);
+                let pilot = predict_any(&config, hops).map_err(anyhow::Error::msg)?;
+                let target = if context.quick { 4_000.0 } else { 20_000.0 };
+                let seconds = (target / pilot.throughput_ops_per_s.max(1.0)).clamp(0.005, 4.0);
+                config.duration = Time::from_nanos((seconds * 1e9) as u64);
                 let report = run_point(&config, hops)?;
                 let name = format!("{series}{}", if loaded { ", CPUs busy" } else { ", CPUs idle" });
                 rows.push(Row::of("tenants", &name, count as f64, "tenants", &report));
