@@ -11,7 +11,8 @@ use chorus_chain::{Chain, ChainConfig, ChainLayout};
 use chorus_core::{NodeId, NodeSet, Time};
 use chorus_region::{Region, TenantId};
 use chorus_sim::model::{
-    predict, predict_with, CostTable, Distribution, Load, ModelConfig, ModelReport, Network, Workload, PROTOCOLS,
+    predict, predict_with, CostTable, Distribution, Load, ModelConfig, ModelReport, Network, Workload,
+    PROTOCOLS,
 };
 
 #[derive(clap::Args)]
@@ -194,7 +195,8 @@ pub fn predict_any(config: &ModelConfig, hops: ChainHops) -> Result<ModelReport,
     let build = |me: NodeId, _loop: usize| {
         let mut chain_config = ChainConfig::new(me, all);
         chain_config.layout = layout;
-        let region = Region::simulated(TenantId(0), "chain", layout.region_bytes()).expect("a region of the layout");
+        let region =
+            Region::simulated(TenantId(0), "chain", layout.region_bytes()).expect("a region of the layout");
         Chain::with_region(chain_config, region)
     };
     let nic_handled: Option<fn(&chorus_chain::Message) -> bool> = match hops {
@@ -283,8 +285,18 @@ fn plot_latency_vs_throughput(path: &Path, reports: &[ModelReport]) -> anyhow::R
         x_categories: None,
         log_y: true,
         series: vec![
-            Series { label: "p50".into(), color: palette(0), dashed: false, points: points(|r| r.latency.p50_us) },
-            Series { label: "p99".into(), color: palette(0), dashed: true, points: points(|r| r.latency.p99_us) },
+            Series {
+                label: "p50".into(),
+                color: palette(0),
+                dashed: false,
+                points: points(|r| r.latency.p50_us),
+            },
+            Series {
+                label: "p99".into(),
+                color: palette(0),
+                dashed: true,
+                points: points(|r| r.latency.p99_us),
+            },
         ],
     };
     if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {

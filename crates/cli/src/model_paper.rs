@@ -41,19 +41,17 @@ pub struct PaperArgs {
 const EXPERIMENTS: &[&str] = &["hermes", "cyclone", "hyperloop", "groups"];
 
 pub fn run(args: PaperArgs) -> anyhow::Result<i32> {
+    for name in &args.experiments {
+        if name != "all" && !EXPERIMENTS.contains(&name.as_str()) {
+            bail!("unknown experiment '{name}' ({}, all)", EXPERIMENTS.join(", "));
+        }
+    }
+    let wanted = |experiment: &&str| args.experiments.iter().any(|name| name == "all" || name == experiment);
+    let chosen: Vec<&str> = EXPERIMENTS.iter().copied().filter(wanted).collect();
     let base = read_costs(&args.costs)?;
     if !(args.costs_ghz > 0.0) {
         bail!("--costs-ghz must be positive");
     }
-    let mut chosen: Vec<&str> = Vec::new();
-    for name in &args.experiments {
-        match name.as_str() {
-            "all" => chosen.extend(EXPERIMENTS),
-            known if EXPERIMENTS.contains(&known) => chosen.push(EXPERIMENTS[EXPERIMENTS.iter().position(|e| *e == known).unwrap()]),
-            other => bail!("unknown experiment '{other}' ({}, all)", EXPERIMENTS.join(", ")),
-        }
-    }
-    chosen.dedup();
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let context = Setup { base, base_ghz: args.costs_ghz, base_path: args.costs.clone(), quick: args.quick };
     for name in chosen {
@@ -191,7 +189,14 @@ fn scaled(context: &Setup, paper_cpu: &str, paper_ghz: f64, network: &Network) -
 /// A configuration on a paper's testbed: clients start shortly before the window (the
 /// protocols' leaders are elected by then), the window long enough for some thousands of
 /// operations.
-fn paper_config(protocol: &str, nodes: usize, cores: u32, network: &Network, costs: &CostTable, clients: u32) -> ModelConfig {
+fn paper_config(
+    protocol: &str,
+    nodes: usize,
+    cores: u32,
+    network: &Network,
+    costs: &CostTable,
+    clients: u32,
+) -> ModelConfig {
     let mut config = ModelConfig::new(protocol, nodes, cores, network.clone(), clients);
     config.costs = costs.clone();
     let elects = matches!(protocol, "zab" | "zab-local" | "raftlog");
@@ -287,15 +292,45 @@ fn hermes(context: &Setup) -> anyhow::Result<Experiment> {
                 config.duration = window_for(expected, if context.quick { 4_000.0 } else { 20_000.0 });
                 let report = run_point(&config, ChainHops::Cpu)?;
                 expected = report.throughput_ops_per_s.max(1e5);
-                rows.push(Row::of(&format!("scalability-w{writes}"), protocol, nodes as f64, "replicas", &report));
+                rows.push(Row::of(
+                    &format!("scalability-w{writes}"),
+                    protocol,
+                    nodes as f64,
+                    "replicas",
+                    &report,
+                ));
             }
         }
     }
     let throughput = |row: &Row| row.throughput_ops_per_s / 1e6;
     let figures = vec![
-        figure("fig5a", "Figure 5a: throughput vs write ratio, uniform", "write %", "M ops/s", false, throughput, false),
-        figure("fig5b", "Figure 5b: throughput vs write ratio, zipfian 0.99", "write %", "M ops/s", false, throughput, false),
-        figure("fig6a", "Figure 6a: p50 (solid) and p99 (dashed) vs throughput, 5% writes", "M ops/s", "latency (us)", true, |row| row.latency.p50_us, true),
+        figure(
+            "fig5a",
+            "Figure 5a: throughput vs write ratio, uniform",
+            "write %",
+            "M ops/s",
+            false,
+            throughput,
+            false,
+        ),
+        figure(
+            "fig5b",
+            "Figure 5b: throughput vs write ratio, zipfian 0.99",
+            "write %",
+            "M ops/s",
+            false,
+            throughput,
+            false,
+        ),
+        figure(
+            "fig6a",
+            "Figure 6a: p50 (solid) and p99 (dashed) vs throughput, 5% writes",
+            "M ops/s",
+            "latency (us)",
+            true,
+            |row| row.latency.p50_us,
+            true,
+        ),
         figure("scalability-w5", "Scalability, 5% writes", "replicas", "M ops/s", false, throughput, false),
         figure("scalability-w20", "Scalability, 20% writes", "replicas", "M ops/s", false, throughput, false),
     ];
@@ -350,7 +385,19 @@ fn cyclone(context: &Setup) -> anyhow::Result<Experiment> {
         workload
     };
     let scale = if context.quick { 2_000.0 } else { 10_000.0 };
-    let mut point = |figure: &str, series: &str, x: f64, x_name: &str, network: &Network, costs: &CostTable, nodes: usize, loops: usize, batch: usize, payload: usize, clients: u32, expected: f64| -> anyhow::Result<f64> {
+    let mut point = |figure: &str,
+                     series: &str,
+                     x: f64,
+                     x_name: &str,
+                     network: &Network,
+                     costs: &CostTable,
+                     nodes: usize,
+                     loops: usize,
+                     batch: usize,
+                     payload: usize,
+                     clients: u32,
+                     expected: f64|
+     -> anyhow::Result<f64> {
         let mut config = paper_config("raftlog", nodes, cores, network, costs, clients);
         config.loops = loops;
         config.raftlog_logs = loops;
@@ -363,31 +410,120 @@ fn cyclone(context: &Setup) -> anyhow::Result<Experiment> {
     };
     // The network optimisations, one step at a time (3 replicas, no payload).
     let clients = 256;
-    point("optimizations", "TCP/IP, 1 log, no batching", 0.0, "step", &tcp, &tcp_costs, 3, 1, 1, 0, clients, 3e4)?;
+    point(
+        "optimizations",
+        "TCP/IP, 1 log, no batching",
+        0.0,
+        "step",
+        &tcp,
+        &tcp_costs,
+        3,
+        1,
+        1,
+        0,
+        clients,
+        3e4,
+    )?;
     point("optimizations", "+DPDK", 1.0, "step", &dpdk, &dpdk_costs, 3, 1, 1, 0, clients, 5e4)?;
     point("optimizations", "+batching", 2.0, "step", &dpdk, &dpdk_costs, 3, 1, 1_024, 0, clients, 2e5)?;
     point("optimizations", "+8 logs", 3.0, "step", &dpdk, &dpdk_costs, 3, 8, 1_024, 0, 8 * clients, 1e6)?;
     point("optimizations", "+4 ports", 4.0, "step", &dpdk_4, &dpdk_costs, 3, 8, 1_024, 0, 8 * clients, 1e6)?;
+    // Unloaded latency: one client, one log.
+    point("unloaded", "TCP/IP, 3 replicas", 0.0, "configuration", &tcp, &tcp_costs, 3, 1, 1_024, 0, 1, 1e4)?;
+    point("unloaded", "DPDK, 3 replicas", 1.0, "configuration", &dpdk, &dpdk_costs, 3, 1, 1_024, 0, 1, 2e4)?;
+    point("unloaded", "DPDK, 1 replica", 2.0, "configuration", &dpdk, &dpdk_costs, 1, 1, 1_024, 0, 1, 4e4)?;
     // Logs and cores: one log per event loop, one loop per core, up to 32.
     let logs: &[usize] = if context.quick { &[1, 8, 32] } else { &[1, 2, 4, 8, 16, 32] };
     for &count in logs {
-        point("logs", "4 ports, batching", count as f64, "logs (= event loops = cores used)", &dpdk_4, &dpdk_costs, 3, count, 1_024, 0, 256 * count as u32, 2e5 * count as f64)?;
+        point(
+            "logs",
+            "4 ports, batching",
+            count as f64,
+            "logs (= event loops = cores used)",
+            &dpdk_4,
+            &dpdk_costs,
+            3,
+            count,
+            1_024,
+            0,
+            256 * count as u32,
+            2e5 * count as f64,
+        )?;
     }
     // Replicas.
     for nodes in [1usize, 3, 5] {
-        point("replicas", "8 logs, 4 ports", nodes as f64, "replicas", &dpdk_4, &dpdk_costs, nodes, 8, 1_024, 0, 2_048, 1e6)?;
+        point(
+            "replicas",
+            "8 logs, 4 ports",
+            nodes as f64,
+            "replicas",
+            &dpdk_4,
+            &dpdk_costs,
+            nodes,
+            8,
+            1_024,
+            0,
+            2_048,
+            1e6,
+        )?;
     }
     // Payload.
     let payloads: &[usize] = if context.quick { &[0, 512] } else { &[0, 64, 256, 512] };
     for &payload in payloads {
-        point("payload", "8 logs, 4 ports", payload as f64, "payload bytes", &dpdk_4, &dpdk_costs, 3, 8, 1_024, payload, 2_048, 1e6)?;
+        point(
+            "payload",
+            "8 logs, 4 ports",
+            payload as f64,
+            "payload bytes",
+            &dpdk_4,
+            &dpdk_costs,
+            3,
+            8,
+            1_024,
+            payload,
+            2_048,
+            1e6,
+        )?;
     }
     let throughput = |row: &Row| row.throughput_ops_per_s / 1e6;
     let figures = vec![
-        figure("optimizations", "Network optimisations (0 TCP/IP, 1 +DPDK, 2 +batching, 3 +8 logs, 4 +4 ports)", "step", "M entries/s", true, throughput, false),
-        figure("logs", "Logs (one per core), 4 x 10 GbE, DPDK", "logs", "M entries/s", false, throughput, false),
+        figure(
+            "optimizations",
+            "Network optimisations (0 TCP/IP, 1 +DPDK, 2 +batching, 3 +8 logs, 4 +4 ports)",
+            "step",
+            "M entries/s",
+            true,
+            throughput,
+            false,
+        ),
+        figure(
+            "logs",
+            "Logs (one per core), 4 x 10 GbE, DPDK",
+            "logs",
+            "M entries/s",
+            false,
+            throughput,
+            false,
+        ),
         figure("replicas", "Replicas (8 logs)", "replicas", "M entries/s", false, throughput, false),
-        figure("payload", "Payload (8 logs, 3 replicas)", "payload bytes", "M entries/s", false, throughput, false),
+        figure(
+            "unloaded",
+            "One client: p50 (0 TCP/IP, 1 DPDK, 2 DPDK 1 replica)",
+            "configuration",
+            "latency (us)",
+            true,
+            |row| row.latency.p50_us,
+            false,
+        ),
+        figure(
+            "payload",
+            "Payload (8 logs, 3 replicas)",
+            "payload bytes",
+            "M entries/s",
+            false,
+            throughput,
+            false,
+        ),
     ];
     let costs = dpdk_costs;
     Ok(Experiment {
@@ -432,9 +568,10 @@ fn hyperloop(context: &Setup) -> anyhow::Result<Experiment> {
     let tenants: &[u32] = if context.quick { &[1, 8] } else { &[1, 8, 32, 64] };
     let mut rows = Vec::new();
     for loaded in [false, true] {
-        for (series, hops, table) in
-            [("HyperLoop (hops on the NIC)", ChainHops::Nic, &costs), ("Naïve-Event (hops on the CPU)", ChainHops::Cpu, &naive_costs)]
-        {
+        for (series, hops, table) in [
+            ("HyperLoop (hops on the NIC)", ChainHops::Nic, &costs),
+            ("Naïve-Event (hops on the CPU)", ChainHops::Cpu, &naive_costs),
+        ] {
             for &count in tenants {
                 let mut workload = Workload::named("ycsb-a").expect("a workload");
                 // Per tenant: 256 records of 1 KiB, uniform (docs/benchmarks.md's tenants run).
@@ -464,8 +601,24 @@ fn hyperloop(context: &Setup) -> anyhow::Result<Experiment> {
         }
     }
     let figures = vec![
-        figure("tenants-p99", "Update p99 vs tenants (YCSB-A, chains of 3 on 3 machines)", "tenants", "latency (us)", true, |row| row.write_latency.p99_us, false),
-        figure("tenants-mean", "Update mean vs tenants", "tenants", "latency (us)", true, |row| row.write_latency.mean_us, false),
+        figure(
+            "tenants-p99",
+            "Update p99 vs tenants (YCSB-A, chains of 3 on 3 machines)",
+            "tenants",
+            "latency (us)",
+            true,
+            |row| row.write_latency.p99_us,
+            false,
+        ),
+        figure(
+            "tenants-mean",
+            "Update mean vs tenants",
+            "tenants",
+            "latency (us)",
+            true,
+            |row| row.write_latency.mean_us,
+            false,
+        ),
     ];
     Ok(Experiment {
         experiment: "hyperloop".into(),
@@ -496,7 +649,9 @@ fn groups(context: &Setup) -> anyhow::Result<Experiment> {
     let cores = 8;
     let counts: &[usize] = if context.quick { &[1, 3] } else { &[1, 2, 3, 4] };
     let mut rows = Vec::new();
-    for (figure, workload_name, writes) in [("groups-set", "kv-w100", true), ("groups-get", "kv-w0", false), ("groups-ycsb-a", "ycsb-a", true)] {
+    for (figure, workload_name, writes) in
+        [("groups-set", "kv-w100", true), ("groups-get", "kv-w0", false), ("groups-ycsb-a", "ycsb-a", true)]
+    {
         let _ = writes;
         for &count in counts {
             let mut workload = Workload::named(workload_name).expect("a workload");
@@ -512,9 +667,33 @@ fn groups(context: &Setup) -> anyhow::Result<Experiment> {
     }
     let throughput = |row: &Row| row.throughput_ops_per_s / 1e6;
     let figures = vec![
-        figure("groups-set", "SET (100% writes, uniform), 64 clients per group", "groups", "M ops/s", false, throughput, false),
-        figure("groups-get", "GET (uniform), 64 clients per group", "groups", "M ops/s", false, throughput, false),
-        figure("groups-ycsb-a", "YCSB-A (zipfian 0.99), 64 clients per group", "groups", "M ops/s", false, throughput, false),
+        figure(
+            "groups-set",
+            "SET (100% writes, uniform), 64 clients per group",
+            "groups",
+            "M ops/s",
+            false,
+            throughput,
+            false,
+        ),
+        figure(
+            "groups-get",
+            "GET (uniform), 64 clients per group",
+            "groups",
+            "M ops/s",
+            false,
+            throughput,
+            false,
+        ),
+        figure(
+            "groups-ycsb-a",
+            "YCSB-A (zipfian 0.99), 64 clients per group",
+            "groups",
+            "M ops/s",
+            false,
+            throughput,
+            false,
+        ),
     ];
     Ok(Experiment {
         experiment: "groups".into(),
@@ -537,15 +716,33 @@ fn command(experiment: &str) -> String {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn figure(name: &str, title: &str, x_desc: &str, y_desc: &str, log_y: bool, y: fn(&Row) -> f64, x_is_throughput: bool) -> Figure {
-    Figure { name: name.into(), title: title.into(), x_desc: x_desc.into(), y_desc: y_desc.into(), log_y, y, x_is_throughput }
+fn figure(
+    name: &str,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    log_y: bool,
+    y: fn(&Row) -> f64,
+    x_is_throughput: bool,
+) -> Figure {
+    Figure {
+        name: name.into(),
+        title: title.into(),
+        x_desc: x_desc.into(),
+        y_desc: y_desc.into(),
+        log_y,
+        y,
+        x_is_throughput,
+    }
 }
 
 fn write(out: &Path, stem: &str, experiment: &Experiment) -> anyhow::Result<()> {
     let json = out.join(format!("{stem}.json"));
-    std::fs::write(&json, serde_json::to_string_pretty(experiment)?).with_context(|| format!("cannot write {}", json.display()))?;
+    std::fs::write(&json, serde_json::to_string_pretty(experiment)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
     let markdown = out.join(format!("{stem}.md"));
-    std::fs::write(&markdown, tables(experiment)).with_context(|| format!("cannot write {}", markdown.display()))?;
+    std::fs::write(&markdown, tables(experiment))
+        .with_context(|| format!("cannot write {}", markdown.display()))?;
     let png = out.join(format!("{stem}.png"));
     draw(&png, experiment)?;
     eprintln!("wrote {}, {} and {}", json.display(), markdown.display(), png.display());
@@ -593,7 +790,11 @@ fn draw(path: &Path, experiment: &Experiment) -> anyhow::Result<()> {
         .figures
         .iter()
         .map(|figure| {
-            let rows: Vec<&Row> = experiment.rows.iter().filter(|row| figure.name.starts_with(&row.figure) || row.figure == figure.name).collect();
+            let rows: Vec<&Row> = experiment
+                .rows
+                .iter()
+                .filter(|row| figure.name.starts_with(&row.figure) || row.figure == figure.name)
+                .collect();
             let mut names: Vec<&str> = Vec::new();
             for row in &rows {
                 if !names.contains(&row.series.as_str()) {
@@ -603,7 +804,8 @@ fn draw(path: &Path, experiment: &Experiment) -> anyhow::Result<()> {
             let mut series = Vec::new();
             for (index, name) in names.iter().enumerate() {
                 let mine: Vec<&&Row> = rows.iter().filter(|row| row.series == *name).collect();
-                let x = |row: &Row| if figure.x_is_throughput { row.throughput_ops_per_s / 1e6 } else { row.x };
+                let x =
+                    |row: &Row| if figure.x_is_throughput { row.throughput_ops_per_s / 1e6 } else { row.x };
                 series.push(Series {
                     label: name.to_string(),
                     color: palette(index),
@@ -631,5 +833,10 @@ fn draw(path: &Path, experiment: &Experiment) -> anyhow::Result<()> {
         })
         .collect();
     let cols = if panels.len() >= 4 { 2 } else { panels.len().max(1) };
-    draw_grid(path, &format!("chorus model paper: {} (a model, not a measurement)", experiment.experiment), cols, &panels)
+    draw_grid(
+        path,
+        &format!("chorus model paper: {} (a model, not a measurement)", experiment.experiment),
+        cols,
+        &panels,
+    )
 }

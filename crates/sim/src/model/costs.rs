@@ -163,7 +163,8 @@ impl CostTable {
     ///   the same code runs whatever the network.
     pub fn kernel_bypass(&self) -> CostTable {
         let mut bypass = self.at_cpu_share(1.0);
-        bypass.source = format!("{} (kernel bypass: {BYPASS_MESSAGE_NS} ns per message, polling)", self.source);
+        bypass.source =
+            format!("{} (kernel bypass: {BYPASS_MESSAGE_NS} ns per message, polling)", self.source);
         bypass.client_request_ns = BYPASS_MESSAGE_NS;
         bypass.reply_sent_ns = BYPASS_MESSAGE_NS;
         bypass.message_received_ns = BYPASS_MESSAGE_NS;
@@ -177,9 +178,10 @@ impl CostTable {
     /// How many times a message costs more on this table's stack than on a kernel-bypass one:
     /// the mean of the four per-message costs over [`BYPASS_MESSAGE_NS`].
     pub fn kernel_to_bypass_ratio(&self) -> f64 {
-        let kernel = (self.client_request_ns + self.reply_sent_ns + self.message_received_ns + self.message_sent_ns)
-            as f64
-            / 4.0;
+        let kernel =
+            (self.client_request_ns + self.reply_sent_ns + self.message_received_ns + self.message_sent_ns)
+                as f64
+                / 4.0;
         kernel / BYPASS_MESSAGE_NS as f64
     }
 

@@ -408,10 +408,12 @@ where
         }
         let start = at_window.unwrap_or_else(|| self.counters());
         let end = self.counters();
-        let minus = |after: &[u64], before: &[u64]| after.iter().zip(before).map(|(a, b)| a - b).collect::<Vec<_>>();
+        let minus =
+            |after: &[u64], before: &[u64]| after.iter().zip(before).map(|(a, b)| a - b).collect::<Vec<_>>();
         let machine_busy_ns = minus(&end.machine_busy_ns, &start.machine_busy_ns);
-        let used: Vec<usize> =
-            (0..self.machines.len()).filter(|machine| !self.machines[*machine].instances.is_empty()).collect();
+        let used: Vec<usize> = (0..self.machines.len())
+            .filter(|machine| !self.machines[*machine].instances.is_empty())
+            .collect();
         let pick = |all: Vec<u64>| used.iter().map(|machine| all[*machine]).collect::<Vec<_>>();
         Measured {
             window_ns: end_ns.saturating_sub(window_ns).max(1),

@@ -15,9 +15,13 @@ pub enum Distribution {
     Uniform,
     /// YCSB's scrambled zipfian: rank `r` with probability proportional to `1 / r^theta`
     /// (YCSB's constant is 0.99), ranks scattered over the key space by a hash.
-    Zipfian { theta: f64 },
+    Zipfian {
+        theta: f64,
+    },
     /// YCSB's skewed-latest (workload D): zipfian over how recently a key was inserted.
-    Latest { theta: f64 },
+    Latest {
+        theta: f64,
+    },
 }
 
 /// The share of each operation kind, in percent (they sum to 100).
@@ -60,7 +64,13 @@ impl Workload {
     /// paper's microworkload), or YCSB's core workloads `ycsb-a` to `ycsb-f` (zipfian keys,
     /// `latest` for D; records of 10 fields x 100 bytes, an update writes one field).
     pub fn named(name: &str) -> Option<Workload> {
-        let mix = |read, update, insert, scan, read_modify_write| Mix { read, update, insert, scan, read_modify_write };
+        let mix = |read, update, insert, scan, read_modify_write| Mix {
+            read,
+            update,
+            insert,
+            scan,
+            read_modify_write,
+        };
         let zipfian = Distribution::Zipfian { theta: YCSB_THETA };
         let (mix, distribution, value_bytes, record_bytes) = match name {
             "ycsb-a" => (mix(50, 50, 0, 0, 0), zipfian, 100, 1000),
@@ -70,7 +80,8 @@ impl Workload {
             "ycsb-e" => (mix(0, 0, 5, 95, 0), zipfian, 1000, 1000),
             "ycsb-f" => (mix(50, 0, 0, 0, 50), zipfian, 100, 1000),
             _ => {
-                let writes: u32 = name.strip_prefix("kv-w")?.parse().ok().filter(|percent| *percent <= 100)?;
+                let writes: u32 =
+                    name.strip_prefix("kv-w")?.parse().ok().filter(|percent| *percent <= 100)?;
                 (mix(100 - writes, writes, 0, 0, 0), Distribution::Uniform, 32, 32)
             }
         };
@@ -87,7 +98,8 @@ impl Workload {
     }
 
     /// The names [`Workload::named`] knows, for messages.
-    pub const NAMES: &'static str = "kv-wX (X% writes, 0 to 100), ycsb-a, ycsb-b, ycsb-c, ycsb-d, ycsb-e, ycsb-f";
+    pub const NAMES: &'static str =
+        "kv-wX (X% writes, 0 to 100), ycsb-a, ycsb-b, ycsb-c, ycsb-d, ycsb-e, ycsb-f";
 }
 
 /// The kind of an operation, for latency by kind.
@@ -236,7 +248,10 @@ pub struct Zipfian {
 
 impl Zipfian {
     pub fn new(n: u64, theta: f64) -> Zipfian {
-        assert!(n >= 1 && theta > 0.0 && theta != 1.0, "a zipfian needs n >= 1 and theta in (0, 1) or above 1");
+        assert!(
+            n >= 1 && theta > 0.0 && theta != 1.0,
+            "a zipfian needs n >= 1 and theta in (0, 1) or above 1"
+        );
         let zeta = |count: u64| (1..=count).map(|i| 1.0 / (i as f64).powf(theta)).sum::<f64>();
         let zeta_n = zeta(n);
         let zeta_2 = zeta(2.min(n));
