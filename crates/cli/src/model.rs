@@ -131,7 +131,7 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
     if !PROTOCOLS.contains(&args.protocol.as_str()) && args.protocol != "chain" {
         bail!("unknown protocol '{}' (available: {}, chain)", args.protocol, PROTOCOLS.join(", "));
     }
-    if !(args.duration_ms > 0.0) {
+    if args.duration_ms.is_nan() || args.duration_ms <= 0.0 {
         bail!("--duration-ms must be positive");
     }
     let loops = if args.loops == 0 { args.cores as usize } else { args.loops };

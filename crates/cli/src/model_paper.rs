@@ -49,7 +49,7 @@ pub fn run(args: PaperArgs) -> anyhow::Result<i32> {
     let wanted = |experiment: &&str| args.experiments.iter().any(|name| name == "all" || name == experiment);
     let chosen: Vec<&str> = EXPERIMENTS.iter().copied().filter(wanted).collect();
     let base = read_costs(&args.costs)?;
-    if !(args.costs_ghz > 0.0) {
+    if args.costs_ghz.is_nan() || args.costs_ghz <= 0.0 {
         bail!("--costs-ghz must be positive");
     }
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;

@@ -261,6 +261,18 @@ struct Counters {
 /// Which messages the receiving NIC handles without the CPU (HyperLoop's offloaded hops).
 pub(super) type NicHandled<M> = fn(&M) -> bool;
 
+/// What a run charges and how its clock ticks.
+pub(super) struct Setup<M> {
+    pub costs: CostTable,
+    pub network: Network,
+    pub nic_handled: Option<NicHandled<M>>,
+    /// The event loops' tick period.
+    pub tick_ns: Nanos,
+    /// A read of a key no write of the run reached is sized as a loaded record of this many
+    /// value bytes.
+    pub record_bytes: u64,
+}
+
 pub(super) struct Engine<'a, P: Replica, C: Clients> {
     replicas: Vec<P>,
     instances: Vec<Instance<P::Message>>,
@@ -300,13 +312,10 @@ where
     pub(super) fn new(
         replicas: Vec<P>,
         layout: Layout,
-        costs: CostTable,
-        network: Network,
-        nic_handled: Option<NicHandled<P::Message>>,
-        tick_ns: Nanos,
-        record_bytes: u64,
+        setup: Setup<P::Message>,
         clients: &'a mut C,
     ) -> Self {
+        let Setup { costs, network, nic_handled, tick_ns, record_bytes } = setup;
         assert_eq!(replicas.len(), layout.instances(), "one replica per instance");
         assert_eq!(layout.machine_of_node.len(), layout.groups * layout.nodes, "a machine per node");
         assert!(layout.threads >= 1, "an instance needs a thread");

@@ -203,7 +203,7 @@ fn check(config: &ModelConfig) -> Result<NodeSet, String> {
     if config.host_cores.is_some_and(|cores| !(1..=1024).contains(&cores)) {
         return Err("a shared host needs between 1 and 1024 cores".into());
     }
-    if config.protocol == "raftlog" && config.raftlog_logs % config.loops != 0 {
+    if config.protocol == "raftlog" && !config.raftlog_logs.is_multiple_of(config.loops) {
         return Err("raftlog's logs must split evenly over the event loops".into());
     }
     if config.threads == Some(0) {
@@ -296,16 +296,14 @@ where
     let warmup_ns = config.warmup.as_nanos();
     let end_ns = warmup_ns + config.duration.as_nanos();
     let mut clients = ClientSet::new(config, warmup_ns, end_ns);
-    let engine = engine::Engine::new(
-        replicas,
-        layout(config),
-        config.costs.clone(),
-        config.network.clone(),
+    let setup = engine::Setup {
+        costs: config.costs.clone(),
+        network: config.network.clone(),
         nic_handled,
-        config.tick_period.as_nanos(),
-        config.workload.record_bytes as u64,
-        &mut clients,
-    );
+        tick_ns: config.tick_period.as_nanos(),
+        record_bytes: config.workload.record_bytes as u64,
+    };
+    let engine = engine::Engine::new(replicas, layout(config), setup, &mut clients);
     let measured = engine.run(warmup_ns, end_ns);
     let window_s = config.duration.as_nanos() as f64 / 1e9;
     let utilisation = |busy: &[u64], capacity: &dyn Fn(usize) -> f64| {
@@ -450,7 +448,7 @@ impl engine::Clients for ClientSet {
         if now >= self.end_ns {
             return None;
         }
-        let operation = self.generator.next();
+        let operation = self.generator.next_operation();
         let mut steps: std::collections::VecDeque<Vec<Command>> = operation.steps.into();
         let commands = steps.pop_front().expect("an operation has a step");
         let tag = self.next_tag;

@@ -155,7 +155,7 @@ impl Generator {
         &mut self.rng
     }
 
-    pub fn next(&mut self) -> Operation {
+    pub fn next_operation(&mut self) -> Operation {
         let mix = self.workload.mix;
         let mut draw = self.rng.below(100) as u32;
         let mut kind = OpKind::Read;
