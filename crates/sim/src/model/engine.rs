@@ -466,19 +466,19 @@ where
             Event::ReceiveDone { instance, work } => {
                 self.release(instance);
                 self.instances[instance].handle.push_back(work);
-                self.dispatch(instance);
+                self.carry_on(instance);
             }
             Event::HandleDone { instance, outputs } => {
                 self.release(instance);
                 let state = &mut self.instances[instance];
                 state.protocol_busy = false;
                 state.send.push_back(outputs);
-                self.dispatch(instance);
+                self.carry_on(instance);
             }
             Event::SendDone { instance, outputs } => {
                 self.release(instance);
                 self.transmit(instance, outputs);
-                self.dispatch(instance);
+                self.carry_on(instance);
             }
             Event::Reply { request, outcome } => self.reply(request, outcome),
             Event::Tick(instance) => {
@@ -576,6 +576,14 @@ where
 
     fn dispatch(&mut self, instance: usize) {
         self.dispatch_machine(self.instances[instance].machine);
+    }
+
+    /// A stage of `instance` ended: its thread keeps the core for its own next stage if it
+    /// has one (a running thread is not descheduled between its stages), then the machine's
+    /// other work takes whatever is free.
+    fn carry_on(&mut self, instance: usize) {
+        self.start_one(instance);
+        self.dispatch(instance);
     }
 
     /// Start work on a machine until its cores are busy or nothing waits: its instances (and
