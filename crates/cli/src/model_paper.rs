@@ -27,9 +27,10 @@ pub struct PaperArgs {
     /// from.
     #[arg(long, default_value = "docs/benchmarks/model/costs-session12-busy.json")]
     costs: PathBuf,
-    /// The clock of the machine the table was measured on, in GHz.
-    #[arg(long, default_value_t = 2.45)]
-    costs_ghz: f64,
+    /// The clock of the machine the table was measured on, in GHz (default: the table's own
+    /// `cpu_ghz`, which `chorus model calibrate` records).
+    #[arg(long)]
+    costs_ghz: Option<f64>,
     /// Where the JSON, tables and PNGs go.
     #[arg(long, default_value = "docs/benchmarks/model")]
     out: PathBuf,
@@ -49,11 +50,14 @@ pub fn run(args: PaperArgs) -> anyhow::Result<i32> {
     let wanted = |experiment: &&str| args.experiments.iter().any(|name| name == "all" || name == experiment);
     let chosen: Vec<&str> = EXPERIMENTS.iter().copied().filter(wanted).collect();
     let base = read_costs(&args.costs)?;
-    if args.costs_ghz.is_nan() || args.costs_ghz <= 0.0 {
+    let Some(base_ghz) = args.costs_ghz.or(base.cpu_ghz) else {
+        bail!("{} does not say its CPU's clock: give it with --costs-ghz", args.costs.display());
+    };
+    if base_ghz.is_nan() || base_ghz <= 0.0 {
         bail!("--costs-ghz must be positive");
     }
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
-    let context = Setup { base, base_ghz: args.costs_ghz, base_path: args.costs.clone(), quick: args.quick };
+    let context = Setup { base, base_ghz, base_path: args.costs.clone(), quick: args.quick };
     for name in chosen {
         let started = std::time::Instant::now();
         let experiment = match name {
@@ -167,9 +171,24 @@ struct Experiment {
     costs: CostTable,
     /// The paper's own words and numbers for these experiments, quoted from its text.
     paper: Vec<String>,
+    /// The paper's numbers that fit a figure's axes (drawn dashed beside the model's).
+    paper_points: Vec<PaperPoint>,
     rows: Vec<Row>,
     #[serde(skip)]
     figures: Vec<Figure>,
+}
+
+/// One of the paper's own numbers on a figure's axes, read from its text.
+#[derive(Serialize)]
+struct PaperPoint {
+    figure: String,
+    x: f64,
+    y: f64,
+    quote: String,
+}
+
+fn paper_point(figure: &str, x: f64, y: f64, quote: &str) -> PaperPoint {
+    PaperPoint { figure: figure.into(), x, y, quote: quote.into() }
 }
 
 fn scaled(context: &Setup, paper_cpu: &str, paper_ghz: f64, network: &Network) -> (CostTable, Scaling) {
@@ -351,6 +370,7 @@ fn hermes(context: &Setup) -> anyhow::Result<Experiment> {
             "§6.4: HermesKV achieves \"almost linear scalability with the number of replicas\" at the low write ratio; rCRAQ \"throughput degrades when the chain is extended from 5 to 7 nodes\"; for rZAB \"increasing the replication degree from 5 to 7 cuts the performance almost in half\".".into(),
             "The seed text of the paper (../shared/seeds/003_b902a949263df2c2.txt) has lost most figures' numbers (\"HermesKV achieves MReqs/s\"): only the ratios and words above survive, so the comparison is of shapes and of the 3.6x.".into(),
         ],
+        paper_points: Vec::new(),
         rows,
         figures,
     })
@@ -542,6 +562,20 @@ fn cyclone(context: &Setup) -> anyhow::Result<Experiment> {
             "\"Peak throughput drops from 6M entries/s to approximately 2M entries/s\" from no payload to 512 bytes, where \"all four 10 GigE ports are now saturated\".".into(),
             "Ganged operations from 1 to 32 cores: unloaded latency \"to around 40 us from the baseline of 20 us\" (not modelled here: a gang is issue 18's, measured in docs/benchmarks.md).".into(),
         ],
+        paper_points: vec![
+            paper_point("optimizations", 0.0, 0.03, "TCP/IP: around 30K entries/s"),
+            paper_point("optimizations", 1.0, 0.05, "+DPDK: around 50K entries/s"),
+            paper_point("optimizations", 2.0, 1.0, "+batching: close to a million entries/s"),
+            paper_point("optimizations", 3.0, 2.0, "+8 phy logs: close to 2M entries/s"),
+            paper_point("optimizations", 4.0, 6.0, "+4 ports: 6M entries/s"),
+            paper_point("unloaded", 0.0, 100.0, "close to 100us with TCP/IP"),
+            paper_point("unloaded", 1.0, 30.0, "around 30us at peak throughput"),
+            paper_point("unloaded", 2.0, 10.0, "single replica: best unloaded latency (10 us)"),
+            paper_point("replicas", 1.0, 10.0, "single replica: near 10M entries/s"),
+            paper_point("replicas", 3.0, 2.0, "adding replicas: around 2M entries/s"),
+            paper_point("payload", 0.0, 6.0, "from 6M entries/s"),
+            paper_point("payload", 512.0, 2.0, "to approximately 2M entries/s"),
+        ],
         rows,
         figures,
     })
@@ -634,6 +668,7 @@ fn hyperloop(context: &Setup) -> anyhow::Result<Experiment> {
             "§6.2 MongoDB (10:1 processes to cores): \"HyperLoop reduces replication latency by up to 79%\" and \"reduces the gap between average and 99th percentile latency by up to 81%\".".into(),
             "§2.2 Figure 2: MongoDB's latency grows with the number of partitions per server as context switches grow; with 18 replica-sets, more cores lower latency and context switches.".into(),
         ],
+        paper_points: Vec::new(),
         rows,
         figures,
     })
@@ -706,6 +741,7 @@ fn groups(context: &Setup) -> anyhow::Result<Experiment> {
             "docs/benchmarks.md (issue 20, measured on 2 shared cores): SET 1.00 / 1.50 / 1.93 and GET 1.00 / 2.41 / 1.90 of one group's throughput at 1 / 2 / 3 groups; \"Expect no capacity gain from sharding on one machine\".".into(),
             "docs/benchmarks.md, its prediction: \"With each group on machines of its own, writes and reads should therefore grow close to linearly in S for keys spread like these, limited by the clients' ability to spread their connections, by hot keys (a key lives in one group)\".".into(),
         ],
+        paper_points: Vec::new(),
         rows,
         figures,
     })
@@ -821,6 +857,20 @@ fn draw(path: &Path, experiment: &Experiment) -> anyhow::Result<()> {
                         points: mine.iter().map(|row| (x(row), row.latency.p99_us)).collect(),
                     });
                 }
+            }
+            let quoted: Vec<(f64, f64)> = experiment
+                .paper_points
+                .iter()
+                .filter(|point| point.figure == figure.name)
+                .map(|point| (point.x, point.y))
+                .collect();
+            if !quoted.is_empty() {
+                series.push(Series {
+                    label: "the paper (quoted)".into(),
+                    color: palette(7),
+                    dashed: true,
+                    points: quoted,
+                });
             }
             Panel {
                 title: figure.title.clone(),

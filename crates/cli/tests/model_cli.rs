@@ -154,6 +154,8 @@ fn model_paper_writes_an_experiment_with_the_papers_numbers() {
         "groups",
         "--costs",
         costs.to_str().expect("utf-8"),
+        "--costs-ghz",
+        "2.5",
         "--out",
         dir.to_str().expect("utf-8"),
     ]);

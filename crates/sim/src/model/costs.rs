@@ -56,6 +56,10 @@ pub struct CostTable {
     /// its own): the one-way latency of the `loopback` network.
     #[serde(default)]
     pub wakeup_ns: u64,
+    /// The clock of the CPU the table was measured on (`chorus model calibrate` reads it from
+    /// /proc/cpuinfo), so it can be scaled to another ([`CostTable::at_clock`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ghz: Option<f64>,
 }
 
 impl CostTable {
@@ -76,6 +80,7 @@ impl CostTable {
             wake_ns: 0,
             timer_wake_ns: 0,
             wakeup_ns: 10_000,
+            cpu_ghz: None,
         }
     }
 
@@ -96,6 +101,7 @@ impl CostTable {
             wake_ns: 0,
             timer_wake_ns: 0,
             wakeup_ns: 0,
+            cpu_ghz: None,
         }
     }
 
@@ -120,6 +126,7 @@ impl CostTable {
             wake_ns: scale(self.wake_ns),
             timer_wake_ns: scale(self.timer_wake_ns),
             wakeup_ns: self.wakeup_ns,
+            cpu_ghz: self.cpu_ghz,
         }
     }
 
@@ -145,6 +152,7 @@ impl CostTable {
         scaled.client_op_ns = scale(self.client_op_ns);
         scaled.wake_ns = scale(self.wake_ns);
         scaled.timer_wake_ns = scale(self.timer_wake_ns);
+        scaled.cpu_ghz = Some(to_ghz);
         scaled
     }
 
