@@ -245,6 +245,7 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         wake_ns: wake_ns.round() as u64,
         timer_wake_ns: timer_wake_ns.round() as u64,
         wakeup_ns,
+        cpu_ghz: cpu_ghz(),
     };
     println!("{}", serde_json::to_string_pretty(&costs)?);
     let runs = CalibrationRuns {
@@ -473,6 +474,15 @@ fn print_row(row: &CompareRow, header: bool) {
         row.real_others_cores,
         row.real_cpu_share,
     );
+}
+
+/// This machine's CPU clock, from the first `cpu MHz` line of /proc/cpuinfo (what
+/// `chorus model paper` scales a table from).
+fn cpu_ghz() -> Option<f64> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = cpuinfo.lines().find(|line| line.starts_with("cpu MHz"))?;
+    let mhz: f64 = line.split(':').nth(1)?.trim().parse().ok()?;
+    (mhz > 0.0).then(|| (mhz / 1e3 * 100.0).round() / 100.0)
 }
 
 /// The model of what `compare` runs: 3 one-thread nodes (the server's default

@@ -6,6 +6,7 @@ mod bench;
 mod calibrate;
 mod group;
 mod model;
+mod model_paper;
 mod node;
 mod sim;
 mod up;

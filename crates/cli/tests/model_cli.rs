@@ -47,6 +47,8 @@ fn model_refuses_what_it_cannot_model() {
         (&["model", "--costs", "/nonexistent/costs.json"][..], "cannot read"),
         (&["model", "compare", "--costs", "/nonexistent/costs.json"][..], "cannot read"),
         (&["model", "calibrate", "--rounds", "0"][..], "must be positive"),
+        (&["model", "--distribution", "pareto"][..], "unknown distribution"),
+        (&["model", "paper", "--experiments", "paxos-made-simple"][..], "unknown experiment"),
     ] {
         let output = chorus(args);
         assert_eq!(output.status.code(), Some(2), "{args:?}");
@@ -83,4 +85,96 @@ fn model_reads_a_calibrated_table() {
     assert_eq!(reports[0]["costs"]["source"], "calibrated here");
     assert_eq!(reports[0]["costs"]["wake_ns"], 30000);
     assert!(reports[0]["nodes_cpu_us_per_op"].as_f64().expect("a number") > 0.0);
+}
+
+/// A scratch directory with a calibrated-looking cost table in it.
+fn scratch_with_costs(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("chorus-model-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let path = dir.join("costs.json");
+    let table = r#"{"source": "calibrated here", "client_request_ns": 3000, "message_received_ns": 6000,
+        "message_sent_ns": 6000, "reply_sent_ns": 3000, "byte_ps": 300, "handle_ns": 2000, "tick_ns": 3000, "key_op_ns": 600, "sync_ns": 200,
+        "client_op_ns": 10000, "wake_ns": 8000, "timer_wake_ns": 20000, "wakeup_ns": 7000}"#;
+    std::fs::write(&path, table).expect("written");
+    (dir, path)
+}
+
+/// Capacity planning end to end: the chain store on RDMA under YCSB-A, one row per client
+/// count, with the kernel-bypass costs named, and p50/p99 against throughput drawn to a PNG.
+#[test]
+fn model_plans_a_chain_on_rdma_under_ycsb_and_draws_latency_against_throughput() {
+    let (dir, costs) = scratch_with_costs("plan");
+    let plot = dir.join("plot.png");
+    let output = chorus(&[
+        "model",
+        "--protocol",
+        "chain",
+        "--network",
+        "rdma",
+        "--workload",
+        "ycsb-a",
+        "--keys",
+        "256",
+        "--costs",
+        costs.to_str().expect("utf-8"),
+        "--clients",
+        "1,4",
+        "--duration-ms",
+        "5",
+        "--warmup-ms",
+        "20",
+        "--plot",
+        plot.to_str().expect("utf-8"),
+        "--json",
+    ]);
+    let png = std::fs::metadata(&plot).map(|meta| meta.len()).unwrap_or(0);
+    std::fs::remove_dir_all(&dir).expect("removed");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let reports: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    let reports = reports.as_array().expect("an array");
+    assert_eq!(reports.len(), 2);
+    assert!(reports[0]["costs"]["source"].as_str().expect("a source").contains("kernel bypass"));
+    assert_eq!(reports[0]["costs"]["wake_ns"], 0, "RDMA threads poll");
+    assert_eq!(reports[0]["workload"]["mix"]["update"], 50);
+    assert!(reports[1]["throughput_ops_per_s"].as_f64().expect("a number") > 0.0);
+    assert!(reports[1]["write_latency"]["p99_us"].as_f64().expect("a number") > 0.0);
+    assert!(png > 1_000, "the plot is a PNG of {png} bytes");
+}
+
+/// `chorus model paper` writes an experiment's JSON (with the paper's words beside the rows),
+/// its tables and its figure.
+#[test]
+fn model_paper_writes_an_experiment_with_the_papers_numbers() {
+    let (dir, costs) = scratch_with_costs("paper");
+    let output = chorus(&[
+        "model",
+        "paper",
+        "--quick",
+        "--experiments",
+        "groups",
+        "--costs",
+        costs.to_str().expect("utf-8"),
+        "--costs-ghz",
+        "2.5",
+        "--out",
+        dir.to_str().expect("utf-8"),
+    ]);
+    let json = std::fs::read_to_string(dir.join("groups-quick.json"));
+    let table = std::fs::read_to_string(dir.join("groups-quick.md"));
+    let png = std::fs::metadata(dir.join("groups-quick.png")).map(|meta| meta.len()).unwrap_or(0);
+    std::fs::remove_dir_all(&dir).expect("removed");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let experiment: serde_json::Value = serde_json::from_str(&json.expect("the JSON")).expect("json");
+    let rows = experiment["rows"].as_array().expect("rows");
+    let throughput = |groups: f64, figure: &str| {
+        rows.iter()
+            .find(|row| row["x"] == groups && row["figure"] == figure)
+            .and_then(|row| row["throughput_ops_per_s"].as_f64())
+            .expect("a row")
+    };
+    // Groups on machines of their own share nothing: uniform GETs scale with them.
+    assert!(throughput(3.0, "groups-get") > 2.5 * throughput(1.0, "groups-get"), "{rows:?}");
+    assert!(!experiment["paper"].as_array().expect("the paper's words").is_empty());
+    assert!(table.expect("the tables").contains("groups-get"));
+    assert!(png > 1_000, "the figure is a PNG of {png} bytes");
 }

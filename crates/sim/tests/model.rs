@@ -4,12 +4,19 @@
 use bytes::Bytes;
 use chorus_core::{Command, Time};
 use chorus_sim::model::{
-    predict, resp_request_bytes, CostTable, Load, ModelConfig, ModelReport, Network, Workload,
+    predict, predict_with, resp_request_bytes, CostTable, Load, ModelConfig, ModelReport, Network, Workload,
+    Zipfian,
 };
 
 /// A network that costs only its latency.
 fn latency_only(latency_ns: u64) -> Network {
-    Network { name: "test".into(), latency_ns, bandwidth_bits_per_s: u64::MAX, packet_ns: 0 }
+    Network {
+        name: "test".into(),
+        latency_ns,
+        bandwidth_bits_per_s: u64::MAX,
+        packet_ns: 0,
+        kernel_bypass: false,
+    }
 }
 
 fn config(
@@ -98,6 +105,7 @@ fn a_saturated_link_caps_throughput_at_bandwidth_over_message_size() {
         latency_ns: 5_000,
         bandwidth_bits_per_s: 1_000_000_000,
         packet_ns: 1_000,
+        kernel_bypass: false,
     };
     let mut config = config("hermes", 1, 1, network.clone(), 16, 100);
     config.workload.value_bytes = 100_000;
@@ -258,4 +266,135 @@ fn half_the_cpu_share_halves_a_cpu_bound_throughput() {
     config.costs = config.costs.at_cpu_share(0.5);
     assert_eq!((config.costs.client_request_ns, config.costs.wakeup_ns), (20_000, 7_000));
     assert_close(run(&config).throughput_ops_per_s, 50_000.0, 0.02, "half the core");
+}
+
+/// One node of `cores` cores and `loops` event loops serving 64 clients' reads, where only
+/// the protocol thread's `key_op_ns` costs: each loop is a protocol thread of its own, so
+/// loops multiply what one serial thread admits (the server's `event_loops`).
+#[test]
+fn event_loops_multiply_a_protocol_thread_bound_throughput() {
+    let throughput = |loops| {
+        let mut config = config("hermes", 1, 4, latency_only(1_000), 64, 0);
+        config.loops = loops;
+        config.costs.key_op_ns = 10_000;
+        run(&config).throughput_ops_per_s
+    };
+    let (one, four) = (throughput(1), throughput(4));
+    assert_close(one, 100_000.0, 0.02, "one loop");
+    assert_close(four, 4.0 * one, 0.05, "four loops");
+}
+
+/// Groups on machines of their own share nothing: three groups with three times the clients
+/// serve three times what one does (two-core machines: a one-thread node drains every
+/// request waiting before its turn, and the bursts of replies it then sends leave other
+/// machines momentarily idle when clients pick machines by key, a few percent). Groups
+/// sharing the same machines share their cores: three groups serve what one does.
+#[test]
+fn groups_multiply_throughput_on_their_own_machines_and_share_shared_ones() {
+    let throughput = |groups: usize, share: bool| {
+        let mut config = config("hermes", 3, 2, latency_only(1_000), 256 * groups as u32, 0);
+        config.groups = groups;
+        config.groups_share_machines = share;
+        config.costs.client_request_ns = 10_000;
+        run(&config).throughput_ops_per_s
+    };
+    let one = throughput(1, false);
+    // Three two-core machines, each receiving a request in 10 us on either core.
+    assert_close(one, 600_000.0, 0.03, "one group");
+    assert_close(throughput(3, false), 3.0 * one, 0.03, "three groups apart");
+    assert_close(throughput(3, true), one, 0.03, "three groups on the same machines");
+}
+
+/// Messages the receiving NIC handles cost no CPU and wake nothing (HyperLoop's offloaded
+/// hops): with every Hermes message NIC-handled, a write's peer messages cost nothing however
+/// expensive a received frame is, and a write takes exactly its four one-way latencies.
+#[test]
+fn nic_handled_messages_cost_no_cpu() {
+    let mut config = config("hermes", 3, 1, latency_only(10_000), 1, 100);
+    config.costs.message_received_ns = 50_000;
+    config.costs.handle_ns = 50_000;
+    config.costs.wake_ns = 50_000;
+    let all: chorus_core::NodeSet = (0..3u8).map(chorus_core::NodeId).collect();
+    let build = |me, _| chorus_hermes::Hermes::new(chorus_hermes::HermesConfig::new(me, all));
+    let on_cpu = predict_with(&config, build, None).expect("valid");
+    assert!(on_cpu.latency.p50_us > 100.0, "{on_cpu:?}");
+    // The coordinator still handles its client's request (a wake and a handler): only the
+    // peers' messages move to the NIC.
+    config.costs.handle_ns = 0;
+    config.costs.wake_ns = 0;
+    let on_nic = predict_with(&config, build, Some(|_: &chorus_hermes::Message| true)).expect("valid");
+    assert_eq!(on_nic.latency.p50_us, 40.0, "{on_nic:?}");
+    assert_eq!(on_nic.nodes_cpu_us_per_op, 0.0, "{on_nic:?}");
+}
+
+/// A machine whose cores run a background load gives a woken replica the first core whose
+/// slice ends: one client on one core completes one operation per slice, on four cores
+/// (their slices staggered) four.
+#[test]
+fn a_busy_machine_serves_woken_work_at_slice_ends() {
+    let throughput = |cores: u32| {
+        let mut config = config("hermes", 1, cores, latency_only(1_000), 1, 0);
+        config.background_slice = Some(Time::from_millis(1));
+        config.duration = Time::from_millis(400);
+        run(&config).throughput_ops_per_s
+    };
+    assert_close(throughput(1), 1_000.0, 0.05, "one core");
+    assert_close(throughput(4), 4_000.0, 0.10, "four cores");
+}
+
+/// YCSB's operations as steps: with zero costs a read takes two one-way latencies, a Hermes
+/// write four, a scan (its reads pipelined in one round trip) two, a read-modify-write (a
+/// read, then a write) six.
+#[test]
+fn ycsb_operations_take_their_round_trips() {
+    let latency_ns = 10_000;
+    let hops = |workload: &str| {
+        let mut config = config("hermes", 3, 1, latency_only(latency_ns), 1, 0);
+        config.workload = Workload::named(workload).expect("a YCSB workload");
+        let report = run(&config);
+        (report.read_latency.p50_us, report.write_latency.p50_us)
+    };
+    let hop_us = latency_ns as f64 / 1e3;
+    assert_eq!(hops("ycsb-c"), (2.0 * hop_us, 0.0));
+    assert_eq!(hops("ycsb-a"), (2.0 * hop_us, 4.0 * hop_us));
+    // E: 95% scans (reads of up to 100 keys in one round trip), 5% inserts.
+    assert_eq!(hops("ycsb-e"), (2.0 * hop_us, 4.0 * hop_us));
+    // F: the read-modify-writes are the writes.
+    assert_eq!(hops("ycsb-f"), (2.0 * hop_us, 6.0 * hop_us));
+}
+
+/// YCSB's zipfian: the hottest rank comes up with probability 1 / zeta(n); scrambled ranks
+/// stay in the key space.
+#[test]
+fn the_zipfian_generator_follows_its_law() {
+    let zipf = Zipfian::new(1_000, 0.99);
+    let mut rng = chorus_sim::rng::Rng::new(3);
+    let draws = 200_000;
+    let top = (0..draws).filter(|_| zipf.rank(rng.unit()) == 0).count() as f64 / draws as f64;
+    // 1 / zeta(1000, 0.99) = 0.129; 200 000 draws put 3 standard deviations at 0.2%.
+    assert_close(top, zipf.top_probability(), 0.03, "rank 0's share");
+    assert!((0..10_000).all(|rank| chorus_sim::model::workload::scramble(rank, 1_000) < 1_000));
+}
+
+/// The cost table's scalings: at twice the clock every CPU cost halves, so a CPU-bound node
+/// serves twice as much; on a kernel-bypass stack every per-message cost is eRPC's, wakes are
+/// gone, and the ratio reported is the calibrated per-message mean over it.
+#[test]
+fn clock_and_kernel_bypass_scalings_follow_their_definitions() {
+    let mut config = config("hermes", 1, 1, latency_only(1_000), 64, 0);
+    config.costs.client_request_ns = 10_000;
+    let base = run(&config).throughput_ops_per_s;
+    config.costs = config.costs.at_clock(2.0, 4.0);
+    assert_eq!(config.costs.client_request_ns, 5_000);
+    assert_close(run(&config).throughput_ops_per_s, 2.0 * base, 0.02, "twice the clock");
+    let mut kernel = CostTable::zero();
+    (kernel.client_request_ns, kernel.reply_sent_ns) = (4_000, 2_000);
+    (kernel.message_received_ns, kernel.message_sent_ns) = (6_000, 4_000);
+    (kernel.wake_ns, kernel.timer_wake_ns, kernel.handle_ns, kernel.byte_ps) = (7_000, 20_000, 900, 300);
+    let bypass = kernel.kernel_bypass();
+    let message = chorus_sim::model::costs::BYPASS_MESSAGE_NS;
+    assert_eq!((bypass.client_request_ns, bypass.message_sent_ns), (message, message));
+    assert_eq!((bypass.wake_ns, bypass.timer_wake_ns, bypass.handle_ns, bypass.byte_ps), (0, 0, 900, 150));
+    assert_eq!(kernel.kernel_to_bypass_ratio(), 4_000.0 / message as f64);
+    assert!(Network::preset("rdma").expect("a preset").kernel_bypass);
 }

@@ -56,6 +56,10 @@ pub struct CostTable {
     /// its own): the one-way latency of the `loopback` network.
     #[serde(default)]
     pub wakeup_ns: u64,
+    /// The clock of the CPU the table was measured on (`chorus model calibrate` reads it from
+    /// /proc/cpuinfo), so it can be scaled to another ([`CostTable::at_clock`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ghz: Option<f64>,
 }
 
 impl CostTable {
@@ -76,6 +80,7 @@ impl CostTable {
             wake_ns: 0,
             timer_wake_ns: 0,
             wakeup_ns: 10_000,
+            cpu_ghz: None,
         }
     }
 
@@ -96,6 +101,7 @@ impl CostTable {
             wake_ns: 0,
             timer_wake_ns: 0,
             wakeup_ns: 0,
+            cpu_ghz: None,
         }
     }
 
@@ -120,7 +126,71 @@ impl CostTable {
             wake_ns: scale(self.wake_ns),
             timer_wake_ns: scale(self.timer_wake_ns),
             wakeup_ns: self.wakeup_ns,
+            cpu_ghz: self.cpu_ghz,
         }
+    }
+
+    /// This table on a CPU of `to_ghz` when it was measured at `from_ghz`: every CPU cost
+    /// times `from_ghz / to_ghz` (first order: the same instructions at another clock; the
+    /// two cores' instructions per cycle, caches and memory are taken as alike).
+    /// `wakeup_ns`, a latency of this host's scheduler, is left alone.
+    pub fn at_clock(&self, from_ghz: f64, to_ghz: f64) -> CostTable {
+        assert!(from_ghz > 0.0 && to_ghz > 0.0, "clocks are positive");
+        let mut scaled = self.at_cpu_share(1.0);
+        let factor = from_ghz / to_ghz;
+        let scale = |ns: u64| (ns as f64 * factor).round() as u64;
+        scaled.source = format!("{} (measured at {from_ghz} GHz, scaled to {to_ghz} GHz)", self.source);
+        scaled.client_request_ns = scale(self.client_request_ns);
+        scaled.message_received_ns = scale(self.message_received_ns);
+        scaled.message_sent_ns = scale(self.message_sent_ns);
+        scaled.reply_sent_ns = scale(self.reply_sent_ns);
+        scaled.byte_ps = scale(self.byte_ps);
+        scaled.handle_ns = scale(self.handle_ns);
+        scaled.tick_ns = scale(self.tick_ns);
+        scaled.key_op_ns = scale(self.key_op_ns);
+        scaled.sync_ns = scale(self.sync_ns);
+        scaled.client_op_ns = scale(self.client_op_ns);
+        scaled.wake_ns = scale(self.wake_ns);
+        scaled.timer_wake_ns = scale(self.timer_wake_ns);
+        scaled.cpu_ghz = Some(to_ghz);
+        scaled
+    }
+
+    /// This table on a kernel-bypass stack (RDMA verbs as Hermes' Wings and HyperLoop's
+    /// Naïve-RDMA, DPDK as Cyclone), polled by threads that never sleep:
+    ///
+    /// * per message, the kernel TCP path's cost (the calibrated `client_request_ns`,
+    ///   `reply_sent_ns`, `message_received_ns`, `message_sent_ns`: system calls, socket
+    ///   buffers, the runtime, the codec) is replaced by [`BYPASS_MESSAGE_NS`]: eRPC's measured
+    ///   CPU per small RPC on a kernel-bypass NIC, halved (an RPC is a request received and a
+    ///   response sent). The ratio of the two is reported as [`CostTable::kernel_to_bypass_ratio`];
+    /// * per byte, one copy (into or out of the store) instead of the socket's copies at both
+    ///   ends: half the calibrated `byte_ps` (the NIC moves the bytes by DMA);
+    /// * no wake-ups (`wake_ns`, `timer_wake_ns` zero): the threads poll their queues;
+    /// * the protocol core's handlers, a tick's own work, key operations and syncs unchanged:
+    ///   the same code runs whatever the network.
+    pub fn kernel_bypass(&self) -> CostTable {
+        let mut bypass = self.at_cpu_share(1.0);
+        bypass.source =
+            format!("{} (kernel bypass: {BYPASS_MESSAGE_NS} ns per message, polling)", self.source);
+        bypass.client_request_ns = BYPASS_MESSAGE_NS;
+        bypass.reply_sent_ns = BYPASS_MESSAGE_NS;
+        bypass.message_received_ns = BYPASS_MESSAGE_NS;
+        bypass.message_sent_ns = BYPASS_MESSAGE_NS;
+        bypass.byte_ps = self.byte_ps / 2;
+        bypass.wake_ns = 0;
+        bypass.timer_wake_ns = 0;
+        bypass
+    }
+
+    /// How many times a message costs more on this table's stack than on a kernel-bypass one:
+    /// the mean of the four per-message costs over [`BYPASS_MESSAGE_NS`].
+    pub fn kernel_to_bypass_ratio(&self) -> f64 {
+        let kernel =
+            (self.client_request_ns + self.reply_sent_ns + self.message_received_ns + self.message_sent_ns)
+                as f64
+                / 4.0;
+        kernel / BYPASS_MESSAGE_NS as f64
     }
 
     /// CPU time for `bytes` bytes of copying, in nanoseconds (rounded up).
@@ -128,6 +198,13 @@ impl CostTable {
         (bytes * self.byte_ps).div_ceil(1_000)
     }
 }
+
+/// CPU per message received or sent on a kernel-bypass stack: eRPC (Kalia, Kaminsky and
+/// Andersen, "Datacenter RPCs can be General and Fast", NSDI 2019) measures "one CPU core can
+/// handle up to 10 million small RPCs per second": 100 ns per RPC, a request received and its
+/// response sent, so 50 ns per message. Its machines (Xeon E5 v3/v4, 2-2.6 GHz) are the
+/// papers' generation: taken at the papers' clocks, not scaled.
+pub const BYPASS_MESSAGE_NS: u64 = 50;
 
 /// The network between machines: every node has one full-duplex NIC of `bandwidth_bits_per_s`
 /// (its sends queue for its egress, what it receives for its ingress) and every message
@@ -142,16 +219,26 @@ pub struct Network {
     pub bandwidth_bits_per_s: u64,
     /// NIC time per packet on top of its bytes (each message is one packet in the model).
     pub packet_ns: u64,
+    /// The hosts reach it through a kernel-bypass stack (RDMA, DPDK): the cost table's
+    /// per-message costs are [`CostTable::kernel_bypass`]'s (see [`Network::costs_for`]).
+    #[serde(default)]
+    pub kernel_bypass: bool,
 }
 
 impl Network {
-    /// `10gbe`, `25gbe` or `100gbe`: Ethernet in one rack, placeholder latencies (a switch hop
-    /// and the wire, a few microseconds) and per-packet costs.
+    /// `10gbe`, `25gbe` or `100gbe`: Ethernet in one rack through the kernel's TCP stack,
+    /// placeholder latencies (a switch hop and the wire, a few microseconds) and per-packet
+    /// costs. `rdma`: the Hermes and HyperLoop testbeds' 56 Gb/s FDR InfiniBand through a
+    /// kernel-bypass stack: 1.5 us one way (eRPC replicates a Raft entry in 5.5 us, client to
+    /// leader to follower and back, four hops with their CPU; HyperLoop's gCAS through a chain
+    /// of 3 takes 10 us on average, Table 2) and 8 ns per packet (a NIC of that generation
+    /// handles about 130 million messages per second: Mellanox's Connect-IB announcement).
     pub fn preset(name: &str) -> Option<Network> {
-        let (gbits, latency_ns, packet_ns) = match name {
-            "10gbe" => (10, 5_000, 100),
-            "25gbe" => (25, 3_000, 60),
-            "100gbe" => (100, 2_000, 30),
+        let (gbits, latency_ns, packet_ns, kernel_bypass) = match name {
+            "10gbe" => (10, 5_000, 100, false),
+            "25gbe" => (25, 3_000, 60, false),
+            "100gbe" => (100, 2_000, 30, false),
+            "rdma" => (56, 1_500, 8, true),
             _ => return None,
         };
         Some(Network {
@@ -159,10 +246,21 @@ impl Network {
             latency_ns,
             bandwidth_bits_per_s: gbits * 1_000_000_000,
             packet_ns,
+            kernel_bypass,
         })
     }
 
-    pub const PRESETS: &'static [&'static str] = &["10gbe", "25gbe", "100gbe"];
+    pub const PRESETS: &'static [&'static str] = &["10gbe", "25gbe", "100gbe", "rdma"];
+
+    /// `costs` as the hosts pay them on this network: [`CostTable::kernel_bypass`] on a
+    /// kernel-bypass network, unchanged otherwise.
+    pub fn costs_for(&self, costs: &CostTable) -> CostTable {
+        if self.kernel_bypass {
+            costs.kernel_bypass()
+        } else {
+            costs.clone()
+        }
+    }
 
     /// Loopback on one host: no wire, no NIC; the sender's CPU pays for the copy (the cost
     /// table's `byte_ps`) and the reader runs `wakeup_ns` later.
@@ -172,6 +270,7 @@ impl Network {
             latency_ns: costs.wakeup_ns,
             bandwidth_bits_per_s: u64::MAX,
             packet_ns: 0,
+            kernel_bypass: false,
         }
     }
 

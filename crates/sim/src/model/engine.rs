@@ -1,10 +1,12 @@
 //! The model's event loop: the real protocol cores under virtual time, with every event
-//! costing CPU time on its node and every message costing NIC time on its links.
+//! costing CPU time on its machine and every message costing NIC time on its links.
 //!
-//! A node is what the server is (crates/server/src/engine.rs): ONE protocol thread owns the
-//! core, while receiving, parsing, encoding and sending run on any of the node's `threads`.
-//! Work goes through three stages, each waiting for a free thread of its node and a free core
-//! of the node's machine:
+//! A node is what the server is (crates/server/src/engine.rs): each of its `loops` event
+//! loops is ONE protocol thread owning an independent instance of the core (the server's
+//! `event_loops`, raftlog's shards: a key belongs to loop `shard_of(key, loops)`, loop `i` of
+//! one node only talks to loop `i` of the others), while receiving, parsing, encoding and
+//! sending run on any core. Work goes through three stages, each waiting for a free thread of
+//! its instance and a free core of its machine:
 //!
 //! 1. receive (any thread): `client_request_ns` per client request, `message_received_ns` per
 //!    peer frame, plus its bytes;
@@ -16,17 +18,25 @@
 //!    bytes, where a turn's messages to one peer travel in ONE frame (the server's
 //!    `send_turn`: opportunistic batching, Hermes §4.2).
 //!
-//! Then each frame queues for its node's egress NIC, crosses the switch (`latency_ns`), and
-//! queues for the receiver's ingress NIC. Ticks skip stage 1. A machine either belongs to one
-//! node (`host_cores: None`: a replica per machine, clients elsewhere) or is shared by every
-//! node and the clients (`Some(cores)`: a loopback run on one host, where each request also
-//! costs the load generator `client_op_ns`). No faults: the correctness swarms are the
-//! simulator's job (crate::simulator), and this loop leaves them untouched.
+//! Then each frame queues for its machine's egress NIC, crosses the switch (`latency_ns`),
+//! and queues for the receiver's ingress NIC. Ticks skip stage 1.
+//!
+//! Machines: a node's machine is its own (a replica per machine, clients elsewhere), or
+//! shared by several nodes (`groups` of tenants on the same machines, or every node and the
+//! load generator on one host: a loopback run, where each request also costs the load
+//! generator `client_op_ns`). A machine may run a **background load** that keeps every core
+//! busy in slices (the HyperLoop paper's co-located tenants): work that needs a core waits
+//! for the first slice to end. Messages a protocol marks as **handled by the NIC** (the
+//! HyperLoop chain's hops: gWRITE, gCAS, gMEMCPY forwarded by the NIC) skip the CPU stages:
+//! the core's handler runs when the frame has arrived, and what it sends leaves at once.
+//! No faults: the correctness swarms are the simulator's job (crate::simulator), and this loop
+//! leaves them untouched.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::BytesMut;
 use chorus_core::codec::{WireMessage, FRAME_HEADER_BYTES};
+use chorus_core::slots::{even_ranges, key_slot};
 use chorus_core::{ClientRequestId, Command, NodeId, Outbox, Outcome, Replica, Time};
 
 use super::costs::{CostTable, Network};
@@ -34,16 +44,34 @@ use super::costs::{CostTable, Network};
 /// Time as the model counts it: nanoseconds since the start.
 type Nanos = u64;
 
+/// What the clients do once one of their requests is answered.
+pub(super) enum AfterReply {
+    /// Nothing yet (more replies of the same step outstanding, or an open loop).
+    Wait,
+    /// Send the next step of the same operation now.
+    Send(Vec<Command>),
+    /// The operation is done; the client issues its next one at this time.
+    IssueAt(Nanos),
+}
+
+/// One step of a client operation: commands sent together (pipelined), under a tag the
+/// clients use to tell their operations apart.
+pub(super) struct Issued {
+    pub tag: u64,
+    pub commands: Vec<Command>,
+    /// In an open loop: when this client issues its next operation, whatever the answers.
+    pub next_issue: Option<Nanos>,
+}
+
 /// What the engine needs to know about the clients' traffic.
 pub(super) trait Clients {
-    /// The first request of every client (closed loop) or every planned arrival (open loop):
-    /// `(at, client)` pairs.
+    /// The first operation of every client (closed loop) or every planned arrival (open
+    /// loop): `(at, client)` pairs.
     fn initial(&mut self) -> Vec<(Nanos, u32)>;
-    /// Client `client` issues its next command now (`None`: it is done), and, in an open
-    /// loop, when it issues the one after whatever the answers.
-    fn command(&mut self, client: u32, now: Nanos) -> Option<(Command, Option<Nanos>)>;
-    /// A reply reached `client`; returns when it issues its next request, if it does.
-    fn completed(&mut self, client: u32, invoked: Nanos, now: Nanos, outcome: &Outcome) -> Option<Nanos>;
+    /// Client `client` starts its next operation now (`None`: it is done).
+    fn issue(&mut self, client: u32, now: Nanos) -> Option<Issued>;
+    /// A reply to one of operation `tag`'s requests reached its client.
+    fn completed(&mut self, tag: u64, now: Nanos, outcome: &Outcome) -> AfterReply;
 }
 
 enum Work<M> {
@@ -51,17 +79,27 @@ enum Work<M> {
         request: ClientRequestId,
         command: Command,
     },
-    /// One frame: every message a peer's turn sent here.
+    /// One frame: every message a peer's turn sent here (of one kind: CPU or NIC).
     Messages {
         from: NodeId,
         messages: Vec<M>,
+        nic: bool,
     },
     Tick,
 }
 
-/// What one turn produced, with its encoded sizes: one frame per destination.
+/// One frame a turn sends: to one peer, every message of one kind.
+struct Frame<M> {
+    to: NodeId,
+    messages: Vec<M>,
+    bytes: u64,
+    /// Handled by the receiver's NIC, not its CPU.
+    nic: bool,
+}
+
+/// What one turn produced, with its encoded sizes.
 struct Outputs<M> {
-    frames: Vec<(NodeId, Vec<M>, u64)>,
+    frames: Vec<Frame<M>>,
     replies: Vec<(ClientRequestId, Outcome, u64)>,
 }
 
@@ -69,43 +107,73 @@ struct Outputs<M> {
 struct Outgoing {
     request: ClientRequestId,
     command: Command,
-    node: NodeId,
+    instance: usize,
 }
 
 /// How many events one turn takes, as the server's event loop (EVENTS_PER_TURN_MAX).
 const EVENTS_PER_TURN_MAX: usize = 512;
 
-/// Where the machines are: a machine per node, or one machine for everything.
+/// One machine: its cores and whether a background load keeps them busy.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Placement {
-    /// Threads per node: how many of its stages run at once.
+pub(super) struct MachineSpec {
+    pub cores: u32,
+    /// `Some(slice)`: every core runs a CPU-bound background process whenever no replica work
+    /// holds it, in slices of this length; work waiting for a core gets the first one whose
+    /// slice ends.
+    pub background_slice_ns: Option<Nanos>,
+}
+
+/// Where the instances run and how clients reach them.
+#[derive(Clone, Debug)]
+pub(super) struct Layout {
+    /// Replicas per group.
+    pub nodes: usize,
+    /// Event loops (independent protocol instances) per node.
+    pub loops: usize,
+    /// Replica groups; keys go to groups by slot (even ranges of Redis' 16 384 slots).
+    pub groups: usize,
+    /// The machine of node `group * nodes + member`.
+    pub machine_of_node: Vec<usize>,
+    pub machines: Vec<MachineSpec>,
+    /// Threads per instance: how many of its stages run at once.
     pub threads: u32,
-    /// `None`: every node has a machine of `threads` cores. `Some(cores)`: every node and the
-    /// load generator share one machine of `cores` cores.
-    pub host_cores: Option<u32>,
+    /// Machine 0 also runs the load generator (a loopback run on one host).
+    pub shared_host: bool,
+    /// Client `c` talks only to group `c % groups` (a tenant), instead of following its keys.
+    pub client_per_group: bool,
+}
+
+impl Layout {
+    fn instances(&self) -> usize {
+        self.groups * self.nodes * self.loops
+    }
+
+    fn instance(&self, group: usize, member: usize, loop_index: usize) -> usize {
+        (group * self.nodes + member) * self.loops + loop_index
+    }
 }
 
 enum Event<M> {
-    /// A client's next request is due.
+    /// A client's next operation is due.
     Issue(u32),
     /// The load generator has encoded and written a request (shared host only).
     ClientSent(Outgoing),
-    /// Work reaches a node (its ingress NIC done with it).
+    /// Work reaches an instance (its machine's ingress NIC done with it).
     Arrive {
-        node: NodeId,
+        instance: usize,
         work: Work<M>,
         bytes: u64,
     },
     ReceiveDone {
-        node: NodeId,
+        instance: usize,
         work: Work<M>,
     },
     HandleDone {
-        node: NodeId,
+        instance: usize,
         outputs: Outputs<M>,
     },
     SendDone {
-        node: NodeId,
+        instance: usize,
         outputs: Outputs<M>,
     },
     /// A reply reaches its client.
@@ -113,67 +181,115 @@ enum Event<M> {
         request: ClientRequestId,
         outcome: Outcome,
     },
-    Tick(NodeId),
+    Tick(usize),
+    /// A background slice on one of the machine's cores ends.
+    SliceEnd(usize),
 }
 
-/// One node's CPU and NIC queues.
-struct Node<M> {
+/// One protocol instance: its core's position and its stage queues.
+struct Instance<M> {
+    group: usize,
+    loop_index: usize,
+    machine: usize,
     threads: u32,
     threads_free: u32,
-    /// The wake-up the node owes (`wake_ns`, or `timer_wake_ns` when its tick woke it):
+    /// The wake-up the instance owes (`wake_ns`, or `timer_wake_ns` when its tick woke it):
     /// charged to the next stage it starts.
     wake_owed_ns: Nanos,
-    /// The machine whose cores it uses (an index into `Engine::cores_free`).
-    machine: usize,
     protocol_busy: bool,
     /// Work waiting for a core to receive it, with its size on the wire.
     receive: VecDeque<(Work<M>, u64)>,
     handle: VecDeque<Work<M>>,
-    /// A node with one thread runs like tokio's current-thread runtime: every ready
+    /// An instance with one thread runs like tokio's current-thread runtime: every ready
     /// connection task before the event loop's next turn. With more threads the protocol
     /// thread goes first (it is the serial part).
     receive_first: bool,
     send: VecDeque<Outputs<M>>,
+    protocol_busy_ns: u64,
+}
+
+impl<M> Instance<M> {
+    fn idle(&self) -> bool {
+        self.threads_free == self.threads
+            && self.receive.is_empty()
+            && self.handle.is_empty()
+            && self.send.is_empty()
+    }
+}
+
+/// One machine's cores and NIC.
+struct Machine {
+    spec: MachineSpec,
+    cores_free: u32,
+    /// Its instances, and where the next dispatch starts among them (round robin).
+    instances: Vec<usize>,
+    next_first: usize,
     egress_free_at: Nanos,
     ingress_free_at: Nanos,
-    /// Core time spent, for utilisation.
+    /// Core time spent on replica work (not the background's), for utilisation.
     busy_ns: u64,
-    protocol_busy_ns: u64,
     egress_busy_ns: u64,
     ingress_busy_ns: u64,
 }
 
-/// What one run measured, before summarising.
+/// What one run measured over its window, before summarising.
 pub(super) struct Measured {
-    pub end_ns: Nanos,
-    pub node_busy_ns: Vec<u64>,
+    /// The window's length.
+    pub window_ns: Nanos,
+    /// Per machine that runs replicas, busy within the window.
+    pub machine_busy_ns: Vec<u64>,
+    pub machine_cores: Vec<u32>,
     pub protocol_busy_ns: Vec<u64>,
     pub egress_busy_ns: Vec<u64>,
     pub ingress_busy_ns: Vec<u64>,
     /// The load generator's CPU on a shared host.
     pub client_busy_ns: u64,
-    /// Every node's CPU from the measured window's start on.
+    /// Every replica's CPU within the window.
     pub window_nodes_busy_ns: u64,
     pub events: u64,
 }
 
+/// The busy-time counters at one instant (work is counted when it starts).
+struct Counters {
+    machine_busy_ns: Vec<u64>,
+    protocol_busy_ns: Vec<u64>,
+    egress_busy_ns: Vec<u64>,
+    ingress_busy_ns: Vec<u64>,
+    client_busy_ns: u64,
+}
+
+/// Which messages the receiving NIC handles without the CPU (HyperLoop's offloaded hops).
+pub(super) type NicHandled<M> = fn(&M) -> bool;
+
+/// What a run charges and how its clock ticks.
+pub(super) struct Setup<M> {
+    pub costs: CostTable,
+    pub network: Network,
+    pub nic_handled: Option<NicHandled<M>>,
+    /// The event loops' tick period.
+    pub tick_ns: Nanos,
+    /// A read of a key no write of the run reached is sized as a loaded record of this many
+    /// value bytes.
+    pub record_bytes: u64,
+}
+
 pub(super) struct Engine<'a, P: Replica, C: Clients> {
     replicas: Vec<P>,
-    nodes: Vec<Node<P::Message>>,
-    /// Free cores per machine.
-    cores_free: Vec<u32>,
+    instances: Vec<Instance<P::Message>>,
+    machines: Vec<Machine>,
+    layout: Layout,
+    /// The slot ranges of the groups.
+    group_ranges: Vec<(u16, u16)>,
     /// Requests waiting for the load generator's CPU (shared host only).
     outgoing: VecDeque<Outgoing>,
-    shared_host: bool,
     client_busy_ns: u64,
     costs: CostTable,
     network: Network,
+    nic_handled: Option<NicHandled<P::Message>>,
     tick_ns: Nanos,
     clients: &'a mut C,
-    /// Which node each client talks to.
-    client_node: Vec<NodeId>,
-    /// `request -> (client, invoked)`.
-    pending: rustc_hash::FxHashMap<ClientRequestId, (u32, Nanos)>,
+    /// `request -> (operation tag, client)`.
+    pending: rustc_hash::FxHashMap<ClientRequestId, (u64, u32)>,
     next_request: u64,
     /// Pending events by `(at, seq)`: the earliest first, ties in the order scheduled.
     queue: BTreeMap<(Nanos, u64), Event<P::Message>>,
@@ -181,6 +297,9 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     now: Nanos,
     outbox: Outbox<P::Message>,
     buffer: BytesMut,
+    /// A read of a key no write of the run reached is sized as a loaded record of this many
+    /// value bytes (the model loads no data; the records are taken as loaded).
+    record_bytes: u64,
 }
 
 impl<'a, P, C> Engine<'a, P, C>
@@ -189,53 +308,67 @@ where
     P::Message: WireMessage,
     C: Clients,
 {
+    /// `replicas` in instance order: group, then member, then loop.
     pub(super) fn new(
         replicas: Vec<P>,
-        placement: Placement,
-        costs: CostTable,
-        network: Network,
-        tick_ns: Nanos,
+        layout: Layout,
+        setup: Setup<P::Message>,
         clients: &'a mut C,
-        client_node: Vec<NodeId>,
     ) -> Self {
-        assert!(placement.threads >= 1, "a node needs a thread");
-        assert!(placement.host_cores != Some(0), "a machine needs a core");
-        let cores_free = match placement.host_cores {
-            Some(cores) => vec![cores],
-            None => vec![placement.threads; replicas.len()],
-        };
-        let shared_host = placement.host_cores.is_some();
-        let nodes = (0..replicas.len())
-            .map(|index| Node {
-                threads: placement.threads,
-                threads_free: placement.threads,
-                wake_owed_ns: 0,
-                machine: if shared_host { 0 } else { index },
-                protocol_busy: false,
-                receive: VecDeque::new(),
-                handle: VecDeque::new(),
-                receive_first: placement.threads == 1,
-                send: VecDeque::new(),
+        let Setup { costs, network, nic_handled, tick_ns, record_bytes } = setup;
+        assert_eq!(replicas.len(), layout.instances(), "one replica per instance");
+        assert_eq!(layout.machine_of_node.len(), layout.groups * layout.nodes, "a machine per node");
+        assert!(layout.threads >= 1, "an instance needs a thread");
+        assert!(layout.machines.iter().all(|machine| machine.cores >= 1), "a machine needs a core");
+        let mut machines: Vec<Machine> = layout
+            .machines
+            .iter()
+            .map(|spec| Machine {
+                spec: *spec,
+                cores_free: spec.cores,
+                instances: Vec::new(),
+                next_first: 0,
                 egress_free_at: 0,
                 ingress_free_at: 0,
                 busy_ns: 0,
-                protocol_busy_ns: 0,
                 egress_busy_ns: 0,
                 ingress_busy_ns: 0,
             })
             .collect();
+        let mut instances = Vec::with_capacity(replicas.len());
+        for index in 0..replicas.len() {
+            let node = index / layout.loops;
+            let machine = layout.machine_of_node[node];
+            machines[machine].instances.push(index);
+            instances.push(Instance {
+                group: node / layout.nodes,
+                loop_index: index % layout.loops,
+                machine,
+                threads: layout.threads,
+                threads_free: layout.threads,
+                wake_owed_ns: 0,
+                protocol_busy: false,
+                receive: VecDeque::new(),
+                handle: VecDeque::new(),
+                receive_first: layout.threads == 1,
+                send: VecDeque::new(),
+                protocol_busy_ns: 0,
+            });
+        }
+        let group_ranges = even_ranges(layout.groups as u16);
         Engine {
             replicas,
-            nodes,
-            cores_free,
+            instances,
+            machines,
+            layout,
+            group_ranges,
             outgoing: VecDeque::new(),
-            shared_host,
             client_busy_ns: 0,
             costs,
             network,
+            nic_handled,
             tick_ns,
             clients,
-            client_node,
             pending: Default::default(),
             next_request: 0,
             queue: BTreeMap::new(),
@@ -243,6 +376,7 @@ where
             now: 0,
             outbox: Outbox::default(),
             buffer: BytesMut::new(),
+            record_bytes,
         }
     }
 
@@ -252,208 +386,292 @@ where
         self.queue.insert((at, self.seq), event);
     }
 
-    /// Run until `end_ns` of virtual time; CPU spent from `window_ns` on is also summed apart.
+    /// Run until `end_ns` of virtual time; what is measured is what happened from
+    /// `window_ns` on.
     pub(super) fn run(mut self, window_ns: Nanos, end_ns: Nanos) -> Measured {
-        for node in 0..self.replicas.len() {
-            // Ticks of different nodes fall at different instants, as real clocks' do.
-            let offset = self.tick_ns * node as u64 / self.replicas.len() as u64;
-            self.schedule(offset, Event::Tick(NodeId(node as u8)));
+        let count = self.instances.len() as u64;
+        for instance in 0..self.instances.len() {
+            // Ticks of different loops and nodes fall at different instants, as real
+            // clocks' do.
+            let offset = self.tick_ns * instance as u64 / count;
+            self.schedule(offset, Event::Tick(instance));
+        }
+        for machine in 0..self.machines.len() {
+            self.start_background(machine);
         }
         for (at, client) in self.clients.initial() {
             self.schedule(at, Event::Issue(client));
         }
         let mut events = 0;
-        let mut busy_before_window = None;
+        let mut at_window = None;
         while let Some(((at, _), event)) = self.queue.pop_first() {
             if at > end_ns {
                 break;
             }
-            if at >= window_ns && busy_before_window.is_none() {
-                busy_before_window = Some(self.nodes_busy_ns());
+            if at >= window_ns && at_window.is_none() {
+                at_window = Some(self.counters());
             }
             self.now = at;
             events += 1;
             self.handle(event);
         }
+        let start = at_window.unwrap_or_else(|| self.counters());
+        let end = self.counters();
+        let minus =
+            |after: &[u64], before: &[u64]| after.iter().zip(before).map(|(a, b)| a - b).collect::<Vec<_>>();
+        let machine_busy_ns = minus(&end.machine_busy_ns, &start.machine_busy_ns);
+        let used: Vec<usize> = (0..self.machines.len())
+            .filter(|machine| !self.machines[*machine].instances.is_empty())
+            .collect();
+        let pick = |all: Vec<u64>| used.iter().map(|machine| all[*machine]).collect::<Vec<_>>();
         Measured {
-            end_ns,
-            node_busy_ns: self.nodes.iter().map(|node| node.busy_ns).collect(),
-            protocol_busy_ns: self.nodes.iter().map(|node| node.protocol_busy_ns).collect(),
-            egress_busy_ns: self.nodes.iter().map(|node| node.egress_busy_ns).collect(),
-            ingress_busy_ns: self.nodes.iter().map(|node| node.ingress_busy_ns).collect(),
-            client_busy_ns: self.client_busy_ns,
-            window_nodes_busy_ns: self.nodes_busy_ns() - busy_before_window.unwrap_or(0),
+            window_ns: end_ns.saturating_sub(window_ns).max(1),
+            window_nodes_busy_ns: machine_busy_ns.iter().sum(),
+            machine_busy_ns: pick(machine_busy_ns),
+            machine_cores: used.iter().map(|machine| self.machines[*machine].spec.cores).collect(),
+            protocol_busy_ns: minus(&end.protocol_busy_ns, &start.protocol_busy_ns),
+            egress_busy_ns: pick(minus(&end.egress_busy_ns, &start.egress_busy_ns)),
+            ingress_busy_ns: pick(minus(&end.ingress_busy_ns, &start.ingress_busy_ns)),
+            client_busy_ns: end.client_busy_ns - start.client_busy_ns,
             events,
         }
     }
 
-    fn nodes_busy_ns(&self) -> u64 {
-        self.nodes.iter().map(|node| node.busy_ns).sum()
+    fn counters(&self) -> Counters {
+        Counters {
+            machine_busy_ns: self.machines.iter().map(|machine| machine.busy_ns).collect(),
+            protocol_busy_ns: self.instances.iter().map(|instance| instance.protocol_busy_ns).collect(),
+            egress_busy_ns: self.machines.iter().map(|machine| machine.egress_busy_ns).collect(),
+            ingress_busy_ns: self.machines.iter().map(|machine| machine.ingress_busy_ns).collect(),
+            client_busy_ns: self.client_busy_ns,
+        }
     }
 
     fn handle(&mut self, event: Event<P::Message>) {
         match event {
             Event::Issue(client) => self.issue(client),
             Event::ClientSent(outgoing) => {
-                self.cores_free[0] += 1;
+                self.machines[0].cores_free += 1;
                 self.deliver_request(outgoing);
                 self.dispatch_machine(0);
             }
-            Event::Arrive { node, work, bytes } => {
-                self.note_wake(node, self.costs.wake_ns);
-                self.nodes[node.index()].receive.push_back((work, bytes));
-                self.dispatch(node);
+            Event::Arrive { instance, work: Work::Messages { from, messages, nic: true }, .. } => {
+                self.nic_handle(instance, from, messages);
             }
-            Event::ReceiveDone { node, work } => {
-                self.release(node);
-                self.nodes[node.index()].handle.push_back(work);
-                self.dispatch(node);
+            Event::Arrive { instance, work, bytes } => {
+                self.note_wake(instance, self.costs.wake_ns);
+                self.instances[instance].receive.push_back((work, bytes));
+                self.dispatch(instance);
             }
-            Event::HandleDone { node, outputs } => {
-                self.release(node);
-                let state = &mut self.nodes[node.index()];
+            Event::ReceiveDone { instance, work } => {
+                self.release(instance);
+                self.instances[instance].handle.push_back(work);
+                self.carry_on(instance);
+            }
+            Event::HandleDone { instance, outputs } => {
+                self.release(instance);
+                let state = &mut self.instances[instance];
                 state.protocol_busy = false;
                 state.send.push_back(outputs);
-                self.dispatch(node);
+                self.carry_on(instance);
             }
-            Event::SendDone { node, outputs } => {
-                self.release(node);
-                self.transmit(node, outputs);
-                self.dispatch(node);
+            Event::SendDone { instance, outputs } => {
+                self.release(instance);
+                self.transmit(instance, outputs);
+                self.carry_on(instance);
             }
             Event::Reply { request, outcome } => self.reply(request, outcome),
-            Event::Tick(node) => {
-                self.note_wake(node, self.costs.timer_wake_ns);
-                self.nodes[node.index()].handle.push_back(Work::Tick);
-                self.dispatch(node);
-                self.schedule(self.now + self.tick_ns, Event::Tick(node));
+            Event::Tick(instance) => {
+                self.note_wake(instance, self.costs.timer_wake_ns);
+                self.instances[instance].handle.push_back(Work::Tick);
+                self.dispatch(instance);
+                self.schedule(self.now + self.tick_ns, Event::Tick(instance));
+            }
+            Event::SliceEnd(machine) => {
+                // The background process gives up the core; waiting replica work takes it,
+                // or the background runs another slice.
+                self.machines[machine].cores_free += 1;
+                self.dispatch_machine(machine);
             }
         }
     }
 
-    /// Work reaches `node`: if it had nothing to do, its thread sleeps and must be woken.
-    fn note_wake(&mut self, node: NodeId, wake_ns: Nanos) {
-        let state = &mut self.nodes[node.index()];
-        let idle = state.threads_free == state.threads
-            && state.receive.is_empty()
-            && state.handle.is_empty()
-            && state.send.is_empty();
-        if idle {
+    /// Work reaches `instance`: if it had nothing to do, its thread sleeps and must be woken.
+    fn note_wake(&mut self, instance: usize, wake_ns: Nanos) {
+        let state = &mut self.instances[instance];
+        if state.idle() {
             state.wake_owed_ns = wake_ns;
         }
     }
 
     fn issue(&mut self, client: u32) {
-        let Some((command, next)) = self.clients.command(client, self.now) else { return };
-        if let Some(next) = next {
+        let Some(issued) = self.clients.issue(client, self.now) else { return };
+        if let Some(next) = issued.next_issue {
             self.schedule(next.max(self.now), Event::Issue(client));
         }
-        let request = ClientRequestId(self.next_request);
-        self.next_request += 1;
-        self.pending.insert(request, (client, self.now));
-        let node = self.client_node[client as usize];
-        let outgoing = Outgoing { request, command, node };
-        if self.shared_host {
-            // The load generator shares the host: encoding, writing and later reading the
-            // reply cost it `client_op_ns` of a core before the request leaves.
-            self.outgoing.push_back(outgoing);
-            self.dispatch_machine(0);
-        } else {
-            self.deliver_request(outgoing);
+        self.send_step(client, issued.tag, issued.commands);
+    }
+
+    fn send_step(&mut self, client: u32, tag: u64, commands: Vec<Command>) {
+        for command in commands {
+            let request = ClientRequestId(self.next_request);
+            self.next_request += 1;
+            self.pending.insert(request, (tag, client));
+            let instance = self.route(client, command.key());
+            let outgoing = Outgoing { request, command, instance };
+            if self.layout.shared_host {
+                // The load generator shares the host: encoding, writing and later reading
+                // the reply cost it `client_op_ns` of a core before the request leaves.
+                self.outgoing.push_back(outgoing);
+            } else {
+                self.deliver_request(outgoing);
+            }
         }
+        if self.layout.shared_host {
+            self.dispatch_machine(0);
+        }
+    }
+
+    /// The instance a client's command goes to: its key's group (or the client's tenant),
+    /// the client's replica in that group (clients spread over the replicas round-robin, as
+    /// `chorus bench` connects them), and its key's event loop there.
+    fn route(&self, client: u32, key: &[u8]) -> usize {
+        let layout = &self.layout;
+        let group = if layout.client_per_group {
+            client as usize % layout.groups
+        } else {
+            let slot = key_slot(key);
+            self.group_ranges.iter().position(|(low, high)| (*low..=*high).contains(&slot)).unwrap_or(0)
+        };
+        let member = client as usize % layout.nodes;
+        let loop_index = chorus_raftlog::shard_of(key, layout.loops);
+        layout.instance(group, member, loop_index)
     }
 
     fn deliver_request(&mut self, outgoing: Outgoing) {
-        let Outgoing { request, command, node } = outgoing;
+        let Outgoing { request, command, instance } = outgoing;
         let bytes = resp_request_bytes(&command);
         // The client's own NIC is never the bottleneck: the request crosses the switch and
         // queues for the node's ingress.
-        let at = self.ingress(node, self.now + self.network.latency_ns, bytes);
-        self.schedule(at, Event::Arrive { node, work: Work::Client { request, command }, bytes });
+        let machine = self.instances[instance].machine;
+        let at = self.ingress(machine, self.now + self.network.latency_ns, bytes);
+        self.schedule(at, Event::Arrive { instance, work: Work::Client { request, command }, bytes });
     }
 
     fn reply(&mut self, request: ClientRequestId, outcome: Outcome) {
-        let Some((client, invoked)) = self.pending.remove(&request) else { return };
-        if let Some(next) = self.clients.completed(client, invoked, self.now, &outcome) {
-            self.schedule(next.max(self.now), Event::Issue(client));
+        let Some((tag, client)) = self.pending.remove(&request) else { return };
+        match self.clients.completed(tag, self.now, &outcome) {
+            AfterReply::Wait => {}
+            AfterReply::Send(commands) => self.send_step(client, tag, commands),
+            AfterReply::IssueAt(at) => self.schedule(at.max(self.now), Event::Issue(client)),
         }
     }
 
-    /// A stage of `node` ended: its thread and its machine's core are free again; whoever
-    /// else shares that machine may start.
-    fn release(&mut self, node: NodeId) {
-        let state = &mut self.nodes[node.index()];
+    /// A stage of `instance` ended: its thread and its machine's core are free again.
+    fn release(&mut self, instance: usize) {
+        let state = &mut self.instances[instance];
         state.threads_free += 1;
-        self.cores_free[state.machine] += 1;
-        if self.shared_host {
-            self.dispatch_machine(0);
-        }
+        self.machines[state.machine].cores_free += 1;
     }
 
-    /// Start whatever the node's free threads and its machine's free cores can take.
-    fn dispatch(&mut self, node: NodeId) {
-        while self.start_one(node) {}
+    fn dispatch(&mut self, instance: usize) {
+        self.dispatch_machine(self.instances[instance].machine);
     }
 
-    /// Start work on a shared machine until its cores are busy or nothing waits: the nodes
-    /// and the load generator take turns, one stage each, so none starves the others.
+    /// A stage of `instance` ended: its thread keeps the core for its own next stage if it
+    /// has one (a running thread is not descheduled between its stages), then the machine's
+    /// other work takes whatever is free.
+    fn carry_on(&mut self, instance: usize) {
+        self.start_one(instance);
+        self.dispatch(instance);
+    }
+
+    /// Start work on a machine until its cores are busy or nothing waits: its instances (and
+    /// the load generator, on a shared host) take turns, one stage each, so none starves the
+    /// others. Cores left over go to the background load, if the machine has one.
     fn dispatch_machine(&mut self, machine: usize) {
+        let count = self.machines[machine].instances.len();
         loop {
-            let mut started = self.start_client_send(machine);
-            for node in 0..self.nodes.len() {
-                if self.nodes[node].machine == machine {
-                    started |= self.start_one(NodeId(node as u8));
+            let mut started = machine == 0 && self.start_client_send();
+            let first = self.machines[machine].next_first;
+            for offset in 0..count {
+                if self.machines[machine].cores_free == 0 {
+                    break;
                 }
+                let instance = self.machines[machine].instances[(first + offset) % count];
+                started |= self.start_one(instance);
             }
-            if !started {
-                return;
+            if count > 0 {
+                self.machines[machine].next_first = (first + 1) % count;
             }
+            if !started || self.machines[machine].cores_free == 0 {
+                break;
+            }
+        }
+        self.start_background(machine);
+    }
+
+    /// Every core nothing else wants runs the background load for a slice.
+    fn start_background(&mut self, machine: usize) {
+        let Some(slice_ns) = self.machines[machine].spec.background_slice_ns else { return };
+        let cores = self.machines[machine].spec.cores as u64;
+        while self.machines[machine].cores_free > 0 {
+            self.machines[machine].cores_free -= 1;
+            // At the start the cores' slices are staggered, as real ones are.
+            let slice = if self.now == 0 {
+                slice_ns * (self.machines[machine].cores_free as u64 + 1) / cores
+            } else {
+                slice_ns
+            };
+            self.schedule(self.now + slice.max(1), Event::SliceEnd(machine));
         }
     }
 
-    fn start_client_send(&mut self, machine: usize) -> bool {
-        if !self.shared_host || machine != 0 || self.cores_free[0] == 0 {
+    fn start_client_send(&mut self) -> bool {
+        if !self.layout.shared_host || self.machines[0].cores_free == 0 {
             return false;
         }
         let Some(outgoing) = self.outgoing.pop_front() else { return false };
-        self.cores_free[0] -= 1;
+        self.machines[0].cores_free -= 1;
         let cost = self.costs.client_op_ns;
         self.client_busy_ns += cost;
         self.schedule(self.now + cost, Event::ClientSent(outgoing));
         true
     }
 
-    /// Start one stage of `node`, if a thread and a core are free and work waits. Order: see
-    /// [`Node::receive_first`]; sends before receives (they free memory and unblock peers).
-    fn start_one(&mut self, node: NodeId) -> bool {
-        let state = &self.nodes[node.index()];
-        if state.threads_free == 0 || self.cores_free[state.machine] == 0 {
+    /// Start one stage of `instance`, if a thread and a core are free and work waits. Order:
+    /// see [`Instance::receive_first`]; sends before receives (they free memory and unblock
+    /// peers).
+    fn start_one(&mut self, instance: usize) -> bool {
+        let state = &self.instances[instance];
+        if state.threads_free == 0 || self.machines[state.machine].cores_free == 0 {
             return false;
         }
         let can_handle = !state.protocol_busy && !state.handle.is_empty();
         let can_receive = !state.receive.is_empty();
         if can_handle && !(state.receive_first && (can_receive || !state.send.is_empty())) {
-            self.start_turn(node);
-        } else if let Some(outputs) = self.nodes[node.index()].send.pop_front() {
-            let cost = self.occupy(node, self.send_cost(&outputs));
-            self.schedule(self.now + cost, Event::SendDone { node, outputs });
-        } else if let Some((work, bytes)) = self.nodes[node.index()].receive.pop_front() {
-            let cost = self.occupy(node, self.receive_cost(&work, bytes));
-            self.schedule(self.now + cost, Event::ReceiveDone { node, work });
+            self.start_turn(instance);
+        } else if let Some(outputs) = self.instances[instance].send.pop_front() {
+            let cost = self.occupy(instance, self.send_cost(&outputs));
+            self.schedule(self.now + cost, Event::SendDone { instance, outputs });
+        } else if let Some((work, bytes)) = self.instances[instance].receive.pop_front() {
+            let cost = self.occupy(instance, self.receive_cost(&work, bytes));
+            self.schedule(self.now + cost, Event::ReceiveDone { instance, work });
         } else {
             return false;
         }
         true
     }
 
-    /// Take a thread of `node` and a core of its machine for a stage of `cost`; returns how
-    /// long the stage runs (with the wake-up the node owes, if any).
-    fn occupy(&mut self, node: NodeId, cost: Nanos) -> Nanos {
-        let state = &mut self.nodes[node.index()];
+    /// Take a thread of `instance` and a core of its machine for a stage of `cost`; returns
+    /// how long the stage runs (with the wake-up the instance owes, if any).
+    fn occupy(&mut self, instance: usize, cost: Nanos) -> Nanos {
+        let state = &mut self.instances[instance];
         state.threads_free -= 1;
-        self.cores_free[state.machine] -= 1;
+        let machine = &mut self.machines[state.machine];
+        machine.cores_free -= 1;
         let wake = std::mem::take(&mut state.wake_owed_ns);
-        state.busy_ns += cost + wake;
+        machine.busy_ns += cost + wake;
         cost + wake
     }
 
@@ -467,10 +685,8 @@ where
     }
 
     fn send_cost(&self, outputs: &Outputs<P::Message>) -> Nanos {
-        let frames = outputs
-            .frames
-            .iter()
-            .map(|(_, _, bytes)| self.costs.message_sent_ns + self.costs.bytes_ns(*bytes));
+        let frames =
+            outputs.frames.iter().map(|frame| self.costs.message_sent_ns + self.costs.bytes_ns(frame.bytes));
         let replies = outputs
             .replies
             .iter()
@@ -480,11 +696,11 @@ where
 
     /// The protocol thread takes a turn: every event waiting (up to the server's bound), the
     /// core's handlers run now, and their outputs leave when the turn's time is up.
-    fn start_turn(&mut self, node: NodeId) {
+    fn start_turn(&mut self, instance: usize) {
         let now = Time::from_nanos(self.now);
-        let taken = self.nodes[node.index()].handle.len().min(EVENTS_PER_TURN_MAX);
-        let turn: Vec<Work<P::Message>> = self.nodes[node.index()].handle.drain(..taken).collect();
-        let replica = &mut self.replicas[node.index()];
+        let taken = self.instances[instance].handle.len().min(EVENTS_PER_TURN_MAX);
+        let turn: Vec<Work<P::Message>> = self.instances[instance].handle.drain(..taken).collect();
+        let replica = &mut self.replicas[instance];
         let mut cost = 0;
         for work in turn {
             match work {
@@ -492,7 +708,7 @@ where
                     cost += self.costs.handle_ns + self.costs.key_op_ns;
                     replica.on_client(now, request, command, &mut self.outbox);
                 }
-                Work::Messages { from, messages } => {
+                Work::Messages { from, messages, .. } => {
                     for message in messages {
                         cost += self.costs.handle_ns;
                         replica.on_message(now, from, message, &mut self.outbox);
@@ -510,67 +726,97 @@ where
         }
         replica.sync_durable();
         let outputs = self.take_outputs();
-        self.nodes[node.index()].protocol_busy = true;
-        let cost = self.occupy(node, cost);
-        self.nodes[node.index()].protocol_busy_ns += cost;
-        self.schedule(self.now + cost, Event::HandleDone { node, outputs });
+        self.instances[instance].protocol_busy = true;
+        let cost = self.occupy(instance, cost);
+        self.instances[instance].protocol_busy_ns += cost;
+        self.schedule(self.now + cost, Event::HandleDone { instance, outputs });
     }
 
-    /// Drain the outbox into one frame per destination node (the model sends no multicast),
-    /// with each frame's size on the wire.
+    /// A frame of NIC-handled messages has arrived: the core's handler runs now, on no CPU,
+    /// and whatever it sends leaves now, sent by the NIC.
+    fn nic_handle(&mut self, instance: usize, from: NodeId, messages: Vec<P::Message>) {
+        let now = Time::from_nanos(self.now);
+        let replica = &mut self.replicas[instance];
+        for message in messages {
+            replica.on_message(now, from, message, &mut self.outbox);
+        }
+        replica.sync_durable();
+        let outputs = self.take_outputs();
+        self.transmit(instance, outputs);
+    }
+
+    /// Drain the outbox into one frame per destination node and kind (the model sends no
+    /// multicast), with each frame's size on the wire.
     fn take_outputs(&mut self) -> Outputs<P::Message> {
-        let mut frames: Vec<(NodeId, Vec<P::Message>, u64)> = Vec::new();
+        let mut frames: Vec<Frame<P::Message>> = Vec::new();
         for (destination, message) in self.outbox.messages.drain(..) {
             self.buffer.clear();
             message.encode(&mut self.buffer);
             let bytes = self.buffer.len() as u64;
+            let nic = self.nic_handled.is_some_and(|handled| handled(&message));
             for to in destination.nodes().iter() {
-                match frames.iter_mut().find(|(node, _, _)| *node == to) {
-                    Some((_, messages, size)) => {
-                        messages.push(message.clone());
-                        *size += bytes;
+                match frames.iter_mut().find(|frame| frame.to == to && frame.nic == nic) {
+                    Some(frame) => {
+                        frame.messages.push(message.clone());
+                        frame.bytes += bytes;
                     }
-                    None => frames.push((to, vec![message.clone()], frame_header_bytes() + bytes)),
+                    None => frames.push(Frame {
+                        to,
+                        messages: vec![message.clone()],
+                        bytes: frame_header_bytes() + bytes,
+                        nic,
+                    }),
                 }
             }
         }
+        let record_bytes = self.record_bytes;
         let replies = self.outbox.replies.drain(..).map(|(request, outcome)| {
-            let bytes = resp_reply_bytes(&outcome);
+            let bytes = match outcome {
+                Outcome::Value(None) if record_bytes > 0 => bulk_reply_bytes(record_bytes as usize),
+                _ => resp_reply_bytes(&outcome),
+            };
             (request, outcome, bytes)
         });
         Outputs { frames, replies: replies.collect() }
     }
 
     /// Hand a stage's outputs to the NICs.
-    fn transmit(&mut self, node: NodeId, outputs: Outputs<P::Message>) {
-        for (to, messages, bytes) in outputs.frames {
-            let on_switch = self.egress(node, bytes) + self.network.latency_ns;
-            let at = self.ingress(to, on_switch, bytes);
-            let work = Work::Messages { from: node, messages };
-            self.schedule(at, Event::Arrive { node: to, work, bytes });
+    fn transmit(&mut self, instance: usize, outputs: Outputs<P::Message>) {
+        let (group, loop_index, machine) = {
+            let state = &self.instances[instance];
+            (state.group, state.loop_index, state.machine)
+        };
+        for Frame { to, messages, bytes, nic } in outputs.frames {
+            let to_instance = self.layout.instance(group, to.index(), loop_index);
+            let to_machine = self.instances[to_instance].machine;
+            let on_switch = self.egress(machine, bytes) + self.network.latency_ns;
+            let at = self.ingress(to_machine, on_switch, bytes);
+            let from = NodeId((instance / self.layout.loops % self.layout.nodes) as u8);
+            let work = Work::Messages { from, messages, nic };
+            self.schedule(at, Event::Arrive { instance: to_instance, work, bytes });
         }
         for (request, outcome, bytes) in outputs.replies {
-            let at = self.egress(node, bytes) + self.network.latency_ns;
+            let at = self.egress(machine, bytes) + self.network.latency_ns;
             self.schedule(at, Event::Reply { request, outcome });
         }
     }
 
-    /// Queue `bytes` for `node`'s egress NIC now; returns when the last bit has left.
-    fn egress(&mut self, node: NodeId, bytes: u64) -> Nanos {
+    /// Queue `bytes` for `machine`'s egress NIC now; returns when the last bit has left.
+    fn egress(&mut self, machine: usize, bytes: u64) -> Nanos {
         let wire = self.network.wire_ns(bytes);
-        let state = &mut self.nodes[node.index()];
+        let state = &mut self.machines[machine];
         let done = state.egress_free_at.max(self.now) + wire;
         state.egress_free_at = done;
         state.egress_busy_ns += wire;
         done
     }
 
-    /// `bytes` reach `node`'s ingress NIC at `at`; returns when it has received them. Queued
-    /// in the order the sends happen, which is close to arrival order (every hop has the
-    /// same latency).
-    fn ingress(&mut self, node: NodeId, at: Nanos, bytes: u64) -> Nanos {
+    /// `bytes` reach `machine`'s ingress NIC at `at`; returns when it has received them.
+    /// Queued in the order the sends happen, which is close to arrival order (every hop has
+    /// the same latency).
+    fn ingress(&mut self, machine: usize, at: Nanos, bytes: u64) -> Nanos {
         let wire = self.network.wire_ns(bytes);
-        let state = &mut self.nodes[node.index()];
+        let state = &mut self.machines[machine];
         let done = state.ingress_free_at.max(at) + wire;
         state.ingress_free_at = done;
         state.ingress_busy_ns += wire;
@@ -610,9 +856,14 @@ fn decimal_digits(value: usize) -> usize {
 /// The RESP reply: a bulk string for a value, a short status otherwise.
 pub fn resp_reply_bytes(outcome: &Outcome) -> u64 {
     match outcome {
-        Outcome::Value(Some(value)) => (1 + decimal_digits(value.len()) + 2 + value.len() + 2) as u64,
+        Outcome::Value(Some(value)) => bulk_reply_bytes(value.len()),
         _ => 5, // `+OK\r\n`, `$-1\r\n`, `:1\r\n`-sized
     }
+}
+
+/// `$len\r\nbytes\r\n`.
+fn bulk_reply_bytes(len: usize) -> u64 {
+    (1 + decimal_digits(len) + 2 + len + 2) as u64
 }
 
 #[cfg(test)]
