@@ -167,6 +167,9 @@ pub struct Membership {
     /// view or later. Such a member may still hold a lease granted before it knew of us, so
     /// we never install its removal on our own promise alone (docs/membership.md, joins).
     unsettled: NodeSet,
+    /// Nodes whose rejoin was applied after our join entry and before we installed our join
+    /// view: they start out settled (see `settle_rejoined`).
+    rejoined_since_join: NodeSet,
     /// The epoch of the view that added this node (0: one of the cluster's first members).
     joined_epoch: u64,
     /// The highest installed epoch each node's heartbeats announced.
@@ -245,6 +248,7 @@ impl Membership {
             }),
             rejoins: 0,
             unsettled: NodeSet::EMPTY,
+            rejoined_since_join: NodeSet::EMPTY,
             joined_epoch: 0,
             heard_epoch: [0; NodeId::COUNT_MAX],
             stuck_since: None,
@@ -622,6 +626,7 @@ impl Membership {
             return;
         }
         self.joined_incarnation[node.index()] = incarnation;
+        self.settle_rejoined(node);
         self.complete.remove(node);
         let mut live = self.decided.live;
         live.insert(node);
@@ -634,6 +639,26 @@ impl Membership {
             }
         }
         self.to_install.push_back((self.decided, Change::Join { node, incarnation }, promised_until));
+    }
+
+    /// `node` rejoins in a view decided after our own join: its new incarnation acts only from
+    /// that view on, which holds us (its leases need our acknowledgement), and its earlier one
+    /// acts no more (it was restarted, or learnt its removal first). So `node` holds no lease
+    /// granted before it knew of us: it is settled, even if its earlier incarnation died
+    /// before announcing our join view (then nothing else would ever settle it, and a member
+    /// that cannot leave because it alone holds all the data would wait forever).
+    fn settle_rejoined(&mut self, node: NodeId) {
+        if node == self.config.me {
+            return;
+        }
+        match &self.joining {
+            None => {
+                self.unsettled.remove(node);
+            }
+            // Our join is decided, not yet installed: keep it out of the set then.
+            Some(joining) if joining.decided => self.rejoined_since_join.insert(node),
+            Some(_) => {} // Its join precedes ours: its view does not hold us.
+        }
     }
 
     /// Until when this node has promised any node outside `live` not to act in a view without
@@ -800,7 +825,9 @@ impl Membership {
                 .without(me)
                 .iter()
                 .filter(|node| self.heard_epoch[node.index()] < installed_epoch)
+                .filter(|node| !self.rejoined_since_join.contains(*node))
                 .collect();
+            self.rejoined_since_join = NodeSet::EMPTY;
             out.events.push(MembershipEvent::ViewInstalled(view));
             return;
         }

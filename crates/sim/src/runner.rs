@@ -190,7 +190,10 @@ fn simulate_craq(
         }
         Craq::new(craq_config)
     };
-    (simulate_managed_either(config, membership, &build), description)
+    // A chain's traffic is one message down the chain: a crash strikes in any turn that sends
+    // one, so crashes between a turn's writes and their sync happen for CRAQ too.
+    let config = SimConfig { crash_turn_destinations_min: 1, ..config.clone() };
+    (simulate_managed_either(&config, membership, &build), description)
 }
 
 /// Each seed draws the retransmission timeout and how many entries a catch-up message carries
