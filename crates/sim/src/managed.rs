@@ -126,7 +126,10 @@ where
             (SimDisk::new(), StorageFaults::default())
         } else {
             let disk = crashed.disk.clone();
-            let storage = StorageFaults::crash(&disk, context.seed, std::mem::take(&mut corrupt_one_restart));
+            let storage = StorageFaults::crash(&disk, context.seed, corrupt_one_restart);
+            // Until a restart finds a sector it can damage (a short log may hold only the newest
+            // writes, which corruption spares).
+            corrupt_one_restart &= storage.sectors_corrupted == 0;
             (disk, storage)
         };
         let replica =
@@ -303,8 +306,8 @@ where
             (SimDisk::new(), StorageFaults::default())
         } else {
             let disk = crashed.inner.disk.clone();
-            let corrupt = std::mem::take(&mut corrupt_one_restart);
-            let storage = StorageFaults::crash(&disk, context.seed, corrupt);
+            let storage = StorageFaults::crash(&disk, context.seed, corrupt_one_restart);
+            corrupt_one_restart &= storage.sectors_corrupted == 0;
             (disk, storage)
         };
         let replica =

@@ -508,6 +508,11 @@ pub const MANAGED_MINIMUMS: &[Minimum] = &[
     Minimum { counter: "expiry.reads_found_expired", per_1000_seeds: 1_000 },
     Minimum { counter: "ops_overlapping", per_1000_seeds: 50_000 },
     Minimum { counter: "updates_interrupted", per_1000_seeds: 300 },
+    // Sectors of `membership.log` corrupted at a restart, each caught by its checksums. Rare
+    // (a short log's newest writes are spared: see `chorus_storage::SimDisk::corrupt`), but
+    // never none.
+    Minimum { counter: "storage_sectors_corrupted", per_1000_seeds: 2 },
+    Minimum { counter: "storage_corruption_detected", per_1000_seeds: 2 },
 ];
 
 /// Floors per 1,000 seeds for swarms whose nodes keep their keys in the append-only file
@@ -518,6 +523,9 @@ pub const APPENDONLY_MINIMUMS: &[Minimum] = &[
     Minimum { counter: "appendonly.rewrites", per_1000_seeds: 5_000 },
     Minimum { counter: "power_losses", per_1000_seeds: 100 },
     Minimum { counter: "crashes_before_sync", per_1000_seeds: 10 },
+    // Files whose unsynced writes a crash lost, and whose writes it tore partway.
+    Minimum { counter: "storage_writes_lost", per_1000_seeds: 4 },
+    Minimum { counter: "storage_writes_torn", per_1000_seeds: 3 },
     Minimum { counter: "storage_sectors_corrupted", per_1000_seeds: 50 },
     Minimum { counter: "storage_corruption_detected", per_1000_seeds: 50 },
 ];
