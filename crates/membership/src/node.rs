@@ -199,6 +199,8 @@ pub struct Membership {
     restarting_until: Option<Time>,
     /// What replaying the restored log produced before the first call: handed out then.
     restored_out: MembershipOutbox,
+    /// Started without Raft state to join: no vote until a leader is heard (`withholds_vote`).
+    votes_withheld: bool,
 }
 
 /// Raft ids must be non-zero.
@@ -262,6 +264,7 @@ impl Membership {
             leaving: None,
             restarting_until: None,
             restored_out: MembershipOutbox::default(),
+            votes_withheld: records.is_empty() && config.join.is_some(),
             config,
         };
         if !records.is_empty() {
@@ -465,8 +468,12 @@ impl Membership {
                         }
                     }
                 }
+                if self.withholds_vote(&message) {
+                    return;
+                }
                 // A malformed or stale message is the sender's problem, not a reason to stop.
                 let _ = self.raft.step(message);
+                self.votes_withheld &= self.raft.raft.leader_id == raft::INVALID_ID;
             }
             MembershipMessage::Heartbeat { seq, epoch } => self.on_heartbeat(now, from, seq, epoch, out),
             MembershipMessage::HeartbeatAck { seq } => self.on_heartbeat_ack(now, from, seq),
@@ -474,6 +481,18 @@ impl Membership {
         }
         self.handle_ready(out);
         self.install_due_views(now, out);
+    }
+
+    /// A node that starts without its Raft state but joins (a replacement machine, or a
+    /// restart whose `membership.log` was empty) may be standing in for a node whose log held
+    /// entries a majority needed to commit: voting with an empty log could elect a leader that
+    /// lacks them, and raft-rs would then overwrite them (the simulator found it, replacing a
+    /// node whose log failed its checksum: a view decided on a majority that included the old
+    /// log vanished). Nor does it know what the old node voted for. So it answers no vote
+    /// request until it has heard from a leader, which replicates the committed log to it.
+    fn withholds_vote(&self, message: &raft::prelude::Message) -> bool {
+        self.votes_withheld
+            && matches!(message.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote)
     }
 
     // ------------------------------------------------------------------ leases
