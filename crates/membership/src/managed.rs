@@ -27,6 +27,9 @@ pub struct WithMembership<P: Replica> {
     /// with the lease it was built with (unlimited, for tests without a membership service),
     /// so a node restarted from its files would serve reads before its first tick.
     lease_told: bool,
+    /// Client requests that arrived while the membership was restarting
+    /// ([`Membership::is_restarting`]): the protocol gets them once it knows its view.
+    held: Vec<(ClientRequestId, Command)>,
 }
 
 impl<P: Replica> WithMembership<P> {
@@ -39,6 +42,7 @@ impl<P: Replica> WithMembership<P> {
             membership_out: MembershipOutbox::default(),
             persist: Vec::new(),
             lease_told: false,
+            held: Vec::new(),
         }
     }
 
@@ -75,6 +79,25 @@ impl<P: Replica> WithMembership<P> {
         self.lease_told = true;
     }
 
+    /// A node restarted with its data keeps its protocol out of every view until the
+    /// membership has replayed its log and waited out its previous incarnation's promises: the
+    /// core, built from its files, starts in the cluster's first view, older than its data.
+    fn protocol_waits(&self) -> bool {
+        self.membership.is_restarting()
+    }
+
+    /// The restart is over: the protocol has heard its view; give it the held requests.
+    fn release_held(&mut self, now: Time, out: &mut Outbox<Wire<P::Message>>) {
+        if self.held.is_empty() || self.protocol_waits() {
+            return;
+        }
+        self.tell_lease(now);
+        for (request, command) in std::mem::take(&mut self.held) {
+            self.protocol.on_client(now, request, command, &mut self.protocol_out);
+        }
+        self.flush(now, out);
+    }
+
     /// Hand the membership node's news to the protocol, then everything to the runtime.
     fn flush(&mut self, now: Time, out: &mut Outbox<Wire<P::Message>>) {
         self.persist.append(&mut self.membership_out.persist);
@@ -106,6 +129,10 @@ impl<P: Replica> Replica for WithMembership<P> {
         command: Command,
         out: &mut Outbox<Self::Message>,
     ) {
+        if self.protocol_waits() {
+            self.held.push((request, command));
+            return;
+        }
         if !self.lease_told {
             self.tell_lease(now);
         }
@@ -121,17 +148,24 @@ impl<P: Replica> Replica for WithMembership<P> {
         out: &mut Outbox<Self::Message>,
     ) {
         match message {
+            // Dropped, as if lost: the sender retransmits to the view we will act in.
+            Wire::Protocol(_) if self.protocol_waits() => {}
             Wire::Protocol(message) => self.protocol.on_message(now, from, message, &mut self.protocol_out),
             Wire::Membership(message) => {
                 self.membership.on_message(now, from, message, &mut self.membership_out)
             }
         }
         self.flush(now, out);
+        self.release_held(now, out);
     }
 
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
         self.membership.on_tick(now, &mut self.membership_out);
         self.flush(now, out);
+        if self.protocol_waits() {
+            return;
+        }
+        self.release_held(now, out);
         self.tell_lease(now);
         self.protocol.on_tick(now, &mut self.protocol_out);
         if self.protocol.is_caught_up() {
@@ -145,7 +179,7 @@ impl<P: Replica> Replica for WithMembership<P> {
 
     /// Joined (or never left) and holding all the data.
     fn is_caught_up(&self) -> bool {
-        !self.membership.is_joining() && self.protocol.is_caught_up()
+        !self.membership.is_joining() && !self.protocol_waits() && self.protocol.is_caught_up()
     }
 
     fn is_control(message: &Self::Message) -> bool {
@@ -157,7 +191,7 @@ impl<P: Replica> Replica for WithMembership<P> {
 
     /// The view the protocol acts in: a joiner's protocol hears of none before its join.
     fn installed_view(&self) -> Option<View> {
-        if self.membership.is_joining() {
+        if self.membership.is_joining() || self.protocol_waits() {
             return None;
         }
         Some(self.membership.view())

@@ -167,6 +167,9 @@ pub struct Membership {
     /// view or later. Such a member may still hold a lease granted before it knew of us, so
     /// we never install its removal on our own promise alone (docs/membership.md, joins).
     unsettled: NodeSet,
+    /// Nodes whose rejoin was applied after our join entry and before we installed our join
+    /// view: they start out settled (see `settle_rejoined`).
+    rejoined_since_join: NodeSet,
     /// The epoch of the view that added this node (0: one of the cluster's first members).
     joined_epoch: u64,
     /// The highest installed epoch each node's heartbeats announced.
@@ -189,6 +192,15 @@ pub struct Membership {
     /// Set by [`Membership::leave`]: no more leases, no rejoin; when the leave entry was last
     /// proposed.
     leaving: Option<Option<Time>>,
+    /// A node restarted with its data (not joining) tells its protocol no view until it has
+    /// installed the views its log restored, which waits out, where a view removes a node, the
+    /// promises its previous incarnation may have made (they are not on disk); at the latest
+    /// until this time (see [`Membership::is_restarting`]).
+    restarting_until: Option<Time>,
+    /// What replaying the restored log produced before the first call: handed out then.
+    restored_out: MembershipOutbox,
+    /// Started without Raft state to join: no vote until a leader is heard (`withholds_vote`).
+    votes_withheld: bool,
 }
 
 /// Raft ids must be non-zero.
@@ -213,7 +225,12 @@ impl Membership {
         let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
         let raft = crate::raft_io::restore(raft_id(config.me), config.me.index(), voters, records);
         let view = View { epoch: Epoch(1), live: config.members };
-        Membership {
+        // Promises are not persisted. A restarted node may have promised anyone a full lease
+        // just before it died, and a joining one may be a node whose earlier incarnation did,
+        // so either honours that until one lease after it starts.
+        let restart_promise =
+            if records.is_empty() && config.join.is_none() { Time::ZERO } else { now + config.lease + config.drift_margin };
+        let mut node = Membership {
             next_raft_tick: now + config.raft_tick_period,
             next_heartbeat: now,
             raft,
@@ -224,13 +241,7 @@ impl Membership {
             heartbeat_seq: 0,
             heartbeats_sent: VecDeque::new(),
             last_heard: [now; NodeId::COUNT_MAX],
-            // Promises are not persisted. A restarted node may have promised anyone a full
-            // lease just before it died, so it honours that until one lease after restart.
-            promised_until: [if records.is_empty() {
-                Time::ZERO
-            } else {
-                now + config.lease + config.drift_margin
-            }; NodeId::COUNT_MAX],
+            promised_until: [restart_promise; NodeId::COUNT_MAX],
             removal_proposed: [None; NodeId::COUNT_MAX],
             joining: config.join.map(|incarnation| Joining {
                 incarnation,
@@ -239,6 +250,7 @@ impl Membership {
             }),
             rejoins: 0,
             unsettled: NodeSet::EMPTY,
+            rejoined_since_join: NodeSet::EMPTY,
             joined_epoch: 0,
             heard_epoch: [0; NodeId::COUNT_MAX],
             stuck_since: None,
@@ -250,8 +262,57 @@ impl Membership {
             stats: MembershipStats::default(),
             leased_at_last_tick: false,
             leaving: None,
+            restarting_until: None,
+            restored_out: MembershipOutbox::default(),
+            votes_withheld: records.is_empty() && config.join.is_some(),
             config,
+        };
+        if !records.is_empty() {
+            node.replay_restored_log(now);
         }
+        node
+    }
+
+    /// Apply what the restored log says was committed before this node does anything else.
+    /// Its previous incarnation acted in every view up to its durable commit index (the hard
+    /// state is synced before anything that depended on it leaves), so until the log is
+    /// replayed this node would act on views older than its own past: acknowledge a heartbeat
+    /// of a member it had itself removed and thereby lend that member, paused past its lease
+    /// and serving from stale state, a fresh lease (simulator seed 16012 of hermes). A node
+    /// coming back with its data (not joining) then stays restarting until its previous
+    /// incarnation's promises have run out.
+    fn replay_restored_log(&mut self, now: Time) {
+        let mut out = MembershipOutbox::default();
+        if self.joining.is_none() {
+            self.restarting_until = Some(now + self.config.lease + self.config.drift_margin);
+        }
+        self.handle_ready(&mut out);
+        self.install_due_views(now, &mut out);
+        self.restored_out = out;
+    }
+
+    /// Hand out what replaying the restored log produced (once, before anything newer).
+    fn take_restored_out(&mut self, out: &mut MembershipOutbox) {
+        if self.restored_out.persist.is_empty()
+            && self.restored_out.messages.is_empty()
+            && self.restored_out.events.is_empty()
+        {
+            return;
+        }
+        let mut restored = std::mem::take(&mut self.restored_out);
+        restored.persist.append(&mut out.persist);
+        restored.messages.append(&mut out.messages);
+        restored.events.append(&mut out.events);
+        *out = restored;
+    }
+
+    /// Restarted with its data and still installing the views its log restored: the runtime
+    /// must keep the protocol from acting (no view, no messages, no clients) until this turns
+    /// false, when the membership hands it the view it starts in. A
+    /// protocol core built from its files starts in the cluster's first view; acting in it
+    /// would mean acting in a view older than its own data.
+    pub fn is_restarting(&self) -> bool {
+        self.restarting_until.is_some()
     }
 
     /// Still asking to be added, or added but not yet installed in the joining view.
@@ -308,6 +369,7 @@ impl Membership {
     /// heartbeats meanwhile, so their leases never depend on a node that went quiet. The
     /// request is repeated until [`Membership::has_left`]. Never undone in this process.
     pub fn leave(&mut self, now: Time, out: &mut MembershipOutbox) {
+        self.take_restored_out(out);
         self.lease_until = None;
         if self.leaving.is_none() {
             self.leaving = Some(None);
@@ -349,6 +411,7 @@ impl Membership {
     }
 
     pub fn on_tick(&mut self, now: Time, out: &mut MembershipOutbox) {
+        self.take_restored_out(out);
         let leased = self.holds_lease(now);
         if self.leased_at_last_tick && !leased && self.installed.live.contains(self.config.me) {
             self.stats.lease_lapses += 1;
@@ -381,6 +444,7 @@ impl Membership {
         if !self.config.members.contains(from) {
             return; // Not one of ours: the transport's handshake should have refused it.
         }
+        self.take_restored_out(out);
         match message {
             MembershipMessage::Raft(mut message) => {
                 // A replacement machine that lost `membership.log` has an empty Raft log, and a
@@ -404,8 +468,12 @@ impl Membership {
                         }
                     }
                 }
+                if self.withholds_vote(&message) {
+                    return;
+                }
                 // A malformed or stale message is the sender's problem, not a reason to stop.
                 let _ = self.raft.step(message);
+                self.votes_withheld &= self.raft.raft.leader_id == raft::INVALID_ID;
             }
             MembershipMessage::Heartbeat { seq, epoch } => self.on_heartbeat(now, from, seq, epoch, out),
             MembershipMessage::HeartbeatAck { seq } => self.on_heartbeat_ack(now, from, seq),
@@ -413,6 +481,18 @@ impl Membership {
         }
         self.handle_ready(out);
         self.install_due_views(now, out);
+    }
+
+    /// A node that starts without its Raft state but joins (a replacement machine, or a
+    /// restart whose `membership.log` was empty) may be standing in for a node whose log held
+    /// entries a majority needed to commit: voting with an empty log could elect a leader that
+    /// lacks them, and raft-rs would then overwrite them (the simulator found it, replacing a
+    /// node whose log failed its checksum: a view decided on a majority that included the old
+    /// log vanished). Nor does it know what the old node voted for. So it answers no vote
+    /// request until it has heard from a leader, which replicates the committed log to it.
+    fn withholds_vote(&self, message: &raft::prelude::Message) -> bool {
+        self.votes_withheld
+            && matches!(message.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote)
     }
 
     // ------------------------------------------------------------------ leases
@@ -565,16 +645,53 @@ impl Membership {
             return;
         }
         self.joined_incarnation[node.index()] = incarnation;
+        self.settle_rejoined(node);
         self.complete.remove(node);
         let mut live = self.decided.live;
         live.insert(node);
         self.decided = View { epoch: Epoch(epoch.0 + 1), live };
-        self.to_install.push_back((self.decided, Change::Join { node, incarnation }, Time::ZERO));
+        let mut promised_until = Time::ZERO;
         if let Some(joining) = &mut self.joining {
             if node == self.config.me && incarnation == joining.incarnation {
                 joining.decided = true;
+                promised_until = self.promises_to_nodes_outside(live);
             }
         }
+        self.to_install.push_back((self.decided, Change::Join { node, incarnation }, promised_until));
+    }
+
+    /// `node` rejoins in a view decided after our own join: its new incarnation acts only from
+    /// that view on, which holds us (its leases need our acknowledgement), and its earlier one
+    /// acts no more (it was restarted, or learnt its removal first). So `node` holds no lease
+    /// granted before it knew of us: it is settled, even if its earlier incarnation died
+    /// before announcing our join view (then nothing else would ever settle it, and a member
+    /// that cannot leave because it alone holds all the data would wait forever).
+    fn settle_rejoined(&mut self, node: NodeId) {
+        if node == self.config.me {
+            return;
+        }
+        match &self.joining {
+            None => {
+                self.unsettled.remove(node);
+            }
+            // Our join is decided, not yet installed: keep it out of the set then.
+            Some(joining) if joining.decided => self.rejoined_since_join.insert(node),
+            Some(_) => {} // Its join precedes ours: its view does not hold us.
+        }
+    }
+
+    /// Until when this node has promised any node outside `live` not to act in a view without
+    /// it. A joining node installs its join view, the first it acts in, only after that: its
+    /// promises as it stood when the join was decided, which include those a restart inherits
+    /// from the previous incarnation (as removals carry theirs).
+    fn promises_to_nodes_outside(&self, live: NodeSet) -> Time {
+        self.config
+            .members
+            .iter()
+            .filter(|node| !live.contains(*node))
+            .map(|node| self.promised_until[node.index()])
+            .max()
+            .unwrap_or(Time::ZERO)
     }
 
     /// Our protocol holds all the data: record it in the log (retried every heartbeat
@@ -662,20 +779,40 @@ impl Membership {
             self.install(self.decided, None, out);
         }
         while let Some(&(view, change, promised_until)) = self.to_install.front() {
-            if let Change::Remove(removed) = change {
-                // A joining node installs every view before its own at once: it acts in none.
-                let waits = self.joining.is_none()
-                    && removed != me
-                    && (now < promised_until || self.unsettled.contains(removed));
-                if waits {
-                    self.escape_if_stuck(now, promised_until);
-                    break;
+            match change {
+                Change::Remove(removed) => {
+                    // A joining node installs every view before its own at once: it acts in none.
+                    let waits = self.joining.is_none()
+                        && removed != me
+                        && (now < promised_until || self.unsettled.contains(removed));
+                    if waits {
+                        self.escape_if_stuck(now, promised_until);
+                        break;
+                    }
                 }
+                // Our own join: the first view we act in waits out our promises to the nodes
+                // it leaves out (ZERO for every other change).
+                Change::Join { .. } if now < promised_until => break,
+                _ => {}
             }
             self.stuck_since = None;
             self.to_install.pop_front();
             self.install(view, Some(change), out);
         }
+        self.finish_restart_if_due(now, out);
+    }
+
+    /// A node restarted with its data starts acting once every view it restored is installed
+    /// (each removal among them waits out the previous incarnation's promises, which is all
+    /// that acting in a view can break), or at the latest once those promises ran out: the
+    /// protocol hears the view it acts in.
+    fn finish_restart_if_due(&mut self, now: Time, out: &mut MembershipOutbox) {
+        let Some(until) = self.restarting_until else { return };
+        if self.joining.is_some() || (now < until && !self.to_install.is_empty()) {
+            return;
+        }
+        self.restarting_until = None;
+        out.events.push(MembershipEvent::ViewInstalled(self.installed));
     }
 
     fn install(&mut self, view: View, change: Option<Change>, out: &mut MembershipOutbox) {
@@ -683,6 +820,13 @@ impl Membership {
         self.installed = view;
         if let Some(Change::Remove(removed) | Change::Leave(removed)) = change {
             self.unsettled.remove(removed);
+        }
+        if self.restarting_until.is_some() {
+            if view.live.contains(me) {
+                return; // Told once the restart is over (`finish_restart_if_due`).
+            }
+            // Removed while away: the protocol hears it at once (it then serves nothing).
+            self.restarting_until = None;
         }
         if let Some(joining) = self.joining {
             let mine = change == Some(Change::Join { node: me, incarnation: joining.incarnation });
@@ -700,7 +844,9 @@ impl Membership {
                 .without(me)
                 .iter()
                 .filter(|node| self.heard_epoch[node.index()] < installed_epoch)
+                .filter(|node| !self.rejoined_since_join.contains(*node))
                 .collect();
+            self.rejoined_since_join = NodeSet::EMPTY;
             out.events.push(MembershipEvent::ViewInstalled(view));
             return;
         }

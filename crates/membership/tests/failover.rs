@@ -309,3 +309,78 @@ fn the_last_live_member_is_never_removed() {
         assert_eq!(live, NodeSet::single(NodeId(0)), "node {node}: the last member stays");
     }
 }
+
+impl Cluster {
+    /// Crash `node` and start it again at once from what it persisted, joining as `join`.
+    fn restart(&mut self, node: usize, join: Option<u64>) {
+        let config = MembershipConfig { me: NodeId(node as u8), join, ..self.config.clone() };
+        self.nodes[node] = Membership::restore(config, self.now, &self.disks[node]);
+        self.in_flight.retain(|(_, _, to, _)| to.index() != node);
+    }
+
+    /// When `node` first told its protocol a view after `since`.
+    fn first_install_at(&self, node: usize, since: Time) -> Option<Time> {
+        self.installed_at[node].iter().map(|(at, _, _)| *at).find(|at| *at > since)
+    }
+}
+
+/// Hermes seed 16012: node 0, paused past its lease, was removed by node 1; node 1 then
+/// crashed and restarted, and the first thing it handled was node 0's heartbeat, before its
+/// log's views were applied again: it acknowledged it, so node 0 (whose view was {0, 1})
+/// held a fresh lease and answered from stale state. A restarted node must know every view
+/// its previous incarnation acted in before it answers anyone.
+#[test]
+fn a_restarted_node_never_acknowledges_a_member_its_log_removed() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(1_000));
+    isolate(&mut cluster, 0);
+    cluster.run_for(Time::from_millis(2_000));
+    assert!(!cluster.nodes[1].view().live.contains(NodeId(0)), "node 0 removed");
+    heal(&mut cluster);
+    for join in [None, Some(77)] {
+        cluster.restart(1, join);
+        let restarted = &cluster.nodes[1];
+        assert!(!restarted.decided_view().live.contains(NodeId(0)), "the log is replayed at restore");
+        let mut out = MembershipOutbox::default();
+        let heartbeat = MembershipMessage::Heartbeat { seq: 9_999, epoch: 1 };
+        cluster.nodes[1].on_message(cluster.now, NodeId(0), heartbeat, &mut out);
+        let acknowledged = out
+            .messages
+            .iter()
+            .any(|(to, message)| *to == NodeId(0) && matches!(message, MembershipMessage::HeartbeatAck { .. }));
+        assert!(!acknowledged, "join {join:?}: a restarted node lent a lease to a node it had removed");
+        cluster.run_for(Time::from_millis(1_500));
+    }
+}
+
+/// Promises are not persisted: a node that restarts may have acknowledged a heartbeat of a
+/// node just before a view without that node was decided, so it must not act in such a view
+/// before those promises would have run out, whether it comes back with its data (it stays
+/// restarting) or joins (its join view waits). Without a removal in its log it acts at once.
+#[test]
+fn a_restarted_node_acts_in_no_view_without_a_node_before_its_previous_promises_run_out() {
+    let promise = Time::from_millis(600 + 30);
+    for join in [None, Some(5)] {
+        let mut cluster = Cluster::new(3);
+        cluster.run_for(Time::from_millis(1_000));
+        isolate(&mut cluster, 0);
+        while cluster.nodes[2].decided_view().live.contains(NodeId(0)) {
+            cluster.run_for(STEP);
+        }
+        let restarted_at = cluster.now;
+        cluster.restart(2, join);
+        cluster.run_for(Time::from_millis(2_000));
+        let first = cluster.first_install_at(2, restarted_at).expect("node 2 hears a view again");
+        assert!(
+            first >= restarted_at + promise,
+            "join {join:?}: node 2 acted in a view without node 0 {:?} after restarting, before its promises ran out",
+            first - restarted_at
+        );
+        assert!(!cluster.nodes[2].is_restarting() && !cluster.nodes[2].is_joining());
+        assert!(cluster.nodes[2].holds_lease(cluster.now), "join {join:?}: node 2 serves again");
+    }
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(1_000));
+    cluster.restart(2, None);
+    assert!(!cluster.nodes[2].is_restarting(), "nothing to wait for: it acts in the view it had");
+}

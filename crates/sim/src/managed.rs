@@ -7,7 +7,8 @@
 //! Each node's `membership.log` lives on its own simulated disk (`chorus_storage::SimDisk`):
 //! a crash between a turn's write and its sync tears it, and on a quarter of the seeds one
 //! restart finds a corrupted sector, which the log's checksums must catch (the node then
-//! refuses to start and stays down).
+//! refuses to start; a while later it is replaced, as an operator would: it comes back on a
+//! new, empty disk and joins).
 //!
 //! The membership's timing is scaled to the simulator's partitions (5 to 300 ms): 10 ms
 //! heartbeats, suspicion after 5 missed, a 60 ms lease with a 15 ms drift margin. Each node's
@@ -121,8 +122,16 @@ where
         OnDisk::new(node, SimDisk::new()).expect("an empty disk opens")
     };
     let mut restart = |context: RestartContext, crashed: &OnDisk<P>| {
-        let disk = crashed.disk.clone();
-        let mut storage = StorageFaults::crash(&disk, context.seed, std::mem::take(&mut corrupt_one_restart));
+        let (disk, mut storage) = if context.replace {
+            (SimDisk::new(), StorageFaults::default())
+        } else {
+            let disk = crashed.disk.clone();
+            let storage = StorageFaults::crash(&disk, context.seed, corrupt_one_restart);
+            // Until a restart finds a sector it can damage (a short log may hold only the newest
+            // writes, which corruption spares).
+            corrupt_one_restart &= storage.sectors_corrupted == 0;
+            (disk, storage)
+        };
         let replica =
             MembershipLog::open(disk.clone()).map_err(|error| error.to_string()).map(|(log, records)| {
                 let mut config = membership_config(context.node, context.replicas);
@@ -136,7 +145,7 @@ where
                 );
                 OnDisk { node: WithMembership::new(protocol, membership), log, disk }
             });
-        // Refused: a checksum caught the damage to `membership.log` (the node stays down).
+        // Refused: a checksum caught the damage to `membership.log` (the node is replaced later).
         storage.corruption_detected += replica.is_err() as u64;
         Restarted { replica, storage }
     };
@@ -293,9 +302,14 @@ where
         KeysOnDisk::new(on_disk, aof, mode, false)
     };
     let mut restart = |context: RestartContext, crashed: &KeysOnDisk<P>| {
-        let disk = crashed.inner.disk.clone();
-        let corrupt = std::mem::take(&mut corrupt_one_restart);
-        let mut storage = StorageFaults::crash(&disk, context.seed, corrupt);
+        let (disk, mut storage) = if context.replace {
+            (SimDisk::new(), StorageFaults::default())
+        } else {
+            let disk = crashed.inner.disk.clone();
+            let storage = StorageFaults::crash(&disk, context.seed, corrupt_one_restart);
+            corrupt_one_restart &= storage.sectors_corrupted == 0;
+            (disk, storage)
+        };
         let replica =
             restart_from_disk(&context, &disk, &options, mode, &membership_config, &build, &mut storage);
         Restarted { replica, storage }
@@ -315,7 +329,7 @@ fn restart_from_disk<P: Persisted>(
     storage: &mut StorageFaults,
 ) -> Result<KeysOnDisk<P>, String> {
     let opened = MembershipLog::open(disk.clone());
-    // Refused: a checksum caught the damage to `membership.log` (the node stays down).
+    // Refused: a checksum caught the damage to `membership.log` (the node is replaced later).
     storage.corruption_detected += opened.is_err() as u64;
     let (log, records) = opened.map_err(|error| error.to_string())?;
     let (mut aof, restored) = chorus_persistence::Persistence::open_on(
@@ -330,7 +344,8 @@ fn restart_from_disk<P: Persisted>(
     let data_restored = restored.trusted && !P::REJOINS_WITH_DATA;
     let mut config = membership_config(context.node, context.replicas);
     let restarted = !records.is_empty() || !restored.fresh;
-    if restarted && !data_restored {
+    // A replacement starts empty and joins, as `chorus node --join` on a new machine.
+    if (restarted && !data_restored) || context.replace {
         config.join = Some(context.seed | 1);
     }
     let membership = Membership::restore(config, context.now, &records);

@@ -64,6 +64,10 @@ pub struct SimConfig {
     /// Hermes, CRAQ and ZAB keep their keys in the server's append-only file on each node's
     /// simulated disk and restart from it ([`crate::managed::simulate_managed_appendonly`]).
     pub appendonly: AppendOnly,
+    /// How many nodes a turn's protocol messages must reach for an armed crash to strike in it
+    /// (mid-broadcast, or between its writes and their sync): 2 for protocols that broadcast
+    /// (an INV, a proposal), 1 for a chain, whose traffic is one message down the chain.
+    pub crash_turn_destinations_min: usize,
 }
 
 impl SimConfig {
@@ -84,6 +88,7 @@ impl SimConfig {
             power_loss: false,
             expiry_by_local_clock: false,
             appendonly: AppendOnly::Off,
+            crash_turn_destinations_min: 2,
         }
     }
 
@@ -160,6 +165,10 @@ pub struct RestartContext {
     pub seed: u64,
     /// The node's own clock.
     pub now: Time,
+    /// Its previous start was refused (its storage failed a check): it comes back on a new,
+    /// empty disk and joins, as an operator replaces a machine whose disk went bad. A builder
+    /// whose protocol cannot join refuses again (the node then stays down).
+    pub replace: bool,
 }
 
 /// Builds a restarted node from the crashed one (whose durable state it may keep).
@@ -270,6 +279,8 @@ struct Engine<'a, P: Replica> {
     without_data: Vec<bool>,
     /// Nodes that die partway through their next outbox with protocol messages.
     crash_armed: Vec<bool>,
+    /// Nodes whose last start was refused: their next restart is a replacement.
+    refused: Vec<bool>,
     clocks: Vec<Clock>,
     /// A paused node handles nothing before this (global) time.
     paused_until: Vec<Time>,
@@ -352,6 +363,7 @@ where
         crashed: vec![false; config.replicas],
         without_data: vec![false; config.replicas],
         crash_armed: vec![false; config.replicas],
+        refused: vec![false; config.replicas],
         clocks: plan.clock_ppm.iter().map(|&ppm| Clock { ppm }).collect(),
         paused_until: vec![Time::ZERO; config.replicas],
         blocked: vec![vec![0; config.replicas]; config.replicas],
@@ -559,9 +571,11 @@ where
         // leave only once it is synced.
         let wrote = self.nodes[node.index()].write_durable();
         // An armed crash strikes in the middle of a broadcast of the protocol's own traffic
-        // (an INV, a proposal: messages to two nodes or more), not of a heartbeat or a lone
-        // acknowledgement that happens to leave first.
-        let dies_now = self.crash_armed[node.index()] && broadcasts::<P>(&outbox) && self.may_crash(node);
+        // (an INV, a proposal: messages to two nodes or more; for a chain, a message down the
+        // chain), not of a heartbeat or a lone acknowledgement that happens to leave first.
+        let dies_now = self.crash_armed[node.index()]
+            && protocol_destinations::<P>(&outbox) >= self.config.crash_turn_destinations_min
+            && self.may_crash(node);
         if dies_now && wrote && self.rng.chance(0.5) {
             // Before the sync returned: its writes may be torn, and nothing of the turn left.
             outbox.clear();
@@ -733,6 +747,7 @@ where
             replicas: (0..self.config.replicas as u8).map(NodeId).collect(),
             seed: self.rng.next_u64(),
             now: self.clocks[node.index()].local(self.now),
+            replace: self.refused[node.index()],
         };
         let restarted = restart(context, &self.nodes[node.index()]);
         let storage = restarted.storage;
@@ -744,15 +759,21 @@ where
             Ok(fresh) => fresh,
             Err(reason) => {
                 self.trace(|| format!("{node} refuses to start: {reason}"));
+                if !std::mem::replace(&mut self.refused[node.index()], true) {
+                    // Replaced once, a while later; a replacement refused too stays down.
+                    let after = self.config.restart_after.unwrap_or(Time::ZERO);
+                    self.schedule(self.now + after + after, Event::Restart(node));
+                }
                 return;
             }
         };
+        self.refused[node.index()] = false;
         let old = std::mem::replace(&mut self.nodes[node.index()], fresh);
         add_counters(&mut self.counts.events, &old);
         self.crashed[node.index()] = false;
         self.crash_armed[node.index()] = false;
         self.counts.restarts += 1;
-        self.trace(|| format!("{node} restarts"));
+        self.trace(|| format!("{node} restarts{}", if context.replace { " on a new disk" } else { "" }));
         self.schedule(self.now + self.config.tick_period, Event::Tick(node));
     }
 
@@ -937,14 +958,15 @@ fn typed_read(command: &Command) -> Option<&ExecOp> {
 }
 
 /// Whether an outbox sends protocol (not control) messages to two nodes or more.
-fn broadcasts<P: Replica>(outbox: &Outbox<P::Message>) -> bool {
+/// How many nodes the outbox's protocol messages (not control traffic) reach.
+fn protocol_destinations<P: Replica>(outbox: &Outbox<P::Message>) -> usize {
     let mut reached = NodeSet::EMPTY;
     for (destination, message) in &outbox.messages {
         if !P::is_control(message) {
             reached = NodeSet::from_bits(reached.bits() | destination.nodes().bits());
         }
     }
-    reached.len() >= 2
+    reached.len()
 }
 
 fn add_counters<P: Replica>(totals: &mut BTreeMap<String, u64>, replica: &P) {

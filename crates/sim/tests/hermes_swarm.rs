@@ -69,6 +69,17 @@ fn without_faults_every_operation_completes_with_a_known_outcome() {
     }
 }
 
+/// Seed 16012 of the 100,000-seed sweep: node 0, paused past its lease and removed, resumed
+/// and answered two queued CAS requests from stale state, because node 1, just restarted as a
+/// joiner, acknowledged its heartbeat before replaying the membership log that removed it.
+#[test]
+fn hermes_seeds_the_long_sweeps_found_pass() {
+    for seed in [16012] {
+        let verdict = check_seed(&ProtocolSetup::hermes(), &SimConfig::new(seed, 3));
+        assert!(verdict.passed(), "{}", describe_failure(&verdict));
+    }
+}
+
 /// A core that panics on one seed (say, an assertion a broken variant trips) is reported as
 /// that failing seed with its message, and the sweep itself does not die.
 #[test]

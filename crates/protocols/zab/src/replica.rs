@@ -1198,6 +1198,12 @@ impl Zab {
     /// `from` (our leader, or the best history we fetch as leader) no longer holds the
     /// entries after our applied point: pull its snapshot, unless we have one already.
     fn on_take_snapshot(&mut self, now: Time, from: NodeId, log_start: u64, out: &mut Outbox<Message>) {
+        if self.is_synced_follower() && self.leader() == Some(from) {
+            // The leader worked from a FollowerInfo that arrived late (from before our sync)
+            // and lost our ACK of NEWLEADER: it would ask for ever. Tell it where we are.
+            self.send_ack(from, out);
+            return;
+        }
         let from_leader =
             self.leader() == Some(from) && matches!(self.role, Role::Follower { synced: false });
         let from_best =
