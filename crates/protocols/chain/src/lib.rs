@@ -10,6 +10,7 @@
 //! others under a read lock. See docs/protocols/chain.md.
 
 pub mod config;
+pub mod durable;
 pub mod layout;
 pub mod member;
 pub mod message;
@@ -21,6 +22,7 @@ pub mod sim;
 use std::sync::Arc;
 
 pub use config::{Bug, ChainConfig};
+pub use durable::ChainState;
 pub use layout::ChainLayout;
 pub use member::Member;
 pub use message::Message;
