@@ -7,13 +7,16 @@
 //! always` syncs it before the turn's messages leave: a member's `Configured`, `LinkedAck` or
 //! acknowledgement never precedes the state it reports. The last record wins at restart.
 
-use chorus_core::NodeId;
+use chorus_core::{NodeId, NodeSet};
 
 /// A chain member's place in the chain, as last recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChainState {
-    /// The view this was recorded in.
+    /// The view this was recorded in, and its live members: a node restarted as the member it
+    /// was resumes in it (the views before it, which the membership service hands it again
+    /// at restart, are history its order already reflects).
     pub view_epoch: u64,
+    pub view_live: NodeSet,
     /// The highest configuration generation this node's coordinator used in that view: a
     /// coordinator restarted in the same view starts above it, so members take its
     /// configurations for newer ones.
@@ -29,6 +32,8 @@ pub struct ChainState {
 }
 
 const VERSION: u8 = 1;
+/// Version, view epoch, view members, generation, flags, order length.
+const HEADER_BYTES: usize = 27;
 const NODES_MAX: usize = 64;
 
 impl ChainState {
@@ -36,6 +41,7 @@ impl ChainState {
         let mut bytes = Vec::with_capacity(20 + self.order.len());
         bytes.push(VERSION);
         bytes.extend_from_slice(&self.view_epoch.to_le_bytes());
+        bytes.extend_from_slice(&self.view_live.bits().to_le_bytes());
         bytes.extend_from_slice(&self.generation.to_le_bytes());
         bytes.push(self.linked as u8 | (self.region_complete as u8) << 1);
         bytes.push(self.order.len() as u8);
@@ -45,21 +51,22 @@ impl ChainState {
 
     pub fn decode(bytes: &[u8]) -> Result<ChainState, String> {
         let malformed = || format!("a chain state record of {} bytes does not parse", bytes.len());
-        if bytes.first() != Some(&VERSION) || bytes.len() < 19 {
+        if bytes.first() != Some(&VERSION) || bytes.len() < HEADER_BYTES {
             return Err(malformed());
         }
         let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-        let flags = bytes[17];
-        let len = bytes[18] as usize;
-        if flags > 3 || len > NODES_MAX || bytes.len() != 19 + len {
+        let flags = bytes[25];
+        let len = bytes[26] as usize;
+        if flags > 3 || len > NODES_MAX || bytes.len() != HEADER_BYTES + len {
             return Err(malformed());
         }
         Ok(ChainState {
             view_epoch: word(1),
-            generation: word(9),
+            view_live: NodeSet::from_bits(word(9)),
+            generation: word(17),
             linked: flags & 1 != 0,
             region_complete: flags & 2 != 0,
-            order: bytes[19..].iter().map(|id| NodeId(*id)).collect(),
+            order: bytes[HEADER_BYTES..].iter().map(|id| NodeId(*id)).collect(),
         })
     }
 
@@ -82,6 +89,7 @@ mod tests {
     fn a_state_round_trips_and_garbage_is_refused() {
         let state = ChainState {
             view_epoch: 7,
+            view_live: NodeSet::from_bits(0b101),
             generation: 3,
             order: vec![NodeId(2), NodeId(0)],
             linked: true,

@@ -355,6 +355,43 @@ pub fn summary(memory: &impl RegionMemory, layout: &ChainLayout) -> Result<Regio
     Ok(RegionSummary { log_head, last_lsn, last_crc: record_crc(&record) })
 }
 
+/// Redo, from this region's own log, the records whose execution may have been cut short by a
+/// crash, before the region is checked and used (a restart on its data directory). A crash
+/// between a turn's writes and their flush can keep some of them and lose others (a power
+/// cut: the page cache's write-back order is not the program's): the last-executed word may
+/// say a record ran while some of its copies were lost, and a record being executed may have
+/// reached the database in part. Copies are idempotent physical redo, so executing again
+/// (1) the last executed record and (2) the record at the log head, if the lock word says its
+/// execution had begun (`WRITER_BIT`: the group write lock, or recovery, taken before any copy),
+/// restores a state the chain went through. A record whose execution began had been appended
+/// at every member of its configuration, so redoing it adds nothing the chain does not have.
+/// Returns how many records were redone.
+pub fn redo_interrupted(memory: &mut impl RegionMemory, layout: &ChainLayout) -> Result<usize, LayoutError> {
+    let log_head = memory.load_u64(HEAD_OFFSET).map_err(region_error)?;
+    let last_lsn = memory.load_u64(LAST_EXECUTED_OFFSET).map_err(region_error)?;
+    let lock = memory.load_u64(LOCK_OFFSET).map_err(region_error)?;
+    let mut records = Vec::new();
+    if log_head != 0 {
+        if let Some(record) = parse_record(memory, layout, last_lsn).filter(|record| record.end == log_head) {
+            records.push(record);
+        }
+    }
+    if lock & chorus_group::txn::WRITER_BIT != 0 {
+        records.extend(parse_record(memory, layout, log_head));
+    }
+    for record in &records {
+        for &(src, dst, len) in &record.copies {
+            memory.memcpy(src, dst, len).map_err(region_error)?;
+        }
+        let mut header = Vec::with_capacity(16);
+        header.extend_from_slice(&record.end.to_le_bytes());
+        header.extend_from_slice(&record.lsn.to_le_bytes());
+        memory.write(HEAD_OFFSET, &header).map_err(region_error)?;
+    }
+    memory.flush().map_err(region_error)?;
+    Ok(records.len())
+}
+
 /// A redo record as parsed back from a log (recovery, §5.1).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Record {

@@ -16,6 +16,7 @@ pub mod member;
 pub mod message;
 pub mod mirror;
 pub mod replica;
+pub mod restore;
 #[cfg(feature = "sim")]
 pub mod sim;
 

@@ -335,7 +335,12 @@ impl<M: Member> Chain<M> {
         let joining = restored_linked.is_none() && (config.joining || !config.initial_view.live.contains(me));
         // A joiner acts in no view before the one the membership service hands it (its join
         // view), and its region is stale until copied to: it starts unconfigured.
-        let view = if joining { View { epoch: Epoch(0), live: NodeSet::EMPTY } } else { config.initial_view };
+        let view = match restored_linked {
+            // It resumes in the view it recorded: earlier ones are history its order reflects.
+            Some(state) if state.view_epoch > 0 => View { epoch: Epoch(state.view_epoch), live: state.view_live },
+            _ if joining => View { epoch: Epoch(0), live: NodeSet::EMPTY },
+            _ => config.initial_view,
+        };
         let order: Vec<NodeId> = match restored_linked {
             Some(state) => state.order.clone(),
             None if joining => Vec::new(),
@@ -408,6 +413,7 @@ impl<M: Member> Chain<M> {
     pub fn durable_state(&self) -> ChainState {
         ChainState {
             view_epoch: self.view.epoch.0,
+            view_live: self.view.live,
             generation: self.generation,
             order: self.order.clone(),
             linked: self.caught_up,
@@ -447,6 +453,25 @@ impl<M: Member> Chain<M> {
     pub fn region(&self) -> Option<&M::Memory> {
         self.member.as_ref().map(|member| member.memory())
     }
+    /// The runtime's end of a turn: flush the region once for the turn's operations
+    /// ([`Member::sync_turn`]). An error must stop the node.
+    pub fn sync_turn(&mut self) -> Result<(), String> {
+        match self.member.as_mut() {
+            Some(member) => member.sync_turn(),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether [`Chain::sync_turn`] has something to do.
+    pub fn sync_pending(&self) -> bool {
+        self.member.as_ref().is_some_and(|member| member.sync_pending())
+    }
+
+    /// The number this node's next forwarded update gets (a restart continues above it).
+    pub fn next_update_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     pub fn region_error(&self) -> Option<&str> {
         self.region_error.as_deref()
     }
@@ -974,9 +999,11 @@ impl<M: Member> Chain<M> {
         let layout = self.config.layout;
         let region = self.member.as_ref()?.memory();
         let head_tail = region.load_u64(HEAD_OFFSET).ok()?;
-        // Nothing after the joiner's last record may have been overwritten by a later lap.
-        let span = head_tail.checked_sub(offer.log_head)?;
-        if span > layout.txn.log_bytes - layout.record_bytes_max() {
+        // Its last record is sent again too (a crash may have cut its execution short at the
+        // joiner), so nothing from it on may have been overwritten by a later lap.
+        let first = if offer == RegionSummary::EMPTY { 0 } else { offer.last_lsn };
+        let span = head_tail.checked_sub(first)?;
+        if offer.log_head > head_tail || span > layout.txn.log_bytes - layout.record_bytes_max() {
             return None;
         }
         if offer != RegionSummary::EMPTY {
@@ -986,13 +1013,14 @@ impl<M: Member> Chain<M> {
             }
         }
         let mut records = Vec::new();
-        let mut lsn = offer.log_head;
+        let mut lsn = first;
         while lsn < head_tail {
             let record = parse_record(region, &layout, lsn)?;
             lsn = record.end;
             records.push(record);
         }
-        if lsn != head_tail || region.load_u64(LAST_EXECUTED_OFFSET).ok()? != records.last().map_or(offer.last_lsn, |r| r.lsn) {
+        let last_executed = region.load_u64(LAST_EXECUTED_OFFSET).ok()?;
+        if lsn != head_tail || records.last().is_some_and(|record| record.lsn != last_executed) {
             return None;
         }
         let mut operations: VecDeque<Operation> =
