@@ -161,7 +161,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         (dir, false)
     };
     let identity = ClusterIdentity::open_or_create(&data_dir, &args)?;
-    // On by default where the protocol has it (hermes, craq, zab): `chorus up` keeps its data.
+    // On by default where the protocol has it (hermes, craq, zab, chain): `chorus up` keeps its data.
     let appendonly = match (&args.appendonly, args.in_memory) {
         (Some(value), _) => Some(value.clone()),
         (None, true) => Some("no".to_string()),
@@ -239,13 +239,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                 .transpose()?,
             ..RawConfig::default()
         };
-        // Nodes that kept their keys (hermes, craq and zab with appendonly, raftlog) restart
-        // from them (zab through a join, in a new epoch). The others kept none: membership state left by an earlier run
-        // describes a cluster whose data is gone, and a node restarted on it would wait to
-        // rejoin it, so they start as a new cluster. A chain node's region survives in the
-        // directory, but without the view it was last linked in nothing says which region is
-        // current: a node that had stopped early would come back as the head with a stale
-        // region while the others serve newer values. So the chain starts empty too.
+        // Nodes that kept their keys (hermes, craq, zab and chain with appendonly, raftlog)
+        // restart from them (zab through a join, in a new epoch; the chain from its region and
+        // the view and order it recorded). The others kept none: membership state left by an
+        // earlier run describes a cluster whose data is gone, and a node restarted on it would
+        // wait to rejoin it, so they start as a new cluster. A chain region left without its
+        // recorded view and order (appendonly no) is removed too: nothing would say which
+        // region is current (a node that had stopped early could come back as the head with a
+        // stale region).
         if !keeps_keys(&args.protocol, appendonly.as_deref()) {
             let node_dir = data_dir.join(format!("node-{}", replica.index));
             remove_stale(&node_dir.join("membership.log"), false)?;
@@ -421,7 +422,7 @@ fn keeps_keys(protocol: &str, appendonly: Option<&str>) -> bool {
 
 /// The protocols that persist their keys through the append-only file.
 fn has_appendonly(protocol: &str) -> bool {
-    matches!(protocol, "hermes" | "craq" | "zab" | "zab-local")
+    matches!(protocol, "hermes" | "craq" | "zab" | "zab-local" | "chain")
 }
 
 /// What makes the directory's nodes one cluster, kept in `<dir>/cluster.toml` (mode 0600:

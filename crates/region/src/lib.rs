@@ -162,8 +162,9 @@ pub trait RegionMemory {
     fn flush(&mut self) -> Result<(), RegionError>;
 
     /// For memory whose flushes wait for the runtime ([`TurnFlush`]): do the flushes asked for
-    /// since the last call, as one. Others flush when asked and have nothing to do here.
-    fn sync_turn(&mut self) -> Result<(), RegionError> {
+    /// since the last call, as one, when its policy says so or `force` (a clean stop). Others
+    /// flush when asked and have nothing to do here.
+    fn sync_turn(&mut self, _force: bool) -> Result<(), RegionError> {
         Ok(())
     }
 
@@ -207,8 +208,8 @@ impl<M: RegionMemory + ?Sized> RegionMemory for Box<M> {
     fn flush(&mut self) -> Result<(), RegionError> {
         (**self).flush()
     }
-    fn sync_turn(&mut self) -> Result<(), RegionError> {
-        (**self).sync_turn()
+    fn sync_turn(&mut self, force: bool) -> Result<(), RegionError> {
+        (**self).sync_turn(force)
     }
     fn flush_pending(&self) -> bool {
         (**self).flush_pending()
@@ -225,11 +226,27 @@ pub struct TurnFlush<M: RegionMemory> {
     inner: M,
     pending: bool,
     syncs: u64,
+    policy: SyncPolicy,
+    last_sync: std::time::Instant,
+}
+
+/// When [`TurnFlush`] flushes (Redis' `appendfsync`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// At the end of every turn that asked for it, before its messages leave (`always`).
+    EveryTurn,
+    /// At most once per period; messages do not wait for it (`everysec`).
+    Every(std::time::Duration),
+    /// Only when forced (a clean stop); the kernel writes back when it likes (`no`).
+    Never,
 }
 
 impl<M: RegionMemory> TurnFlush<M> {
     pub fn new(inner: M) -> TurnFlush<M> {
-        TurnFlush { inner, pending: false, syncs: 0 }
+        TurnFlush::with_policy(inner, SyncPolicy::EveryTurn)
+    }
+    pub fn with_policy(inner: M, policy: SyncPolicy) -> TurnFlush<M> {
+        TurnFlush { inner, pending: false, syncs: 0, policy, last_sync: std::time::Instant::now() }
     }
     pub fn inner(&self) -> &M {
         &self.inner
@@ -263,11 +280,19 @@ impl<M: RegionMemory> RegionMemory for TurnFlush<M> {
         self.pending = true;
         Ok(())
     }
-    fn sync_turn(&mut self) -> Result<(), RegionError> {
-        if !std::mem::take(&mut self.pending) {
+    fn sync_turn(&mut self, force: bool) -> Result<(), RegionError> {
+        let due = force
+            || match self.policy {
+                SyncPolicy::EveryTurn => true,
+                SyncPolicy::Every(period) => self.last_sync.elapsed() >= period,
+                SyncPolicy::Never => false,
+            };
+        if !self.pending || !due {
             return Ok(());
         }
+        self.pending = false;
         self.syncs += 1;
+        self.last_sync = std::time::Instant::now();
         self.inner.flush()
     }
     fn flush_pending(&self) -> bool {

@@ -27,8 +27,11 @@ pub enum Message {
     /// prefix of the head's), so the region stays whole throughout. `coordinator`: the
     /// coordinator's incarnation (forwards go to it).
     Configure { epoch: Epoch, group_epoch: u64, copy: bool, catch_up: bool, chain: Vec<NodeId>, coordinator: u64 },
-    /// A member installed the configuration `group_epoch`.
-    Configured { epoch: Epoch, group_epoch: u64 },
+    /// A member installed the configuration `group_epoch`. `last_executed`: the lsn of the last
+    /// record its region executed (its last-executed word): a recovery redoes every record
+    /// from the oldest any member reports, so a member that missed part of an earlier,
+    /// interrupted recovery (or restarted) is brought up to date.
+    Configured { epoch: Epoch, group_epoch: u64, last_executed: u64 },
     /// A joiner refuses a data-path configuration that includes it: it has not been copied
     /// to in this view, so its region may be stale (§5.1: copy first, then join).
     NeedCopy { epoch: Epoch, group_epoch: u64 },
@@ -96,7 +99,10 @@ impl WireMessage for Message {
                     buf.put_u8(node.0);
                 }
             }
-            Message::Configured { epoch, group_epoch } => put_pair(buf, TAG_CONFIGURED, *epoch, *group_epoch),
+            Message::Configured { epoch, group_epoch, last_executed } => {
+                put_pair(buf, TAG_CONFIGURED, *epoch, *group_epoch);
+                buf.put_u64_le(*last_executed);
+            }
             Message::NeedCopy { epoch, group_epoch } => put_pair(buf, TAG_NEED_COPY, *epoch, *group_epoch),
             Message::Joining { epoch, offer } => {
                 buf.put_u8(TAG_JOINING);
@@ -142,7 +148,11 @@ impl WireMessage for Message {
                 let chain = (0..len).map(|_| reader.u8().map(NodeId)).collect::<Result<_, _>>()?;
                 Message::Configure { epoch, group_epoch, copy, catch_up, chain, coordinator }
             }
-            TAG_CONFIGURED => Message::Configured { epoch: reader.epoch()?, group_epoch: reader.u64()? },
+            TAG_CONFIGURED => Message::Configured {
+                epoch: reader.epoch()?,
+                group_epoch: reader.u64()?,
+                last_executed: reader.u64()?,
+            },
             TAG_NEED_COPY => Message::NeedCopy { epoch: reader.epoch()?, group_epoch: reader.u64()? },
             TAG_JOINING => {
                 let epoch = reader.epoch()?;
@@ -211,7 +221,7 @@ mod tests {
                 chain: vec![NodeId(0)],
                 coordinator: 5,
             },
-            Message::Configured { epoch: Epoch(4), group_epoch: 7 },
+            Message::Configured { epoch: Epoch(4), group_epoch: 7, last_executed: 96 },
             Message::NeedCopy { epoch: Epoch(4), group_epoch: 7 },
             Message::Joining { epoch: Epoch(5), offer: None },
             Message::Joining {

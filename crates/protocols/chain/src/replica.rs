@@ -162,6 +162,9 @@ struct Configuring {
     group_epoch: u64,
     copy: bool,
     catch_up: bool,
+    /// The oldest last-executed record any member reported (this node's own included): the
+    /// recovery that follows redoes every record from it.
+    redo_from: u64,
     chain: Vec<NodeId>,
     /// Members that have not acknowledged it yet.
     missing: NodeSet,
@@ -455,9 +458,9 @@ impl<M: Member> Chain<M> {
     }
     /// The runtime's end of a turn: flush the region once for the turn's operations
     /// ([`Member::sync_turn`]). An error must stop the node.
-    pub fn sync_turn(&mut self) -> Result<(), String> {
+    pub fn sync_turn(&mut self, force: bool) -> Result<(), String> {
         match self.member.as_mut() {
-            Some(member) => member.sync_turn(),
+            Some(member) => member.sync_turn(force),
             None => Ok(()),
         }
     }
@@ -465,6 +468,11 @@ impl<M: Member> Chain<M> {
     /// Whether [`Chain::sync_turn`] has something to do.
     pub fn sync_pending(&self) -> bool {
         self.member.as_ref().is_some_and(|member| member.sync_pending())
+    }
+
+    /// The lsn of the last record this node's region executed (0 if none).
+    fn last_executed(&self) -> u64 {
+        self.region().and_then(|region| region.load_u64(LAST_EXECUTED_OFFSET).ok()).unwrap_or(0)
     }
 
     /// The number this node's next forwarded update gets (a restart continues above it).
@@ -754,7 +762,9 @@ impl<M: Member> Chain<M> {
         let me = self.config.me;
         let missing: NodeSet = chain.iter().copied().filter(|node| *node != me).collect();
         let catch_up = self.coordinator.as_ref().is_some_and(|c| copy && c.planned_catch_up.is_some());
-        let configuring = Configuring { group_epoch, copy, catch_up, chain: chain.clone(), missing, sent_at: now, then };
+        let redo_from = self.last_executed();
+        let configuring =
+            Configuring { group_epoch, copy, catch_up, redo_from, chain: chain.clone(), missing, sent_at: now, then };
         let message = self.configure_message(&configuring);
         for node in missing.iter() {
             out.send(node, message.clone());
@@ -839,7 +849,7 @@ impl<M: Member> Chain<M> {
                 coordinator.linked_epoch = group_epoch;
                 self.send_linked(now, out);
                 match configuring.then {
-                    AfterConfig::Recover => self.start_recovery(now, out),
+                    AfterConfig::Recover => self.start_recovery(now, configuring.redo_from, out),
                     AfterConfig::Copy { .. } => unreachable!("handled below"),
                     AfterConfig::Link { joiner } => {
                         debug_assert_eq!(
@@ -1034,14 +1044,16 @@ impl<M: Member> Chain<M> {
 
     /// §5.1: fence reads at every member, redo the last executed and the pending record from
     /// this (the head's) log, and, once the tail acknowledged all that, unlock.
-    fn start_recovery(&mut self, now: Time, out: &mut Outbox<Message>) {
+    fn start_recovery(&mut self, now: Time, redo_from: u64, out: &mut Outbox<Message>) {
         self.stats.recoveries += 1;
         let layout = self.config.layout;
         let region = self.member.as_ref().expect("the coordinator's node is a member").memory();
         let head = region.load_u64(HEAD_OFFSET).unwrap_or(0);
         let last = region.load_u64(HEAD_OFFSET + 8).unwrap_or(0);
-        let mut records: Vec<Record> = Vec::new();
-        if last < head {
+        // Every record from the oldest any member last executed (a member may have missed the
+        // end of an interrupted recovery, or restarted), or else the last executed one.
+        let mut records = records_between(region, &layout, redo_from, head).unwrap_or_default();
+        if records.is_empty() && last < head {
             if let Some(record) = parse_record(region, &layout, last).filter(|r| r.end == head) {
                 records.push(record);
             }
@@ -1546,15 +1558,26 @@ impl<M: Member> Chain<M> {
             return;
         }
         if self.install_configuration(from, group_epoch, copy, chain, coordinator, out) {
-            out.send(from, Message::Configured { epoch, group_epoch });
+            let last_executed = self.last_executed();
+            out.send(from, Message::Configured { epoch, group_epoch, last_executed });
         }
     }
 
-    fn on_configured(&mut self, now: Time, from: NodeId, group_epoch: u64, out: &mut Outbox<Message>) {
+    fn on_configured(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        group_epoch: u64,
+        last_executed: u64,
+        out: &mut Outbox<Message>,
+    ) {
         let Some(coordinator) = self.coordinator.as_mut() else { return };
         let Some(configuring) = coordinator.configuring.as_mut() else { return };
         if configuring.group_epoch != group_epoch {
             return;
+        }
+        if configuring.missing.contains(from) {
+            configuring.redo_from = configuring.redo_from.min(last_executed);
         }
         configuring.missing.remove(from);
         self.configured_if_complete(now, out);
@@ -1658,6 +1681,27 @@ impl Coordinator {
             caller.on_tick(now, gout);
         }
     }
+}
+
+/// The records of `region`'s log from `from` (inclusive) up to `to`, if it still holds every
+/// one of them (none overwritten by a later lap).
+fn records_between(
+    region: &impl RegionMemory,
+    layout: &ChainLayout,
+    from: u64,
+    to: u64,
+) -> Option<Vec<Record>> {
+    if from > to || to - from > layout.txn.log_bytes - layout.record_bytes_max() {
+        return None;
+    }
+    let mut records = Vec::new();
+    let mut lsn = from;
+    while lsn < to {
+        let record = parse_record(region, layout, lsn)?;
+        lsn = record.end;
+        records.push(record);
+    }
+    (lsn == to).then_some(records)
 }
 
 /// ExecuteAndAdvance for one record (§5): gMEMCPY+gFLUSH per entry, then the log head (and
@@ -1782,9 +1826,9 @@ impl<M: Member> Replica for Chain<M> {
                     self.on_configure(from, group_epoch, copy, catch_up, chain, coordinator, out);
                 }
             }
-            Message::Configured { epoch, group_epoch } => {
+            Message::Configured { epoch, group_epoch, last_executed } => {
                 if epoch == self.view.epoch {
-                    self.on_configured(now, from, group_epoch, out);
+                    self.on_configured(now, from, group_epoch, last_executed, out);
                 }
             }
             Message::NeedCopy { epoch, group_epoch } => {

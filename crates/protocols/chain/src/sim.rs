@@ -291,7 +291,7 @@ impl Replica for ChainOnDisk {
     fn sync_durable(&mut self) {
         self.inner.sync_durable();
         self.aof.sync_now().expect("the simulated disk never fails a sync");
-        self.inner.node_mut().protocol_mut().sync_turn().expect("the simulated disk never fails a sync");
+        self.inner.node_mut().protocol_mut().sync_turn(false).expect("the simulated disk never fails a sync");
     }
 }
 
