@@ -633,6 +633,9 @@ impl<M: chorus_chain::Member + Send + 'static> ServedReplica for chorus_chain::C
             ("copy_bytes_sent", s.copy_bytes_sent),
             ("copies_received", s.copies_received),
             ("last_join_pause_us", s.last_join_pause_us),
+            ("catch_ups", s.catch_ups),
+            ("restarts_rejoined", s.restarts_rejoined),
+            ("awaiting_configuration", self.is_awaiting_configuration() as u64),
         ]
     }
 }
