@@ -46,12 +46,16 @@ pub struct UpArgs {
     /// and no append-only file.
     #[arg(long)]
     pub in_memory: bool,
-    /// Log every write to the nodes' append-only files (hermes, craq, zab; default yes).
+    /// Log every write to the nodes' append-only files (hermes, craq, zab, chain; default yes).
     #[arg(long, value_name = "yes|no")]
     pub appendonly: Option<String>,
     /// When the append-only files are synced: always (default), everysec or no.
     #[arg(long, value_name = "always|everysec|no")]
     pub appendfsync: Option<String>,
+    /// raftlog only: its circular log's flush, msync (default: every turn, before the turn's
+    /// messages leave) or none (volatile).
+    #[arg(long, value_name = "msync|none")]
+    pub raftlog_flush: Option<String>,
     /// Event loops (threads) per replica, the keys split between them (hermes, craq, zab;
     /// default 1; 0: one per core). docs/decisions.md, decision 9.
     #[arg(long)]
@@ -224,6 +228,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             cluster_token: Some(identity.cluster_token.clone()),
             appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
             appendfsync: args.appendfsync.clone(),
+            raftlog_flush: args.raftlog_flush.clone(),
             chain_shape: args.chain_shape.clone(),
             chain_hosts: (!chain_hosts.is_empty())
                 .then(|| chain_hosts.iter().map(|addr| addr.to_string()).collect()),
