@@ -282,7 +282,14 @@ impl Persistence {
                 // copying every key from a peer.
                 tracing::error!("{damage}; not using these files: the node rejoins and copies from a peer");
                 persistence.start_over()?;
-                Restored { records: Vec::new(), trusted: false, reason: damage, synced: false, refused: true, fresh: false }
+                Restored {
+                    records: Vec::new(),
+                    trusted: false,
+                    reason: damage,
+                    synced: false,
+                    refused: true,
+                    fresh: false,
+                }
             }
         };
         persistence.info.restored_records = restored.records.len() as u64;

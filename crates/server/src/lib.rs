@@ -801,7 +801,10 @@ impl ChainStart {
             let storage = chorus_storage::CrashTestStorage::open(&file_dir)
                 .with_context(|| format!("cannot open {}", file_dir.display()))?;
             let name = format!("{}.region", chain_host::REGION_NAME);
-            Box::new(chorus_storage::StorageRegion::open(storage, &name, bytes).context("cannot open the chain region")?)
+            Box::new(
+                chorus_storage::StorageRegion::open(storage, &name, bytes)
+                    .context("cannot open the chain region")?,
+            )
         } else {
             let region = store
                 .register(chorus_chain::replica::TENANT, chain_host::REGION_NAME, bytes)
@@ -821,9 +824,13 @@ impl ChainStart {
                 order = ?state.order,
                 "chain region checked; restarting as the member it was"
             ),
-            Some(_) => info!(reason = %assessment.reason, "chain region checked; rejoining, offering it for a catch-up"),
+            Some(_) => {
+                info!(reason = %assessment.reason, "chain region checked; rejoining, offering it for a catch-up")
+            }
             None if assessment.region_refused => tracing::error!("{}", assessment.reason),
-            None if !assessment.reason.is_empty() => info!(reason = %assessment.reason, "not restarting from the chain region"),
+            None if !assessment.reason.is_empty() => {
+                info!(reason = %assessment.reason, "not restarting from the chain region")
+            }
             None => {}
         }
         let region = if config.chain_hosts.is_empty() {

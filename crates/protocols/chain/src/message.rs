@@ -26,7 +26,14 @@ pub enum Message {
     /// sends only the records the joiner's region lacks (it offered a region that is a
     /// prefix of the head's), so the region stays whole throughout. `coordinator`: the
     /// coordinator's incarnation (forwards go to it).
-    Configure { epoch: Epoch, group_epoch: u64, copy: bool, catch_up: bool, chain: Vec<NodeId>, coordinator: u64 },
+    Configure {
+        epoch: Epoch,
+        group_epoch: u64,
+        copy: bool,
+        catch_up: bool,
+        chain: Vec<NodeId>,
+        coordinator: u64,
+    },
     /// A member installed the configuration `group_epoch`. `last_executed`: the lsn of the last
     /// record its region executed (its last-executed word): a recovery redoes every record
     /// from the oldest any member reports, so a member that missed part of an earlier,

@@ -333,14 +333,18 @@ impl<M: Member> Chain<M> {
         let me = config.me;
         // Back as the member it was: linked when it stopped, and the membership service did
         // not make it join (its data is trusted).
-        let restored_linked =
-            config.restored.as_ref().filter(|state| state.linked && !config.joining && state.order.contains(&me));
+        let restored_linked = config
+            .restored
+            .as_ref()
+            .filter(|state| state.linked && !config.joining && state.order.contains(&me));
         let joining = restored_linked.is_none() && (config.joining || !config.initial_view.live.contains(me));
         // A joiner acts in no view before the one the membership service hands it (its join
         // view), and its region is stale until copied to: it starts unconfigured.
         let view = match restored_linked {
             // It resumes in the view it recorded: earlier ones are history its order reflects.
-            Some(state) if state.view_epoch > 0 => View { epoch: Epoch(state.view_epoch), live: state.view_live },
+            Some(state) if state.view_epoch > 0 => {
+                View { epoch: Epoch(state.view_epoch), live: state.view_live }
+            }
             _ if joining => View { epoch: Epoch(0), live: NodeSet::EMPTY },
             _ => config.initial_view,
         };
@@ -596,7 +600,10 @@ impl<M: Member> Chain<M> {
             return; // answered "outcome unknown" when the head changed; never re-sent
         }
         let command = pending.command.clone();
-        out.send(head, Message::Forward { epoch: self.view.epoch, head: incarnation, seq, done_below, command });
+        out.send(
+            head,
+            Message::Forward { epoch: self.view.epoch, head: incarnation, seq, done_below, command },
+        );
     }
 
     /// A data configuration from coordinator incarnation `incarnation` was installed. If that
@@ -608,8 +615,12 @@ impl<M: Member> Chain<M> {
             return;
         }
         self.head_incarnation = Some(incarnation);
-        let sent: Vec<u64> =
-            self.outstanding.iter().filter(|(_, pending)| pending.head.is_some()).map(|(seq, _)| *seq).collect();
+        let sent: Vec<u64> = self
+            .outstanding
+            .iter()
+            .filter(|(_, pending)| pending.head.is_some())
+            .map(|(seq, _)| *seq)
+            .collect();
         for seq in sent {
             if let Some(pending) = self.outstanding.remove(&seq) {
                 out.reply(pending.request, Outcome::Error(CommandError::OutcomeUnknown));
@@ -763,8 +774,16 @@ impl<M: Member> Chain<M> {
         let missing: NodeSet = chain.iter().copied().filter(|node| *node != me).collect();
         let catch_up = self.coordinator.as_ref().is_some_and(|c| copy && c.planned_catch_up.is_some());
         let redo_from = self.last_executed();
-        let configuring =
-            Configuring { group_epoch, copy, catch_up, redo_from, chain: chain.clone(), missing, sent_at: now, then };
+        let configuring = Configuring {
+            group_epoch,
+            copy,
+            catch_up,
+            redo_from,
+            chain: chain.clone(),
+            missing,
+            sent_at: now,
+            then,
+        };
         let message = self.configure_message(&configuring);
         for node in missing.iter() {
             out.send(node, message.clone());
@@ -1033,8 +1052,10 @@ impl<M: Member> Chain<M> {
         if lsn != head_tail || records.last().is_some_and(|record| record.lsn != last_executed) {
             return None;
         }
-        let mut operations: VecDeque<Operation> =
-            records.iter().map(|record| Operation::write(record.base, record.bytes.to_vec()).durable()).collect();
+        let mut operations: VecDeque<Operation> = records
+            .iter()
+            .map(|record| Operation::write(record.base, record.bytes.to_vec()).durable())
+            .collect();
         for record in &records {
             operations.extend(execute_operations(record));
         }
@@ -1484,7 +1505,9 @@ impl<M: Member> Chain<M> {
             return;
         }
         if self.head() == Some(me)
-            || self.restarted_sent_at.is_some_and(|at| now.saturating_sub(at) < self.config.retransmit_timeout)
+            || self
+                .restarted_sent_at
+                .is_some_and(|at| now.saturating_sub(at) < self.config.retransmit_timeout)
         {
             return;
         }
@@ -1598,7 +1621,13 @@ impl<M: Member> Chain<M> {
 
     /// `from` is joining in this view: if this node still lists it as linked (it restarted
     /// before anyone noticed), it is not any more.
-    fn on_joining(&mut self, now: Time, from: NodeId, offer: Option<RegionSummary>, out: &mut Outbox<Message>) {
+    fn on_joining(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        offer: Option<RegionSummary>,
+        out: &mut Outbox<Message>,
+    ) {
         self.joiners_heard.insert(from);
         match offer {
             Some(offer) => self.offers.insert(from, offer),

@@ -24,7 +24,12 @@ pub struct Assessment {
 /// acted on is among them (`appendfsync always`, or a clean stop), so the region was flushed
 /// in step with them. Without that, the region is whatever the page cache wrote back, and
 /// nothing in it is trusted.
-pub fn assess(records: &[Vec<u8>], synced: bool, layout: ChainLayout, region: &mut impl RegionMemory) -> Assessment {
+pub fn assess(
+    records: &[Vec<u8>],
+    synced: bool,
+    layout: ChainLayout,
+    region: &mut impl RegionMemory,
+) -> Assessment {
     if !synced {
         let reason = "the files were not synced in step with the region (appendfsync was not always \
                       and the node did not stop cleanly)";
@@ -32,7 +37,9 @@ pub fn assess(records: &[Vec<u8>], synced: bool, layout: ChainLayout, region: &m
     }
     let state = match ChainState::last_of(records) {
         Ok(Some(state)) => state,
-        Ok(None) => return Assessment { reason: "no chain state was recorded".into(), ..Assessment::default() },
+        Ok(None) => {
+            return Assessment { reason: "no chain state was recorded".into(), ..Assessment::default() }
+        }
         Err(error) => {
             let reason = format!("the chain state does not parse: {error}");
             return Assessment { reason, ..Assessment::default() };

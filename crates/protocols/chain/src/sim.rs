@@ -14,6 +14,7 @@ use chorus_storage::{SimDisk, StorageRegion};
 
 use chorus_sim::managed::{
     appendonly_options, managed_sim_config, simulate_managed, swarm_membership_config, AppendOnly, OnDisk,
+    ACK_BEFORE_SYNC_PERIOD,
 };
 use chorus_sim::rng::Rng;
 use chorus_sim::runner::ProtocolSetup;
@@ -134,17 +135,20 @@ fn simulate_on_disk(config: &SimConfig, options: Options, tweak: Option<&ChainTw
         let region = open_region(&disk, chain_config.layout).expect("an empty disk opens");
         let chain = disk_chain(chain_config, region);
         let membership = Membership::new(swarm_membership_config(me, replicas), Time::ZERO);
-        let node = OnDisk::new(WithMembership::new(chain, membership), disk.clone()).expect("an empty disk opens");
-        let (aof, _) = Persistence::open_on(Box::new(disk), std::path::Path::new("appendonly"), persistence.clone())
-            .expect("an empty disk opens");
-        ChainOnDisk::new(node, aof, false)
+        let node =
+            OnDisk::new(WithMembership::new(chain, membership), disk.clone()).expect("an empty disk opens");
+        let (aof, _) =
+            Persistence::open_on(Box::new(disk), std::path::Path::new("appendonly"), persistence.clone())
+                .expect("an empty disk opens");
+        ChainOnDisk::new(node, aof, false, config.appendonly)
     };
     let mut restart = |context: RestartContext, crashed: &ChainOnDisk| {
         let disk = crashed.inner.disk().clone();
         let corrupt = std::mem::take(&mut corrupt_one_restart);
         let mut storage = StorageFaults::crash(&disk, context.seed, corrupt);
         let seq_floor = crashed.inner.node().protocol().next_update_seq();
-        let replica = restart_on_disk(&context, &disk, options, tweak, &persistence, seq_floor, &mut storage);
+        let replica = restart_on_disk(&context, &disk, options, tweak, &persistence, seq_floor, &mut storage)
+            .map(|node| ChainOnDisk { mode: config.appendonly, ..node });
         Restarted { replica, storage }
     };
     let managed = managed_sim_config(config);
@@ -158,7 +162,8 @@ fn open_region(disk: &SimDisk, layout: ChainLayout) -> Result<StorageRegion<SimD
 fn disk_chain(config: ChainConfig, region: StorageRegion<SimDisk>) -> DiskChain {
     let me = config.me;
     Chain::with_member(config, |initial| {
-        ChainMember::new(initial, me, crate::replica::TENANT, TurnFlush::new(region)).map_err(|error| error.to_string())
+        ChainMember::new(initial, me, crate::replica::TENANT, TurnFlush::new(region))
+            .map_err(|error| error.to_string())
     })
 }
 
@@ -183,7 +188,8 @@ fn restart_on_disk(
     storage.corruption_detected += restored.refused as u64;
     let mut chain_config = options.config(context.node, context.replicas, tweak);
     let mut region = open_region(disk, chain_config.layout)?;
-    let assessment = crate::restore::assess(&restored.records, restored.synced, chain_config.layout, &mut region);
+    let assessment =
+        crate::restore::assess(&restored.records, restored.synced, chain_config.layout, &mut region);
     let state = assessment.state;
     storage.corruption_detected += assessment.region_refused as u64;
     let data_restored = state.as_ref().is_some_and(|state| state.linked) && restored.trusted;
@@ -200,7 +206,7 @@ fn restart_on_disk(
     let chain = disk_chain(chain_config, region);
     let from_disk = data_restored && !membership.is_joining();
     let node = OnDisk::from_parts(WithMembership::new(chain, membership), log, disk.clone());
-    Ok(ChainOnDisk::new(node, aof, from_disk))
+    Ok(ChainOnDisk::new(node, aof, from_disk, AppendOnly::Always))
 }
 
 /// A managed chain node whose region and chain state are on its simulated disk: each turn
@@ -212,12 +218,17 @@ pub struct ChainOnDisk {
     aof: Persistence,
     /// This incarnation came back as the member it was (`appendonly.restarts_from_disk`).
     from_disk: bool,
+    /// [`AppendOnly::AckBeforeSync`]: the region and the state are synced only once a period,
+    /// after the messages that depended on them left (the broken variant).
+    mode: AppendOnly,
+    now: Time,
+    synced_at: Time,
 }
 
 impl ChainOnDisk {
-    fn new(inner: OnDisk<DiskChain>, mut aof: Persistence, from_disk: bool) -> ChainOnDisk {
+    fn new(inner: OnDisk<DiskChain>, mut aof: Persistence, from_disk: bool, mode: AppendOnly) -> ChainOnDisk {
         aof.stop_clock();
-        ChainOnDisk { inner, aof, from_disk }
+        ChainOnDisk { inner, aof, from_disk, mode, now: Time::ZERO, synced_at: Time::ZERO }
     }
 }
 
@@ -246,13 +257,28 @@ impl Replica for ChainOnDisk {
     fn id(&self) -> NodeId {
         self.inner.id()
     }
-    fn on_client(&mut self, now: Time, request: ClientRequestId, command: Command, out: &mut Outbox<Self::Message>) {
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.now = now;
         self.inner.on_client(now, request, command, out);
     }
-    fn on_message(&mut self, now: Time, from: NodeId, message: Self::Message, out: &mut Outbox<Self::Message>) {
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Self::Message,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.now = now;
         self.inner.on_message(now, from, message, out);
     }
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.now = now;
         self.inner.on_tick(now, out);
     }
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
@@ -290,15 +316,21 @@ impl Replica for ChainOnDisk {
     }
     fn sync_durable(&mut self) {
         self.inner.sync_durable();
+        if self.mode == AppendOnly::AckBeforeSync && self.now < self.synced_at + ACK_BEFORE_SYNC_PERIOD {
+            return;
+        }
+        self.synced_at = self.now;
         self.aof.sync_now().expect("the simulated disk never fails a sync");
         self.inner.node_mut().protocol_mut().sync_turn(false).expect("the simulated disk never fails a sync");
     }
 }
 
-/// The chain store's broken variants, for `chorus sim --list-broken` and its tests.
+/// The chain store's broken variants, for `chorus sim --list-broken` and its tests; with
+/// `ack-before-sync` a member's forwards and acknowledgements leave before its region and state
+/// are synced (they are, once a period), so a crash or a power loss can lose what it passed on.
 #[cfg(feature = "broken-variants")]
 pub fn broken_variants() -> Vec<chorus_sim::broken::BrokenVariant> {
-    crate::Bug::ALL
+    let mut variants: Vec<chorus_sim::broken::BrokenVariant> = crate::Bug::ALL
         .into_iter()
         .map(|bug| chorus_sim::broken::BrokenVariant {
             protocol: "chain",
@@ -306,6 +338,12 @@ pub fn broken_variants() -> Vec<chorus_sim::broken::BrokenVariant> {
             seeds_max: 2_000,
             setup: setup(Some(Arc::new(move |config: &mut ChainConfig| config.bug = Some(bug)))),
         })
-        .collect()
+        .collect();
+    variants.push(chorus_sim::broken::BrokenVariant {
+        protocol: "chain",
+        name: "ack-before-sync".to_string(),
+        seeds_max: 2_000,
+        setup: chorus_sim::runner::appendonly(setup(None), AppendOnly::AckBeforeSync),
+    });
+    variants
 }
-

@@ -8,8 +8,8 @@
 use chorus_chain::sim::{broken_variants, setup as sim_setup};
 use chorus_sim::managed::AppendOnly;
 use chorus_sim::runner::{
-    appendonly, assert_swarm_passes, check_seed, describe_failure, first_violation, Minimum, APPENDONLY_MINIMUMS,
-    MANAGED_MINIMUMS,
+    appendonly, assert_swarm_passes, check_seed, describe_failure, first_violation, Minimum,
+    APPENDONLY_MINIMUMS, MANAGED_MINIMUMS,
 };
 use chorus_sim::simulator::SimConfig;
 
@@ -129,9 +129,17 @@ fn linking_a_joiner_before_its_copy_is_acknowledged_is_caught() {
     assert_caught("link-before-copy-completes");
 }
 
+/// Issue 24: members that pass records on (forward, acknowledge) before their region and state
+/// are synced lose acknowledged writes in crashes and power losses; the appendonly swarm must
+/// see it as a linearizability violation.
+#[test]
+fn passing_records_on_before_they_are_synced_is_caught() {
+    assert_caught("ack-before-sync");
+}
+
 #[test]
 fn every_chain_variant_has_a_test() {
-    let tested = ["read-without-lock", "no-write-lock", "link-before-copy-completes"];
+    let tested = ["read-without-lock", "no-write-lock", "link-before-copy-completes", "ack-before-sync"];
     for variant in broken_variants() {
         assert!(tested.contains(&variant.name.as_str()), "{} has no test", variant.name);
     }
