@@ -92,7 +92,6 @@ fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
         .err()
         .expect("a restart with the server shape over kernel-shape regions is refused");
     assert!(error.contains("1048576 bytes"), "{error}");
-    up.stop();
     let error =
         Up::start(port, 3, &["--chain-shape", "kernel"], &[]).err().expect("hermes has no chain shape");
     assert!(error.contains("only applies to --protocol chain"), "{error}");
