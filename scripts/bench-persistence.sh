@@ -1,70 +1,169 @@
 #!/usr/bin/env bash
-# What persistence costs (issue 24 point 5, partly): SET throughput and p50/p99 at 1 and 64
-# clients for a 3-replica Hermes `chorus up` with appendfsync always, everysec and off
-# (appendonly no), on a real file system (a directory under /var/tmp, not /dev/shm), beside
-# one Redis with appendonly yes + appendfsync always. Raftlog, etcd and Redis' WAITAOF are
-# not in this run (docs/benchmarks.md, "Persistence").
+# What persistence costs (issue 24 point 5), in one run on a real file system (a directory under
+# /var/tmp, or BENCH_DIR; never /dev/shm): SET throughput and p50/p99 at 1 and 64 closed-loop
+# clients for
+#   * Hermes, 3 replicas (`chorus up`), with appendfsync always, everysec and appendonly no;
+#   * raftlog, 3 replicas, with its circular log msynced every turn (its only durable mode: it
+#     has no everysec) and with raftlog_flush none;
+#   * Redis 7.2, a primary with two replicas, appendonly yes + appendfsync always on all three,
+#     every SET followed by WAITAOF 1 2 0 (on the primary's disk and both replicas' before the
+#     client goes on), and the primary alone with appendfsync always and no WAITAOF;
+#   * etcd, 3 members, driven through gRPC by etcd's own benchmark tool (`put`), which fsyncs
+#     its WAL before every commit (it has no setting to do otherwise but --unsafe-no-fsync).
+# It prints each system's configuration first. The RESP systems are driven by `chorus bench kv`
+# (--write-ratio 1, 64-byte values, 10,000 keys), the same load generator for all of them;
+# only its SET line is read (a WAITAOF's time counts in its SET's latency).
 #
-#   scripts/bench-persistence.sh [REQUESTS] [OUT.json]     # default 20000, target/bench-persistence.json
+#   scripts/bench-persistence.sh [SECONDS] [OUT.json]   # 10 s per point; target/bench-persistence.json
 #
-# Uses target/debug/chorus (the dev profile is optimized) and redis-benchmark/redis-server.
+# Uses target/debug/chorus (the dev profile is optimized; CHORUS=... for another binary),
+# redis-server, etcd and the etcd benchmark tool (built once by `chorus bench compare`, or
+# CHORUS_ETCD_BENCHMARK=path). PORT=... picks the first of the ports it uses (+0..+40, +50..+52,
+# +60..+65), by default a free run below the ephemeral range.
 set -euo pipefail
-requests=${1:-20000}
+cd "$(dirname "$0")/.."
+seconds=${1:-10}
 out=${2:-target/bench-persistence.json}
 chorus=${CHORUS:-target/debug/chorus}
-port=${PORT:-21379}
-scratch=$(mktemp -d /var/tmp/chorus-bench-persistence.XXXXXX)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
-    rm -rf "$scratch"
-}
-trap cleanup EXIT
+source scripts/bench-common.sh
 
-# One redis-benchmark run: prints "rps p50_ms p99_ms".
-measure() { # port clients
-    redis-benchmark -p "$1" -t set -n "$requests" -c "$2" -r 100000 -d 64 --csv 2>/dev/null |
-        awk -F, 'NR == 2 { gsub(/"/, ""); print $2, $5, $7 }'
-}
-
-wait_port() {
-    for _ in $(seq 200); do
-        redis-cli -p "$1" ping >/dev/null 2>&1 && return 0
-        sleep 0.1
+free_port_run() { # a base port with the next 70 free, below Linux's ephemeral range
+    local base
+    for _ in $(seq 50); do
+        base=$((10000 + RANDOM % 22000))
+        if ! ss -Htan | awk '{ print $4 }' | grep -qE ":($(seq -s '|' "$base" $((base + 70))))$"; then
+            echo "$base"
+            return
+        fi
     done
-    echo "nothing answers on port $1" >&2
+    echo "no free port run found" >&2
     exit 1
 }
+port=${PORT:-$(free_port_run)}
+scratch=$(mktemp -d "${BENCH_DIR:-/var/tmp}/chorus-bench-persistence.XXXXXX")
+trap 'cleanup; rm -rf "$scratch"' EXIT
+fs=$(df --output=fstype "$scratch" | tail -n 1)
+if [ "$fs" = tmpfs ]; then
+    echo "$scratch is on tmpfs: persistence must be measured on a real file system (set BENCH_DIR)" >&2
+    exit 1
+fi
+etcd_tool=${CHORUS_ETCD_BENCHMARK:-$HOME/.cache/chorus-bench/etcd-benchmark-v3.5.11}
 
+echo "# $(date -u +%FT%TZ), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# data in $scratch ($fs on $(df --output=source "$scratch" | tail -n 1)), $seconds s per point"
 results=()
-run_chorus() { # label appendonly appendfsync
-    "$chorus" up --replicas 3 --port "$port" --peer-port $((port + 10)) --data-dir "$scratch/$1" \
-        --appendonly "$2" --appendfsync "$3" >"$scratch/$1.out" 2>&1 &
-    local pid=$!
-    pids+=("$pid")
-    until grep -q "replicas up" "$scratch/$1.out" 2>/dev/null; do sleep 0.2; done
-    for clients in 1 64; do
-        read -r rps p50 p99 < <(measure "$port" "$clients")
-        echo "hermes $1, $clients clients: $rps SET/s, p50 $p50 ms, p99 $p99 ms"
-        results+=("{\"system\":\"hermes\",\"persistence\":\"$1\",\"clients\":$clients,\"rps\":$rps,\"p50_ms\":$p50,\"p99_ms\":$p99}")
-    done
-    kill "$pid"; wait "$pid" 2>/dev/null || true
+record() { # system mode clients rps p50_us p99_us
+    echo "$1 $2, $3 clients: $4 SET/s, p50 $5 us, p99 $6 us"
+    results+=("{\"system\":\"$1\",\"mode\":\"$2\",\"clients\":$3,\"rps\":$4,\"p50_us\":$5,\"p99_us\":$6}")
 }
 
-run_chorus always yes always
-run_chorus everysec yes everysec
-run_chorus off no always
+set_point() { # clients targets bench-kv-args...: SETs of 64 bytes for $seconds; sets rps, p50, p99 (us)
+    local clients=$1 targets=$2 line
+    shift 2
+    line=$("$chorus" bench kv --write-ratio 1 --keys 10000 --distribution uniform --value-bytes 64 \
+        --clients "$clients" --ops 100000000 --duration-s "$seconds" --skip-load --targets "$targets" "$@" \
+        2>&1 | grep -E '^SET ' || true)
+    # operation count errors ops/s p50 p95 p99 p99.9 max
+    read -r _ _ _ rps p50 _ p99 _ _ <<<"${line:-SET 0 0 0 0 0 0 0 0}"
+}
 
-mkdir -p "$scratch/redis"
-redis-server --port $((port + 50)) --dir "$scratch/redis" --appendonly yes --appendfsync always \
-    --save "" --daemonize no >"$scratch/redis.out" 2>&1 &
-pids+=($!)
-wait_port $((port + 50))
-for clients in 1 64; do
-    read -r rps p50 p99 < <(measure $((port + 50)) "$clients")
-    echo "redis appendfsync always, $clients clients: $rps SET/s, p50 $p50 ms, p99 $p99 ms"
-    results+=("{\"system\":\"redis\",\"persistence\":\"always\",\"clients\":$clients,\"rps\":$rps,\"p50_ms\":$p50,\"p99_ms\":$p99}")
+set_points() { # system mode targets [bench-kv-args...]: SET at 1 and 64 clients
+    local system=$1 mode=$2 targets=$3
+    shift 3
+    for clients in 1 64; do
+        set_point "$clients" "$targets" "$@"
+        record "$system" "$mode" "$clients" "$rps" "$p50" "$p99"
+    done
+}
+
+run_chorus() { # protocol mode chorus-up-args...
+    local protocol=$1 mode=$2 dir="$scratch/$1-$2"
+    shift 2
+    "$chorus" up --protocol "$protocol" --replicas 3 --port "$port" --peer-port $((port + 10)) \
+        --meta-port $((port + 20)) --group-host-port $((port + 30)) --data-dir "$dir" "$@" \
+        >"$dir.out" 2>&1 &
+    local up=$!
+    pids+=("$up")
+    until grep -q "replicas up" "$dir.out" 2>/dev/null; do
+        kill -0 "$up" 2>/dev/null || { cat "$dir.out" >&2; exit 1; }
+        sleep 0.2
+    done
+    wait_operational "$port"
+    echo "## $protocol $mode: chorus up $*"
+    grep -hE '^(appendonly|appendfsync|raftlog_flush|protocol) ' "$dir"/node-0.toml | sed 's/^/##   /'
+    set_points "$protocol" "$mode" "127.0.0.1:$port,127.0.0.1:$((port + 1)),127.0.0.1:$((port + 2))"
+    stop "$up"
+}
+
+run_chorus hermes always --appendonly yes --appendfsync always
+run_chorus hermes everysec --appendonly yes --appendfsync everysec
+run_chorus hermes off --appendonly no
+run_chorus raftlog always --raftlog-flush msync
+run_chorus raftlog off --raftlog-flush none
+
+# Redis: a primary and two replicas, every one with appendonly yes + appendfsync always.
+redis_port=$((port + 50))
+redis_pids=()
+for i in 0 1 2; do
+    mkdir -p "$scratch/redis-$i"
+    replica_of=()
+    [ "$i" -gt 0 ] && replica_of=(--replicaof 127.0.0.1 "$redis_port")
+    redis-server --port $((redis_port + i)) --dir "$scratch/redis-$i" --appendonly yes \
+        --appendfsync always --save "" "${replica_of[@]}" --daemonize no >"$scratch/redis-$i.out" 2>&1 &
+    redis_pids+=($!)
+    pids+=($!)
 done
+for _ in $(seq 100); do
+    [ "$(redis-cli -p "$redis_port" info replication | grep -c '^slave[0-9]*:.*state=online')" = 2 ] && break
+    sleep 0.1
+done
+echo "## redis $(redis-server --version | awk '{ print $3 }'): a primary and 2 replicas"
+for i in 0 1 2; do
+    echo "##   :$((redis_port + i)) $(redis-cli -p $((redis_port + i)) info replication | grep '^role:' | tr -d '\r')," \
+        "$(redis-cli -p $((redis_port + i)) config get appendonly | tr '\n' ' ')" \
+        "$(redis-cli -p $((redis_port + i)) config get appendfsync | tr '\n' ' ')"
+done
+echo "##   waitaof: every SET followed by WAITAOF 1 2 0 (this disk and both replicas' disks)"
+set_points redis waitaof "127.0.0.1:$redis_port" --wait-replicas 2 --waitaof-local 1 --wait-timeout-ms 0
+set_points redis always "127.0.0.1:$redis_port"
+for pid in "${redis_pids[@]}"; do stop "$pid"; done
+
+# etcd: 3 members; its WAL is fsynced before every commit.
+etcd_client=$((port + 60))
+cluster=""
+for i in 0 1 2; do cluster+="${cluster:+,}m$i=http://127.0.0.1:$((etcd_client + 3 + i))"; done
+etcd_pids=()
+for i in 0 1 2; do
+    etcd --name "m$i" --data-dir "$scratch/etcd-$i" \
+        --listen-client-urls "http://127.0.0.1:$((etcd_client + i))" \
+        --advertise-client-urls "http://127.0.0.1:$((etcd_client + i))" \
+        --listen-peer-urls "http://127.0.0.1:$((etcd_client + 3 + i))" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$((etcd_client + 3 + i))" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "bench-$$" \
+        --logger zap --log-level warn >"$scratch/etcd-$i.out" 2>&1 &
+    etcd_pids+=($!)
+    pids+=($!)
+done
+endpoints="127.0.0.1:$etcd_client,127.0.0.1:$((etcd_client + 1)),127.0.0.1:$((etcd_client + 2))"
+for _ in $(seq 100); do
+    ETCDCTL_API=3 etcdctl --endpoints="$endpoints" endpoint health >/dev/null 2>&1 && break
+    sleep 0.2
+done
+echo "## etcd $(etcd --version | awk '/etcd Version/ { print $3 }'): 3 members, default settings" \
+    "(WAL fsync per commit, --snapshot-count 100000); etcd's benchmark tool over gRPC, one connection per client"
+for clients in 1 64; do
+    # Requests for about $seconds: a short run sizes it.
+    probe=$("$etcd_tool" --endpoints="$endpoints" --clients="$clients" --conns="$clients" put --key-size=16 \
+        --val-size=64 --key-space-size=10000 --total=$((clients * 20)) 2>/dev/null | awk '/Requests\/sec/ { print $2 }')
+    total=$(awk -v r="${probe:-100}" -v s="$seconds" -v c="$clients" 'BEGIN { t = int(r * s); if (t < 20 * c) t = 20 * c; print t }')
+    summary=$("$etcd_tool" --endpoints="$endpoints" --clients="$clients" --conns="$clients" --precise put \
+        --key-size=16 --val-size=64 --key-space-size=10000 --total="$total" 2>/dev/null)
+    rps=$(awk '/Requests\/sec/ { printf "%.0f", $2 }' <<<"$summary")
+    p50=$(awk '$1 == "50%" { printf "%.0f", $3 * 1e6 }' <<<"$summary")
+    p99=$(awk '$1 == "99%" { printf "%.0f", $3 * 1e6 }' <<<"$summary")
+    record etcd always "$clients" "$rps" "$p50" "$p99"
+done
+for pid in "${etcd_pids[@]}"; do stop "$pid"; done
 
 mkdir -p "$(dirname "$out")"
 (IFS=,; echo "[${results[*]}]") >"$out"
@@ -72,10 +171,13 @@ echo "saved $out"
 python3 - "$out" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
-rps = {(r["system"], r["persistence"], r["clients"]): r["rps"] for r in rows}
+rps = {(r["system"], r["mode"], r["clients"]): r["rps"] for r in rows}
+def ratio(a, b):
+    return f"{rps[a] / rps[b]:.2f}" if rps.get(a) and rps.get(b) else "n/a"
 for clients in (1, 64):
-    off = rps[("hermes", "off", clients)]
-    for mode in ("always", "everysec"):
-        print(f"{clients} clients: hermes {mode} / off = {rps[('hermes', mode, clients)] / off:.2f}")
-    print(f"{clients} clients: hermes always / redis always = {rps[('hermes', 'always', clients)] / rps[('redis', 'always', clients)]:.2f}")
+    print(f"{clients} clients: hermes always/off {ratio(('hermes', 'always', clients), ('hermes', 'off', clients))}, "
+          f"everysec/off {ratio(('hermes', 'everysec', clients), ('hermes', 'off', clients))}, "
+          f"raftlog always/off {ratio(('raftlog', 'always', clients), ('raftlog', 'off', clients))}, "
+          f"hermes always / redis waitaof {ratio(('hermes', 'always', clients), ('redis', 'waitaof', clients))}, "
+          f"hermes always / etcd {ratio(('hermes', 'always', clients), ('etcd', 'always', clients))}")
 PY

@@ -40,6 +40,10 @@ pub struct CommonArgs {
     pub wait_replicas: Option<u32>,
     #[arg(long, default_value_t = 1000)]
     pub wait_timeout_ms: u64,
+    /// With `--wait-replicas N`: follow every write with `WAITAOF <this> N <wait-timeout-ms>`
+    /// instead (Redis 7.2: the write is in this many local and N replica append-only files).
+    #[arg(long)]
+    pub waitaof_local: Option<u32>,
     /// Write everything (configuration and results) to this JSON file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -217,7 +221,11 @@ pub fn run_ycsb(args: YcsbArgs) -> anyhow::Result<i32> {
     spec.field_count = args.fields.max(1);
     spec.read_all_fields = !args.read_one_field;
     let common = &args.common;
-    let wait = common.wait_replicas.map(|replicas| Wait { replicas, timeout_ms: common.wait_timeout_ms });
+    let wait = common.wait_replicas.map(|replicas| Wait {
+        replicas,
+        timeout_ms: common.wait_timeout_ms,
+        aof_local: common.waitaof_local,
+    });
     let client = ClientConfig {
         api: common.api,
         keyspace: Keyspace::Ycsb { fields: spec.field_count },
@@ -274,7 +282,11 @@ pub fn run_kv(args: KvArgs) -> anyhow::Result<i32> {
         distribution: args.distribution,
     };
     let common = &args.common;
-    let wait = common.wait_replicas.map(|replicas| Wait { replicas, timeout_ms: common.wait_timeout_ms });
+    let wait = common.wait_replicas.map(|replicas| Wait {
+        replicas,
+        timeout_ms: common.wait_timeout_ms,
+        aof_local: common.waitaof_local,
+    });
     let client = ClientConfig {
         api: common.api,
         keyspace: Keyspace::Kv,

@@ -35,6 +35,9 @@ pub enum Keyspace {
 pub struct Wait {
     pub replicas: u32,
     pub timeout_ms: u64,
+    /// `WAITAOF <local> <replicas> <timeout>` (Redis 7.2: the write is in this many local and
+    /// replica append-only files) instead of `WAIT`.
+    pub aof_local: Option<u32>,
 }
 
 /// Options every client of a run shares.
@@ -193,7 +196,7 @@ impl Client {
         self.expect.push((index, Check::Any));
         if let Some(wait) = self.config.wait {
             push_wait(conn, wait);
-            self.expect.push((index, Check::Wait(wait.replicas)));
+            self.expect.push((index, wait_check(wait)));
         }
     }
 
@@ -206,7 +209,7 @@ impl Client {
         self.expect.push((index, Check::Any));
         if let Some(wait) = self.config.wait {
             push_wait(conn, wait);
-            self.expect.push((index, Check::Wait(wait.replicas)));
+            self.expect.push((index, wait_check(wait)));
         }
     }
 
@@ -359,13 +362,29 @@ impl Client {
     }
 }
 
+/// What a WAIT's reply must say; WAITAOF's (an array of two counts) is only checked to be no
+/// error.
+fn wait_check(wait: Wait) -> Check {
+    match wait.aof_local {
+        None => Check::Wait(wait.replicas),
+        Some(_) => Check::Any,
+    }
+}
+
 fn push_wait(conn: &mut RespConn, wait: Wait) {
     let mut replicas = Vec::with_capacity(4);
     let mut timeout = Vec::with_capacity(8);
     use std::io::Write as _;
     let _ = write!(replicas, "{}", wait.replicas);
     let _ = write!(timeout, "{}", wait.timeout_ms);
-    conn.push(&[b"WAIT", &replicas, &timeout]);
+    match wait.aof_local {
+        None => conn.push(&[b"WAIT", &replicas, &timeout]),
+        Some(local) => {
+            let mut local_text = Vec::with_capacity(4);
+            let _ = write!(local_text, "{local}");
+            conn.push(&[b"WAITAOF", &local_text, &replicas, &timeout]);
+        }
+    }
 }
 
 /// etcd has no hashes: a record's field `i` is the key `<record>/field<i>`, and reading the

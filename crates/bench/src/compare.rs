@@ -589,7 +589,8 @@ fn start_redis(
                 .is_ok_and(|info| info.contains("master_link_status:up"))
         })?;
     }
-    let wait = (replicas > 0).then_some(Wait { replicas: replicas as u32, timeout_ms: 1000 });
+    let wait =
+        (replicas > 0).then_some(Wait { replicas: replicas as u32, timeout_ms: 1000, aof_local: None });
     Ok(System::new(kind, procs, vec![primary], Api::Resp, wait))
 }
 

@@ -89,8 +89,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
     }
     let mut setup = setup_for(&args)?;
     if args.appendonly {
-        if !matches!(args.protocol.as_str(), "hermes" | "craq" | "zab" | "zab-local") {
-            bail!("--appendonly is for hermes, craq and zab (raftlog always runs on its simulated disk)");
+        if !matches!(args.protocol.as_str(), "hermes" | "craq" | "zab" | "zab-local" | "chain") {
+            bail!(
+                "--appendonly is for hermes, craq, zab and chain (raftlog always runs on its simulated disk)"
+            );
         }
         setup = chorus_sim::runner::appendonly(setup, chorus_sim::managed::AppendOnly::Always);
     }

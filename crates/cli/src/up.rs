@@ -46,12 +46,16 @@ pub struct UpArgs {
     /// and no append-only file.
     #[arg(long)]
     pub in_memory: bool,
-    /// Log every write to the nodes' append-only files (hermes, craq, zab; default yes).
+    /// Log every write to the nodes' append-only files (hermes, craq, zab, chain; default yes).
     #[arg(long, value_name = "yes|no")]
     pub appendonly: Option<String>,
     /// When the append-only files are synced: always (default), everysec or no.
     #[arg(long, value_name = "always|everysec|no")]
     pub appendfsync: Option<String>,
+    /// raftlog only: its circular log's flush, msync (default: every turn, before the turn's
+    /// messages leave) or none (volatile).
+    #[arg(long, value_name = "msync|none")]
+    pub raftlog_flush: Option<String>,
     /// Event loops (threads) per replica, the keys split between them (hermes, craq, zab;
     /// default 1; 0: one per core). docs/decisions.md, decision 9.
     #[arg(long)]
@@ -161,7 +165,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         (dir, false)
     };
     let identity = ClusterIdentity::open_or_create(&data_dir, &args)?;
-    // On by default where the protocol has it (hermes, craq, zab): `chorus up` keeps its data.
+    // On by default where the protocol has it (hermes, craq, zab, chain): `chorus up` keeps its data.
     let appendonly = match (&args.appendonly, args.in_memory) {
         (Some(value), _) => Some(value.clone()),
         (None, true) => Some("no".to_string()),
@@ -224,6 +228,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             cluster_token: Some(identity.cluster_token.clone()),
             appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
             appendfsync: args.appendfsync.clone(),
+            raftlog_flush: args.raftlog_flush.clone(),
             chain_shape: args.chain_shape.clone(),
             chain_hosts: (!chain_hosts.is_empty())
                 .then(|| chain_hosts.iter().map(|addr| addr.to_string()).collect()),
@@ -239,13 +244,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                 .transpose()?,
             ..RawConfig::default()
         };
-        // Nodes that kept their keys (hermes, craq and zab with appendonly, raftlog) restart
-        // from them (zab through a join, in a new epoch). The others kept none: membership state left by an earlier run
-        // describes a cluster whose data is gone, and a node restarted on it would wait to
-        // rejoin it, so they start as a new cluster. A chain node's region survives in the
-        // directory, but without the view it was last linked in nothing says which region is
-        // current: a node that had stopped early would come back as the head with a stale
-        // region while the others serve newer values. So the chain starts empty too.
+        // Nodes that kept their keys (hermes, craq, zab and chain with appendonly, raftlog)
+        // restart from them (zab through a join, in a new epoch; the chain from its region and
+        // the view and order it recorded). The others kept none: membership state left by an
+        // earlier run describes a cluster whose data is gone, and a node restarted on it would
+        // wait to rejoin it, so they start as a new cluster. A chain region left without its
+        // recorded view and order (appendonly no) is removed too: nothing would say which
+        // region is current (a node that had stopped early could come back as the head with a
+        // stale region).
         if !keeps_keys(&args.protocol, appendonly.as_deref()) {
             let node_dir = data_dir.join(format!("node-{}", replica.index));
             remove_stale(&node_dir.join("membership.log"), false)?;
@@ -421,7 +427,7 @@ fn keeps_keys(protocol: &str, appendonly: Option<&str>) -> bool {
 
 /// The protocols that persist their keys through the append-only file.
 fn has_appendonly(protocol: &str) -> bool {
-    matches!(protocol, "hermes" | "craq" | "zab" | "zab-local")
+    matches!(protocol, "hermes" | "craq" | "zab" | "zab-local" | "chain")
 }
 
 /// What makes the directory's nodes one cluster, kept in `<dir>/cluster.toml` (mode 0600:

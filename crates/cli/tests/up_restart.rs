@@ -54,9 +54,9 @@ fn chorus_up_in_memory_keeps_nothing() {
 
 /// Issue 17 point 5, step 1: `--chain-shape kernel` gives every node a chain region that fits
 /// one slot of the kernel data path (1 MiB instead of 69 MiB), which serves and refuses what
-/// does not fit with a clear error. The chain keeps no keys across a `chorus up` restart (its
-/// nodes start as a new cluster, so no region is trusted): the restart starts empty, in
-/// whatever shape it is given, at every replica alike.
+/// does not fit with a clear error. Issue 24: the chain keeps its keys across a `chorus up`
+/// restart (appendonly yes by default), at every replica alike; the shape is part of the
+/// data, so a restart with another shape is refused, saying so.
 #[test]
 fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
     let scratch = Scratch::new("up-chain-shape");
@@ -81,16 +81,17 @@ fn chorus_up_chain_with_the_kernel_shape_maps_one_mib_regions() {
     assert_eq!(value.as_deref(), Some("v"));
     up.stop();
 
-    let (up, first) = Up::start(port, 3, &["--protocol", "chain", "--data-dir", dir.to_str().unwrap()], &[])
-        .expect("the restart does not reopen the kernel-shape regions");
-    assert!(first.contains("keys in memory"), "{first}");
-    let region = dir.join("node-0/regions/tenant-0/chain.region");
-    assert_eq!(std::fs::metadata(&region).unwrap().len(), chorus_chain::ChainLayout::server().region_bytes());
+    let (up, first) = Up::start(port, 3, &args, &[]).expect("the chain restarts on its regions");
+    assert!(first.contains("restarted from the data kept"), "{first}");
     for node in 0..3 {
         let value: Option<String> = redis::cmd("GET").arg("k").query(&mut client(port + node)).unwrap();
-        assert_eq!(value, None, "replica {node} starts empty like the others");
+        assert_eq!(value.as_deref(), Some("v"), "replica {node} kept the key");
     }
     up.stop();
+    let error = Up::start(port, 3, &["--protocol", "chain", "--data-dir", dir.to_str().unwrap()], &[])
+        .err()
+        .expect("a restart with the server shape over kernel-shape regions is refused");
+    assert!(error.contains("1048576 bytes"), "{error}");
     let error =
         Up::start(port, 3, &["--chain-shape", "kernel"], &[]).err().expect("hermes has no chain shape");
     assert!(error.contains("only applies to --protocol chain"), "{error}");

@@ -163,6 +163,10 @@ pub struct Restored {
     pub trusted: bool,
     /// Why it is not trusted, for the log.
     pub reason: String,
+    /// Every record the node acted on is here (`appendfsync always`, or a clean stop),
+    /// whether or not it held all the data: what else it kept on disk in step with these
+    /// records (the chain's region) is as sound as they are.
+    pub synced: bool,
     /// A checksum caught damage: the files were refused (the node copies from a peer).
     pub refused: bool,
     /// No append-only file was there: the node never ran on this directory. Otherwise it is
@@ -278,7 +282,14 @@ impl Persistence {
                 // copying every key from a peer.
                 tracing::error!("{damage}; not using these files: the node rejoins and copies from a peer");
                 persistence.start_over()?;
-                Restored { records: Vec::new(), trusted: false, reason: damage, refused: true, fresh: false }
+                Restored {
+                    records: Vec::new(),
+                    trusted: false,
+                    reason: damage,
+                    synced: false,
+                    refused: true,
+                    fresh: false,
+                }
             }
         };
         persistence.info.restored_records = restored.records.len() as u64;
@@ -300,7 +311,14 @@ impl Persistence {
         let Some(manifest) = manifest else {
             self.start_over().map_err(|error| error.to_string())?;
             let reason = "no append-only file yet".to_string();
-            return Ok(Restored { records: Vec::new(), trusted: false, reason, refused: false, fresh: true });
+            return Ok(Restored {
+                records: Vec::new(),
+                trusted: false,
+                reason,
+                synced: false,
+                refused: false,
+                fresh: true,
+            });
         };
         let mut data = Vec::new();
         let mut complete = None;
@@ -363,7 +381,8 @@ impl Persistence {
             ),
             Some(_) => (true, String::new()),
         };
-        Ok(Restored { records: data, trusted, reason, refused: false, fresh: false })
+        let synced = clean || complete.is_some_and(|(_, always)| always);
+        Ok(Restored { records: data, trusted, reason, synced, refused: false, fresh: false })
     }
 
     /// A fresh generation: an empty incremental file, no base. Its number is past every file

@@ -161,6 +161,18 @@ pub trait RegionMemory {
     /// Make every write since the previous flush durable (see the crate docs per backend).
     fn flush(&mut self) -> Result<(), RegionError>;
 
+    /// For memory whose flushes wait for the runtime ([`TurnFlush`]): do the flushes asked for
+    /// since the last call, as one, when its policy says so or `force` (a clean stop). Others
+    /// flush when asked and have nothing to do here.
+    fn sync_turn(&mut self, _force: bool) -> Result<(), RegionError> {
+        Ok(())
+    }
+
+    /// Whether a flush was asked for and not done yet ([`RegionMemory::sync_turn`] would do it).
+    fn flush_pending(&self) -> bool {
+        false
+    }
+
     fn read_vec(&self, offset: u64, len: u64) -> Result<Vec<u8>, RegionError> {
         check_range(offset, len, self.size())?;
         let mut buf = vec![0u8; len as usize];
@@ -195,6 +207,96 @@ impl<M: RegionMemory + ?Sized> RegionMemory for Box<M> {
     }
     fn flush(&mut self) -> Result<(), RegionError> {
         (**self).flush()
+    }
+    fn sync_turn(&mut self, force: bool) -> Result<(), RegionError> {
+        (**self).sync_turn(force)
+    }
+    fn flush_pending(&self) -> bool {
+        (**self).flush_pending()
+    }
+}
+
+/// A region whose flushes are batched by the runtime (issue 24: "syncs batched per turn"): a
+/// [`RegionMemory::flush`] only notes that the writes so far must be durable before whatever
+/// depends on them leaves, and [`RegionMemory::sync_turn`], which the runtime calls once per
+/// event-loop turn before the turn's messages and replies leave, flushes the inner memory once
+/// for all of them. A group member's "flush, then forward" holds as long as the forward is one
+/// of the turn's messages, which is how the event loop sends them.
+pub struct TurnFlush<M: RegionMemory> {
+    inner: M,
+    pending: bool,
+    syncs: u64,
+    policy: SyncPolicy,
+    last_sync: std::time::Instant,
+}
+
+/// When [`TurnFlush`] flushes (Redis' `appendfsync`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// At the end of every turn that asked for it, before its messages leave (`always`).
+    EveryTurn,
+    /// At most once per period; messages do not wait for it (`everysec`).
+    Every(std::time::Duration),
+    /// Only when forced (a clean stop); the kernel writes back when it likes (`no`).
+    Never,
+}
+
+impl<M: RegionMemory> TurnFlush<M> {
+    pub fn new(inner: M) -> TurnFlush<M> {
+        TurnFlush::with_policy(inner, SyncPolicy::EveryTurn)
+    }
+    pub fn with_policy(inner: M, policy: SyncPolicy) -> TurnFlush<M> {
+        TurnFlush { inner, pending: false, syncs: 0, policy, last_sync: std::time::Instant::now() }
+    }
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+    pub fn inner_mut(&mut self) -> &mut M {
+        &mut self.inner
+    }
+    /// Flushes of the inner memory done so far.
+    pub fn syncs(&self) -> u64 {
+        self.syncs
+    }
+}
+
+impl<M: RegionMemory> RegionMemory for TurnFlush<M> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        self.inner.write(offset, data)
+    }
+    fn memcpy(&mut self, src: u64, dst: u64, len: u64) -> Result<(), RegionError> {
+        self.inner.memcpy(src, dst, len)
+    }
+    fn cas(&mut self, offset: u64, old: u64, new: u64) -> Result<u64, RegionError> {
+        self.inner.cas(offset, old, new)
+    }
+    fn flush(&mut self) -> Result<(), RegionError> {
+        self.pending = true;
+        Ok(())
+    }
+    fn sync_turn(&mut self, force: bool) -> Result<(), RegionError> {
+        let due = force
+            || match self.policy {
+                SyncPolicy::EveryTurn => true,
+                SyncPolicy::Every(period) => self.last_sync.elapsed() >= period,
+                SyncPolicy::Never => false,
+            };
+        if !self.pending || !due {
+            return Ok(());
+        }
+        self.pending = false;
+        self.syncs += 1;
+        self.last_sync = std::time::Instant::now();
+        self.inner.flush()
+    }
+    fn flush_pending(&self) -> bool {
+        self.pending
     }
 }
 

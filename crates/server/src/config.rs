@@ -860,9 +860,11 @@ impl RawConfig {
     ) -> Result<crate::persistence::PersistenceOptions, ConfigError> {
         use crate::persistence::{AppendFsync, PersistenceOptions, StorageChoice};
         let defaults = PersistenceOptions::default();
-        // ZAB restarts from its files through a join (a new epoch), so it needs the membership.
-        let zab_with_membership = matches!(protocol, Protocol::Zab(_)) && self.membership != Some(false);
-        let supported = matches!(protocol, Protocol::Hermes | Protocol::Craq) || zab_with_membership;
+        // ZAB restarts from its files through a join (a new epoch), so it needs the membership;
+        // so does the chain (a node removed while it was down rejoins and catches up).
+        let needs_membership = matches!(protocol, Protocol::Zab(_) | Protocol::Chain);
+        let with_membership = needs_membership && self.membership != Some(false);
+        let supported = matches!(protocol, Protocol::Hermes | Protocol::Craq) || with_membership;
         let appendonly = match &self.appendonly {
             None => false,
             Some(value) => value.value("appendonly")?,
@@ -871,8 +873,9 @@ impl RawConfig {
             return Err(field_error(
                 "appendonly",
                 format!(
-                    "{} does not persist its keys through the append-only file (hermes, craq \
-                     and zab with membership do; raftlog has its own durable log): set appendonly no",
+                    "{} does not persist its keys through the append-only file (hermes, craq, \
+                     and zab and chain with membership do; raftlog has its own durable log): set \
+                     appendonly no",
                     protocol.name()
                 ),
             ));
@@ -1175,7 +1178,7 @@ client_addr = "127.0.0.1:7380"
         assert!(zab.persistence.appendonly);
         for (bad, field) in [
             ("protocol = \"zab\"\nappendonly = true\nmembership = false", "appendonly"),
-            ("protocol = \"chain\"\nappendonly = true", "appendonly"),
+            ("protocol = \"chain\"\nappendonly = true\nmembership = false", "appendonly"),
             ("appendonly = \"maybe\"", "appendonly"),
             ("appendfsync = \"sometimes\"", "appendfsync"),
             ("save = \"900\"", "save"),

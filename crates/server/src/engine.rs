@@ -64,6 +64,11 @@ where
     }
     /// Replies wait for [`Self::persist_turn`]: an acknowledged write must be on disk.
     const REPLIES_AFTER_PERSIST: bool = false;
+    /// A clean stop: make everything durable, whatever `appendfsync` says (before the
+    /// append-only file's clean-stop marker, which says so).
+    fn persist_all(&mut self) -> Result<(), String> {
+        self.persist_turn()
+    }
     /// Reads may run on the connection's task between the loop's turns ([`InlineLoop`]):
     /// the core answers a read at once or queues it, and sends nothing for it (Hermes). A core
     /// whose reads send messages (ZAB's sync, CRAQ's tail query) would send them a frame per
@@ -200,6 +205,12 @@ where
     }
     fn take_durable_records(&mut self) -> Vec<PersistRecord> {
         self.take_persist_records()
+    }
+    fn persist_turn(&mut self) -> Result<(), String> {
+        self.protocol_mut().persist_turn()
+    }
+    fn persist_all(&mut self) -> Result<(), String> {
+        self.protocol_mut().persist_all()
     }
     /// The lease is checked by the protocol core's own read path (Hermes' `leased`).
     const READS_INLINE: bool = P::READS_INLINE;
@@ -588,6 +599,22 @@ impl<M: chorus_chain::Member + Send + 'static> ServedReplica for chorus_chain::C
     fn keys(&self) -> Vec<Key> {
         self.stored_keys()
     }
+    /// The chain's durable state (view, order, linked) when it changed: the region file is
+    /// the log and the database, this record says where it stands (docs/decisions.md 13).
+    fn take_log_records(&mut self) -> Vec<Vec<u8>> {
+        self.take_state_record().into_iter().collect()
+    }
+    fn snapshot_header(&self) -> Vec<Vec<u8>> {
+        vec![self.durable_state().encode()]
+    }
+    /// The region's flush for every gFLUSH of the turn, once, before the turn's messages
+    /// (forwards, acknowledgements) leave (`appendfsync always`; see `lib.rs`, `sync_policy`).
+    fn persist_turn(&mut self) -> Result<(), String> {
+        self.sync_turn(false)
+    }
+    fn persist_all(&mut self) -> Result<(), String> {
+        self.sync_turn(true)
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
         vec![
@@ -606,6 +633,9 @@ impl<M: chorus_chain::Member + Send + 'static> ServedReplica for chorus_chain::C
             ("copy_bytes_sent", s.copy_bytes_sent),
             ("copies_received", s.copies_received),
             ("last_join_pause_us", s.last_join_pause_us),
+            ("catch_ups", s.catch_ups),
+            ("restarts_rejoined", s.restarts_rejoined),
+            ("awaiting_configuration", self.is_awaiting_configuration() as u64),
         ]
     }
 }
@@ -1164,6 +1194,9 @@ pub async fn run<R>(
     }
     let mut state = lock(&shared);
     state.fail_pending();
+    if let Err(error) = state.replica.persist_all() {
+        tracing::error!(%error, "cannot make the replica's state durable at the stop");
+    }
     if let Some(persistence) = &mut state.persistence {
         if let Err(error) = persistence.close() {
             tracing::error!(%error, "cannot close the append-only file cleanly");

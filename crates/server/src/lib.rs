@@ -164,10 +164,11 @@ async fn serve_node(
     if let Some(data_dir) = &config.data_dir {
         check_loop_layout(data_dir, LOOPS_FILE, "event_loops", config.event_loops)?;
     }
-    let loops = (0..config.event_loops)
+    let mut loops = (0..config.event_loops)
         .map(|index| LoopSetup::open(config, state_dir.as_deref(), index))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let joining = loops[0].joining;
+    let chain_start = loops.first_mut().and_then(|setup| setup.chain.take());
     let engine_thread = config.worker_threads > 1;
     let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
     let request_deadline = std::time::Duration::from_millis(config.clients.request_deadline_ms);
@@ -242,17 +243,21 @@ async fn serve_node(
             start.run_loops(cores.collect(), "chorus-shard").await?
         }
         Protocol::Chain => {
-            let dir = state_dir.as_deref().expect("the chain store always has a directory");
-            if config.chain_hosts.is_empty() {
-                let mut chain = Some(open_chain(config, dir, replicas, joining)?);
-                start
-                    .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
-                    .await?
-            } else {
-                let mut chain = Some(open_hosted_chain(config, dir, replicas, joining)?);
-                start
-                    .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
-                    .await?
+            let chain_start = chain_start.expect("the chain store always has a directory");
+            let chain_config = chain_start.config(config, replicas, joining);
+            match chain_start.region {
+                ChainRegion::Local(region) => {
+                    let mut chain = Some(open_chain(config, chain_config, region)?);
+                    start
+                        .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
+                        .await?
+                }
+                ChainRegion::Hosted(region) => {
+                    let mut chain = Some(open_hosted_chain(config, chain_config, region)?);
+                    start
+                        .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
+                        .await?
+                }
             }
         }
     };
@@ -442,6 +447,9 @@ struct LoopSetup {
     restored: Option<persistence::Restored>,
     membership: Option<Managed>,
     joining: bool,
+    /// The chain store's region, opened and checked before the membership decides whether
+    /// the node comes back as the member it was.
+    chain: Option<ChainStart>,
 }
 
 impl LoopSetup {
@@ -452,7 +460,17 @@ impl LoopSetup {
     ) -> anyhow::Result<LoopSetup> {
         let data_dir = config.data_dir.as_deref().map(|dir| loop_dir(dir, index));
         let (persistence, restored) = open_persistence(config, data_dir.as_deref())?;
-        let data_restored = restored.as_ref().is_some_and(|restored| restored.trusted);
+        let mut data_restored = restored.as_ref().is_some_and(|restored| restored.trusted);
+        let chain = match (config.protocol, state_dir) {
+            (Protocol::Chain, Some(dir)) => {
+                let start = ChainStart::open(config, dir, restored.as_ref())?;
+                // The chain comes back as the member it was only if it was linked and its region
+                // passed its checks.
+                data_restored &= start.assessment.state.as_ref().is_some_and(|state| state.linked);
+                Some(start)
+            }
+            _ => None,
+        };
         // An append-only file was there: a restart, whatever the membership log holds.
         let files_existed = restored.as_ref().is_some_and(|restored| !restored.fresh);
         // ZAB rejoins even with its data: its recovery then runs in a new epoch, as every ZAB
@@ -469,7 +487,7 @@ impl LoopSetup {
             _ => None,
         };
         let joining = membership.as_ref().is_some_and(|managed| managed.membership.is_joining());
-        Ok(LoopSetup { persistence, restored, membership, joining })
+        Ok(LoopSetup { persistence, restored, membership, joining, chain })
     }
 }
 
@@ -731,16 +749,145 @@ async fn split_inbound<M: loops::Routed>(
     }
 }
 
-/// The chain store's region: `<data_dir>/regions/tenant-0/chain.region` (mmap'd, msync on
-/// gFLUSH), reopened with its contents after a restart (docs/protocols/chain.md).
+/// The chain store's member memory in the event loop: the region file (mmap'd) or, for crash
+/// tests, the file behind a storage that loses unsynced writes; flushed once per turn.
+pub type LocalChain = chorus_chain::Chain<chorus_group::ChainMember<TurnFlushed>>;
+type TurnFlushed = chorus_region::TurnFlush<Box<dyn chorus_region::RegionMemory + Send>>;
+
+/// Where the chain's member keeps its region.
+enum ChainRegion {
+    /// In this node's event loop: flushed by the loop once per turn (`appendfsync`).
+    Local(TurnFlushed),
+    /// On the node's group host, which maps the same file and flushes every operation itself.
+    Hosted(chorus_region::Region),
+}
+
+/// The chain store's region, opened, with what the node kept about its place in the chain.
+struct ChainStart {
+    region: ChainRegion,
+    assessment: chorus_chain::restore::Assessment,
+}
+
+impl ChainStart {
+    /// Open `<dir>/regions/tenant-0/chain.region` (docs/protocols/chain.md) and, when the node
+    /// persists (`appendonly yes`), decide from its append-only file and the region itself what
+    /// it restarts from: redo the records a crash cut short, check every checksum, refuse a
+    /// damaged region (it is repaired by a copy from the head).
+    fn open(
+        config: &NodeConfig,
+        dir: &std::path::Path,
+        restored: Option<&persistence::Restored>,
+    ) -> anyhow::Result<ChainStart> {
+        let layout = config.chain_layout;
+        let bytes = layout.region_bytes();
+        let regions = dir.join("regions");
+        let persisting = config.persistence.appendonly && config.data_dir.is_some();
+        let crash_test = persisting && config.persistence.storage == persistence::StorageChoice::CrashTest;
+        anyhow::ensure!(
+            !crash_test || config.chain_hosts.is_empty(),
+            "appendonly_storage = \"crash-test\" cannot be used with chain_hosts: the group hosts map the region file"
+        );
+        // Without appendonly nothing is restored, so nothing needs flushing.
+        let backend = if persisting || !config.chain_hosts.is_empty() {
+            chorus_region::FlushBackend::Msync
+        } else {
+            chorus_region::FlushBackend::None
+        };
+        let store = chorus_region::RegionStore::open(&regions, backend)
+            .with_context(|| format!("cannot open the chain region directory under {}", dir.display()))?;
+        let mut region: Box<dyn chorus_region::RegionMemory + Send> = if crash_test {
+            warn!("appendonly_storage = \"crash-test\": the chain region's unsynced writes wait in memory");
+            let file_dir = regions.join(format!("{}", chorus_chain::replica::TENANT));
+            let storage = chorus_storage::CrashTestStorage::open(&file_dir)
+                .with_context(|| format!("cannot open {}", file_dir.display()))?;
+            let name = format!("{}.region", chain_host::REGION_NAME);
+            Box::new(
+                chorus_storage::StorageRegion::open(storage, &name, bytes)
+                    .context("cannot open the chain region")?,
+            )
+        } else {
+            let region = store
+                .register(chorus_chain::replica::TENANT, chain_host::REGION_NAME, bytes)
+                .context("cannot open the chain region")?;
+            info!(path = ?region.path(), bytes, "chain region mapped");
+            Box::new(region)
+        };
+        let assessment = match restored {
+            Some(restored) if !restored.fresh => {
+                chorus_chain::restore::assess(&restored.records, restored.synced, layout, &mut region)
+            }
+            _ => chorus_chain::restore::Assessment::default(),
+        };
+        match &assessment.state {
+            Some(state) if state.linked => info!(
+                view = state.view_epoch,
+                order = ?state.order,
+                "chain region checked; restarting as the member it was"
+            ),
+            Some(_) => {
+                info!(reason = %assessment.reason, "chain region checked; rejoining, offering it for a catch-up")
+            }
+            None if assessment.region_refused => tracing::error!("{}", assessment.reason),
+            None if !assessment.reason.is_empty() => {
+                info!(reason = %assessment.reason, "not restarting from the chain region")
+            }
+            None => {}
+        }
+        let region = if config.chain_hosts.is_empty() {
+            ChainRegion::Local(chorus_region::TurnFlush::with_policy(region, sync_policy(config)))
+        } else {
+            // The host maps the file: the node's own mapping must be the same file.
+            drop(region);
+            let region = store
+                .register(chorus_chain::replica::TENANT, chain_host::REGION_NAME, bytes)
+                .context("cannot open the chain region")?;
+            ChainRegion::Hosted(region)
+        };
+        Ok(ChainStart { region, assessment })
+    }
+
+    /// The core's configuration: the server's shape, and what the node restarts from.
+    fn config(&self, config: &NodeConfig, replicas: NodeSet, joining: bool) -> chorus_chain::ChainConfig {
+        let mut chain_config = chorus_chain::ChainConfig::server(config.node_id, replicas);
+        chain_config.layout = config.chain_layout;
+        // §5.1: a joining node serves nothing until the head has copied its region over this
+        // one (empty or stale) or sent it the records it lacks, and linked it into the chain.
+        chain_config.joining = joining;
+        chain_config.restored = self.assessment.state.clone();
+        chain_config.incarnation = incarnation();
+        chain_config.seq_floor = seq_floor();
+        if joining {
+            info!("joining the chain: waiting for the head to copy the log and the database region");
+        }
+        chain_config
+    }
+}
+
+/// When the chain's region is flushed: `appendfsync` (always: every turn, before its messages
+/// leave; everysec: once a second; no: never but at a clean stop).
+fn sync_policy(config: &NodeConfig) -> chorus_region::SyncPolicy {
+    use persistence::AppendFsync;
+    if !config.persistence.appendonly {
+        return chorus_region::SyncPolicy::Never;
+    }
+    match config.persistence.appendfsync {
+        AppendFsync::Always => chorus_region::SyncPolicy::EveryTurn,
+        AppendFsync::Everysec => chorus_region::SyncPolicy::Every(std::time::Duration::from_secs(1)),
+        AppendFsync::No => chorus_region::SyncPolicy::Never,
+    }
+}
+
+/// The chain store with its member in this node's event loop.
 fn open_chain(
     config: &NodeConfig,
-    dir: &std::path::Path,
-    replicas: NodeSet,
-    joining: bool,
-) -> anyhow::Result<chorus_chain::Chain> {
-    let (chain_config, region) = open_chain_region(config, dir, replicas, joining)?;
-    usable_chain(chorus_chain::Chain::with_region(chain_config, region))
+    chain_config: chorus_chain::ChainConfig,
+    region: TurnFlushed,
+) -> anyhow::Result<LocalChain> {
+    let me = config.node_id;
+    usable_chain(chorus_chain::Chain::with_member(chain_config, |initial| {
+        chorus_group::ChainMember::new(initial, me, chorus_chain::replica::TENANT, region)
+            .map_err(|error| error.to_string())
+    }))
 }
 
 fn usable_chain<M: chorus_chain::Member>(
@@ -757,39 +904,14 @@ fn usable_chain<M: chorus_chain::Member>(
 /// members run").
 fn open_hosted_chain(
     config: &NodeConfig,
-    dir: &std::path::Path,
-    replicas: NodeSet,
-    joining: bool,
+    chain_config: chorus_chain::ChainConfig,
+    region: chorus_region::Region,
 ) -> anyhow::Result<chorus_chain::Chain<chain_host::HostedMember>> {
-    let (chain_config, region) = open_chain_region(config, dir, replicas, joining)?;
     let (me, hosts) = (config.node_id, config.chain_hosts.clone());
     info!(host = %hosts[usize::from(me.0)], "the chain's member runs on this node's group host");
     usable_chain(chorus_chain::Chain::with_member(chain_config, |initial| {
         chain_host::HostedMember::new(me, initial, region, hosts, std::time::Duration::from_secs(5))
     }))
-}
-
-fn open_chain_region(
-    config: &NodeConfig,
-    dir: &std::path::Path,
-    replicas: NodeSet,
-    joining: bool,
-) -> anyhow::Result<(chorus_chain::ChainConfig, chorus_region::Region)> {
-    let mut chain_config = chorus_chain::ChainConfig::server(config.node_id, replicas);
-    chain_config.layout = config.chain_layout;
-    // §5.1: a joining node serves nothing until the head has copied its region over this one
-    // (empty or stale) and linked it into the chain.
-    chain_config.joining = joining;
-    if joining {
-        info!("joining the chain: waiting for the head to copy the log and the database region");
-    }
-    let store = chorus_region::RegionStore::open(dir.join("regions"), chorus_region::FlushBackend::Msync)
-        .with_context(|| format!("cannot open the chain region directory under {}", dir.display()))?;
-    let region = store
-        .register(chorus_chain::replica::TENANT, chain_host::REGION_NAME, chain_config.layout.region_bytes())
-        .context("cannot open the chain region")?;
-    info!(path = ?region.path(), bytes = chain_config.layout.region_bytes(), "chain region mapped");
-    Ok((chain_config, region))
 }
 
 /// One message carries at most a key and a value, each bounded by the value limit.

@@ -162,9 +162,26 @@ pub struct OnDisk<P: Replica> {
 }
 
 impl<P: Replica> OnDisk<P> {
-    fn new(node: WithMembership<P>, disk: SimDisk) -> Result<OnDisk<P>, String> {
+    /// A fresh node on an empty (or any) disk: its `membership.log` starts there.
+    pub fn new(node: WithMembership<P>, disk: SimDisk) -> Result<OnDisk<P>, String> {
         let (log, _) = MembershipLog::open(disk.clone()).map_err(|error| error.to_string())?;
         Ok(OnDisk { node, log, disk })
+    }
+
+    /// A restarted node: the membership log it reopened on `disk`. For protocol crates that
+    /// keep more on the node's disk than this module knows (the chain store's region).
+    pub fn from_parts(node: WithMembership<P>, log: MembershipLog<SimDisk>, disk: SimDisk) -> OnDisk<P> {
+        OnDisk { node, log, disk }
+    }
+
+    pub fn node(&self) -> &WithMembership<P> {
+        &self.node
+    }
+    pub fn node_mut(&mut self) -> &mut WithMembership<P> {
+        &mut self.node
+    }
+    pub fn disk(&self) -> &SimDisk {
+        &self.disk
     }
 }
 
@@ -249,7 +266,7 @@ pub type BuildPersisted<'a, P> = dyn FnMut(NodeId, NodeSet, u64, bool) -> P + 'a
 /// The append-only file's settings in the swarm: `appendfsync always`, no time-based save
 /// rule (the simulator's clock is not the wall clock), and a rewrite once the incremental file
 /// passes `rewrite_bytes_min`, small on some seeds so snapshots and rewrites run while clients do.
-fn appendonly_options(rewrite_bytes_min: u64) -> chorus_persistence::PersistenceOptions {
+pub fn appendonly_options(rewrite_bytes_min: u64) -> chorus_persistence::PersistenceOptions {
     chorus_persistence::PersistenceOptions {
         appendonly: true,
         appendfsync: chorus_persistence::AppendFsync::Always,

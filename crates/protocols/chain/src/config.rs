@@ -2,6 +2,7 @@
 
 use chorus_core::{Epoch, NodeId, NodeSet, Time, View};
 
+use crate::durable::ChainState;
 use crate::layout::ChainLayout;
 
 /// A deliberately broken variant, used only by tests to show the simulator's checker catches
@@ -40,6 +41,19 @@ pub struct ChainConfig {
     pub joining: bool,
     /// The coordinator copies the region to a joiner in gWRITEs of this many bytes.
     pub copy_chunk_bytes: u64,
+    /// What this node recorded before it stopped (`crate::durable`), when it restarts on its
+    /// data directory: linked and not `joining`, it comes back as the member it was (it
+    /// serves again once the head configured the chain with it); joining, it offers its
+    /// region for a catch-up if the record says the region is whole.
+    pub restored: Option<ChainState>,
+    /// Tells this start of the node apart from every earlier one (the server: the clock and
+    /// the process id; the simulator: the restart's seed). Forwards name the coordinator
+    /// incarnation they went to.
+    pub incarnation: u64,
+    /// Where this node numbers its forwarded updates from: above every number an earlier
+    /// start used (a coordinator may remember those), so a restarted origin's updates are
+    /// never taken for duplicates.
+    pub seq_floor: u64,
     #[cfg(feature = "broken-variants")]
     pub bug: Option<Bug>,
 }
@@ -56,6 +70,9 @@ impl ChainConfig {
             window_max: 256,
             joining: false,
             copy_chunk_bytes: 4096,
+            restored: None,
+            incarnation: 1,
+            seq_floor: 0,
             #[cfg(feature = "broken-variants")]
             bug: None,
         }

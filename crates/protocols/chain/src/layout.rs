@@ -9,8 +9,9 @@
 //! 16     last executed    (the lsn of the last record executed; recovery redoes it)
 //! 24     magic + layout   (log bytes, index slots, heap bytes: a region of another shape is refused)
 //! 64     log              (circular; records never straddle its end)
-//! 64+L   database:  index: `slots` x 16 bytes  (key hash u64 | entry offset u64)
-//!                   heap:  entries             (key_len u32 | value_len u32 | key | value, 8-aligned)
+//! 64+L   database:  index: `slots` x 16 bytes  (key hash u64 | check u16 << 48 | entry offset)
+//!                   heap:  entries             (key_len u32 | value_len u32 | crc32 u32 | 0 u32 |
+//!                                               key | value, 8-aligned)
 //! ```
 //!
 //! The database is self-describing: a replica answers a read by hashing the key, probing the
@@ -20,7 +21,13 @@
 //! the database start, so 0 never names an entry (the index comes first).
 //!
 //! Log records use the transaction API's format: `lsn u64 | entries u32 | body_bytes u32`,
-//! then per entry `db_offset u64 | len u32 | 0 u32 | data`. All integers little-endian.
+//! then per entry `db_offset u64 | len u32 | crc32 u32 | data`, the CRC (of the lsn, offset,
+//! length and data) in the word the transaction API leaves 0. All integers little-endian.
+//!
+//! Checksums (issue 24 point 3): every heap entry and every record entry carries a CRC-32, and
+//! every index slot a 16-bit check of its hash and offset, so a region damaged on disk is
+//! refused when it is read ([`LayoutError::Corrupt`]) instead of served: at start
+//! ([`verify`]), by recovery, and by any read that reaches the damage.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_core::{Key, Value};
@@ -31,14 +38,16 @@ pub const LOCK_OFFSET: u64 = 0;
 pub const HEAD_OFFSET: u64 = 8;
 pub const LAST_EXECUTED_OFFSET: u64 = 16;
 pub const MAGIC_OFFSET: u64 = 24;
-pub const MAGIC: u64 = u64::from_le_bytes(*b"CHRSCHN1");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"CHRSCHN2");
 pub const SLOT_BYTES: u64 = 16;
-pub const ENTRY_HEADER_BYTES: u64 = 8;
+pub const ENTRY_HEADER_BYTES: u64 = 16;
 pub const RECORD_HEADER_BYTES: u64 = 16;
 pub const RECORD_ENTRY_HEADER_BYTES: u64 = 16;
 /// The lock word while a new coordinator brings the chain back to one state (§5.1): every
 /// replica, the tail included, holds its reads until recovery ends.
 pub const RECOVERING: u64 = chorus_group::txn::WRITER_BIT | 0xFFFF_FFFF;
+/// The low bits of an index slot's entry word hold the offset; the top 16 its check.
+const SLOT_OFFSET_MASK: u64 = (1 << 48) - 1;
 
 /// The shape of a chain region. Identical at every member.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -183,21 +192,42 @@ pub fn entry_bytes(key_len: usize, value_len: usize) -> u64 {
     (ENTRY_HEADER_BYTES + key_len as u64 + value_len as u64).div_ceil(8) * 8
 }
 
+/// The CRC a heap entry carries: of its lengths, key and value.
+fn entry_crc(key: &[u8], value: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&(key.len() as u32).to_le_bytes());
+    crc.update(&(value.len() as u32).to_le_bytes());
+    crc.update(key);
+    crc.update(value);
+    crc.finalize()
+}
+
 pub fn encode_entry(key: &[u8], value: &[u8]) -> Bytes {
     let len = entry_bytes(key.len(), value.len()) as usize;
     let mut bytes = BytesMut::with_capacity(len);
     bytes.put_u32_le(key.len() as u32);
     bytes.put_u32_le(value.len() as u32);
+    bytes.put_u32_le(entry_crc(key, value));
+    bytes.put_u32_le(0);
     bytes.put_slice(key);
     bytes.put_slice(value);
     bytes.resize(len, 0);
     bytes.freeze()
 }
 
+/// A slot's 16-bit check of its hash and entry offset (an empty slot, hash 0, has none).
+fn slot_check(hash: u64, entry: u64) -> u64 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&hash.to_le_bytes());
+    crc.update(&entry.to_le_bytes());
+    (crc.finalize() & 0xFFFF) as u64
+}
+
 pub fn encode_slot(hash: u64, entry: u64) -> Bytes {
+    debug_assert!(entry <= SLOT_OFFSET_MASK, "database offsets fit in 48 bits");
     let mut bytes = BytesMut::with_capacity(SLOT_BYTES as usize);
     bytes.put_u64_le(hash);
-    bytes.put_u64_le(entry);
+    bytes.put_u64_le(entry | slot_check(hash, entry) << 48);
     bytes.freeze()
 }
 
@@ -215,7 +245,14 @@ pub fn read_slot(
 ) -> Result<SlotWord, LayoutError> {
     let offset = layout.slot_offset(slot);
     let hash = memory.load_u64(offset).map_err(region_error)?;
-    let entry = memory.load_u64(offset + 8).map_err(region_error)?;
+    let word = memory.load_u64(offset + 8).map_err(region_error)?;
+    if hash == 0 && word == 0 {
+        return Ok(SlotWord { hash, entry: 0 });
+    }
+    let entry = word & SLOT_OFFSET_MASK;
+    if hash == 0 || word >> 48 != slot_check(hash, entry) {
+        return Err(LayoutError::Corrupt(format!("index slot {slot} fails its check")));
+    }
     Ok(SlotWord { hash, entry })
 }
 
@@ -239,7 +276,12 @@ pub fn read_entry(
     }
     let body = memory.read_vec(at + ENTRY_HEADER_BYTES, key_len + value_len).map_err(region_error)?;
     let body = Bytes::from(body);
-    Ok((body.slice(..key_len as usize), body.slice(key_len as usize..), size))
+    let (key, value) = (body.slice(..key_len as usize), body.slice(key_len as usize..));
+    let crc = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
+    if crc != entry_crc(&key, &value) {
+        return Err(LayoutError::Corrupt(format!("the heap entry at {entry} fails its checksum")));
+    }
+    Ok((key, value, size))
 }
 
 /// A read served from the region alone (what any replica does, §5.2): probe the index.
@@ -267,6 +309,89 @@ pub fn lookup(
     Ok(None)
 }
 
+/// Where a region stands: the log position after its last executed record, that record's lsn
+/// and the CRC of its bytes. What a joiner restarted on its data offers the coordinator, which
+/// sends only the records after `log_head` if its own log holds the same record at
+/// `last_lsn` (so the region is a prefix of the head's) and everything after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionSummary {
+    pub log_head: u64,
+    pub last_lsn: u64,
+    pub last_crc: u32,
+}
+
+impl RegionSummary {
+    /// A region that never executed a record (every database byte zero).
+    pub const EMPTY: RegionSummary = RegionSummary { log_head: 0, last_lsn: 0, last_crc: 0 };
+}
+
+/// The CRC of a record's bytes (what [`RegionSummary::last_crc`] holds).
+pub fn record_crc(record: &Record) -> u32 {
+    crc32fast::hash(&record.bytes)
+}
+
+/// Where `memory` stands, from its header words and its last executed record, which must be
+/// whole (the magic words are its shape or, for a region that never executed anything,
+/// zero). A damaged header or last record is an error naming it.
+pub fn summary(memory: &impl RegionMemory, layout: &ChainLayout) -> Result<RegionSummary, LayoutError> {
+    let log_head = memory.load_u64(HEAD_OFFSET).map_err(region_error)?;
+    let last_lsn = memory.load_u64(LAST_EXECUTED_OFFSET).map_err(region_error)?;
+    let magic = memory.read_vec(MAGIC_OFFSET, 32).map_err(region_error)?;
+    if log_head == 0 && last_lsn == 0 {
+        if magic.iter().all(|byte| *byte == 0) || magic == layout.magic_words() {
+            return Ok(RegionSummary::EMPTY);
+        }
+        return Err(LayoutError::Corrupt("the header's magic words are damaged".into()));
+    }
+    if magic != layout.magic_words() {
+        return Err(LayoutError::Corrupt("the header's magic words are damaged".into()));
+    }
+    let record = parse_record(memory, layout, last_lsn).filter(|record| record.end == log_head);
+    let Some(record) = record else {
+        return Err(LayoutError::Corrupt(format!(
+            "the last executed record (lsn {last_lsn}, ending at {log_head}) is missing or fails its checksum"
+        )));
+    };
+    Ok(RegionSummary { log_head, last_lsn, last_crc: record_crc(&record) })
+}
+
+/// Redo, from this region's own log, the records whose execution may have been cut short by a
+/// crash, before the region is checked and used (a restart on its data directory). A crash
+/// between a turn's writes and their flush can keep some of them and lose others (a power
+/// cut: the page cache's write-back order is not the program's): the last-executed word may
+/// say a record ran while some of its copies were lost, and a record being executed may have
+/// reached the database in part. Copies are idempotent physical redo, so executing again
+/// (1) the last executed record and (2) the record at the log head, if the lock word says its
+/// execution had begun (`WRITER_BIT`: the group write lock, or recovery, taken before any copy),
+/// restores a state the chain went through. A record whose execution began had been appended
+/// at every member of its configuration, so redoing it adds nothing the chain does not have.
+/// Returns how many records were redone.
+pub fn redo_interrupted(memory: &mut impl RegionMemory, layout: &ChainLayout) -> Result<usize, LayoutError> {
+    let log_head = memory.load_u64(HEAD_OFFSET).map_err(region_error)?;
+    let last_lsn = memory.load_u64(LAST_EXECUTED_OFFSET).map_err(region_error)?;
+    let lock = memory.load_u64(LOCK_OFFSET).map_err(region_error)?;
+    let mut records = Vec::new();
+    if log_head != 0 {
+        if let Some(record) = parse_record(memory, layout, last_lsn).filter(|record| record.end == log_head) {
+            records.push(record);
+        }
+    }
+    if lock & chorus_group::txn::WRITER_BIT != 0 {
+        records.extend(parse_record(memory, layout, log_head));
+    }
+    for record in &records {
+        for &(src, dst, len) in &record.copies {
+            memory.memcpy(src, dst, len).map_err(region_error)?;
+        }
+        let mut header = Vec::with_capacity(16);
+        header.extend_from_slice(&record.end.to_le_bytes());
+        header.extend_from_slice(&record.lsn.to_le_bytes());
+        memory.write(HEAD_OFFSET, &header).map_err(region_error)?;
+    }
+    memory.flush().map_err(region_error)?;
+    Ok(records.len())
+}
+
 /// A redo record as parsed back from a log (recovery, §5.1).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Record {
@@ -291,6 +416,16 @@ pub fn record_start(tail: u64, len: u64, log_bytes: u64) -> u64 {
     }
 }
 
+/// The CRC a record entry carries: of the record's lsn, the entry's offset, length and data.
+fn record_entry_crc(lsn: u64, offset: u64, data: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&lsn.to_le_bytes());
+    crc.update(&offset.to_le_bytes());
+    crc.update(&(data.len() as u32).to_le_bytes());
+    crc.update(data);
+    crc.finalize()
+}
+
 /// Encode a record at `lsn` and return it with the copies that execute it.
 pub fn encode_record(layout: &ChainLayout, lsn: u64, entries: &[(u64, Bytes)]) -> Record {
     let len = RECORD_HEADER_BYTES
@@ -304,7 +439,7 @@ pub fn encode_record(layout: &ChainLayout, lsn: u64, entries: &[(u64, Bytes)]) -
     for (offset, data) in entries {
         bytes.put_u64_le(*offset);
         bytes.put_u32_le(data.len() as u32);
-        bytes.put_u32_le(0);
+        bytes.put_u32_le(record_entry_crc(lsn, *offset, data));
         copies.push((base + bytes.len() as u64, layout.txn.db_offset + offset, data.len() as u64));
         bytes.put_slice(data);
     }

@@ -10,17 +10,20 @@
 //! others under a read lock. See docs/protocols/chain.md.
 
 pub mod config;
+pub mod durable;
 pub mod layout;
 pub mod member;
 pub mod message;
 pub mod mirror;
 pub mod replica;
+pub mod restore;
 #[cfg(feature = "sim")]
 pub mod sim;
 
 use std::sync::Arc;
 
 pub use config::{Bug, ChainConfig};
+pub use durable::ChainState;
 pub use layout::ChainLayout;
 pub use member::Member;
 pub use message::Message;

@@ -32,6 +32,17 @@ pub trait Member {
     /// Install a newer configuration (a stale or repeated one is ignored). `Err`: it names a
     /// chain this member is not in, or a region it cannot serve.
     fn on_config(&mut self, now: Time, config: GroupConfig, out: &mut GroupOutbox) -> Result<(), String>;
+    /// The runtime's end of a turn, before the turn's messages leave: make what the turn's
+    /// operations asked to flush durable, once for all (`chorus_region::TurnFlush`). Members
+    /// that flush each operation themselves (a group host) have nothing to do. `force`: flush
+    /// whatever the policy says (a clean stop).
+    fn sync_turn(&mut self, _force: bool) -> Result<(), String> {
+        Ok(())
+    }
+    /// Whether [`Member::sync_turn`] has something to do.
+    fn sync_pending(&self) -> bool {
+        false
+    }
 }
 
 /// The local form: the member core runs in the caller's event loop.
@@ -58,6 +69,12 @@ impl<M: RegionMemory> Member for ChainMember<M> {
     }
     fn on_config(&mut self, now: Time, config: GroupConfig, out: &mut GroupOutbox) -> Result<(), String> {
         ChainMember::on_config(self, now, config, out).map_err(|error| error.to_string())
+    }
+    fn sync_turn(&mut self, force: bool) -> Result<(), String> {
+        self.memory_mut().sync_turn(force).map_err(|error| format!("cannot flush the chain region: {error}"))
+    }
+    fn sync_pending(&self) -> bool {
+        self.memory().flush_pending()
     }
 }
 

@@ -10,9 +10,18 @@ use chorus_core::{Key, Value};
 use chorus_region::RegionMemory;
 
 use crate::layout::{
-    encode_entry, encode_slot, entry_bytes, key_hash, read_entry, read_slot, ChainLayout, LayoutError,
-    SLOT_BYTES,
+    encode_entry, encode_slot, entry_bytes, key_hash, read_entry, read_slot, summary, ChainLayout,
+    LayoutError, RegionSummary, SLOT_BYTES,
 };
+
+/// Check a whole region before serving from it (a restart on its data directory): its header
+/// and last executed record, every index slot and every live heap entry against their
+/// checksums, and that no two entries overlap. Returns where it stands.
+pub fn verify(memory: &impl RegionMemory, layout: ChainLayout) -> Result<RegionSummary, LayoutError> {
+    let summary = summary(memory, &layout)?;
+    Mirror::rebuild(memory, layout)?;
+    Ok(summary)
+}
 
 #[derive(Clone, Debug, Default)]
 struct Slot {

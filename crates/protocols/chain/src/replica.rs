@@ -43,9 +43,11 @@ use chorus_region::{Region, RegionMemory, TenantId};
 use rustc_hash::FxHashMap;
 
 use crate::config::{Bug, ChainConfig};
+use crate::durable::ChainState;
 use crate::layout::{
-    encode_record, lookup, parse_record, record_start, ChainLayout, Record, HEAD_OFFSET, LOCK_OFFSET,
-    MAGIC_OFFSET, RECORD_ENTRY_HEADER_BYTES, RECORD_HEADER_BYTES, RECOVERING,
+    encode_record, lookup, parse_record, record_crc, record_start, summary, ChainLayout, Record,
+    RegionSummary, HEAD_OFFSET, LAST_EXECUTED_OFFSET, LOCK_OFFSET, MAGIC_OFFSET, RECORD_ENTRY_HEADER_BYTES,
+    RECORD_HEADER_BYTES, RECOVERING,
 };
 use crate::member::Member;
 use crate::message::Message;
@@ -65,6 +67,8 @@ const GENERATION_BITS: u32 = 24;
 const COPY_WINDOW: usize = 16;
 /// Why a member without the data refuses clients.
 const JOINING: &str = "joining: the log and the database are being copied from the head";
+/// Why a member restarted on its data refuses clients until the head has configured it.
+const RESTARTING: &str = "restarting: waiting for the head to configure the chain with this node";
 pub const TENANT: TenantId = TenantId(0);
 /// Peer links are already authenticated with the cluster token; the group token only keeps
 /// the group core's §7 check meaningful within one cluster.
@@ -95,6 +99,12 @@ pub struct ChainStats {
     /// How long writes paused for the last join this node coordinated: from the copy's
     /// configuration to the link's acknowledgement by every member.
     pub last_join_pause_us: u64,
+    /// Joins this node coordinated by sending only the records the joiner's region lacked
+    /// (it restarted on a region that is a prefix of this one's), not the whole region.
+    pub catch_ups: u64,
+    /// Members that restarted on their data and were configured back into the chain by this
+    /// node as coordinator, without any copy.
+    pub restarts_rejoined: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -151,6 +161,10 @@ enum AfterConfig {
 struct Configuring {
     group_epoch: u64,
     copy: bool,
+    catch_up: bool,
+    /// The oldest last-executed record any member reported (this node's own included): the
+    /// recovery that follows redoes every record from it.
+    redo_from: u64,
     chain: Vec<NodeId>,
     /// Members that have not acknowledged it yet.
     missing: NodeSet,
@@ -160,6 +174,9 @@ struct Configuring {
 
 struct CopyProgress {
     joiner: NodeId,
+    /// A catch-up: the operations still to send (the records the joiner lacks, executed,
+    /// then the header words). `None`: a copy of the whole region.
+    catch_up: Option<VecDeque<Operation>>,
     /// The next region offset to send (the lock word at 0 is not copied: readers at the head
     /// count themselves in it).
     next_offset: u64,
@@ -182,6 +199,8 @@ struct Coordinator {
     linked_sent_at: Time,
     /// When the join in progress paused writes.
     join_started_at: Option<Time>,
+    /// The catch-up planned for the joiner being configured (see [`CopyProgress::catch_up`]).
+    planned_catch_up: Option<VecDeque<Operation>>,
     mirror: Option<Mirror>,
     phase: Phase,
     queue: VecDeque<(Origin, Command)>,
@@ -205,6 +224,8 @@ struct Outstanding {
     request: ClientRequestId,
     command: Command,
     sent_at: Time,
+    /// The coordinator incarnation it was sent to (`None`: not sent yet, no head known).
+    head: Option<u64>,
 }
 
 /// The chain store's replica over its group member `M`: by default the local member core
@@ -242,6 +263,23 @@ pub struct Chain<M: Member = ChainMember<Region>> {
     lease: Option<Option<Time>>,
     now: Time,
     stats: ChainStats,
+    /// The coordinator incarnation whose data configuration this node installed last in this
+    /// view: where its forwards go. `None` until one is installed.
+    head_incarnation: Option<u64>,
+    /// Restarted on its data as a linked member: it serves nothing until a configuration that
+    /// includes it was installed by every member (it hears `Linked`), or it coordinates one.
+    awaiting_configuration: bool,
+    /// The region is a whole image of the chain at some point (not a partial copy).
+    region_complete: bool,
+    /// The view epoch and configuration generation an earlier start of this node used last.
+    generation_floor: (u64, u64),
+    /// The durable state last handed to the runtime ([`Chain::take_state_record`]).
+    recorded: Option<ChainState>,
+    restarted_sent_at: Option<Time>,
+    /// As coordinator, in this view: the `Restarted` incarnation handled per node.
+    restarts_handled: FxHashMap<NodeId, u64>,
+    /// Regions offered by joiners in this view.
+    offers: FxHashMap<NodeId, RegionSummary>,
 }
 
 fn group_config(group: GroupId, epoch: u64, chain: Vec<NodeId>, layout: &ChainLayout) -> GroupConfig {
@@ -293,11 +331,33 @@ impl<M: Member> Chain<M> {
         assert!(config.retransmit_timeout > Time::ZERO, "retransmit_timeout must be positive");
         assert!(config.window_max > 0, "window_max must be positive");
         let me = config.me;
-        let joining = config.joining || !config.initial_view.live.contains(me);
+        // Back as the member it was: linked when it stopped, and the membership service did
+        // not make it join (its data is trusted).
+        let restored_linked = config
+            .restored
+            .as_ref()
+            .filter(|state| state.linked && !config.joining && state.order.contains(&me));
+        let joining = restored_linked.is_none() && (config.joining || !config.initial_view.live.contains(me));
         // A joiner acts in no view before the one the membership service hands it (its join
         // view), and its region is stale until copied to: it starts unconfigured.
-        let view = if joining { View { epoch: Epoch(0), live: NodeSet::EMPTY } } else { config.initial_view };
-        let order: Vec<NodeId> = if joining { Vec::new() } else { view.live.iter().collect() };
+        let view = match restored_linked {
+            // It resumes in the view it recorded: earlier ones are history its order reflects.
+            Some(state) if state.view_epoch > 0 => {
+                View { epoch: Epoch(state.view_epoch), live: state.view_live }
+            }
+            _ if joining => View { epoch: Epoch(0), live: NodeSet::EMPTY },
+            _ => config.initial_view,
+        };
+        let order: Vec<NodeId> = match restored_linked {
+            Some(state) => state.order.clone(),
+            None if joining => Vec::new(),
+            None => view.live.iter().collect(),
+        };
+        let awaiting_configuration = restored_linked.is_some();
+        // A fresh region is whole; a restored one as recorded.
+        let region_complete = config.restored.as_ref().map_or(!joining, |state| state.region_complete);
+        let generation_floor =
+            config.restored.as_ref().map_or((0, 0), |state| (state.view_epoch, state.generation));
         let initial = if joining {
             group_config(GROUP, 0, vec![me], &config.layout)
         } else {
@@ -310,6 +370,8 @@ impl<M: Member> Chain<M> {
             },
             Err(error) => (None, Some(error)),
         };
+        let next_seq = config.seq_floor;
+        let generation = if generation_floor.0 == view.epoch.0 { generation_floor.1 } else { 0 };
         Chain {
             config,
             view,
@@ -318,19 +380,57 @@ impl<M: Member> Chain<M> {
             caught_up: !joining,
             copied_in: None,
             configured_by: None,
-            generation: 0,
+            generation,
             joining_sent_at: None,
             joiners_heard: NodeSet::EMPTY,
             region_error,
             coordinator: None,
             sessions: FxHashMap::default(),
-            next_seq: 0,
+            next_seq,
             outstanding: BTreeMap::new(),
             parked_reads: VecDeque::new(),
             lease: None,
             now: Time::ZERO,
             stats: ChainStats::default(),
+            head_incarnation: None,
+            awaiting_configuration,
+            region_complete,
+            generation_floor,
+            recorded: None,
+            restarted_sent_at: None,
+            restarts_handled: FxHashMap::default(),
+            offers: FxHashMap::default(),
         }
+    }
+
+    /// The durable state (`crate::durable`) if it changed since the last call: the runtime
+    /// appends it to the node's append-only file and syncs it before the turn's messages
+    /// leave.
+    pub fn take_state_record(&mut self) -> Option<Vec<u8>> {
+        let state = self.durable_state();
+        if self.recorded.as_ref() == Some(&state) {
+            return None;
+        }
+        let record = state.encode();
+        self.recorded = Some(state);
+        Some(record)
+    }
+
+    /// Where this node stands in the chain, as a restart would need it.
+    pub fn durable_state(&self) -> ChainState {
+        ChainState {
+            view_epoch: self.view.epoch.0,
+            view_live: self.view.live,
+            generation: self.generation,
+            order: self.order.clone(),
+            linked: self.caught_up,
+            region_complete: self.region_complete,
+        }
+    }
+
+    /// Restarted on its data and not yet configured back into the chain.
+    pub fn is_awaiting_configuration(&self) -> bool {
+        self.awaiting_configuration
     }
 
     pub fn view(&self) -> View {
@@ -344,7 +444,10 @@ impl<M: Member> Chain<M> {
     }
     /// Serves clients: its region is usable, it is in the view and linked into the chain.
     pub fn is_operational(&self) -> bool {
-        self.member.is_some() && self.caught_up && self.view.live.contains(self.config.me)
+        self.member.is_some()
+            && self.caught_up
+            && !self.awaiting_configuration
+            && self.view.live.contains(self.config.me)
     }
     /// Whether the coordinator (on the head) has recovered and accepts batches.
     pub fn is_coordinating(&self) -> bool {
@@ -357,6 +460,30 @@ impl<M: Member> Chain<M> {
     pub fn region(&self) -> Option<&M::Memory> {
         self.member.as_ref().map(|member| member.memory())
     }
+    /// The runtime's end of a turn: flush the region once for the turn's operations
+    /// ([`Member::sync_turn`]). An error must stop the node.
+    pub fn sync_turn(&mut self, force: bool) -> Result<(), String> {
+        match self.member.as_mut() {
+            Some(member) => member.sync_turn(force),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether [`Chain::sync_turn`] has something to do.
+    pub fn sync_pending(&self) -> bool {
+        self.member.as_ref().is_some_and(|member| member.sync_pending())
+    }
+
+    /// The lsn of the last record this node's region executed (0 if none).
+    fn last_executed(&self) -> u64 {
+        self.region().and_then(|region| region.load_u64(LAST_EXECUTED_OFFSET).ok()).unwrap_or(0)
+    }
+
+    /// The number this node's next forwarded update gets (a restart continues above it).
+    pub fn next_update_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     pub fn region_error(&self) -> Option<&str> {
         self.region_error.as_deref()
     }
@@ -462,26 +589,61 @@ impl<M: Member> Chain<M> {
         self.outstanding.keys().next().copied().unwrap_or(self.next_seq)
     }
 
+    /// Send (or resend) an update to the coordinator, once this node knows which incarnation
+    /// coordinates (it installed its configuration): a forward is only ever taken by the
+    /// incarnation it was first sent to.
     fn send_forward(&mut self, seq: u64, out: &mut Outbox<Message>) {
-        let Some(head) = self.head() else { return };
+        let (Some(head), Some(incarnation)) = (self.head(), self.head_incarnation) else { return };
         let done_below = self.done_below();
-        let Some(pending) = self.outstanding.get(&seq) else { return };
+        let Some(pending) = self.outstanding.get_mut(&seq) else { return };
+        if *pending.head.get_or_insert(incarnation) != incarnation {
+            return; // answered "outcome unknown" when the head changed; never re-sent
+        }
+        let command = pending.command.clone();
         out.send(
             head,
-            Message::Forward { epoch: self.view.epoch, seq, done_below, command: pending.command.clone() },
+            Message::Forward { epoch: self.view.epoch, head: incarnation, seq, done_below, command },
         );
     }
 
+    /// A data configuration from coordinator incarnation `incarnation` was installed. If that
+    /// is a new coordinator (the head restarted, or another node took over within the view),
+    /// the updates sent to the previous one have an unknown outcome: it may have executed
+    /// them and the new one cannot tell. Updates not sent yet go to the new one.
+    fn adopt_head(&mut self, incarnation: u64, out: &mut Outbox<Message>) {
+        if self.head_incarnation == Some(incarnation) {
+            return;
+        }
+        self.head_incarnation = Some(incarnation);
+        let sent: Vec<u64> = self
+            .outstanding
+            .iter()
+            .filter(|(_, pending)| pending.head.is_some())
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in sent {
+            if let Some(pending) = self.outstanding.remove(&seq) {
+                out.reply(pending.request, Outcome::Error(CommandError::OutcomeUnknown));
+            }
+        }
+        let unsent: Vec<u64> = self.outstanding.keys().copied().collect();
+        for seq in unsent {
+            self.send_forward(seq, out);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn on_forward(
         &mut self,
         now: Time,
         from: NodeId,
+        head: u64,
         seq: u64,
         done_below: u64,
         command: Command,
         out: &mut Outbox<Message>,
     ) {
-        if self.coordinator.is_none() {
+        if self.coordinator.is_none() || head != self.config.incarnation {
             return;
         }
         let epoch = self.view.epoch;
@@ -547,6 +709,7 @@ impl<M: Member> Chain<M> {
             linked_epoch: 0,
             linked_sent_at: now,
             join_started_at: None,
+            planned_catch_up: None,
             mirror: None,
             phase: Phase::Configuring,
             queue,
@@ -557,6 +720,17 @@ impl<M: Member> Chain<M> {
         });
         let chain = self.live_order();
         self.start_configuring(now, false, chain, AfterConfig::Recover, out);
+    }
+
+    fn configure_message(&self, configuring: &Configuring) -> Message {
+        Message::Configure {
+            epoch: self.view.epoch,
+            group_epoch: configuring.group_epoch,
+            copy: configuring.copy,
+            catch_up: configuring.catch_up,
+            chain: configuring.chain.clone(),
+            coordinator: self.config.incarnation,
+        }
     }
 
     /// Start over as coordinator within the view (a member turned out to need a copy): the
@@ -598,27 +772,43 @@ impl<M: Member> Chain<M> {
         self.stats.configurations += 1;
         let me = self.config.me;
         let missing: NodeSet = chain.iter().copied().filter(|node| *node != me).collect();
-        let message = Message::Configure { epoch: self.view.epoch, group_epoch, copy, chain: chain.clone() };
+        let catch_up = self.coordinator.as_ref().is_some_and(|c| copy && c.planned_catch_up.is_some());
+        let redo_from = self.last_executed();
+        let configuring = Configuring {
+            group_epoch,
+            copy,
+            catch_up,
+            redo_from,
+            chain: chain.clone(),
+            missing,
+            sent_at: now,
+            then,
+        };
+        let message = self.configure_message(&configuring);
         for node in missing.iter() {
             out.send(node, message.clone());
         }
         if chain.contains(&me) {
             debug_assert!(!copy, "the coordinator never copies to itself");
-            self.install_configuration(me, group_epoch, false, chain.clone());
+            let incarnation = self.config.incarnation;
+            self.install_configuration(me, group_epoch, false, chain, incarnation, out);
         }
         let coordinator = self.coordinator.as_mut().expect("coordinating");
         coordinator.phase = Phase::Configuring;
-        coordinator.configuring = Some(Configuring { group_epoch, copy, chain, missing, sent_at: now, then });
+        coordinator.configuring = Some(configuring);
         self.configured_if_complete(now, out);
     }
 
-    /// A member's `ChainMember` takes the configuration. Returns whether it is installed now.
+    /// A member's `ChainMember` takes the configuration of coordinator incarnation
+    /// `coordinator`. Returns whether it is installed now.
     fn install_configuration(
         &mut self,
         from: NodeId,
         group_epoch: u64,
         copy: bool,
         chain: Vec<NodeId>,
+        coordinator: u64,
+        out: &mut Outbox<Message>,
     ) -> bool {
         let Some(member) = self.member.as_mut() else { return false };
         if group_epoch < member.config().epoch {
@@ -636,6 +826,9 @@ impl<M: Member> Chain<M> {
             }
         }
         self.configured_by = Some(from);
+        if !copy {
+            self.adopt_head(coordinator, out);
+        }
         true
     }
 
@@ -667,13 +860,15 @@ impl<M: Member> Chain<M> {
                 debug_assert!(gout.is_empty(), "nothing was pending at the caller");
                 coordinator.copier = None;
                 coordinator.copy = None;
-                // Every member installed it: a joiner in it is linked and may serve.
+                // Every member installed it: a joiner in it is linked and may serve, and so may
+                // this node if it restarted on its data.
+                self.awaiting_configuration = false;
                 coordinator.unlinked =
                     configuring.chain.iter().copied().filter(|node| *node != self.config.me).collect();
                 coordinator.linked_epoch = group_epoch;
                 self.send_linked(now, out);
                 match configuring.then {
-                    AfterConfig::Recover => self.start_recovery(now, out),
+                    AfterConfig::Recover => self.start_recovery(now, configuring.redo_from, out),
                     AfterConfig::Copy { .. } => unreachable!("handled below"),
                     AfterConfig::Link { joiner } => {
                         debug_assert_eq!(
@@ -696,8 +891,9 @@ impl<M: Member> Chain<M> {
                 coordinator.copier = Some(
                     GroupCaller::new(config, COORDINATOR, caller_config).expect("a valid configuration"),
                 );
+                let catch_up = coordinator.planned_catch_up.take();
                 coordinator.copy =
-                    Some(CopyProgress { joiner, next_offset: 8, in_flight: 0, flush_sent: false });
+                    Some(CopyProgress { joiner, catch_up, next_offset: 8, in_flight: 0, flush_sent: false });
                 coordinator.phase = Phase::Copying;
                 let mut gout = GroupOutbox::default();
                 self.pump_copy(now, &mut gout, out);
@@ -707,23 +903,19 @@ impl<M: Member> Chain<M> {
     }
 
     fn retransmit_configuration(&mut self, now: Time, out: &mut Outbox<Message>) {
-        let epoch = self.view.epoch;
         let timeout = self.config.retransmit_timeout;
-        let Some(coordinator) = self.coordinator.as_mut() else { return };
-        if let Some(configuring) = coordinator.configuring.as_mut() {
+        let Some(coordinator) = self.coordinator.as_ref() else { return };
+        if let Some(configuring) = coordinator.configuring.as_ref() {
             if now.saturating_sub(configuring.sent_at) >= timeout {
-                configuring.sent_at = now;
-                let message = Message::Configure {
-                    epoch,
-                    group_epoch: configuring.group_epoch,
-                    copy: configuring.copy,
-                    chain: configuring.chain.clone(),
-                };
+                let message = self.configure_message(configuring);
                 for node in configuring.missing.iter() {
                     out.send(node, message.clone());
                 }
+                let coordinator = self.coordinator.as_mut().expect("checked");
+                coordinator.configuring.as_mut().expect("checked").sent_at = now;
             }
         }
+        let coordinator = self.coordinator.as_ref().expect("checked");
         if !coordinator.unlinked.is_empty() && now.saturating_sub(coordinator.linked_sent_at) >= timeout {
             self.send_linked(now, out);
         }
@@ -772,7 +964,23 @@ impl<M: Member> Chain<M> {
         let coordinator = self.coordinator.as_mut().expect("coordinating");
         let copier = coordinator.copier.as_mut().expect("copying");
         let copy = coordinator.copy.as_mut().expect("copying");
-        while copy.in_flight < COPY_WINDOW && copy.next_offset < region_bytes {
+        if let Some(operations) = copy.catch_up.as_mut() {
+            // A catch-up: the records the joiner lacks, then their execution and the header.
+            while copy.in_flight < COPY_WINDOW {
+                let Some(operation) = operations.pop_front() else { break };
+                if let chorus_group::Primitive::Write { data, .. } = &operation.primitive {
+                    self.stats.copy_bytes_sent += data.len() as u64;
+                }
+                let request = RequestId(coordinator.next_request);
+                coordinator.next_request += 1;
+                coordinator.ops.insert(request, OpKind::Copy);
+                copier.submit(now, request, operation, gout);
+                copy.in_flight += 1;
+            }
+            // The final lock-word write below goes out once these are acknowledged.
+            copy.next_offset = if operations.is_empty() { region_bytes } else { 8 };
+        }
+        while copy.catch_up.is_none() && copy.in_flight < COPY_WINDOW && copy.next_offset < region_bytes {
             let len = chunk_bytes.min(region_bytes - copy.next_offset);
             let data = region.read_vec(copy.next_offset, len).expect("within the region");
             let request = RequestId(coordinator.next_request);
@@ -800,22 +1008,73 @@ impl<M: Member> Chain<M> {
         }
         if copy.flush_sent && copy.in_flight == 0 {
             let joiner = copy.joiner;
+            if copy.catch_up.is_some() {
+                self.stats.catch_ups += 1;
+            }
             let mut chain = coordinator.caller_chain();
             chain.push(joiner);
             self.start_configuring(now, false, chain, AfterConfig::Link { joiner }, out);
         }
     }
 
+    /// The operations that bring `joiner`'s region to this (the head's) one without copying it
+    /// whole, if the joiner offered a region that is provably a prefix of this one: its last
+    /// executed record is the one this log holds at that lsn (same bytes), and this log still
+    /// holds every record after it. Then it lacks exactly those records: a record executed
+    /// anywhere had been appended to every member of its configuration first, so every later
+    /// head's log has it (docs/decisions.md, "The chain's durable state"). `None`: copy it all.
+    fn catch_up_plan(&self, joiner: NodeId) -> Option<VecDeque<Operation>> {
+        let offer = *self.offers.get(&joiner)?;
+        let layout = self.config.layout;
+        let region = self.member.as_ref()?.memory();
+        let head_tail = region.load_u64(HEAD_OFFSET).ok()?;
+        // Its last record is sent again too (a crash may have cut its execution short at the
+        // joiner), so nothing from it on may have been overwritten by a later lap.
+        let first = if offer == RegionSummary::EMPTY { 0 } else { offer.last_lsn };
+        let span = head_tail.checked_sub(first)?;
+        if offer.log_head > head_tail || span > layout.txn.log_bytes - layout.record_bytes_max() {
+            return None;
+        }
+        if offer != RegionSummary::EMPTY {
+            let record = parse_record(region, &layout, offer.last_lsn).filter(|r| r.end == offer.log_head)?;
+            if record_crc(&record) != offer.last_crc {
+                return None;
+            }
+        }
+        let mut records = Vec::new();
+        let mut lsn = first;
+        while lsn < head_tail {
+            let record = parse_record(region, &layout, lsn)?;
+            lsn = record.end;
+            records.push(record);
+        }
+        let last_executed = region.load_u64(LAST_EXECUTED_OFFSET).ok()?;
+        if lsn != head_tail || records.last().is_some_and(|record| record.lsn != last_executed) {
+            return None;
+        }
+        let mut operations: VecDeque<Operation> = records
+            .iter()
+            .map(|record| Operation::write(record.base, record.bytes.to_vec()).durable())
+            .collect();
+        for record in &records {
+            operations.extend(execute_operations(record));
+        }
+        operations.push_back(Operation::write(MAGIC_OFFSET, layout.magic_words()).durable());
+        Some(operations)
+    }
+
     /// §5.1: fence reads at every member, redo the last executed and the pending record from
     /// this (the head's) log, and, once the tail acknowledged all that, unlock.
-    fn start_recovery(&mut self, now: Time, out: &mut Outbox<Message>) {
+    fn start_recovery(&mut self, now: Time, redo_from: u64, out: &mut Outbox<Message>) {
         self.stats.recoveries += 1;
         let layout = self.config.layout;
         let region = self.member.as_ref().expect("the coordinator's node is a member").memory();
         let head = region.load_u64(HEAD_OFFSET).unwrap_or(0);
         let last = region.load_u64(HEAD_OFFSET + 8).unwrap_or(0);
-        let mut records: Vec<Record> = Vec::new();
-        if last < head {
+        // Every record from the oldest any member last executed (a member may have missed the
+        // end of an interrupted recovery, or restarted), or else the last executed one.
+        let mut records = records_between(region, &layout, redo_from, head).unwrap_or_default();
+        if records.is_empty() && last < head {
             if let Some(record) = parse_record(region, &layout, last).filter(|r| r.end == head) {
                 records.push(record);
             }
@@ -851,8 +1110,10 @@ impl<M: Member> Chain<M> {
             if gout.messages.is_empty() && gout.completions.is_empty() {
                 if let Some(joiner) = self.joiner_to_copy() {
                     // §5.1: writes pause while the joiner catches up.
+                    let plan = self.catch_up_plan(joiner);
                     if let Some(coordinator) = self.coordinator.as_mut() {
                         coordinator.join_started_at.get_or_insert(now);
+                        coordinator.planned_catch_up = plan;
                     }
                     self.start_configuring(now, true, vec![joiner], AfterConfig::Copy { joiner }, out);
                     continue;
@@ -1180,14 +1441,20 @@ impl<M: Member> Chain<M> {
         for (_, pending) in std::mem::take(&mut self.outstanding) {
             out.reply(pending.request, Outcome::Error(CommandError::OutcomeUnknown));
         }
-        self.generation = 0;
+        self.generation = if self.generation_floor.0 == view.epoch.0 { self.generation_floor.1 } else { 0 };
         self.configured_by = None;
         self.joining_sent_at = None;
+        self.restarted_sent_at = None;
         self.joiners_heard = NodeSet::EMPTY;
+        self.head_incarnation = None;
+        self.restarts_handled.clear();
+        self.offers.clear();
         if !view.live.contains(self.config.me) {
             // Removed: whatever this node holds may go stale from now on. If it comes back
-            // (a join view), it is copied to like a new node.
+            // (a join view), it is copied to like a new node, or caught up if its region is a
+            // prefix of the head's.
             self.caught_up = false;
+            self.awaiting_configuration = false;
             self.order.clear();
             self.copied_in = None;
             for (request, _) in std::mem::take(&mut self.parked_reads) {
@@ -1216,15 +1483,72 @@ impl<M: Member> Chain<M> {
             return;
         }
         self.joining_sent_at = Some(now);
-        out.broadcast(self.view.live.without(me), Message::Joining { epoch: self.view.epoch });
+        let offer = self.offer();
+        out.broadcast(self.view.live.without(me), Message::Joining { epoch: self.view.epoch, offer });
     }
 
+    /// Where this joiner's region stands, if it is a whole image of the chain at some point
+    /// (so the coordinator may send only what it lacks).
+    fn offer(&self) -> Option<RegionSummary> {
+        if !self.region_complete {
+            return None;
+        }
+        summary(self.member.as_ref()?.memory(), &self.config.layout).ok()
+    }
+
+    /// A node restarted on its data, still linked, asks the coordinator to configure the
+    /// chain again (its member lost its place in the operation sequence), until it is.
+    fn announce_restarted(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let me = self.config.me;
+        let configured = self.configured_by.is_some();
+        if !self.awaiting_configuration || configured || !self.caught_up || !self.view.live.contains(me) {
+            return;
+        }
+        if self.head() == Some(me)
+            || self
+                .restarted_sent_at
+                .is_some_and(|at| now.saturating_sub(at) < self.config.retransmit_timeout)
+        {
+            return;
+        }
+        self.restarted_sent_at = Some(now);
+        let message = Message::Restarted { epoch: self.view.epoch, incarnation: self.config.incarnation };
+        out.broadcast(self.view.live.without(me), message);
+    }
+
+    /// `from` restarted on its data and is still in the chain: configure the chain again, with
+    /// it (the recovery that follows redoes the records it may lack: at most the batch in
+    /// flight, since none completes without its acknowledgement).
+    fn on_restarted(&mut self, now: Time, from: NodeId, incarnation: u64, out: &mut Outbox<Message>) {
+        let Some(coordinator) = self.coordinator.as_ref() else { return };
+        if self.restarts_handled.get(&from) == Some(&incarnation) {
+            return;
+        }
+        let configuring_with = coordinator
+            .configuring
+            .as_ref()
+            .is_some_and(|c| !c.copy && c.chain.contains(&from) && c.missing.contains(from));
+        if !self.order.contains(&from) {
+            return;
+        }
+        self.restarts_handled.insert(from, incarnation);
+        // Its updates are numbered from above anything it used before; forget its session.
+        self.sessions.remove(&from);
+        self.stats.restarts_rejoined += 1;
+        if !configuring_with {
+            self.restart_coordinator(now, out);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn on_configure(
         &mut self,
         from: NodeId,
         group_epoch: u64,
         copy: bool,
+        catch_up: bool,
         chain: Vec<NodeId>,
+        coordinator: u64,
         out: &mut Outbox<Message>,
     ) {
         let me = self.config.me;
@@ -1245,22 +1569,38 @@ impl<M: Member> Chain<M> {
             if self.member.as_ref().is_some_and(|member| member.config().epoch < group_epoch) {
                 self.stats.copies_received += 1; // not a retransmitted configuration
             }
+            // A whole copy overwrites the region piecemeal: it is whole again once linked. A
+            // catch-up only executes records in order, so it stays a consistent image.
+            if !catch_up {
+                self.region_complete = false;
+            }
         } else if self.copied_in != Some(epoch) && !self.has_bug(Bug::LinkBeforeCopyCompletes) {
             // Listed as linked (it restarted before the others noticed), but its region is
             // stale: it must be copied to first.
             out.send(from, Message::NeedCopy { epoch, group_epoch });
             return;
         }
-        if self.install_configuration(from, group_epoch, copy, chain) {
-            out.send(from, Message::Configured { epoch, group_epoch });
+        if self.install_configuration(from, group_epoch, copy, chain, coordinator, out) {
+            let last_executed = self.last_executed();
+            out.send(from, Message::Configured { epoch, group_epoch, last_executed });
         }
     }
 
-    fn on_configured(&mut self, now: Time, from: NodeId, group_epoch: u64, out: &mut Outbox<Message>) {
+    fn on_configured(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        group_epoch: u64,
+        last_executed: u64,
+        out: &mut Outbox<Message>,
+    ) {
         let Some(coordinator) = self.coordinator.as_mut() else { return };
         let Some(configuring) = coordinator.configuring.as_mut() else { return };
         if configuring.group_epoch != group_epoch {
             return;
+        }
+        if configuring.missing.contains(from) {
+            configuring.redo_from = configuring.redo_from.min(last_executed);
         }
         configuring.missing.remove(from);
         self.configured_if_complete(now, out);
@@ -1281,8 +1621,20 @@ impl<M: Member> Chain<M> {
 
     /// `from` is joining in this view: if this node still lists it as linked (it restarted
     /// before anyone noticed), it is not any more.
-    fn on_joining(&mut self, now: Time, from: NodeId, out: &mut Outbox<Message>) {
+    fn on_joining(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        offer: Option<RegionSummary>,
+        out: &mut Outbox<Message>,
+    ) {
         self.joiners_heard.insert(from);
+        match offer {
+            Some(offer) => self.offers.insert(from, offer),
+            None => self.offers.remove(&from),
+        };
+        // A restarted origin numbers its updates above anything it used before.
+        self.sessions.remove(&from);
         if !self.caught_up || !self.order.contains(&from) {
             // Not listed as linked here: a coordinator may copy to it now.
             self.drive(now, GroupOutbox::default(), out);
@@ -1321,6 +1673,10 @@ impl<M: Member> Chain<M> {
             self.caught_up = true;
             self.joining_sent_at = None;
         }
+        // Every member installed a configuration with this node: its region is whole and
+        // the chain's, and it may serve.
+        self.region_complete = true;
+        self.awaiting_configuration = false;
         out.send(from, Message::LinkedAck { epoch: self.view.epoch, group_epoch });
     }
 }
@@ -1354,6 +1710,27 @@ impl Coordinator {
             caller.on_tick(now, gout);
         }
     }
+}
+
+/// The records of `region`'s log from `from` (inclusive) up to `to`, if it still holds every
+/// one of them (none overwritten by a later lap).
+fn records_between(
+    region: &impl RegionMemory,
+    layout: &ChainLayout,
+    from: u64,
+    to: u64,
+) -> Option<Vec<Record>> {
+    if from > to || to - from > layout.txn.log_bytes - layout.record_bytes_max() {
+        return None;
+    }
+    let mut records = Vec::new();
+    let mut lsn = from;
+    while lsn < to {
+        let record = parse_record(region, layout, lsn)?;
+        lsn = record.end;
+        records.push(record);
+    }
+    (lsn == to).then_some(records)
 }
 
 /// ExecuteAndAdvance for one record (§5): gMEMCPY+gFLUSH per entry, then the log head (and
@@ -1413,6 +1790,8 @@ impl<M: Member> Replica for Chain<M> {
             Some("not in the current view")
         } else if !self.caught_up {
             Some(JOINING)
+        } else if self.awaiting_configuration {
+            Some(RESTARTING)
         } else {
             None
         };
@@ -1437,7 +1816,7 @@ impl<M: Member> Replica for Chain<M> {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.outstanding.insert(seq, Outstanding { request, command, sent_at: now });
+        self.outstanding.insert(seq, Outstanding { request, command, sent_at: now, head: None });
         self.send_forward(seq, out);
     }
 
@@ -1471,14 +1850,14 @@ impl<M: Member> Replica for Chain<M> {
                     }
                 }
             }
-            Message::Configure { epoch, group_epoch, copy, chain } => {
+            Message::Configure { epoch, group_epoch, copy, catch_up, chain, coordinator } => {
                 if epoch == self.view.epoch {
-                    self.on_configure(from, group_epoch, copy, chain, out);
+                    self.on_configure(from, group_epoch, copy, catch_up, chain, coordinator, out);
                 }
             }
-            Message::Configured { epoch, group_epoch } => {
+            Message::Configured { epoch, group_epoch, last_executed } => {
                 if epoch == self.view.epoch {
-                    self.on_configured(now, from, group_epoch, out);
+                    self.on_configured(now, from, group_epoch, last_executed, out);
                 }
             }
             Message::NeedCopy { epoch, group_epoch } => {
@@ -1486,9 +1865,14 @@ impl<M: Member> Replica for Chain<M> {
                     self.on_need_copy(now, from, group_epoch, out);
                 }
             }
-            Message::Joining { epoch } => {
+            Message::Joining { epoch, offer } => {
                 if epoch == self.view.epoch && self.view.live.contains(from) {
-                    self.on_joining(now, from, out);
+                    self.on_joining(now, from, offer, out);
+                }
+            }
+            Message::Restarted { epoch, incarnation } => {
+                if epoch == self.view.epoch && self.view.live.contains(from) {
+                    self.on_restarted(now, from, incarnation, out);
                 }
             }
             Message::Linked { epoch, group_epoch } => {
@@ -1503,11 +1887,11 @@ impl<M: Member> Replica for Chain<M> {
                     }
                 }
             }
-            Message::Forward { epoch, seq, done_below, command } => {
+            Message::Forward { epoch, head, seq, done_below, command } => {
                 if !command.is_update() || epoch != self.view.epoch {
                     return; // another epoch's, or malformed: reads are never forwarded
                 }
-                self.on_forward(now, from, seq, done_below, command, out);
+                self.on_forward(now, from, head, seq, done_below, command, out);
             }
             Message::Done { epoch, seq, outcome } => {
                 if epoch != self.view.epoch || Some(from) != self.head() {
@@ -1528,6 +1912,7 @@ impl<M: Member> Replica for Chain<M> {
         }
         self.become_coordinator_if_head(now, out);
         self.announce_joining(now, out);
+        self.announce_restarted(now, out);
         if let Some(coordinator) = self.coordinator.as_mut() {
             coordinator.on_tick(now, &mut gout);
         }
@@ -1559,6 +1944,8 @@ impl<M: Member> Replica for Chain<M> {
         report("chain.lock_failures", stats.lock_failures);
         report("chain.forward_retransmits", stats.forward_retransmits);
         report("chain.joins_linked", stats.joins_linked);
+        report("chain.catch_ups", stats.catch_ups);
+        report("chain.restarts_rejoined", stats.restarts_rejoined);
     }
 
     /// A joiner is caught up once it is linked into the chain (§5.1): the membership service

@@ -6,8 +6,10 @@
 //! prevent (§5.1, §5.2): each must give a linearizability violation, not a panic or a stall.
 
 use chorus_chain::sim::{broken_variants, setup as sim_setup};
+use chorus_sim::managed::AppendOnly;
 use chorus_sim::runner::{
-    assert_swarm_passes, check_seed, describe_failure, first_violation, Minimum, MANAGED_MINIMUMS,
+    appendonly, assert_swarm_passes, check_seed, describe_failure, first_violation, Minimum,
+    APPENDONLY_MINIMUMS, MANAGED_MINIMUMS,
 };
 use chorus_sim::simulator::SimConfig;
 
@@ -18,6 +20,15 @@ const CHAIN_MINIMUMS: &[Minimum] = &[
     Minimum { counter: "chain.recoveries", per_1000_seeds: 300 },
     Minimum { counter: "chain.joins_linked", per_1000_seeds: 300 },
     Minimum { counter: "chain.forward_retransmits", per_1000_seeds: 1_000 },
+    // Restarts on a kept region that is a prefix of the head's get only what they missed.
+    Minimum { counter: "chain.catch_ups", per_1000_seeds: 100 },
+];
+
+/// With `appendonly yes` (the region and the chain's state on each node's simulated disk):
+/// nodes come back as the members they were, with no copy at all.
+const CHAIN_ON_DISK_MINIMUMS: &[Minimum] = &[
+    Minimum { counter: "chain.restarts_rejoined", per_1000_seeds: 100 },
+    Minimum { counter: "chain.catch_ups", per_1000_seeds: 100 },
 ];
 
 fn swarm(replicas: usize, seeds: u64) {
@@ -34,6 +45,25 @@ fn chain_is_linearizable_and_live_under_faults_with_3_replicas() {
 #[test]
 fn chain_is_linearizable_and_live_under_faults_with_5_replicas() {
     swarm(5, SEEDS / 2);
+}
+
+/// Issue 24 point 3 for the chain: crashed nodes, and every node after a power loss, restart
+/// from their region file and chain state on their simulated disk, whose unsynced writes are
+/// lost, kept or torn and whose synced sectors are sometimes corrupted. Every history must be
+/// linearizable (no acknowledged write lost, nothing stale served), every operation complete,
+/// and every corruption be caught.
+#[test]
+fn chain_restarts_from_its_region_under_storage_faults() {
+    let setup = appendonly(sim_setup(None), AppendOnly::Always);
+    // The chain's append-only file holds only its state, so it is rarely rewritten.
+    let minimums: Vec<Minimum> = MANAGED_MINIMUMS
+        .iter()
+        .chain(APPENDONLY_MINIMUMS.iter().filter(|minimum| minimum.counter != "appendonly.rewrites"))
+        .chain(CHAIN_ON_DISK_MINIMUMS)
+        .copied()
+        .collect();
+    let summary = assert_swarm_passes(&setup, 3, 300, &minimums);
+    eprintln!("appendonly: {:?}", summary.faults);
 }
 
 #[test]
@@ -99,9 +129,17 @@ fn linking_a_joiner_before_its_copy_is_acknowledged_is_caught() {
     assert_caught("link-before-copy-completes");
 }
 
+/// Issue 24: members that pass records on (forward, acknowledge) before their region and state
+/// are synced lose acknowledged writes in crashes and power losses; the appendonly swarm must
+/// see it as a linearizability violation.
+#[test]
+fn passing_records_on_before_they_are_synced_is_caught() {
+    assert_caught("ack-before-sync");
+}
+
 #[test]
 fn every_chain_variant_has_a_test() {
-    let tested = ["read-without-lock", "no-write-lock", "link-before-copy-completes"];
+    let tested = ["read-without-lock", "no-write-lock", "link-before-copy-completes", "ack-before-sync"];
     for variant in broken_variants() {
         assert!(tested.contains(&variant.name.as_str()), "{} has no test", variant.name);
     }
