@@ -115,7 +115,8 @@ pub struct NodeArgs {
     /// 1000; 0: none, a follower behind the compaction always gets a snapshot).
     #[arg(long)]
     pub raftlog_trailing_entries: Option<u64>,
-    /// raftlog: coupled (execute after commit, default) or decoupled.
+    /// raftlog: decoupled (execute on arrival, roll back lost entries; default) or coupled
+    /// (execute after commit).
     #[arg(long)]
     pub raftlog_execution: Option<String>,
     /// raftlog: how MULTI/EXEC runs across logs: ganged (default) or locking.

@@ -96,8 +96,9 @@ pub struct RawConfig {
     /// raftlog only: how many of each log's latest entries a compaction keeps, so a briefly
     /// lagging follower catches up from the log (default 1000; 0 = none).
     pub raftlog_trailing_entries: Option<u64>,
-    /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
-    /// executes on arrival and releases the result at commit).
+    /// raftlog only: "decoupled" (default: every replica executes an entry on arrival, as a
+    /// transaction committed with the entry and rolled back if it is lost; Cyclone §3.1) or
+    /// "coupled" (execute after commit).
     pub raftlog_execution: Option<String>,
     /// raftlog only: how MULTI/EXEC runs across logs: "ganged" (default: one copy in every
     /// log involved, run once all reached it) or "locking" (two-phase locking, Cyclone §4.2).
@@ -406,7 +407,7 @@ impl Default for RaftlogOptions {
             snapshot_entries: 20_000,
             session_expiry_entries: 100_000,
             trailing_entries: 1_000,
-            decoupled: false,
+            decoupled: true,
             ganged: true,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
@@ -778,13 +779,16 @@ fn join_donor(
     membership: &Option<MembershipTiming>,
     replicas: &BTreeMap<NodeId, SocketAddr>,
 ) -> Result<NodeId, ConfigError> {
-    if !protocol.can_join() {
+    // raftlog joins as a replacement of this node's previous member in every log's Raft
+    // configuration (docs/protocols/raftlog.md, "Replacing a node"): no membership service.
+    let replaces = protocol == Protocol::Raftlog;
+    if !protocol.can_join() && !replaces {
         return Err(field_error(
             "join",
             format!("{} cannot join a running cluster: it has no state transfer", protocol.name()),
         ));
     }
-    if membership.is_none() {
+    if membership.is_none() && !replaces {
         return Err(field_error("join", "joining needs the membership service (membership = true)"));
     }
     let by_id = addr.parse::<u8>().ok().map(NodeId).filter(|node| replicas.contains_key(node));
@@ -1013,8 +1017,8 @@ impl RawConfig {
             self.raftlog_session_expiry_entries.unwrap_or(defaults.session_expiry_entries);
         let trailing_entries = self.raftlog_trailing_entries.unwrap_or(defaults.trailing_entries);
         let decoupled = match self.raftlog_execution.as_deref() {
-            None | Some("coupled") => false,
-            Some("decoupled") => true,
+            Some("coupled") => false,
+            None | Some("decoupled") => true,
             Some(other) => {
                 return Err(field_error(
                     "raftlog_execution",

@@ -267,7 +267,16 @@ impl ServedReplica for DurableRaftLog {
         self.core().keys().cloned().collect()
     }
     fn persist_turn(&mut self) -> Result<(), String> {
-        self.persist().map_err(|error| error.to_string())
+        self.persist().map_err(|error| error.to_string())?;
+        match self.core().refused_by() {
+            None => Ok(()),
+            Some(peer) => Err(format!(
+                "refused by node {}: this node came back as the Raft member it was, without that \
+                 member's data (a lost or replaced data directory); it must be replaced: start it \
+                 with an empty data_dir and --join",
+                peer.0
+            )),
+        }
     }
     const REPLIES_AFTER_PERSIST: bool = true;
     /// The write's entry is at or below its log's applied index when its origin answers.
@@ -338,9 +347,9 @@ impl ServedReplica for DurableRaftLog {
             ("gangs_answered", s.gangs_answered),
             ("gangs_refused", s.gangs_refused),
             ("gangs_rescued", s.gangs_rescued),
-            ("speculation_confirmed", s.speculation_confirmed),
-            ("speculation_mismatches", s.speculation_mismatches),
-            ("speculation_rolled_back", s.speculation_rolled_back),
+            ("entries_executed_early", s.entries_executed_early),
+            ("executions_committed", s.executions_committed),
+            ("executions_rolled_back", s.executions_rolled_back),
             ("reads_served", s.reads_served),
         ]
     }
