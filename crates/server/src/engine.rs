@@ -64,6 +64,9 @@ where
     }
     /// Replies wait for [`Self::persist_turn`]: an acknowledged write must be on disk.
     const REPLIES_AFTER_PERSIST: bool = false;
+    /// Every message and request of the turn is in, and the turn's outbox is about to be
+    /// performed: a core that flushes once per turn (raftlog) does it here.
+    fn end_turn(&mut self, _now: Time, _out: &mut Outbox<Self::Message>) {}
     /// Reads may run on the connection's task between the loop's turns ([`InlineLoop`]):
     /// the core answers a read at once or queues it, and sends nothing for it (Hermes). A core
     /// whose reads send messages (ZAB's sync, CRAQ's tail query) would send them a frame per
@@ -311,6 +314,9 @@ impl ServedReplica for DurableRaftLog {
     ) {
         self.core_mut().on_session_command(now, request, client, seq, command, out);
     }
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<chorus_raftlog::Message>) {
+        self.core_mut().end_turn(now, out);
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.core().stats();
         let d = self.disk_stats();
@@ -350,6 +356,11 @@ impl ServedReplica for DurableRaftLog {
             ("entries_executed_early", s.entries_executed_early),
             ("executions_committed", s.executions_committed),
             ("executions_rolled_back", s.executions_rolled_back),
+            ("incarnation", self.core().config().incarnation),
+            ("voter_everywhere", self.core().is_voter_everywhere() as u64),
+            ("members_replaced", s.members_replaced),
+            ("conf_changes_applied", s.conf_changes_applied),
+            ("peers_refused", s.peers_refused),
             ("reads_served", s.reads_served),
         ]
     }
@@ -411,6 +422,9 @@ impl ServedReplica for ShardCore {
         self.with_outbox(out, |core, scratch| {
             core.core_mut().on_session_command(now, request, client, seq, command, scratch)
         });
+    }
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<ShardMessage>) {
+        self.with_outbox(out, |core, scratch| core.core_mut().end_turn(now, scratch));
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut counters = self.inner().counters();
@@ -1457,6 +1471,8 @@ where
     }
 
     fn perform_outbox(&mut self) {
+        let now = self.now();
+        self.replica.end_turn(now, &mut self.outbox);
         self.complete_replies();
         self.persist_durable_records();
         let defer_sync = !self.sync_first();

@@ -102,6 +102,11 @@ pub struct RaftLogConfig {
     /// `crate::replica::gang`) or with strict two-phase locking (`crate::txn`, Cyclone §4.2).
     /// Every node of a cluster must use the same.
     pub ganged: bool,
+    /// The runtime calls [`crate::RaftLog::end_turn`] once per event-loop turn, after every
+    /// message and request of the turn: the logs are flushed there, once per turn (every
+    /// command of the turn joins one batch per log, every batch a leader took in one entry),
+    /// instead of after every call. Off (the simulator, tests): each call flushes.
+    pub flush_at_turn_end: bool,
     /// Emit durable records (`RaftLog::take_durable`) for a runtime that persists them
     /// (the server's two-level log). The simulator runs without.
     pub durable: bool,
@@ -169,6 +174,7 @@ impl RaftLogConfig {
             session_client_id: me.0 as u64,
             decoupled: true,
             ganged: true,
+            flush_at_turn_end: false,
             durable: false,
             snapshot_entries: 20_000,
             trailing_entries: 1_000,

@@ -235,6 +235,9 @@ struct Group {
     scan: GangScan,
     /// The gang the log waits at, and since when.
     gang_wait: Option<(TxnId, Time)>,
+    /// Something reached this log since its last flush (a message, a command): the next
+    /// flush visits it. Logs nothing touched are skipped unless work spans logs.
+    dirty: bool,
 }
 
 impl Group {
@@ -284,6 +287,8 @@ pub struct RaftLog {
     members: Members,
     /// A configuration change added a member: compact every log at the end of this call.
     compaction_due: bool,
+    /// The next flush visits every log (a Raft tick, work that spans logs).
+    flush_all: bool,
 }
 
 const READ_CONTEXT_BYTES: usize = 13;
@@ -347,6 +352,7 @@ impl RaftLog {
             gangs_resolved: false,
             members: Members::default(),
             compaction_due: false,
+            flush_all: true,
             config,
         }
     }
@@ -588,7 +594,8 @@ impl RaftLog {
             let waiter = Waiter::new(proposal, vec![(0, request)], false, None);
             register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
         }
-        self.flush(now, out);
+        self.groups[log].dirty = true;
+        self.after_call(now, out);
     }
 
     /// A multi-key transaction (RESP `MULTI`/`EXEC`): `requests[i]` gets the outcome of
@@ -627,7 +634,8 @@ impl RaftLog {
         if self.config.ganged {
             let (requests, commands) = requests.into_iter().unzip();
             self.submit_gang(OwnGang { requests, commands });
-            self.flush(now, out);
+            self.flush_all = true;
+            self.after_call(now, out);
             return;
         }
         self.next_txn += 1;
@@ -642,7 +650,8 @@ impl RaftLog {
         let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
         let group = &mut self.groups[coordinator];
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
-        self.flush(now, out);
+        self.flush_all = true;
+        self.after_call(now, out);
     }
 
     /// A description of every driver and lock, for test failure messages.
@@ -762,8 +771,38 @@ impl RaftLog {
         self.maybe_snapshot();
     }
 
+    /// The end of a call: flush now, or at the end of the turn (`flush_at_turn_end`).
+    fn after_call(&mut self, now: Time, out: &mut Outbox<Message>) {
+        if !self.config.flush_at_turn_end {
+            self.flush(now, out);
+        }
+    }
+
+    /// The runtime's event-loop turn ends (every message and request of the turn handed in):
+    /// with `flush_at_turn_end`, the logs the turn touched are flushed now, once.
+    pub fn end_turn(&mut self, now: Time, out: &mut Outbox<Message>) {
+        if self.config.flush_at_turn_end {
+            self.flush(now, out);
+        }
+    }
+
+    /// Work that spans logs (transactions, gangs, a waiting rendezvous, a replacement):
+    /// every log is visited while there is any.
+    fn spans_logs(&self) -> bool {
+        !self.drivers.is_empty()
+            || !self.txns_begun.is_empty()
+            || !self.step_results.is_empty()
+            || !self.gangs_out.is_empty()
+            || !self.members.joiners.is_empty()
+            || self.groups.iter().any(|group| !group.pending.is_empty())
+    }
+
     fn flush_logs(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let all = std::mem::take(&mut self.flush_all) || self.spans_logs();
         for log in 0..self.groups.len() {
+            if !std::mem::take(&mut self.groups[log].dirty) && !all {
+                continue;
+            }
             for _ in 0..4 {
                 self.execute_held_entries(log);
                 self.dispatch_own_batch(log, out);
@@ -1349,6 +1388,7 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         state,
         pending: VecDeque::new(),
         gang_wait: None,
+        dirty: true,
     }
 }
 
@@ -1561,7 +1601,8 @@ impl Replica for RaftLog {
                 group.updates_accepted += 1;
             }
         }
-        self.flush(now, out);
+        group.dirty = true;
+        self.after_call(now, out);
     }
 
     fn on_message(&mut self, now: Time, from: NodeId, message: Message, out: &mut Outbox<Message>) {
@@ -1571,13 +1612,24 @@ impl Replica for RaftLog {
         }
         if matches!(message, Message::Hello { .. } | Message::HelloRequest | Message::Refused) {
             self.on_member_message(from, message, out);
-            self.flush(now, out);
+            self.flush_all = true;
+            self.after_call(now, out);
             return;
         }
         if self.members.refused_by.is_some() || !self.admits(now, from, out) {
             return; // refused (this node lost its data), or the peer is not verified yet
         }
         let me = self.my_raft_id();
+        let touched = match &message {
+            Message::Raft { log, .. }
+            | Message::SnapshotChunk { log, .. }
+            | Message::SnapshotAck { log, .. }
+            | Message::Forward { log, .. } => Some(*log as usize),
+            Message::Hello { .. } | Message::HelloRequest | Message::Refused => None,
+        };
+        if let Some(group) = touched.and_then(|log| self.groups.get_mut(log)) {
+            group.dirty = true;
+        }
         match message {
             Message::Raft { log, message } => {
                 let Some(group) = self.groups.get_mut(log as usize) else {
@@ -1648,7 +1700,7 @@ impl Replica for RaftLog {
                 unreachable!("membership messages are handled above")
             }
         }
-        self.flush(now, out);
+        self.after_call(now, out);
     }
 
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
@@ -1657,8 +1709,10 @@ impl Replica for RaftLog {
                 group.raft.tick();
             }
             self.next_raft_tick = self.next_raft_tick + self.config.raft_tick_period;
+            // Ticks move every log (elections, heartbeats), and retries are checked at them.
+            self.flush_all = true;
         }
-        self.flush(now, out);
+        self.after_call(now, out);
     }
 
     fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {

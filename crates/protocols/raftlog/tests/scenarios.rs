@@ -89,7 +89,9 @@ impl Cluster {
         }
     }
 
-    fn collect(&mut self, node: u8, out: Outbox<Message>) {
+    fn collect(&mut self, node: u8, mut out: Outbox<Message>) {
+        // Each call is a turn of its own (a no-op unless the node flushes per turn).
+        self.nodes[node as usize].end_turn(self.now, &mut out);
         let records = self.nodes[node as usize].take_durable();
         self.disk[node as usize].extend(records);
         for (destination, msg) in out.messages {
@@ -1043,4 +1045,32 @@ fn a_replacement_takes_the_place_of_the_lost_node_in_every_log_and_catches_up_fr
     cluster.run_for(100);
     assert_eq!(cluster.reply_of(after), Some(value("x")));
     assert!(cluster.nodes[1].is_voter_everywhere());
+}
+
+// ================================================================ one flush per turn
+
+#[test]
+fn with_a_flush_per_turn_every_command_of_a_turn_leaves_in_one_batch() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.flush_at_turn_end = true;
+    });
+    cluster.run_for(50);
+    assert_eq!(cluster.leader_of(1, 0), Some(NodeId(0)));
+    let now = cluster.now;
+    let mut out = Outbox::default();
+    let requests: Vec<ClientRequestId> = (0..3).map(|i| ClientRequestId(1_000 + i)).collect();
+    for (i, request) in requests.iter().enumerate() {
+        cluster.nodes[1].on_client(now, *request, write(&format!("k{i}"), "v"), &mut out);
+    }
+    assert!(out.messages.is_empty(), "nothing leaves before the turn ends");
+    cluster.collect(1, out); // ends the turn
+    let forwards: Vec<&Envelope> = cluster.net.iter().filter(|e| e.is_forward()).collect();
+    assert_eq!(forwards.len(), 1, "one batch for the turn");
+    let Message::Forward { proposal, .. } = &forwards[0].msg else { unreachable!() };
+    assert_eq!(proposal.commands.len(), 3);
+    cluster.run_for(20);
+    for request in requests {
+        assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
+    }
 }
