@@ -100,6 +100,9 @@ pub struct RawConfig {
     /// transaction committed with the entry and rolled back if it is lost; Cyclone §3.1) or
     /// "coupled" (execute after commit).
     pub raftlog_execution: Option<String>,
+    /// raftlog only: flush the logs once per event-loop turn (default true) rather than
+    /// after every message and request (false, the behaviour before; for comparisons).
+    pub raftlog_flush_per_turn: Option<bool>,
     /// raftlog only: how MULTI/EXEC runs across logs: "ganged" (default: one copy in every
     /// log involved, run once all reached it) or "locking" (two-phase locking, Cyclone §4.2).
     pub raftlog_transactions: Option<String>,
@@ -391,6 +394,8 @@ pub struct RaftlogOptions {
     pub session_expiry_entries: u64,
     pub trailing_entries: u64,
     pub decoupled: bool,
+    /// Flush the logs once per event-loop turn (default), not after every call.
+    pub flush_per_turn: bool,
     /// MULTI/EXEC as ganged operations (default) rather than with two-phase locking.
     pub ganged: bool,
     /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
@@ -408,6 +413,7 @@ impl Default for RaftlogOptions {
             session_expiry_entries: 100_000,
             trailing_entries: 1_000,
             decoupled: true,
+            flush_per_turn: true,
             ganged: true,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
@@ -500,6 +506,7 @@ impl RawConfig {
                 .or(self.raftlog_session_expiry_entries),
             raftlog_trailing_entries: overrides.raftlog_trailing_entries.or(self.raftlog_trailing_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
+            raftlog_flush_per_turn: overrides.raftlog_flush_per_turn.or(self.raftlog_flush_per_turn),
             raftlog_transactions: overrides.raftlog_transactions.or(self.raftlog_transactions),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             chain_shape: overrides.chain_shape.or(self.chain_shape),
@@ -975,6 +982,7 @@ impl RawConfig {
             ("raftlog_session_expiry_entries", self.raftlog_session_expiry_entries.is_some()),
             ("raftlog_trailing_entries", self.raftlog_trailing_entries.is_some()),
             ("raftlog_execution", self.raftlog_execution.is_some()),
+            ("raftlog_flush_per_turn", self.raftlog_flush_per_turn.is_some()),
             ("raftlog_transactions", self.raftlog_transactions.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
@@ -1055,6 +1063,7 @@ impl RawConfig {
             session_expiry_entries,
             trailing_entries,
             decoupled,
+            flush_per_turn: self.raftlog_flush_per_turn.unwrap_or(defaults.flush_per_turn),
             ganged,
             storage,
         })

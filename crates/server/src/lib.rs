@@ -871,7 +871,7 @@ fn open_raftlog_shard(
     raftlog.decoupled = config.raftlog.decoupled;
     raftlog.ganged = config.raftlog.ganged;
     // The event loop calls `end_turn` before it performs each turn's outbox.
-    raftlog.flush_at_turn_end = true;
+    raftlog.flush_at_turn_end = config.raftlog.flush_per_turn;
     // A replacement (`--join`) is a new Raft member of every log; the data directory keeps
     // its incarnation and identity (only a fresh directory takes these).
     raftlog.joining = config.join.is_some();

@@ -510,7 +510,13 @@ impl RaftLog {
         }
         holders.insert(self.config.me);
         if group.is_leader() {
+            // Not a predecessor that a joint configuration still lists: its node now runs
+            // its replacement, which may not hold the entry.
+            let current = group.raft.raft.prs().conf().to_conf_state();
             for (id, progress) in group.raft.raft.prs().iter() {
+                if !current.voters.contains(id) && !current.learners.contains(id) {
+                    continue;
+                }
                 if let Some(node) = node_of(*id).filter(|_| progress.matched >= index) {
                     holders.insert(node);
                 }

@@ -853,6 +853,54 @@ mod tests {
     }
 
     #[test]
+    fn tentative_entries_are_invisible_until_committed_and_roll_back_keys_sessions_and_sweeps() {
+        let mut state = LogState { session_expiry_entries: 16, ..LogState::default() };
+        state.begin_entry(1);
+        state.apply(&incr(7, 1), true);
+        let committed = state.encode();
+        // Entry 2 increments k again (client 8); entry 4 retries client 7's request (2 and 4
+        // are sweep indexes, every 16 / 8 entries, but nothing has idled 16 entries yet).
+        let results = state.execute_tentatively(2, 5, &[incr(8, 1)], true);
+        assert_eq!(results, vec![(ProposalResult::Executed, vec![Outcome::Integer(2)])]);
+        let results = state.execute_tentatively(4, 5, &[incr(7, 1)], true);
+        assert_eq!(results[0].0, ProposalResult::Duplicate, "the retry is recognised early too");
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"1")), "reads see committed state");
+        assert!(state.session(SessionId::External(8)).is_none());
+        assert_eq!(state.encode(), committed, "snapshots hold committed state only");
+        assert_eq!(state.key_count(), 1);
+        assert_eq!((state.first_tentative(), state.tentative_term(4)), (Some((2, 5)), Some(5)));
+        // Entry 2 commits: its write becomes visible; entry 4 is lost (a new leader).
+        state.commit_tentative();
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"2")));
+        assert_eq!(state.roll_back_from(3, false), 1);
+        assert_eq!(state.session(SessionId::External(7)).unwrap().last_index, 1, "its retry is undone");
+        // The replacing entry at 4 runs on the state entry 2 left.
+        let results = state.execute_tentatively(4, 6, &[incr(9, 1)], true);
+        assert_eq!(results[0].1, vec![Outcome::Integer(3)]);
+        state.commit_tentative();
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"3")));
+        assert_eq!(state.tentative_entries(), 0);
+    }
+
+    #[test]
+    fn a_rolled_back_sweep_restores_the_records_it_dropped() {
+        let mut state = LogState { session_expiry_entries: 8, ..LogState::default() };
+        state.begin_entry(1);
+        state.apply(&incr(7, 1), true);
+        // Index 9 is a sweep (every index divisible by 1 here): 7's record, last used at 1, goes.
+        state.execute_tentatively(9, 2, &[], true);
+        assert!(state.sessions.get(&SessionId::External(7)).is_none(), "swept at the tip");
+        assert!(state.session(SessionId::External(7)).is_some(), "still committed");
+        assert_eq!(state.roll_back_from(9, false), 1);
+        assert_eq!(state.sessions.get(&SessionId::External(7)).unwrap().last_seq, 1);
+        // The broken variant keeps the lost entry's writes but not its sessions.
+        state.execute_tentatively(2, 2, &[incr(8, 1)], true);
+        assert_eq!(state.roll_back_from(2, true), 1);
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"2")), "kept: the bug");
+        assert!(state.session(SessionId::External(8)).is_none());
+    }
+
+    #[test]
     fn without_dedupe_a_retry_runs_twice() {
         let mut state = LogState::default();
         state.apply(&incr(7, 1), false);
