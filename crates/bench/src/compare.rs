@@ -79,6 +79,13 @@ pub struct CompareArgs {
     /// Load generator threads (default: the number of CPUs).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Value size of the kv-w* workloads, also etcd's puts (default 32 bytes).
+    #[arg(long, default_value_t = 32)]
+    pub value_bytes: usize,
+    /// Where the systems keep their data (default: /dev/shm). A directory on a real file
+    /// system makes every durable system (raftlog, etcd) sync to it.
+    #[arg(long)]
+    pub data_root: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -294,6 +301,8 @@ struct Plan {
     keys: u64,
     rounds: usize,
     threads: Option<usize>,
+    /// Value size of the kv-w* workloads.
+    value_bytes: usize,
 }
 
 pub fn run(args: CompareArgs, chorus_exe: &Path) -> anyhow::Result<i32> {
@@ -326,6 +335,7 @@ pub fn run(args: CompareArgs, chorus_exe: &Path) -> anyhow::Result<i32> {
         keys: args.keys.unwrap_or(if quick { 10_000 } else { 100_000 }),
         rounds: args.rounds.unwrap_or(if quick { 1 } else { 3 }).max(1),
         threads: args.threads,
+        value_bytes: args.value_bytes.max(1),
     };
     anyhow::ensure!(plan.clients.iter().all(|c| *c > 0), "--clients must be positive");
     let kinds: Vec<SystemKind> =
@@ -380,7 +390,10 @@ pub fn run(args: CompareArgs, chorus_exe: &Path) -> anyhow::Result<i32> {
     // Every system runs for the whole comparison (idle ones cost little), and each point
     // measures the systems back to back, in an order that rotates from point to point and
     // round to round, so background noise that drifts over minutes hits them alike.
-    let root = procs::scratch_root();
+    let root = match &args.data_root {
+        Some(dir) => dir.join(format!("chorus-bench-{}", std::process::id())),
+        None => procs::scratch_root(),
+    };
     let per_system = (plan.workloads.len() * plan.clients.len() * plan.rounds) as u64;
     let overall = crate::cli::bar(per_system * programs.len() as u64, "compare");
     let mut points = Vec::new();
@@ -642,10 +655,10 @@ fn start_etcd(
     Ok(System::new(kind, procs, targets, Api::Etcd, None))
 }
 
-fn client_config(system: &System, workload: &Workload) -> ClientConfig {
+fn client_config(system: &System, workload: &Workload, plan: &Plan) -> ClientConfig {
     let (keyspace, value_bytes) = match workload {
         Workload::Ycsb(_) => (Keyspace::Ycsb { fields: 10 }, 100),
-        Workload::Kv(_) => (Keyspace::Kv, 32),
+        Workload::Kv(_) => (Keyspace::Kv, plan.value_bytes),
     };
     ClientConfig { api: system.api, keyspace, value_bytes, wait: system.wait, seed: 1 }
 }
@@ -658,7 +671,7 @@ fn options(system: &System, workload: &Workload, plan: &Plan, clients: usize) ->
         rate: None,
         operations: plan.ops,
         duration_max: Some(plan.point),
-        client: client_config(system, workload),
+        client: client_config(system, workload, plan),
     }
 }
 
@@ -733,7 +746,9 @@ fn run_tool_point(
     plan: &Plan,
 ) -> anyhow::Result<Report> {
     let tool_workload = match workload {
-        Workload::Kv(100) => crate::etcd_tool::ToolWorkload::Put { key_space: plan.keys, value_bytes: 32 },
+        Workload::Kv(100) => {
+            crate::etcd_tool::ToolWorkload::Put { key_space: plan.keys, value_bytes: plan.value_bytes }
+        }
         Workload::Kv(0) => crate::etcd_tool::ToolWorkload::Range,
         other => bail!("etcd's benchmark tool does not run {}", other.name()),
     };
@@ -772,7 +787,7 @@ fn run_driver_point(
                 write_ratio: *percent as f64 / 100.0,
                 keys: plan.keys,
                 operations: plan.ops,
-                value_bytes: 32,
+                value_bytes: plan.value_bytes,
                 distribution: Distribution::Zipfian,
             };
             OpGen::kv(&spec, 1, clients)

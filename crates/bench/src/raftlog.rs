@@ -50,6 +50,10 @@ pub struct RaftlogBenchArgs {
     /// (as many as divide the point's log count).
     #[arg(long, default_value_t = 0)]
     pub shards: usize,
+    /// Extra arguments for every node (repeat it), for A/B runs, e.g.
+    /// `--node-arg=--raftlog-execution=coupled`.
+    #[arg(long = "node-arg", allow_hyphen_values = true)]
+    pub node_args: Vec<String>,
 }
 
 /// One measured configuration.
@@ -172,7 +176,7 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
         plan(args.shards).into_iter().filter(|setup| args.sweeps.iter().any(|sweep| sweep == setup.sweep));
     for (index, setup) in plan.enumerate() {
         eprintln!("chorus bench raftlog: {} / {}", setup.sweep, setup.label);
-        let point = measure(chorus, &setup, index, args.clients, seconds, &stop)
+        let point = measure(chorus, &setup, index, args.clients, seconds, &args.node_args, &stop)
             .with_context(|| format!("{} / {}", setup.sweep, setup.label))?;
         eprintln!(
             "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, {} checkpoints",
@@ -273,6 +277,7 @@ fn measure(
     index: usize,
     clients: usize,
     seconds: f64,
+    node_args: &[String],
     stop: &AtomicBool,
 ) -> anyhow::Result<Point> {
     let dir = procs::scratch_root().join(format!("raftlog-{index}"));
@@ -291,7 +296,8 @@ fn measure(
             .args(["--raftlog-logs", &setup.logs.to_string()])
             .args(["--raftlog-shards", &setup.shards.to_string()])
             .args(["--raftlog-batch-max", &setup.batch_max.to_string()])
-            .args(["--log-level", "warn"]);
+            .args(["--log-level", "warn"])
+            .args(node_args);
         if let Some(entries) = setup.snapshot_entries {
             command.args(["--raftlog-snapshot-entries", &entries.to_string()]);
         }

@@ -115,9 +115,13 @@ pub struct NodeArgs {
     /// 1000; 0: none, a follower behind the compaction always gets a snapshot).
     #[arg(long)]
     pub raftlog_trailing_entries: Option<u64>,
-    /// raftlog: coupled (execute after commit, default) or decoupled.
+    /// raftlog: decoupled (execute on arrival, roll back lost entries; default) or coupled
+    /// (execute after commit).
     #[arg(long)]
     pub raftlog_execution: Option<String>,
+    /// raftlog: flush the logs once per event-loop turn (default true) or after every call.
+    #[arg(long)]
+    pub raftlog_flush_per_turn: Option<bool>,
     /// raftlog: how MULTI/EXEC runs across logs: ganged (default) or locking.
     #[arg(long, value_name = "ganged|locking")]
     pub raftlog_transactions: Option<String>,
@@ -221,6 +225,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_session_expiry_entries: args.raftlog_session_expiry_entries,
         raftlog_trailing_entries: args.raftlog_trailing_entries,
         raftlog_execution: args.raftlog_execution,
+        raftlog_flush_per_turn: args.raftlog_flush_per_turn,
         raftlog_transactions: args.raftlog_transactions,
         raftlog_storage: args.raftlog_storage,
         appendonly: args.appendonly.map(chorus_server::config::YesNo::Text),

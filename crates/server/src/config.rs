@@ -96,9 +96,13 @@ pub struct RawConfig {
     /// raftlog only: how many of each log's latest entries a compaction keeps, so a briefly
     /// lagging follower catches up from the log (default 1000; 0 = none).
     pub raftlog_trailing_entries: Option<u64>,
-    /// raftlog only: "coupled" (execute after commit, default) or "decoupled" (the leader
-    /// executes on arrival and releases the result at commit).
+    /// raftlog only: "decoupled" (default: every replica executes an entry on arrival, as a
+    /// transaction committed with the entry and rolled back if it is lost; Cyclone §3.1) or
+    /// "coupled" (execute after commit).
     pub raftlog_execution: Option<String>,
+    /// raftlog only: flush the logs once per event-loop turn (default true) rather than
+    /// after every message and request (false, the behaviour before; for comparisons).
+    pub raftlog_flush_per_turn: Option<bool>,
     /// raftlog only: how MULTI/EXEC runs across logs: "ganged" (default: one copy in every
     /// log involved, run once all reached it) or "locking" (two-phase locking, Cyclone §4.2).
     pub raftlog_transactions: Option<String>,
@@ -390,6 +394,8 @@ pub struct RaftlogOptions {
     pub session_expiry_entries: u64,
     pub trailing_entries: u64,
     pub decoupled: bool,
+    /// Flush the logs once per event-loop turn (default), not after every call.
+    pub flush_per_turn: bool,
     /// MULTI/EXEC as ganged operations (default) rather than with two-phase locking.
     pub ganged: bool,
     /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
@@ -406,7 +412,8 @@ impl Default for RaftlogOptions {
             snapshot_entries: 20_000,
             session_expiry_entries: 100_000,
             trailing_entries: 1_000,
-            decoupled: false,
+            decoupled: true,
+            flush_per_turn: true,
             ganged: true,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
@@ -499,6 +506,7 @@ impl RawConfig {
                 .or(self.raftlog_session_expiry_entries),
             raftlog_trailing_entries: overrides.raftlog_trailing_entries.or(self.raftlog_trailing_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
+            raftlog_flush_per_turn: overrides.raftlog_flush_per_turn.or(self.raftlog_flush_per_turn),
             raftlog_transactions: overrides.raftlog_transactions.or(self.raftlog_transactions),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             chain_shape: overrides.chain_shape.or(self.chain_shape),
@@ -778,13 +786,16 @@ fn join_donor(
     membership: &Option<MembershipTiming>,
     replicas: &BTreeMap<NodeId, SocketAddr>,
 ) -> Result<NodeId, ConfigError> {
-    if !protocol.can_join() {
+    // raftlog joins as a replacement of this node's previous member in every log's Raft
+    // configuration (docs/protocols/raftlog.md, "Replacing a node"): no membership service.
+    let replaces = protocol == Protocol::Raftlog;
+    if !protocol.can_join() && !replaces {
         return Err(field_error(
             "join",
             format!("{} cannot join a running cluster: it has no state transfer", protocol.name()),
         ));
     }
-    if membership.is_none() {
+    if membership.is_none() && !replaces {
         return Err(field_error("join", "joining needs the membership service (membership = true)"));
     }
     let by_id = addr.parse::<u8>().ok().map(NodeId).filter(|node| replicas.contains_key(node));
@@ -974,6 +985,7 @@ impl RawConfig {
             ("raftlog_session_expiry_entries", self.raftlog_session_expiry_entries.is_some()),
             ("raftlog_trailing_entries", self.raftlog_trailing_entries.is_some()),
             ("raftlog_execution", self.raftlog_execution.is_some()),
+            ("raftlog_flush_per_turn", self.raftlog_flush_per_turn.is_some()),
             ("raftlog_transactions", self.raftlog_transactions.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
@@ -1016,8 +1028,8 @@ impl RawConfig {
             self.raftlog_session_expiry_entries.unwrap_or(defaults.session_expiry_entries);
         let trailing_entries = self.raftlog_trailing_entries.unwrap_or(defaults.trailing_entries);
         let decoupled = match self.raftlog_execution.as_deref() {
-            None | Some("coupled") => false,
-            Some("decoupled") => true,
+            Some("coupled") => false,
+            None | Some("decoupled") => true,
             Some(other) => {
                 return Err(field_error(
                     "raftlog_execution",
@@ -1054,6 +1066,7 @@ impl RawConfig {
             session_expiry_entries,
             trailing_entries,
             decoupled,
+            flush_per_turn: self.raftlog_flush_per_turn.unwrap_or(defaults.flush_per_turn),
             ganged,
             storage,
         })

@@ -69,6 +69,9 @@ where
     fn persist_all(&mut self) -> Result<(), String> {
         self.persist_turn()
     }
+    /// Every message and request of the turn is in, and the turn's outbox is about to be
+    /// performed: a core that flushes once per turn (raftlog) does it here.
+    fn end_turn(&mut self, _now: Time, _out: &mut Outbox<Self::Message>) {}
     /// Reads may run on the connection's task between the loop's turns ([`InlineLoop`]):
     /// the core answers a read at once or queues it, and sends nothing for it (Hermes). A core
     /// whose reads send messages (ZAB's sync, CRAQ's tail query) would send them a frame per
@@ -278,7 +281,16 @@ impl ServedReplica for DurableRaftLog {
         self.core().keys().cloned().collect()
     }
     fn persist_turn(&mut self) -> Result<(), String> {
-        self.persist().map_err(|error| error.to_string())
+        self.persist().map_err(|error| error.to_string())?;
+        match self.core().refused_by() {
+            None => Ok(()),
+            Some(peer) => Err(format!(
+                "refused by node {}: this node came back as the Raft member it was, without that \
+                 member's data (a lost or replaced data directory); it must be replaced: start it \
+                 with an empty data_dir and --join",
+                peer.0
+            )),
+        }
     }
     const REPLIES_AFTER_PERSIST: bool = true;
     /// The write's entry is at or below its log's applied index when its origin answers.
@@ -312,6 +324,9 @@ impl ServedReplica for DurableRaftLog {
         out: &mut Outbox<chorus_raftlog::Message>,
     ) {
         self.core_mut().on_session_command(now, request, client, seq, command, out);
+    }
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<chorus_raftlog::Message>) {
+        self.core_mut().end_turn(now, out);
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.core().stats();
@@ -349,9 +364,14 @@ impl ServedReplica for DurableRaftLog {
             ("gangs_answered", s.gangs_answered),
             ("gangs_refused", s.gangs_refused),
             ("gangs_rescued", s.gangs_rescued),
-            ("speculation_confirmed", s.speculation_confirmed),
-            ("speculation_mismatches", s.speculation_mismatches),
-            ("speculation_rolled_back", s.speculation_rolled_back),
+            ("entries_executed_early", s.entries_executed_early),
+            ("executions_committed", s.executions_committed),
+            ("executions_rolled_back", s.executions_rolled_back),
+            ("incarnation", self.core().config().incarnation),
+            ("voter_everywhere", self.core().is_voter_everywhere() as u64),
+            ("members_replaced", s.members_replaced),
+            ("conf_changes_applied", s.conf_changes_applied),
+            ("peers_refused", s.peers_refused),
             ("reads_served", s.reads_served),
         ]
     }
@@ -413,6 +433,9 @@ impl ServedReplica for ShardCore {
         self.with_outbox(out, |core, scratch| {
             core.core_mut().on_session_command(now, request, client, seq, command, scratch)
         });
+    }
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<ShardMessage>) {
+        self.with_outbox(out, |core, scratch| core.core_mut().end_turn(now, scratch));
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut counters = self.inner().counters();
@@ -1481,6 +1504,8 @@ where
     }
 
     fn perform_outbox(&mut self) {
+        let now = self.now();
+        self.replica.end_turn(now, &mut self.outbox);
         self.complete_replies();
         self.persist_durable_records();
         let defer_sync = !self.sync_first();

@@ -992,6 +992,13 @@ fn open_raftlog_shard(
     raftlog.trailing_entries = config.raftlog.trailing_entries;
     raftlog.decoupled = config.raftlog.decoupled;
     raftlog.ganged = config.raftlog.ganged;
+    // The event loop calls `end_turn` before it performs each turn's outbox.
+    raftlog.flush_at_turn_end = config.raftlog.flush_per_turn;
+    // A replacement (`--join`) is a new Raft member of every log; the data directory keeps
+    // its incarnation and identity (only a fresh directory takes these).
+    raftlog.joining = config.join.is_some();
+    raftlog.incarnation = if raftlog.joining { incarnation() & chorus_raftlog::INCARNATION_MAX } else { 0 };
+    raftlog.identity = incarnation().rotate_left(17);
     // Batches and entries are cut to fit the transport's frames; larger snapshots go in chunks.
     raftlog.message_bytes_max = frame_payload_bytes_max(config);
     let Some(data_dir) = &config.data_dir else {
@@ -1015,7 +1022,8 @@ fn open_raftlog_shard(
     }
     let replica = DurableRaftLog::open(raftlog, &dir, options)
         .with_context(|| format!("cannot open the raftlog data in {}", dir.display()))?;
-    info!(shard, boot = replica.boot(), dir = %dir.display(), "raftlog state restored");
+    let incarnation = replica.core().config().incarnation;
+    info!(shard, boot = replica.boot(), incarnation, dir = %dir.display(), "raftlog state restored");
     Ok(replica)
 }
 

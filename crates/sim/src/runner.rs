@@ -283,10 +283,16 @@ fn simulate_raftlog(config: &SimConfig, tweak: Option<&RaftlogTweak>) -> (SeedRu
     // Drawn from the seed, not the RNG, so the other draws stay what they were.
     // Half the seeds keep none, so lagging followers still install snapshots often.
     let trailing_entries = [0, 4, 0, 1_000][(config.seed / 5 % 4) as usize];
+    // On a quarter of the seeds without a corrupted restart, one restart finds an empty disk
+    // and comes back as a replacement (a new Raft member of every log; docs/protocols/
+    // raftlog.md, "Replacing a node"). Only one: two nodes of three without their data lose
+    // committed entries, whatever the protocol.
+    let mut replace_one_restart = !corrupt_one_restart && config.seed / 7 % 4 == 1;
     let description = format!(
         "{logs} logs, snapshot every {snapshot_entries} keeping {trailing_entries} trailing entries, \
-         circular log {circular_bytes} B{}",
-        if corrupt_one_restart { ", one restart finds a corrupted sector" } else { "" }
+         circular log {circular_bytes} B{}{}",
+        if corrupt_one_restart { ", one restart finds a corrupted sector" } else { "" },
+        if replace_one_restart { ", one restart replaces the node (empty disk, --join)" } else { "" }
     );
     let raftlog_config = |me: NodeId, replicas: NodeSet| {
         let mut raftlog_config = RaftLogConfig::new(me, replicas);
@@ -298,11 +304,20 @@ fn simulate_raftlog(config: &SimConfig, tweak: Option<&RaftlogTweak>) -> (SeedRu
         }
         raftlog_config
     };
-    let open = |me: NodeId, replicas: NodeSet, disk: SimDisk| {
+    // `replacing`: the disk is empty and the node joins as a replacement with this seed.
+    let open = |me: NodeId, replicas: NodeSet, disk: SimDisk, replacing: Option<u64>| {
         let region = StorageRegion::open(disk.clone(), "circular.region", circular_bytes)
             .map_err(|error| error.to_string())?;
         let options = DiskOptions { circular_bytes, ..DiskOptions::default() };
-        DurableRaftLog::open_on(raftlog_config(me, replicas), Box::new(disk), Box::new(region), options)
+        let mut raftlog_config = raftlog_config(me, replicas);
+        // Only a fresh disk takes these (it keeps them): identity checks are on.
+        let fresh_randomness = replacing.unwrap_or(config.seed ^ 0x1D);
+        raftlog_config.identity = Rng::new(fresh_randomness ^ me.0 as u64).next_u64() | 1;
+        if let Some(seed) = replacing {
+            raftlog_config.joining = true;
+            raftlog_config.incarnation = (Rng::new(seed).next_u64() & chorus_raftlog::INCARNATION_MAX).max(1);
+        }
+        DurableRaftLog::open_on(raftlog_config, Box::new(disk), Box::new(region), options)
             .map_err(|error| error.to_string())
     };
     // Each node's disk, kept apart from its incarnations: a restart opens what it kept.
@@ -311,12 +326,18 @@ fn simulate_raftlog(config: &SimConfig, tweak: Option<&RaftlogTweak>) -> (SeedRu
         let disk = SimDisk::new();
         disks.borrow_mut().push(disk.clone());
         debug_assert_eq!(disks.borrow().len(), me.index() + 1, "nodes are built in order");
-        open(me, replicas, disk).expect("an empty disk opens")
+        open(me, replicas, disk, None).expect("an empty disk opens")
     };
     let mut restart = |context: RestartContext, _crashed: &DurableRaftLog| {
+        if std::mem::take(&mut replace_one_restart) {
+            let disk = SimDisk::new();
+            disks.borrow_mut()[context.node.index()] = disk.clone();
+            let replica = open(context.node, context.replicas, disk, Some(context.seed));
+            return Restarted { replica, storage: StorageFaults::default() };
+        }
         let disk = disks.borrow()[context.node.index()].clone();
         let mut storage = StorageFaults::crash(&disk, context.seed, std::mem::take(&mut corrupt_one_restart));
-        let replica = open(context.node, context.replicas, disk);
+        let replica = open(context.node, context.replicas, disk, None);
         // Refused: a checksum caught the damage (the node stays down).
         storage.corruption_detected += replica.is_err() as u64;
         Restarted { replica, storage }

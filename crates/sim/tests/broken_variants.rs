@@ -100,6 +100,8 @@ caught! {
     raftlog_without_sessions: "raftlog" "no-sessions",
     // Acknowledges before syncing: caught after a power loss of every node.
     raftlog_acknowledging_before_syncing: "raftlog" "ack-before-sync",
+    // Decoupled execution keeping the writes of an entry a new leader replaced.
+    raftlog_keeping_rolled_back_executions: "raftlog" "keep-rolled-back",
     // The server's persistence: ACKs and replies before the append-only file is synced,
     // caught in the swarm that restarts nodes from their files.
     hermes_acknowledging_before_syncing: "hermes" "ack-before-sync",

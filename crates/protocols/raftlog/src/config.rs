@@ -24,20 +24,45 @@ pub enum Bug {
     /// logs hold at that moment, without waiting for the rendezvous: replicas read the other
     /// logs at different points, so updates are lost and copies drift apart.
     GangNoRendezvous,
+    /// Decoupled execution keeps the writes of an entry it executed before commit when the
+    /// entry is lost (a new leader replaced it): they are not rolled back, so the replica's
+    /// copy holds writes the log never committed, and a retry of the lost command runs again.
+    KeepRolledBack,
 }
 
 impl Bug {
     /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
-    pub const ALL: [Bug; 5] =
-        [Bug::LocalReads, Bug::NoSessions, Bug::NoTxnLocks, Bug::AckBeforeSync, Bug::GangNoRendezvous];
+    pub const ALL: [Bug; 6] = [
+        Bug::LocalReads,
+        Bug::NoSessions,
+        Bug::NoTxnLocks,
+        Bug::AckBeforeSync,
+        Bug::GangNoRendezvous,
+        Bug::KeepRolledBack,
+    ];
 }
 
 #[derive(Clone, Debug)]
 pub struct RaftLogConfig {
     /// This replica.
     pub me: NodeId,
-    /// The cluster: every node is a voter of every Raft group.
+    /// The cluster's nodes: the founding members are voters of every Raft group; a node
+    /// replaced later (`joining`) takes its predecessor's place through a configuration
+    /// change of every log (`crate::replica::members`).
     pub members: NodeSet,
+    /// This node's Raft incarnation: 0 for the members that founded the cluster; a
+    /// replacement gets a new one (never 0), so it is a new Raft member in every log, never
+    /// mistaken for the one it replaces. The data directory records it.
+    pub incarnation: u64,
+    /// Start as a replacement of this node's previous member: announce the new incarnation,
+    /// and every log's leader swaps the old member for it (a Raft configuration change); it
+    /// catches up by snapshot. Needs a fresh data directory.
+    pub joining: bool,
+    /// The identity of this node's data directory (made with the directory). Peers record
+    /// the identity each incarnation first showed them and refuse one that comes back under
+    /// another: a node that lost its data directory and starts again as the same member has
+    /// forgotten its votes and acknowledged entries. 0: no identity checks (in-memory tests).
+    pub identity: u64,
     /// How many independent Raft groups ("physical logs", Cyclone §4.1) this core hosts.
     /// A key's log is `fnv1a64(key) / shards % logs`, identical on every node and in every
     /// build.
@@ -67,14 +92,21 @@ pub struct RaftLogConfig {
     /// for a replica that never restarts; `disk::DurableRaftLog::open` sets
     /// `node << 40 | boot counter`.
     pub session_client_id: u64,
-    /// Decoupled execution (Cyclone §3.1): the leader executes commands when it proposes
-    /// them and releases the results at commit (`crate::speculate`). Default: coupled.
+    /// Decoupled execution (Cyclone §3.1, `crate::replica::tentative`): every replica executes
+    /// an entry when it receives it, as a transaction committed when the entry commits (its
+    /// results are the replies) and rolled back if the entry is lost. Default: on. Off
+    /// (coupled): entries execute once committed.
     pub decoupled: bool,
     /// How multi-key transactions (MULTI/EXEC) run across logs: as ganged operations (true,
     /// the default: one copy in every log involved, run at the rendezvous,
     /// `crate::replica::gang`) or with strict two-phase locking (`crate::txn`, Cyclone §4.2).
     /// Every node of a cluster must use the same.
     pub ganged: bool,
+    /// The runtime calls [`crate::RaftLog::end_turn`] once per event-loop turn, after every
+    /// message and request of the turn: the logs are flushed there, once per turn (every
+    /// command of the turn joins one batch per log, every batch a leader took in one entry),
+    /// instead of after every call. Off (the simulator, tests): each call flushes.
+    pub flush_at_turn_end: bool,
     /// Emit durable records (`RaftLog::take_durable`) for a runtime that persists them
     /// (the server's two-level log). The simulator runs without.
     pub durable: bool,
@@ -128,6 +160,9 @@ impl RaftLogConfig {
         RaftLogConfig {
             me,
             members,
+            incarnation: 0,
+            joining: false,
+            identity: 0,
             logs: 8,
             shards: 1,
             shard: 0,
@@ -137,8 +172,9 @@ impl RaftLogConfig {
             retry_timeout: Time::from_millis(60),
             batch_commands_max: 1_024,
             session_client_id: me.0 as u64,
-            decoupled: false,
+            decoupled: true,
             ganged: true,
+            flush_at_turn_end: false,
             durable: false,
             snapshot_entries: 20_000,
             trailing_entries: 1_000,

@@ -58,6 +58,7 @@ const LOGS: [&str; 2] = ["log", "log.1"];
 const LOG: &str = LOGS[0];
 const SNAPSHOT: &str = "snapshot";
 const BOOT: &str = "boot";
+const IDENTITY: &str = "identity";
 const CIRCULAR: &str = "circular.region";
 
 /// The storage a two-level log uses for its files.
@@ -614,6 +615,52 @@ fn next_boot(storage: &mut (dyn Storage + Send)) -> Result<u64, DiskError> {
     Ok(boot)
 }
 
+/// This data directory's Raft incarnation and identity (`replica::members`):
+/// `"INCARNATION IDENTITY CRC\n"`, written when the directory is first opened: the
+/// configured incarnation (0 for a founding member, a new one for a replacement) and the
+/// configured identity (random, chosen by the caller). A directory from before identities
+/// existed is a founding member's and gets the configured identity now.
+fn incarnation_and_identity(
+    storage: &mut (dyn Storage + Send),
+    config: &RaftLogConfig,
+) -> Result<(u64, u64), DiskError> {
+    let path = storage.describe(IDENTITY);
+    if let Some(bytes) = storage.read(IDENTITY).map_err(io(format!("reading {path}")))? {
+        let corrupt = || DiskError::Corrupt(format!("{path}: not an incarnation and identity"));
+        let text = std::str::from_utf8(&bytes).map_err(|_| corrupt())?;
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let [incarnation, identity, crc] = words[..] else { return Err(corrupt()) };
+        let body = format!("{incarnation} {identity}");
+        if crc.parse::<u32>().ok() != Some(chorus_storage::checksum(&[body.as_bytes()])) {
+            return Err(DiskError::Corrupt(format!("{path}: checksum mismatch")));
+        }
+        let incarnation = incarnation.parse::<u64>().map_err(|_| corrupt())?;
+        if config.joining && incarnation == 0 {
+            return Err(DiskError::Corrupt(format!(
+                "{path}: this directory holds a founding member's raftlog data; a replacement \
+                 (--join) starts with an empty one"
+            )));
+        }
+        return Ok((incarnation, identity.parse::<u64>().map_err(|_| corrupt())?));
+    }
+    let incarnation = if config.joining { config.incarnation } else { 0 };
+    let body = format!("{incarnation} {}", config.identity);
+    let text = format!("{body} {}\n", chorus_storage::checksum(&[body.as_bytes()]));
+    storage.replace(IDENTITY, text.as_bytes()).map_err(io(format!("writing {path}")))?;
+    Ok((incarnation, config.identity))
+}
+
+/// The at-most-once client id of this node's own sessions in start `boot`: `node << 40 |
+/// boot` for a founding member; a replacement sets bit 39 and puts the low 23 bits of its
+/// incarnation above a 16-bit boot counter, so it does not reuse its predecessor's ids.
+pub fn session_client_id(me: NodeId, incarnation: u64, boot: u64) -> u64 {
+    let node = (me.0 as u64) << 40;
+    match incarnation {
+        0 => node | boot,
+        _ => node | 1 << 39 | (incarnation & 0x7F_FFFF) << 16 | (boot & 0xFFFF),
+    }
+}
+
 /// A raftlog replica with its two-level log: the core plus the I/O that makes its Raft
 /// state durable. The runtime calls [`DurableRaftLog::persist`] after every turn, before it
 /// sends the turn's messages and replies.
@@ -656,9 +703,15 @@ impl DurableRaftLog {
         mut options: DiskOptions,
     ) -> Result<DurableRaftLog, DiskError> {
         let boot = next_boot(storage.as_mut())?;
-        // One at-most-once session per incarnation: the previous one may have batches in
-        // flight under sequence numbers this one would reuse.
-        config.session_client_id = ((config.me.0 as u64) << 40) | boot;
+        let (incarnation, identity) = incarnation_and_identity(storage.as_mut(), &config)?;
+        config.incarnation = incarnation;
+        config.identity = identity;
+        // A replacement announces itself until every log took it in, across restarts too.
+        config.joining = incarnation != 0;
+        // One at-most-once session per start: the previous one may have batches in flight
+        // under sequence numbers this one would reuse. A replacement's boot counter starts
+        // again at 1, so its sessions also carry (part of) its incarnation.
+        config.session_client_id = session_client_id(config.me, config.incarnation, boot);
         config.durable = true;
         if config.has_bug(crate::Bug::AckBeforeSync) {
             options.sync_every_turns = 64;
@@ -818,7 +871,7 @@ mod tests {
                 term: 1,
                 ..Default::default()
             }],
-            installed: false,
+            ..Checkpoint::default()
         };
         let after = Record::HardState { log: 0, term: 2, vote: 1, commit: 20 };
         log.persist(&[Record::Checkpoint(checkpoint.clone()), after.clone()]).unwrap();
@@ -844,7 +897,7 @@ mod tests {
                 term: 1,
                 ..Default::default()
             }],
-            installed: false,
+            ..Checkpoint::default()
         }
     }
 

@@ -11,7 +11,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
 use protobuf::Message as _;
-use raft::prelude::{Entry, HardState};
+use raft::prelude::{ConfState, Entry, HardState};
 
 use crate::state::StateImage;
 
@@ -34,6 +34,12 @@ pub enum Record {
     /// own; both levels of the log are truncated behind it (Cyclone §2: "snapshots ...
     /// allow the log to be truncated").
     Checkpoint(Checkpoint),
+    /// The data directory identity a peer's Raft id first showed (`replica::members`): a peer
+    /// that comes back under that Raft id with another identity lost its data.
+    Identity {
+        raft_id: u64,
+        identity: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -43,6 +49,8 @@ pub struct Checkpoint {
     /// durable before the turn's messages (which acknowledge it) leave, so the runtime
     /// writes it at once instead of in the background. Not stored.
     pub installed: bool,
+    /// Every `(raft id, identity)` this node recorded of its peers.
+    pub identities: Vec<(u64, u64)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -55,6 +63,9 @@ pub struct LogCheckpoint {
     pub vote: u64,
     pub commit: u64,
     pub entries: Vec<Entry>,
+    /// The log's configuration at `snapshot_index` (None in checkpoints written before
+    /// configuration changes existed: the founding members).
+    pub conf_state: Option<ConfState>,
 }
 
 impl LogCheckpoint {
@@ -80,6 +91,7 @@ impl Recovered {
 const TAG_ENTRIES: u8 = 1;
 const TAG_HARD_STATE: u8 = 2;
 const TAG_CHECKPOINT: u8 = 3;
+const TAG_IDENTITY: u8 = 4;
 
 fn put_entries(entries: &[Entry], buf: &mut BytesMut) {
     buf.put_u32_le(u32::try_from(entries.len()).expect("entries fit u32"));
@@ -115,6 +127,17 @@ impl WireMessage for Checkpoint {
             buf.put_u64_le(log.commit);
             put_entries(&log.entries, buf);
         }
+        // Added later, at the end, so older checkpoints still read (without them).
+        buf.put_u32_le(u32::try_from(self.identities.len()).expect("identities fit u32"));
+        for (raft_id, identity) in &self.identities {
+            buf.put_u64_le(*raft_id);
+            buf.put_u64_le(*identity);
+        }
+        for log in &self.logs {
+            let conf =
+                log.conf_state.as_ref().map(|conf| Bytes::from(conf.write_to_bytes().expect("encodes")));
+            buf.put_optional_bytes(conf.as_ref());
+        }
     }
 
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
@@ -132,9 +155,29 @@ impl WireMessage for Checkpoint {
                 vote: reader.u64()?,
                 commit: reader.u64()?,
                 entries: read_entries(reader)?,
+                conf_state: None,
             });
         }
-        Ok(Checkpoint { logs, installed: false })
+        let mut identities = Vec::new();
+        if reader.remaining() > 0 {
+            let count = reader.u32()? as usize;
+            if count > reader.remaining() {
+                return Err(DecodeError::Invalid("identity count exceeds checkpoint"));
+            }
+            for _ in 0..count {
+                identities.push((reader.u64()?, reader.u64()?));
+            }
+            for log in &mut logs {
+                log.conf_state = match reader.optional_bytes()? {
+                    None => None,
+                    Some(bytes) => Some(
+                        ConfState::parse_from_bytes(&bytes)
+                            .map_err(|_| DecodeError::Invalid("malformed configuration"))?,
+                    ),
+                };
+            }
+        }
+        Ok(Checkpoint { logs, installed: false, identities })
     }
 }
 
@@ -157,6 +200,11 @@ impl WireMessage for Record {
                 buf.put_u8(TAG_CHECKPOINT);
                 checkpoint.encode(buf);
             }
+            Record::Identity { raft_id, identity } => {
+                buf.put_u8(TAG_IDENTITY);
+                buf.put_u64_le(*raft_id);
+                buf.put_u64_le(*identity);
+            }
         }
     }
 
@@ -170,6 +218,7 @@ impl WireMessage for Record {
                 commit: reader.u64()?,
             },
             TAG_CHECKPOINT => Record::Checkpoint(Checkpoint::decode(reader)?),
+            TAG_IDENTITY => Record::Identity { raft_id: reader.u64()?, identity: reader.u64()? },
             tag => return Err(DecodeError::UnknownTag { what: "raftlog durable record", tag }),
         })
     }
@@ -205,15 +254,25 @@ mod tests {
                     vote: 1,
                     commit: 5,
                     entries: vec![entry(5, b"x")],
+                    conf_state: Some(ConfState::from((vec![1, 2, 258], vec![]))),
                 }],
                 installed: false,
+                identities: vec![(258, 77)],
             }),
+            Record::Identity { raft_id: 3, identity: 99 },
         ];
         for record in records {
             let bytes = record.to_bytes();
             assert_eq!(Record::decode_exact(bytes.clone()).unwrap(), record);
             for cut in 0..bytes.len() {
-                assert!(Record::decode_exact(bytes.slice(..cut)).is_err());
+                // A checkpoint cut right before its later additions reads as an older one
+                // (without identities): never as the record written. Checkpoint files carry
+                // their own checksum, which catches the cut itself.
+                let decoded = Record::decode_exact(bytes.slice(..cut));
+                assert!(
+                    decoded.as_ref().is_ok_and(|decoded| *decoded != record) || decoded.is_err(),
+                    "cut at {cut}"
+                );
             }
         }
     }

@@ -13,7 +13,7 @@
 //! during one call as one entry. Batches execute at most once per (client, sequence number)
 //! (Cyclone §3.4), so they are retried freely across leader changes. Reads use ReadIndex at
 //! the replica the client talks to. Multi-key transactions run across logs (`txn`, §4.2), and
-//! the leader can execute before commit (`speculate`, §3.1). See docs/protocols/raftlog.md for
+//! every replica executes entries before they commit, rolling back lost ones (`replica::tentative`, §3.1). See docs/protocols/raftlog.md for
 //! the section-by-section map and what is not implemented yet.
 
 pub mod circular;
@@ -24,7 +24,6 @@ pub mod durable;
 pub mod message;
 pub mod replica;
 pub mod shard;
-pub mod speculate;
 pub mod state;
 pub mod storage;
 mod transfer;
@@ -32,5 +31,5 @@ pub mod txn;
 
 pub use config::{Bug, RaftLogConfig};
 pub use message::{EntryBatch, Message, Proposal, SessionId, Step, StepKind, TxnId};
-pub use replica::{log_in_shard, log_of, shard_of, RaftLog, RaftLogStats};
+pub use replica::{log_in_shard, log_of, shard_of, RaftLog, RaftLogStats, INCARNATION_MAX};
 pub use state::{LogState, ProposalResult, SessionRecord, StateImage};

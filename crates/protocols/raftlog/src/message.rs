@@ -173,12 +173,24 @@ pub enum Message {
     },
     /// The follower holds `received` bytes of the snapshot at `index`.
     SnapshotAck { log: u32, index: u64, received: u64 },
+    /// Who the sender is (`crate::replica::members`): its Raft incarnation (0: a founding
+    /// member; a replacement has a new one, so it is a new member of every log) and the
+    /// identity of its data directory. `joining`: it replaces the node's previous member.
+    Hello { incarnation: u64, identity: u64, joining: bool },
+    /// The receiver has not heard the sender's Hello since it started: send one.
+    HelloRequest,
+    /// The sender knows the receiver's incarnation under another data directory: the
+    /// receiver lost its data and is refused until it is replaced.
+    Refused,
 }
 
 const TAG_RAFT: u8 = 1;
 const TAG_FORWARD: u8 = 2;
 const TAG_SNAPSHOT_CHUNK: u8 = 3;
 const TAG_SNAPSHOT_ACK: u8 = 4;
+const TAG_HELLO: u8 = 5;
+const TAG_HELLO_REQUEST: u8 = 6;
+const TAG_REFUSED: u8 = 7;
 
 /// Room for what a proposal carries besides its commands (ids, counts, tags).
 const PROPOSAL_OVERHEAD_BYTES: usize = 72;
@@ -455,6 +467,14 @@ impl WireMessage for Message {
                 buf.put_u64_le(*index);
                 buf.put_u64_le(*received);
             }
+            Message::Hello { incarnation, identity, joining } => {
+                buf.put_u8(TAG_HELLO);
+                buf.put_u64_le(*incarnation);
+                buf.put_u64_le(*identity);
+                buf.put_bool(*joining);
+            }
+            Message::HelloRequest => buf.put_u8(TAG_HELLO_REQUEST),
+            Message::Refused => buf.put_u8(TAG_REFUSED),
         }
     }
 
@@ -487,6 +507,13 @@ impl WireMessage for Message {
             TAG_SNAPSHOT_ACK => {
                 Message::SnapshotAck { log: reader.u32()?, index: reader.u64()?, received: reader.u64()? }
             }
+            TAG_HELLO => Message::Hello {
+                incarnation: reader.u64()?,
+                identity: reader.u64()?,
+                joining: reader.bool()?,
+            },
+            TAG_HELLO_REQUEST => Message::HelloRequest,
+            TAG_REFUSED => Message::Refused,
             tag => return Err(DecodeError::UnknownTag { what: "raftlog message", tag }),
         })
     }
@@ -610,6 +637,11 @@ mod tests {
             ),
             (any::<u32>(), any::<u64>(), any::<u64>())
                 .prop_map(|(log, index, received)| Message::SnapshotAck { log, index, received }),
+            (any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(incarnation, identity, joining)| {
+                Message::Hello { incarnation, identity, joining }
+            }),
+            Just(Message::HelloRequest),
+            Just(Message::Refused),
         ]
     }
 

@@ -33,14 +33,17 @@ use crate::config::RaftLogConfig;
 use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
 use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
 use crate::message::{SessionId, StepKind};
-use crate::speculate::Speculation;
 use crate::state::{LogState, ProposalResult, SessionRecord, StateImage};
 use crate::storage::LogStorage;
 use crate::transfer::{self, Incoming, Outgoing};
 use crate::txn::{Driver, StepResult};
 
 mod gang;
+mod members;
+mod tentative;
 use gang::{GangScan, OwnGang, PendingEntry};
+use members::Members;
+use tentative::Executed;
 
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,13 +90,12 @@ pub struct RaftLogStats {
     pub txn_lock_retries: u64,
     /// Own commands that found their key locked and waited for the release.
     pub commands_blocked: u64,
-    /// Decoupled execution: proposals executed at proposal time, results confirmed by the
-    /// committed execution, mismatches (a bug if ever non-zero), results rolled back when
-    /// leadership was lost.
-    pub speculated: u64,
-    pub speculation_confirmed: u64,
-    pub speculation_mismatches: u64,
-    pub speculation_rolled_back: u64,
+    /// Decoupled execution (`tentative`): entries executed before they committed; of those,
+    /// entries whose execution committed (their replies came from it) and entries rolled back
+    /// because they were lost (a new leader replaced them) or a snapshot replaced the state.
+    pub entries_executed_early: u64,
+    pub executions_committed: u64,
+    pub executions_rolled_back: u64,
     /// Ganged operations (`gang`): originated here; run at this replica's rendezvous; answered
     /// to their client; refused by a log (submitted again); copies proposed for a gang whose
     /// origin had not put it in every log after `retry_timeout`.
@@ -102,6 +104,12 @@ pub struct RaftLogStats {
     pub gangs_answered: u64,
     pub gangs_refused: u64,
     pub gangs_rescued: u64,
+    /// Membership (`members`): peers refused because they came back under a Raft id whose
+    /// data they lost; configuration changes this replica proposed as a leader to swap a
+    /// node for its replacement; configuration changes applied.
+    pub peers_refused: u64,
+    pub members_replaced: u64,
+    pub conf_changes_applied: u64,
 }
 
 /// FNV-1a (64-bit) of the key: the one hash that places keys on shards and logs.
@@ -131,14 +139,23 @@ pub fn log_in_shard(key: &[u8], logs: usize, shards: usize) -> usize {
     (fnv1a64(key) / shards as u64 % logs as u64) as usize
 }
 
-/// Raft ids must be non-zero.
+/// A node's Raft id in incarnation `incarnation`: `(incarnation << 8 | node) + 1`, never 0.
+/// A replacement (a new incarnation) is a different Raft member from the node it replaces.
+pub(crate) fn raft_id_of(node: NodeId, incarnation: u64) -> u64 {
+    ((incarnation << 8) | node.0 as u64) + 1
+}
+
+/// A founding member's Raft id (incarnation 0).
 fn raft_id(node: NodeId) -> u64 {
-    node.0 as u64 + 1
+    raft_id_of(node, 0)
 }
 
 fn node_of(raft_id: u64) -> Option<NodeId> {
-    u8::try_from(raft_id.checked_sub(1)?).ok().map(NodeId)
+    raft_id.checked_sub(1).map(|id| NodeId(id as u8))
 }
+
+/// The largest incarnation a Raft id can carry.
+pub const INCARNATION_MAX: u64 = (1 << 55) - 1;
 
 /// A batch this replica waits to see applied: its own session's, or one external session
 /// request.
@@ -203,8 +220,12 @@ struct Group {
     /// batch already in this leader's log is not proposed again.
     proposed: FxHashMap<SessionId, u64>,
     proposed_term: u64,
-    /// Decoupled execution at the leader (`crate::speculate`).
-    speculation: Option<Speculation>,
+    // ---- decoupled execution (tentative.rs)
+    /// The results of each tentatively executed entry, oldest first (one list per entry
+    /// of `state`'s journal).
+    executed: VecDeque<Vec<Executed>>,
+    /// The entry `(index, term)` execution stopped at: it runs when it commits.
+    execution_stop: Option<(u64, u64)>,
     // ---- snapshots in chunks (crate::transfer)
     snapshots_out: BTreeMap<NodeId, Outgoing>,
     snapshot_in: Option<Incoming>,
@@ -214,6 +235,9 @@ struct Group {
     scan: GangScan,
     /// The gang the log waits at, and since when.
     gang_wait: Option<(TxnId, Time)>,
+    /// Something reached this log since its last flush (a message, a command): the next
+    /// flush visits it. Logs nothing touched are skipped unless work spans logs.
+    dirty: bool,
 }
 
 impl Group {
@@ -259,12 +283,23 @@ pub struct RaftLog {
     gangs_out: BTreeMap<TxnId, OwnGang>,
     /// A gang was resolved in some log since the flag was cleared: other logs may go on.
     gangs_resolved: bool,
+    // ---- membership (members.rs)
+    members: Members,
+    /// A configuration change added a member: compact every log at the end of this call.
+    compaction_due: bool,
+    /// The next flush visits every log (a Raft tick, work that spans logs).
+    flush_all: bool,
 }
 
 const READ_CONTEXT_BYTES: usize = 13;
 
 /// A key that another shard of this node serves reached this one (a routing bug).
 const OTHER_SHARD: CommandError = CommandError::Unavailable("the key belongs to another shard of this node");
+
+/// A peer refused this node: it came back under its old Raft identity without its data.
+const LOST_DATA: CommandError = CommandError::Unavailable(
+    "this node lost its data directory and was refused by its peers; replace it (start it with --join)",
+);
 
 impl RaftLog {
     pub fn new(config: RaftLogConfig) -> RaftLog {
@@ -281,6 +316,8 @@ impl RaftLog {
         assert!(config.members.contains(config.me), "a node is a member of its own cluster");
         assert!(config.batch_commands_max >= 1, "a batch holds at least one command");
         assert!(config.retry_timeout > Time::ZERO, "retry_timeout must be positive");
+        assert!(config.incarnation <= INCARNATION_MAX, "incarnations fit a Raft id");
+        assert!(!config.joining || config.incarnation != 0, "a replacement has a new incarnation");
         assert_eq!(groups.len(), config.logs);
         #[cfg(feature = "broken-variants")]
         let (dedupe, local_reads, ignore_locks) = (
@@ -313,6 +350,9 @@ impl RaftLog {
             next_txn: 0,
             gangs_out: BTreeMap::new(),
             gangs_resolved: false,
+            members: Members::default(),
+            compaction_due: false,
+            flush_all: true,
             config,
         }
     }
@@ -328,9 +368,11 @@ impl RaftLog {
         if recovered.is_empty() {
             return Ok(RaftLog::new(config));
         }
-        let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
-        let mut storages: Vec<(LogStorage, LogState)> =
-            (0..config.logs).map(|_| (LogStorage::new(voters.clone()), LogState::default())).collect();
+        let founding = RaftLog::founding_conf(&config);
+        let mut storages: Vec<(LogStorage, LogState)> = (0..config.logs)
+            .map(|_| (LogStorage::with_conf_state(founding.clone()), LogState::default()))
+            .collect();
+        let mut identities = BTreeMap::new();
         if let Some(checkpoint) = &recovered.checkpoint {
             if checkpoint.logs.len() != config.logs {
                 return Err(format!(
@@ -344,9 +386,8 @@ impl RaftLog {
                 let mut snapshot = Snapshot::default();
                 snapshot.mut_metadata().index = saved.snapshot_index;
                 snapshot.mut_metadata().term = saved.snapshot_term;
-                snapshot
-                    .mut_metadata()
-                    .set_conf_state(raft::prelude::ConfState::from((voters.clone(), vec![])));
+                let conf_state = saved.conf_state.clone().unwrap_or_else(|| founding.clone());
+                snapshot.mut_metadata().set_conf_state(conf_state);
                 let state_bytes = saved.state.bytes();
                 snapshot.data = state_bytes.clone();
                 storage.apply_snapshot(snapshot);
@@ -381,6 +422,9 @@ impl RaftLog {
                     let hard_state = raft::prelude::HardState { term, vote, commit, ..Default::default() };
                     storage.set_hard_state(hard_state);
                 }
+                Record::Identity { raft_id, identity } => {
+                    identities.insert(raft_id, identity);
+                }
                 Record::Checkpoint(_) => return Err("a checkpoint inside the log".to_string()),
             }
         }
@@ -390,6 +434,10 @@ impl RaftLog {
             .map(|(log, restored)| new_group(&config, log, Some(restored)))
             .collect();
         let mut replica = RaftLog::with_groups(config, groups);
+        if let Some(checkpoint) = &recovered.checkpoint {
+            replica.members.identities.extend(checkpoint.identities.iter().copied());
+        }
+        replica.members.identities.extend(identities);
         replica.resume_txns_in_progress();
         Ok(replica)
     }
@@ -462,7 +510,13 @@ impl RaftLog {
         }
         holders.insert(self.config.me);
         if group.is_leader() {
+            // Not a predecessor that a joint configuration still lists: its node now runs
+            // its replacement, which may not hold the entry.
+            let current = group.raft.raft.prs().conf().to_conf_state();
             for (id, progress) in group.raft.raft.prs().iter() {
+                if !current.voters.contains(id) && !current.learners.contains(id) {
+                    continue;
+                }
                 if let Some(node) = node_of(*id).filter(|_| progress.matched >= index) {
                     holders.insert(node);
                 }
@@ -546,7 +600,8 @@ impl RaftLog {
             let waiter = Waiter::new(proposal, vec![(0, request)], false, None);
             register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
         }
-        self.flush(now, out);
+        self.groups[log].dirty = true;
+        self.after_call(now, out);
     }
 
     /// A multi-key transaction (RESP `MULTI`/`EXEC`): `requests[i]` gets the outcome of
@@ -585,7 +640,8 @@ impl RaftLog {
         if self.config.ganged {
             let (requests, commands) = requests.into_iter().unzip();
             self.submit_gang(OwnGang { requests, commands });
-            self.flush(now, out);
+            self.flush_all = true;
+            self.after_call(now, out);
             return;
         }
         self.next_txn += 1;
@@ -600,7 +656,8 @@ impl RaftLog {
         let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
         let group = &mut self.groups[coordinator];
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
-        self.flush(now, out);
+        self.flush_all = true;
+        self.after_call(now, out);
     }
 
     /// A description of every driver and lock, for test failure messages.
@@ -707,6 +764,7 @@ impl RaftLog {
     /// and run the raft-rs Ready cycle (messages out, entries applied, reads answered).
     /// Applying can complete a batch and free the way for the next, hence the loop.
     fn flush(&mut self, now: Time, out: &mut Outbox<Message>) {
+        self.greet(now, out);
         self.rescue_gangs(now);
         for _ in 0..4 {
             self.drive_txns(now, out);
@@ -719,14 +777,45 @@ impl RaftLog {
         self.maybe_snapshot();
     }
 
+    /// The end of a call: flush now, or at the end of the turn (`flush_at_turn_end`).
+    fn after_call(&mut self, now: Time, out: &mut Outbox<Message>) {
+        if !self.config.flush_at_turn_end {
+            self.flush(now, out);
+        }
+    }
+
+    /// The runtime's event-loop turn ends (every message and request of the turn handed in):
+    /// with `flush_at_turn_end`, the logs the turn touched are flushed now, once.
+    pub fn end_turn(&mut self, now: Time, out: &mut Outbox<Message>) {
+        if self.config.flush_at_turn_end {
+            self.flush(now, out);
+        }
+    }
+
+    /// Work that spans logs (transactions, gangs, a waiting rendezvous, a replacement):
+    /// every log is visited while there is any.
+    fn spans_logs(&self) -> bool {
+        !self.drivers.is_empty()
+            || !self.txns_begun.is_empty()
+            || !self.step_results.is_empty()
+            || !self.gangs_out.is_empty()
+            || !self.members.joiners.is_empty()
+            || self.groups.iter().any(|group| !group.pending.is_empty())
+    }
+
     fn flush_logs(&mut self, now: Time, out: &mut Outbox<Message>) {
+        let all = std::mem::take(&mut self.flush_all) || self.spans_logs();
         for log in 0..self.groups.len() {
-            self.roll_back_lost_speculation(log);
+            if !std::mem::take(&mut self.groups[log].dirty) && !all {
+                continue;
+            }
             for _ in 0..4 {
+                self.execute_held_entries(log);
                 self.dispatch_own_batch(log, out);
                 self.send_waiters(log, now, out);
                 self.start_read_round(log, now);
                 self.propose(log);
+                self.propose_replacements(log);
                 let ready = self.handle_ready(log, out);
                 self.pump_snapshots(log, now, out);
                 if !ready {
@@ -775,7 +864,7 @@ impl RaftLog {
     /// timeout ran out, to the log's leader (or propose it, if we lead).
     fn send_waiters(&mut self, log: usize, now: Time, out: &mut Outbox<Message>) {
         let retry_timeout = self.config.retry_timeout;
-        let me = raft_id(self.config.me);
+        let me = self.my_raft_id();
         let group = &mut self.groups[log];
         let leader = group.leader();
         if leader == INVALID_ID || group.waiters.is_empty() {
@@ -797,7 +886,7 @@ impl RaftLog {
             waiter.sent_to = leader;
             if leader == me {
                 to_accept.push(waiter.proposal.clone());
-            } else if let Some(node) = node_of(leader) {
+            } else if let Some(node) = node_of(leader).filter(|node| *node != self.config.me) {
                 self.stats.batches_forwarded += 1;
                 out.send(
                     node,
@@ -808,18 +897,6 @@ impl RaftLog {
         for proposal in to_accept {
             self.accept_proposal(log, proposal);
         }
-    }
-
-    /// Decoupled execution: a leader that lost its leadership (or moved to a new term)
-    /// throws its speculative results away; the committed execution answers instead.
-    fn roll_back_lost_speculation(&mut self, log: usize) {
-        let group = &mut self.groups[log];
-        let Some(spec) = &group.speculation else { return };
-        if group.is_leader() && spec.term == group.raft.raft.term {
-            return;
-        }
-        self.stats.speculation_rolled_back += spec.pending() as u64;
-        group.speculation = None;
     }
 
     /// As leader: take a batch into the next entry, unless it already executed or is already
@@ -841,7 +918,7 @@ impl RaftLog {
         }
         if self.dedupe {
             // Executed already: its origin learns the outcome when it applies that entry.
-            if group.state.last_seq(proposal.client) >= proposal.seq {
+            if group.state.executed_seq(proposal.client) >= proposal.seq {
                 return;
             }
             if group.proposed.get(&proposal.client).is_some_and(|&seq| seq >= proposal.seq) {
@@ -885,9 +962,6 @@ impl RaftLog {
         if group.raft.propose(vec![], batch.to_bytes().to_vec()).is_ok() {
             self.stats.entries_proposed += 1;
             self.stats.commands_proposed += commands as u64;
-            if self.config.decoupled {
-                speculate_entry(group, &batch, &mut self.stats);
-            }
         } else {
             // Dropped (e.g. a leadership transfer): forget it so a retry proposes it again.
             for proposal in &batch.proposals {
@@ -958,13 +1032,16 @@ impl RaftLog {
         let committed = ready.take_committed_entries();
         self.apply(log, committed, out);
         let durable = self.config.durable;
-        let storage = self.groups[log].raft.mut_store();
         if !ready.entries().is_empty() {
+            self.abort_replaced(log, ready.entries());
+            let storage = self.groups[log].raft.mut_store();
             storage.append(ready.entries()).expect("raft-rs appends contiguous entries");
             if durable {
                 self.durable_out.push(Record::Entries { log: log as u32, entries: ready.entries().clone() });
             }
+            self.execute_held_entries(log);
         }
+        let storage = self.groups[log].raft.mut_store();
         if let Some(hard_state) = ready.hs() {
             storage.set_hard_state(hard_state.clone());
             if durable {
@@ -994,6 +1071,7 @@ impl RaftLog {
         self.send_raft(log, light.take_messages(), out);
         let committed = light.take_committed_entries();
         self.apply(log, committed, out);
+        self.execute_held_entries(log);
         self.groups[log].raft.advance_apply();
         // raft-rs keeps a follower it sent a snapshot to paused until told how it went; the
         // network may lose the snapshot, so report it delivered at once: the follower's next
@@ -1014,6 +1092,7 @@ impl RaftLog {
             unreachable!("snapshots are validated on arrival");
         };
         let index = snapshot.get_metadata().index;
+        self.drop_tentative(log);
         let group = &mut self.groups[log];
         group.raft.mut_store().apply_snapshot(snapshot);
         let (ignore_locks, expiry) = (group.state.ignore_locks, group.state.session_expiry_entries);
@@ -1040,7 +1119,7 @@ impl RaftLog {
             } else {
                 ProposalResult::Stale { last_seq }
             };
-            complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
+            complete_waiter(group, waiter, result, None, out, &mut self.step_results, &mut self.stats);
         }
         for (txn, commands) in group.state.txns_in_progress() {
             self.txns_begun.push((*txn, commands.clone()));
@@ -1052,8 +1131,9 @@ impl RaftLog {
     /// memory; a follower behind the compaction gets the snapshot instead of entries), and,
     /// when durable, hand the runtime a checkpoint so it can truncate both log levels.
     fn maybe_snapshot(&mut self) {
-        let due =
-            self.config.snapshot_entries > 0 && self.applied_since_snapshot >= self.config.snapshot_entries;
+        let due = std::mem::take(&mut self.compaction_due)
+            || self.config.snapshot_entries > 0
+                && self.applied_since_snapshot >= self.config.snapshot_entries;
         let checkpoint_due = self.checkpoint_due && self.config.durable;
         if !(due || checkpoint_due) {
             return;
@@ -1085,6 +1165,7 @@ impl RaftLog {
             if self.config.durable {
                 let hard_state = storage.hard_state();
                 checkpoint.logs.push(LogCheckpoint {
+                    conf_state: Some(storage.snapshot_conf_state().clone()),
                     snapshot_index: storage.snapshot_index(),
                     snapshot_term: storage.snapshot_term(),
                     state: storage.snapshot_image().clone(),
@@ -1096,6 +1177,8 @@ impl RaftLog {
             }
         }
         if self.config.durable {
+            checkpoint.identities =
+                self.members.identities.iter().map(|(id, identity)| (*id, *identity)).collect();
             self.durable_out.push(Record::Checkpoint(checkpoint));
         }
     }
@@ -1103,7 +1186,11 @@ impl RaftLog {
     fn send_raft(&mut self, log: usize, messages: Vec<raft::prelude::Message>, out: &mut Outbox<Message>) {
         let chunk_bytes = self.config.snapshot_chunk_bytes();
         for message in messages {
-            if let Some(to) = node_of(message.to).filter(|node| self.config.members.contains(*node)) {
+            // (A message to this node's predecessor, which a joint configuration still lists,
+            // goes nowhere: this node is not it.)
+            let to = node_of(message.to)
+                .filter(|node| self.config.members.contains(*node) && *node != self.config.me);
+            if let Some(to) = to {
                 if message.get_msg_type() == MessageType::MsgSnapshot {
                     if message.get_snapshot().data.len() > chunk_bytes {
                         // Too large for one message: streamed in chunks, reported when done.
@@ -1131,7 +1218,7 @@ impl RaftLog {
         let mut stalled = Vec::new();
         for (to, transfer) in &mut group.snapshots_out {
             if transfer.stalled(now, retry_timeout) {
-                stalled.push(*to);
+                stalled.push((*to, transfer.raft_to()));
                 continue;
             }
             for chunk in transfer.due(log as u32, now, chunk_bytes, retry_timeout) {
@@ -1139,9 +1226,9 @@ impl RaftLog {
                 out.send(*to, chunk);
             }
         }
-        for to in stalled {
+        for (to, raft_to) in stalled {
             group.snapshots_out.remove(&to);
-            group.raft.report_snapshot(raft_id(to), raft::SnapshotStatus::Failure);
+            group.raft.report_snapshot(raft_to, raft::SnapshotStatus::Failure);
             self.stats.snapshot_transfers_failed += 1;
         }
     }
@@ -1161,8 +1248,16 @@ impl RaftLog {
     /// gang that waits for its rendezvous (`gang`).
     fn apply(&mut self, log: usize, entries: Vec<Entry>, out: &mut Outbox<Message>) {
         for entry in entries {
-            // Leader no-ops are empty; no conf changes are ever proposed.
-            let proposals = if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+            if self.commit_executed(log, &entry, out) {
+                continue; // executed when it arrived: its transaction commits, nothing runs
+            }
+            // Leader no-ops are empty; configuration changes apply in log order (`members`).
+            if entry.get_entry_type() != EntryType::EntryNormal {
+                let change = Some((entry.get_entry_type(), entry.data.clone()));
+                self.enqueue_entry(log, entry.index, Vec::new(), change);
+                continue;
+            }
+            let proposals = if entry.data.is_empty() {
                 Vec::new()
             } else {
                 match EntryBatch::decode_exact(entry.data.clone()) {
@@ -1174,7 +1269,7 @@ impl RaftLog {
                     }
                 }
             };
-            self.enqueue_entry(log, entry.index, proposals);
+            self.enqueue_entry(log, entry.index, proposals, None);
         }
         self.advance(log, out);
     }
@@ -1188,36 +1283,28 @@ impl RaftLog {
         if group.proposed.get(&proposal.client).is_some_and(|&seq| seq <= proposal.seq) {
             group.proposed.remove(&proposal.client);
         }
+        self.count_result(result);
+        if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) = (result, &proposal.step) {
+            self.txns_begun.push((*txn, commands.clone()));
+        }
+        let group = &mut self.groups[log];
+        let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { return };
+        complete_waiter(group, waiter, result, None, out, &mut self.step_results, &mut self.stats);
+    }
+
+    fn count_result(&mut self, result: ProposalResult) {
         match result {
             ProposalResult::Executed => self.stats.proposals_executed += 1,
             ProposalResult::Duplicate => self.stats.proposals_duplicate += 1,
             ProposalResult::Stale { .. } => self.stats.proposals_stale += 1,
             ProposalResult::Expired => self.stats.proposals_expired += 1,
         }
-        if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) = (result, &proposal.step) {
-            self.txns_begun.push((*txn, commands.clone()));
-        }
-        let speculated = group.speculation.as_mut().and_then(|spec| spec.take(proposal.client, proposal.seq));
-        if let Some(speculated) = &speculated {
-            let committed = group.state.session(proposal.client).map(|record| &record.outcomes);
-            if result == ProposalResult::Executed && committed == Some(speculated) {
-                self.stats.speculation_confirmed += 1;
-            } else {
-                self.stats.speculation_mismatches += 1;
-            }
-        }
-        let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { return };
-        complete_waiter(group, waiter, result, out, &mut self.step_results, &mut self.stats);
     }
 
     /// After `log` applied entries: confirmed reads now covered are answered, and what waited
     /// for a transaction's lock goes again.
     fn after_apply(&mut self, log: usize, out: &mut Outbox<Message>) {
         let group = &mut self.groups[log];
-        let drained = group.applied_index == group.raft.raft.raft_log.last_index();
-        if let Some(spec) = group.speculation.as_mut().filter(|_| drained) {
-            spec.drained();
-        }
         // Confirmed reads whose index is now applied (a locked key waits for its release).
         let applied_index = group.applied_index;
         let mut served = 0;
@@ -1242,9 +1329,10 @@ impl RaftLog {
 }
 
 fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, LogState)>) -> Group {
-    let voters: Vec<u64> = config.members.iter().map(raft_id).collect();
     let fresh = restored.is_none();
-    let (storage, state) = restored.unwrap_or_else(|| (LogStorage::new(voters), LogState::default()));
+    let (storage, state) = restored.unwrap_or_else(|| {
+        (LogStorage::with_conf_state(RaftLog::founding_conf(config)), LogState::default())
+    });
     let applied_index = storage.snapshot_index();
     // raft-rs draws election timeouts from a thread-local RNG, which would make the simulator
     // non-deterministic. A fixed per-node timeout (min = max - 1) keeps it deterministic;
@@ -1256,7 +1344,7 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
     let stagger = (rank + members - log % members) % members;
     let election_tick = config.election_ticks + 3 * stagger;
     let raft_config = Config {
-        id: raft_id(config.me),
+        id: raft_id_of(config.me, config.incarnation),
         election_tick,
         heartbeat_tick: config.heartbeat_ticks,
         min_election_tick: election_tick,
@@ -1274,7 +1362,7 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
     };
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let mut raft = RawNode::new(&raft_config, storage, &logger).expect("valid raft config");
-    if stagger == 0 && fresh {
+    if stagger == 0 && fresh && !config.joining {
         // The log's preferred node campaigns at once rather than after an election timeout,
         // so a fresh cluster serves within a round trip.
         let _ = raft.campaign();
@@ -1298,13 +1386,15 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         to_propose: Vec::new(),
         proposed: FxHashMap::default(),
         proposed_term: 0,
-        speculation: None,
+        executed: VecDeque::new(),
+        execution_stop: None,
         snapshots_out: BTreeMap::new(),
         snapshot_in: None,
         scan: GangScan::from_state(&state),
         state,
         pending: VecDeque::new(),
         gang_wait: None,
+        dirty: true,
     }
 }
 
@@ -1336,16 +1426,19 @@ fn register_waiter(
         } else {
             ProposalResult::Stale { last_seq }
         };
-        complete_waiter(group, waiter, result, out, step_results, stats);
+        complete_waiter(group, waiter, result, None, out, step_results, stats);
         return;
     }
     group.waiters.insert((waiter.proposal.client, waiter.proposal.seq), waiter);
 }
 
+/// `outcomes`: what executing it gave, if it was executed before it committed; otherwise the
+/// session record (just applied) holds them.
 fn complete_waiter(
     group: &mut Group,
     waiter: Waiter,
     result: ProposalResult,
+    outcomes: Option<Vec<Outcome>>,
     out: &mut Outbox<Message>,
     step_results: &mut Vec<StepResult>,
     stats: &mut RaftLogStats,
@@ -1361,9 +1454,11 @@ fn complete_waiter(
     let mut blocked = 0;
     match result {
         ProposalResult::Executed | ProposalResult::Duplicate => {
-            let record = group.state.session(waiter.proposal.client).expect("applied session");
+            let outcomes = outcomes.unwrap_or_else(|| {
+                group.state.session(waiter.proposal.client).expect("applied session").outcomes.clone()
+            });
             for (index, request) in &waiter.requests {
-                let outcome = record.outcomes.get(*index).cloned().unwrap_or(Outcome::Error(
+                let outcome = outcomes.get(*index).cloned().unwrap_or(Outcome::Error(
                     // A retry that reused the sequence number for a different batch.
                     CommandError::Unavailable("sequence number reused for a different request"),
                 ));
@@ -1435,11 +1530,23 @@ fn read_context(me: NodeId, log: usize, round: u64) -> Vec<u8> {
 
 /// Whether a Raft message from a peer may reach raft-rs. raft-rs trusts its input (some
 /// malformed messages make it panic), so the obvious lies are refused here: a wrong
-/// sender or recipient, messages only a local caller may produce, snapshots whose state
-/// machine bytes do not decode or whose voters are not ours, proposals (only leaders
-/// propose here), and ReadIndex messages without exactly one context entry.
-fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId, members: NodeSet) -> bool {
-    if message.from != raft_id(from) || message.to != raft_id(me) {
+/// sender or recipient, a sender that is not a member of the log (a node that was
+/// replaced; a node not yet a member itself hears from anyone of the cluster), messages
+/// only a local caller may produce, snapshots whose state machine bytes do not decode or
+/// whose members are not of this cluster, proposals (only leaders propose here), and
+/// ReadIndex messages without exactly one context entry.
+fn acceptable(
+    message: &raft::prelude::Message,
+    from: NodeId,
+    me: u64,
+    members: NodeSet,
+    group: &Group,
+) -> bool {
+    if node_of(message.from) != Some(from) || message.to != me {
+        return false;
+    }
+    let prs = group.raft.raft.prs();
+    if prs.get(me).is_some() && prs.get(message.from).is_none() {
         return false;
     }
     match message.get_msg_type() {
@@ -1451,9 +1558,10 @@ fn acceptable(message: &raft::prelude::Message, from: NodeId, me: NodeId, member
         | MessageType::MsgPropose => false,
         MessageType::MsgSnapshot => {
             let snapshot = message.get_snapshot();
-            let mut voters = snapshot.get_metadata().get_conf_state().voters.clone();
-            voters.sort_unstable();
-            voters == members.iter().map(raft_id).collect::<Vec<u64>>()
+            let conf = snapshot.get_metadata().get_conf_state();
+            let ids = conf.voters.iter().chain(&conf.learners).chain(&conf.voters_outgoing);
+            !conf.voters.is_empty()
+                && ids.clone().all(|id| node_of(*id).is_some_and(|node| members.contains(node)))
                 && snapshot.get_metadata().index > 0
                 && LogState::decode(snapshot.data.clone()).is_ok()
         }
@@ -1480,6 +1588,10 @@ impl Replica for RaftLog {
             out.reply(request, Outcome::Error(OTHER_SHARD));
             return;
         }
+        if self.members.refused_by.is_some() {
+            out.reply(request, Outcome::Error(LOST_DATA));
+            return;
+        }
         let log = self.log_of(command.key());
         let group = &mut self.groups[log];
         match command {
@@ -1495,7 +1607,8 @@ impl Replica for RaftLog {
                 group.updates_accepted += 1;
             }
         }
-        self.flush(now, out);
+        group.dirty = true;
+        self.after_call(now, out);
     }
 
     fn on_message(&mut self, now: Time, from: NodeId, message: Message, out: &mut Outbox<Message>) {
@@ -1503,13 +1616,33 @@ impl Replica for RaftLog {
             self.stats.messages_refused += 1;
             return; // Not one of ours: the transport's handshake should have refused it.
         }
+        if matches!(message, Message::Hello { .. } | Message::HelloRequest | Message::Refused) {
+            self.on_member_message(from, message, out);
+            self.flush_all = true;
+            self.after_call(now, out);
+            return;
+        }
+        if self.members.refused_by.is_some() || !self.admits(now, from, out) {
+            return; // refused (this node lost its data), or the peer is not verified yet
+        }
+        let me = self.my_raft_id();
+        let touched = match &message {
+            Message::Raft { log, .. }
+            | Message::SnapshotChunk { log, .. }
+            | Message::SnapshotAck { log, .. }
+            | Message::Forward { log, .. } => Some(*log as usize),
+            Message::Hello { .. } | Message::HelloRequest | Message::Refused => None,
+        };
+        if let Some(group) = touched.and_then(|log| self.groups.get_mut(log)) {
+            group.dirty = true;
+        }
         match message {
             Message::Raft { log, message } => {
                 let Some(group) = self.groups.get_mut(log as usize) else {
                     self.stats.messages_refused += 1;
                     return;
                 };
-                if !acceptable(&message, from, self.config.me, self.config.members) {
+                if !acceptable(&message, from, me, self.config.members, group) {
                     self.stats.messages_refused += 1;
                     return;
                 }
@@ -1527,7 +1660,7 @@ impl Replica for RaftLog {
                 let result = transfer::on_chunk(&mut group.snapshot_in, from, chunk);
                 out.send(from, Message::SnapshotAck { log, index, received: result.received });
                 if let Some(message) = result.complete {
-                    if acceptable(&message, from, self.config.me, self.config.members) {
+                    if acceptable(&message, from, me, self.config.members, group) {
                         let _ = group.raft.step(*message);
                     } else {
                         self.stats.messages_refused += 1;
@@ -1544,8 +1677,8 @@ impl Replica for RaftLog {
                     _ => false,
                 };
                 if done {
-                    group.snapshots_out.remove(&from);
-                    group.raft.report_snapshot(raft_id(from), raft::SnapshotStatus::Finish);
+                    let transfer = group.snapshots_out.remove(&from).expect("just found");
+                    group.raft.report_snapshot(transfer.raft_to(), raft::SnapshotStatus::Finish);
                     self.stats.snapshot_transfers_completed += 1;
                 }
             }
@@ -1569,8 +1702,11 @@ impl Replica for RaftLog {
                     }
                 }
             }
+            Message::Hello { .. } | Message::HelloRequest | Message::Refused => {
+                unreachable!("membership messages are handled above")
+            }
         }
-        self.flush(now, out);
+        self.after_call(now, out);
     }
 
     fn on_tick(&mut self, now: Time, out: &mut Outbox<Message>) {
@@ -1579,8 +1715,10 @@ impl Replica for RaftLog {
                 group.raft.tick();
             }
             self.next_raft_tick = self.next_raft_tick + self.config.raft_tick_period;
+            // Ticks move every log (elections, heartbeats), and retries are checked at them.
+            self.flush_all = true;
         }
-        self.flush(now, out);
+        self.after_call(now, out);
     }
 
     fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
@@ -1590,6 +1728,9 @@ impl Replica for RaftLog {
         report("raftlog.read_rounds_retried", stats.read_rounds_retried);
         report("raftlog.snapshots_taken", stats.snapshots_taken);
         report("raftlog.snapshots_installed", stats.snapshots_installed);
+        report("raftlog.executions_rolled_back", stats.executions_rolled_back);
+        report("raftlog.conf_changes_applied", stats.conf_changes_applied);
+        report("raftlog.peers_refused", stats.peers_refused);
     }
 
     fn on_view(&mut self, _now: Time, view: View, _out: &mut Outbox<Message>) {
@@ -1598,39 +1739,6 @@ impl Replica for RaftLog {
         if view.epoch > self.view.epoch {
             self.view = view;
         }
-    }
-}
-
-/// Decoupled execution of an entry the leader just proposed (see `crate::speculate`).
-fn speculate_entry(group: &mut Group, batch: &EntryBatch, stats: &mut RaftLogStats) {
-    let term = group.raft.raft.term;
-    if group.speculation.as_ref().is_some_and(|spec| spec.term != term) {
-        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
-        group.speculation = None;
-    }
-    if group.speculation.is_none() {
-        // Start only with nothing ahead of this entry unapplied, and this term's no-op
-        // committed: then the overlay knows every entry before the ones it speculates.
-        let last_before = group.raft.raft.raft_log.last_index() - 1;
-        if group.applied_index < last_before || !group.raft.raft.commit_to_current_term() {
-            return;
-        }
-        group.speculation = Some(Speculation::new(term));
-    }
-    // The entry applies at (or before) the log's last index: its sessions must not expire
-    // before that, or the commit could refuse what the overlay ran.
-    let index = group.raft.raft.raft_log.last_index();
-    if !batch.proposals.iter().all(|proposal| Speculation::predictable(&group.state, proposal, index)) {
-        // A transaction step, or a session near its expiry: stop predicting until the
-        // pipeline drains.
-        stats.speculation_rolled_back += group.speculation.as_ref().map_or(0, Speculation::pending) as u64;
-        group.speculation = None;
-        return;
-    }
-    let spec = group.speculation.as_mut().expect("just ensured");
-    for proposal in &batch.proposals {
-        spec.execute(&group.state, proposal);
-        stats.speculated += 1;
     }
 }
 
@@ -1688,7 +1796,7 @@ mod tests {
         };
         let idle = LogCheckpoint::default();
         let recovered = Recovered {
-            checkpoint: Some(Checkpoint { logs: vec![busy, idle], installed: false }),
+            checkpoint: Some(Checkpoint { logs: vec![busy, idle], ..Checkpoint::default() }),
             records: Vec::new(),
         };
         assert!(RaftLog::restore(config, recovered).is_ok());

@@ -93,28 +93,111 @@ pub struct LogState {
     /// never), and the index of the entry being applied.
     pub(crate) session_expiry_entries: u64,
     index: u64,
+    /// Decoupled execution (Cyclone §3.1): entries executed before they commit, each
+    /// undoable until it does (`LogState::execute_tentatively`). Empty when coupled.
+    journal: Journal,
+}
+
+/// The undo records of the entries a replica executed before they committed: one
+/// transaction per entry, committed (forgotten) in log order when the entry commits, or
+/// rolled back newest first when the entry is lost (a new leader overwrote it).
+#[derive(Clone, Default, Debug)]
+struct Journal {
+    entries: std::collections::VecDeque<Tentative>,
+    /// An entry is being executed: changes are recorded in the newest entry.
+    recording: bool,
+}
+
+/// One tentatively executed entry: what it changed, as the values before it.
+#[derive(Clone, Debug)]
+struct Tentative {
+    index: u64,
+    term: u64,
+    /// `LogState::index` before the entry.
+    index_before: u64,
+    /// Each key the entry wrote, with its value before the entry (first write only).
+    keys: FxHashMap<Key, Option<Value>>,
+    /// Each session record the entry changed or dropped, as it was before the entry.
+    sessions: Vec<(SessionId, Option<SessionRecord>)>,
+}
+
+impl Journal {
+    /// The entry being executed, if one is.
+    fn recording(&mut self) -> Option<&mut Tentative> {
+        match self.recording {
+            true => self.entries.back_mut(),
+            false => None,
+        }
+    }
+}
+
+impl Tentative {
+    fn remember_session(&mut self, client: SessionId, before: impl FnOnce() -> Option<SessionRecord>) {
+        if !self.sessions.iter().any(|(seen, _)| *seen == client) {
+            self.sessions.push((client, before()));
+        }
+    }
 }
 
 impl LogState {
+    /// The committed value of `key`: what uncommitted (tentatively executed) entries wrote
+    /// is not visible until they commit.
     pub fn get(&self, key: &[u8]) -> Option<&Value> {
-        self.store.get(key)
+        match self.journal.entries.iter().find_map(|entry| entry.keys.get(key)) {
+            Some(before) => before.as_ref(),
+            None => self.store.get(key),
+        }
     }
 
+    /// How many keys the committed state holds.
     pub fn key_count(&self) -> usize {
-        self.store.len()
+        let mut count = self.store.len();
+        for key in self.tentative_keys() {
+            count = count + self.get(key).is_some() as usize - self.store.get(key).is_some() as usize;
+        }
+        count
     }
 
-    /// Every key present in this copy, in no particular order.
+    /// Every key present in the committed state, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &Key> {
-        self.store.keys()
+        let tentative = !self.journal.entries.is_empty();
+        let kept = self.store.keys().filter(move |key| !tentative || self.get(key).is_some());
+        // Keys that uncommitted entries deleted are still committed.
+        let deleted =
+            self.tentative_keys().filter(|key| self.get(key).is_some() && self.store.get(key).is_none());
+        kept.chain(deleted)
     }
 
+    /// Each key an uncommitted entry wrote, once.
+    fn tentative_keys(&self) -> impl Iterator<Item = &Key> {
+        let entries = &self.journal.entries;
+        entries.iter().enumerate().flat_map(move |(position, entry)| {
+            entry
+                .keys
+                .keys()
+                .filter(move |key| entries.iter().take(position).all(|older| !older.keys.contains_key(*key)))
+        })
+    }
+
+    /// The committed session record of `client`.
     pub fn session(&self, client: SessionId) -> Option<&SessionRecord> {
-        self.sessions.get(&client)
+        let before = self.journal.entries.iter().find_map(|entry| {
+            entry.sessions.iter().find(|(seen, _)| *seen == client).map(|(_, record)| record)
+        });
+        match before {
+            Some(record) => record.as_ref(),
+            None => self.sessions.get(&client),
+        }
     }
 
-    /// The last sequence number `client` executed here (0: none).
+    /// The last sequence number `client` executed here and committed (0: none).
     pub fn last_seq(&self, client: SessionId) -> u64 {
+        self.session(client).map_or(0, |record| record.last_seq)
+    }
+
+    /// The last sequence number `client` executed, committed or not: what a leader, whose
+    /// uncommitted entries all commit if it keeps leading, need not propose again.
+    pub fn executed_seq(&self, client: SessionId) -> u64 {
         self.sessions.get(&client).map_or(0, |record| record.last_seq)
     }
 
@@ -132,9 +215,16 @@ impl LogState {
         if expiry == 0 || !index.is_multiple_of((expiry / 8).max(1)) {
             return;
         }
-        self.sessions.retain(|client, record| {
-            matches!(client, SessionId::Step { .. }) || record.last_index + expiry > index
+        let expired = self.sessions.extract_if(|client, record| {
+            !matches!(client, SessionId::Step { .. }) && record.last_index + expiry <= index
         });
+        if let Some(entry) = self.journal.recording() {
+            for (client, record) in expired {
+                entry.remember_session(client, || Some(record));
+            }
+        } else {
+            expired.for_each(drop);
+        }
     }
 
     /// Apply a committed proposal, at most once per `(client, seq)`. `dedupe: false` is the
@@ -146,6 +236,9 @@ impl LogState {
         if dedupe {
             if let Some(record) = record {
                 if proposal.seq <= record.last_seq {
+                    if let Some(entry) = self.journal.recording() {
+                        entry.remember_session(proposal.client, || Some(record.clone()));
+                    }
                     record.last_index = index;
                     return match proposal.seq == last_seq {
                         true => ProposalResult::Duplicate,
@@ -161,21 +254,106 @@ impl LogState {
             None => proposal.commands.iter().map(|command| self.execute_unless_locked(command)).collect(),
         };
         let seq = if dedupe { proposal.seq } else { proposal.seq.max(last_seq) };
-        self.sessions.insert(proposal.client, SessionRecord { last_seq: seq, last_index: index, outcomes });
+        let before = self
+            .sessions
+            .insert(proposal.client, SessionRecord { last_seq: seq, last_index: index, outcomes });
+        if let Some(entry) = self.journal.recording() {
+            entry.remember_session(proposal.client, || before);
+        }
         ProposalResult::Executed
     }
 
-    /// Whether `proposal`'s session is clear of the expiry rule up to index `index`, so its
-    /// fate at commit does not depend on where it lands up to there (what decoupled
-    /// execution needs before it executes a proposal ahead of its commit).
-    pub fn clear_of_expiry(&self, proposal: &Proposal, index: u64) -> bool {
-        let expiry = self.session_expiry_entries;
-        if expiry == 0 || matches!(proposal.client, SessionId::Step { .. }) {
-            return true;
+    /// Decoupled execution (Cyclone §3.1): execute entry `index` (of `term`) now, before it
+    /// commits, as a transaction that [`LogState::commit_tentative`] commits and
+    /// [`LogState::roll_back_from`] undoes. Entries are executed in log order, each right
+    /// after the previous one (committed or tentative), so every result is the one the
+    /// committed execution gives, unless an entry before it is lost, and then it is rolled
+    /// back too. Returns each proposal's result and outcomes (a retry's are the saved ones).
+    pub fn execute_tentatively(
+        &mut self,
+        index: u64,
+        term: u64,
+        proposals: &[Proposal],
+        dedupe: bool,
+    ) -> Vec<(ProposalResult, Vec<Outcome>)> {
+        debug_assert!(proposals.iter().all(|proposal| proposal.step.is_none()), "steps run coupled");
+        self.journal.entries.push_back(Tentative {
+            index,
+            term,
+            index_before: self.index,
+            keys: FxHashMap::default(),
+            sessions: Vec::new(),
+        });
+        self.journal.recording = true;
+        self.begin_entry(index);
+        let results = proposals
+            .iter()
+            .map(|proposal| {
+                let result = self.apply(proposal, dedupe);
+                let outcomes = match result {
+                    ProposalResult::Executed | ProposalResult::Duplicate => self
+                        .sessions
+                        .get(&proposal.client)
+                        .map(|record| record.outcomes.clone())
+                        .unwrap_or_default(),
+                    ProposalResult::Stale { .. } | ProposalResult::Expired => Vec::new(),
+                };
+                (result, outcomes)
+            })
+            .collect();
+        self.journal.recording = false;
+        results
+    }
+
+    /// The oldest tentatively executed entry, as `(index, term)`.
+    pub fn first_tentative(&self) -> Option<(u64, u64)> {
+        self.journal.entries.front().map(|entry| (entry.index, entry.term))
+    }
+
+    /// The newest tentatively executed entry, as `(index, term)`.
+    pub fn last_tentative(&self) -> Option<(u64, u64)> {
+        self.journal.entries.back().map(|entry| (entry.index, entry.term))
+    }
+
+    /// The term of tentative entry `index`, if it is one.
+    pub fn tentative_term(&self, index: u64) -> Option<u64> {
+        let (first, _) = self.first_tentative()?;
+        let entry = self.journal.entries.get(usize::try_from(index.checked_sub(first)?).ok()?)?;
+        Some(entry.term)
+    }
+
+    /// Tentatively executed entries not committed yet.
+    pub fn tentative_entries(&self) -> usize {
+        self.journal.entries.len()
+    }
+
+    /// The oldest tentative entry committed: its changes stand and its undo records go.
+    pub fn commit_tentative(&mut self) {
+        debug_assert!(!self.journal.recording);
+        self.journal.entries.pop_front();
+    }
+
+    /// Every tentative entry at or after `index` is lost: undo them, newest first, and
+    /// return how many. `keep_writes` is the broken variant that keeps their writes.
+    pub fn roll_back_from(&mut self, index: u64, keep_writes: bool) -> usize {
+        let mut rolled_back = 0;
+        while self.journal.entries.back().is_some_and(|entry| entry.index >= index) {
+            let entry = self.journal.entries.pop_back().expect("checked");
+            if !keep_writes {
+                for (key, before) in entry.keys {
+                    self.put(&key, before);
+                }
+            }
+            for (client, before) in entry.sessions {
+                match before {
+                    Some(record) => self.sessions.insert(client, record),
+                    None => self.sessions.remove(&client),
+                };
+            }
+            self.index = entry.index_before;
+            rolled_back += 1;
         }
-        let from =
-            self.sessions.get(&proposal.client).map_or(proposal.sent_at_index, |record| record.last_index);
-        from.saturating_add(expiry) > index
+        rolled_back
     }
 
     /// A proposal without a session record is refused if a copy of it could have run and
@@ -302,6 +480,12 @@ impl LogState {
     /// so does a snapshot: a restored replica answers retries exactly as before). Keys and
     /// clients are sorted so equal states encode to equal bytes.
     pub fn encode(&self) -> Bytes {
+        if !self.journal.entries.is_empty() {
+            // Only committed state is ever saved or sent: undo the tentative entries on a copy.
+            let mut committed = self.clone();
+            committed.roll_back_from(0, false);
+            return committed.encode();
+        }
         let mut buf = BytesMut::new();
         let mut keys: Vec<(&Key, &Value)> = self.store.iter().collect();
         keys.sort_unstable();
@@ -455,6 +639,11 @@ impl LogState {
     }
 
     fn put(&mut self, key: &Key, value: Option<Value>) {
+        if let Some(entry) = self.journal.recording() {
+            if !entry.keys.contains_key(key) {
+                entry.keys.insert(key.clone(), self.store.get(key).cloned());
+            }
+        }
         match value {
             Some(value) => {
                 self.store.insert(key.clone(), value);
@@ -661,6 +850,54 @@ mod tests {
         // The record's index survives a snapshot.
         let restored = LogState::decode(state.encode()).unwrap();
         assert_eq!(restored.session(SessionId::External(7)).unwrap().last_index, 18);
+    }
+
+    #[test]
+    fn tentative_entries_are_invisible_until_committed_and_roll_back_keys_sessions_and_sweeps() {
+        let mut state = LogState { session_expiry_entries: 16, ..LogState::default() };
+        state.begin_entry(1);
+        state.apply(&incr(7, 1), true);
+        let committed = state.encode();
+        // Entry 2 increments k again (client 8); entry 4 retries client 7's request (2 and 4
+        // are sweep indexes, every 16 / 8 entries, but nothing has idled 16 entries yet).
+        let results = state.execute_tentatively(2, 5, &[incr(8, 1)], true);
+        assert_eq!(results, vec![(ProposalResult::Executed, vec![Outcome::Integer(2)])]);
+        let results = state.execute_tentatively(4, 5, &[incr(7, 1)], true);
+        assert_eq!(results[0].0, ProposalResult::Duplicate, "the retry is recognised early too");
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"1")), "reads see committed state");
+        assert!(state.session(SessionId::External(8)).is_none());
+        assert_eq!(state.encode(), committed, "snapshots hold committed state only");
+        assert_eq!(state.key_count(), 1);
+        assert_eq!((state.first_tentative(), state.tentative_term(4)), (Some((2, 5)), Some(5)));
+        // Entry 2 commits: its write becomes visible; entry 4 is lost (a new leader).
+        state.commit_tentative();
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"2")));
+        assert_eq!(state.roll_back_from(3, false), 1);
+        assert_eq!(state.session(SessionId::External(7)).unwrap().last_index, 1, "its retry is undone");
+        // The replacing entry at 4 runs on the state entry 2 left.
+        let results = state.execute_tentatively(4, 6, &[incr(9, 1)], true);
+        assert_eq!(results[0].1, vec![Outcome::Integer(3)]);
+        state.commit_tentative();
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"3")));
+        assert_eq!(state.tentative_entries(), 0);
+    }
+
+    #[test]
+    fn a_rolled_back_sweep_restores_the_records_it_dropped() {
+        let mut state = LogState { session_expiry_entries: 8, ..LogState::default() };
+        state.begin_entry(1);
+        state.apply(&incr(7, 1), true);
+        // Index 9 is a sweep (every index divisible by 1 here): 7's record, last used at 1, goes.
+        state.execute_tentatively(9, 2, &[], true);
+        assert!(state.sessions.get(&SessionId::External(7)).is_none(), "swept at the tip");
+        assert!(state.session(SessionId::External(7)).is_some(), "still committed");
+        assert_eq!(state.roll_back_from(9, false), 1);
+        assert_eq!(state.sessions.get(&SessionId::External(7)).unwrap().last_seq, 1);
+        // The broken variant keeps the lost entry's writes but not its sessions.
+        state.execute_tentatively(2, 2, &[incr(8, 1)], true);
+        assert_eq!(state.roll_back_from(2, true), 1);
+        assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"2")), "kept: the bug");
+        assert!(state.session(SessionId::External(8)).is_none());
     }
 
     #[test]

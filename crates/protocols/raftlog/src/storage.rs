@@ -37,7 +37,11 @@ pub struct LogStorage {
 
 impl LogStorage {
     pub fn new(voters: Vec<u64>) -> LogStorage {
-        let conf_state = ConfState::from((voters, vec![]));
+        LogStorage::with_conf_state(ConfState::from((voters, vec![])))
+    }
+
+    /// An empty log whose configuration is `conf_state` (a node's founding configuration).
+    pub fn with_conf_state(conf_state: ConfState) -> LogStorage {
         let mut snapshot = Snapshot::default();
         snapshot.mut_metadata().set_conf_state(conf_state.clone());
         LogStorage {
@@ -67,12 +71,31 @@ impl LogStorage {
         self.hard_state = hard_state;
     }
 
+    /// The configuration after a change was applied: later snapshots carry it.
+    pub fn set_conf_state(&mut self, conf_state: ConfState) {
+        self.conf_state = conf_state;
+    }
+
+    pub fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
+    /// The configuration at the snapshot (what a checkpoint restores raft-rs from).
+    pub fn snapshot_conf_state(&self) -> &ConfState {
+        self.snapshot.get_metadata().get_conf_state()
+    }
+
     pub fn set_commit(&mut self, commit: u64) {
         self.hard_state.commit = commit;
     }
 
     pub fn last_index(&self) -> u64 {
         (self.first + self.entries.len() as u64 - 1).max(self.snapshot_index())
+    }
+
+    /// Held entry `index`, if it is held (not compacted away, not beyond the end).
+    pub fn entry(&self, index: u64) -> Option<&Entry> {
+        self.entries.get(usize::try_from(index.checked_sub(self.first)?).ok()?)
     }
 
     /// The first entry raft-rs can read from this storage.

@@ -37,6 +37,11 @@ pub(crate) struct Outgoing {
 }
 
 impl Outgoing {
+    /// The Raft id the snapshot goes to.
+    pub fn raft_to(&self) -> u64 {
+        self.header.to
+    }
+
     pub fn new(mut message: raft::prelude::Message) -> Outgoing {
         let data = std::mem::take(&mut message.mut_snapshot().data);
         let index = message.get_snapshot().get_metadata().index;

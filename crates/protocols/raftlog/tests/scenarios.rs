@@ -89,7 +89,9 @@ impl Cluster {
         }
     }
 
-    fn collect(&mut self, node: u8, out: Outbox<Message>) {
+    fn collect(&mut self, node: u8, mut out: Outbox<Message>) {
+        // Each call is a turn of its own (a no-op unless the node flushes per turn).
+        self.nodes[node as usize].end_turn(self.now, &mut out);
         let records = self.nodes[node as usize].take_durable();
         self.disk[node as usize].extend(records);
         for (destination, msg) in out.messages {
@@ -422,8 +424,13 @@ fn a_pipelined_write_then_read_at_one_replica_reads_the_write() {
 
 /// n1 forwards `INCRBY k 1` to leader n0, which replicates it to n2 only; n2 never
 /// acknowledges, so nothing commits, and n0 crashes. Returns the cluster and the request.
-fn incr_stranded_by_a_crashed_leader() -> (Cluster, ClientRequestId) {
-    let mut cluster = settled_single_log();
+fn incr_stranded_by_a_crashed_leader(decoupled: bool) -> (Cluster, ClientRequestId) {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.decoupled = decoupled;
+    });
+    cluster.run_for(50);
+    assert_eq!(cluster.leader_of(1, 0), Some(NodeId(0)));
     let request = cluster.client(1, incr("k"));
     cluster.deliver(|e| e.is_forward());
     assert_eq!(cluster.nodes[0].stats().entries_proposed, 1);
@@ -436,7 +443,8 @@ fn incr_stranded_by_a_crashed_leader() -> (Cluster, ClientRequestId) {
 
 #[test]
 fn a_retry_that_lands_in_the_log_twice_executes_once() {
-    let (mut cluster, request) = incr_stranded_by_a_crashed_leader();
+    // Coupled: nothing runs before it commits.
+    let (mut cluster, request) = incr_stranded_by_a_crashed_leader(false);
     // n2 holds the entry, wins the election and replicates it to n1. n1 sees the new leader
     // and re-forwards its batch before n2 committed anything of its term, so n2 cannot tell
     // it executed and proposes it again: the log holds the batch twice.
@@ -450,6 +458,22 @@ fn a_retry_that_lands_in_the_log_twice_executes_once() {
         assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("1")));
     }
     assert!(cluster.nodes[1].stats().batches_resent >= 1);
+}
+
+#[test]
+fn a_new_leader_that_executed_a_stranded_batch_does_not_propose_its_retry_again() {
+    // Decoupled: n2 executed the entry when it appended it, so it knows the batch is in its
+    // log (which commits if it keeps leading) and filters the retry; the execution commits
+    // with n2's first entry of its term and answers n1.
+    let (mut cluster, request) = incr_stranded_by_a_crashed_leader(true);
+    cluster.run_for(400);
+    assert_eq!(cluster.leader_of(1, 0), Some(NodeId(2)));
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Integer(1)));
+    for node in [1, 2] {
+        let stats = cluster.nodes[node].stats();
+        assert_eq!((stats.proposals_executed, stats.proposals_duplicate), (1, 0), "n{node}: {stats:?}");
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("1")));
+    }
 }
 
 #[test]
@@ -866,4 +890,187 @@ fn a_lagging_follower_catches_up_from_a_snapshot_larger_than_a_message() {
     let leader = leader.expect("the snapshot went in chunks");
     assert!(leader.snapshot_transfers_completed >= 1, "{leader:?}");
     assert!(cluster.nodes[2].stats().snapshots_installed >= 1);
+}
+
+// ================================================================ decoupled execution (§3.1)
+
+/// Leader n0 executes `INCRBY k 1` from its own client when it proposes it, but is cut off
+/// before anyone else gets the entry; n1 and n2 elect a new leader, which commits other
+/// entries in its place. When n0 comes back the new leader's entries replace its lost one:
+/// n0 rolls the execution back and its retry runs once, at the new position.
+fn lost_execution(tweak: impl Fn(&mut RaftLogConfig)) -> (Cluster, ClientRequestId) {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        tweak(config);
+    });
+    cluster.run_for(50);
+    assert_eq!(cluster.leader_of(0, 0), Some(NodeId(0)));
+    let executed_before = cluster.nodes[0].stats().entries_executed_early;
+    let request = cluster.client(0, incr("k"));
+    let executed = cluster.nodes[0].stats().entries_executed_early - executed_before;
+    assert_eq!(executed, 1, "executed as it was proposed");
+    assert_eq!(cluster.nodes[0].applied_value(b"k"), None, "not visible before it commits");
+    cluster.drop_where(|_| true);
+    cluster.isolate(&[0]);
+    cluster.run_for(400);
+    let new_leader = cluster.leader_of(1, 0).expect("n1 and n2 elect a leader");
+    let other = cluster.client(new_leader.0, write("j", "5"));
+    cluster.run_for(20);
+    assert_eq!(cluster.reply_of(other), Some(Outcome::Written));
+    assert_eq!(cluster.reply_of(request), None, "n0's entry never committed");
+    cluster.heal();
+    cluster.run_for(400);
+    (cluster, request)
+}
+
+#[test]
+fn an_execution_whose_entry_a_new_leader_replaced_is_rolled_back_and_the_retry_runs_once() {
+    let (cluster, request) = lost_execution(|_| {});
+    assert!(cluster.nodes[0].stats().executions_rolled_back >= 1, "{:?}", cluster.nodes[0].stats());
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Integer(1)));
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].applied_value(b"k"), Some(&b("1")), "n{node}");
+        assert_eq!(cluster.nodes[node].applied_value(b"j"), Some(&b("5")), "n{node}");
+        let stats = cluster.nodes[node].stats();
+        // Every entry a replica executed early either committed (its replies came from that
+        // execution) or was rolled back; nothing ran a second time at commit.
+        assert!(stats.executions_committed > 0, "n{node}: {stats:?}");
+    }
+}
+
+#[test]
+fn the_keep_rolled_back_variant_leaves_the_lost_execution_in_the_copy() {
+    let (cluster, _) = lost_execution(|config| config.bug = Some(chorus_raftlog::Bug::KeepRolledBack));
+    assert_eq!(cluster.nodes[0].applied_value(b"k"), Some(&b("2")), "the lost INCR and its retry both ran");
+    assert_eq!(cluster.nodes[1].applied_value(b"k"), Some(&b("1")));
+}
+
+#[test]
+fn coupled_execution_runs_entries_only_once_they_commit() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.decoupled = false;
+    });
+    cluster.run_for(50);
+    let request = cluster.client(1, incr("k"));
+    cluster.run_for(20);
+    assert_eq!(cluster.reply_of(request), Some(Outcome::Integer(1)));
+    for node in 0..3 {
+        let stats = cluster.nodes[node].stats();
+        assert_eq!((stats.entries_executed_early, stats.proposals_executed), (0, 1), "n{node}: {stats:?}");
+    }
+}
+
+// ================================================================ replacing a node
+
+/// A 3-node cluster of `logs` logs whose nodes have data directory identities (so they check
+/// each other's), compacting every few entries.
+fn identified_cluster(logs: usize) -> Cluster {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = logs;
+        config.identity = 100 + config.me.0 as u64;
+        config.snapshot_entries = 6;
+        config.trailing_entries = 0;
+        config.durable = true;
+    });
+    cluster.run_for(100);
+    cluster
+}
+
+/// Node `node` comes back with an empty data directory: as the member it was
+/// (`incarnation` 0), or as a replacement.
+fn wipe(cluster: &mut Cluster, node: u8, incarnation: u64, identity: u64) {
+    cluster.crash(node);
+    cluster.disk[node as usize].clear();
+    let config = &mut cluster.configs[node as usize];
+    config.incarnation = incarnation;
+    config.joining = incarnation != 0;
+    config.identity = identity;
+    config.session_client_id = (node as u64) << 40 | 1 << 39 | incarnation;
+    cluster.nodes[node as usize] = RaftLog::new(config.clone());
+    cluster.crashed[node as usize] = false;
+}
+
+#[test]
+fn a_node_that_lost_its_data_is_refused_under_its_old_identity() {
+    let mut cluster = identified_cluster(2);
+    let first = cluster.client(0, write("k", "1"));
+    cluster.run_for(20);
+    assert_eq!(cluster.reply_of(first), Some(Outcome::Written));
+    wipe(&mut cluster, 2, 0, 999);
+    cluster.run_for(200);
+    assert!(cluster.nodes[2].refused_by().is_some(), "the peers recognised a member without its data");
+    assert!(cluster.nodes[0].peers_refused().contains(NodeId(2)));
+    let refused = cluster.client(2, read("k"));
+    assert!(matches!(cluster.reply_of(refused), Some(Outcome::Error(CommandError::Unavailable(_)))));
+    // The others serve on: the refused node never voted or acknowledged anything.
+    let second = cluster.client(1, write("k", "2"));
+    cluster.run_for(50);
+    assert_eq!(cluster.reply_of(second), Some(Outcome::Written));
+    assert_eq!(cluster.nodes[2].applied_value(b"k"), None);
+}
+
+#[test]
+fn a_replacement_takes_the_place_of_the_lost_node_in_every_log_and_catches_up_from_a_snapshot() {
+    let mut cluster = identified_cluster(2);
+    for i in 0..30 {
+        cluster.client(i % 3, write(&format!("k{i}"), &format!("v{i}")));
+        cluster.run_for(5);
+    }
+    wipe(&mut cluster, 2, 7, 777);
+    cluster.run_for(1_000);
+    let replacement = &cluster.nodes[2];
+    assert!(replacement.refused_by().is_none());
+    assert!(replacement.is_voter_everywhere(), "{}", replacement.debug_txns());
+    assert!(replacement.stats().snapshots_installed >= 1, "{:?}", replacement.stats());
+    for i in 0..30 {
+        let key = format!("k{i}");
+        assert_eq!(replacement.applied_value(key.as_bytes()), Some(&b(&format!("v{i}"))), "{key}");
+    }
+    let replaced: u64 = (0..2).map(|node| cluster.nodes[node].stats().members_replaced).sum();
+    assert_eq!(replaced, 2, "one configuration change per log");
+    // The replacement is a voter: with node 0 down, nodes 1 and 2 still commit, in every log.
+    cluster.crash(0);
+    cluster.run_for(600);
+    let late = [cluster.client(1, write("a", "x")), cluster.client(2, write("b", "y"))];
+    cluster.run_for(100);
+    for request in late {
+        assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
+    }
+    // Node 1 restarts from its records: the new configuration and identities survive.
+    cluster.crash(1);
+    cluster.restart(1);
+    cluster.run_for(600);
+    let after = cluster.client(1, read("a"));
+    cluster.run_for(100);
+    assert_eq!(cluster.reply_of(after), Some(value("x")));
+    assert!(cluster.nodes[1].is_voter_everywhere());
+}
+
+// ================================================================ one flush per turn
+
+#[test]
+fn with_a_flush_per_turn_every_command_of_a_turn_leaves_in_one_batch() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 1;
+        config.flush_at_turn_end = true;
+    });
+    cluster.run_for(50);
+    assert_eq!(cluster.leader_of(1, 0), Some(NodeId(0)));
+    let now = cluster.now;
+    let mut out = Outbox::default();
+    let requests: Vec<ClientRequestId> = (0..3).map(|i| ClientRequestId(1_000 + i)).collect();
+    for (i, request) in requests.iter().enumerate() {
+        cluster.nodes[1].on_client(now, *request, write(&format!("k{i}"), "v"), &mut out);
+    }
+    assert!(out.messages.is_empty(), "nothing leaves before the turn ends");
+    cluster.collect(1, out); // ends the turn
+    let forwards: Vec<&Envelope> = cluster.net.iter().filter(|e| e.is_forward()).collect();
+    assert_eq!(forwards.len(), 1, "one batch for the turn");
+    let Message::Forward { proposal, .. } = &forwards[0].msg else { unreachable!() };
+    assert_eq!(proposal.commands.len(), 3);
+    cluster.run_for(20);
+    for request in requests {
+        assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
+    }
 }

@@ -37,6 +37,9 @@ fn config_for(me: NodeId, replicas: NodeSet, seed: u64) -> RaftLogConfig {
     // ... and, on half the seeds, sessions that expire after 20 entries of their log, so
     // retries that arrive after the expiry are refused (never run twice).
     config.session_expiry_entries = [100_000, 20][(seed / 27 % 2) as usize];
+    // ... and, on a quarter of the seeds, coupled execution (entries run once committed);
+    // the others execute every entry on arrival and roll back lost ones (the default).
+    config.decoupled = seed % 4 != 3;
     config
 }
 
@@ -210,11 +213,22 @@ fn the_sweep_exercises_retries_duplicates_and_leader_changes() {
     );
     assert!(completed > 300 * 50, "too few operations completed: {completed}");
     assert!(resent > 100, "retries were not exercised: {resent}");
-    assert!(duplicates > 10, "no retry ever reached the log twice: {duplicates}");
+    // (Rarer than with coupled execution: a decoupled leader knows what its log executed.)
+    assert!(duplicates > 0, "no retry ever reached the log twice: {duplicates}");
     assert!(retried_reads > 100, "read retries were not exercised: {retried_reads}");
     assert!(commands > proposed, "no entry ever carried more than one command");
     eprintln!("snapshots taken {snapshots_taken}, installed from a leader {snapshots_installed}");
     assert!(snapshots_installed > 10, "lagging followers never installed a snapshot: {snapshots_installed}");
+    // Decoupled execution (three quarters of the seeds): entries executed on arrival commit,
+    // and entries lost to a leader change are rolled back.
+    let (early, committed, rolled_back) = (
+        sum(|s| s.entries_executed_early),
+        sum(|s| s.executions_committed),
+        sum(|s| s.executions_rolled_back),
+    );
+    eprintln!("executed early {early}, committed {committed}, rolled back {rolled_back}");
+    assert!(committed > 300 * 20, "too few early executions committed: {committed}");
+    assert!(rolled_back > 5, "lost entries were rarely rolled back: {rolled_back}");
 }
 
 /// The first seed (from 0) at which the checker reports a violation, if any below `bound`.
@@ -241,40 +255,4 @@ fn execution_without_sessions_is_caught() {
         assert!(caught.is_some(), "NoSessions survived 200 seeds at {replicas} replicas");
         eprintln!("NoSessions caught at seed {caught:?} with {replicas} replicas");
     }
-}
-
-/// Decoupled execution (Cyclone §3.1, `RaftLogConfig::decoupled`): the same faults, every
-/// history linearizable, and every speculative result the leader released was confirmed by
-/// the committed execution; leaders that lost leadership rolled theirs back.
-#[test]
-fn decoupled_execution_is_linearizable_and_every_speculation_is_confirmed() {
-    use std::cell::RefCell;
-    use std::rc::Rc;
-    let totals = Rc::new(RefCell::new(Vec::new()));
-    let seeds = 500;
-    for seed in 0..seeds {
-        let config = SimConfig::new(seed, 3);
-        let run = simulate(&config, &mut |me, members, _| {
-            let mut config = config_for(me, members, seed);
-            config.decoupled = true;
-            counted::Counted { inner: RaftLog::new(config), totals: totals.clone() }
-        });
-        let report = check_history(&run.history, &CheckerConfig::default());
-        assert!(report.violations.is_empty(), "seed {seed}: {}", report.violations[0]);
-        assert!(run.liveness_failures.is_empty(), "seed {seed}: {}", run.liveness_failures[0]);
-    }
-    let totals = totals.borrow();
-    let sum = |field: fn(&chorus_raftlog::RaftLogStats) -> u64| totals.iter().map(field).sum::<u64>();
-    let (speculated, confirmed, mismatches, rolled_back) = (
-        sum(|s| s.speculated),
-        sum(|s| s.speculation_confirmed),
-        sum(|s| s.speculation_mismatches),
-        sum(|s| s.speculation_rolled_back),
-    );
-    eprintln!(
-        "speculated {speculated}, confirmed {confirmed}, mismatches {mismatches}, rolled back {rolled_back}"
-    );
-    assert_eq!(mismatches, 0, "a speculative result differed from the committed one");
-    assert!(confirmed > seeds * 20, "too little speculation confirmed: {confirmed}");
-    assert!(rolled_back > 0, "no leader ever rolled back speculation");
 }

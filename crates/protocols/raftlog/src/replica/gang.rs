@@ -39,6 +39,8 @@ pub(super) struct PendingEntry {
     pub proposals: VecDeque<Proposal>,
     /// `LogState::begin_entry` ran for it.
     pub started: bool,
+    /// A configuration change (its entry type and bytes), applied when the log reaches it.
+    pub conf_change: Option<(EntryType, bytes::Bytes)>,
 }
 
 /// Admission of the gangs committed in one log and not yet resolved by its state machine.
@@ -106,7 +108,13 @@ impl RaftLog {
 
     /// Committed entries of `log` join its pending queue; gangs in them are admitted or
     /// refused now, in log order, whatever the state machine is still waiting for.
-    pub(super) fn enqueue_entry(&mut self, log: usize, index: u64, proposals: Vec<Proposal>) {
+    pub(super) fn enqueue_entry(
+        &mut self,
+        log: usize,
+        index: u64,
+        proposals: Vec<Proposal>,
+        conf_change: Option<(EntryType, bytes::Bytes)>,
+    ) {
         for proposal in &proposals {
             let Some(Step::Gang { gang, rank, logs, commands }) = &proposal.step else { continue };
             let valid = self.gang_valid(log, logs, commands);
@@ -127,6 +135,7 @@ impl RaftLog {
             index,
             proposals: proposals.into(),
             started: false,
+            conf_change,
         });
     }
 
@@ -168,6 +177,9 @@ impl RaftLog {
                     let entry = group.pending.pop_front().expect("front exists");
                     group.applied_index = entry.index;
                     self.applied_since_snapshot += 1;
+                    if let Some((entry_type, data)) = entry.conf_change {
+                        self.apply_conf_change(log, entry_type, &data);
+                    }
                 }
             }
             progressed = true;
