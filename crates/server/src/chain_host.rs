@@ -82,7 +82,9 @@ impl HostedMember {
                 return Err(format!("{} datagram ports for {} nodes", kernel.ports.len(), hosts.len()));
             }
         }
-        let link = HostLink::start(host, TENANT, TOKEN, io_timeout);
+        // On the kernel path the region lives in the host process: a host that went away took
+        // it along, and a new one would serve an empty region under the same name.
+        let link = HostLink::start_with(host, TENANT, TOKEN, io_timeout, kernel.is_none());
         Ok(HostedMember {
             me,
             config: initial,
@@ -106,6 +108,17 @@ impl HostedMember {
     /// What the host sent (refusals, user-path acknowledgements) and the kernel path's
     /// acknowledgements that reached this node, for the coordinator.
     fn drain(&mut self, out: &mut GroupOutbox) {
+        if self.kernel.is_some() && self.link.lost() {
+            // This member's region is gone with its host, and nothing in the core can serve
+            // without it: the node stops, the membership service removes it, and restarted
+            // (once its host is back) it joins and is copied to (§5.1).
+            tracing::error!(
+                "the group host's kernel data path is lost, and this member's region with it \
+                 ({}); stopping: restart this node once its host runs again",
+                self.link.last_error().unwrap_or_default()
+            );
+            std::process::exit(70);
+        }
         self.link.drain(&mut self.received);
         if let Some(kernel) = &mut self.kernel {
             kernel.datagrams.drain(&mut self.received);

@@ -20,6 +20,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -36,7 +37,7 @@ use crate::group::run::{
     all_sched_fifo, cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostCounters,
     HostsPlan, PerOp,
 };
-use chorus_group::runtime::{GroupClient, HostMode};
+use chorus_group::runtime::{GroupClient, HostMode, KernelEndpoint};
 use chorus_group::txn::{TxnCore, TxnLayout, WriteLockAttempt};
 use chorus_group::CallerConfig;
 
@@ -1044,6 +1045,23 @@ fn run_point(
     result
 }
 
+thread_local! {
+    /// The kernel path's datagram socket and reader of this event-loop thread, shared by all
+    /// its tenants (`KernelEndpoint`): one socket and one reading task per loop, as a load
+    /// generator would have, instead of one per tenant.
+    static LOOP_ENDPOINT: std::cell::RefCell<Option<Arc<KernelEndpoint>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// This event loop's [`LOOP_ENDPOINT`], bound on first use.
+async fn loop_endpoint() -> anyhow::Result<Arc<KernelEndpoint>> {
+    if let Some(endpoint) = LOOP_ENDPOINT.with(|cell| cell.borrow().clone()) {
+        return Ok(endpoint);
+    }
+    let endpoint = KernelEndpoint::bind().await?;
+    LOOP_ENDPOINT.with(|cell| *cell.borrow_mut() = Some(endpoint.clone()));
+    Ok(endpoint)
+}
+
 /// A tenant of the chain: records at `record * value_bytes` of its region's database. The
 /// coordinator is [`TxnCore`] on the async [`GroupClient`], so that every tenant is a task of
 /// the clients' event loop.
@@ -1065,6 +1083,9 @@ impl ChainTenant {
     ) -> anyhow::Result<Self> {
         let mut spec = tenant_spec(addrs, t, format!("tenant{t}"), layout.region_bytes());
         spec.datapath = datapath;
+        if datapath == Datapath::Kernel {
+            spec.kernel_endpoint = Some(loop_endpoint().await?);
+        }
         spec.kernel_caller.window_max = 16;
         // A starved Naïve replica answers late; it has not lost anything (TCP).
         spec.caller =

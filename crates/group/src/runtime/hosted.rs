@@ -61,6 +61,8 @@ pub struct HostLink {
     requests: mpsc::UnboundedSender<Request>,
     received: std_mpsc::Receiver<GroupMessage>,
     last_error: Arc<Mutex<Option<String>>>,
+    /// The connection was lost and, as asked, not dialled again.
+    lost: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::AbortHandle,
 }
 
@@ -71,14 +73,35 @@ impl Drop for HostLink {
 }
 
 impl HostLink {
-    /// Start the connection to the host at `addr` on the current tokio runtime.
+    /// Start the connection to the host at `addr` on the current tokio runtime; dial again
+    /// whenever it is lost.
     pub fn start(addr: SocketAddr, tenant: TenantId, token: Token, io_timeout: Duration) -> HostLink {
+        HostLink::start_with(addr, tenant, token, io_timeout, true)
+    }
+
+    /// As [`HostLink::start`]; with `redial_after_loss` false, a connection that was up and is
+    /// lost is not dialled again ([`HostLink::lost`]): on the kernel path the region lived in
+    /// that host process, and a new one would hold an empty one under the same name.
+    pub fn start_with(
+        addr: SocketAddr,
+        tenant: TenantId,
+        token: Token,
+        io_timeout: Duration,
+        redial_after_loss: bool,
+    ) -> HostLink {
         let (requests, rx) = mpsc::unbounded_channel();
         let (received_tx, received) = std_mpsc::channel();
         let last_error = Arc::new(Mutex::new(None));
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let hello = Hello { role: Role::Caller, tenant, token };
-        let task = tokio::spawn(run(addr, hello, io_timeout, rx, received_tx, last_error.clone()));
-        HostLink { requests, received, last_error, task: task.abort_handle() }
+        let give_up = (!redial_after_loss).then(|| lost.clone());
+        let task = tokio::spawn(run(addr, hello, io_timeout, rx, received_tx, last_error.clone(), give_up));
+        HostLink { requests, received, last_error, lost, task: task.abort_handle() }
+    }
+
+    /// The connection was lost and not dialled again (see [`HostLink::start_with`]).
+    pub fn lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Initialize (or re-initialize, in a newer epoch) this member on the host. Operations sent
@@ -179,6 +202,7 @@ async fn run(
     mut requests: mpsc::UnboundedReceiver<Request>,
     received: std_mpsc::Sender<GroupMessage>,
     last_error: Arc<Mutex<Option<String>>>,
+    give_up: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) {
     let set_error =
         |error: Option<String>| *last_error.lock().unwrap_or_else(PoisonError::into_inner) = error;
@@ -260,8 +284,13 @@ async fn run(
         };
         writer.abort();
         read.abort();
-        debug!(%addr, "connection to the group host lost ({reason}); dialling again");
         set_error(Some(format!("connection to group host {addr} lost: {reason}")));
+        if let Some(lost) = &give_up {
+            warn!(%addr, "connection to the group host lost ({reason}); not dialling again");
+            lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            return;
+        }
+        debug!(%addr, "connection to the group host lost ({reason}); dialling again");
         tokio::time::sleep(REDIAL_AFTER).await;
     }
 }

@@ -14,7 +14,7 @@ pub mod hosted;
 pub mod wire;
 
 pub use child::{child_main, spawn_child, ChildProcess};
-pub use client::{BlockingGroupClient, GroupClient, GroupSpec, WireFaults};
+pub use client::{BlockingGroupClient, GroupClient, GroupSpec, KernelEndpoint, WireFaults};
 pub use host::{
     serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, TenantCredential, TenantQuotas,
 };
