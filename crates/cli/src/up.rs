@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use chorus_group::kernel::netlab::NetLab;
 use chorus_server::config::RawConfig;
 
 #[derive(clap::Args)]
@@ -80,8 +81,10 @@ pub struct UpArgs {
     pub chain_shape: Option<String>,
     /// chain: run the members on a group host per node (`chorus group-host`, HyperLoop's
     /// NIC) instead of in the nodes' event loops. "user": the host applies and forwards in its
-    /// own process. "kernel" is refused for now (the chain's traffic is not yet carried as
-    /// the kernel path's datagrams; docs/protocols/hyperloop.md, "Not done yet").
+    /// own process. "kernel": the hosts' XDP programs apply and forward in the kernel's packet
+    /// path, each host in its own network namespace joined to the others and to the nodes by
+    /// veth pairs (needs root and a build with clang; the region shape defaults to "kernel";
+    /// without them the cluster runs on the user path, saying why).
     #[arg(long, value_name = "user|kernel")]
     pub datapath: Option<String>,
     /// chain with --datapath: replica i's group host listens on group-host-port + i
@@ -126,15 +129,29 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         }
         chorus_chain::ChainLayout::named(shape).map_err(|error| anyhow::anyhow!("--chain-shape: {error}"))?;
     }
+    let mut args = args;
+    let asked_kernel = args.datapath.as_deref() == Some("kernel");
     match (args.datapath.as_deref(), args.protocol.as_str()) {
         (None, _) | (Some("user"), "chain") => {}
-        (Some("kernel"), "chain") => bail!(
-            "--datapath kernel: the chain's members do not run on the kernel data path yet (its \
-             operations are not sent as the kernel path's datagrams); use --datapath user"
-        ),
+        (Some("kernel"), "chain") => {
+            if args.chain_shape.as_deref().is_some_and(|shape| shape != "kernel") {
+                bail!(
+                    "--datapath kernel holds each region in one 1 MiB kernel slot: use --chain-shape kernel"
+                );
+            }
+            args.chain_shape = Some("kernel".to_string());
+            if let Some(reason) = kernel_unavailable(&args) {
+                eprintln!(
+                    "chorus: --datapath kernel unavailable ({reason}); the chain's members run on \
+                     the group hosts' user-space path instead (--datapath user)"
+                );
+                args.datapath = Some("user".to_string());
+            }
+        }
         (Some(other), "chain") => bail!("--datapath {other:?}: expected user or kernel"),
         (Some(_), _) => bail!("--datapath only applies to --protocol chain"),
     }
+    let kernel = args.datapath.as_deref() == Some("kernel");
     if args.shards == 0 || args.shards > 64 {
         bail!("--shards must be between 1 and 64");
     }
@@ -199,15 +216,43 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         }
     }
     let exe = std::env::current_exe().context("cannot find the chorus binary")?;
+    // Kernel path: every node's host in a network namespace of its own, the nodes in this one.
+    let lab = match kernel {
+        true => Some(
+            NetLab::create(usize::from(n)).map_err(|error| anyhow::anyhow!("network namespaces: {error}"))?,
+        ),
+        false => None,
+    };
+    let host_ip = |i: u16| match &lab {
+        Some(lab) => IpAddr::V4(lab.host_ip(usize::from(i))),
+        None => args.bind,
+    };
     let chain_hosts: Vec<SocketAddr> = match args.datapath {
         None => Vec::new(),
         Some(_) => (0..n)
             .map(|i| {
-                port_of(group_host_port, i, "group-host-port").map(|port| SocketAddr::new(args.bind, port))
+                port_of(group_host_port, i, "group-host-port").map(|port| SocketAddr::new(host_ip(i), port))
             })
             .collect::<anyhow::Result<_>>()?,
     };
-    let mut cluster = Cluster { replicas, hosts: Vec::new(), data_dir: data_dir.clone(), remove_on_exit };
+    let mut cluster =
+        Cluster { replicas, hosts: Vec::new(), data_dir: data_dir.clone(), remove_on_exit, lab: None };
+    if let Some(lab) = lab {
+        // The hosts first: a node maps its host's region slot as it starts. Their regions are
+        // kernel memory, so nothing of a node's directory is shared.
+        let peers: Vec<IpAddr> = chain_hosts.iter().map(SocketAddr::ip).collect();
+        for (i, addr) in chain_hosts.iter().enumerate() {
+            let node_dir = data_dir.join(format!("node-{i}"));
+            let host = HostPlan {
+                listen: *addr,
+                node_dir: &node_dir,
+                log_level: &args.log_level,
+                kernel: Some((&lab, i, &peers)),
+            };
+            cluster.hosts.push(start_group_host(&exe, host)?);
+        }
+        cluster.lab = Some(lab);
+    }
 
     for replica in &mut cluster.replicas {
         let group = replica.index / r;
@@ -232,6 +277,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             chain_shape: args.chain_shape.clone(),
             chain_hosts: (!chain_hosts.is_empty())
                 .then(|| chain_hosts.iter().map(|addr| addr.to_string()).collect()),
+            chain_datapath: args.datapath.clone(),
             event_loops: args.event_loops,
             requirepass: requirepass.clone(),
             protected_mode: args.protected_mode.clone().map(chorus_server::config::YesNo::Text),
@@ -277,9 +323,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
 
     // After the nodes, which clear a fresh cluster's region directories: the hosts map the
     // same files. A node dials its host again until it is up.
-    for (i, addr) in chain_hosts.iter().enumerate() {
-        let child = start_group_host(&exe, *addr, &data_dir.join(format!("node-{i}")), &args.log_level)?;
-        cluster.hosts.push(child);
+    for (i, addr) in chain_hosts.iter().enumerate().filter(|_| !kernel) {
+        let node_dir = data_dir.join(format!("node-{i}"));
+        let host = HostPlan { listen: *addr, node_dir: &node_dir, log_level: &args.log_level, kernel: None };
+        cluster.hosts.push(start_group_host(&exe, host)?);
     }
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -313,6 +360,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             "restarted from the data kept"
         } else {
             "data kept across restarts"
+        };
+        let kept = match (args.datapath.as_deref(), asked_kernel) {
+            (Some("kernel"), _) => format!("{kept}; members on the group hosts' kernel data path (XDP)"),
+            (Some(_), true) => {
+                format!("{kept}; members on the group hosts' user-space path: kernel path unavailable")
+            }
+            (Some(_), false) => format!("{kept}; members on the group hosts' user-space path"),
+            (None, _) => kept.to_string(),
         };
         if args.shards == 1 {
             println!(
@@ -503,6 +558,8 @@ struct Cluster {
     hosts: Vec<Child>,
     data_dir: PathBuf,
     remove_on_exit: bool,
+    /// `--datapath kernel`: the hosts' network namespaces, removed after the hosts stopped.
+    lab: Option<NetLab>,
 }
 
 impl Replica {
@@ -535,37 +592,64 @@ impl Drop for Cluster {
             let _ = host.kill();
             let _ = host.wait();
         }
+        drop(self.lab.take());
         if self.remove_on_exit {
             let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
 }
 
-/// A group host for the chain's member of one node: its regions are the node's (the node reads
-/// what the host writes), its log `<node dir>-host.log`.
-fn start_group_host(
-    exe: &Path,
+/// Why `--datapath kernel` cannot run here, if it cannot.
+fn kernel_unavailable(args: &UpArgs) -> Option<String> {
+    if args.shards != 1 {
+        return Some("it runs one replica group (--shards 1)".into());
+    }
+    if usize::from(args.replicas) > chorus_group::kernel::layout::CHAIN_MAX {
+        return Some(format!("a chain has at most {} members", chorus_group::kernel::layout::CHAIN_MAX));
+    }
+    chorus_group::kernel::unavailable_reason().or_else(NetLab::unavailable_reason)
+}
+
+/// Where and how one node's group host runs.
+struct HostPlan<'a> {
     listen: SocketAddr,
-    node_dir: &Path,
-    log_level: &str,
-) -> anyhow::Result<Child> {
-    let log_path = node_dir.with_extension("host.log");
+    node_dir: &'a Path,
+    log_level: &'a str,
+    /// Kernel path: the lab, the host's namespace in it, and every host's address (its peers).
+    kernel: Option<(&'a NetLab, usize, &'a [IpAddr])>,
+}
+
+/// A group host for the chain's member of one node: its regions are the node's (the node reads
+/// what the host writes; on the kernel path, the host's BPF region slot), its log
+/// `<node dir>-host.log`.
+fn start_group_host(exe: &Path, plan: HostPlan<'_>) -> anyhow::Result<Child> {
+    let log_path = plan.node_dir.with_extension("host.log");
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("cannot create log file {}", log_path.display()))?;
     let token = chorus_group::runtime::format_token(&chorus_chain::replica::TOKEN);
     let tenant = chorus_chain::replica::TENANT.0;
-    let mut command = Command::new(exe);
+    let mut line = vec![
+        exe.display().to_string(),
+        "group-host".into(),
+        "--listen".into(),
+        plan.listen.to_string(),
+        "--region-dir".into(),
+        plan.node_dir.join("regions").display().to_string(),
+        "--tenant".into(),
+        format!("{tenant}:{token}"),
+        "--datapath".into(),
+        if plan.kernel.is_some() { "kernel" } else { "user" }.into(),
+    ];
+    if let Some((lab, i, peers)) = plan.kernel {
+        for peer in peers {
+            line.extend(["--peer".to_string(), peer.to_string()]);
+        }
+        line = lab.command_in(i, &line);
+    }
+    let mut command = Command::new(&line[0]);
     command
-        .arg("group-host")
-        .arg("--listen")
-        .arg(listen.to_string())
-        .arg("--region-dir")
-        .arg(node_dir.join("regions"))
-        .arg("--tenant")
-        .arg(format!("{tenant}:{token}"))
-        .arg("--datapath")
-        .arg("user")
-        .env("RUST_LOG", log_level)
+        .args(&line[1..])
+        .env("RUST_LOG", plan.log_level)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);

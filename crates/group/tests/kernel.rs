@@ -310,3 +310,126 @@ impl<E: chorus_group::txn::GroupExecutor> TxnSteps for Txn<E> {
         self.wr_unlock().expect("unlock");
     }
 }
+
+/// The read lock next to the program's gCAS (docs/protocols/hyperloop.md, "`--protocol chain`
+/// on the group host", step 4). The chain store's node takes a member's read lock with a CAS
+/// on the lock word through its own mapping of the host's region slot (`kernel::datapath::
+/// open_slot`, as `chorus node` does on the kernel path), while the coordinator's write lock is
+/// a gCAS the XDP program applies to the same word. Here a reader thread takes and releases
+/// read locks at every member as fast as it can, reading a block under each, while the caller
+/// runs the transaction shape (gCAS write lock on every member, a gWRITE of the block, gCAS
+/// unlock; a refused lock is undone where it swapped and retried). If the two CASes were not
+/// atomic against each other, a reader's count would overwrite the writer's bit (or the other
+/// way round): a reader would see a block half written, an unlock would find another value
+/// than the lock, or a reader's release would not find its own count. At the end every
+/// member's region must equal the model's after the updates that took the lock.
+#[test]
+fn the_read_locks_cas_through_the_mapped_slot_and_the_programs_gcas_exclude_each_other() {
+    require_kernel_path!();
+    use chorus_group::txn::WRITER_BIT;
+    use chorus_region::RegionMemory;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+    const LOCK: u64 = 0;
+    const BLOCK: u64 = 512;
+    const BLOCK_BYTES: u64 = 256;
+    const UPDATES: u64 = 300;
+    let runtime = runtime();
+    let chain = runtime.block_on(start_chain(3, 0));
+    let mut spec = spec(&chain, 91, None);
+    spec.region = "rdlock-91".to_string();
+    let client = runtime.block_on(GroupClient::initialize(spec)).expect("initialize");
+    assert_eq!(client.datapath(), Datapath::Kernel, "every member should be on the kernel path");
+    // Each member's slot, mapped here as the node maps it.
+    let mut regions: Vec<chorus_region::Region> = (0..3)
+        .map(|position| {
+            let slot = runtime
+                .block_on(chorus_group::runtime::kernel_region(
+                    chain.addrs[position],
+                    TENANT,
+                    TOKEN,
+                    "rdlock-91",
+                    REGION_BYTES,
+                    Duration::from_secs(5),
+                ))
+                .expect("the host says where the region is");
+            chorus_group::kernel::datapath::open_slot(
+                TENANT,
+                "rdlock-91",
+                slot.map_id,
+                slot.slot,
+                REGION_BYTES,
+            )
+            .expect("mapping the slot")
+        })
+        .collect();
+    let done = AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    let writes = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut block = vec![0u8; BLOCK_BYTES as usize];
+            let mut position = 0;
+            while !done.load(Relaxed) {
+                position = (position + 1) % 3;
+                let region = &mut regions[position];
+                let word = region.load_u64(LOCK).unwrap();
+                if word & WRITER_BIT != 0 || region.cas(LOCK, word, word + 1).unwrap() != word {
+                    continue; // the writer holds it (or just took it): try again
+                }
+                region.read(BLOCK, &mut block).unwrap();
+                assert!(
+                    block.iter().all(|b| *b == block[0]),
+                    "member {position}: a block read under the read lock is half written: {:?}",
+                    &block[..16]
+                );
+                let released = region.cas(LOCK, word + 1, word).unwrap();
+                assert_eq!(released, word + 1, "member {position}: the reader's count was overwritten");
+                reads.fetch_add(1, Relaxed);
+            }
+        });
+        let mut writes = Vec::new();
+        runtime.block_on(async {
+            let all = 0b111;
+            for update in 1..=UPDATES {
+                loop {
+                    let lock = Operation::cas(LOCK, 0, WRITER_BIT | 1, all);
+                    let outcome = client.submit(lock).await.expect("lock");
+                    let swapped = outcome.swapped_map(0);
+                    if swapped == all {
+                        break;
+                    }
+                    if swapped != 0 {
+                        let undo = Operation::cas(LOCK, WRITER_BIT | 1, 0, swapped);
+                        let undone = client.submit(undo).await.expect("undo");
+                        assert_eq!(undone.swapped_map(WRITER_BIT | 1), swapped, "the undo found the lock");
+                    }
+                    tokio::task::yield_now().await;
+                }
+                let block = Operation::write(BLOCK, Bytes::from(vec![update as u8; BLOCK_BYTES as usize]));
+                client.submit(block.clone()).await.expect("write");
+                writes.push(block);
+                let unlock = Operation::cas(LOCK, WRITER_BIT | 1, 0, all);
+                let unlocked = client.submit(unlock).await.expect("unlock");
+                assert_eq!(
+                    unlocked.swapped_map(WRITER_BIT | 1),
+                    all,
+                    "update {update}: the unlock found the lock"
+                );
+            }
+        });
+        done.store(true, Relaxed);
+        reader.join().expect("the reader");
+        writes
+    });
+    assert!(reads.load(Relaxed) > 0, "the reader took read locks");
+    // The updates that took the lock, through the model (the lock itself ends free everywhere).
+    let mut model = SimCluster::new(91, 3, REGION_BYTES, CallerConfig::default(), NetFaults::none());
+    model.execute(writes);
+    for position in 0..3 {
+        let region = runtime.block_on(client.read(position, 0, REGION_BYTES)).expect("read");
+        let want = model.members[position].memory().bytes();
+        let first = region.iter().zip(want).position(|(a, b)| a != b);
+        assert!(first.is_none(), "member {position} differs from the model at byte {first:?}");
+    }
+    eprintln!("read locks taken beside the program's gCAS: {}", reads.load(Relaxed));
+}

@@ -483,6 +483,7 @@ fn hosted_members_initialized_head_first_link_up_and_acknowledge_at_the_tails_ca
             chain_len: 3,
             position: position as u8,
             next: hosts_addrs.get(position + 1).copied(),
+            caller_port: 0,
         });
         // Let the head's host try (and fail) to link before the next member exists.
         std::thread::sleep(Duration::from_millis(20));

@@ -361,6 +361,30 @@ impl Region {
         Ok(Region::with_backing(tenant, name, None, FlushBackend::Msync, backing))
     }
 
+    /// `size` bytes at `offset` of memory another component owns and shares through `fd`
+    /// (e.g. a slot of the kernel data path's BPF array, which the XDP program writes): mapped
+    /// shared, with no flush backend (nothing of it is a file to write back). `offset` must be
+    /// page-aligned; the mapping keeps the memory alive after `fd` is closed. [`Region::cas`]
+    /// on it is atomic with respect to every other writer of the same memory.
+    pub fn map_shared(
+        tenant: TenantId,
+        name: &str,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        size: u64,
+    ) -> Result<Region, RegionError> {
+        use std::os::fd::AsRawFd;
+        check_name(name)?;
+        let len = usize::try_from(size).ok().filter(|len| *len > 0 && size <= REGION_BYTES_MAX);
+        let len = len.ok_or(RegionError::InvalidSize { size })?;
+        // SAFETY: a shared mapping of memory that other writers (the kernel) change while it
+        // is mapped, which every access tolerates as it does another process writing a mapped
+        // region file: bytes are copied out, and the words CASed are atomics.
+        let map = unsafe { memmap2::MmapOptions::new().offset(offset).len(len).map_mut(fd.as_raw_fd()) }
+            .map_err(|e| RegionError::io(format!("mapping region `{name}`"), e))?;
+        Ok(Region::with_backing(tenant, name, None, FlushBackend::None, Backing::Mmap(map)))
+    }
+
     /// What a crash would leave of this region: for a simulated region, its bytes as of the
     /// last flush; for every other kind, its bytes (a mapping survives the process).
     pub fn crash_image(&self) -> &[u8] {

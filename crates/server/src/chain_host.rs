@@ -19,6 +19,14 @@
 //! * `memory` is this node's own shared mapping of the region file the host maps
 //!   (`<data_dir>/regions/tenant-0/chain.region`): reads see the host's writes, and the read
 //!   lock's CAS and the host's gCAS are atomic operations on the same word.
+//!
+//! On the kernel path (`chain_datapath = "kernel"`, [`KernelPath`]) the host's XDP program is
+//! the member: the region is a slot of the host's BPF regions map, which this node maps too
+//! (`memory`; the read lock's CAS and the program's gCAS are both atomic on that word); the
+//! operations of a group this member heads leave as datagrams to the host
+//! (`MemberDatagrams`), and the tail's program acknowledges straight to the datagram port of
+//! the coordinator's node (`coordinated_by`; each node's port is its peer port, on UDP), where
+//! `on_tick` hands them to the core. No process on the path in between is woken.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -26,7 +34,7 @@ use std::time::Duration;
 use chorus_chain::replica::{COORDINATOR, TENANT, TOKEN};
 use chorus_chain::Member;
 use chorus_core::{NodeId, Time};
-use chorus_group::runtime::{HostLink, HostedInit};
+use chorus_group::runtime::{HostLink, HostedInit, MemberDatagrams};
 use chorus_group::{GroupConfig, GroupMessage, GroupOutbox};
 use chorus_region::Region;
 
@@ -42,27 +50,80 @@ pub struct HostedMember {
     hosts: Vec<SocketAddr>,
     link: HostLink,
     received: Vec<GroupMessage>,
+    kernel: Option<KernelPath>,
+    /// The node of the coordinator whose configuration is installed next or last.
+    coordinator: NodeId,
+}
+
+/// The member on its host's kernel data path.
+pub struct KernelPath {
+    pub datagrams: MemberDatagrams,
+    /// Every node's datagram port, by node id (the tail acknowledges to the coordinator's).
+    pub ports: Vec<u16>,
 }
 
 impl HostedMember {
     /// Bind to `initial` (the core's first configuration, which it replaces before any
     /// operation: nothing is initialized on the host until then).
+    /// `kernel`: the host serves this member on its kernel data path, and `region` is this
+    /// node's mapping of the host's BPF region slot.
     pub fn new(
         me: NodeId,
         initial: GroupConfig,
         region: Region,
         hosts: Vec<SocketAddr>,
+        kernel: Option<KernelPath>,
         io_timeout: Duration,
     ) -> Result<HostedMember, String> {
         let host = *hosts.get(usize::from(me.0)).ok_or_else(|| format!("no group host for {me:?}"))?;
         let position = position_of(&initial, me)?;
-        let link = HostLink::start(host, TENANT, TOKEN, io_timeout);
-        Ok(HostedMember { me, config: initial, position, region, hosts, link, received: Vec::new() })
+        if let Some(kernel) = &kernel {
+            if kernel.ports.len() < hosts.len() {
+                return Err(format!("{} datagram ports for {} nodes", kernel.ports.len(), hosts.len()));
+            }
+        }
+        // On the kernel path the region lives in the host process: a host that went away took
+        // it along, and a new one would serve an empty region under the same name.
+        let link = HostLink::start_with(host, TENANT, TOKEN, io_timeout, kernel.is_none());
+        Ok(HostedMember {
+            me,
+            config: initial,
+            position,
+            region,
+            hosts,
+            link,
+            received: Vec::new(),
+            kernel,
+            coordinator: me,
+        })
     }
 
     /// Why the host refused this member's last `Initialize`, or cannot be reached.
     pub fn host_error(&self) -> Option<String> {
         self.link.last_error()
+    }
+}
+
+impl HostedMember {
+    /// What the host sent (refusals, user-path acknowledgements) and the kernel path's
+    /// acknowledgements that reached this node, for the coordinator.
+    fn drain(&mut self, out: &mut GroupOutbox) {
+        if self.kernel.is_some() && self.link.lost() {
+            // This member's region is gone with its host, and nothing in the core can serve
+            // without it: the node stops, the membership service removes it, and restarted
+            // (once its host is back) it joins and is copied to (§5.1).
+            tracing::error!(
+                "the group host's kernel data path is lost, and this member's region with it \
+                 ({}); stopping: restart this node once its host runs again",
+                self.link.last_error().unwrap_or_default()
+            );
+            std::process::exit(70);
+        }
+        self.link.drain(&mut self.received);
+        if let Some(kernel) = &mut self.kernel {
+            kernel.datagrams.drain(&mut self.received);
+        }
+        out.messages.extend(self.received.drain(..).map(|message| (COORDINATOR, message)));
     }
 }
 
@@ -85,12 +146,25 @@ impl Member for HostedMember {
     fn memory_mut(&mut self) -> &mut Region {
         &mut self.region
     }
-    fn on_message(&mut self, _now: Time, _from: NodeId, message: GroupMessage, _out: &mut GroupOutbox) {
-        self.link.send(&[message]);
+    fn on_message(&mut self, _now: Time, _from: NodeId, message: GroupMessage, out: &mut GroupOutbox) {
+        match &mut self.kernel {
+            Some(kernel) => {
+                let chain_len = self.config.chain.len();
+                kernel.datagrams.send(&message, self.config.region_bytes, chain_len);
+                // The whole chain ran in this send's softirq: its acknowledgement may be here.
+                self.drain(out);
+            }
+            None => self.link.send(&[message]),
+        }
     }
     fn on_tick(&mut self, _now: Time, out: &mut GroupOutbox) {
-        self.link.drain(&mut self.received);
-        out.messages.extend(self.received.drain(..).map(|message| (COORDINATOR, message)));
+        self.drain(out);
+    }
+    fn coordinated_by(&mut self, coordinator: NodeId) {
+        self.coordinator = coordinator;
+    }
+    fn carries_datagrams(&self) -> bool {
+        self.kernel.is_some()
     }
     fn on_config(&mut self, _now: Time, config: GroupConfig, _out: &mut GroupOutbox) -> Result<(), String> {
         config.check()?;
@@ -113,6 +187,11 @@ impl Member for HostedMember {
             chain_len: config.chain.len() as u8,
             position: position as u8,
             next,
+            // The kernel path's tail acknowledges to the coordinator's node.
+            caller_port: match &self.kernel {
+                Some(kernel) => kernel.ports.get(usize::from(self.coordinator.0)).copied().unwrap_or(0),
+                None => 0,
+            },
         });
         self.position = position;
         self.config = config;

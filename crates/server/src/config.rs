@@ -21,6 +21,8 @@
 //! event_loops = 1                    # hermes, craq, zab: event loops (threads) the keys are split over; 0: one per core
 //! raftlog_logs = 8                   # raftlog only: Raft logs per node
 //! chain_shape = "server"             # chain only: "server" (69 MiB region) or "kernel" (1 MiB)
+//! chain_hosts = ["10.0.0.1:7600"]    # chain only: each node's group host, by node id
+//! chain_datapath = "user"            # chain with chain_hosts: "user" or "kernel" (XDP; root)
 //! chain_log_bytes = 262144           # chain only: override the shape's log, index or heap
 //! raftlog_shards = 1                 # raftlog only: event loops (threads) the logs are split over; 0: one per core
 //! peer_link_timeout_ms = 1000        # optional: a peer link silent this long is dropped and redialled
@@ -122,6 +124,11 @@ pub struct RawConfig {
     /// loops (docs/protocols/chain.md, "Where the members run"). Each host's region directory
     /// must be this node's `<data_dir>/regions`: the node reads the region the host writes.
     pub chain_hosts: Option<Vec<String>>,
+    /// chain with `chain_hosts`: "user" (default: the hosts apply and forward in their
+    /// process, the node maps the region file) or "kernel" (the hosts' XDP programs do, the
+    /// coordinator sends datagrams and the node maps its host's BPF region slot; needs root
+    /// and the kernel shape; docs/protocols/chain.md, "Where the members run").
+    pub chain_datapath: Option<String>,
     /// Join a running cluster (Hermes §3.4 Recovery): the peer address of a live replica to
     /// copy the data from. `chorus node --join ADDR`.
     pub join: Option<String>,
@@ -328,6 +335,8 @@ pub struct NodeConfig {
     pub chain_layout: chorus_chain::ChainLayout,
     /// The group host of every replica by node id; empty: members in the event loop.
     pub chain_hosts: Vec<SocketAddr>,
+    /// The hosts serve the members on the kernel data path (`chain_datapath = "kernel"`).
+    pub chain_kernel: bool,
     /// A peer link silent this long is dropped and redialled (chorus_net::NetConfig::link_timeout).
     pub peer_link_timeout_ms: u64,
     /// TLS for clients and/or peers; `None`: plain TCP everywhere.
@@ -514,6 +523,7 @@ impl RawConfig {
             chain_index_slots: overrides.chain_index_slots.or(self.chain_index_slots),
             chain_heap_bytes: overrides.chain_heap_bytes.or(self.chain_heap_bytes),
             chain_hosts: overrides.chain_hosts.or(self.chain_hosts),
+            chain_datapath: overrides.chain_datapath.or(self.chain_datapath),
             join: overrides.join.or(self.join),
             peer_link_timeout_ms: overrides.peer_link_timeout_ms.or(self.peer_link_timeout_ms),
             tls_port: overrides.tls_port.or(self.tls_port),
@@ -586,6 +596,7 @@ impl RawConfig {
         let raftlog = self.raftlog_options(protocol)?;
         let chain_layout = self.chain_layout(protocol)?;
         let chain_hosts = self.chain_hosts(protocol)?;
+        let chain_kernel = self.chain_kernel(&chain_hosts, &chain_layout)?;
         let clients = self.client_limits()?;
         let requirepass = self.requirepass.clone().filter(|password| !password.is_empty());
         let client_addr =
@@ -679,6 +690,7 @@ impl RawConfig {
             raftlog,
             chain_layout,
             chain_hosts,
+            chain_kernel,
             node_id,
             protocol,
             membership,
@@ -947,6 +959,34 @@ impl RawConfig {
             ));
         }
         hosts.iter().map(|host| parse_addr("chain_hosts", host)).collect()
+    }
+
+    fn chain_kernel(
+        &self,
+        hosts: &[SocketAddr],
+        layout: &chorus_chain::ChainLayout,
+    ) -> Result<bool, ConfigError> {
+        let kernel = match self.chain_datapath.as_deref() {
+            None | Some("user") => false,
+            Some("kernel") => true,
+            Some(other) => {
+                return Err(field_error("chain_datapath", format!("{other:?}: expected user or kernel")))
+            }
+        };
+        if self.chain_datapath.is_some() && hosts.is_empty() {
+            return Err(field_error("chain_datapath", "needs chain_hosts (the members' group hosts)"));
+        }
+        let slot = chorus_group::kernel::layout::REGION_BYTES_MAX;
+        if kernel && layout.region_bytes() > slot {
+            return Err(field_error(
+                "chain_datapath",
+                format!(
+                    "a {}-byte region does not fit the kernel path's {slot}-byte slots: use chain_shape = \"kernel\"",
+                    layout.region_bytes()
+                ),
+            ));
+        }
+        Ok(kernel)
     }
 
     fn event_loops(&self, protocol: Protocol) -> Result<usize, ConfigError> {

@@ -253,7 +253,7 @@ async fn serve_node(
                         .await?
                 }
                 ChainRegion::Hosted(region) => {
-                    let mut chain = Some(open_hosted_chain(config, chain_config, region)?);
+                    let mut chain = Some(open_hosted_chain(config, chain_config, region).await?);
                     start
                         .spawn_loops(loops, |_, _| chain.take().context("the chain store has one event loop"))
                         .await?
@@ -900,18 +900,93 @@ fn usable_chain<M: chorus_chain::Member>(
 }
 
 /// The chain store with its member on this node's group host (`chain_hosts`): the host maps
-/// the same region file, under the same directory (docs/protocols/chain.md, "Where the
-/// members run").
-fn open_hosted_chain(
+/// the same region file, under the same directory, or, on the kernel path, this node maps the
+/// host's BPF region slot (docs/protocols/chain.md, "Where the members run").
+async fn open_hosted_chain(
     config: &NodeConfig,
-    chain_config: chorus_chain::ChainConfig,
+    mut chain_config: chorus_chain::ChainConfig,
     region: chorus_region::Region,
 ) -> anyhow::Result<chorus_chain::Chain<chain_host::HostedMember>> {
     let (me, hosts) = (config.node_id, config.chain_hosts.clone());
-    info!(host = %hosts[usize::from(me.0)], "the chain's member runs on this node's group host");
+    let (region, kernel) = if config.chain_kernel {
+        // The kernel path's region lives in the host's BPF map, not in the file: nothing of
+        // it survives the host, so the node restarts as nothing it recorded (it joins).
+        if chain_config.restored.take().is_some() {
+            warn!("the kernel data path keeps no region across restarts: joining instead of restoring");
+        }
+        // The members remember 256 gCAS results (the program's ring): no more in flight.
+        chain_config.window_max = chain_config.window_max.min(chorus_group::kernel::layout::RING);
+        let bytes = chain_config.layout.region_bytes();
+        let (region, kernel) = open_kernel_chain_region(config, bytes).await?;
+        (region, Some(kernel))
+    } else {
+        (region, None)
+    };
+    let path = if kernel.is_some() { "kernel" } else { "user" };
+    info!(host = %hosts[usize::from(me.0)], path, "the chain's member runs on this node's group host");
     usable_chain(chorus_chain::Chain::with_member(chain_config, |initial| {
-        chain_host::HostedMember::new(me, initial, region, hosts, std::time::Duration::from_secs(5))
+        chain_host::HostedMember::new(me, initial, region, hosts, kernel, std::time::Duration::from_secs(5))
     }))
+}
+
+/// How long a node waits for its group host to register the kernel path's region (the host
+/// may start after it).
+const KERNEL_REGION_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The chain's region on the host's kernel data path: registered by the host, mapped here by
+/// the BPF map's id (needs root), and this node's datagram socket on its peer port (UDP).
+async fn open_kernel_chain_region(
+    config: &NodeConfig,
+    bytes: u64,
+) -> anyhow::Result<(chorus_region::Region, chain_host::KernelPath)> {
+    use chorus_chain::replica::{TENANT, TOKEN};
+    let host = config.chain_hosts[usize::from(config.node_id.0)];
+    let timeout = std::time::Duration::from_secs(2);
+    let deadline = std::time::Instant::now() + KERNEL_REGION_WAIT;
+    let slot = loop {
+        match chorus_group::runtime::kernel_region(
+            host,
+            TENANT,
+            TOKEN,
+            chain_host::REGION_NAME,
+            bytes,
+            timeout,
+        )
+        .await
+        {
+            Ok(slot) => break slot,
+            Err(error) if std::time::Instant::now() < deadline && !error.contains("user-space path") => {
+                tracing::debug!("waiting for the group host: {error}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(error) => anyhow::bail!("the chain's kernel data path: {error}"),
+        }
+    };
+    let region = chorus_group::kernel::datapath::open_slot(
+        TENANT,
+        chain_host::REGION_NAME,
+        slot.map_id,
+        slot.slot,
+        bytes,
+    )
+    .map_err(|error| anyhow::anyhow!("mapping the kernel region slot: {error}"))?;
+    info!(
+        map_id = slot.map_id,
+        slot = slot.slot,
+        bytes,
+        "chain region mapped from the group host's kernel path"
+    );
+    let data = std::net::SocketAddr::new(host.ip(), slot.data_port);
+    let datagrams = chorus_group::runtime::MemberDatagrams::bind(config.peer_addr.port(), data, TENANT)
+        .with_context(|| {
+            format!("binding the chain's datagram socket on UDP port {}", config.peer_addr.port())
+        })?;
+    let ids = config.replicas.keys().map(|id| usize::from(id.0)).max().unwrap_or(0) + 1;
+    let mut ports = vec![0u16; ids];
+    for (id, addr) in &config.replicas {
+        ports[usize::from(id.0)] = addr.port();
+    }
+    Ok((region, chain_host::KernelPath { datagrams, ports }))
 }
 
 /// One message carries at most a key and a value, each bounded by the value limit.

@@ -102,6 +102,15 @@ pub struct TenantsArgs {
     /// outside the mask, no hop runs on the clients' CPU.
     #[arg(long, value_name = "MASK")]
     pub caller_rps_cpus: Option<String>,
+    /// Where everything runs (docs/decisions.md entry 13). paper (the default on two or more
+    /// CPUs): HyperLoop §6.2's server, the clients on a "client socket" (CPU 0) and on a
+    /// "replica socket" (every other CPU) the replica processes, the background load (10
+    /// stress-ng threads per replica CPU: "the number of application threads on each socket
+    /// is 10x the number of its CPU cores") and the receive softirq of every replica's
+    /// interface (kernel path: the chain's hops), by affinity only, alike for every protocol.
+    /// shared: every thread anywhere, stress-ng with one thread per CPU.
+    #[arg(long, value_name = "paper|shared", default_value = "paper")]
+    pub topology: String,
     /// End the output with one JSON line: the data path, the target's ratios at T=32 under
     /// load, and the chain replicas' user CPU per operation there.
     #[arg(long)]
@@ -152,6 +161,23 @@ pub fn config_of(
     anyhow::ensure!(args.client_threads >= 1, "--client-threads is at least 1");
     config.client_threads = args.client_threads;
     config.client_cpu = args.client_cpu;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    config.sockets = match args.topology.as_str() {
+        "shared" => None,
+        "paper" => {
+            anyhow::ensure!(
+                args.client_cpu.is_none() && args.caller_rps_cpus.is_none(),
+                "--client-cpu and --caller-rps-cpus apply to --topology shared (paper places the \
+                 clients and the hops itself)"
+            );
+            let sockets = run::Sockets::split(cpus);
+            if sockets.is_none() {
+                eprintln!("tenants: one CPU: --topology paper needs two, running shared");
+            }
+            sockets
+        }
+        other => anyhow::bail!("--topology {other:?}: expected paper or shared"),
+    };
     if let Some(mask) = &args.caller_rps_cpus {
         anyhow::ensure!(
             !mask.is_empty() && mask.chars().all(|c| c.is_ascii_hexdigit()),
@@ -171,12 +197,27 @@ pub fn config_of(
             anyhow::bail!("--datapath kernel cannot run here: {reason}");
         }
     }
+    let background_load_command = match (&config.sockets, background_load_command) {
+        (Some(sockets), Some(command)) => Some(on_replica_socket(sockets, command)),
+        (_, command) => command,
+    };
     let idle = ["chrt", "-i", "0"].map(String::from);
     config.background_load_command = match background_load_command {
         Some(command) if args.idle_load => Some([idle.to_vec(), command].concat()),
         command => command,
     };
     Ok(config)
+}
+
+/// The background load on the replica socket: `taskset -c <replica CPUs>`, and stress-ng's
+/// `--cpu` raised to 10 threads per replica CPU (the paper's 10x application threads per core).
+fn on_replica_socket(sockets: &run::Sockets, mut command: Vec<String>) -> Vec<String> {
+    if let Some(at) = command.iter().position(|arg| arg == "--cpu") {
+        if let Some(count) = command.get_mut(at + 1) {
+            *count = sockets.background_threads().to_string();
+        }
+    }
+    [vec!["taskset".to_string(), "-c".to_string(), sockets.replica_list()], command].concat()
 }
 
 /// Run (or reload), save tenants.json, draw, print. `chorus` is the binary hosts run as.
@@ -418,6 +459,15 @@ pub fn summary(report: &TenantsReport) -> String {
             config.replica_nice, config.client_nice, config.client_threads
         )
     };
+    if let Some(sockets) = &config.sockets {
+        let _ = write!(
+            text,
+            "; topology paper: clients on CPU(s) {}, replicas, background load and the replicas' \
+             receive softirq (the chain's hops) on CPU(s) {}",
+            sockets.client_cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            sockets.replica_list()
+        );
+    }
     if let Some(cpu) = config.client_cpu {
         let _ = write!(text, "; clients on CPU {cpu}");
     }
@@ -509,15 +559,48 @@ mod tests {
         config_of(&cli.args, vec!["chorus".into(), "naive-replica".into()], Some(load))
     }
 
+    /// The paper's topology: clients on CPU 0, replicas, their softirqs and 10 background
+    /// threads per replica CPU on the others; nothing else changes anyone's priority.
+    #[test]
+    fn the_paper_topology_places_clients_replicas_and_load_on_two_sockets() {
+        let sockets = run::Sockets { client_cpus: vec![0], replica_cpus: vec![1, 2, 3] };
+        assert_eq!((sockets.replica_list(), sockets.replica_mask()), ("1,2,3".into(), "e".into()));
+        assert_eq!(sockets.background_threads(), 30);
+        assert_eq!(run::Sockets::split(1), None);
+        assert_eq!(run::Sockets::split(2).unwrap().replica_cpus, vec![1]);
+        let wide = run::Sockets { client_cpus: vec![0], replica_cpus: vec![1, 33] };
+        assert_eq!(wide.replica_mask(), "2,2", "sysfs masks are 32-bit groups, high first");
+
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let paper = config(&[]).unwrap();
+        assert_eq!(paper.sockets, run::Sockets::split(cpus));
+        if let Some(sockets) = &paper.sockets {
+            let threads = sockets.background_threads().to_string();
+            let list = sockets.replica_list();
+            assert_eq!(
+                paper.background_load_command.as_deref().unwrap(),
+                ["taskset", "-c", &list, "stress-ng", "--cpu", &threads]
+            );
+            assert_eq!(paper.replica_command_prefix(), ["taskset", "-c", &list]);
+            assert_eq!(
+                (paper.fifo, paper.idle_load, paper.replica_nice, paper.client_nice),
+                (false, false, 0, 0)
+            );
+        }
+        let error = config(&["--client-cpu", "0"]).unwrap_err();
+        assert!(error.to_string().contains("--topology shared"), "{error}");
+        assert!(config(&["--topology", "sideways"]).is_err());
+    }
+
     /// How each option schedules the replicas, the clients and the background load.
     #[test]
     fn scheduling_options_shape_the_commands() {
-        let plain = config(&[]).unwrap();
+        let plain = config(&["--topology", "shared"]).unwrap();
         assert_eq!(plain.background_load_command.as_deref().unwrap(), ["stress-ng", "--cpu", "2"]);
         assert!(plain.replica_command_prefix().is_empty());
         assert_eq!((plain.fifo, plain.idle_load, plain.rounds), (false, false, 1));
 
-        let idle = config(&["--idle-load", "--rounds", "5"]).unwrap();
+        let idle = config(&["--topology", "shared", "--idle-load", "--rounds", "5"]).unwrap();
         assert_eq!(
             idle.background_load_command.as_deref().unwrap(),
             ["chrt", "-i", "0", "stress-ng", "--cpu", "2"]
@@ -525,11 +608,12 @@ mod tests {
         assert!(idle.replica_command_prefix().is_empty(), "replicas keep the default class");
         assert_eq!((idle.idle_load, idle.rounds), (true, 5));
 
-        let nice = config(&["--replica-nice", "-10", "--client-nice", "-10"]).unwrap();
+        let nice =
+            config(&["--topology", "shared", "--replica-nice", "-10", "--client-nice", "-10"]).unwrap();
         assert_eq!(nice.replica_command_prefix(), ["nice", "-n", "-10"]);
         assert_eq!(nice.client_nice, -10);
 
-        let fifo = config(&["--fifo", "--replica-nice", "-10"]).unwrap();
+        let fifo = config(&["--topology", "shared", "--fifo", "--replica-nice", "-10"]).unwrap();
         assert_eq!(fifo.replica_command_prefix(), ["chrt", "-f", "1"], "niceness does not apply");
 
         let cli = Cli::try_parse_from(["tenants", "--idle-load"]).unwrap();

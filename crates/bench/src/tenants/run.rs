@@ -20,6 +20,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -36,7 +37,7 @@ use crate::group::run::{
     all_sched_fifo, cpu_model, start_hosts, tenant_spec, tree_cpu_us, BackgroundLoad, HostCounters,
     HostsPlan, PerOp,
 };
-use chorus_group::runtime::{GroupClient, HostMode};
+use chorus_group::runtime::{GroupClient, HostMode, KernelEndpoint};
 use chorus_group::txn::{TxnCore, TxnLayout, WriteLockAttempt};
 use chorus_group::CallerConfig;
 
@@ -167,6 +168,62 @@ pub struct TenantsConfig {
     /// ([`chorus_group::runtime::HostConfig::kernel_caller_rps_cpus`]).
     #[serde(default)]
     pub caller_rps_cpus: Option<String>,
+    /// The paper's topology (§6.2, docs/decisions.md entry 13): the clients on a "client
+    /// socket", the replica processes, the background load and (kernel path) the chain's
+    /// hops on a "replica socket". `None`: every thread anywhere (`--topology shared`).
+    #[serde(default)]
+    pub sockets: Option<Sockets>,
+}
+
+/// Which CPUs play which socket of the paper's server (§6.2: "we co-located replicated
+/// RocksDB processes with multiple instances of I/O intensive background tasks ... on the
+/// same CPU socket, each serving a YCSB client running on the remote socket of the same
+/// server"). Applied alike to every protocol: affinity only, no priority or class.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sockets {
+    /// Where the tenants' client event loops (and the bench itself) run.
+    pub client_cpus: Vec<usize>,
+    /// Where the replica processes (group hosts, the Naïve replicas they fork, Hermes
+    /// nodes), the background load and the receive softirq of every replica's network
+    /// interface run.
+    pub replica_cpus: Vec<usize>,
+}
+
+impl Sockets {
+    /// CPU 0 the client socket, the others the replica socket; `None` on one CPU.
+    pub fn split(cpus: usize) -> Option<Sockets> {
+        (cpus >= 2).then(|| Sockets { client_cpus: vec![0], replica_cpus: (1..cpus).collect() })
+    }
+
+    /// `taskset -c` syntax.
+    pub fn replica_list(&self) -> String {
+        cpu_list(&self.replica_cpus)
+    }
+
+    /// The replica CPUs as a hexadecimal mask (Receive Packet Steering's syntax).
+    pub fn replica_mask(&self) -> String {
+        cpu_mask(&self.replica_cpus)
+    }
+
+    /// The paper's "number of application threads on each socket is 10x the number of its
+    /// CPU cores": background threads for the replica socket.
+    pub fn background_threads(&self) -> usize {
+        10 * self.replica_cpus.len()
+    }
+}
+
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// A hexadecimal CPU mask, 32-bit groups separated by commas as sysfs writes them.
+fn cpu_mask(cpus: &[usize]) -> String {
+    let groups = cpus.iter().max().map_or(1, |max| max / 32 + 1);
+    let mut words = vec![0u32; groups];
+    for &cpu in cpus {
+        words[cpu / 32] |= 1 << (cpu % 32);
+    }
+    words.iter().rev().map(|word| format!("{word:x}")).collect::<Vec<_>>().join(",")
 }
 
 fn one_loop() -> usize {
@@ -202,6 +259,7 @@ impl Default for TenantsConfig {
             client_threads: 1,
             client_cpu: None,
             caller_rps_cpus: None,
+            sockets: None,
         }
     }
 }
@@ -215,13 +273,35 @@ impl TenantsConfig {
     /// What the replica processes' command lines start with: `chrt -f 1` under
     /// [`TenantsConfig::fifo`], else `nice -n N` for a non-zero [`TenantsConfig::replica_nice`].
     /// Processes they fork (Naïve replicas) inherit either.
+    /// With [`TenantsConfig::sockets`], `taskset -c <replica CPUs>` first.
     pub fn replica_command_prefix(&self) -> Vec<String> {
+        let mut prefix = match &self.sockets {
+            Some(sockets) => vec!["taskset".into(), "-c".into(), sockets.replica_list()],
+            None => Vec::new(),
+        };
         if self.fifo {
-            ["chrt", "-f", "1"].map(String::from).to_vec()
+            prefix.extend(["chrt", "-f", "1"].map(String::from));
         } else if self.replica_nice != 0 {
-            vec!["nice".into(), "-n".into(), self.replica_nice.to_string()]
-        } else {
-            Vec::new()
+            prefix.extend(["nice".into(), "-n".into(), self.replica_nice.to_string()]);
+        }
+        prefix
+    }
+
+    /// The CPUs the clients' event loops keep to: the client socket, else `--client-cpu`.
+    fn client_cpus(&self) -> Option<Vec<usize>> {
+        match (&self.sockets, self.client_cpu) {
+            (Some(sockets), _) => Some(sockets.client_cpus.clone()),
+            (None, Some(cpu)) => Some(vec![cpu]),
+            (None, None) => None,
+        }
+    }
+
+    /// The kernel path's RPS mask at the chain hosts' caller interface: the replica socket's
+    /// CPUs, else `--caller-rps-cpus`.
+    fn caller_rps_mask(&self) -> Option<String> {
+        match &self.sockets {
+            Some(sockets) => Some(sockets.replica_mask()),
+            None => self.caller_rps_cpus.clone(),
         }
     }
 
@@ -432,6 +512,11 @@ pub fn run_with(config: TenantsConfig, external: PointRunner) -> anyhow::Result<
     let base = config.region_dir.clone().unwrap_or_else(default_region_dir);
     let dir = base.join(format!("tenants-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    if let Some(sockets) = &config.sockets {
+        // The bench itself (and every thread it starts) is on the client socket; replicas
+        // and the background load are started under `taskset` on the replica socket.
+        pin_thread(&sockets.client_cpus);
+    }
     let started = Instant::now();
     let mut results = Vec::new();
     let mut skipped = Vec::new();
@@ -863,8 +948,8 @@ async fn drive_loop(
 /// [`TenantsConfig::fifo`], else `client_nice` (Linux niceness is per thread). Best effort: an
 /// unprivileged process cannot raise either, and the run goes on at the inherited priority.
 fn schedule_client_thread(config: &TenantsConfig) {
-    if let Some(cpu) = config.client_cpu {
-        pin_client_thread(cpu);
+    if let Some(cpus) = config.client_cpus() {
+        pin_thread(&cpus);
     }
     // SAFETY: gettid, sched_setscheduler and setpriority on the calling thread; the only
     // memory passed is a sched_param that outlives the call.
@@ -885,18 +970,21 @@ fn schedule_client_thread(config: &TenantsConfig) {
     }
 }
 
-/// Keep the calling (client) thread on `cpu` ([`TenantsConfig::client_cpu`]). Best effort, as
-/// the other scheduling options: the run goes on unpinned, saying so.
-fn pin_client_thread(cpu: usize) {
+/// Keep the calling thread (and the threads it starts later) on `cpus`
+/// ([`TenantsConfig::client_cpus`]). Best effort, as the other scheduling options: the run
+/// goes on unpinned, saying so.
+fn pin_thread(cpus: &[usize]) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity on the
     // calling thread (tid 0) only read it.
     let result = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
     };
     if result != 0 {
-        eprintln!("tenants: cannot pin the clients to CPU {cpu}: {}", std::io::Error::last_os_error());
+        eprintln!("tenants: cannot pin to CPUs {}: {}", cpu_list(cpus), std::io::Error::last_os_error());
     }
 }
 
@@ -915,6 +1003,12 @@ fn run_point(
         Datapath::Kernel => Some(NetLab::create(GROUP_SIZE).map_err(anyhow::Error::msg)?),
         Datapath::User => None,
     };
+    if let (Some(lab), Some(sockets)) = (&lab, &config.sockets) {
+        // Every host's arrivals from the callers are received in the replica socket's
+        // softirq, as a NIC's interrupts would be, whichever protocol serves them.
+        lab.steer_caller_arrivals(&sockets.replica_mask()).map_err(anyhow::Error::msg)?;
+    }
+    let caller_rps_cpus = config.caller_rps_mask();
     // Only the chain has a kernel path; the Naïve modes run in the same namespaces.
     let datapath = if mode == HostMode::Chorus { config.datapath } else { Datapath::User };
     let (hosts, addrs) = runtime.block_on(start_hosts(HostsPlan {
@@ -929,7 +1023,7 @@ fn run_point(
         start_timeout: Duration::from_secs(30),
         lab: lab.as_ref(),
         datapath,
-        caller_rps_cpus: config.caller_rps_cpus.as_deref(),
+        caller_rps_cpus: caller_rps_cpus.as_deref(),
     }))?;
     let host_pids = hosts.pids();
     let processes = if mode.is_naive() { GROUP_SIZE * (tenants + 1) } else { GROUP_SIZE };
@@ -949,6 +1043,23 @@ fn run_point(
     drop(lab);
     runtime.shutdown_timeout(Duration::from_secs(2));
     result
+}
+
+thread_local! {
+    /// The kernel path's datagram socket and reader of this event-loop thread, shared by all
+    /// its tenants (`KernelEndpoint`): one socket and one reading task per loop, as a load
+    /// generator would have, instead of one per tenant.
+    static LOOP_ENDPOINT: std::cell::RefCell<Option<Arc<KernelEndpoint>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// This event loop's [`LOOP_ENDPOINT`], bound on first use.
+async fn loop_endpoint() -> anyhow::Result<Arc<KernelEndpoint>> {
+    if let Some(endpoint) = LOOP_ENDPOINT.with(|cell| cell.borrow().clone()) {
+        return Ok(endpoint);
+    }
+    let endpoint = KernelEndpoint::bind().await?;
+    LOOP_ENDPOINT.with(|cell| *cell.borrow_mut() = Some(endpoint.clone()));
+    Ok(endpoint)
 }
 
 /// A tenant of the chain: records at `record * value_bytes` of its region's database. The
@@ -972,6 +1083,9 @@ impl ChainTenant {
     ) -> anyhow::Result<Self> {
         let mut spec = tenant_spec(addrs, t, format!("tenant{t}"), layout.region_bytes());
         spec.datapath = datapath;
+        if datapath == Datapath::Kernel {
+            spec.kernel_endpoint = Some(loop_endpoint().await?);
+        }
         spec.kernel_caller.window_max = 16;
         // A starved Naïve replica answers late; it has not lost anything (TCP).
         spec.caller =

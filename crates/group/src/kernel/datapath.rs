@@ -164,6 +164,12 @@ impl KernelDatapath {
         &self.interfaces
     }
 
+    /// The regions map's id: another process of this machine (as root) maps a slot of it
+    /// with [`open_slot`].
+    pub fn regions_map_id(&self) -> Result<u32, String> {
+        self.regions._map.info().map(|info| info.id()).map_err(|e| format!("ck_regions: {e}"))
+    }
+
     fn maps(&self) -> std::sync::MutexGuard<'_, Maps> {
         self.maps.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -289,6 +295,32 @@ impl KernelDatapath {
             })
             .collect()
     }
+}
+
+/// Map `bytes` of region slot `slot` of the regions map `map_id` (a group host's
+/// [`KernelDatapath::regions_map_id`]) into this process: the memory the host's XDP program
+/// applies operations to, seen as a region (no flush backend: it is kernel memory, no file).
+/// The chain store's node reads its member's region this way (docs/protocols/chain.md, "On the
+/// kernel path"); its read lock's CAS and the program's gCAS are atomic on the same word.
+/// Needs root (CAP_SYS_ADMIN, to open a map by id).
+pub fn open_slot(
+    tenant: TenantId,
+    name: &str,
+    map_id: u32,
+    slot: u32,
+    bytes: u64,
+) -> Result<chorus_region::Region, String> {
+    if bytes == 0 || bytes > REGION_BYTES_MAX {
+        return Err(format!("a {bytes}-byte region does not fit a kernel region slot"));
+    }
+    let map = MapData::from_id(map_id).map_err(|e| format!("opening BPF map {map_id}: {e}"))?;
+    let info = map.info().map_err(|e| format!("BPF map {map_id}: {e}"))?;
+    if info.value_size() as u64 != SLOT_BYTES || slot >= info.max_entries() {
+        return Err(format!("BPF map {map_id} is not a regions map with a slot {slot}"));
+    }
+    let offset = u64::from(slot) * SLOT_BYTES;
+    chorus_region::Region::map_shared(tenant, name, map.fd().as_fd(), offset, bytes)
+        .map_err(|e| e.to_string())
 }
 
 /// The interface that faces the callers in a `netlab` namespace.

@@ -83,6 +83,23 @@ impl NetLab {
         command
     }
 
+    /// Receive Packet Steering at every host's interface facing the callers: their arrivals
+    /// are received in the NET_RX softirq of a CPU of `mask` (hexadecimal, e.g. `2` for CPU
+    /// 1), raised there by an IPI, instead of in the sender's own `sendto`: where a NIC's
+    /// interrupt would run them. A program attached natively (XDP in the veth's NAPI) runs
+    /// before this steering; `KernelDatapath` attaches in generic mode there when asked.
+    pub fn steer_caller_arrivals(&self, mask: &str) -> Result<(), String> {
+        if mask.is_empty() || !mask.chars().all(|c| c.is_ascii_hexdigit() || c == ',') {
+            return Err(format!("RPS CPU mask {mask:?}: expected hexadecimal digits, e.g. 2 for CPU 1"));
+        }
+        for host in 0..self.hosts {
+            // `ip netns exec` mounts the namespace's own /sys, where `ckr` is this host's.
+            let write = format!("echo {mask} > /sys/class/net/ckr/queues/rx-0/rps_cpus");
+            run("ip", &["netns", "exec", &self.namespace(host), "sh", "-c", &write])?;
+        }
+        Ok(())
+    }
+
     fn build(&self) -> Result<(), String> {
         let caller = format!("{}", self.caller_ip());
         for host in 0..self.hosts {

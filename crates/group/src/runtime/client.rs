@@ -63,6 +63,66 @@ pub struct GroupSpec {
     pub kernel_caller: CallerConfig,
     /// Faults injected into the datagrams this caller sends (tests of the kernel path).
     pub wire_faults: Option<WireFaults>,
+    /// Kernel path: the datagram socket and receiving task to share with other groups (one
+    /// per event loop, [`KernelEndpoint`]); `None`: this group binds its own.
+    pub kernel_endpoint: Option<Arc<KernelEndpoint>>,
+}
+
+/// One datagram socket and one receiving task for every group of an event loop on the kernel
+/// path: the tails' acknowledgements and the members' read answers of all of them arrive on
+/// it, are read in as few wake-ups as they come (every datagram queued is taken at each), and
+/// go to their group by (tenant, group). A client with many groups (the multi-tenant
+/// benchmark's event loop) then has one socket in its poll set and one reader instead of one
+/// per group.
+pub struct KernelEndpoint {
+    socket: Arc<UdpSocket>,
+    routes: Routes,
+    task: tokio::task::AbortHandle,
+}
+
+type Routes = Arc<Mutex<HashMap<(TenantId, GroupId), Route>>>;
+
+/// Where one group's datagrams go.
+#[derive(Clone)]
+struct Route {
+    inbound: mpsc::UnboundedSender<Inbound>,
+    reads: PendingReads,
+    chain_len: usize,
+}
+
+impl std::fmt::Debug for KernelEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelEndpoint").field("port", &self.port()).finish()
+    }
+}
+
+impl Drop for KernelEndpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl KernelEndpoint {
+    /// Bind a socket on any port and start its reader on the current tokio runtime.
+    pub async fn bind() -> anyhow::Result<Arc<KernelEndpoint>> {
+        let socket =
+            Arc::new(UdpSocket::bind(("0.0.0.0", 0)).await.context("binding the caller's datagram socket")?);
+        let routes: Routes = Arc::default();
+        let task = tokio::spawn(receive_replies(socket.clone(), routes.clone()));
+        Ok(Arc::new(KernelEndpoint { socket, routes, task: task.abort_handle() }))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.socket.local_addr().map_or(0, |addr| addr.port())
+    }
+
+    fn route(&self, tenant: TenantId, group: GroupId, route: Route) {
+        self.routes.lock().unwrap_or_else(PoisonError::into_inner).insert((tenant, group), route);
+    }
+
+    fn unroute(&self, tenant: TenantId, group: GroupId) {
+        self.routes.lock().unwrap_or_else(PoisonError::into_inner).remove(&(tenant, group));
+    }
 }
 
 /// Loss, duplication and reordering of the caller's datagrams, drawn from `seed`.
@@ -108,6 +168,7 @@ impl GroupSpec {
                 window_max: 128,
             },
             wire_faults: None,
+            kernel_endpoint: None,
         }
     }
 }
@@ -236,9 +297,10 @@ pub struct GroupClient {
     next_control: AtomicU64,
     datapath: Datapath,
     driver: tokio::task::AbortHandle,
-    receiver: Option<tokio::task::AbortHandle>,
     /// One-sided reads as datagrams (kernel path only).
     kernel_reads: Option<KernelReads>,
+    /// Where this group's datagrams come in (kernel path only).
+    endpoint: Option<(Arc<KernelEndpoint>, TenantId)>,
 }
 
 type PendingReads = Arc<Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>>;
@@ -283,8 +345,8 @@ impl KernelReads {
 impl Drop for GroupClient {
     fn drop(&mut self) {
         self.driver.abort();
-        if let Some(receiver) = &self.receiver {
-            receiver.abort();
+        if let Some((endpoint, tenant)) = &self.endpoint {
+            endpoint.unroute(*tenant, self.group);
         }
     }
 }
@@ -309,16 +371,16 @@ impl GroupClient {
         }
         let (inbound_tx, inbound_rx) = mpsc::unbounded_channel();
         let next_control = AtomicU64::new(1);
-        let socket = match spec.datapath {
-            Datapath::Kernel if n <= CHAIN_MAX && spec.kernel_caller.window_max <= RING => {
-                Some(UdpSocket::bind(("0.0.0.0", 0)).await.context("binding the caller's datagram socket")?)
+        let endpoint = match (spec.datapath, &spec.kernel_endpoint) {
+            (Datapath::Kernel, shared) if n <= CHAIN_MAX && spec.kernel_caller.window_max <= RING => {
+                Some(match shared {
+                    Some(shared) => shared.clone(),
+                    None => KernelEndpoint::bind().await?,
+                })
             }
             _ => None,
         };
-        let caller_port = match &socket {
-            Some(socket) => socket.local_addr()?.port(),
-            None => 0,
-        };
+        let caller_port = endpoint.as_ref().map_or(0, |endpoint| endpoint.port());
         let mut members = initialize_members(&spec, caller_port, &inbound_tx, &next_control).await?;
         let on_kernel = members.kernel_ports.iter().all(Option::is_some);
         if caller_port != 0 && !on_kernel {
@@ -344,9 +406,8 @@ impl GroupClient {
             GroupCaller::new(config, NodeId(0), caller_config.clone()).map_err(anyhow::Error::msg)?;
         let tick =
             Duration::from_nanos(caller_config.retransmit_after.as_nanos() / 2).max(Duration::from_millis(1));
-        let (transport, receiver, kernel_reads) = match (datapath, socket) {
-            (Datapath::Kernel, Some(socket)) => {
-                let socket = Arc::new(socket);
+        let (transport, kernel_reads, endpoint) = match (datapath, endpoint) {
+            (Datapath::Kernel, Some(endpoint)) => {
                 let kernel_addrs: Vec<SocketAddr> = (0..n)
                     .map(|i| {
                         SocketAddr::new(members.data_addrs[i].ip(), members.kernel_ports[i].unwrap_or(0))
@@ -359,13 +420,9 @@ impl GroupClient {
                     token: spec.token,
                 };
                 let pending: PendingReads = Arc::default();
-                let receiver = tokio::spawn(receive_replies(
-                    socket.clone(),
-                    address,
-                    n,
-                    inbound_tx.clone(),
-                    pending.clone(),
-                ));
+                let route = Route { inbound: inbound_tx.clone(), reads: pending.clone(), chain_len: n };
+                endpoint.route(spec.tenant, spec.group, route);
+                let socket = endpoint.socket.clone();
                 let sender = KernelSender::new(
                     socket.clone(),
                     kernel_addrs[0],
@@ -382,7 +439,7 @@ impl GroupClient {
                     next_id: AtomicU64::new(1),
                     served: AtomicU64::new(0),
                 };
-                (Transport::Kernel(Box::new(sender)), Some(receiver.abort_handle()), Some(reads))
+                (Transport::Kernel(Box::new(sender)), Some(reads), Some((endpoint, spec.tenant)))
             }
             _ => (Transport::Tcp(members.conns[0].tx.clone()), None, None),
         };
@@ -398,8 +455,8 @@ impl GroupClient {
             next_control,
             datapath,
             driver: driver.abort_handle(),
-            receiver,
             kernel_reads,
+            endpoint,
         })
     }
 
@@ -672,39 +729,52 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Read the tail's acknowledgements (to the driver) and the members' read answers (to their
-/// waiters) for this group off the caller's datagram socket.
-async fn receive_replies(
-    socket: Arc<UdpSocket>,
-    address: GroupAddress,
-    chain_len: usize,
-    inbound: mpsc::UnboundedSender<Inbound>,
-    reads: PendingReads,
-) {
+/// Read the tails' acknowledgements (to each group's driver) and the members' read answers
+/// (to their waiters) off a caller's datagram socket, for every group routed through it: every
+/// datagram queued is taken at each wake-up, and each group's acknowledgements go to its
+/// driver as one batch.
+async fn receive_replies(socket: Arc<UdpSocket>, routes: Routes) {
     let mut buf = vec![0u8; 2048];
+    let mut acks: HashMap<(TenantId, GroupId), Vec<packet::Ack>> = HashMap::new();
     loop {
         let Ok(len) = socket.recv(&mut buf).await else { return };
-        let mut acks = Vec::new();
-        let mut keep = |datagram: &[u8]| match packet::decode_reply(datagram, chain_len) {
-            Some(packet::Reply::Ack(ack)) if ack.tenant == address.tenant && ack.group == address.group => {
-                acks.push(ack)
+        {
+            let routes = routes.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut keep = |datagram: &[u8]| route_reply(datagram, &routes, &mut acks);
+            keep(&buf[..len]);
+            while let Ok(len) = socket.try_recv(&mut buf) {
+                keep(&buf[..len]);
             }
-            Some(packet::Reply::Data { tenant, group, id, bytes })
-                if tenant == address.tenant && group == address.group =>
-            {
-                if let Some(waiter) = reads.lock().unwrap_or_else(PoisonError::into_inner).remove(&id) {
-                    let _ = waiter.send(bytes);
+            for (key, acks) in acks.drain() {
+                if let Some(route) = routes.get(&key) {
+                    let _ = route.inbound.send(Inbound::KernelAcks(acks));
                 }
             }
-            _ => {}
-        };
-        keep(&buf[..len]);
-        while let Ok(len) = socket.try_recv(&mut buf) {
-            keep(&buf[..len]);
         }
-        if !acks.is_empty() && inbound.send(Inbound::KernelAcks(acks)).is_err() {
-            return;
+    }
+}
+
+/// One datagram: an acknowledgement kept for its group's driver, or a read's answer handed to
+/// its waiter; anything else (another tenant's, malformed, late) is dropped.
+fn route_reply(
+    datagram: &[u8],
+    routes: &HashMap<(TenantId, GroupId), Route>,
+    acks: &mut HashMap<(TenantId, GroupId), Vec<packet::Ack>>,
+) {
+    match packet::decode_reply(datagram, CHAIN_MAX) {
+        Some(packet::Reply::Ack(mut ack)) => {
+            let key = (ack.tenant, ack.group);
+            let Some(route) = routes.get(&key) else { return };
+            ack.results.truncate(route.chain_len);
+            acks.entry(key).or_default().push(ack);
         }
+        Some(packet::Reply::Data { tenant, group, id, bytes }) => {
+            let Some(route) = routes.get(&(tenant, group)) else { return };
+            if let Some(waiter) = route.reads.lock().unwrap_or_else(PoisonError::into_inner).remove(&id) {
+                let _ = waiter.send(bytes);
+            }
+        }
+        None => {}
     }
 }
 

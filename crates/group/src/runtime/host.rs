@@ -758,6 +758,11 @@ impl Host {
         let id = request.id();
         let result = match request {
             ControlRequest::Ping { id } => Ok(ControlReply::Pong { id }),
+            ControlRequest::KernelRegion { id, region, region_bytes } => {
+                self.kernel_region(tenant, &region, region_bytes).map(|(map_id, slot)| {
+                    ControlReply::KernelRegion { id, map_id, slot, data_port: self.addr.port() }
+                })
+            }
             ControlRequest::Read { id, group, offset, len } => match self.slot(tenant, group) {
                 None => Err(format!("group {} is not initialized here", group.0)),
                 Some(_) if len > crate::op::OP_BYTES_MAX => {
@@ -870,18 +875,19 @@ impl Host {
                 (SlotMember::User(Box::new(Mutex::new(member))), path)
             }
         };
+        // Links are dialled in the background, retrying until the next member holds the group
+        // at this epoch: members may be initialized in any order (docs/decisions.md, "members
+        // on group hosts"). The kernel path also needs the address its packets leave from
+        // toward the next member: the route's source, found without sending anything.
         let (downstream, link_local) = match (next, kernel) {
             (None, _) => (None, None),
-            // The kernel path needs the link's local address for its packets: dial now, so
-            // its members are initialized tail first (as `GroupClient` does).
-            (Some(addr), Some(_)) => {
-                let (tx, local) = self.link_to_next(addr, tenant, token, &init, caller).await?;
-                (Some(tx), Some(local))
+            (Some(addr), kernel) => {
+                let local = match kernel {
+                    Some(_) => Some(route_source(addr)?),
+                    None => None,
+                };
+                (Some(self.link_lazily(addr, tenant, token, &init, caller)), local)
             }
-            // The user path dials on its own, retrying until the next member holds the group
-            // at this epoch: members may then be initialized in any order (docs/decisions.md,
-            // "members on group hosts").
-            (Some(addr), None) => (Some(self.link_lazily(addr, tenant, token, &init, caller)), None),
         };
         if let (Some(kernel), SlotMember::Kernel { slot }) = (kernel, &member) {
             // The tail sends to the caller's UDP port from the address the caller reached it
@@ -925,6 +931,19 @@ impl Host {
         self.groups.lock().unwrap_or_else(PoisonError::into_inner).insert((tenant, init.group), slot);
         self.served_a_group.store(true, Relaxed);
         Ok((region_path, kernel.is_some()))
+    }
+
+    /// Register (or find again) the tenant's region on the kernel path: (map id, slot).
+    fn kernel_region(&self, tenant: TenantId, name: &str, region_bytes: u64) -> Result<(u32, u32), String> {
+        if self.config.mode != HostMode::Chorus {
+            return Err("a Naïve host's replicas have no kernel data path".into());
+        }
+        let kernel = self.kernel.as_ref().ok_or(
+            "this host serves on the user-space path (its log says why the kernel data path is unavailable)",
+        )?;
+        self.charge_region(tenant, name, region_bytes)?;
+        let slot = kernel.register_region(tenant, name, region_bytes)?;
+        Ok((kernel.regions_map_id()?, slot))
     }
 
     /// The kernel data path, if this group can use it: the caller asked (it gave a UDP port),
@@ -976,32 +995,6 @@ impl Host {
         }
         usage.regions.insert(name.to_string(), region_bytes);
         Ok(())
-    }
-
-    /// Dial the link to the next member (authenticated, bound to the group); a link that
-    /// breaks tells the caller at once. Returns the link's queue and its local address.
-    async fn link_to_next(
-        self: &Arc<Self>,
-        addr: SocketAddr,
-        tenant: TenantId,
-        token: Token,
-        init: &Init,
-        caller: &mpsc::Sender<Bytes>,
-    ) -> Result<(mpsc::Sender<Bytes>, SocketAddr), String> {
-        let position = init.position as usize;
-        let hello = link_hello(init, tenant, token);
-        let stream = dial(addr, &hello, self.io_timeout).await?;
-        let local = stream.local_addr().map_err(|e| e.to_string())?;
-        let (probe, writer) = stream.into_split();
-        let (tx, rx) = mpsc::channel(WRITER_QUEUE_FRAMES);
-        let failed = caller.clone();
-        let (group, epoch, timeout) = (init.group, init.epoch, self.io_timeout);
-        self.spawn(async move {
-            if let Err(error) = write_loop(writer, rx, Some(probe), timeout).await {
-                report_link_lost(&failed, group, epoch, position, error).await;
-            }
-        });
-        Ok((tx, local))
     }
 
     /// The link to the next member, dialled in the background: until the next member's host
@@ -1090,6 +1083,15 @@ impl Host {
         self.replicas.lock().unwrap_or_else(PoisonError::into_inner).push((tenant, replica));
         Ok(addr)
     }
+}
+
+/// The address this host's packets to `to` leave from: the source of the route to it (a
+/// connected UDP socket sends nothing).
+fn route_source(to: SocketAddr) -> Result<SocketAddr, String> {
+    let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid");
+    let socket = std::net::UdpSocket::bind(any).map_err(|e| format!("route to {to}: {e}"))?;
+    socket.connect(to).map_err(|e| format!("no route to the next member {to}: {e}"))?;
+    socket.local_addr().map_err(|e| format!("route to {to}: {e}"))
 }
 
 struct Init {

@@ -45,6 +45,9 @@ pub struct HostedInit {
     pub position: u8,
     /// The next member's host (absent at the tail).
     pub next: Option<SocketAddr>,
+    /// Kernel path: the UDP port the tail acknowledges to, at the address this connection
+    /// comes from (0: the user path, acknowledgements on this connection).
+    pub caller_port: u16,
 }
 
 enum Request {
@@ -58,6 +61,8 @@ pub struct HostLink {
     requests: mpsc::UnboundedSender<Request>,
     received: std_mpsc::Receiver<GroupMessage>,
     last_error: Arc<Mutex<Option<String>>>,
+    /// The connection was lost and, as asked, not dialled again.
+    lost: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::AbortHandle,
 }
 
@@ -68,14 +73,35 @@ impl Drop for HostLink {
 }
 
 impl HostLink {
-    /// Start the connection to the host at `addr` on the current tokio runtime.
+    /// Start the connection to the host at `addr` on the current tokio runtime; dial again
+    /// whenever it is lost.
     pub fn start(addr: SocketAddr, tenant: TenantId, token: Token, io_timeout: Duration) -> HostLink {
+        HostLink::start_with(addr, tenant, token, io_timeout, true)
+    }
+
+    /// As [`HostLink::start`]; with `redial_after_loss` false, a connection that was up and is
+    /// lost is not dialled again ([`HostLink::lost`]): on the kernel path the region lived in
+    /// that host process, and a new one would hold an empty one under the same name.
+    pub fn start_with(
+        addr: SocketAddr,
+        tenant: TenantId,
+        token: Token,
+        io_timeout: Duration,
+        redial_after_loss: bool,
+    ) -> HostLink {
         let (requests, rx) = mpsc::unbounded_channel();
         let (received_tx, received) = std_mpsc::channel();
         let last_error = Arc::new(Mutex::new(None));
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let hello = Hello { role: Role::Caller, tenant, token };
-        let task = tokio::spawn(run(addr, hello, io_timeout, rx, received_tx, last_error.clone()));
-        HostLink { requests, received, last_error, task: task.abort_handle() }
+        let give_up = (!redial_after_loss).then(|| lost.clone());
+        let task = tokio::spawn(run(addr, hello, io_timeout, rx, received_tx, last_error.clone(), give_up));
+        HostLink { requests, received, last_error, lost, task: task.abort_handle() }
+    }
+
+    /// The connection was lost and not dialled again (see [`HostLink::start_with`]).
+    pub fn lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Initialize (or re-initialize, in a newer epoch) this member on the host. Operations sent
@@ -114,8 +140,59 @@ fn initialize_request(id: u64, init: &HostedInit) -> ControlRequest {
         chain_len: init.chain_len,
         position: init.position,
         next: init.next.map(|addr| addr.to_string()),
-        caller_port: 0,
+        caller_port: init.caller_port,
     }
+}
+
+/// Where a member's region lives on its host's kernel data path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelRegionSlot {
+    /// The host's regions map (a BPF array; `kernel::datapath::open_slot` maps a slot).
+    pub map_id: u32,
+    pub slot: u32,
+    /// The host's UDP port for operations (its address is the host's).
+    pub data_port: u16,
+}
+
+/// Ask the host at `addr` to register the tenant's region `name` on its kernel data path (or
+/// find it again) and say where it is. Fails with the host's reason, e.g. when it serves on
+/// the user path only.
+pub async fn kernel_region(
+    addr: SocketAddr,
+    tenant: TenantId,
+    token: Token,
+    name: &str,
+    region_bytes: u64,
+    io_timeout: Duration,
+) -> Result<KernelRegionSlot, String> {
+    let hello = Hello { role: Role::Caller, tenant, token };
+    let exchange = async {
+        let stream = dial(addr, &hello, io_timeout).await?;
+        let (mut reader, mut writer) = stream.into_split();
+        let request = ControlRequest::KernelRegion { id: 1, region: name.to_string(), region_bytes };
+        tokio::io::AsyncWriteExt::write_all(&mut writer, &frame_of(FRAME_KIND_CONTROL, &request))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut buf = BytesMut::new();
+        let frame = read_frame(&mut reader, &mut buf, FRAME_BYTES_MAX)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the host closed the connection")?;
+        if frame.kind != FRAME_KIND_REPLY {
+            return Err(format!("unexpected frame kind {:#x}", frame.kind));
+        }
+        match ControlReply::decode_exact(frame.payload).map_err(|e| e.to_string())? {
+            ControlReply::KernelRegion { map_id, slot, data_port, .. } => {
+                Ok(KernelRegionSlot { map_id, slot, data_port })
+            }
+            ControlReply::Error { message, .. } => Err(message),
+            other => Err(format!("unexpected reply {other:?}")),
+        }
+    };
+    tokio::time::timeout(io_timeout, exchange)
+        .await
+        .map_err(|_| format!("group host {addr} did not answer in {io_timeout:?}"))?
+        .map_err(|reason| format!("group host {addr}: {reason}"))
 }
 
 async fn run(
@@ -125,6 +202,7 @@ async fn run(
     mut requests: mpsc::UnboundedReceiver<Request>,
     received: std_mpsc::Sender<GroupMessage>,
     last_error: Arc<Mutex<Option<String>>>,
+    give_up: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) {
     let set_error =
         |error: Option<String>| *last_error.lock().unwrap_or_else(PoisonError::into_inner) = error;
@@ -206,8 +284,98 @@ async fn run(
         };
         writer.abort();
         read.abort();
-        debug!(%addr, "connection to the group host lost ({reason}); dialling again");
         set_error(Some(format!("connection to group host {addr} lost: {reason}")));
+        if let Some(lost) = &give_up {
+            warn!(%addr, "connection to the group host lost ({reason}); not dialling again");
+            lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            return;
+        }
+        debug!(%addr, "connection to the group host lost ({reason}); dialling again");
         tokio::time::sleep(REDIAL_AFTER).await;
+    }
+}
+
+/// The kernel path's datagrams of a member hosted on its node's group host, driven from a
+/// synchronous event loop (the chain store's node, `--datapath kernel`): the operations of a
+/// group this member heads go as datagrams to its host, whose XDP program applies them and
+/// forwards them down the chain; the tail's program acknowledges straight to the port of the
+/// coordinator's node, which reads them here. Retransmission stays the caller core's.
+pub struct MemberDatagrams {
+    socket: std::net::UdpSocket,
+    host: SocketAddr,
+    tenant: TenantId,
+    /// Operations the caller found malformed (sent as no-ops), until acknowledged.
+    rejected: std::collections::HashMap<(GroupId, u64), crate::op::OpError>,
+    buf: Vec<u8>,
+}
+
+impl MemberDatagrams {
+    /// Bind this node's datagram socket on `port` of every address (0: any port); `host` is
+    /// the member's host's data address (its IP, its `data_port`).
+    pub fn bind(port: u16, host: SocketAddr, tenant: TenantId) -> std::io::Result<MemberDatagrams> {
+        let socket = std::net::UdpSocket::bind(("0.0.0.0", port))?;
+        socket.set_nonblocking(true)?;
+        Ok(MemberDatagrams {
+            socket,
+            host,
+            tenant,
+            rejected: std::collections::HashMap::new(),
+            buf: Vec::with_capacity(2048),
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.socket.local_addr().map_or(0, |addr| addr.port())
+    }
+
+    /// Send an operation of a group this member heads (anything else is not for the wire).
+    /// It must fit one datagram: the chain's coordinator splits larger ones
+    /// (`Member::carries_datagrams`). A full socket buffer drops it: the caller retransmits.
+    pub fn send(&mut self, message: &GroupMessage, region_bytes: u64, chain_len: usize) {
+        let GroupMessage::Op { group, epoch, token, seq, operation, .. } = message else { return };
+        let verdict = operation.validate(region_bytes, chain_len).err();
+        if verdict.is_none() && crate::kernel::packet::split(operation).len() > 1 {
+            debug_assert!(false, "an operation larger than a datagram reached the wire");
+            warn!(group = group.0, seq, "an operation larger than a datagram was not sent");
+            return;
+        }
+        if let Some(error) = verdict {
+            self.rejected.insert((*group, *seq), error);
+        }
+        let address = crate::kernel::packet::GroupAddress {
+            tenant: self.tenant,
+            group: *group,
+            epoch: *epoch,
+            token: *token,
+        };
+        crate::kernel::packet::encode_op(&address, *seq, operation, verdict.is_some(), &mut self.buf);
+        if let Err(error) = self.socket.send_to(&self.buf, self.host) {
+            debug!(group = group.0, seq, "datagram to {} not sent: {error}", self.host);
+        }
+    }
+
+    /// The acknowledgements received since the last call, as the caller core expects them,
+    /// with result maps of the datagram's width (`kernel::layout::CHAIN_MAX` slots; the
+    /// receiver cuts them to its chain's length).
+    pub fn drain(&mut self, into: &mut Vec<GroupMessage>) {
+        let mut datagram = [0u8; 2048];
+        while let Ok(len) = self.socket.recv(&mut datagram) {
+            let Some(ack) =
+                crate::kernel::packet::decode_ack(&datagram[..len], crate::kernel::layout::CHAIN_MAX)
+            else {
+                continue;
+            };
+            if ack.tenant != self.tenant {
+                continue;
+            }
+            let own = self.rejected.remove(&(ack.group, ack.seq));
+            let outcome = match (ack.verdict, own) {
+                (0, _) => Ok(ack.results),
+                (_, Some(error)) => Err(error),
+                // Rejected by the kernel although the sender found it valid: never expected.
+                (_, None) => Err(crate::op::OpError::OutOfBounds { offset: 0, len: 0, region_bytes: 0 }),
+            };
+            into.push(GroupMessage::Ack { group: ack.group, epoch: ack.epoch, seq: ack.seq, outcome });
+        }
     }
 }

@@ -14,9 +14,9 @@ pub mod hosted;
 pub mod wire;
 
 pub use child::{child_main, spawn_child, ChildProcess};
-pub use client::{BlockingGroupClient, GroupClient, GroupSpec, WireFaults};
+pub use client::{BlockingGroupClient, GroupClient, GroupSpec, KernelEndpoint, WireFaults};
 pub use host::{
     serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, TenantCredential, TenantQuotas,
 };
-pub use hosted::{HostLink, HostedInit};
+pub use hosted::{kernel_region, HostLink, HostedInit, KernelRegionSlot, MemberDatagrams};
 pub use wire::{format_token, parse_token};

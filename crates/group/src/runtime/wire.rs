@@ -131,6 +131,14 @@ pub enum ControlRequest {
     Ping {
         id: u64,
     },
+    /// Register (or find again) the tenant's region on the host's kernel data path and say
+    /// where it is, so that the caller (on the same machine, as root) maps it: the chain
+    /// store's node reads the region its member's host writes.
+    KernelRegion {
+        id: u64,
+        region: String,
+        region_bytes: u64,
+    },
 }
 
 impl ControlRequest {
@@ -138,7 +146,8 @@ impl ControlRequest {
         match self {
             ControlRequest::Initialize { id, .. }
             | ControlRequest::Read { id, .. }
-            | ControlRequest::Ping { id } => *id,
+            | ControlRequest::Ping { id }
+            | ControlRequest::KernelRegion { id, .. } => *id,
         }
     }
 }
@@ -181,6 +190,12 @@ impl WireMessage for ControlRequest {
                 buf.put_u8(3);
                 buf.put_u64_le(*id);
             }
+            ControlRequest::KernelRegion { id, region, region_bytes } => {
+                buf.put_u8(4);
+                buf.put_u64_le(*id);
+                buf.put_bytes_prefixed(region.as_bytes());
+                buf.put_u64_le(*region_bytes);
+            }
         }
     }
 
@@ -205,6 +220,11 @@ impl WireMessage for ControlRequest {
                 len: reader.u64()?,
             },
             3 => ControlRequest::Ping { id: reader.u64()? },
+            4 => ControlRequest::KernelRegion {
+                id: reader.u64()?,
+                region: utf8(reader.bytes()?)?,
+                region_bytes: reader.u64()?,
+            },
             tag => return Err(DecodeError::UnknownTag { what: "group control request", tag }),
         })
     }
@@ -246,6 +266,14 @@ pub enum ControlReply {
         region_path: String,
         data_port: u16,
     },
+    /// The region is slot `slot` of BPF map `map_id` (an mmapable array of
+    /// `kernel::layout::SLOT_BYTES` slots); operations go as datagrams to `data_port`.
+    KernelRegion {
+        id: u64,
+        map_id: u32,
+        slot: u32,
+        data_port: u16,
+    },
 }
 
 impl ControlReply {
@@ -256,7 +284,8 @@ impl ControlReply {
             | ControlReply::Data { id, .. }
             | ControlReply::Pong { id }
             | ControlReply::Error { id, .. }
-            | ControlReply::InitializedKernel { id, .. } => *id,
+            | ControlReply::InitializedKernel { id, .. }
+            | ControlReply::KernelRegion { id, .. } => *id,
         }
     }
 }
@@ -294,6 +323,13 @@ impl WireMessage for ControlReply {
                 buf.put_bytes_prefixed(region_path.as_bytes());
                 buf.put_u16_le(*data_port);
             }
+            ControlReply::KernelRegion { id, map_id, slot, data_port } => {
+                buf.put_u8(7);
+                buf.put_u64_le(*id);
+                buf.put_u32_le(*map_id);
+                buf.put_u32_le(*slot);
+                buf.put_u16_le(*data_port);
+            }
         }
     }
 
@@ -310,6 +346,12 @@ impl WireMessage for ControlReply {
             6 => ControlReply::InitializedKernel {
                 id: reader.u64()?,
                 region_path: utf8(reader.bytes()?)?,
+                data_port: reader.u16()?,
+            },
+            7 => ControlReply::KernelRegion {
+                id: reader.u64()?,
+                map_id: reader.u32()?,
+                slot: reader.u32()?,
                 data_port: reader.u16()?,
             },
             tag => return Err(DecodeError::UnknownTag { what: "group control reply", tag }),
@@ -425,6 +467,7 @@ mod tests {
             },
             ControlRequest::Read { id: 2, group: GroupId(2), offset: 8, len: 16 },
             ControlRequest::Ping { id: 3 },
+            ControlRequest::KernelRegion { id: 4, region: "chain".into(), region_bytes: 1 << 20 },
         ];
         for request in requests {
             let mut buf = BytesMut::new();
@@ -438,6 +481,7 @@ mod tests {
             ControlReply::Pong { id: 3 },
             ControlReply::Error { id: 4, message: "no".into() },
             ControlReply::InitializedKernel { id: 5, region_path: "bpf slot 3".into(), data_port: 7000 },
+            ControlReply::KernelRegion { id: 6, map_id: 41, slot: 3, data_port: 7001 },
         ];
         for reply in replies {
             let mut buf = BytesMut::new();

@@ -43,6 +43,16 @@ pub trait Member {
     fn sync_pending(&self) -> bool {
         false
     }
+    /// The node whose coordinator sent the configuration about to be installed: where the
+    /// group's acknowledgements are wanted. A member that acknowledges straight to that node
+    /// (the kernel path's tail) needs it; the others route through the core.
+    fn coordinated_by(&mut self, _coordinator: NodeId) {}
+    /// This member's data path carries an operation in one kernel datagram (at most
+    /// `chorus_group::kernel::layout::CHUNK_BYTES_MAX` bytes): the coordinator splits larger
+    /// ones into consecutive pieces (`chorus_group::kernel::packet::split`).
+    fn carries_datagrams(&self) -> bool {
+        false
+    }
 }
 
 /// The local form: the member core runs in the caller's event loop.

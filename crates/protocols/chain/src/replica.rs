@@ -209,6 +209,68 @@ struct Coordinator {
     next_request: u64,
     /// The log sequence number after the last executed record (the next append goes there).
     log_tail: u64,
+    /// The data path carries datagrams: operations larger than one are split.
+    splits: bool,
+    split: Split,
+}
+
+/// Operations split into pieces for a data path that carries less than the whole (the kernel
+/// path's datagrams; `chorus_group::kernel::packet::split`): the pieces get consecutive
+/// sequence numbers, so every member applies them in order, which is what the whole means.
+#[derive(Default)]
+struct Split {
+    /// The whole's request, per piece.
+    pieces: FxHashMap<RequestId, RequestId>,
+    /// Per whole: pieces not completed yet, and its result so far (the first error, else the
+    /// first piece's outcome).
+    wholes: FxHashMap<RequestId, (usize, Option<Result<OpOutcome, GroupError>>)>,
+}
+
+impl Split {
+    /// A completion as the coordinator sees it: the whole's, once its last piece completed;
+    /// `None` while pieces are left. Completions of unsplit operations pass through.
+    fn complete(
+        &mut self,
+        request: RequestId,
+        result: Result<OpOutcome, GroupError>,
+    ) -> Option<(RequestId, Result<OpOutcome, GroupError>)> {
+        let Some(whole) = self.pieces.remove(&request) else { return Some((request, result)) };
+        let (left, so_far) = self.wholes.get_mut(&whole)?;
+        match (&so_far, &result) {
+            (None, _) | (Some(Ok(_)), Err(_)) => *so_far = Some(result),
+            _ => {}
+        }
+        *left -= 1;
+        if *left > 0 {
+            return None;
+        }
+        let (_, result) = self.wholes.remove(&whole)?;
+        Some((whole, result?))
+    }
+}
+
+/// Submit `operation` as `request`, in datagram-sized pieces if the data path `splits`.
+fn submit_split(
+    caller: &mut GroupCaller,
+    splits: bool,
+    split: &mut Split,
+    now: Time,
+    request: RequestId,
+    operation: Operation,
+    gout: &mut GroupOutbox,
+) {
+    let pieces = if splits { chorus_group::kernel::packet::split(&operation) } else { Vec::new() };
+    if pieces.len() <= 1 {
+        caller.submit(now, request, operation, gout);
+        return;
+    }
+    split.wholes.insert(request, (pieces.len(), None));
+    for (i, piece) in pieces.into_iter().enumerate() {
+        // Pieces get requests the coordinator never issues (the top bit set).
+        let piece_request = RequestId(request.0 | 1 << 63 | (i as u64) << 40);
+        split.pieces.insert(piece_request, request);
+        caller.submit(now, piece_request, piece, gout);
+    }
 }
 
 #[derive(Default)]
@@ -717,6 +779,8 @@ impl<M: Member> Chain<M> {
             ops: FxHashMap::default(),
             next_request: 0,
             log_tail: 0,
+            splits: self.member.as_ref().is_some_and(|member| member.carries_datagrams()),
+            split: Split::default(),
         });
         let chain = self.live_order();
         self.start_configuring(now, false, chain, AfterConfig::Recover, out);
@@ -817,6 +881,7 @@ impl<M: Member> Chain<M> {
         let group = if copy { COPY_GROUP } else { GROUP };
         let config = group_config(group, group_epoch, chain.clone(), &self.config.layout);
         if group_epoch > member.config().epoch {
+            member.coordinated_by(from);
             if let Err(error) = member.on_config(self.now, config, &mut GroupOutbox::default()) {
                 debug_assert!(false, "a coordinator's configuration is valid: {error}");
                 return false;
@@ -964,6 +1029,7 @@ impl<M: Member> Chain<M> {
         let coordinator = self.coordinator.as_mut().expect("coordinating");
         let copier = coordinator.copier.as_mut().expect("copying");
         let copy = coordinator.copy.as_mut().expect("copying");
+        let pieces = &mut coordinator.split;
         if let Some(operations) = copy.catch_up.as_mut() {
             // A catch-up: the records the joiner lacks, then their execution and the header.
             while copy.in_flight < COPY_WINDOW {
@@ -974,7 +1040,7 @@ impl<M: Member> Chain<M> {
                 let request = RequestId(coordinator.next_request);
                 coordinator.next_request += 1;
                 coordinator.ops.insert(request, OpKind::Copy);
-                copier.submit(now, request, operation, gout);
+                submit_split(copier, coordinator.splits, pieces, now, request, operation, gout);
                 copy.in_flight += 1;
             }
             // The final lock-word write below goes out once these are acknowledged.
@@ -986,7 +1052,8 @@ impl<M: Member> Chain<M> {
             let request = RequestId(coordinator.next_request);
             coordinator.next_request += 1;
             coordinator.ops.insert(request, OpKind::Copy);
-            copier.submit(now, request, Operation::write(copy.next_offset, data), gout);
+            let operation = Operation::write(copy.next_offset, data);
+            submit_split(copier, coordinator.splits, pieces, now, request, operation, gout);
             self.stats.copy_bytes_sent += len;
             copy.next_offset += len;
             copy.in_flight += 1;
@@ -997,12 +1064,8 @@ impl<M: Member> Chain<M> {
             let request = RequestId(coordinator.next_request);
             coordinator.next_request += 1;
             coordinator.ops.insert(request, OpKind::Copy);
-            copier.submit(
-                now,
-                request,
-                Operation::write(LOCK_OFFSET, 0u64.to_le_bytes().to_vec()).durable(),
-                gout,
-            );
+            let unlock = Operation::write(LOCK_OFFSET, 0u64.to_le_bytes().to_vec()).durable();
+            submit_split(copier, coordinator.splits, pieces, now, request, unlock, gout);
             copy.flush_sent = true;
             copy.in_flight += 1;
         }
@@ -1147,7 +1210,7 @@ impl<M: Member> Chain<M> {
                     match self.configured_by {
                         Some(node) if node == me => {
                             if let Some(coordinator) = self.coordinator.as_mut() {
-                                coordinator.on_caller_message(now, me, message, &mut gout);
+                                coordinator.on_local_caller_message(now, me, message, &mut gout);
                             }
                         }
                         Some(node) => out.send(node, Message::Group(message)),
@@ -1181,6 +1244,7 @@ impl<M: Member> Chain<M> {
         out: &mut Outbox<Message>,
     ) {
         let Some(coordinator) = self.coordinator.as_mut() else { return };
+        let Some((request, result)) = coordinator.split.complete(request, result) else { return };
         let Some(kind) = coordinator.ops.remove(&request) else { return };
         let outcome = match result {
             Ok(outcome) => outcome,
@@ -1686,7 +1750,8 @@ impl Coordinator {
         let request = RequestId(self.next_request);
         self.next_request += 1;
         self.ops.insert(request, kind);
-        self.caller.as_mut().expect("the data path is configured").submit(now, request, operation, gout);
+        let caller = self.caller.as_mut().expect("the data path is configured");
+        submit_split(caller, self.splits, &mut self.split, now, request, operation, gout);
     }
 
     fn all_members(&self) -> u64 {
@@ -1696,6 +1761,33 @@ impl Coordinator {
     /// The data path's chain as installed everywhere (empty before the first configuration).
     fn caller_chain(&self) -> Vec<NodeId> {
         self.caller.as_ref().map(|caller| caller.group().chain.clone()).unwrap_or_default()
+    }
+
+    /// What this node's own member hands over for the coordinator: an acknowledgement came
+    /// from the group's tail (this node's member core is the tail, or, on the kernel path, the
+    /// tail's host acknowledged straight to this node, with a result map of the datagram's
+    /// width, cut here to the chain's).
+    fn on_local_caller_message(
+        &mut self,
+        now: Time,
+        me: NodeId,
+        mut message: GroupMessage,
+        gout: &mut GroupOutbox,
+    ) {
+        let caller = if message.group() == COPY_GROUP { self.copier.as_ref() } else { self.caller.as_ref() };
+        let Some(chain) = caller.map(|caller| caller.group().chain.clone()) else { return };
+        let from = match &mut message {
+            GroupMessage::Ack { outcome, .. } => {
+                if let Ok(map) = outcome {
+                    while map.len() > chain.len() && map.last() == Some(&None) {
+                        map.pop();
+                    }
+                }
+                chain.last().copied().unwrap_or(me)
+            }
+            _ => me,
+        };
+        self.on_caller_message(now, from, message, gout);
     }
 
     fn on_caller_message(&mut self, now: Time, from: NodeId, message: GroupMessage, gout: &mut GroupOutbox) {
