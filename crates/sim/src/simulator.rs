@@ -64,6 +64,10 @@ pub struct SimConfig {
     /// Hermes, CRAQ and ZAB keep their keys in the server's append-only file on each node's
     /// simulated disk and restart from it ([`crate::managed::simulate_managed_appendonly`]).
     pub appendonly: AppendOnly,
+    /// The nodes form replica groups of this many consecutive ids (the migration swarm,
+    /// `crate::shards`): a crash must also leave a majority of the node's own group with
+    /// its data.
+    pub crash_group_size: Option<usize>,
 }
 
 impl SimConfig {
@@ -84,6 +88,7 @@ impl SimConfig {
             power_loss: false,
             expiry_by_local_clock: false,
             appendonly: AppendOnly::Off,
+            crash_group_size: None,
         }
     }
 
@@ -719,6 +724,11 @@ where
         let crash_max = (self.config.replicas - 1) / 2;
         !self.crashed[node.index()]
             && self.without_data.iter().filter(|without| **without).count() < crash_max
+            && self.config.crash_group_size.map_or(true, |size| {
+                let group = node.index() / size;
+                let without = self.without_data[group * size..(group + 1) * size].iter().filter(|w| **w).count();
+                without < (size - 1) / 2
+            })
     }
 
     /// A crashed node comes back with what it kept on disk (the restart builder decides).
