@@ -48,7 +48,9 @@ fn outcome_of(command: &Command, reply: redis::RedisResult<redis::Value>) -> Opt
     Some(match command {
         Command::Read { .. } => Outcome::Value(bulk(&value)),
         Command::Write { .. } => Outcome::Written,
-        Command::Rmw { op: RmwOp::IncrementBy(_), .. } => Outcome::Integer(redis::from_redis_value(&value).ok()?),
+        Command::Rmw { op: RmwOp::IncrementBy(_), .. } => {
+            Outcome::Integer(redis::from_redis_value(&value).ok()?)
+        }
         Command::Rmw { op: RmwOp::CompareAndSwap { .. }, .. } => {
             let (swapped, previous): (i64, Option<Vec<u8>>) = redis::from_redis_value(&value).ok()?;
             Outcome::Cas { swapped: swapped == 1, previous: previous.map(Bytes::from) }
@@ -60,7 +62,9 @@ fn outcome_of(command: &Command, reply: redis::RedisResult<redis::Value>) -> Opt
 fn redis_command(command: &Command) -> redis::Cmd {
     match command {
         Command::Read { key } => redis::cmd("GET").arg(key.as_ref()).clone(),
-        Command::Write { key, value: Some(value) } => redis::cmd("SET").arg(key.as_ref()).arg(value.as_ref()).clone(),
+        Command::Write { key, value: Some(value) } => {
+            redis::cmd("SET").arg(key.as_ref()).arg(value.as_ref()).clone()
+        }
         Command::Rmw { key, op: RmwOp::IncrementBy(delta) } => {
             redis::cmd("INCRBY").arg(key.as_ref()).arg(*delta).clone()
         }
@@ -171,7 +175,9 @@ fn run_clients(ports: Vec<u16>, stop: Arc<AtomicBool>) -> (History, [u64; 3]) {
                             2 => Command::Rmw {
                                 key,
                                 op: RmwOp::CompareAndSwap {
-                                    expected: Some(last_seen.clone().unwrap_or_else(|| Bytes::from_static(b"none"))),
+                                    expected: Some(
+                                        last_seen.clone().unwrap_or_else(|| Bytes::from_static(b"none")),
+                                    ),
                                     new: Some(fresh),
                                 },
                             },
@@ -182,7 +188,9 @@ fn run_clients(ports: Vec<u16>, stop: Arc<AtomicBool>) -> (History, [u64; 3]) {
                     let first = ports[(i as usize + client) % ports.len()];
                     let outcome = cluster.run(&command, first);
                     let at = Time::from_nanos(origin.elapsed().as_nanos() as u64);
-                    if let Some(Outcome::Value(Some(value)) | Outcome::Cas { previous: Some(value), .. }) = &outcome {
+                    if let Some(Outcome::Value(Some(value)) | Outcome::Cas { previous: Some(value), .. }) =
+                        &outcome
+                    {
                         last_seen = Some(value.clone());
                     }
                     operations.push(Operation {
@@ -289,14 +297,18 @@ fn slots_with_keys_move_back_and_forth_while_clients_run_and_every_key_stays_lin
     assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
     assert!(report.inconclusive_keys.is_empty(), "inconclusive: {:?}", report.inconclusive_keys);
     assert!(completed > 500, "too little completed: {completed}");
-    assert!(redirects > 0 && try_agains > 0, "the moves were not felt: {redirects} MOVED, {try_agains} TRYAGAIN");
+    assert!(
+        redirects > 0 && try_agains > 0,
+        "the moves were not felt: {redirects} MOVED, {try_agains} TRYAGAIN"
+    );
 
     // Nothing is left behind: each key is at its slot's owner only, at every node of it.
     for key in KEYS {
         let owner = owner_port(port, key_slot(key.as_bytes()));
         let group = if owner < port + 3 { port..port + 3 } else { port + 3..port + 6 };
         for node in port..port + 6 {
-            let count: u64 = query(&mut client(node), &format!("CLUSTER COUNTKEYSINSLOT {}", key_slot(key.as_bytes())));
+            let count: u64 =
+                query(&mut client(node), &format!("CLUSTER COUNTKEYSINSLOT {}", key_slot(key.as_bytes())));
             if group.contains(&node) {
                 assert!(count > 0, "node {node} holds the slot of {key}");
             } else {

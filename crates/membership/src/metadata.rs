@@ -226,7 +226,6 @@ impl SlotTable {
         range.fill(group);
         Ok(())
     }
-
 }
 
 /// A change of the slot map.
@@ -664,14 +663,23 @@ mod tests {
         };
         let phase = |net: &Net| net.nodes[1].as_ref().unwrap().table().moving(100).map(|moving| moving.phase);
         let drained = |node: u8| SlotChange::Drained { slot: 100, node: NodeId(node), began: 2 };
-        assert_eq!(change(&mut net, 1, SlotChange::BeginMove { slot: 100, to: 0 }), Err(ChangeRefused::Unchanged));
+        assert_eq!(
+            change(&mut net, 1, SlotChange::BeginMove { slot: 100, to: 0 }),
+            Err(ChangeRefused::Unchanged)
+        );
         assert_eq!(change(&mut net, 2, SlotChange::BeginMove { slot: 100, to: 1 }), Ok(2));
-        assert_eq!(change(&mut net, 3, SlotChange::BeginMove { slot: 100, to: 1 }), Err(ChangeRefused::Moving(100)));
+        assert_eq!(
+            change(&mut net, 3, SlotChange::BeginMove { slot: 100, to: 1 }),
+            Err(ChangeRefused::Moving(100))
+        );
         assert_eq!(
             change(&mut net, 4, SlotChange::Assign { first: 0, last: 200, group: 1 }),
             Err(ChangeRefused::Moving(100))
         );
-        assert_eq!(change(&mut net, 5, SlotChange::Copied { slot: 100, began: 2 }), Err(ChangeRefused::Phase(100)));
+        assert_eq!(
+            change(&mut net, 5, SlotChange::Copied { slot: 100, began: 2 }),
+            Err(ChangeRefused::Phase(100))
+        );
         // Node 2 is not of the owner (group 0): its report counts for nothing.
         assert_eq!(change(&mut net, 6, drained(2)), Err(ChangeRefused::Unchanged));
         assert_eq!(change(&mut net, 7, drained(0)), Ok(2));
@@ -679,13 +687,19 @@ mod tests {
         assert_eq!(change(&mut net, 8, drained(1)), Ok(3));
         assert_eq!(phase(&net), Some(MovePhase::Copying));
         // Copying: the new group may have served keys, so there is no way back.
-        assert_eq!(change(&mut net, 9, SlotChange::CancelMove { slot: 100, began: 2 }), Err(ChangeRefused::Phase(100)));
+        assert_eq!(
+            change(&mut net, 9, SlotChange::CancelMove { slot: 100, began: 2 }),
+            Err(ChangeRefused::Phase(100))
+        );
         assert_eq!(change(&mut net, 10, SlotChange::Copied { slot: 100, began: 2 }), Ok(4));
         assert_eq!(phase(&net), Some(MovePhase::Sealing));
         let sealed = |node: u8| SlotChange::Sealed { slot: 100, node: NodeId(node), began: 2 };
         assert_eq!(change(&mut net, 11, sealed(0)), Err(ChangeRefused::Unchanged));
         assert_eq!(change(&mut net, 12, sealed(2)), Ok(4));
-        assert_eq!(change(&mut net, 13, SlotChange::Cleaned { slot: 100, began: 2 }), Err(ChangeRefused::Phase(100)));
+        assert_eq!(
+            change(&mut net, 13, SlotChange::Cleaned { slot: 100, began: 2 }),
+            Err(ChangeRefused::Phase(100))
+        );
         assert_eq!(change(&mut net, 14, sealed(3)), Ok(5));
         assert_eq!(phase(&net), Some(MovePhase::Cleaning));
         assert_eq!(net.nodes[0].as_ref().unwrap().table().owner(100), 0);

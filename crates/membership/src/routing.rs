@@ -86,7 +86,10 @@ pub enum MoveStep {
     /// Run this at the source's core.
     Source(Command),
     /// Write this value at the target (through its protocol).
-    Target { key: Key, value: Bytes },
+    Target {
+        key: Key,
+        value: Bytes,
+    },
     Done,
 }
 

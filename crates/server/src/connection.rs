@@ -327,7 +327,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let (_gate, redirect) = match admitted {
             routing::Admit::Run(gate) => (gate, None),
             routing::Admit::Refuse(reply) => (None, Some(reply)),
-            routing::Admit::CheckPresence { slot, ask } => (None, Some(self.presence(&args, slot, ask).await)),
+            routing::Admit::CheckPresence { slot, ask } => {
+                (None, Some(self.presence(&args, slot, ask).await))
+            }
         };
         if let Some(reply) = redirect {
             // As Redis: a redirected command inside MULTI makes EXEC fail.

@@ -304,7 +304,11 @@ async fn serve_node(
         cluster,
     });
     if let Some(cluster) = &shared.cluster {
-        tokio::spawn(cluster::migrate::run_movers(cluster.clone(), shared.engine.clone(), config.requirepass.clone()));
+        tokio::spawn(cluster::migrate::run_movers(
+            cluster.clone(),
+            shared.engine.clone(),
+            config.requirepass.clone(),
+        ));
     }
     let sampled = shared.clone();
     tokio::spawn(memory::sample(shared.metrics.clone(), move || {

@@ -23,11 +23,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use chorus_core::slots::{key_slot, moving_marker, Slot, SLOT_COUNT};
-use chorus_core::{ClientRequestId, Command, CommandError, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View};
+use chorus_core::{
+    ClientRequestId, Command, CommandError, Key, NodeId, NodeSet, Outbox, Outcome, Replica, Time, View,
+};
 use chorus_membership::routing::{accepts_copy, clean_step, route, KeyMove, MoveStep, Route};
 use chorus_membership::{
-    Membership, MembershipConfig, MembershipMessage, Metadata, MetadataOutbox, MovePhase, SlotChange, SlotMove,
-    SlotTable, Wire, WithMembership,
+    Membership, MembershipConfig, MembershipMessage, Metadata, MetadataOutbox, MovePhase, SlotChange,
+    SlotMove, SlotTable, Wire, WithMembership,
 };
 
 use crate::managed::swarm_membership_config;
@@ -139,8 +141,16 @@ pub enum ShardWire<M> {
     Meta(MembershipMessage),
     /// A client's command forwarded by the node it talks to (`asking`: after `-ASK`), or a
     /// mover's copy for the move that began at epoch `copy`.
-    Request { id: u64, command: Command, asking: bool, copy: Option<u64> },
-    Answer { id: u64, answer: Answer },
+    Request {
+        id: u64,
+        command: Command,
+        asking: bool,
+        copy: Option<u64>,
+    },
+    Answer {
+        id: u64,
+        answer: Answer,
+    },
 }
 
 /// A node's answer to a command.
@@ -157,18 +167,33 @@ pub enum Answer {
 enum Origin {
     /// A client operation this node drives (its id in `operations`).
     Local(u64),
-    Remote { node: NodeId, id: u64 },
+    Remote {
+        node: NodeId,
+        id: u64,
+    },
 }
 
 /// What a request to this node's own core is for.
 #[derive(Clone, Debug)]
 enum CoreRequest {
-    Client { origin: Origin, slot: Slot },
-    Presence { origin: Origin, to: u16 },
+    Client {
+        origin: Origin,
+        slot: Slot,
+    },
+    Presence {
+        origin: Origin,
+        to: u16,
+    },
     /// A mover's step at the source, for the move (slot, began, phase).
-    Move { slot: MoveId, key: Key },
+    Move {
+        slot: MoveId,
+        key: Key,
+    },
     /// A mover's copy arriving here, at the new group.
-    Copy { origin: Origin, slot: Slot },
+    Copy {
+        origin: Origin,
+        slot: Slot,
+    },
 }
 
 /// One phase of one move: (slot, the epoch it began at, the phase).
@@ -287,7 +312,14 @@ impl<P: Replica> ShardNode<P> {
 
     /// Run `command` here for `origin`, as the server's connection does: route, then run or
     /// answer with a redirect.
-    fn execute(&mut self, now: Time, origin: Origin, command: Command, asking: bool, out: &mut Outbox<ShardWire<P::Message>>) {
+    fn execute(
+        &mut self,
+        now: Time,
+        origin: Origin,
+        command: Command,
+        asking: bool,
+        out: &mut Outbox<ShardWire<P::Message>>,
+    ) {
         let slot = key_slot(command.key());
         match self.route_here(slot, asking) {
             Route::Serve => {
@@ -322,7 +354,13 @@ impl<P: Replica> ShardNode<P> {
         }
     }
 
-    fn submit(&mut self, now: Time, purpose: CoreRequest, command: Command, out: &mut Outbox<ShardWire<P::Message>>) {
+    fn submit(
+        &mut self,
+        now: Time,
+        purpose: CoreRequest,
+        command: Command,
+        out: &mut Outbox<ShardWire<P::Message>>,
+    ) {
         let id = self.fresh_id();
         self.core_requests.insert(id, purpose);
         self.core.on_client(now, ClientRequestId(id), command, &mut self.core_out);
@@ -412,7 +450,9 @@ impl<P: Replica> ShardNode<P> {
         let lost: Vec<u64> = self
             .operations
             .iter()
-            .filter(|(_, operation)| operation.waiting_since.is_some_and(|since| now >= since + ANSWER_TIMEOUT))
+            .filter(|(_, operation)| {
+                operation.waiting_since.is_some_and(|since| now >= since + ANSWER_TIMEOUT)
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in lost {
@@ -438,7 +478,13 @@ impl<P: Replica> ShardNode<P> {
         }
     }
 
-    fn on_core_reply(&mut self, now: Time, purpose: CoreRequest, outcome: Outcome, out: &mut Outbox<ShardWire<P::Message>>) {
+    fn on_core_reply(
+        &mut self,
+        now: Time,
+        purpose: CoreRequest,
+        outcome: Outcome,
+        out: &mut Outbox<ShardWire<P::Message>>,
+    ) {
         match purpose {
             CoreRequest::Client { origin, slot } => {
                 let running = self.running.entry(slot).or_default();
@@ -507,7 +553,8 @@ impl<P: Replica> ShardNode<P> {
                 self.propose(now, SlotChange::BeginMove { slot, to }, out);
             }
         }
-        let moves: Vec<(Slot, SlotMove)> = self.table().moves().map(|(slot, moving)| (slot, *moving)).collect();
+        let moves: Vec<(Slot, SlotMove)> =
+            self.table().moves().map(|(slot, moving)| (slot, *moving)).collect();
         for (slot, moving) in &moves {
             let (slot, began) = (*slot, moving.began);
             let ours = self.table().owner(slot) == self.group;
@@ -532,7 +579,9 @@ impl<P: Replica> ShardNode<P> {
                 }
                 _ => {}
             }
-            if moving.phase == MovePhase::Closing && self.began.get(&slot).is_some_and(|at| now >= *at + DRAIN_PATIENCE) {
+            if moving.phase == MovePhase::Closing
+                && self.began.get(&slot).is_some_and(|at| now >= *at + DRAIN_PATIENCE)
+            {
                 self.began.remove(&slot);
                 self.counts.moves_cancelled += 1;
                 self.propose(now, SlotChange::CancelMove { slot, began }, out);
@@ -547,7 +596,8 @@ impl<P: Replica> ShardNode<P> {
                     && (state.phase == *phase || (early && state.phase == MovePhase::Closing))
             })
         });
-        self.began.retain(|slot, at| now < *at + DRAIN_PATIENCE || moves.iter().any(|(moving, _)| moving == slot));
+        self.began
+            .retain(|slot, at| now < *at + DRAIN_PATIENCE || moves.iter().any(|(moving, _)| moving == slot));
     }
 
     /// Propose `change` unless the same change is already waiting to be decided.
@@ -596,7 +646,9 @@ impl<P: Replica> ShardNode<P> {
                 if let KeyMove::Mark { value } = &mover.state {
                     step = MoveStep::Source(clean_step(&key, Some(value)).expect("a value"));
                 }
-            } else if let (Some(ShardBug::DeleteInsteadOfTombstone), KeyMove::Bury { value }) = (self.bug, &mover.state) {
+            } else if let (Some(ShardBug::DeleteInsteadOfTombstone), KeyMove::Bury { value }) =
+                (self.bug, &mover.state)
+            {
                 step = MoveStep::Source(clean_step(&key, Some(&moving_marker(value))).expect("a value"));
             }
             mover.busy = true;
@@ -610,7 +662,10 @@ impl<P: Replica> ShardNode<P> {
                     let node = nodes[request as usize % nodes.len()];
                     self.target_writes.insert(request, (id, key.clone(), now));
                     let command = Command::Write { key, value: Some(value) };
-                    out.send(node, ShardWire::Request { id: request, command, asking: false, copy: Some(began) });
+                    out.send(
+                        node,
+                        ShardWire::Request { id: request, command, asking: false, copy: Some(began) },
+                    );
                 }
                 MoveStep::Done => {}
             }
@@ -632,7 +687,10 @@ impl<P: Replica> ShardNode<P> {
         if moving.state == before {
             moving.retry_at = now + TRY_AGAIN_DELAY; // Refused: try the step again later.
         }
-        if matches!(before, KeyMove::Mark { .. }) && moving.state == KeyMove::Read && id.2 != MovePhase::Cleaning {
+        if matches!(before, KeyMove::Mark { .. })
+            && moving.state == KeyMove::Read
+            && id.2 != MovePhase::Cleaning
+        {
             self.counts.marks_raced += 1;
         }
         if matches!(before, KeyMove::Bury { .. }) {
@@ -656,12 +714,20 @@ impl<P: Replica> ShardNode<P> {
     }
 
     /// A mover's copy arriving here: run it while this group takes copies of that move.
-    fn copy_in(&mut self, now: Time, origin: Origin, command: Command, began: u64, out: &mut Outbox<ShardWire<P::Message>>) {
+    fn copy_in(
+        &mut self,
+        now: Time,
+        origin: Origin,
+        command: Command,
+        began: u64,
+        out: &mut Outbox<ShardWire<P::Message>>,
+    ) {
         let slot = key_slot(command.key());
         let open = match self.bug {
-            Some(ShardBug::CopyBeforeDrained) => {
-                self.table().moving(slot).is_some_and(|moving| moving.to == self.group && moving.began == began)
-            }
+            Some(ShardBug::CopyBeforeDrained) => self
+                .table()
+                .moving(slot)
+                .is_some_and(|moving| moving.to == self.group && moving.began == began),
             _ => accepts_copy(self.table(), self.group, slot, began),
         };
         if !open {
@@ -680,14 +746,32 @@ impl<P: Replica> Replica for ShardNode<P> {
         self.me
     }
 
-    fn on_client(&mut self, now: Time, request: ClientRequestId, command: Command, out: &mut Outbox<Self::Message>) {
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Self::Message>,
+    ) {
         let id = self.fresh_id();
-        let operation = Operation { request, command: command.clone(), redirects: 0, waiting_since: None, retry_at: None };
+        let operation = Operation {
+            request,
+            command: command.clone(),
+            redirects: 0,
+            waiting_since: None,
+            retry_at: None,
+        };
         self.operations.insert(id, operation);
         self.execute(now, Origin::Local(id), command, false, out);
     }
 
-    fn on_message(&mut self, now: Time, from: NodeId, message: Self::Message, out: &mut Outbox<Self::Message>) {
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Self::Message,
+        out: &mut Outbox<Self::Message>,
+    ) {
         match message {
             ShardWire::Group(message) => {
                 self.core.on_message(now, from, message, &mut self.core_out);
@@ -782,7 +866,11 @@ where
 }
 
 /// [`simulate_shards`] with a broken migration.
-pub fn simulate_shards_with<P>(config: &SimConfig, bug: Option<ShardBug>, build: &BuildGroupCore<'_, P>) -> SeedRun
+pub fn simulate_shards_with<P>(
+    config: &SimConfig,
+    bug: Option<ShardBug>,
+    build: &BuildGroupCore<'_, P>,
+) -> SeedRun
 where
     P: Replica,
     P::Message: std::fmt::Debug,
@@ -797,7 +885,10 @@ where
     let membership = |me: NodeId, group: NodeSet| -> MembershipConfig { swarm_membership_config(me, group) };
     let mut first = |me: NodeId, _all: NodeSet, seed: u64| {
         let group = plan.nodes_of(plan.group_of(me));
-        let core = WithMembership::new(build(me, group, seed, false), Membership::new(membership(me, group), Time::ZERO));
+        let core = WithMembership::new(
+            build(me, group, seed, false),
+            Membership::new(membership(me, group), Time::ZERO),
+        );
         let meta = Metadata::restore(me, &members, plan.table(), &[], Time::ZERO);
         let mut node = ShardNode::new(me, plan.clone(), core, meta, seed & 0xFFFF, Time::ZERO);
         node.bug = bug;
@@ -813,7 +904,8 @@ where
             build(me, group, context.seed, true),
             Membership::restore(membership_config, context.now, &records),
         );
-        let mut meta = Metadata::restore(me, &members, plan.table(), &crashed.meta.durable_records(), context.now);
+        let mut meta =
+            Metadata::restore(me, &members, plan.table(), &crashed.meta.durable_records(), context.now);
         // Re-apply the restored log before serving anything, as the server does at start.
         meta.on_tick(context.now, &mut MetadataOutbox::default());
         let mut node = ShardNode::new(me, plan.clone(), core, meta, context.seed & 0xFFFF, context.now);

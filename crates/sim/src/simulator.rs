@@ -726,7 +726,8 @@ where
             && self.without_data.iter().filter(|without| **without).count() < crash_max
             && self.config.crash_group_size.map_or(true, |size| {
                 let group = node.index() / size;
-                let without = self.without_data[group * size..(group + 1) * size].iter().filter(|w| **w).count();
+                let without =
+                    self.without_data[group * size..(group + 1) * size].iter().filter(|w| **w).count();
                 without < (size - 1) / 2
             })
     }

@@ -157,11 +157,15 @@ fn setslot(args: &[Bytes], map: &SlotMap) -> Plan {
         "MIGRATING" => MoveUntil::Copying,
         "IMPORTING" => MoveUntil::Copying,
         _ => {
-            return Plan::Answer(Reply::err("Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP"))
+            return Plan::Answer(Reply::err(
+                "Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP",
+            ))
         }
     };
     let Some(id) = args.get(4).filter(|_| args.len() == 5) else {
-        return Plan::Answer(Reply::err("Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP"));
+        return Plan::Answer(Reply::err(
+            "Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP",
+        ));
     };
     let Some(node) = map.node_named(id) else {
         return Plan::Answer(Reply::err(format!("Unknown node {}", String::from_utf8_lossy(id))));
@@ -466,9 +470,15 @@ mod tests {
         let map = map(); // This node is in group 1, which owns 5461-16383.
         let first_of_group_0 = map.groups()[0][0].id.clone();
         let line = format!("CLUSTER SETSLOT 6000 NODE {first_of_group_0}");
-        assert_eq!(plan(&args(&line), Some(&map)), Plan::Move { slot: 6000, group: 0, until: MoveUntil::Owned });
+        assert_eq!(
+            plan(&args(&line), Some(&map)),
+            Plan::Move { slot: 6000, group: 0, until: MoveUntil::Owned }
+        );
         let line = format!("CLUSTER SETSLOT 10 MIGRATING {first_of_group_0}");
-        assert_eq!(plan(&args(&line), Some(&map)), Plan::Move { slot: 10, group: 0, until: MoveUntil::Copying });
+        assert_eq!(
+            plan(&args(&line), Some(&map)),
+            Plan::Move { slot: 10, group: 0, until: MoveUntil::Copying }
+        );
         assert_eq!(answer(&format!("CLUSTER SETSLOT 10 IMPORTING {first_of_group_0}")), Reply::ok());
         assert_eq!(plan(&args("CLUSTER SETSLOT 10 STABLE"), Some(&map)), Plan::Cancel { slot: 10 });
         assert!(text_error(answer("CLUSTER SETSLOT 6000 NODE nobody")).contains("Unknown node"));
@@ -477,7 +487,11 @@ mod tests {
         assert_eq!(plan(&args("ASKING"), Some(&map)), Plan::Asking);
         assert_eq!(
             plan(&args("MIGRATE 127.0.0.1 7002 k 0 5000 REPLACE"), Some(&map)),
-            Plan::Migrate { to: "127.0.0.1:7002".parse().unwrap(), keys: vec![Bytes::from("k")], password: None }
+            Plan::Migrate {
+                to: "127.0.0.1:7002".parse().unwrap(),
+                keys: vec![Bytes::from("k")],
+                password: None
+            }
         );
         let mut keys = args("MIGRATE 127.0.0.1 7002 - 0 5000 AUTH pw KEYS a b");
         keys[3] = Bytes::new();

@@ -104,7 +104,12 @@ impl SlotMap {
 
     /// This map with the metadata service's ownership, moves and epoch.
     pub fn at(&self, table: &SlotTable) -> SlotMap {
-        SlotMap { epoch: table.epoch(), table: table.clone(), groups: self.groups.clone(), me: self.me.clone() }
+        SlotMap {
+            epoch: table.epoch(),
+            table: table.clone(),
+            groups: self.groups.clone(),
+            me: self.me.clone(),
+        }
     }
 
     /// The node CLUSTER commands name by `id`.

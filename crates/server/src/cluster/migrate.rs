@@ -105,7 +105,8 @@ pub async fn run_movers(cluster: Cluster, engine: EngineHandle, password: Option
             .table()
             .moves()
             .filter(|(slot, moving)| {
-                map.owner(*slot) == me.group && matches!(moving.phase, MovePhase::Copying | MovePhase::Cleaning)
+                map.owner(*slot) == me.group
+                    && matches!(moving.phase, MovePhase::Copying | MovePhase::Cleaning)
             })
             .map(|(slot, moving)| (slot, *moving))
             .collect();
@@ -122,7 +123,8 @@ pub async fn run_movers(cluster: Cluster, engine: EngineHandle, password: Option
         }
         // A read through the protocol first: a node that is not serving lists nothing it can
         // vouch for, and on ZAB the read makes the node apply everything committed before it.
-        let barrier = engine.execute(Command::Read { key: Key::from_static(b"chorus:migration-barrier") }).await;
+        let barrier =
+            engine.execute(Command::Read { key: Key::from_static(b"chorus:migration-barrier") }).await;
         if !matches!(barrier.outcome, Outcome::Value(_)) {
             continue;
         }
@@ -235,8 +237,15 @@ impl TargetLinks {
     /// `CLUSTER COPYIN <slot> <began> <key> <deadline> <payload>` at `to`: the stored value
     /// `raw`, its deadline included, written there through the new group's protocol (as
     /// `RESTORE ... REPLACE ABSTTL`) while that group takes copies of the move `copy`.
-    pub async fn copy(&mut self, to: SocketAddr, copy: (Slot, u64), key: &Key, raw: &Bytes) -> Result<(), String> {
-        let entry = chorus_core::data::value::decode(raw).map_err(|_| "a stored value does not decode".to_string())?;
+    pub async fn copy(
+        &mut self,
+        to: SocketAddr,
+        copy: (Slot, u64),
+        key: &Key,
+        raw: &Bytes,
+    ) -> Result<(), String> {
+        let entry = chorus_core::data::value::decode(raw)
+            .map_err(|_| "a stored value does not decode".to_string())?;
         let payload = chorus_core::data::dump::payload(&entry.value);
         let deadline = entry.deadline_ms.unwrap_or(0).to_string();
         let (slot, began) = (copy.0.to_string(), copy.1.to_string());
@@ -247,12 +256,15 @@ impl TargetLinks {
             send(link, &request).await?;
             expect_ok(link).await
         };
-        tokio::time::timeout(TARGET_TIMEOUT, request).await.map_err(|_| format!("{to} did not answer in time"))?
+        tokio::time::timeout(TARGET_TIMEOUT, request)
+            .await
+            .map_err(|_| format!("{to} did not answer in time"))?
     }
 
     async fn link(&mut self, to: SocketAddr) -> Result<&mut BufReader<TcpStream>, String> {
         if !self.links.contains_key(&to) {
-            let stream = TcpStream::connect(to).await.map_err(|error| format!("cannot reach {to}: {error}"))?;
+            let stream =
+                TcpStream::connect(to).await.map_err(|error| format!("cannot reach {to}: {error}"))?;
             stream.set_nodelay(true).ok();
             let mut link = BufReader::new(stream);
             if let Some(password) = &self.password {

@@ -6,11 +6,11 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncWrite};
 use chorus_core::slots::{key_slot, Slot};
 use chorus_core::{Command, Outcome};
 use chorus_membership::routing::accepts_copy;
 use chorus_membership::{MovePhase, SlotChange};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::Connection;
 use crate::cluster::command::MoveUntil;
@@ -53,7 +53,8 @@ impl<S> Connection<S> {
     /// command's keys (the new group has them, or nobody does), `-TRYAGAIN` while it still
     /// holds one (the movers are on it).
     pub(super) async fn presence(&mut self, args: &[Bytes], slot: Slot, ask: Reply) -> Reply {
-        let reads = crate::command::command_keys(args).into_iter().map(|key| Command::Read { key: key.clone() });
+        let reads =
+            crate::command::command_keys(args).into_iter().map(|key| Command::Read { key: key.clone() });
         let outcomes = self.shared.engine.execute_all(reads.collect()).await;
         let none_held = outcomes.iter().all(|done| matches!(done.outcome, Outcome::Value(None)));
         if none_held {
@@ -94,7 +95,8 @@ impl<S> Connection<S> {
                 MoveUntil::Owned => map.owner(slot) == group && moving.is_none(),
                 MoveUntil::Copying => {
                     (map.owner(slot) == group && moving.is_none())
-                        || moving.is_some_and(|moving| moving.to == group && moving.phase != MovePhase::Closing)
+                        || moving
+                            .is_some_and(|moving| moving.to == group && moving.phase != MovePhase::Closing)
                 }
             }
         };
@@ -142,7 +144,12 @@ impl<S> Connection<S> {
     }
 
     /// MIGRATE: move `keys` (of slots this group is copying away) to the node at `to` now.
-    pub(super) async fn migrate(&mut self, to: SocketAddr, keys: Vec<Bytes>, password: Option<String>) -> Reply {
+    pub(super) async fn migrate(
+        &mut self,
+        to: SocketAddr,
+        keys: Vec<Bytes>,
+        password: Option<String>,
+    ) -> Reply {
         let cluster = self.shared.cluster.clone().expect("planned only when sharded");
         let map = cluster.map();
         let mut moves = Vec::with_capacity(keys.len());
@@ -156,7 +163,11 @@ impl<S> Connection<S> {
             };
             moves.push((slot, moving.began));
         }
-        let present = self.shared.engine.execute_all(keys.iter().map(|key| Command::Read { key: key.clone() }).collect()).await;
+        let present = self
+            .shared
+            .engine
+            .execute_all(keys.iter().map(|key| Command::Read { key: key.clone() }).collect())
+            .await;
         if present.iter().all(|done| matches!(done.outcome, Outcome::Value(None))) {
             return Reply::Status("NOKEY");
         }
