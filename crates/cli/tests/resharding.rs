@@ -88,11 +88,11 @@ impl ClusterClient {
     }
 
     fn connection(&mut self, port: u16) -> Option<&mut redis::Connection> {
-        if !self.connections.contains_key(&port) {
+        if let std::collections::btree_map::Entry::Vacant(entry) = self.connections.entry(port) {
             let con = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
             let con = con.get_connection_with_timeout(Duration::from_secs(2)).ok()?;
             con.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-            self.connections.insert(port, con);
+            entry.insert(con);
         }
         self.connections.get_mut(&port)
     }
@@ -108,11 +108,9 @@ impl ClusterClient {
                 port = self.ports[(port as usize + 1) % self.ports.len()];
                 continue;
             };
-            if asking {
-                if redis::cmd("ASKING").query::<()>(con).is_err() {
-                    self.connections.remove(&port);
-                    return None;
-                }
+            if asking && redis::cmd("ASKING").query::<()>(con).is_err() {
+                self.connections.remove(&port);
+                return None;
             }
             let reply = cmd.query::<redis::Value>(con);
             asking = false;
@@ -163,7 +161,7 @@ fn run_clients(ports: Vec<u16>, stop: Arc<AtomicBool>) -> (History, [u64; 3]) {
                     let key = Bytes::from_static(KEYS[(i as usize * 7 + client) % KEYS.len()].as_bytes());
                     let fresh = Bytes::from(format!("c{client}-{i}"));
                     let command = if key.ends_with(b"ctr") {
-                        if i % 3 == 0 {
+                        if i.is_multiple_of(3) {
                             Command::Read { key }
                         } else {
                             Command::Rmw { key, op: RmwOp::IncrementBy(1) }

@@ -560,11 +560,13 @@ impl<P: Replica> ShardNode<P> {
             let ours = self.table().owner(slot) == self.group;
             let theirs = moving.to == self.group;
             match moving.phase {
-                MovePhase::Closing if ours && !moving.drained.contains(self.me) => {
-                    if self.running.get(&slot).copied().unwrap_or(0) == 0 {
-                        self.counts.drained_reports += 1;
-                        self.propose_once(now, SlotChange::Drained { slot, node: self.me, began }, out);
-                    }
+                MovePhase::Closing
+                    if ours
+                        && !moving.drained.contains(self.me)
+                        && self.running.get(&slot).copied().unwrap_or(0) == 0 =>
+                {
+                    self.counts.drained_reports += 1;
+                    self.propose_once(now, SlotChange::Drained { slot, node: self.me, began }, out);
                 }
                 MovePhase::Closing if ours && self.bug == Some(ShardBug::CopyBeforeDrained) => {
                     self.run_movers(now, (slot, began, MovePhase::Copying), moving.to, out);
@@ -572,10 +574,12 @@ impl<P: Replica> ShardNode<P> {
                 MovePhase::Copying | MovePhase::Cleaning if ours => {
                     self.run_movers(now, (slot, began, moving.phase), moving.to, out);
                 }
-                MovePhase::Sealing if theirs && !moving.sealed.contains(self.me) => {
-                    if self.copying.get(&slot).copied().unwrap_or(0) == 0 {
-                        self.propose_once(now, SlotChange::Sealed { slot, node: self.me, began }, out);
-                    }
+                MovePhase::Sealing
+                    if theirs
+                        && !moving.sealed.contains(self.me)
+                        && self.copying.get(&slot).copied().unwrap_or(0) == 0 =>
+                {
+                    self.propose_once(now, SlotChange::Sealed { slot, node: self.me, began }, out);
                 }
                 _ => {}
             }

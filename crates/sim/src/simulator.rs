@@ -724,7 +724,7 @@ where
         let crash_max = (self.config.replicas - 1) / 2;
         !self.crashed[node.index()]
             && self.without_data.iter().filter(|without| **without).count() < crash_max
-            && self.config.crash_group_size.map_or(true, |size| {
+            && self.config.crash_group_size.is_none_or(|size| {
                 let group = node.index() / size;
                 let without =
                     self.without_data[group * size..(group + 1) * size].iter().filter(|w| **w).count();
