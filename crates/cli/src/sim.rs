@@ -48,7 +48,8 @@ pub struct SimArgs {
     appendonly: bool,
 }
 
-const PROTOCOLS: &str = "hermes, craq, zab, zab-local, raftlog, chain";
+const PROTOCOLS: &str =
+    "hermes, craq, zab, zab-local, raftlog, chain; and the migration swarm: hermes-shards, craq-shards, zab-shards";
 
 /// Every protocol's broken variants: the simulator's and the chain store's.
 fn broken_variants() -> Vec<BrokenVariant> {
@@ -61,6 +62,11 @@ fn setup_for(args: &SimArgs) -> anyhow::Result<ProtocolSetup> {
     let Some(name) = &args.broken else {
         return match args.protocol.as_str() {
             "chain" => Ok(chorus_chain::sim::setup(None)),
+            // Replica groups of the protocol behind one slot map, slots moving while clients run.
+            other if other.ends_with("-shards") => {
+                chorus_sim::shards::setup(other.trim_end_matches("-shards"))
+                    .ok_or_else(|| anyhow::anyhow!("unknown protocol '{other}' (available: {PROTOCOLS})"))
+            }
             other => ProtocolSetup::named(other)
                 .ok_or_else(|| anyhow::anyhow!("unknown protocol '{other}' (available: {PROTOCOLS})")),
         };

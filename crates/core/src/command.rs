@@ -149,6 +149,18 @@ impl RmwOp {
         if let RmwOp::Exec(op) = self {
             return data::apply(op, current);
         }
+        // A compare-and-swap whose expected value is itself reserved compares stored bytes:
+        // only the server sends one (a slot move's markers, `crate::slots::moving_marker`),
+        // since clients cannot write reserved values.
+        if let RmwOp::CompareAndSwap { expected: Some(expected), new } = self {
+            if data::is_reserved(expected) {
+                let swapped = current == Some(expected);
+                return RmwEffect {
+                    write: swapped.then(|| new.clone()),
+                    outcome: Outcome::Cas { swapped, previous: current.cloned() },
+                };
+            }
+        }
         // Values only `Exec` understands: a deadline must be judged against the op's clock,
         // and Redis answers WRONGTYPE where these string RMWs would misread a list or a set.
         let plain_hash = matches!(self, RmwOp::HashSet { .. } | RmwOp::HashDelete(_))

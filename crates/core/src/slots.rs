@@ -46,9 +46,40 @@ pub fn even_ranges(groups: u16) -> Vec<(Slot, Slot)> {
     (0..groups).map(|g| (bound(g), (u32::from(bound(g + 1)) - 1) as u16)).collect()
 }
 
+/// What a key being moved to another group holds at its old group while its value is copied
+/// (docs/decisions.md, decision 16): this prefix, then the stored value. It starts with the
+/// prefix typed values reserve ([`crate::data::value::RESERVED_PREFIX`]), so no client can
+/// write one; while it is there the key is neither served here nor at the new group.
+pub const MOVING_MAGIC: &[u8] = b"\x00\xffchorus-moving\x01";
+
+/// The marker a moving key holds: its stored value (string, typed or with a deadline) wrapped.
+pub fn moving_marker(value: &[u8]) -> bytes::Bytes {
+    [MOVING_MAGIC, value].concat().into()
+}
+
+/// What a key holds at its old group once its value is at the new one, until the move is
+/// sealed (docs/decisions.md, decision 16): the old group keeps answering `-TRYAGAIN` for it,
+/// not `-ASK`, while a late copy could still land at the new group.
+pub const MOVED_TOMBSTONE: &[u8] = b"\x00\xffchorus-moved\x01";
+
+/// The stored value inside a moving marker; `None` if `stored` is not one.
+pub fn moving_value(stored: &bytes::Bytes) -> Option<bytes::Bytes> {
+    stored.starts_with(MOVING_MAGIC).then(|| stored.slice(MOVING_MAGIC.len()..))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_moving_marker_wraps_any_stored_value_and_no_client_value_is_one() {
+        for value in [&b"plain"[..], b"", crate::data::value::TTL_MAGIC] {
+            let marker = moving_marker(value);
+            assert!(crate::data::is_reserved(&marker));
+            assert_eq!(moving_value(&marker).as_deref(), Some(value));
+        }
+        assert_eq!(moving_value(&bytes::Bytes::from_static(b"plain")), None);
+    }
 
     #[test]
     fn crc16_check_value() {

@@ -32,11 +32,14 @@ mod message;
 pub mod metadata;
 mod node;
 mod raft_io;
+pub mod routing;
 
 pub use log::{LogError, MembershipLog, MEMBERSHIP_LOG};
 pub use managed::{Wire, WithMembership};
 pub use message::{decode_records, encode_records, MembershipMessage, PERSIST_FRAME_KIND};
-pub use metadata::{Metadata, MetadataOutbox, SlotChange, SlotTable, METADATA_LOG};
+pub use metadata::{
+    ChangeRefused, Metadata, MetadataOutbox, MovePhase, SlotChange, SlotMove, SlotTable, METADATA_LOG,
+};
 pub use node::{
     Membership, MembershipConfig, MembershipEvent, MembershipOutbox, MembershipStats, PersistRecord,
 };

@@ -94,6 +94,8 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("readonly", 1, &["loading", "stale", "fast"], NO_KEYS),
     spec("readwrite", 1, &["loading", "stale", "fast"], NO_KEYS),
     spec("cluster", -2, &["loading", "stale"], NO_KEYS),
+    spec("asking", 1, &["fast"], NO_KEYS),
+    spec("migrate", -6, &["write"], NO_KEYS),
     spec("sinter", -2, &["readonly"], ALL_KEYS),
     spec("sunion", -2, &["readonly"], ALL_KEYS),
     spec("sdiff", -2, &["readonly"], ALL_KEYS),
@@ -681,7 +683,7 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
         "time" | "acl" | "slowlog" | "latency" | "lolwut" | "role" | "module" => {
             Request::Admin(args.to_vec())
         }
-        "cluster" | "readonly" | "readwrite" => Request::Cluster(args.to_vec()),
+        "cluster" | "readonly" | "readwrite" | "asking" | "migrate" => Request::Cluster(args.to_vec()),
         "keys" | "scan" | "randomkey" | "sinter" | "sunion" | "sdiff" | "sintercard" | "msetnx" => {
             Request::Keyspace(args.to_vec())
         }

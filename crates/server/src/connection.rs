@@ -25,6 +25,7 @@ use crate::metrics::Metrics;
 use crate::resp::{Limits, Parser, ProtocolError, Reply};
 
 mod multikey;
+mod routing;
 mod typed;
 
 pub use multikey::COMMANDS as MULTIKEY_COMMANDS;
@@ -94,6 +95,8 @@ pub struct Connection<S> {
     kill: Arc<Notify>,
     /// CLIENT REPLY; `Skip` counts the replies still to drop.
     replies: (ReplyMode, u8),
+    /// ASKING was the last command: the next one may run on a slot this group is importing.
+    asking: bool,
 }
 
 /// The connection's two ends, for CLIENT LIST and CLIENT KILL.
@@ -157,6 +160,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             last_read: Instant::now(),
             kill,
             replies: (ReplyMode::On, 0),
+            asking: false,
         }
     }
 
@@ -316,9 +320,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let started = Instant::now();
         let (name, parsed) = command::parse(&args);
         // The one place keys are routed by slot: before a command is queued (MULTI) or run.
-        let redirect = match (&self.shared.cluster, &parsed) {
-            (Some(cluster), Ok(_)) if self.authenticated => cluster.map().route(&args),
-            _ => None,
+        let admitted = match &parsed {
+            Ok(_) if self.authenticated => self.admit(&args),
+            _ => routing::Admit::Run(None),
+        };
+        let (_gate, redirect) = match admitted {
+            routing::Admit::Run(gate) => (gate, None),
+            routing::Admit::Refuse(reply) => (None, Some(reply)),
+            routing::Admit::CheckPresence { slot, ask } => {
+                (None, Some(self.presence(&args, slot, ask).await))
+            }
         };
         if let Some(reply) = redirect {
             // As Redis: a redirected command inside MULTI makes EXEC fail.
@@ -585,6 +596,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         keys.extend(watched.iter().map(|(key, _)| key));
         keys.sort();
         keys.dedup();
+        let _gates = match self.enter_slots(&keys) {
+            Ok(gates) => gates,
+            Err(reply) => return reply,
+        };
         if multi.queued.is_empty() {
             return self.exec_nothing(&watched).await;
         }

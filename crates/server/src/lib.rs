@@ -308,6 +308,13 @@ async fn serve_node(
         shutdown: stop_requested.clone(),
         cluster,
     });
+    if let Some(cluster) = &shared.cluster {
+        tokio::spawn(cluster::migrate::run_movers(
+            cluster.clone(),
+            shared.engine.clone(),
+            config.requirepass.clone(),
+        ));
+    }
     let sampled = shared.clone();
     tokio::spawn(memory::sample(shared.metrics.clone(), move || {
         sampled.live.maxmemory_bytes.load(std::sync::atomic::Ordering::Relaxed) > 0

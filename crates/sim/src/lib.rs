@@ -7,6 +7,8 @@
 //! * [`managed`]: protocols paired with the real membership service (leases, removals of
 //!   live nodes, rejoins, restarts), as the main swarms run them.
 //! * [`model`]: the performance model, the same cores with CPU and network costs (`chorus model`).
+//! * [`shards`]: the migration swarm: replica groups behind one slot map, slots moving
+//!   between them while clients run.
 //! * [`runner`]: seed sweeps and verdicts, used by `chorus sim` and the tests.
 //! * `broken` (feature `broken-variants`): every protocol's deliberately broken variants,
 //!   by name, which the checker must catch.
@@ -20,5 +22,6 @@ pub mod managed;
 pub mod model;
 pub mod rng;
 pub mod runner;
+pub mod shards;
 pub mod simulator;
 pub mod workload;

@@ -68,6 +68,10 @@ pub struct SimConfig {
     /// (mid-broadcast, or between its writes and their sync): 2 for protocols that broadcast
     /// (an INV, a proposal), 1 for a chain, whose traffic is one message down the chain.
     pub crash_turn_destinations_min: usize,
+    /// The nodes form replica groups of this many consecutive ids (the migration swarm,
+    /// `crate::shards`): a crash must also leave a majority of the node's own group with
+    /// its data.
+    pub crash_group_size: Option<usize>,
 }
 
 impl SimConfig {
@@ -89,6 +93,7 @@ impl SimConfig {
             expiry_by_local_clock: false,
             appendonly: AppendOnly::Off,
             crash_turn_destinations_min: 2,
+            crash_group_size: None,
         }
     }
 
@@ -733,6 +738,12 @@ where
         let crash_max = (self.config.replicas - 1) / 2;
         !self.crashed[node.index()]
             && self.without_data.iter().filter(|without| **without).count() < crash_max
+            && self.config.crash_group_size.is_none_or(|size| {
+                let group = node.index() / size;
+                let without =
+                    self.without_data[group * size..(group + 1) * size].iter().filter(|w| **w).count();
+                without < (size - 1) / 2
+            })
     }
 
     /// A crashed node comes back with what it kept on disk (the restart builder decides).

@@ -18,12 +18,41 @@ pub enum Plan {
         slot: Slot,
         count: Option<usize>,
     },
-    /// SETSLOT slot NODE id: give `slot` to `group` through the metadata service, once this
-    /// node (of the current owner) has checked it holds no keys of it.
-    Assign {
+    /// ASKING: the next command may run on a slot this group is importing.
+    Asking,
+    /// SETSLOT: move `slot` to `group` (start it unless it is under way) and wait for `until`.
+    Move {
         slot: Slot,
         group: u16,
+        until: MoveUntil,
     },
+    /// SETSLOT STABLE: call off the slot's move if it is still closing.
+    Cancel {
+        slot: Slot,
+    },
+    /// CLUSTER COPYIN slot began key deadline payload: a mover's copy, run as `args` (a
+    /// RESTORE ... REPLACE ABSTTL) while this group takes copies of that move.
+    CopyIn {
+        slot: Slot,
+        began: u64,
+        args: Vec<Bytes>,
+    },
+    /// MIGRATE: move `keys` of a slot being copied to the node at `to` now (the movers would
+    /// soon; redis-cli --cluster reshard drives moves this way).
+    Migrate {
+        to: std::net::SocketAddr,
+        keys: Vec<Bytes>,
+        password: Option<String>,
+    },
+}
+
+/// What a SETSLOT waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveUntil {
+    /// MIGRATING: every node of the owner drained: the keys are being copied.
+    Copying,
+    /// NODE: the new group owns the slot.
+    Owned,
 }
 
 const DISABLED: &str = "This instance has cluster support disabled";
@@ -37,6 +66,12 @@ fn word(arg: &[u8]) -> String {
 pub fn plan(args: &[Bytes], map: Option<&SlotMap>) -> Plan {
     let Some(map) = map else { return Plan::Answer(Reply::err(DISABLED)) };
     let name = word(&args[0]);
+    if name == "ASKING" {
+        return Plan::Asking;
+    }
+    if name == "MIGRATE" {
+        return migrate(args);
+    }
     if name != "CLUSTER" {
         // Every node of the owning group serves reads and writes of its slots, so a replica
         // needs no permission to read (docs/resp.md, "Cluster").
@@ -73,6 +108,7 @@ pub fn plan(args: &[Bytes], map: Option<&SlotMap>) -> Plan {
             }
         }
         "SETSLOT" => setslot(args, map),
+        "COPYIN" => copy_in(args),
         "HELP" => Plan::Answer(Reply::Array(
             [
                 "CLUSTER KEYSLOT <key>",
@@ -86,6 +122,9 @@ pub fn plan(args: &[Bytes], map: Option<&SlotMap>) -> Plan {
                 "CLUSTER COUNTKEYSINSLOT <slot>",
                 "CLUSTER GETKEYSINSLOT <slot> <count>",
                 "CLUSTER SETSLOT <slot> NODE <node-id>",
+                "CLUSTER SETSLOT <slot> MIGRATING <node-id>",
+                "CLUSTER SETSLOT <slot> IMPORTING <node-id>",
+                "CLUSTER SETSLOT <slot> STABLE",
             ]
             .iter()
             .map(|line| Reply::text(line))
@@ -98,9 +137,11 @@ pub fn plan(args: &[Bytes], map: Option<&SlotMap>) -> Plan {
     }
 }
 
-/// `CLUSTER SETSLOT <slot> NODE <node-id>`: the slot goes to that node's group, at every node,
-/// through the metadata service. Only a node of the current owner can check that the slot is
-/// empty (its keys would be left behind otherwise), so only it takes the command.
+/// `CLUSTER SETSLOT <slot> NODE|MIGRATING|IMPORTING <node-id>` and `STABLE`: the slot moves to
+/// that node's group with its keys (docs/resp.md, "Cluster"), at any node. MIGRATING answers
+/// once the old group has drained (the keys are being copied), NODE once the new group owns
+/// the slot; IMPORTING changes nothing (the move is one decision, made by MIGRATING or NODE),
+/// STABLE calls off a move that is still closing.
 fn setslot(args: &[Bytes], map: &SlotMap) -> Plan {
     if args.len() < 4 {
         return Plan::Answer(Reply::err("wrong number of arguments for 'cluster|setslot' command"));
@@ -110,26 +151,85 @@ fn setslot(args: &[Bytes], map: &SlotMap) -> Plan {
         Err(error) => return Plan::Answer(error),
     };
     let action = word(&args[3]);
-    match (action.as_str(), args.get(4)) {
-        ("NODE", Some(id)) if args.len() == 5 => match map.node_named(id) {
-            None => Plan::Answer(Reply::err(format!("Unknown node {}", String::from_utf8_lossy(id)))),
-            Some(_) if map.owner(slot) != map.me().group => {
-                let owner = &map.groups()[usize::from(map.owner(slot))][0];
-                Plan::Answer(Reply::err(format!(
-                    "send SETSLOT {slot} NODE to a node of the slot's owner ({}): only it can check the slot is empty",
-                    owner.addr
-                )))
-            }
-            Some(node) => Plan::Assign { slot, group: node.group },
-        },
-        ("IMPORTING" | "MIGRATING" | "STABLE", _) => Plan::Answer(Reply::err(format!(
-            "CLUSTER SETSLOT {action} is not supported yet: move empty slots with SETSLOT <slot> NODE \
-             (docs/resp.md, \"Cluster\")"
-        ))),
-        _ => Plan::Answer(Reply::err(
+    let until = match action.as_str() {
+        "STABLE" if args.len() == 4 => return Plan::Cancel { slot },
+        "NODE" => MoveUntil::Owned,
+        "MIGRATING" => MoveUntil::Copying,
+        "IMPORTING" => MoveUntil::Copying,
+        _ => {
+            return Plan::Answer(Reply::err(
+                "Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP",
+            ))
+        }
+    };
+    let Some(id) = args.get(4).filter(|_| args.len() == 5) else {
+        return Plan::Answer(Reply::err(
             "Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP",
-        )),
+        ));
+    };
+    let Some(node) = map.node_named(id) else {
+        return Plan::Answer(Reply::err(format!("Unknown node {}", String::from_utf8_lossy(id))));
+    };
+    if action == "IMPORTING" {
+        return Plan::Answer(Reply::ok());
     }
+    Plan::Move { slot, group: node.group, until }
+}
+
+/// `CLUSTER COPYIN <slot> <began> <key> <deadline ms> <payload>` (sent by movers only).
+fn copy_in(args: &[Bytes]) -> Plan {
+    let number = |at: usize| std::str::from_utf8(&args[at]).ok().and_then(|text| text.parse::<u64>().ok());
+    if args.len() != 7 {
+        return Plan::Answer(Reply::err("wrong number of arguments for 'cluster|copyin' command"));
+    }
+    let (Ok(slot), Some(began), Some(_)) = (slot_arg(&args[2]), number(3), number(5)) else {
+        return Plan::Answer(Reply::err("Invalid slot, move or deadline"));
+    };
+    let restore = vec![
+        Bytes::from_static(b"restore"),
+        args[4].clone(),
+        args[5].clone(),
+        args[6].clone(),
+        Bytes::from_static(b"REPLACE"),
+        Bytes::from_static(b"ABSTTL"),
+    ];
+    Plan::CopyIn { slot, began, args: restore }
+}
+
+/// `MIGRATE host port key|"" db timeout [COPY] [REPLACE] [AUTH pw] [AUTH2 user pw] [KEYS k...]`.
+fn migrate(args: &[Bytes]) -> Plan {
+    let text = |at: usize| String::from_utf8_lossy(&args[at]).to_string();
+    let Ok(to) = format!("{}:{}", text(1), text(2)).parse::<std::net::SocketAddr>() else {
+        return Plan::Answer(Reply::err("MIGRATE needs a host given as an IP address and a port"));
+    };
+    let mut keys: Vec<Bytes> = if args[3].is_empty() { Vec::new() } else { vec![args[3].clone()] };
+    let mut password = None;
+    let mut at = 6;
+    while at < args.len() {
+        match word(&args[at]).as_str() {
+            "COPY" => {
+                return Plan::Answer(Reply::err(
+                    "MIGRATE COPY is not supported: a key lives in one group (its slot's)",
+                ))
+            }
+            "REPLACE" => {}
+            "AUTH" if at + 1 < args.len() => {
+                password = Some(text(at + 1));
+                at += 1;
+            }
+            "AUTH2" if at + 2 < args.len() => {
+                password = Some(text(at + 2));
+                at += 2;
+            }
+            "KEYS" if args[3].is_empty() => {
+                keys.extend(args[at + 1..].iter().cloned());
+                break;
+            }
+            _ => return Plan::Answer(Reply::err("syntax error")),
+        }
+        at += 1;
+    }
+    Plan::Migrate { to, keys, password }
 }
 
 /// COUNTKEYSINSLOT or GETKEYSINSLOT over this node's live keys of the slot, sorted.
@@ -366,17 +466,39 @@ mod tests {
     }
 
     #[test]
-    fn setslot_node_is_planned_at_the_owner_only() {
+    fn setslot_and_migrate_are_planned() {
         let map = map(); // This node is in group 1, which owns 5461-16383.
         let first_of_group_0 = map.groups()[0][0].id.clone();
         let line = format!("CLUSTER SETSLOT 6000 NODE {first_of_group_0}");
-        assert_eq!(plan(&args(&line), Some(&map)), Plan::Assign { slot: 6000, group: 0 });
-        let at_other = text_error(answer(&format!("CLUSTER SETSLOT 10 NODE {first_of_group_0}")));
-        assert!(at_other.contains("owner (127.0.0.1:7000)"), "{at_other}");
+        assert_eq!(
+            plan(&args(&line), Some(&map)),
+            Plan::Move { slot: 6000, group: 0, until: MoveUntil::Owned }
+        );
+        let line = format!("CLUSTER SETSLOT 10 MIGRATING {first_of_group_0}");
+        assert_eq!(
+            plan(&args(&line), Some(&map)),
+            Plan::Move { slot: 10, group: 0, until: MoveUntil::Copying }
+        );
+        assert_eq!(answer(&format!("CLUSTER SETSLOT 10 IMPORTING {first_of_group_0}")), Reply::ok());
+        assert_eq!(plan(&args("CLUSTER SETSLOT 10 STABLE"), Some(&map)), Plan::Cancel { slot: 10 });
         assert!(text_error(answer("CLUSTER SETSLOT 6000 NODE nobody")).contains("Unknown node"));
         assert!(text_error(answer("CLUSTER SETSLOT 99999 NODE x")).contains("Invalid slot"));
-        assert!(text_error(answer("CLUSTER SETSLOT 6000 MIGRATING x")).contains("not supported yet"));
         assert!(text_error(answer("CLUSTER SETSLOT 6000")).contains("wrong number"));
+        assert_eq!(plan(&args("ASKING"), Some(&map)), Plan::Asking);
+        assert_eq!(
+            plan(&args("MIGRATE 127.0.0.1 7002 k 0 5000 REPLACE"), Some(&map)),
+            Plan::Migrate {
+                to: "127.0.0.1:7002".parse().unwrap(),
+                keys: vec![Bytes::from("k")],
+                password: None
+            }
+        );
+        let mut keys = args("MIGRATE 127.0.0.1 7002 - 0 5000 AUTH pw KEYS a b");
+        keys[3] = Bytes::new();
+        assert!(matches!(
+            plan(&keys, Some(&map)),
+            Plan::Migrate { keys, password: Some(_), .. } if keys == vec![Bytes::from("a"), Bytes::from("b")]
+        ));
     }
 
     fn text_error(reply: Reply) -> String {

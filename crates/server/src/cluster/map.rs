@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use chorus_core::slots::{crc16, key_slot, Slot, SLOT_COUNT};
 use chorus_core::NodeId;
+use chorus_membership::routing::{route, Route};
 use chorus_membership::SlotTable;
 
 use super::config::ClusterSettings;
@@ -31,15 +32,33 @@ pub struct ClusterNode {
     pub index: usize,
 }
 
-/// Which group owns each slot, every group's nodes, and this node.
+/// Which group owns each slot, the moves in progress, every group's nodes, and this node.
 #[derive(Clone, Debug)]
 pub struct SlotMap {
     /// Bumped by every change of ownership; clients see it in CLUSTER INFO and NODES.
     pub epoch: u64,
-    owner: Vec<u16>,
+    table: SlotTable,
     /// Per group, its nodes; `groups[g][0]` is the target of redirects to `g`.
     groups: Vec<Vec<ClusterNode>>,
     me: ClusterNode,
+}
+
+/// Where a command goes, as [`SlotMap::route_slot`] decides it.
+#[derive(Debug, PartialEq)]
+pub enum Routed {
+    /// Run it here.
+    Serve,
+    /// Answer this instead (`-MOVED`, `-TRYAGAIN`).
+    Reply(Reply),
+    /// The slot is being copied from this group: read the command's keys; if this group holds
+    /// none of them, answer `ask` (`-ASK`), else `-TRYAGAIN`.
+    CheckPresence { ask: Reply },
+}
+
+/// The answer while a slot's keys are on their way (Redis sends it for multi-key commands
+/// during a move; cluster clients retry it).
+pub fn try_again(slot: Slot) -> Reply {
+    Reply::error(format!("TRYAGAIN slot {slot} is moving to another group; retry shortly"))
 }
 
 impl SlotMap {
@@ -74,19 +93,20 @@ impl SlotMap {
             .find(|node| node.addr == client_addr)
             .expect("validated: this node is listed in its group")
             .clone();
-        SlotMap { epoch: 1, owner, groups, me }
+        let group_of = groups.iter().flatten().map(|node| node.group).collect();
+        SlotMap { epoch: 1, table: SlotTable::new(group_of, owner), groups, me }
     }
 
-    /// The ownership part, as the metadata service starts from it.
-    pub fn table(&self) -> SlotTable {
-        SlotTable::new(self.groups.len() as u16, self.owner.clone())
+    /// The ownership part and the moves, as the metadata service holds them.
+    pub fn table(&self) -> &SlotTable {
+        &self.table
     }
 
-    /// This map with the metadata service's ownership and epoch.
+    /// This map with the metadata service's ownership, moves and epoch.
     pub fn at(&self, table: &SlotTable) -> SlotMap {
         SlotMap {
             epoch: table.epoch(),
-            owner: table.owners().to_vec(),
+            table: table.clone(),
             groups: self.groups.clone(),
             me: self.me.clone(),
         }
@@ -106,7 +126,12 @@ impl SlotMap {
     }
 
     pub fn owner(&self, slot: Slot) -> u16 {
-        self.owner[usize::from(slot)]
+        self.table.owner(slot)
+    }
+
+    /// The node redirects to `group` name.
+    pub fn first_of(&self, group: u16) -> &ClusterNode {
+        &self.groups[usize::from(group)][0]
     }
 
     /// The slots of `group` as inclusive ranges, in order.
@@ -124,21 +149,47 @@ impl SlotMap {
         ranges
     }
 
-    /// `None` when this node may run the command; otherwise the reply instead: `-CROSSSLOT`
-    /// when its keys hash to different slots, `-MOVED` when their slot is another group's.
-    pub fn route(&self, args: &[Bytes]) -> Option<Reply> {
+    /// The slot a command's keys are in: `None` for a command without keys, `-CROSSSLOT` when
+    /// they are in different slots.
+    pub fn slot_of(args: &[Bytes]) -> Result<Option<Slot>, Reply> {
         let keys = crate::command::command_keys(args);
         let mut keys = keys.iter();
-        let slot = key_slot(keys.next()?);
+        let Some(first) = keys.next() else { return Ok(None) };
+        let slot = key_slot(first);
         if keys.any(|key| key_slot(key) != slot) {
-            return Some(Reply::error("CROSSSLOT Keys in request don't hash to the same slot"));
+            return Err(Reply::error("CROSSSLOT Keys in request don't hash to the same slot"));
         }
-        let owner = self.owner(slot);
-        if owner == self.me.group {
-            return None;
+        Ok(Some(slot))
+    }
+
+    /// Where a command on `slot` goes from this node (`asking`: the client sent ASKING just
+    /// before): the metadata service's map and moves, by the rule the simulator checks
+    /// (`chorus_membership::routing::route`).
+    pub fn route_slot(&self, slot: Slot, asking: bool) -> Routed {
+        match route(&self.table, self.me.group, slot, asking) {
+            Route::Serve => Routed::Serve,
+            Route::Moved(group) => {
+                Routed::Reply(Reply::error(format!("MOVED {slot} {}", self.first_of(group).addr)))
+            }
+            Route::TryAgain => Routed::Reply(try_again(slot)),
+            Route::CheckPresence { to } => {
+                Routed::CheckPresence { ask: Reply::error(format!("ASK {slot} {}", self.first_of(to).addr)) }
+            }
         }
-        let target = &self.groups[usize::from(owner)][0];
-        Some(Reply::error(format!("MOVED {slot} {}", target.addr)))
+    }
+
+    /// The whole check for a command outside a move: `None` when this node may run it,
+    /// otherwise the reply instead (tests and callers without gates).
+    pub fn route(&self, args: &[Bytes]) -> Option<Reply> {
+        match Self::slot_of(args) {
+            Err(reply) => Some(reply),
+            Ok(None) => None,
+            Ok(Some(slot)) => match self.route_slot(slot, false) {
+                Routed::Serve => None,
+                Routed::Reply(reply) => Some(reply),
+                Routed::CheckPresence { .. } => Some(try_again(slot)),
+            },
+        }
     }
 }
 
@@ -225,7 +276,7 @@ mod tests {
         let mut owner = map.table().owners().to_vec();
         owner[12182] = 0; // "foo" moves to group 0 in epoch 2; "bar" (5061) to group 1.
         owner[5061] = 1;
-        let moved = map.at(&SlotTable::new(2, owner));
+        let moved = map.at(&SlotTable::new(vec![0, 0, 1], owner));
         assert_eq!(route(&moved, "GET foo"), None);
         assert_eq!(route(&moved, "GET bar").as_deref(), Some("MOVED 5061 127.0.0.1:7002"));
     }

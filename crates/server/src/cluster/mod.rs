@@ -9,10 +9,14 @@
 //! * [`command`]: the CLUSTER command family.
 //! * [`service`]: the metadata service that holds the map (Raft over every node of every
 //!   group), and what connections see of it.
+//! * [`gate`] and [`migrate`]: moving a slot with its keys while clients run (the drain
+//!   every node of the old group reports, the movers; docs/decisions.md, decision 16).
 
 pub mod command;
 pub mod config;
+pub mod gate;
 pub mod map;
+pub mod migrate;
 pub mod service;
 
 pub use config::{ClusterSettings, GroupSettings, RawCluster, RawGroup};

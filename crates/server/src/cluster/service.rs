@@ -19,6 +19,7 @@ use chorus_storage::FileStorage;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info};
 
+use super::gate::SlotGates;
 use super::map::SlotMap;
 
 /// The id the metadata service's peer links authenticate under (with the node's
@@ -33,10 +34,13 @@ const TICK: Duration = Duration::from_millis(10);
 
 type Decision = Result<u64, String>;
 
-/// What connections hold: the current map and a way to propose changes.
+/// What connections hold: the current map, a way to propose changes, and the slots' gates.
+#[derive(Clone)]
 pub struct Cluster {
     map: watch::Receiver<Arc<SlotMap>>,
     proposals: mpsc::Sender<(SlotChange, oneshot::Sender<Decision>)>,
+    gates: Arc<SlotGates>,
+    copies: Arc<SlotGates>,
 }
 
 impl Cluster {
@@ -52,11 +56,28 @@ impl Cluster {
         decided.await.map_err(|_| "the metadata service stopped".to_string())?
     }
 
+    /// The commands running per slot at this node (a move's drain).
+    pub fn gates(&self) -> &Arc<SlotGates> {
+        &self.gates
+    }
+
+    /// The copies of moving slots running at this node (a move's seal).
+    pub fn copies(&self) -> &Arc<SlotGates> {
+        &self.copies
+    }
+
+    /// Wait until the map satisfies `done`, at most `timeout`: whether it did.
+    pub async fn wait_for(&self, timeout: Duration, done: impl Fn(&SlotMap) -> bool) -> bool {
+        let mut map = self.map.clone();
+        let wait = map.wait_for(|map| done(map));
+        tokio::time::timeout(timeout, wait).await.is_ok_and(|seen| seen.is_ok())
+    }
+
     /// A map nobody changes (unit tests of the connection layer).
     pub fn fixed(map: SlotMap) -> Cluster {
         let (_, map) = watch::channel(Arc::new(map));
         let (proposals, _) = mpsc::channel(1);
-        Cluster { map, proposals }
+        Cluster { map, proposals, gates: Arc::default(), copies: Arc::default() }
     }
 }
 
@@ -74,7 +95,7 @@ pub async fn start(
     let nodes: Vec<_> = config_map.groups().iter().flatten().cloned().collect();
     let members: Vec<_> = nodes.iter().map(|node| node.node).collect();
     let origin = Instant::now();
-    let mut meta = Metadata::restore(me.node, &members, config_map.table(), &records, Time::ZERO);
+    let mut meta = Metadata::restore(me.node, &members, config_map.table().clone(), &records, Time::ZERO);
     let mut out = MetadataOutbox::default();
     meta.on_tick(Time::ZERO, &mut out); // Re-applies the restored log.
     let peers: BTreeMap<_, _> =
@@ -102,7 +123,9 @@ pub async fn start(
         next: 0,
     };
     tokio::spawn(runtime.run(inbound, proposals_rx, out));
-    Ok(Cluster { map, proposals })
+    let cluster = Cluster { map, proposals, gates: Arc::default(), copies: Arc::default() };
+    tokio::spawn(super::migrate::report_drains(cluster.clone()));
+    Ok(cluster)
 }
 
 const REPROPOSE_PERIOD: Duration = Duration::from_millis(300);

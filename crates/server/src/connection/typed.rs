@@ -180,13 +180,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         Ok(live)
     }
 
-    /// CLUSTER, READONLY, READWRITE (cluster/command.rs).
+    /// CLUSTER, READONLY, READWRITE, ASKING, MIGRATE (cluster/command.rs).
     pub(super) async fn cluster(&mut self, args: Vec<Bytes>) -> Reply {
         use crate::cluster::command::{keys_reply, plan, Plan};
         let map = self.shared.cluster.as_ref().map(|cluster| cluster.map());
         match plan(&args, map.as_deref()) {
             Plan::Answer(reply) => reply,
-            Plan::Assign { slot, group } => self.assign_slot(slot, group).await,
+            Plan::Asking => {
+                self.asking = true;
+                Reply::ok()
+            }
+            Plan::Move { slot, group, until } => self.move_slot(slot, group, until).await,
+            Plan::Cancel { slot } => self.cancel_move(slot).await,
+            Plan::Migrate { to, keys, password } => self.migrate(to, keys, password).await,
+            Plan::CopyIn { slot, began, args } => self.copy_in(slot, began, args).await,
             Plan::KeysInSlot { slot, count } => {
                 let in_slot = |key: &Bytes| chorus_core::slots::key_slot(key) == slot;
                 match self.live_keys_where(in_slot).await {
@@ -194,28 +201,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     Err(reply) => reply,
                 }
             }
-        }
-    }
-
-    /// SETSLOT NODE: refused while this group holds keys of the slot (they would stay here,
-    /// unreachable); otherwise decided by the metadata service and seen by every node.
-    async fn assign_slot(&mut self, slot: chorus_core::slots::Slot, group: u16) -> Reply {
-        let in_slot = |key: &Bytes| chorus_core::slots::key_slot(key) == slot;
-        match self.live_keys_where(in_slot).await {
-            Ok(live) if !live.is_empty() => {
-                return Reply::err(format!(
-                    "Can't assign hashslot {slot} to a different node while I still hold keys for this hash slot ({})",
-                    live.len()
-                ))
-            }
-            Ok(_) => {}
-            Err(reply) => return reply,
-        }
-        let change = chorus_membership::SlotChange::Assign { first: slot, last: slot, group };
-        let cluster = self.shared.cluster.as_ref().expect("planned only when sharded");
-        match cluster.propose(change).await {
-            Ok(_) => Reply::ok(),
-            Err(error) => Reply::err(error),
         }
     }
 
