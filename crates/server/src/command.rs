@@ -243,6 +243,16 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("xclaim", -6, &["write", "fast"], ONE_KEY),
     spec("xautoclaim", -6, &["write", "fast"], ONE_KEY),
     spec("xinfo", -2, &["readonly"], NO_KEYS),
+    // Pub/Sub (crate::pubsub): no keys but the shard channels, which are routed by slot.
+    spec("publish", 3, &["pubsub", "loading", "stale", "fast"], NO_KEYS),
+    spec("spublish", 3, &["pubsub", "loading", "stale", "fast"], ONE_KEY),
+    spec("subscribe", -2, &["pubsub", "noscript", "loading", "stale"], NO_KEYS),
+    spec("psubscribe", -2, &["pubsub", "noscript", "loading", "stale"], NO_KEYS),
+    spec("ssubscribe", -2, &["pubsub", "noscript", "loading", "stale"], ALL_KEYS),
+    spec("unsubscribe", -1, &["pubsub", "noscript", "loading", "stale"], NO_KEYS),
+    spec("punsubscribe", -1, &["pubsub", "noscript", "loading", "stale"], NO_KEYS),
+    spec("sunsubscribe", -1, &["pubsub", "noscript", "loading", "stale"], ALL_KEYS),
+    spec("pubsub", -2, &["pubsub", "loading", "stale"], NO_KEYS),
 ];
 
 /// Every command name for metrics, plus `unknown` for everything else.
@@ -440,6 +450,8 @@ pub enum Request {
     Keyspace(Vec<Bytes>),
     /// CLUSTER, READONLY, READWRITE (cluster/command.rs).
     Cluster(Vec<Bytes>),
+    /// PUBLISH, SUBSCRIBE, PUBSUB, ... (crate::pubsub): no key, nothing replicated.
+    PubSub(Vec<Bytes>),
 }
 
 /// CLIENT REPLY: whether the connection's replies are sent.
@@ -682,6 +694,7 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             Request::Admin(args.to_vec())
         }
         "cluster" | "readonly" | "readwrite" => Request::Cluster(args.to_vec()),
+        _ if crate::pubsub::COMMANDS.contains(&name) => Request::PubSub(args.to_vec()),
         "keys" | "scan" | "randomkey" | "sinter" | "sunion" | "sdiff" | "sintercard" | "msetnx" => {
             Request::Keyspace(args.to_vec())
         }
