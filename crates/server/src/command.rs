@@ -235,6 +235,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("xrevrange", -4, &["readonly"], ONE_KEY),
     spec("xdel", -3, &["write", "fast"], ONE_KEY),
     spec("xtrim", -4, &["write"], ONE_KEY),
+    spec("xsetid", -3, &["write", "denyoom", "fast"], ONE_KEY),
     spec("xread", -4, &["readonly", "blocking"], NO_KEYS),
     spec("xreadgroup", -7, &["write", "blocking"], NO_KEYS),
     spec("xgroup", -2, &["write"], NO_KEYS),

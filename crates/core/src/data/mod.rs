@@ -225,6 +225,7 @@ pub const COMMANDS: &[(&str, i64, Access)] = {
         ("xrevrange", -4, R),
         ("xdel", -3, W),
         ("xtrim", -4, W),
+        ("xsetid", -3, W),
         ("xread", -4, R),
         ("xreadgroup", -7, W),
         ("xgroup", -4, W),

@@ -321,6 +321,33 @@ fn streams_add_read_trim_and_track_pending_entries() {
 }
 
 #[test]
+fn xsetid_moves_the_last_id_with_redis_7_checks() {
+    let mut key = Key::new();
+    assert_eq!(key.run("XSETID s 1-1"), err("ERR no such key"));
+    key.run("XADD s 5-1 f v");
+    assert_eq!(
+        key.run("XSETID s 4-0"),
+        err("ERR The ID specified in XSETID is smaller than the target stream top item")
+    );
+    assert_eq!(
+        key.run("XSETID s 6-0 ENTRIESADDED 0"),
+        err("ERR The entries_added specified in XSETID is smaller than the target stream length")
+    );
+    assert_eq!(key.run("XSETID s 6-0 ENTRIESADDED -1"), err("ERR entries_added must be positive"));
+    assert_eq!(
+        key.run("XSETID s 6-0 MAXDELETEDID 7-0"),
+        err("ERR The ID specified in XSETID is smaller than the provided max_deleted_entry_id")
+    );
+    assert_eq!(key.run("XSETID s -"), err("ERR Invalid stream ID specified as stream command argument"));
+    assert_eq!(key.run("XSETID s 6-0 FOO 1"), err("ERR syntax error"));
+    assert_eq!(key.run("XSETID s 6-0 MAXDELETEDID 3-0 ENTRIESADDED 5"), Data::ok());
+    key.now_ms = 1;
+    assert_eq!(key.run("XADD s * f w"), Data::bulk("6-1"), "automatic IDs grow from the new last ID");
+    key.run("SET str x");
+    assert!(matches!(key.run("XSETID str 1-1"), Data::Error(e) if e.starts_with("WRONGTYPE")));
+}
+
+#[test]
 fn exact_trimming_removes_entries_one_by_one() {
     let mut key = Key::new();
     for seq in 1..=5 {
