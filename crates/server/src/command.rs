@@ -114,6 +114,11 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("getbit", 3, &["readonly"], ONE_KEY),
     spec("bitcount", -2, &["readonly"], ONE_KEY),
     spec("bitpos", -3, &["readonly"], ONE_KEY),
+    spec("bitfield", -2, &["write", "denyoom"], ONE_KEY),
+    spec("bitfield_ro", -2, &["readonly", "fast"], ONE_KEY),
+    spec("pfadd", -2, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("pfcount", -2, &["readonly"], ALL_KEYS),
+    spec("pfmerge", -2, &["write", "denyoom"], ALL_KEYS),
     spec("expire", -3, &["write", "denyoom"], ONE_KEY),
     spec("pexpire", -3, &["write", "denyoom"], ONE_KEY),
     spec("expireat", -3, &["write", "denyoom"], ONE_KEY),
@@ -700,6 +705,8 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             Request::Keyspace(args.to_vec())
         }
         _ if crate::connection::MULTIKEY_COMMANDS.contains(&name) => Request::Keyspace(args.to_vec()),
+        // PFCOUNT of several keys counts their union (connection/multikey.rs).
+        "pfcount" if args.len() > 2 => Request::Keyspace(args.to_vec()),
         // With STORE/STOREDIST, GEORADIUS writes a second key.
         "georadius" | "georadiusbymember"
             if args
