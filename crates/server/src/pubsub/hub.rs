@@ -312,6 +312,11 @@ impl Mailbox {
         }
     }
 
+    /// Closed over its output buffer limit.
+    pub fn closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Wait until something may have been queued.
     pub async fn woken(&self) {
         self.wake.notified().await
@@ -524,6 +529,9 @@ impl Hub {
     /// Subscribe the mailbox's client to `names`; one confirmation per name goes to the
     /// mailbox, in order with the messages around it.
     pub fn subscribe(&self, mailbox: &Arc<Mailbox>, kind: Kind, names: &[Bytes]) {
+        if mailbox.closed() {
+            return; // closed over its limit: its connection is ending
+        }
         let mut state = self.lock();
         let state = &mut *state;
         let client = state
@@ -712,6 +720,10 @@ mod tests {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         runtime.block_on(kill.notified()); // its connection is woken to close
         assert_eq!(hub.publish(Scope::Global, &b("c"), &message), Ok(1));
+        // A SUBSCRIBE it sent before it noticed does not bring it back.
+        hub.subscribe(&slow, Kind::Channel, &[b("c")]);
+        assert_eq!(hub.publish(Scope::Global, &b("c"), &message), Ok(1));
+        assert_eq!(hub.stats.disconnected_over_limit.load(Relaxed), 1);
     }
 
     #[test]
