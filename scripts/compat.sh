@@ -2,13 +2,14 @@
 # How much of a real client's own test suite passes against Chorus.
 #
 # Fetches redis-py's source distribution from PyPI (it ships its tests), runs its
-# tests/test_commands.py against a local Redis and then against a 3-replica `chorus up`, and
-# prints how many of the tests that pass on Redis also pass on Chorus, with the failures
-# grouped by cause. Results go to --out (default bench-results/compat): junit XML of both runs
-# and summary.json.
+# tests/test_commands.py and tests/test_pubsub.py against a local Redis and then against a
+# 3-replica `chorus up`, and prints how many of the tests that pass on Redis also pass on
+# Chorus (in all, and per file), with the failures grouped by cause. Results go to --out
+# (default bench-results/compat): junit XML of both runs and summary.json.
 #
 #   scripts/compat.sh [--protocol hermes] [--redis-py 5.2.1] [--out DIR] [--redis-port 6390]
-#                     [--chorus-port 7690] [--chorus BINARY] [--reuse-redis] [-- PYTEST ARGS]
+#                     [--chorus-port 7690] [--chorus BINARY] [--reuse-redis]
+#                     [--suites "tests/test_commands.py tests/test_pubsub.py"] [-- PYTEST ARGS]
 #
 # --chorus runs a binary already built (e.g. target/debug/chorus) instead of building the
 # release one; --reuse-redis keeps the Redis run of an earlier call in --out (the reference
@@ -26,6 +27,7 @@ redis_port=6390
 chorus_port=7690
 chorus=
 reuse_redis=0
+suites="tests/test_commands.py tests/test_pubsub.py"
 pytest_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     --chorus-port) chorus_port=$2; shift 2 ;;
     --chorus) chorus=$(realpath "$2"); shift 2 ;;
     --reuse-redis) reuse_redis=1; shift ;;
+    --suites) suites=$2; shift 2 ;;
     --) shift; pytest_args=("$@"); break ;;
     *) echo "scripts/compat.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -64,10 +67,11 @@ fi
 venv="$cache/venv"
 # Checked by importing, not by the script's presence: a venv copied from elsewhere keeps
 # scripts whose #! names the old path.
-if ! "$venv/bin/python" -c "import pytest, packaging" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import pytest, packaging, pytest_timeout" 2>/dev/null; then
   say "creating a virtualenv with pytest in $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet pytest packaging
+  # test_pubsub.py marks tests with pytest-timeout's timeouts.
+  "$venv/bin/pip" install --quiet pytest packaging pytest-timeout
 fi
 out=$(realpath "$out")
 
@@ -94,7 +98,8 @@ wait_for_port() {
 
 # The suite imports `redis` from the source tree it ships with, so it runs from there.
 run_suite() { # name port
-  (cd "$src" && "$venv/bin/python" -m pytest tests/test_commands.py -q -p no:cacheprovider \
+  # shellcheck disable=SC2086 # $suites is a list of files
+  (cd "$src" && "$venv/bin/python" -m pytest $suites -q -p no:cacheprovider \
       --redis-url="redis://127.0.0.1:$2/0" --junitxml="$out/$1.xml" "${pytest_args[@]}" \
       >"$out/$1.log" 2>&1) || true
   say "$1: $(tail -n 1 "$out/$1.log")"
@@ -116,11 +121,11 @@ pids+=($!)
 wait_for_port "$chorus_port"
 run_suite chorus "$chorus_port"
 
-"$venv/bin/python" - "$out" "$protocol" "$redis_py" <<'PY'
+"$venv/bin/python" - "$out" "$protocol" "$redis_py" "$suites" <<'PY'
 import collections, json, re, sys
 import xml.etree.ElementTree as ET
 
-out, protocol, redis_py = sys.argv[1:4]
+out, protocol, redis_py, suites = sys.argv[1:5]
 
 def results(path):
     """test id -> (outcome, first line of the failure message)"""
@@ -166,8 +171,18 @@ on_chorus = lambda test: chorus.get(test, chorus_default)
 passed = [t for t in reference if on_chorus(t)[0] == "passed"]
 causes = collections.Counter(
     cause(on_chorus(t)[1]) for t in reference if t not in passed)
+def suite_of(test):
+    """tests.test_pubsub.TestX::test_y -> test_pubsub"""
+    return test.split("::")[0].split(".")[1] if "." in test else test
+
+per_suite = {}
+for test in reference:
+    counts = per_suite.setdefault(suite_of(test), {"passed_on_redis": 0, "passed_on_chorus": 0})
+    counts["passed_on_redis"] += 1
+    counts["passed_on_chorus"] += test in passed
 summary = {
-    "suite": f"redis-py {redis_py} tests/test_commands.py",
+    "suite": f"redis-py {redis_py} {suites}",
+    "per_suite": per_suite,
     "protocol": protocol,
     "passed_on_redis": len(reference),
     "passed_on_chorus": len(passed),
@@ -178,6 +193,8 @@ with open(f"{out}/summary.json", "w") as f:
     json.dump(summary, f, indent=2)
 print(f"{len(passed)} of the {len(reference)} tests that pass on Redis pass on Chorus "
       f"({100 * summary['ratio']:.1f}%), protocol {protocol}")
+for suite, counts in sorted(per_suite.items()):
+    print(f"  {suite}: {counts['passed_on_chorus']} of {counts['passed_on_redis']}")
 print("failures by cause:")
 for text, count in causes.most_common(40):
     print(f"  {count:4}  {text}")

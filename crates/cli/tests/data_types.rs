@@ -54,6 +54,19 @@ fn typed_values_written_at_one_replica_are_read_at_another_on_every_protocol() {
         assert_eq!(query::<i64>(&mut a, "XTRIM events MAXLEN ~ 0"), 2, "{p}");
         assert_eq!(query::<String>(&mut b, "TYPE events"), "stream", "{p}");
 
+        // BITFIELD and HyperLogLog: strings in Redis' own layouts, counted as Redis counts.
+        let fields: Vec<i64> = query(&mut a, "BITFIELD bits SET u8 8 255 GET u8 0 INCRBY u4 8 1");
+        assert_eq!(fields, [0, 0, 0], "{p}: u4 at 8 was 15 and wraps to 0");
+        assert_eq!(query::<Vec<i64>>(&mut b, "BITFIELD_RO bits GET u16 0"), [0x0f], "{p}");
+        assert_eq!(query::<i64>(&mut a, "PFADD visitors 1 2 3"), 1, "{p}");
+        assert_eq!(query::<i64>(&mut b, "PFADD visitors 3"), 0, "{p}");
+        assert_eq!(query::<i64>(&mut b, "PFADD {visitors}2 3 4"), 1, "{p}");
+        assert_eq!(query::<i64>(&mut a, "PFCOUNT visitors {visitors}2"), 4, "{p}");
+        query::<()>(&mut b, "PFMERGE visitors {visitors}2");
+        assert_eq!(query::<i64>(&mut a, "PFCOUNT visitors"), 4, "{p}");
+        query::<()>(&mut a, "SET plain x");
+        assert!(error_of(&mut b, "PFADD plain y").contains("not a valid HyperLogLog"), "{p}");
+
         // LCS of two strings written at different replicas, as Redis answers it.
         query::<()>(&mut a, "SET lcs:a ohmytext");
         query::<()>(&mut b, "SET lcs:b mynewtext");

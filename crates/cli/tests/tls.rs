@@ -84,6 +84,15 @@ fn a_tls_cluster_replicates_over_tls_links_and_serves_tls_clients() {
     let mut last = tls_client(tls_ports[2], pki, true).unwrap();
     let value: Option<String> = redis::cmd("GET").arg("over").query(&mut last).unwrap();
     assert_eq!(value.as_deref(), Some("tls"), "replicated over the TLS peer links");
+    // Pub/Sub frames take the same TLS links.
+    let mut subscriber_con = tls_client(tls_ports[2], pki, true).unwrap();
+    let mut subscriber = subscriber_con.as_pubsub();
+    subscriber.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    subscriber.subscribe("secure").unwrap();
+    let _: u64 = redis::cmd("PUBLISH").arg("secure").arg("news").query(&mut first).unwrap();
+    let message: String = subscriber.get_message().unwrap().get_payload().unwrap();
+    assert_eq!(message, "news", "published at node 0, received at node 2 over TLS");
+    drop(subscriber);
     // tls-auth-clients is on by default: no client certificate, no service.
     let anonymous =
         tls_client(tls_ports[1], pki, false).and_then(|mut con| redis::cmd("PING").query::<String>(&mut con));

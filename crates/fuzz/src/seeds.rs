@@ -110,6 +110,12 @@ pub fn peer() -> Vec<Vec<u8>> {
     let mut frame = BytesMut::from(&[0u8][..]);
     encode_frame(chorus_net::kind::BATCH, &payload, &mut frame);
     seeds.push(frame.to_vec());
+    // A published message, as the Pub/Sub hubs send it.
+    let published =
+        chorus_server::pubsub::wire::encode(chorus_server::pubsub::wire::Scope::Global, b"news", b"hello");
+    let mut frame = BytesMut::from(&[0u8][..]);
+    encode_frame(chorus_net::kind::PUBSUB, &published, &mut frame);
+    seeds.push(frame.to_vec());
     seeds.extend(batches(1, &hermes));
     seeds.extend(batches(2, &craq));
     seeds.extend(batches(3, &zab));

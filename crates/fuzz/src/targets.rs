@@ -127,11 +127,26 @@ fn frames(input: &[u8], signature: &mut Signature) {
             Ok(Some(frame)) => {
                 signature.add(frame.kind as u64);
                 batch::<Wire<chorus_hermes::Message>>(frame.payload.clone(), signature);
-                batch::<chorus_raftlog::Message>(frame.payload, signature);
+                batch::<chorus_raftlog::Message>(frame.payload.clone(), signature);
+                published(frame.payload, signature);
             }
             Ok(None) => return,
             Err(error) => return signature.add_text(&error.to_string()),
         }
+    }
+}
+
+/// A Pub/Sub frame's payload (chorus_server::pubsub::wire): what decodes re-encodes to the
+/// same bytes.
+fn published(payload: Bytes, signature: &mut Signature) {
+    use chorus_server::pubsub::wire;
+    match wire::decode(payload.clone()) {
+        Ok(message) => {
+            signature.add(message.channel.len().min(4) as u64);
+            let again = wire::encode(message.scope, &message.channel, &message.message);
+            assert_eq!(again.as_ref(), payload.as_ref(), "re-encoding a Pub/Sub message is not stable");
+        }
+        Err(error) => signature.add_text(&error),
     }
 }
 

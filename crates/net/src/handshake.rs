@@ -37,7 +37,9 @@ const MAGIC: &[u8] = b"CHORUS";
 /// streams: every replica must run the same command set, or one would apply an XADD that
 /// another answers "unknown command", so peers of different command sets must not form a
 /// cluster. Bump it again whenever a typed command is added or changes what it writes.
-pub const HANDSHAKE_VERSION: u8 = 3;
+/// Version 4: XSETID joined the typed commands, and Pub/Sub frames (`kind::PUBSUB`), which
+/// a version 3 node would close the link over.
+pub const HANDSHAKE_VERSION: u8 = 4;
 pub const NONCE_BYTES: usize = 32;
 pub const MAC_BYTES: usize = 32;
 /// Bound on a handshake frame: enough for a MAC and a protocol name, small enough that a

@@ -32,14 +32,19 @@
 //!   from both sides, keyed with the cluster token, which never travels; the cluster id is
 //!   covered by the MACs and never sent. Strangers are refused with a clear log line; garbage
 //!   closes that connection only.
+//! * **Pub/Sub** ([`pubsub`]): published messages travel to every peer as frames of their
+//!   own kind on the data connections, handed to the node's Pub/Sub hub on arrival rather
+//!   than to the event loop; at most once, in order per sending node.
 //! * **TLS** ([`tls`], optional): mutual TLS on every peer connection, the handshake inside it.
 
 pub mod handshake;
+pub mod pubsub;
 pub mod stats;
 pub mod stream;
 pub mod tls;
 pub mod transport;
 
+pub use pubsub::PubSubPort;
 pub use stats::{Histogram, NetStats, PeerStats, PeerStatsSnapshot};
 pub use stream::Stream;
 pub use transport::{start, Inbound, NetConfig, NetError, Transport};
@@ -63,4 +68,6 @@ pub mod kind {
     pub const PROOF: u8 = 7;
     /// Nothing: an idle writer's sign of life.
     pub const KEEPALIVE: u8 = 8;
+    /// A published Pub/Sub message, on the data connection ([`crate::pubsub`]).
+    pub const PUBSUB: u8 = 9;
 }

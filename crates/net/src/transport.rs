@@ -21,6 +21,7 @@ use crate::handshake::{
     self, Challenge, Expectations, Hello, Proof, Role, Transcript, Welcome, HELLO_BYTES_MAX,
 };
 use crate::kind;
+use crate::pubsub::PubSubPort;
 use crate::stats::{NetStats, PeerStats};
 use crate::stream::Stream;
 use crate::tls::PeerTls;
@@ -68,6 +69,9 @@ pub struct NetConfig {
     pub priority_lane: bool,
     /// Received priority batches waiting for the event loop.
     pub inbound_priority_batches_max: usize,
+    /// Where Pub/Sub frames come in and go out ([`crate::pubsub`]); `None`: a received one
+    /// is ignored.
+    pub pubsub: Option<Arc<PubSubPort>>,
 }
 
 impl NetConfig {
@@ -97,6 +101,7 @@ impl NetConfig {
             tls: None,
             priority_lane: true,
             inbound_priority_batches_max: 1024,
+            pubsub: None,
         }
     }
 }
@@ -115,12 +120,12 @@ pub enum NetError {
 type QueuedFrame = (Bytes, u32);
 
 #[derive(Clone)]
-struct Link {
+pub(crate) struct Link {
     node: NodeId,
-    tx: mpsc::UnboundedSender<QueuedFrame>,
+    pub(crate) tx: mpsc::UnboundedSender<QueuedFrame>,
     /// The priority lane's writer, when the lane is open.
     priority_tx: Option<mpsc::UnboundedSender<QueuedFrame>>,
-    stats: Arc<PeerStats>,
+    pub(crate) stats: Arc<PeerStats>,
 }
 
 /// What peers sent, as the event loop receives it: priority batches first.
@@ -211,6 +216,9 @@ where
             tx
         });
         links.push(Link { node: *node, tx, priority_tx, stats: peer_stats });
+    }
+    if let Some(port) = &config.pubsub {
+        port.attach(links.clone(), config.frame_payload_bytes_max, config.peer_queue_bytes_max as u64);
     }
     let transport = Transport {
         links,
@@ -732,6 +740,12 @@ where
                 kind::BATCH => &tx.data,
                 kind::PRIORITY_BATCH => &tx.priority,
                 kind::KEEPALIVE => continue,
+                kind::PUBSUB => {
+                    if let Some(port) = &config.pubsub {
+                        port.deliver(node, frame.payload);
+                    }
+                    continue;
+                }
                 other => return Err(failed(format!("unexpected frame kind {other}"))),
             };
             let messages = decode_batch::<M>(frame.payload)

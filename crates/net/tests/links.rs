@@ -402,3 +402,52 @@ async fn tls_links_carry_batches_and_refuse_a_certificate_from_another_ca() {
     let read = tokio::time::timeout(DEADLINE, plain.read(&mut buf)).await.unwrap();
     assert!(!matches!(read, Ok(n) if n > 0 && buf[..n].starts_with(b"CHORUS")));
 }
+
+/// Pub/Sub frames: broadcast to every peer, handed to the receiving port's callback in the
+/// order one sender queued them, never to the event loop; a peer whose link is down loses
+/// them (counted) instead of getting them late.
+#[tokio::test]
+async fn pubsub_frames_reach_every_peer_in_order_and_a_peer_that_is_down_loses_them() {
+    use std::sync::{Arc, Mutex};
+    let addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
+    let received: Vec<Arc<Mutex<Vec<(NodeId, Bytes)>>>> = (0..3).map(|_| Arc::default()).collect();
+    let mut ports = Vec::new();
+    let mut nodes = Vec::new();
+    for me in 0..3u8 {
+        let peers: BTreeMap<NodeId, SocketAddr> =
+            (0..3).filter(|p| *p != me).map(|p| (NodeId(p), addrs[p as usize])).collect();
+        let mut config = NetConfig::new(NodeId(me), "test", TOKEN, "notes", addrs[me as usize], peers);
+        let sink = received[me as usize].clone();
+        let port = Arc::new(chorus_net::PubSubPort::new(move |from, payload| {
+            sink.lock().unwrap().push((from, payload));
+        }));
+        config.pubsub = Some(port.clone());
+        ports.push(port);
+        nodes.push(start::<Note>(config).await.unwrap());
+    }
+    wait_connected(&nodes).await;
+    for i in 0..100 {
+        assert_eq!(ports[0].broadcast(format!("m{i}").as_bytes()), 2, "queued for both peers");
+    }
+    for node in [1, 2] {
+        let got = received[node].clone();
+        wait_until(move || got.lock().unwrap().len() == 100).await;
+        let got = received[node].lock().unwrap().clone();
+        let expected: Vec<(NodeId, Bytes)> =
+            (0..100).map(|i| (NodeId(0), Bytes::from(format!("m{i}")))).collect();
+        assert_eq!(got, expected, "node {node}: every frame, in order");
+        assert!(nodes[node].1.try_recv().is_err(), "nothing reached the event loop's queue");
+    }
+    assert!(received[0].lock().unwrap().is_empty(), "a node does not hear itself");
+
+    // A peer whose link is down loses what is published meanwhile, counted, never queued.
+    let (me, nowhere) = (free_addr(), free_addr());
+    let mut config =
+        NetConfig::new(NodeId(0), "test", TOKEN, "notes", me, BTreeMap::from([(NodeId(1), nowhere)]));
+    let lonely = Arc::new(chorus_net::PubSubPort::new(|_, _| {}));
+    config.pubsub = Some(lonely.clone());
+    let (_transport, _inbound, stats) = start::<Note>(config).await.unwrap();
+    assert_eq!(lonely.broadcast(b"into the void"), 0);
+    assert_eq!(lonely.dropped.load(Relaxed), 1);
+    assert_eq!(stats.peers[&NodeId(1)].queued_bytes.load(Relaxed), 0, "nothing waits for the link");
+}

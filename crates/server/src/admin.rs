@@ -272,17 +272,22 @@ fn memory(args: &[Bytes]) -> Reply {
 }
 
 /// One client's CLIENT LIST line (Redis' format; fields chorus does not track read 0).
+/// `cmd` is the command's name without its subcommand (`client`, where Redis says
+/// `client|list`).
 fn client_line(client: &ClientInfo) -> String {
     let name = client.name.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default();
+    let [sub, psub, ssub] = client.subscriptions();
+    let flags = if client.kind() == "pubsub" { "P" } else { "N" };
     format!(
-        "id={} addr={} laddr={} fd=-1 name={} age={} idle=0 flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 \
-         qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r \
-         cmd=client|list user=default redir=-1 resp={} lib-name= lib-ver=",
+        "id={} addr={} laddr={} fd=-1 name={} age={} idle=0 flags={flags} db=0 sub={sub} psub={psub} \
+         ssub={ssub} multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 \
+         tot-mem=0 events=r cmd={} user=default redir=-1 resp={} lib-name= lib-ver=",
         client.id,
         client.addr,
         client.laddr,
         name,
         client.connected.elapsed().as_secs(),
+        client.last_command(),
         client.resp
     )
 }
@@ -297,8 +302,12 @@ fn client_list(args: &[Bytes], client: &ClientView) -> Reply {
     match args.get(2).map(|arg| word(arg)).as_deref() {
         None => client_lines(&client.shared.clients.list(None)),
         Some("TYPE") if args.len() == 4 => match word(&args[3]).as_str() {
-            "NORMAL" => client_lines(&client.shared.clients.list(None)),
-            "MASTER" | "REPLICA" | "SLAVE" | "PUBSUB" => Reply::Verbatim(String::new()),
+            kind @ ("NORMAL" | "PUBSUB") => {
+                let mut clients = client.shared.clients.list(None);
+                clients.retain(|client| client.kind().eq_ignore_ascii_case(kind));
+                client_lines(&clients)
+            }
+            "MASTER" | "REPLICA" | "SLAVE" => Reply::Verbatim(String::new()),
             other => Reply::err(format!("Unknown client type '{other}'")),
         },
         Some("ID") if args.len() > 3 => {
@@ -337,8 +346,8 @@ fn client_kill(args: &[Bytes], client: &ClientView) -> Reply {
     Reply::Integer(client.shared.clients.kill(&filter, client.id) as i64)
 }
 
-/// One `filter value` pair of CLIENT KILL into `filter`. A TYPE other than normal matches
-/// no client chorus has: it becomes an ID no client has.
+/// One `filter value` pair of CLIENT KILL into `filter`. A TYPE other than normal and
+/// pubsub matches no client chorus has: it becomes an ID no client has.
 fn kill_filter(filter: &mut KillFilter, name: &str, value: &[u8]) -> Result<(), Reply> {
     let text = String::from_utf8_lossy(value).into_owned();
     let number = || text.parse::<u64>().map_err(|_| Reply::err("syntax error"));
@@ -349,8 +358,9 @@ fn kill_filter(filter: &mut KillFilter, name: &str, value: &[u8]) -> Result<(), 
         "USER" => filter.user = Some(text),
         "MAXAGE" => filter.max_age_s = Some(number()?),
         "TYPE" => match text.to_ascii_lowercase().as_str() {
-            "normal" => {}
-            "master" | "replica" | "slave" | "pubsub" => filter.id = Some(0),
+            "normal" => filter.kind = Some("normal"),
+            "pubsub" => filter.kind = Some("pubsub"),
+            "master" | "replica" | "slave" => filter.id = Some(0),
             _ => return Err(Reply::err(format!("Unknown client type '{text}'"))),
         },
         "SKIPME" => match text.to_ascii_lowercase().as_str() {

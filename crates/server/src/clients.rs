@@ -6,11 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::Notify;
+
+use crate::pubsub::Mailbox;
 
 /// One connected client as CLIENT LIST shows it.
 #[derive(Clone, Debug)]
@@ -23,6 +26,30 @@ pub struct ClientInfo {
     pub connected: Instant,
     /// Woken when another client kills this one.
     pub kill: Arc<Notify>,
+    /// The command it runs or ran last, by its index in the command table.
+    pub last_command: Arc<AtomicUsize>,
+    /// Its Pub/Sub mailbox, once it (un)subscribed: how many subscriptions it has.
+    pub pubsub: Option<Arc<Mailbox>>,
+}
+
+impl ClientInfo {
+    /// Redis' client type: `pubsub` while subscribed to anything, else `normal`.
+    pub fn kind(&self) -> &'static str {
+        match &self.pubsub {
+            Some(mailbox) if mailbox.subscribed() => "pubsub",
+            _ => "normal",
+        }
+    }
+
+    /// [channels, patterns, shard channels] it is subscribed to.
+    pub fn subscriptions(&self) -> [usize; 3] {
+        self.pubsub.as_ref().map_or([0; 3], |mailbox| mailbox.counts())
+    }
+
+    /// The name of the command it runs or ran last (`NULL` before its first, as Redis).
+    pub fn last_command(&self) -> &'static str {
+        crate::command::COMMAND_TABLE.get(self.last_command.load(Relaxed)).map_or("NULL", |spec| spec.name)
+    }
 }
 
 #[derive(Default)]
@@ -41,6 +68,8 @@ pub struct KillFilter {
     pub max_age_s: Option<u64>,
     /// The calling client is spared (the default).
     pub skip_me: bool,
+    /// `TYPE normal` or `TYPE pubsub` ([`ClientInfo::kind`]).
+    pub kind: Option<&'static str>,
 }
 
 impl Registry {
@@ -100,6 +129,7 @@ impl KillFilter {
             // Chorus has one user.
             && self.user.as_ref().is_none_or(|user| user == "default")
             && self.max_age_s.is_none_or(|age| client.connected.elapsed().as_secs() >= age)
+            && self.kind.is_none_or(|kind| kind == client.kind())
     }
 }
 
@@ -116,6 +146,8 @@ mod tests {
             resp: 2,
             connected: Instant::now(),
             kill: Arc::new(Notify::new()),
+            last_command: Arc::new(AtomicUsize::new(usize::MAX)),
+            pubsub: None,
         }
     }
 

@@ -116,6 +116,11 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("getbit", 3, &["readonly"], ONE_KEY),
     spec("bitcount", -2, &["readonly"], ONE_KEY),
     spec("bitpos", -3, &["readonly"], ONE_KEY),
+    spec("bitfield", -2, &["write", "denyoom"], ONE_KEY),
+    spec("bitfield_ro", -2, &["readonly", "fast"], ONE_KEY),
+    spec("pfadd", -2, &["write", "denyoom", "fast"], ONE_KEY),
+    spec("pfcount", -2, &["readonly"], ALL_KEYS),
+    spec("pfmerge", -2, &["write", "denyoom"], ALL_KEYS),
     spec("expire", -3, &["write", "denyoom"], ONE_KEY),
     spec("pexpire", -3, &["write", "denyoom"], ONE_KEY),
     spec("expireat", -3, &["write", "denyoom"], ONE_KEY),
@@ -237,6 +242,7 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("xrevrange", -4, &["readonly"], ONE_KEY),
     spec("xdel", -3, &["write", "fast"], ONE_KEY),
     spec("xtrim", -4, &["write"], ONE_KEY),
+    spec("xsetid", -3, &["write", "denyoom", "fast"], ONE_KEY),
     spec("xread", -4, &["readonly", "blocking"], NO_KEYS),
     spec("xreadgroup", -7, &["write", "blocking"], NO_KEYS),
     spec("xgroup", -2, &["write"], NO_KEYS),
@@ -245,6 +251,16 @@ pub const COMMAND_TABLE: &[CommandSpec] = &[
     spec("xclaim", -6, &["write", "fast"], ONE_KEY),
     spec("xautoclaim", -6, &["write", "fast"], ONE_KEY),
     spec("xinfo", -2, &["readonly"], NO_KEYS),
+    // Pub/Sub (crate::pubsub): no keys but the shard channels, which are routed by slot.
+    spec("publish", 3, &["pubsub", "loading", "stale", "fast"], NO_KEYS),
+    spec("spublish", 3, &["pubsub", "loading", "stale", "fast"], ONE_KEY),
+    spec("subscribe", -2, &["pubsub", "noscript", "loading", "stale"], NO_KEYS),
+    spec("psubscribe", -2, &["pubsub", "noscript", "loading", "stale"], NO_KEYS),
+    spec("ssubscribe", -2, &["pubsub", "noscript", "loading", "stale"], ALL_KEYS),
+    spec("unsubscribe", -1, &["pubsub", "noscript", "loading", "stale"], NO_KEYS),
+    spec("punsubscribe", -1, &["pubsub", "noscript", "loading", "stale"], NO_KEYS),
+    spec("sunsubscribe", -1, &["pubsub", "noscript", "loading", "stale"], ALL_KEYS),
+    spec("pubsub", -2, &["pubsub", "loading", "stale"], NO_KEYS),
 ];
 
 /// Every command name for metrics, plus `unknown` for everything else.
@@ -442,6 +458,8 @@ pub enum Request {
     Keyspace(Vec<Bytes>),
     /// CLUSTER, READONLY, READWRITE (cluster/command.rs).
     Cluster(Vec<Bytes>),
+    /// PUBLISH, SUBSCRIBE, PUBSUB, ... (crate::pubsub): no key, nothing replicated.
+    PubSub(Vec<Bytes>),
 }
 
 /// CLIENT REPLY: whether the connection's replies are sent.
@@ -684,10 +702,13 @@ fn parse_known(name: &'static str, args: &[Bytes]) -> Result<Request, Reply> {
             Request::Admin(args.to_vec())
         }
         "cluster" | "readonly" | "readwrite" | "asking" | "migrate" => Request::Cluster(args.to_vec()),
+        _ if crate::pubsub::COMMANDS.contains(&name) => Request::PubSub(args.to_vec()),
         "keys" | "scan" | "randomkey" | "sinter" | "sunion" | "sdiff" | "sintercard" | "msetnx" => {
             Request::Keyspace(args.to_vec())
         }
         _ if crate::connection::MULTIKEY_COMMANDS.contains(&name) => Request::Keyspace(args.to_vec()),
+        // PFCOUNT of several keys counts their union (connection/multikey.rs).
+        "pfcount" if args.len() > 2 => Request::Keyspace(args.to_vec()),
         // With STORE/STOREDIST, GEORADIUS writes a second key.
         "georadius" | "georadiusbymember"
             if args

@@ -51,6 +51,8 @@ pub struct Shared {
     pub monitor: crate::monitor::Monitor,
     /// CLIENT PAUSE.
     pub pause: crate::pause::Pause,
+    /// Who is subscribed to what (crate::pubsub).
+    pub pubsub: Arc<crate::pubsub::Hub>,
 }
 
 /// Node settings connections need (INFO, CONFIG GET, limits), fixed at start; the ones
@@ -97,6 +99,10 @@ pub struct Connection<S> {
     replies: (ReplyMode, u8),
     /// ASKING was the last command: the next one may run on a slot this group is importing.
     asking: bool,
+    /// Subscriptions and the pushes waiting to be written (crate::pubsub).
+    pubsub: crate::pubsub::Session,
+    /// The command running or last run, by its index in the command table (CLIENT LIST).
+    last_command: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The connection's two ends, for CLIENT LIST and CLIENT KILL.
@@ -118,6 +124,7 @@ struct Multi {
 impl<S> Drop for Connection<S> {
     fn drop(&mut self) {
         self.shared.clients.deregister(self.id);
+        self.pubsub.forget(&self.shared.pubsub);
     }
 }
 
@@ -134,6 +141,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
         let authenticated = shared.live.user().open();
         let kill = Arc::new(Notify::new());
+        let last_command = Arc::new(std::sync::atomic::AtomicUsize::new(command::COMMAND_TABLE.len()));
         shared.clients.register(crate::clients::ClientInfo {
             id,
             addr: addresses.peer,
@@ -142,6 +150,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             resp: 2,
             connected: Instant::now(),
             kill: kill.clone(),
+            last_command: last_command.clone(),
+            pubsub: None,
         });
         Connection {
             shared,
@@ -161,6 +171,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             kill,
             replies: (ReplyMode::On, 0),
             asking: false,
+            pubsub: crate::pubsub::Session::default(),
+            last_command,
         }
     }
 
@@ -186,7 +198,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             if close {
                 return self.flush().await;
             }
-            self.flush().await?;
+            if self.pubsub.active() {
+                // A subscriber that stops reading is closed at its output buffer limit, even
+                // while a write to it is stuck.
+                tokio::select! {
+                    written = self.flush() => written?,
+                    () = &mut killed => return Ok(()),
+                }
+            } else {
+                self.flush().await?;
+            }
             let expiry = self.expiry();
             tokio::select! {
                 read = self.stream.read_buf(&mut self.read) => {
@@ -215,6 +236,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     let error = ProtocolError(format!("a command was not received in full within {timeout_ms} ms"));
                     return self.refuse(error).await;
                 }
+                () = self.pubsub.woken() => self.pubsub.take(self.resp, &mut self.write),
                 _ = &mut closed => return Ok(()),
                 () = &mut killed => {
                     debug!(client = self.id, "killed by CLIENT KILL");
@@ -237,6 +259,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         continue;
                     }
                     let (reply, close) = self.execute(args).await;
+                    // Pushes queued while it ran go first, as Redis writes them then.
+                    self.pubsub.take(self.resp, &mut self.write);
                     match reply {
                         Some(reply) if self.replying() => reply.encode(self.resp, &mut self.write),
                         _ => {}
@@ -310,6 +334,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             // A TLS stream may hold the last record until flushed; TCP's flush is a no-op.
             self.stream.flush().await?;
             self.write.clear();
+            self.pubsub.written();
         }
         Ok(())
     }
@@ -319,6 +344,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     async fn execute(&mut self, args: Vec<Bytes>) -> (Option<Reply>, bool) {
         let started = Instant::now();
         let (name, parsed) = command::parse(&args);
+        let index = command::metric_index(name);
+        self.last_command.store(index, Relaxed);
         // The one place keys are routed by slot: before a command is queued (MULTI) or run.
         let admitted = match &parsed {
             Ok(_) if self.authenticated => self.admit(&args),
@@ -336,7 +363,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             if let Some(multi) = &mut self.multi {
                 multi.aborted = true;
             }
-            self.shared.metrics.record(command::metric_index(name), true, started);
+            self.shared.metrics.record(index, true, started);
             return (Some(reply), false);
         }
         let mut close = false;
@@ -350,6 +377,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Ok(request) if !self.authenticated && !request.allowed_unauthenticated() => {
                 Reply::error("NOAUTH Authentication required.")
             }
+            Ok(_) if self.pubsub.intercepts(name, self.resp) => {
+                crate::pubsub::Session::in_context(name, &args)
+            }
             Ok(Request::ClientReply(mode)) => {
                 // This command's own reply is dropped too, except ON's (as Redis).
                 self.replies = (mode, if mode == ReplyMode::Skip { 2 } else { 0 });
@@ -362,7 +392,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Ok(Request::Shutdown) if self.multi.is_none() => {
                 tracing::info!(client = self.id, "SHUTDOWN requested by a client");
                 self.shared.shutdown.notify_one();
-                self.shared.metrics.record(command::metric_index(name), false, started);
+                self.shared.metrics.record(index, false, started);
                 return (None, true);
             }
             Ok(_) if self.over_maxmemory(name) => {
@@ -378,7 +408,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 self.run_outside_multi(request).await
             }
         };
-        let duration_us = self.shared.metrics.record(command::metric_index(name), reply.is_error(), started);
+        let duration_us = self.shared.metrics.record(index, reply.is_error(), started);
         if crate::monitor::Monitor::is_slow(&self.shared.live, duration_us) {
             self.log_slow(name, &args, duration_us);
         }
@@ -494,6 +524,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Request::Persistence(args) => crate::persistence::command(self.engine(), &args).await,
             Request::Keyspace(args) => self.keyspace(args).await,
             Request::Cluster(args) => self.cluster(args).await,
+            Request::PubSub(args) => self.pubsub_command(&args),
             Request::DbSize => match self.engine().status().await {
                 Some(status) => Reply::Integer(status.keys as i64),
                 None => error_reply(&crate::engine::SHUTTING_DOWN),
@@ -691,7 +722,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         }
     }
 
+    fn pubsub_command(&mut self, args: &[Bytes]) -> Reply {
+        let reply = self.pubsub.command(&self.shared.pubsub, self.id, &self.kill, args);
+        if let Some(mailbox) = self.pubsub.mailbox().filter(|_| reply == Reply::Pushed) {
+            let mailbox = mailbox.clone();
+            self.shared.clients.update(self.id, |info| info.pubsub = Some(mailbox));
+        }
+        reply
+    }
+
     fn reset(&mut self) -> Reply {
+        self.pubsub.forget(&self.shared.pubsub);
         self.multi = None;
         self.watched.clear();
         self.resp = 2;
@@ -834,6 +875,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             info.field("chorus_protocol_errors", &metrics.protocol_errors.load(Relaxed));
             info.field("chorus_peer_connections_refused", &self.shared.net.connections_refused.load(Relaxed));
             info.field("chorus_peer_links_timed_out", &self.shared.net.links_timed_out.load(Relaxed));
+            let [channels, patterns, shard_channels] = self.shared.pubsub.totals();
+            info.field("pubsub_channels", &channels);
+            info.field("pubsub_patterns", &patterns);
+            info.field("pubsubshard_channels", &shard_channels);
+            let pubsub = &self.shared.pubsub;
+            info.field(
+                "client_output_buffer_limit_disconnections",
+                &pubsub.stats.disconnected_over_limit.load(Relaxed),
+            );
+            let sum = |count: fn(&chorus_net::PubSubPort) -> u64| {
+                pubsub.ports().map(|port| count(port)).sum::<u64>()
+            };
+            info.field("chorus_pubsub_frames_sent", &sum(|port| port.sent.load(Relaxed)));
+            info.field("chorus_pubsub_frames_dropped", &sum(|port| port.dropped.load(Relaxed)));
+            info.field("chorus_pubsub_frames_received", &sum(|port| port.received.load(Relaxed)));
             if let Some(status) = &status {
                 info.field("chorus_requests_past_deadline", &status.requests_past_deadline);
                 info.field("chorus_requests_inline", &status.requests_inline);

@@ -8,6 +8,7 @@
 //! * [`connection`]: one client connection, pipelined, replies in request order.
 //! * [`engine`]: the event loop that owns the protocol core.
 //! * [`cluster`]: hash slots over replica groups, behind the Redis Cluster protocol.
+//! * [`pubsub`]: PUBLISH / SUBSCRIBE, delivered to subscribers on every node.
 //! * [`config`]: the node's TOML configuration.
 //! * [`metrics`]: counters and the Prometheus endpoint.
 //! * [`memory`]: `used_memory` (the allocator's figure) for INFO and `maxmemory`.
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod pause;
 pub mod persistence;
+pub mod pubsub;
 pub mod resp;
 
 use std::future::Future;
@@ -132,6 +134,10 @@ async fn serve_node(
     }
     // The metadata service's links are peer links too: the same TLS when it is on.
     let net_tls = net.tls.clone();
+    // Published messages travel over the group's links, and with shards over the metadata
+    // service's, which reach every node.
+    let pubsub = pubsub::Hub::new(config.cluster.is_some());
+    net.pubsub = Some(pubsub.group_port());
 
     let clients = TcpListener::bind(config.client_addr)
         .await
@@ -278,7 +284,11 @@ async fn serve_node(
             let map = cluster::SlotMap::new(settings, config.client_addr);
             let dir = state_dir.as_deref().expect("a node always has a state directory");
             let tls = net_tls.clone();
-            Some(cluster::service::start(map, &config.cluster_token, tls, dir).await?)
+            let links = cluster::service::PubSubLinks {
+                port: pubsub.cluster_port(),
+                frame_payload_bytes_max: frame_payload_bytes_max(config),
+            };
+            Some(cluster::service::start(map, &config.cluster_token, tls, dir, links).await?)
         }
     };
     let shared = Arc::new(Shared {
@@ -299,7 +309,8 @@ async fn serve_node(
             config.maxclients,
             clients_fitting(config.replicas.len().saturating_sub(1)).max(config.maxclients as u64),
             &config.clients,
-        ),
+        )
+        .with_pubsub_limits(pubsub.limits.clone()),
         monitor: monitor::Monitor::default(),
         pause: pause::Pause::default(),
         next_client_id: AtomicU64::new(0),
@@ -307,6 +318,7 @@ async fn serve_node(
         closing,
         shutdown: stop_requested.clone(),
         cluster,
+        pubsub,
     });
     if let Some(cluster) = &shared.cluster {
         tokio::spawn(cluster::migrate::run_movers(

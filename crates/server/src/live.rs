@@ -8,12 +8,13 @@
 //! REWRITE: set them on every node, and in the configuration file to keep them.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use chorus_net::handshake::constant_time_eq;
 use sha2::{Digest, Sha256};
 
 use crate::config::ClientLimits;
+use crate::pubsub::{Limit, OutputLimits};
 
 /// The one user, `default`: Redis' `requirepass` is this user with one password.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -71,6 +72,8 @@ pub struct Live {
     pub slowlog_len_max: AtomicU64,
     /// Redis' `latency-monitor-threshold`, milliseconds (0: off).
     pub latency_threshold_ms: AtomicU64,
+    /// `client-output-buffer-limit`'s pubsub class, which the Pub/Sub hub enforces.
+    pub pubsub_limits: Arc<OutputLimits>,
 }
 
 /// What CONFIG SET accepts (and CONFIG GET shows from here).
@@ -83,6 +86,14 @@ pub const SETTABLE: &[&str] = &[
     "slowlog-log-slower-than",
     "slowlog-max-len",
     "latency-monitor-threshold",
+    "client-output-buffer-limit",
+];
+
+/// `client-output-buffer-limit`'s classes chorus does not enforce, as CONFIG GET shows them:
+/// normal clients have no limit (as in Redis), and there are no Redis replicas.
+const FIXED_BUFFER_LIMITS: &[(&str, Limit)] = &[
+    ("normal", Limit { hard_bytes: 0, soft_bytes: 0, soft_seconds: 0 }),
+    ("slave", Limit { hard_bytes: 256 << 20, soft_bytes: 64 << 20, soft_seconds: 60 }),
 ];
 
 impl Live {
@@ -104,7 +115,14 @@ impl Live {
             slowlog_slower_than_us: AtomicI64::new(10_000),
             slowlog_len_max: AtomicU64::new(128),
             latency_threshold_ms: AtomicU64::new(0),
+            pubsub_limits: Arc::new(OutputLimits::default()),
         }
+    }
+
+    /// The Pub/Sub hub's limits, so that CONFIG SET changes what it enforces.
+    pub fn with_pubsub_limits(mut self, limits: Arc<OutputLimits>) -> Live {
+        self.pubsub_limits = limits;
+        self
     }
 
     pub fn user(&self) -> DefaultUser {
@@ -135,6 +153,14 @@ impl Live {
             "slowlog-log-slower-than" => self.slowlog_slower_than_us.load(Relaxed).to_string(),
             "slowlog-max-len" => self.slowlog_len_max.load(Relaxed).to_string(),
             "latency-monitor-threshold" => self.latency_threshold_ms.load(Relaxed).to_string(),
+            "client-output-buffer-limit" => {
+                let show = |class: &str, limit: Limit| {
+                    format!("{class} {} {} {}", limit.hard_bytes, limit.soft_bytes, limit.soft_seconds)
+                };
+                let fixed = FIXED_BUFFER_LIMITS.iter().map(|(class, limit)| show(class, *limit));
+                let pubsub = show("pubsub", self.pubsub_limits.get());
+                fixed.chain([pubsub]).collect::<Vec<_>>().join(" ")
+            }
             _ => return None,
         })
     }
@@ -179,6 +205,8 @@ impl Live {
             Change::SlowerThan(us) => self.slowlog_slower_than_us.store(us, Relaxed),
             Change::SlowlogLen(len) => self.slowlog_len_max.store(len, Relaxed),
             Change::LatencyThreshold(ms) => self.latency_threshold_ms.store(ms, Relaxed),
+            Change::PubSubLimit(Some(limit)) => self.pubsub_limits.set(limit),
+            Change::PubSubLimit(None) => {}
         }
         Ok(())
     }
@@ -193,6 +221,8 @@ enum Change {
     SlowerThan(i64),
     SlowlogLen(u64),
     LatencyThreshold(u64),
+    /// `None`: the value named only classes chorus does not enforce, at their shown values.
+    PubSubLimit(Option<Limit>),
 }
 
 fn parse(name: &str, value: &[u8]) -> Result<Change, String> {
@@ -218,6 +248,7 @@ fn parse(name: &str, value: &[u8]) -> Result<Change, String> {
         }
         "slowlog-max-len" => Change::SlowlogLen(number()?),
         "latency-monitor-threshold" => Change::LatencyThreshold(number()?),
+        "client-output-buffer-limit" => Change::PubSubLimit(parse_buffer_limits(&text).map_err(|why| invalid(&why))?),
         _ => {
             return Err(format!(
                 "Unknown option or number of arguments for CONFIG SET - '{name}' (chorus changes {} at run time; the rest are read from the node's config file at start)",
@@ -225,6 +256,41 @@ fn parse(name: &str, value: &[u8]) -> Result<Change, String> {
             ))
         }
     })
+}
+
+/// `class hard soft seconds [class hard soft seconds ...]`, Redis' format and memory units.
+/// Only the pubsub class may change; normal and replica are accepted at the values CONFIG
+/// GET shows and refused otherwise, rather than accepted and not enforced.
+fn parse_buffer_limits(text: &str) -> Result<Option<Limit>, String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.is_empty() || !words.len().is_multiple_of(4) {
+        return Err("Wrong number of arguments in buffer limit configuration.".into());
+    }
+    let mut pubsub = None;
+    for group in words.chunks(4) {
+        let memory = |word: &str| crate::config::parse_memory(word);
+        let (Some(hard_bytes), Some(soft_bytes), Ok(soft_seconds)) =
+            (memory(group[1]), memory(group[2]), group[3].parse::<u64>())
+        else {
+            return Err("Error in hard, soft or soft_seconds setting in buffer limit configuration.".into());
+        };
+        let limit = Limit { hard_bytes, soft_bytes, soft_seconds };
+        match group[0].to_ascii_lowercase().as_str() {
+            "pubsub" => pubsub = Some(limit),
+            class @ ("normal" | "slave" | "replica") => {
+                let shown = if class == "normal" { "normal" } else { "slave" };
+                let fixed =
+                    FIXED_BUFFER_LIMITS.iter().find(|(name, _)| *name == shown).map(|(_, limit)| *limit);
+                if fixed != Some(limit) {
+                    return Err(format!(
+                        "chorus enforces only the pubsub class; the {class} class stays as CONFIG GET shows it"
+                    ));
+                }
+            }
+            _ => return Err("Invalid client class specified in buffer limit configuration.".into()),
+        }
+    }
+    Ok(pubsub)
 }
 
 #[cfg(test)]
@@ -266,6 +332,26 @@ mod tests {
         let off = DefaultUser { enabled: false, ..live.user() };
         live.set_user(off).unwrap();
         assert!(!live.user().open() && !live.user().accepts(b"anything"));
+    }
+
+    #[test]
+    fn the_pubsub_output_buffer_limit_changes_and_other_classes_stay() {
+        let live = live(false);
+        assert_eq!(
+            live.get("client-output-buffer-limit").unwrap(),
+            "normal 0 0 0 slave 268435456 67108864 60 pubsub 33554432 8388608 60"
+        );
+        live.set(&[pair("client-output-buffer-limit", "pubsub 1mb 256kb 10")]).unwrap();
+        assert_eq!(
+            live.pubsub_limits.get(),
+            Limit { hard_bytes: 1 << 20, soft_bytes: 256 << 10, soft_seconds: 10 }
+        );
+        live.set(&[pair("client-output-buffer-limit", "normal 0 0 0 pubsub 0 0 0")]).unwrap();
+        assert_eq!(live.pubsub_limits.get(), Limit { hard_bytes: 0, soft_bytes: 0, soft_seconds: 0 });
+        for bad in ["pubsub 1mb 1mb", "pubsub lots 1 1", "other 1 1 1", "normal 1mb 0 0 pubsub 1 1 1"] {
+            assert!(live.set(&[pair("client-output-buffer-limit", bad)]).is_err(), "{bad}");
+        }
+        assert_eq!(live.pubsub_limits.get().hard_bytes, 0, "a refused value changed nothing");
     }
 
     #[test]

@@ -72,7 +72,11 @@ impl Pause {
 }
 
 fn holds(mode: Mode, name: &str) -> bool {
-    mode == Mode::All || name == "publish" || name == "exec" || crate::command::has_flag(name, "write")
+    mode == Mode::All
+        || name == "publish"
+        || name == "spublish"
+        || name == "exec"
+        || crate::command::has_flag(name, "write")
 }
 
 #[cfg(test)]

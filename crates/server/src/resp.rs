@@ -289,6 +289,9 @@ pub enum Reply {
     Map(Vec<(Reply, Reply)>),
     /// RESP3 `=` verbatim text (`txt`); a bulk string in RESP2. INFO answers with it.
     Verbatim(String),
+    /// Nothing: the command answered through the connection's Pub/Sub mailbox (SUBSCRIBE
+    /// and the like, whose confirmations are pushes; crate::pubsub).
+    Pushed,
 }
 
 impl Reply {
@@ -365,6 +368,7 @@ impl Reply {
                 out.put_slice(b"\r\n");
             }
             Reply::Verbatim(text) => Reply::text(text).encode(resp, out),
+            Reply::Pushed => {}
         }
     }
 }

@@ -13,6 +13,7 @@
 pub mod dump;
 pub mod geo;
 mod hashes;
+pub mod hll;
 mod keys;
 pub mod lcs;
 mod list;
@@ -122,6 +123,10 @@ pub const COMMANDS: &[(&str, i64, Access)] = {
         ("decrby", 3, W),
         ("incrbyfloat", 3, W),
         ("setbit", 4, W),
+        ("bitfield", -2, W),
+        ("pfadd", -2, W),
+        ("pfcount", -2, R),
+        ("bitfield_ro", -2, R),
         ("getbit", 3, R),
         ("bitcount", -2, R),
         ("bitpos", -3, R),
@@ -225,6 +230,7 @@ pub const COMMANDS: &[(&str, i64, Access)] = {
         ("xrevrange", -4, R),
         ("xdel", -3, W),
         ("xtrim", -4, W),
+        ("xsetid", -3, W),
         ("xread", -4, R),
         ("xreadgroup", -7, W),
         ("xgroup", -4, W),
@@ -282,6 +288,8 @@ pub fn bytes_bound(op: &ExecOp, current_bytes: usize) -> usize {
     let grown_to = match name.as_slice() {
         b"setrange" => offset(2).saturating_add(op.args.get(3).map_or(0, |patch| patch.len())),
         b"setbit" => offset(2) / 8 + 1,
+        b"pfadd" => hll::DENSE_BYTES,
+        b"bitfield" => strings::bitfield_bytes(&Args { all: &op.args }),
         // A delivery or a claim adds a pending entry per stream entry: bounded only by the
         // limit itself.
         b"xreadgroup" | b"xclaim" | b"xautoclaim" => return op.bytes_max as usize,
@@ -408,6 +416,7 @@ fn run(args: &[Bytes], slot: &mut Slot) -> Reply {
         .or_else(|| zset::run(&name, &args, slot))
         .or_else(|| geo::run(&name, &args, slot))
         .or_else(|| stream::run(&name, &args, slot))
+        .or_else(|| hll::run(&name, &args, slot))
         .unwrap_or_else(|| Err(format!("ERR unknown command '{name}'")))
 }
 

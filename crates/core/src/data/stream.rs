@@ -182,6 +182,7 @@ pub(super) fn run(name: &str, args: &Args, slot: &mut Slot) -> Option<Reply> {
         "xrange" | "xrevrange" => xrange(name == "xrevrange", args, slot),
         "xdel" => xdel(args, slot),
         "xtrim" => xtrim(args, slot),
+        "xsetid" => xsetid(args, slot),
         "xread" => xread(args, slot),
         "xgroup" => xgroup(args, slot),
         "xreadgroup" => xreadgroup(args, slot),
@@ -453,6 +454,64 @@ fn xtrim(args: &Args, slot: &mut Slot) -> Reply {
         return Ok(Data::Integer(0));
     }
     Ok(Data::Integer(apply_trim(slot.stream_mut()?, trim) as i64))
+}
+
+/// An ID given in full or as `ms` (`-`, `+` and `*` are refused), as XSETID reads them.
+fn parse_strict_id(arg: &[u8]) -> Result<StreamId, Fail> {
+    match arg {
+        b"-" | b"+" | b"*" => Err(invalid_id()),
+        _ => parse_id(arg, 0),
+    }
+}
+
+/// `XSETID key last-id [ENTRIESADDED n] [MAXDELETEDID id]` with Redis 7.0's checks and
+/// errors: the stream's last ID (what `*` grows from) set by hand.
+fn xsetid(args: &Args, slot: &mut Slot) -> Reply {
+    let last_id = parse_strict_id(args.get(2))?;
+    let (mut entries_added, mut max_deleted) = (None, None);
+    let mut at = 3;
+    while at < args.len() {
+        match args.word(at).as_str() {
+            "ENTRIESADDED" if at + 1 < args.len() => {
+                let added = args.int(at + 1)?;
+                entries_added = Some(u64::try_from(added).map_err(|_| "ERR entries_added must be positive")?);
+            }
+            "MAXDELETEDID" if at + 1 < args.len() => {
+                let id = parse_strict_id(args.get(at + 1))?;
+                if last_id < id {
+                    return Err(
+                        "ERR The ID specified in XSETID is smaller than the provided max_deleted_entry_id"
+                            .into(),
+                    );
+                }
+                max_deleted = Some(id);
+            }
+            _ => return Err(syntax_error()),
+        }
+        at += 2;
+    }
+    if slot.stream()?.is_none() {
+        return Err("ERR no such key".into());
+    }
+    let stream = slot.stream_mut()?;
+    if let Some(top) = stream.entries.keys().next_back() {
+        if last_id < *top {
+            return Err("ERR The ID specified in XSETID is smaller than the target stream top item".into());
+        }
+        if entries_added.is_some_and(|added| added < stream.entries.len() as u64) {
+            return Err(
+                "ERR The entries_added specified in XSETID is smaller than the target stream length".into()
+            );
+        }
+    }
+    stream.last_id = last_id;
+    if let Some(added) = entries_added {
+        stream.entries_added = added;
+    }
+    if let Some(id) = max_deleted.filter(|id| *id != StreamId::ZERO) {
+        stream.max_deleted = id;
+    }
+    Ok(Data::ok())
 }
 
 /// `[COUNT n] [BLOCK ms] [NOACK] STREAMS key id` for one key (the server splits several

@@ -35,6 +35,8 @@ pub(super) fn run(name: &str, args: &Args, slot: &mut Slot) -> Option<Reply> {
         "getbit" => getbit(args, slot),
         "bitcount" => bitcount(args, slot),
         "bitpos" => bitpos(args, slot),
+        "bitfield" => bitfield(args, slot, false),
+        "bitfield_ro" => bitfield(args, slot, true),
         _ => return None,
     })
 }
@@ -348,4 +350,221 @@ fn bitpos(args: &Args, slot: &mut Slot) -> Reply {
         None if !wanted && !explicit_end => Ok(Data::Integer((to + 1) as i64)),
         None => Ok(Data::Integer(-1)),
     }
+}
+
+// ------------------------------------------------------------------------------ BITFIELD
+
+/// What BITFIELD does with a value that does not fit its type (Redis' OVERFLOW).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Overflow {
+    Wrap,
+    Sat,
+    Fail,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FieldOp {
+    Get,
+    Set(i64),
+    IncrBy(i64),
+}
+
+/// One `GET|SET|INCRBY type offset [value]` of a BITFIELD, with the OVERFLOW before it.
+#[derive(Clone, Copy)]
+struct Field {
+    op: FieldOp,
+    signed: bool,
+    bits: u32,
+    offset: u64,
+    overflow: Overflow,
+}
+
+/// `i1`..`i64` or `u1`..`u63`: (signed, bits).
+fn field_type(arg: &[u8]) -> Result<(bool, u32), Fail> {
+    let invalid = || {
+        "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is."
+            .to_string()
+    };
+    let (signed, digits) = match arg.split_first() {
+        Some((b'i' | b'I', digits)) => (true, digits),
+        Some((b'u' | b'U', digits)) => (false, digits),
+        _ => return Err(invalid()),
+    };
+    let bits: u32 = std::str::from_utf8(digits).ok().and_then(|d| d.parse().ok()).ok_or_else(invalid)?;
+    let max = if signed { 64 } else { 63 };
+    if bits < 1 || bits > max {
+        return Err(invalid());
+    }
+    Ok((signed, bits))
+}
+
+/// A bit offset, or `#n` for the n-th field of this width; the field must end within 512 MB.
+fn field_offset(arg: &[u8], bits: u32) -> Result<u64, Fail> {
+    let invalid = || "ERR bit offset is not an integer or out of range".to_string();
+    let (hash, digits) = match arg.strip_prefix(b"#") {
+        Some(digits) => (true, digits),
+        None => (false, arg),
+    };
+    let offset = parse_int(digits).map_err(|_| invalid())?;
+    let offset = if hash { offset.checked_mul(bits as i64).ok_or_else(invalid)? } else { offset };
+    if offset < 0 || (offset >> 3) >= STRING_BYTES_MAX {
+        return Err(invalid());
+    }
+    Ok(offset as u64)
+}
+
+/// Parse every subcommand first, as Redis does: a bad one changes nothing.
+fn parse_fields(args: &Args, readonly: bool) -> Result<Vec<Field>, Fail> {
+    let mut fields = Vec::new();
+    let mut overflow = Overflow::Wrap;
+    let mut at = 2;
+    while at < args.len() {
+        let word = args.word(at);
+        let left = args.len() - at - 1;
+        let op = match word.as_str() {
+            "OVERFLOW" if left >= 1 => {
+                overflow = match args.word(at + 1).as_str() {
+                    "WRAP" => Overflow::Wrap,
+                    "SAT" => Overflow::Sat,
+                    "FAIL" => Overflow::Fail,
+                    _ => return Err("ERR Invalid OVERFLOW type specified".into()),
+                };
+                at += 2;
+                continue;
+            }
+            "GET" if left >= 2 => None,
+            "SET" | "INCRBY" if left >= 3 => Some(word == "SET"),
+            _ => return Err(syntax_error()),
+        };
+        // Redis' order: the type, the offset, then the value.
+        let (signed, bits) = field_type(args.get(at + 1))?;
+        let offset = field_offset(args.get(at + 2), bits)?;
+        let op = match op {
+            None => FieldOp::Get,
+            Some(true) => FieldOp::Set(args.int(at + 3)?),
+            Some(false) => FieldOp::IncrBy(args.int(at + 3)?),
+        };
+        fields.push(Field { op, signed, bits, offset, overflow });
+        at += if op == FieldOp::Get { 3 } else { 4 };
+    }
+    if readonly && fields.iter().any(|field| field.op != FieldOp::Get) {
+        return Err("ERR BITFIELD_RO only supports the GET subcommand".into());
+    }
+    Ok(fields)
+}
+
+/// How long the string must be for BITFIELD's writes (0: it only reads); what the bytes
+/// bound of a BITFIELD op grows the value to.
+pub(super) fn bitfield_bytes(args: &Args) -> usize {
+    parse_fields(args, false)
+        .unwrap_or_default()
+        .iter()
+        .filter(|field| field.op != FieldOp::Get)
+        .map(|field| ((field.offset + field.bits as u64 - 1) / 8 + 1) as usize)
+        .max()
+        .unwrap_or(0)
+}
+
+fn read_bits(bytes: &[u8], offset: u64, bits: u32) -> u64 {
+    (0..bits as u64).fold(0, |value, i| {
+        let at = offset + i;
+        let bit = bytes.get((at / 8) as usize).is_some_and(|byte| byte & (0x80 >> (at % 8)) != 0);
+        (value << 1) | bit as u64
+    })
+}
+
+fn write_bits(bytes: &mut [u8], offset: u64, bits: u32, value: u64) {
+    for i in 0..bits as u64 {
+        let at = offset + i;
+        let mask = 0x80u8 >> (at % 8);
+        let byte = &mut bytes[(at / 8) as usize];
+        if value >> (bits as u64 - 1 - i) & 1 == 1 {
+            *byte |= mask;
+        } else {
+            *byte &= !mask;
+        }
+    }
+}
+
+/// The field's value read as its type.
+fn field_value(bytes: &[u8], field: &Field) -> i64 {
+    let raw = read_bits(bytes, field.offset, field.bits);
+    if field.signed && field.bits < 64 && raw >> (field.bits - 1) & 1 == 1 {
+        (raw | (u64::MAX << field.bits)) as i64
+    } else {
+        raw as i64
+    }
+}
+
+/// `value + incr` in the field's type: the result, or `None` if it overflows with FAIL
+/// (Redis' checkSignedBitfieldOverflow / checkUnsignedBitfieldOverflow).
+fn add_in_type(value: i64, incr: i64, field: &Field) -> Option<i64> {
+    let bits = field.bits;
+    let (min, max): (i128, i128) = if field.signed {
+        (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+    } else {
+        (0, (1i128 << bits) - 1)
+    };
+    // An unsigned field's value, and SET's value for it, are read as unsigned (as Redis casts).
+    let value = if field.signed { value as i128 } else { value as u64 as i128 };
+    let sum = value + incr as i128;
+    if (min..=max).contains(&sum) {
+        return Some(sum as i64);
+    }
+    match field.overflow {
+        Overflow::Fail => None,
+        Overflow::Sat => Some(if sum > max { max } else { min } as i64),
+        Overflow::Wrap => {
+            let wrapped = (sum as u128 as u64) & if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+            let sign_extended = if field.signed && bits < 64 && wrapped >> (bits - 1) & 1 == 1 {
+                wrapped | (u64::MAX << bits)
+            } else {
+                wrapped
+            };
+            Some(sign_extended as i64)
+        }
+    }
+}
+
+/// BITFIELD / BITFIELD_RO: every field read or written in order, as Redis 7 answers.
+pub(super) fn bitfield(args: &Args, slot: &mut Slot, readonly: bool) -> Reply {
+    let fields = parse_fields(args, readonly)?;
+    let needed = bitfield_bytes(args);
+    if needed == 0 {
+        let value = slot.string()?.cloned().unwrap_or_default();
+        return Ok(Data::Array(
+            fields.iter().map(|field| Data::Integer(field_value(&value, field))).collect(),
+        ));
+    }
+    // As in Redis, the string grows to hold every written field before any runs, even if
+    // an OVERFLOW FAIL then writes nothing.
+    let value = slot.string_mut()?;
+    let mut bytes = value.to_vec();
+    if bytes.len() < needed {
+        bytes.resize(needed, 0);
+    }
+    let mut replies = Vec::with_capacity(fields.len());
+    for field in &fields {
+        let old = field_value(&bytes, field);
+        let (new, reply) = match field.op {
+            FieldOp::Get => {
+                replies.push(Data::Integer(old));
+                continue;
+            }
+            FieldOp::Set(value) => (add_in_type(value, 0, field), old),
+            FieldOp::IncrBy(incr) => match add_in_type(old, incr, field) {
+                Some(new) => (Some(new), new),
+                None => (None, 0),
+            },
+        };
+        match new {
+            Some(new) => {
+                write_bits(&mut bytes, field.offset, field.bits, new as u64);
+                replies.push(Data::Integer(reply));
+            }
+            None => replies.push(Data::Nil),
+        }
+    }
+    *value = Bytes::from(bytes);
+    Ok(Data::Array(replies))
 }

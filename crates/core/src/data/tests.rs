@@ -213,6 +213,8 @@ fn the_bytes_bound_covers_what_every_command_writes() {
         "INCRBYFLOAT s 0.2",
         "SETRANGE s 300 x",
         "SETBIT s 9000 1",
+        "BITFIELD s SET u8 20000 1 GET u8 0 INCRBY i5 #9000 3",
+        "PFADD p a b c",
         "ZADD z 1 a 2 b",
         "ZINCRBY z 0.1 a",
         "HSET h f 1",
@@ -318,6 +320,81 @@ fn streams_add_read_trim_and_track_pending_entries() {
         key.run("XADD s 7-0 f e"),
         err("ERR The ID specified in XADD is equal or smaller than the target stream top item")
     );
+}
+
+#[test]
+fn bitfield_reads_and_writes_fields_as_redis_7() {
+    let mut key = Key::new();
+    let ints = |values: &[i64]| Data::Array(values.iter().map(|value| int(*value)).collect());
+    // Each expected reply is what Redis 7.0.15 answered to the same commands.
+    assert_eq!(
+        key.run("BITFIELD bf SET u8 8 255 GET u8 0 GET u4 8 GET u4 12 GET u4 13"),
+        ints(&[0, 0, 15, 15, 14])
+    );
+    assert_eq!(
+        key.run("BITFIELD bf SET i8 0 -100 INCRBY i8 0 -100 OVERFLOW SAT INCRBY i8 0 -100 OVERFLOW FAIL INCRBY i8 0 -1"),
+        ints(&[0, 56, -44, -45])
+    );
+    assert_eq!(
+        key.run("BITFIELD bf SET u8 #1 -1 GET u8 #1 OVERFLOW SAT SET u8 #1 -5 GET u8 #1 OVERFLOW WRAP SET u4 0 100 GET u4 0"),
+        ints(&[255, 255, 255, 255, 13, 4])
+    );
+    let max = i64::MAX.to_string();
+    let wrapped = key.run(&format!(
+        "BITFIELD bf SET i64 0 {max} INCRBY i64 0 1 OVERFLOW SAT INCRBY i64 0 1 INCRBY i64 0 -2"
+    ));
+    assert_eq!(wrapped, ints(&[4899634919602388992, i64::MIN, i64::MIN + 1, i64::MIN]));
+    assert_eq!(key.run("BITFIELD bf OVERFLOW FAIL INCRBY u2 0 5"), Data::Array(vec![Data::Nil]));
+    assert_eq!(key.run("BITFIELD_RO bf GET u8 0 OVERFLOW SAT"), ints(&[128]));
+    assert_eq!(key.run("BITFIELD bf"), ints(&[]));
+    for (line, error) in [
+        ("BITFIELD bf GET u64 0", "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is."),
+        ("BITFIELD bf GET i65 0", "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is."),
+        ("BITFIELD bf GET u8 -1", "ERR bit offset is not an integer or out of range"),
+        ("BITFIELD bf GET u8 #-1", "ERR bit offset is not an integer or out of range"),
+        ("BITFIELD bf OVERFLOW FOO", "ERR Invalid OVERFLOW type specified"),
+        ("BITFIELD bf FOO", "ERR syntax error"),
+        ("BITFIELD bf SET u8 0 x", "ERR value is not an integer or out of range"),
+        ("BITFIELD_RO bf SET u8 0 1", "ERR BITFIELD_RO only supports the GET subcommand"),
+    ] {
+        assert_eq!(key.run(line), err(error), "{line}");
+    }
+}
+
+#[test]
+fn bitfield_on_a_missing_key_reads_zeros_and_a_failed_write_still_creates_it() {
+    let mut key = Key::new();
+    assert_eq!(key.run("BITFIELD k GET u8 0"), Data::Array(vec![int(0)]));
+    assert_eq!(key.run("EXISTS k"), int(0));
+    assert_eq!(key.run("BITFIELD k OVERFLOW FAIL INCRBY u2 100 5"), Data::Array(vec![Data::Nil]));
+    assert_eq!(key.run("STRLEN k"), int(13), "as Redis: grown to hold the field");
+}
+
+#[test]
+fn xsetid_moves_the_last_id_with_redis_7_checks() {
+    let mut key = Key::new();
+    assert_eq!(key.run("XSETID s 1-1"), err("ERR no such key"));
+    key.run("XADD s 5-1 f v");
+    assert_eq!(
+        key.run("XSETID s 4-0"),
+        err("ERR The ID specified in XSETID is smaller than the target stream top item")
+    );
+    assert_eq!(
+        key.run("XSETID s 6-0 ENTRIESADDED 0"),
+        err("ERR The entries_added specified in XSETID is smaller than the target stream length")
+    );
+    assert_eq!(key.run("XSETID s 6-0 ENTRIESADDED -1"), err("ERR entries_added must be positive"));
+    assert_eq!(
+        key.run("XSETID s 6-0 MAXDELETEDID 7-0"),
+        err("ERR The ID specified in XSETID is smaller than the provided max_deleted_entry_id")
+    );
+    assert_eq!(key.run("XSETID s -"), err("ERR Invalid stream ID specified as stream command argument"));
+    assert_eq!(key.run("XSETID s 6-0 FOO 1"), err("ERR syntax error"));
+    assert_eq!(key.run("XSETID s 6-0 MAXDELETEDID 3-0 ENTRIESADDED 5"), Data::ok());
+    key.now_ms = 1;
+    assert_eq!(key.run("XADD s * f w"), Data::bulk("6-1"), "automatic IDs grow from the new last ID");
+    key.run("SET str x");
+    assert!(matches!(key.run("XSETID str 1-1"), Data::Error(e) if e.starts_with("WRONGTYPE")));
 }
 
 #[test]

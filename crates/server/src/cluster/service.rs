@@ -81,6 +81,14 @@ impl Cluster {
     }
 }
 
+/// Pub/Sub on the service's links, which reach every node of every group: PUBLISH in a
+/// sharded cluster goes to every node, as in Redis Cluster (crate::pubsub).
+pub struct PubSubLinks {
+    pub port: Option<Arc<chorus_net::PubSubPort>>,
+    /// Frames must carry the largest message a client may publish.
+    pub frame_payload_bytes_max: usize,
+}
+
 /// Open `metadata.log` in `dir`, rebuild the map from it, start the service's transport and
 /// task. Returns once the restored map is known, so the node never serves an older one.
 pub async fn start(
@@ -88,6 +96,7 @@ pub async fn start(
     cluster_token: &str,
     tls: Option<chorus_net::tls::PeerTls>,
     dir: &Path,
+    pubsub: PubSubLinks,
 ) -> anyhow::Result<Cluster> {
     let storage = FileStorage::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
     let (log, records) = MembershipLog::open_named(storage, METADATA_LOG)?;
@@ -102,7 +111,11 @@ pub async fn start(
         nodes.iter().filter(|node| node.node != me.node).map(|node| (node.node, node.meta)).collect();
     let mut net = NetConfig::new(me.node, METADATA_CLUSTER_ID, cluster_token, "metadata", me.meta, peers);
     net.tls = tls;
-    net.priority_lane = false; // Its only traffic is Raft.
+    net.priority_lane = false; // Its only traffic is Raft (and published messages).
+    if let Some(port) = pubsub.port {
+        net.pubsub = Some(port);
+        net.frame_payload_bytes_max = net.frame_payload_bytes_max.max(pubsub.frame_payload_bytes_max);
+    }
     let (transport, inbound, _) = chorus_net::start::<MembershipMessage>(net)
         .await
         .with_context(|| format!("metadata service on {}", me.meta))?;

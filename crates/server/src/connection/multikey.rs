@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chorus_core::data::value::{self, Entry, Typed};
-use chorus_core::data::{format_double, parse_float, parse_int};
+use chorus_core::data::{format_double, hll, parse_float, parse_int};
 use chorus_core::{Command, Outcome};
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -89,6 +89,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
             "sort" | "sort_ro" => self.sort(name, args).await,
             "bitop" => self.bitop(args).await,
+            "pfcount" => self.pfcount(&args[1..]).await,
+            "pfmerge" => self.pfmerge(args).await,
             "lcs" => self.lcs(args).await,
             "geosearchstore" | "georadius" | "georadiusbymember" => self.geo_store(name, args).await,
             "zrangestore" => self.zrangestore(args).await,
@@ -703,6 +705,49 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         Ok(Reply::Integer(len as i64))
     }
 
+    /// A HyperLogLog's registers, with the key's entry (`None`: absent, no registers).
+    async fn read_hll(&mut self, key: &Bytes) -> Result<Option<(Entry, hll::Registers)>, Reply> {
+        match self.read_entry(key).await? {
+            None => Ok(None),
+            Some(entry) => match &entry.value {
+                Typed::String(bytes) => {
+                    let registers = hll::Registers::decode(bytes).map_err(Reply::error)?;
+                    Ok(Some((entry, registers)))
+                }
+                _ => Err(Reply::error(WRONGTYPE)),
+            },
+        }
+    }
+
+    /// PFCOUNT of several keys: the count of their union (one read per key).
+    async fn pfcount(&mut self, keys: &[Bytes]) -> Result<Reply, Reply> {
+        let mut union = hll::Registers::default();
+        for key in keys {
+            if let Some((_, registers)) = self.read_hll(key).await? {
+                union.merge(&registers);
+            }
+        }
+        Ok(Reply::Integer(union.count() as i64))
+    }
+
+    /// PFMERGE dst src...: the union of the destination and the sources written to the
+    /// destination, which keeps its deadline.
+    async fn pfmerge(&mut self, args: &[Bytes]) -> Result<Reply, Reply> {
+        let (mut union, mut deadline_ms) = (hll::Registers::default(), None);
+        if let Some((entry, registers)) = self.read_hll(&args[1]).await? {
+            union = registers;
+            deadline_ms = entry.deadline_ms;
+        }
+        for key in &args[2..] {
+            if let Some((_, registers)) = self.read_hll(key).await? {
+                union.merge(&registers);
+            }
+        }
+        let entry = Entry { value: Typed::String(union.encode()), deadline_ms };
+        self.put_entry(args[1].clone(), Some(&entry)).await?;
+        Ok(Reply::ok())
+    }
+
     /// GEOSEARCHSTORE dst src ... [STOREDIST], GEORADIUS[BYMEMBER] ... STORE|STOREDIST dst:
     /// the search on the source's sorted set, then one write of the destination.
     async fn geo_store(&mut self, name: &str, args: &[Bytes]) -> Result<Reply, Reply> {
@@ -804,6 +849,7 @@ pub const COMMANDS: &[&str] = &[
     "sort",
     "sort_ro",
     "bitop",
+    "pfmerge",
     "lcs",
     "geosearchstore",
     "zrangestore",
