@@ -35,6 +35,7 @@
 //! * **TLS** ([`tls`], optional): mutual TLS on every peer connection, the handshake inside it.
 
 pub mod handshake;
+pub mod links;
 pub mod stats;
 pub mod stream;
 pub mod tls;
@@ -42,7 +43,9 @@ pub mod transport;
 
 pub use stats::{Histogram, NetStats, PeerStats, PeerStatsSnapshot};
 pub use stream::Stream;
-pub use transport::{start, Inbound, NetConfig, NetError, Transport};
+pub use transport::{
+    start, start_handover, Inbound, InboundLink, LinkSink, NetConfig, NetError, OutboundLink, Transport,
+};
 
 /// Frame kinds on peer links.
 pub mod kind {

@@ -50,6 +50,9 @@ pub struct Shared {
     pub monitor: crate::monitor::Monitor,
     /// CLIENT PAUSE.
     pub pause: crate::pause::Pause,
+    /// Where plain clients go when the event loop is a reactor (crate::reactor); unset
+    /// otherwise, and then every connection is a task.
+    pub reactor: Arc<std::sync::OnceLock<crate::reactor::ClientDoor>>,
 }
 
 /// Node settings connections need (INFO, CONFIG GET, limits), fixed at start; the ones
@@ -94,6 +97,23 @@ pub struct Connection<S> {
     kill: Arc<Notify>,
     /// CLIENT REPLY; `Skip` counts the replies still to drop.
     replies: (ReplyMode, u8),
+    /// A command to run before reading ([`Adopted::first`]).
+    first: Option<Vec<Bytes>>,
+}
+
+/// A connection the reactor served until a command it does not run in place (crate::reactor):
+/// what it had, so the connection carries on here exactly where it stopped.
+pub struct Adopted {
+    /// Its id, already in the client registry with `kill`.
+    pub id: u64,
+    pub kill: Arc<Notify>,
+    pub marks: WriteMarks,
+    /// Bytes received and not yet parsed.
+    pub read: BytesMut,
+    /// Replies not yet written.
+    pub write: BytesMut,
+    /// The command to run first (parsed already), if any.
+    pub first: Option<Vec<Bytes>>,
 }
 
 /// The connection's two ends, for CLIENT LIST and CLIENT KILL.
@@ -157,6 +177,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             last_read: Instant::now(),
             kill,
             replies: (ReplyMode::On, 0),
+            first: None,
+        }
+    }
+
+    /// Carry on serving a connection the reactor handed over ([`Adopted`]). It is registered
+    /// already; it is RESP2, authenticated, out of MULTI and replying, since the reactor hands
+    /// over every connection that leaves that state.
+    pub fn adopt(shared: Arc<Shared>, stream: S, adopted: Adopted) -> Connection<S> {
+        Connection {
+            shared,
+            stream,
+            read: adopted.read,
+            parser: Parser::default(),
+            write: adopted.write,
+            resp: 2,
+            authenticated: true,
+            name: None,
+            id: adopted.id,
+            multi: None,
+            watched: Vec::new(),
+            marks: adopted.marks,
+            incomplete_since: None,
+            last_read: Instant::now(),
+            kill: adopted.kill,
+            replies: (ReplyMode::On, 0),
+            first: adopted.first,
         }
     }
 
@@ -177,6 +223,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let kill = self.kill.clone();
         let killed = kill.notified();
         tokio::pin!(killed);
+        if let Some(args) = self.first.take() {
+            let (reply, close) = self.execute(args).await;
+            match reply {
+                Some(reply) if self.replying() => reply.encode(self.resp, &mut self.write),
+                _ => {}
+            }
+            if close {
+                return self.flush().await;
+            }
+        }
         loop {
             let close = self.run_pipeline().await?;
             if close {
