@@ -33,6 +33,11 @@
 //!   covered by the MACs and never sent. Strangers are refused with a clear log line; garbage
 //!   closes that connection only.
 //! * **TLS** ([`tls`], optional): mutual TLS on every peer connection, the handshake inside it.
+//! * **Handed over** ([`start_handover`], [`links`]): the dialers and the acceptor authenticate
+//!   plain-TCP links and hand the sockets to an event loop that polls them itself (the server's
+//!   reactor); [`links::Links`] then does what the reader and writer tasks do (frames, batches,
+//!   credits, keepalives, silence) on that loop's thread, and reports failed links back to
+//!   their dialers.
 
 pub mod handshake;
 pub mod links;

@@ -275,8 +275,8 @@ impl<M: WireMessage> Links<M> {
         let mut count = 0u32;
         self.payload.clear();
         self.payload.put_u32_le(0);
-        for span in 0..self.spans.len() {
-            let (nodes, start, end, priority) = self.spans[span];
+        let spans = std::mem::take(&mut self.spans);
+        for &(nodes, start, end, priority) in &spans {
             if !nodes.contains(node) || !takes(priority) {
                 continue;
             }
@@ -298,6 +298,7 @@ impl<M: WireMessage> Links<M> {
         if count > 0 {
             self.queue_frame(index, lane_index, count);
         }
+        self.spans = spans;
     }
 
     /// Frame the batch in `payload` (`count` messages) onto the lane's buffer.
@@ -485,13 +486,12 @@ impl<M: WireMessage> Links<M> {
                 }
             }
         }
-        for slot in 0..self.inbound.len() {
-            let Some(link) = &self.inbound[slot] else { continue };
-            if now.duration_since(link.last_heard) < self.link_timeout {
+        for slot in self.inbound.iter_mut() {
+            if slot.as_ref().is_none_or(|link| now.duration_since(link.last_heard) < self.link_timeout) {
                 continue;
             }
             self.stats.links_timed_out.fetch_add(1, Relaxed);
-            let mut link = self.inbound[slot].take().expect("checked");
+            let mut link = slot.take().expect("checked");
             warn!(
                 peer = %link.node,
                 "closing inbound peer link: silent for {} ms although keepalives are due",
