@@ -102,7 +102,9 @@ where
         configure_socket(&stream, shared.settings.clients.tcp_keepalive_s);
         let local = stream.local_addr().unwrap_or(shared.settings.client_addr);
         let addresses = Addresses { peer, local };
-        if let Some(door) = shared.reactor.get().filter(|_| to_reactor) {
+        // A client that must AUTH first starts on a connection task, which checks it; the
+        // reactor serves only clients that are authenticated from the start (no password).
+        if let Some(door) = shared.reactor.get().filter(|_| to_reactor && shared.live.user().open()) {
             if let Err(error) = door.enter(shared.clone(), slot, stream, addresses) {
                 debug!("client connection not served: {error}");
             }

@@ -11,7 +11,8 @@
 //! ([`chorus_net::start_handover`]) and redialling them, and every command the reactor does not
 //! run in place. A connection is served here while it sends single-key commands (GET, SET,
 //! INCR, ...; [`command::single_key_command`]) and a few trivial ones (PING, ECHO, SELECT 0,
-//! CLIENT SETINFO, QUIT) as an authenticated RESP2 client outside MULTI; the first other
+//! CLIENT SETINFO, QUIT) as a RESP2 client outside MULTI (only clients that need no AUTH
+//! come here: with a password set the listener starts them on a task); the first other
 //! command (or a CLIENT PAUSE in force, or a typed value) hands the connection over to a
 //! [`Connection`] task for the rest of its life, with its unparsed bytes, unwritten replies
 //! and WAIT marks ([`Adopted`]); that command runs there first. So every command behaves as
