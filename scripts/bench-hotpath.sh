@@ -46,8 +46,8 @@ point() { # label targets pids...
             sc=$(awk -F, -v n="$rps" -v s="$((seconds - 1))" '/sys_enter/ { printf "%.2f", $1 / (n * s) }' "$stat")
             rm -f "$stat"
         fi
-        echo "$label ${p} ops/s $rps p50 $p50 p99 $p99 p99.9 $p999 cpu_us_op $us_op syscalls_op $sc cs_op $cs" >&2
-        lines+=("{\"system\":\"$label\",\"point\":\"$p\",\"ops_per_s\":$rps,\"p50_us\":$p50,\"p99_us\":$p99,\"p999_us\":$p999,\"cpu_us_per_op\":$us_op,\"syscalls_per_op\":$sc,\"context_switches_per_op\":$cs}")
+        echo "$label ${p} ops/s $rps p50 $p50 p99 $p99 p99.9 $p999 cpu_us_op $us_op (user $user_us_op sys $sys_us_op) syscalls_op $sc cs_op $cs" >&2
+        lines+=("{\"system\":\"$label\",\"point\":\"$p\",\"ops_per_s\":$rps,\"p50_us\":$p50,\"p99_us\":$p99,\"p999_us\":$p999,\"cpu_us_per_op\":$us_op,\"user_us_per_op\":$user_us_op,\"sys_us_per_op\":$sys_us_op,\"syscalls_per_op\":$sc,\"context_switches_per_op\":$cs}")
     done
 }
 
@@ -83,7 +83,8 @@ printf '%s\n' "${lines[@]}" >"$rows"
 python3 - "$rows" "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-keys = ["ops_per_s", "p50_us", "p99_us", "p999_us", "cpu_us_per_op", "syscalls_per_op", "context_switches_per_op"]
+keys = ["ops_per_s", "p50_us", "p99_us", "p999_us", "cpu_us_per_op", "user_us_per_op", "sys_us_per_op",
+        "syscalls_per_op", "context_switches_per_op"]
 groups = {}
 for r in rows:
     groups.setdefault((r["system"], r["point"]), []).append(r)
@@ -91,7 +92,7 @@ summary = []
 for (system, point), rs in groups.items():
     m = {"system": system, "point": point, "rounds": len(rs)}
     for k in keys:
-        vals = [r[k] for r in rs if r[k] is not None]
+        vals = [r[k] for r in rs if r.get(k) is not None]
         m[k] = statistics.median(vals) if vals else None
     summary.append(m)
 load = open("/proc/loadavg").read().split()[:3]
@@ -103,12 +104,13 @@ def ratio(m, k):
     r = redis.get(m["point"])
     return fmt(m[k] / r[k], "{:.2f}x") if r and r[k] and m[k] is not None else "-"
 print("medians of %d rounds; load average at the end %s" % (max(m["rounds"] for m in summary), " ".join(load)))
-print("| point | system | ops/s | p50 us | p99 us | p99.9 us | CPU us/op | syscalls/op | cs/op | ops/s vs redis | p50 vs redis | CPU vs redis |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| point | system | ops/s | p50 us | p99 us | p99.9 us | CPU us/op | user | kernel | syscalls/op | cs/op | ops/s vs redis | p50 vs redis | CPU vs redis |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for m in sorted(summary, key=lambda m: (m["point"], m["system"])):
-    print("| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s |" % (
+    print("| %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         m["point"], m["system"], m["ops_per_s"], m["p50_us"], m["p99_us"], m["p999_us"],
-        fmt(m["cpu_us_per_op"]), fmt(m["syscalls_per_op"], "{:.2f}"), fmt(m["context_switches_per_op"], "{:.2f}"),
+        fmt(m["cpu_us_per_op"]), fmt(m["user_us_per_op"]), fmt(m["sys_us_per_op"]),
+        fmt(m["syscalls_per_op"], "{:.2f}"), fmt(m["context_switches_per_op"], "{:.2f}"),
         ratio(m, "ops_per_s"), ratio(m, "p50_us"), ratio(m, "cpu_us_per_op")))
 PY
 rm -f "$rows"

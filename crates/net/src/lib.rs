@@ -36,8 +36,14 @@
 //!   own kind on the data connections, handed to the node's Pub/Sub hub on arrival rather
 //!   than to the event loop; at most once, in order per sending node.
 //! * **TLS** ([`tls`], optional): mutual TLS on every peer connection, the handshake inside it.
+//! * **Handed over** ([`start_handover`], [`links`]): the dialers and the acceptor authenticate
+//!   plain-TCP links and hand the sockets to an event loop that polls them itself (the server's
+//!   reactor); [`links::Links`] then does what the reader and writer tasks do (frames, batches,
+//!   credits, keepalives, silence) on that loop's thread, and reports failed links back to
+//!   their dialers.
 
 pub mod handshake;
+pub mod links;
 pub mod pubsub;
 pub mod stats;
 pub mod stream;
@@ -47,7 +53,9 @@ pub mod transport;
 pub use pubsub::PubSubPort;
 pub use stats::{Histogram, NetStats, PeerStats, PeerStatsSnapshot};
 pub use stream::Stream;
-pub use transport::{start, Inbound, NetConfig, NetError, Transport};
+pub use transport::{
+    start, start_handover, Inbound, InboundLink, LinkSink, NetConfig, NetError, OutboundLink, Transport,
+};
 
 /// Frame kinds on peer links.
 pub mod kind {

@@ -202,7 +202,7 @@ where
     let config = Arc::new(config);
     let (inbound_tx, inbound_rx) = mpsc::channel(config.inbound_batches_max.max(1));
     let (priority_tx, priority_rx) = mpsc::channel(config.inbound_priority_batches_max.max(1));
-    let queues = InboundQueues { data: inbound_tx, priority: priority_tx };
+    let queues = Delivery::Queues(InboundQueues { data: inbound_tx, priority: priority_tx });
     tokio::spawn(run_acceptor::<M>(listener, config.clone(), queues, stats.clone()));
 
     let mut links = Vec::new();
@@ -232,6 +232,139 @@ where
         _message: PhantomData,
     };
     Ok((transport, Inbound { priority: priority_rx, data: inbound_rx }, stats))
+}
+
+/// Where [`start_handover`] delivers links once they are authenticated: to an event loop
+/// that owns its sockets itself (the server's reactor), instead of to reader and writer tasks.
+pub trait LinkSink: Send + Sync + 'static {
+    /// A send-only link to a peer is up. The sink completes (or drops) `closed` when the link
+    /// fails or is closed; the dialer then redials.
+    fn outbound(&self, link: OutboundLink);
+    /// An accepted link from a peer is authenticated; the sink reads it from here on.
+    fn inbound(&self, link: InboundLink);
+}
+
+/// A send-only link this node dialled, authenticated.
+pub struct OutboundLink {
+    pub node: NodeId,
+    /// The priority lane's connection (membership messages), not the data lane's.
+    pub priority: bool,
+    /// Non-blocking.
+    pub stream: std::net::TcpStream,
+    /// Completed with `true` when the link failed (the dialer redials after its backoff);
+    /// dropped or `false` when the link's owner is gone (the dialer stops).
+    pub closed: tokio::sync::oneshot::Sender<bool>,
+}
+
+/// A link a peer dialled, authenticated: the receiving end.
+pub struct InboundLink {
+    pub node: NodeId,
+    /// Non-blocking.
+    pub stream: std::net::TcpStream,
+    /// Bytes read during the handshake past its last frame (the start of the first batch).
+    pub buffered: BytesMut,
+}
+
+/// Start listening and dialing like [`start`], but hand every authenticated link to `sink`
+/// instead of serving it with tasks: the dialers and the acceptor stay here (connect,
+/// handshake, backoff, redial), the sockets' traffic is the sink's. Plain TCP only: a TLS
+/// stream cannot leave its task.
+pub async fn start_handover<M>(config: NetConfig, sink: Arc<dyn LinkSink>) -> Result<Arc<NetStats>, NetError>
+where
+    M: WireMessage + Send + 'static,
+{
+    if config.peers.contains_key(&config.me) {
+        return Err(NetError::PeerIsSelf(config.me));
+    }
+    if config.cluster_token.len() < handshake::TOKEN_BYTES_MIN {
+        return Err(NetError::TokenTooShort(config.cluster_token.len()));
+    }
+    assert!(config.tls.is_none(), "handed-over links are plain TCP");
+    let listener = TcpListener::bind(config.listen_addr)
+        .await
+        .map_err(|source| NetError::Bind { addr: config.listen_addr, source })?;
+    let stats = Arc::new(NetStats {
+        peers: config
+            .peers
+            .iter()
+            .map(|(node, addr)| (*node, Arc::new(PeerStats::new(*node, addr.to_string()))))
+            .collect(),
+        connections_refused: AtomicU64::new(0),
+        inbound_connections: AtomicU64::new(0),
+        links_timed_out: AtomicU64::new(0),
+    });
+    let config = Arc::new(config);
+    let delivery = Delivery::<M>::Handover(sink.clone());
+    tokio::spawn(run_acceptor::<M>(listener, config.clone(), delivery, stats.clone()));
+    for (node, addr) in &config.peers {
+        let lanes: &[bool] = if config.priority_lane { &[false, true] } else { &[false] };
+        for &priority in lanes {
+            let peer_stats = stats.peers[node].clone();
+            let dialer = run_dialer(config.clone(), *node, *addr, priority, peer_stats, sink.clone());
+            tokio::spawn(dialer);
+        }
+    }
+    Ok(stats)
+}
+
+/// One lane's dialer for [`start_handover`]: dial and authenticate, hand the link over, wait
+/// until its owner says it failed, back off, redial. Stops when the owner is gone.
+async fn run_dialer(
+    config: Arc<NetConfig>,
+    node: NodeId,
+    addr: SocketAddr,
+    priority: bool,
+    stats: Arc<PeerStats>,
+    sink: Arc<dyn LinkSink>,
+) {
+    let lane = if priority { "priority" } else { "data" };
+    let mut backoff = config.reconnect_backoff_min;
+    let mut failures = 0u64;
+    loop {
+        match dial(&config, node, addr).await {
+            Ok(Stream::Plain(tcp)) => {
+                let stream = match tcp.into_std() {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        warn!(peer = %node, "cannot take the peer link's socket: {error}");
+                        continue;
+                    }
+                };
+                info!(peer = %node, %addr, lane, "peer link up");
+                if !priority {
+                    stats.connected.store(true, Relaxed);
+                    stats.connects.fetch_add(1, Relaxed);
+                }
+                backoff = config.reconnect_backoff_min;
+                failures = 0;
+                let (closed, failed) = tokio::sync::oneshot::channel();
+                sink.outbound(OutboundLink { node, priority, stream, closed });
+                let failed = failed.await.unwrap_or(false);
+                if !priority {
+                    stats.connected.store(false, Relaxed);
+                }
+                if !failed {
+                    return; // the owner of the links is gone: the node is stopping
+                }
+                info!(peer = %node, %addr, lane, "peer link down; redialling");
+            }
+            Ok(Stream::Tls(_)) => unreachable!("handed-over links are plain TCP"),
+            Err(DialError::Refused(reason)) => {
+                error!(peer = %node, %addr, lane, "peer link refused: {reason}");
+                backoff = config.reconnect_backoff_max;
+            }
+            Err(DialError::Io(error)) => {
+                if failures == 0 {
+                    info!(peer = %node, %addr, lane, "cannot reach peer ({error}); retrying with backoff");
+                } else {
+                    debug!(peer = %node, %addr, failures, "cannot reach peer: {error}");
+                }
+            }
+        }
+        failures += 1;
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(config.reconnect_backoff_max);
+    }
 }
 
 impl<M: WireMessage> Transport<M> {
@@ -650,12 +783,24 @@ impl<M> Clone for InboundQueues<M> {
     }
 }
 
-async fn run_acceptor<M>(
-    listener: TcpListener,
-    config: Arc<NetConfig>,
-    tx: InboundQueues<M>,
-    stats: Arc<NetStats>,
-) where
+/// What an accepted and authenticated link is for: read here into the event loop's queues,
+/// or handed to a reactor that reads it itself ([`start_handover`]).
+enum Delivery<M> {
+    Queues(InboundQueues<M>),
+    Handover(Arc<dyn LinkSink>),
+}
+
+impl<M> Clone for Delivery<M> {
+    fn clone(&self) -> Self {
+        match self {
+            Delivery::Queues(queues) => Delivery::Queues(queues.clone()),
+            Delivery::Handover(sink) => Delivery::Handover(sink.clone()),
+        }
+    }
+}
+
+async fn run_acceptor<M>(listener: TcpListener, config: Arc<NetConfig>, tx: Delivery<M>, stats: Arc<NetStats>)
+where
     M: WireMessage + Send + 'static,
 {
     loop {
@@ -695,7 +840,7 @@ enum InboundError {
 async fn serve_inbound<M>(
     tcp: TcpStream,
     config: &NetConfig,
-    tx: &InboundQueues<M>,
+    delivery: &Delivery<M>,
     stats: &NetStats,
 ) -> Result<NodeId, InboundError>
 where
@@ -723,6 +868,17 @@ where
         .map_err(|_| InboundError::Refused("no handshake in time".into()))??;
     let failed = |error: String| InboundError::Failed(node, error);
     info!(peer = %node, tls = config.tls.is_some(), "accepted inbound peer link");
+    let tx = match delivery {
+        Delivery::Queues(queues) => queues,
+        Delivery::Handover(sink) => {
+            let Stream::Plain(tcp) = stream else {
+                return Err(failed("a TLS link cannot be handed to the reactor".into()));
+            };
+            let stream = tcp.into_std().map_err(|error| failed(error.to_string()))?;
+            sink.inbound(InboundLink { node, stream, buffered: buf });
+            return Ok(node);
+        }
+    };
     let peer_stats = stats.peers.get(&node).cloned();
     // One timer for the link's life (see write_loop): moved only when it fires early.
     let mut last_heard = tokio::time::Instant::now();

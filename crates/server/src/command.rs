@@ -532,8 +532,9 @@ fn printable(arg: &[u8]) -> String {
 /// The result also names the command for metrics.
 pub fn parse(args: &[Bytes]) -> (&'static str, Result<Request, Reply>) {
     let Some(first) = args.first() else { return ("unknown", Err(syntax_error())) };
-    let lower = first.to_ascii_lowercase();
-    let Some(spec) = COMMAND_TABLE.iter().find(|spec| spec.name.as_bytes() == lower.as_slice()) else {
+    // Compared in place: a lower-cased copy was an allocation per command (issue 23).
+    let Some(spec) = COMMAND_TABLE.iter().find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(first))
+    else {
         return ("unknown", Err(Reply::err(format!("unknown command '{}'", printable(first)))));
     };
     let arity_ok =

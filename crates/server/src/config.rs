@@ -19,6 +19,7 @@
 //! value_bytes_max = 67108864         # optional, default 64 MiB
 //! worker_threads = 1                 # optional: threads running this node (default 1, see below)
 //! event_loops = 1                    # hermes, craq, zab: event loops (threads) the keys are split over; 0: one per core
+//! reactor = true                     # one thread owns the core, client sockets and peer links (default; see below)
 //! raftlog_logs = 8                   # raftlog only: Raft logs per node
 //! chain_shape = "server"             # chain only: "server" (69 MiB region) or "kernel" (1 MiB)
 //! chain_hosts = ["10.0.0.1:7600"]    # chain only: each node's group host, by node id
@@ -77,6 +78,9 @@ pub struct RawConfig {
     pub peer_queue_bytes_max: Option<usize>,
     pub maxclients: Option<usize>,
     pub worker_threads: Option<usize>,
+    /// Run the event loop as a reactor that owns the client sockets and peer links (default
+    /// true; crate::reactor says when it applies).
+    pub reactor: Option<bool>,
     /// hermes, craq, zab: event loops (threads) the keys are split over, each running its own
     /// instance of the protocol; 0 = one per core (default 1). docs/decisions.md, decision 9.
     pub event_loops: Option<usize>,
@@ -326,6 +330,10 @@ pub struct NodeConfig {
     /// loop on a thread of its own: worth it only when a node has cores to itself and many
     /// (pipelining) connections to parse.
     pub worker_threads: usize,
+    /// The event loop is a reactor on a thread of its own that owns the client sockets and the
+    /// peer links (crate::reactor; used only where it applies: one loop on one worker thread,
+    /// plain peer links, no slot map). `false`: the task-based loop on the node's runtime.
+    pub reactor: bool,
     /// Event loops (threads) the keys are split over by hash, each with its own instance of
     /// the protocol (and of the membership service), sharing the peer links (crate::loops).
     /// Always 1 for raftlog (its `raftlog.shards` are its loops) and the chain store.
@@ -504,6 +512,7 @@ impl RawConfig {
             peer_queue_bytes_max: overrides.peer_queue_bytes_max.or(self.peer_queue_bytes_max),
             maxclients: overrides.maxclients.or(self.maxclients),
             worker_threads: overrides.worker_threads.or(self.worker_threads),
+            reactor: overrides.reactor.or(self.reactor),
             event_loops: overrides.event_loops.or(self.event_loops),
             raftlog_logs: overrides.raftlog_logs.or(self.raftlog_logs),
             raftlog_shards: overrides.raftlog_shards.or(self.raftlog_shards),
@@ -707,6 +716,7 @@ impl RawConfig {
             peer_queue_bytes_max,
             maxclients,
             worker_threads,
+            reactor: self.reactor.unwrap_or(true),
             event_loops,
             join,
             peer_link_timeout_ms,

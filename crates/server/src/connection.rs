@@ -53,6 +53,9 @@ pub struct Shared {
     pub pause: crate::pause::Pause,
     /// Who is subscribed to what (crate::pubsub).
     pub pubsub: Arc<crate::pubsub::Hub>,
+    /// Where plain clients go when the event loop is a reactor (crate::reactor); unset
+    /// otherwise, and then every connection is a task.
+    pub reactor: Arc<std::sync::OnceLock<crate::reactor::ClientDoor>>,
 }
 
 /// Node settings connections need (INFO, CONFIG GET, limits), fixed at start; the ones
@@ -103,6 +106,25 @@ pub struct Connection<S> {
     pubsub: crate::pubsub::Session,
     /// The command running or last run, by its index in the command table (CLIENT LIST).
     last_command: Arc<std::sync::atomic::AtomicUsize>,
+    /// A command to run before reading ([`Adopted::first`]).
+    first: Option<Vec<Bytes>>,
+}
+
+/// A connection the reactor served until a command it does not run in place (crate::reactor):
+/// what it had, so the connection carries on here exactly where it stopped.
+pub struct Adopted {
+    /// Its id, already in the client registry with `kill`.
+    pub id: u64,
+    pub kill: Arc<Notify>,
+    pub marks: WriteMarks,
+    /// Bytes received and not yet parsed.
+    pub read: BytesMut,
+    /// Replies not yet written.
+    pub write: BytesMut,
+    /// The command to run first (parsed already), if any.
+    pub first: Option<Vec<Bytes>>,
+    /// Its CLIENT LIST `cmd`, registered with it.
+    pub last_command: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The connection's two ends, for CLIENT LIST and CLIENT KILL.
@@ -173,6 +195,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             asking: false,
             pubsub: crate::pubsub::Session::default(),
             last_command,
+            first: None,
+        }
+    }
+
+    /// Carry on serving a connection the reactor handed over ([`Adopted`]). It is registered
+    /// already; it is RESP2, authenticated, out of MULTI and replying, since the reactor hands
+    /// over every connection that leaves that state.
+    pub fn adopt(shared: Arc<Shared>, stream: S, adopted: Adopted) -> Connection<S> {
+        Connection {
+            shared,
+            stream,
+            read: adopted.read,
+            parser: Parser::default(),
+            write: adopted.write,
+            resp: 2,
+            authenticated: true,
+            name: None,
+            id: adopted.id,
+            multi: None,
+            watched: Vec::new(),
+            marks: adopted.marks,
+            incomplete_since: None,
+            last_read: Instant::now(),
+            kill: adopted.kill,
+            replies: (ReplyMode::On, 0),
+            first: adopted.first,
+            asking: false,
+            pubsub: crate::pubsub::Session::default(),
+            last_command: adopted.last_command,
         }
     }
 
@@ -193,6 +244,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let kill = self.kill.clone();
         let killed = kill.notified();
         tokio::pin!(killed);
+        if let Some(args) = self.first.take() {
+            let (reply, close) = self.execute(args).await;
+            match reply {
+                Some(reply) if self.replying() => reply.encode(self.resp, &mut self.write),
+                _ => {}
+            }
+            if close {
+                return self.flush().await;
+            }
+        }
         loop {
             let close = self.run_pipeline().await?;
             if close {

@@ -780,7 +780,13 @@ pub struct EngineHandle {
     /// Per shard, the event loop's state when that loop runs as a task of the connections'
     /// own thread ([`InlineLoop`]); empty otherwise.
     inline: Arc<[InlineSlot]>,
+    /// Per shard, how to wake that loop after queueing a request, when it sleeps in a poll of
+    /// its own (crate::reactor) rather than on the channel.
+    wake: Arc<[WakeSlot]>,
 }
+
+/// Where a reactor publishes its waker.
+pub type WakeSlot = OnceLock<Arc<mio::Waker>>;
 
 /// Where an event loop publishes its state for the inline path. Weak: the loop alone keeps
 /// its state (and its transport) alive, so stopping it drops them as before.
@@ -821,9 +827,19 @@ fn lost(is_update: bool) -> Done {
 }
 
 impl EngineHandle {
-    /// The event loop that serves `key`.
-    fn sender(&self, key: &[u8]) -> &mpsc::Sender<EngineRequest> {
-        &self.shards[chorus_raftlog::shard_of(key, self.shards.len())]
+    /// Queue `request` for event loop `shard` and wake it if it polls for itself. `Err`: the
+    /// loop is gone.
+    async fn send(&self, shard: usize, request: EngineRequest) -> Result<(), ()> {
+        self.shards[shard].send(request).await.map_err(|_| ())?;
+        if let Some(waker) = self.wake[shard].get() {
+            let _ = waker.wake();
+        }
+        Ok(())
+    }
+
+    /// Where reactors publish their wakers.
+    pub fn wake_slots(&self) -> Arc<[WakeSlot]> {
+        self.wake.clone()
     }
 
     /// Submit a command; the returned receiver completes once it has (at once for a local
@@ -839,7 +855,7 @@ impl EngineHandle {
         };
         let (reply, rx) = oneshot::channel();
         // If the loop is gone, `reply` is dropped with the request and `rx` reports it.
-        let _ = self.shards[shard].send(EngineRequest::Command { command, reply }).await;
+        let _ = self.send(shard, EngineRequest::Command { command, reply }).await;
         rx
     }
 
@@ -877,7 +893,7 @@ impl EngineHandle {
             return commands.iter().map(|_| Done::failed(CROSS_SHARD)).collect();
         }
         let (replies, receivers): (Vec<_>, Vec<_>) = commands.iter().map(|_| oneshot::channel()).unzip();
-        let _ = self.shards[shard].send(EngineRequest::Transaction { commands, replies }).await;
+        let _ = self.send(shard, EngineRequest::Transaction { commands, replies }).await;
         let mut done = Vec::with_capacity(receivers.len());
         for rx in receivers {
             done.push(rx.await.unwrap_or_else(|_| lost(true)));
@@ -889,8 +905,8 @@ impl EngineHandle {
     pub async fn execute_in_session(&self, client: u64, seq: u64, command: Command) -> Done {
         let (reply, rx) = oneshot::channel();
         let is_update = command.is_update();
-        let sender = self.sender(command.key());
-        let _ = sender.send(EngineRequest::SessionCommand { client, seq, command, reply }).await;
+        let shard = chorus_raftlog::shard_of(command.key(), self.shards.len());
+        let _ = self.send(shard, EngineRequest::SessionCommand { client, seq, command, reply }).await;
         rx.await.unwrap_or_else(|_| lost(is_update))
     }
 
@@ -906,7 +922,7 @@ impl EngineHandle {
     ) -> Option<usize> {
         let shards = self.shards.len();
         let mut answers = Vec::new();
-        for (shard, tx) in self.shards.iter().enumerate() {
+        for shard in 0..shards {
             let logs: Vec<(u32, u64)> =
                 marks.logs.iter().copied().filter(|(log, _)| *log as usize % shards == shard).collect();
             // A members mark is judged by every loop (the write's own among them).
@@ -915,7 +931,7 @@ impl EngineHandle {
             }
             let marks = WriteMarks { members: marks.members, logs };
             let (reply, rx) = oneshot::channel();
-            tx.send(EngineRequest::Wait { marks, replicas, deadline, reply }).await.ok()?;
+            self.send(shard, EngineRequest::Wait { marks, replicas, deadline, reply }).await.ok()?;
             answers.push(rx);
         }
         let mut fewest = usize::MAX;
@@ -932,9 +948,9 @@ impl EngineHandle {
     /// own file, and the node's answer is what holds for all of them.
     pub async fn sync_aof(&self) -> Option<AofDurability> {
         let mut all = AofDurability { local: true, replicas: true };
-        for tx in self.shards.iter() {
+        for shard in 0..self.shards.len() {
             let (reply, rx) = oneshot::channel();
-            tx.send(EngineRequest::SyncAof { reply }).await.ok()?;
+            self.send(shard, EngineRequest::SyncAof { reply }).await.ok()?;
             let durability = rx.await.ok()?;
             all.local &= durability.local;
             all.replicas &= durability.replicas;
@@ -946,9 +962,9 @@ impl EngineHandle {
     /// is loop 0's state with the counters summed (the first error, if any loop failed).
     pub async fn persistence(&self, save: bool) -> Option<Result<PersistenceInfo, String>> {
         let mut merged: Option<PersistenceInfo> = None;
-        for tx in self.shards.iter() {
+        for shard in 0..self.shards.len() {
             let (reply, rx) = oneshot::channel();
-            tx.send(EngineRequest::Persistence { save, reply }).await.ok()?;
+            self.send(shard, EngineRequest::Persistence { save, reply }).await.ok()?;
             let info = match rx.await.ok().flatten()? {
                 Ok(info) => info,
                 Err(error) => return Some(Err(error)),
@@ -964,9 +980,9 @@ impl EngineHandle {
     /// The node's state; with shards, theirs summed (counters, keys, requests).
     pub async fn status(&self) -> Option<EngineStatus> {
         let mut merged: Option<EngineStatus> = None;
-        for tx in self.shards.iter() {
+        for shard in 0..self.shards.len() {
             let (reply, rx) = oneshot::channel();
-            tx.send(EngineRequest::Status { reply }).await.ok()?;
+            self.send(shard, EngineRequest::Status { reply }).await.ok()?;
             let status = rx.await.ok()?;
             merged = Some(match merged {
                 None => status,
@@ -978,9 +994,9 @@ impl EngineHandle {
 
     pub async fn keys(&self) -> Vec<Key> {
         let mut keys = Vec::new();
-        for tx in self.shards.iter() {
+        for shard in 0..self.shards.len() {
             let (reply, rx) = oneshot::channel();
-            if tx.send(EngineRequest::Keys { reply }).await.is_err() {
+            if self.send(shard, EngineRequest::Keys { reply }).await.is_err() {
                 return Vec::new();
             }
             keys.extend(rx.await.unwrap_or_default());
@@ -1046,7 +1062,8 @@ pub fn channels(shards: usize) -> (EngineHandle, Vec<mpsc::Receiver<EngineReques
     let (senders, receivers): (Vec<_>, Vec<_>) =
         (0..shards).map(|_| mpsc::channel(REQUESTS_QUEUED_MAX)).unzip();
     let inline = (0..shards).map(|_| OnceLock::new()).collect();
-    (EngineHandle { shards: senders.into(), inline }, receivers)
+    let wake = (0..shards).map(|_| OnceLock::new()).collect();
+    (EngineHandle { shards: senders.into(), inline, wake }, receivers)
 }
 
 /// How long a stopping node tries to leave the view before it stops anyway (the others then
@@ -1057,9 +1074,41 @@ const LINGER_AFTER_LEAVING: Duration = Duration::from_millis(150);
 
 /// A client request the core has not answered yet.
 struct Pending {
-    reply: oneshot::Sender<Done>,
+    reply: ReplyTo,
     /// The key of an update, for its WAIT mark once it completes.
     update: Option<Key>,
+}
+
+/// Where a request's answer goes: a connection task waiting on a oneshot, or a connection the
+/// reactor serves on the loop's own thread (crate::reactor), which collects its answers after
+/// each step with [`EventLoop::take_local_done`].
+pub(crate) enum ReplyTo {
+    Task(oneshot::Sender<Done>),
+    Local(LocalClient),
+}
+
+/// A connection of the reactor: its slot and that slot's generation (a slot reused by a later
+/// connection never receives an earlier one's answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LocalClient {
+    pub slot: u32,
+    pub generation: u32,
+}
+
+/// How the loop's peer messages leave: through the transport's writer tasks, or appended to
+/// the links the reactor writes itself.
+pub(crate) enum PeerSender<M> {
+    Tasks(Transport<M>),
+    Links(chorus_net::links::Links<M>),
+}
+
+impl<M: WireMessage> PeerSender<M> {
+    fn send_turn(&mut self, messages: &mut Vec<(chorus_core::Destination, M)>) {
+        match self {
+            PeerSender::Tasks(transport) => transport.send_turn(messages),
+            PeerSender::Links(links) => links.send_turn(messages),
+        }
+    }
 }
 
 struct Waiter {
@@ -1069,12 +1118,14 @@ struct Waiter {
     reply: oneshot::Sender<usize>,
 }
 
-struct EventLoop<R: ServedReplica>
+pub(crate) struct EventLoop<R: ServedReplica>
 where
     R::Message: WireMessage + Send + 'static,
 {
     replica: R,
-    transport: Transport<R::Message>,
+    transport: PeerSender<R::Message>,
+    /// Answers for the reactor's connections ([`ReplyTo::Local`]), in completion order.
+    local_done: Vec<(LocalClient, Done)>,
     outbox: Outbox<R::Message>,
     pending: FxHashMap<ClientRequestId, Pending>,
     /// When each request admitted is due, in admission order (every request gets the same
@@ -1149,27 +1200,7 @@ pub async fn run<R>(
     R: ServedReplica,
     R::Message: WireMessage + Send + 'static,
 {
-    let state = EventLoop {
-        replica,
-        transport,
-        outbox: Outbox::default(),
-        pending: FxHashMap::default(),
-        deadlines: VecDeque::new(),
-        request_deadline,
-        requests_past_deadline: 0,
-        requests_inline: 0,
-        waiters: Vec::new(),
-        stopping: None,
-        left_at: None,
-        next_request: 0,
-        origin: Instant::now(),
-        last_tick: Time::ZERO,
-        durable_log: disk.membership_log,
-        logged: None,
-        replies_wait: disk.persistence.as_ref().is_some_and(Persistence::replies_wait),
-        persistence: disk.persistence,
-        touched: Vec::new(),
-    };
+    let state = EventLoop::new(replica, request_deadline, PeerSender::Tasks(transport), disk);
     // The loop owns its state; connections on its thread borrow it between turns (InlineLoop).
     let shared = Arc::new(Mutex::new(state));
     if let Some((slots, shard)) = inline {
@@ -1215,16 +1246,7 @@ pub async fn run<R>(
         state.log_view_changes();
         stopping = state.stopping.is_some();
     }
-    let mut state = lock(&shared);
-    state.fail_pending();
-    if let Err(error) = state.replica.persist_all() {
-        tracing::error!(%error, "cannot make the replica's state durable at the stop");
-    }
-    if let Some(persistence) = &mut state.persistence {
-        if let Err(error) = persistence.close() {
-            tracing::error!(%error, "cannot close the append-only file cleanly");
-        }
-    }
+    lock(&shared).finish();
     // Dropping the state (the one strong reference) drops the transport: its writers stop.
 }
 
@@ -1267,6 +1289,99 @@ impl<R: ServedReplica> EventLoop<R>
 where
     R::Message: WireMessage + Send + 'static,
 {
+    pub(crate) fn new(
+        replica: R,
+        request_deadline: Duration,
+        transport: PeerSender<R::Message>,
+        disk: NodeDisk,
+    ) -> EventLoop<R> {
+        EventLoop {
+            replica,
+            transport,
+            local_done: Vec::new(),
+            outbox: Outbox::default(),
+            pending: FxHashMap::default(),
+            deadlines: VecDeque::new(),
+            request_deadline,
+            requests_past_deadline: 0,
+            requests_inline: 0,
+            waiters: Vec::new(),
+            stopping: None,
+            left_at: None,
+            next_request: 0,
+            origin: Instant::now(),
+            last_tick: Time::ZERO,
+            durable_log: disk.membership_log,
+            logged: None,
+            replies_wait: disk.persistence.as_ref().is_some_and(Persistence::replies_wait),
+            persistence: disk.persistence,
+            touched: Vec::new(),
+        }
+    }
+
+    /// The loop stops: what is pending is failed, the append-only file closed.
+    pub(crate) fn finish(&mut self) {
+        self.fail_pending();
+        if let Err(error) = self.replica.persist_all() {
+            tracing::error!(%error, "cannot make the replica's state durable at the stop");
+        }
+        if let Some(persistence) = &mut self.persistence {
+            if let Err(error) = persistence.close() {
+                tracing::error!(%error, "cannot close the append-only file cleanly");
+            }
+        }
+    }
+
+    pub(crate) fn sender_mut(&mut self) -> &mut PeerSender<R::Message> {
+        &mut self.transport
+    }
+
+    /// How long until the next 1 ms tick is due (the reactor sleeps at most that long).
+    pub(crate) fn next_tick_in(&self) -> Duration {
+        let since = self.now().saturating_sub(self.last_tick);
+        TICK.saturating_sub(Duration::from_nanos(since.as_nanos()))
+    }
+
+    /// The reactor's links, when the loop sends through them.
+    pub(crate) fn links(&mut self) -> Option<&mut chorus_net::links::Links<R::Message>> {
+        match &mut self.transport {
+            PeerSender::Links(links) => Some(links),
+            PeerSender::Tasks(_) => None,
+        }
+    }
+
+    /// Run `command` for a connection of the reactor (crate::reactor), on the loop's own thread:
+    /// exactly what the loop does with a request it received, answered through
+    /// [`EventLoop::take_local_done`]. Counted as run in place (INFO `chorus_requests_inline`).
+    pub(crate) fn submit_local(&mut self, command: Command, client: LocalClient) {
+        self.requests_inline += 1;
+        let Some(id) = self.admit(&command, ReplyTo::Local(client)) else { return };
+        let now = self.now();
+        self.replica.on_client(now, id, command, &mut self.outbox);
+        self.complete_replies();
+    }
+
+    /// Answers for the reactor's connections since the last call, in completion order.
+    pub(crate) fn take_local_done(&mut self, into: &mut Vec<(LocalClient, Done)>) {
+        into.append(&mut self.local_done);
+    }
+
+    /// Whether the turn left anything to perform (messages to send, replies to complete).
+    pub(crate) fn has_outbox(&self) -> bool {
+        !self.outbox.messages.is_empty() || !self.outbox.replies.is_empty()
+    }
+
+    /// Answer one request.
+    fn answer(local_done: &mut Vec<(LocalClient, Done)>, reply: ReplyTo, done: Done) {
+        match reply {
+            // The client may have gone away; the command still took effect.
+            ReplyTo::Task(reply) => {
+                let _ = reply.send(done);
+            }
+            ReplyTo::Local(client) => local_done.push((client, done)),
+        }
+    }
+
     fn now(&self) -> Time {
         Time::from_nanos(self.origin.elapsed().as_nanos() as u64)
     }
@@ -1279,14 +1394,14 @@ where
         R::READS_INLINE && !command.is_update() && !R::REPLIES_AFTER_PERSIST && !self.replies_wait
     }
 
-    fn start_stopping(&mut self) {
+    pub(crate) fn start_stopping(&mut self) {
         tracing::info!("stopping: leaving the view, then answering what is in flight");
         self.stopping = Some(Instant::now());
         let now = self.now();
         self.replica.leave(now, &mut self.outbox);
     }
 
-    fn done_stopping(&mut self) -> bool {
+    pub(crate) fn done_stopping(&mut self) -> bool {
         let Some(since) = self.stopping else { return false };
         if self.left_at.is_none() && self.replica.has_left() {
             self.left_at = Some(Instant::now());
@@ -1305,7 +1420,8 @@ where
     /// durable): reads were not executed, updates may have been.
     fn fail_pending(&mut self) {
         for (_, pending) in self.pending.drain() {
-            let _ = pending.reply.send(lost(pending.update.is_some()));
+            let done = lost(pending.update.is_some());
+            Self::answer(&mut self.local_done, pending.reply, done);
         }
         for waiter in self.waiters.drain(..) {
             let _ = waiter.reply.send(0);
@@ -1313,9 +1429,9 @@ where
     }
 
     /// A new id for `reply`, or `None` (answered already) while the node is stopping.
-    fn admit(&mut self, command: &Command, reply: oneshot::Sender<Done>) -> Option<ClientRequestId> {
+    fn admit(&mut self, command: &Command, reply: ReplyTo) -> Option<ClientRequestId> {
         if self.stopping.is_some() {
-            let _ = reply.send(Done::failed(SHUTTING_DOWN));
+            Self::answer(&mut self.local_done, reply, Done::failed(SHUTTING_DOWN));
             return None;
         }
         let id = ClientRequestId(self.next_request);
@@ -1332,7 +1448,7 @@ where
     /// Answer the requests whose deadline passed (a partitioned or stalled replica must not
     /// leave a client waiting forever). The core may still complete an update afterwards;
     /// its answer then goes nowhere, which is what "outcome unknown" told the client.
-    fn answer_overdue(&mut self) {
+    pub(crate) fn answer_overdue(&mut self) {
         let now = Instant::now();
         while let Some(&(due, id)) = self.deadlines.front() {
             if due > now {
@@ -1343,15 +1459,15 @@ where
                 self.requests_past_deadline += 1;
                 let error =
                     if pending.update.is_some() { CommandError::OutcomeUnknown } else { PAST_DEADLINE };
-                let _ = pending.reply.send(Done::failed(error));
+                Self::answer(&mut self.local_done, pending.reply, Done::failed(error));
             }
         }
     }
 
-    fn on_request(&mut self, request: EngineRequest) {
+    pub(crate) fn on_request(&mut self, request: EngineRequest) {
         match request {
             EngineRequest::Command { command, reply } => {
-                let Some(id) = self.admit(&command, reply) else { return };
+                let Some(id) = self.admit(&command, ReplyTo::Task(reply)) else { return };
                 let now = self.now();
                 self.replica.on_client(now, id, command, &mut self.outbox);
                 // Replies that are ready now (local reads) complete right away.
@@ -1360,7 +1476,7 @@ where
             EngineRequest::Transaction { commands, replies } => {
                 let mut requests = Vec::with_capacity(commands.len());
                 for (command, reply) in commands.into_iter().zip(replies) {
-                    let Some(id) = self.admit(&command, reply) else { continue };
+                    let Some(id) = self.admit(&command, ReplyTo::Task(reply)) else { continue };
                     requests.push((id, command));
                 }
                 if requests.is_empty() {
@@ -1371,7 +1487,7 @@ where
                 self.complete_replies();
             }
             EngineRequest::SessionCommand { client, seq, command, reply } => {
-                let Some(id) = self.admit(&command, reply) else { return };
+                let Some(id) = self.admit(&command, ReplyTo::Task(reply)) else { return };
                 let now = self.now();
                 self.replica.on_session_command(now, id, client, seq, command, &mut self.outbox);
                 self.complete_replies();
@@ -1442,7 +1558,7 @@ where
 
     /// Answer every WAIT that has enough replicas, or whose deadline passed (checked every
     /// turn, and a turn runs at least every tick).
-    fn answer_waiters(&mut self) {
+    pub(crate) fn answer_waiters(&mut self) {
         if self.waiters.is_empty() {
             return;
         }
@@ -1462,7 +1578,7 @@ where
         }
     }
 
-    fn on_messages(&mut self, from: NodeId, messages: Vec<R::Message>) {
+    pub(crate) fn on_messages(&mut self, from: NodeId, messages: Vec<R::Message>) {
         if self.persistence.is_some() {
             for message in &messages {
                 R::message_keys(message, &mut self.touched);
@@ -1475,7 +1591,7 @@ where
         self.complete_replies();
     }
 
-    fn maybe_tick(&mut self) {
+    pub(crate) fn maybe_tick(&mut self) {
         let now = self.now();
         if now.saturating_sub(self.last_tick) >= Time::from_nanos(TICK.as_nanos() as u64) {
             self.last_tick = now;
@@ -1497,13 +1613,12 @@ where
             if let Some(pending) = self.pending.remove(&id) {
                 let took_effect = !matches!(outcome, Outcome::Error(_));
                 let mark = pending.update.filter(|_| took_effect).map(|key| replica.write_mark(&key));
-                // The client may have gone away; the command still took effect.
-                let _ = pending.reply.send(Done { outcome, mark });
+                Self::answer(&mut self.local_done, pending.reply, Done { outcome, mark });
             }
         }
     }
 
-    fn perform_outbox(&mut self) {
+    pub(crate) fn perform_outbox(&mut self) {
         let now = self.now();
         self.replica.end_turn(now, &mut self.outbox);
         self.complete_replies();
@@ -1549,7 +1664,7 @@ where
 
     /// Log every view this node installs (epoch and members) and every change of whether it
     /// serves, so an operator can follow a partition and its healing in the log.
-    fn log_view_changes(&mut self) {
+    pub(crate) fn log_view_changes(&mut self) {
         let (view, serving) = (self.replica.current_view(), self.replica.operational());
         if self.logged == Some((view, serving)) {
             return;

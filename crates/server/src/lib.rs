@@ -32,6 +32,7 @@ pub mod monitor;
 pub mod pause;
 pub mod persistence;
 pub mod pubsub;
+pub mod reactor;
 pub mod resp;
 
 use std::future::Future;
@@ -178,10 +179,13 @@ async fn serve_node(
     let engine_thread = config.worker_threads > 1;
     let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
     let request_deadline = std::time::Duration::from_millis(config.clients.request_deadline_ms);
+    let reactor_door = Arc::new(std::sync::OnceLock::new());
     let start = Start {
+        reactor: reactor::applies(config).then(|| reactor_door.clone()),
         net,
         requests,
         inline: engine.inline_slots(),
+        wake: engine.wake_slots(),
         shutdown: shutdown_rx,
         engine_thread,
         stopped: stopped_tx,
@@ -319,6 +323,7 @@ async fn serve_node(
         shutdown: stop_requested.clone(),
         cluster,
         pubsub,
+        reactor: reactor_door,
     });
     if let Some(cluster) = &shared.cluster {
         tokio::spawn(cluster::migrate::run_movers(
@@ -345,13 +350,13 @@ async fn serve_node(
         match tls_clients {
             Some((tls_listener, acceptor)) => {
                 let upgrade = move |stream| tls_upgrade(acceptor.clone(), stream);
-                listener::accept_loop(tls_listener, shared.clone(), upgrade).await
+                listener::accept_loop(tls_listener, shared.clone(), upgrade, false).await
             }
             None => std::future::pending().await,
         }
     };
     tokio::select! {
-        () = listener::accept_loop(clients, shared.clone(), listener::plain) => {}
+        () = listener::accept_loop(clients, shared.clone(), listener::plain, true) => {}
         () = serve_tls => {}
         () = shutdown => info!(node = %me, "shutting down (signal)"),
         () = stop_requested.notified() => info!(node = %me, "shutting down (SHUTDOWN)"),
@@ -573,12 +578,17 @@ struct Start {
     requests: Vec<tokio::sync::mpsc::Receiver<EngineRequest>>,
     /// Where a loop on the connections' thread publishes its state ([`engine::InlineLoop`]).
     inline: Arc<[engine::InlineSlot]>,
+    /// Where a reactor publishes its waker ([`engine::EngineHandle`] wakes it per request).
+    wake: Arc<[engine::WakeSlot]>,
     shutdown: watch::Receiver<bool>,
     /// Run the event loop on a thread of its own rather than as a task of the node's runtime.
     engine_thread: bool,
     /// Completed when every event loop has stopped (its last turn durable).
     stopped: tokio::sync::oneshot::Sender<()>,
     request_deadline: std::time::Duration,
+    /// Run a single event loop as a reactor (crate::reactor), publishing its client door
+    /// here; `None`: the task-based loop.
+    reactor: Option<Arc<std::sync::OnceLock<reactor::ClientDoor>>>,
 }
 
 impl Start {
@@ -626,6 +636,22 @@ impl Start {
         R: ServedReplica,
         R::Message: WireMessage + Send + 'static,
     {
+        if let Some(door) = self.reactor {
+            let [requests]: [_; 1] = self.requests.try_into().expect("one event loop, one request channel");
+            let parts = reactor::Parts {
+                replica,
+                disk,
+                requests,
+                shutdown: self.shutdown,
+                request_deadline: self.request_deadline,
+                net: self.net,
+                wake: self.wake,
+                stopped: self.stopped,
+            };
+            let (client_door, net_stats) = reactor::start(parts).await?;
+            let _ = door.set(client_door);
+            return Ok(net_stats);
+        }
         let (mut transport, inbound, net_stats) = chorus_net::start(self.net).await?;
         transport.set_priority(R::is_priority);
         let stopped = self.stopped;

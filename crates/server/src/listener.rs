@@ -80,8 +80,9 @@ where
 
 /// Accept clients on `listener` forever: admit, set socket options, `upgrade` the TCP
 /// stream (the identity for plain RESP, a TLS handshake for a TLS port), serve. Dropping
-/// the future stops accepting; connections already served continue.
-pub async fn accept_loop<S, F, Fut>(listener: TcpListener, shared: Arc<Shared>, upgrade: F)
+/// the future stops accepting; connections already served continue. With `to_reactor` (plain
+/// RESP) a client goes to the node's reactor when it runs one (crate::reactor).
+pub async fn accept_loop<S, F, Fut>(listener: TcpListener, shared: Arc<Shared>, upgrade: F, to_reactor: bool)
 where
     F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = std::io::Result<S>> + Send + 'static,
@@ -101,6 +102,14 @@ where
         configure_socket(&stream, shared.settings.clients.tcp_keepalive_s);
         let local = stream.local_addr().unwrap_or(shared.settings.client_addr);
         let addresses = Addresses { peer, local };
+        // A client that must AUTH first starts on a connection task, which checks it; the
+        // reactor serves only clients that are authenticated from the start (no password).
+        if let Some(door) = shared.reactor.get().filter(|_| to_reactor && shared.live.user().open()) {
+            if let Err(error) = door.enter(shared.clone(), slot, stream, addresses) {
+                debug!("client connection not served: {error}");
+            }
+            continue;
+        }
         let upgraded = upgrade(stream);
         tokio::spawn(async move {
             match upgraded.await {

@@ -49,6 +49,12 @@ impl Pause {
         self.ended.notify_waiters();
     }
 
+    /// Whether a pause is set (it may have run out already): a connection that cannot wait
+    /// for it in place (the reactor's) hands its command to one that can.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Relaxed)
+    }
+
     /// Wait while a pause holds the command `name`.
     pub async fn hold(&self, name: &str) {
         if !self.active.load(Relaxed) || name == "client" {

@@ -66,6 +66,10 @@ const HEADER_BYTES_MAX: usize = 32;
 /// value does not keep the connection's whole 16 KiB (or larger) buffer allocated.
 const COPY_BELOW_BYTES: usize = 16 * 1024;
 
+/// Commands up to this size are copied out of the read buffer in one piece
+/// ([`take_args`]).
+const ONE_COPY_BELOW_BYTES: usize = 512;
+
 /// Parses commands off the front of a connection's read buffer, keeping its place in an
 /// incomplete command between calls: each call only looks at bytes that arrived since the
 /// last one (a header cut in two is re-read, at most [`HEADER_BYTES_MAX`] bytes).
@@ -233,6 +237,14 @@ fn take_args(buf: &mut BytesMut, frame_bytes: usize, spans: &[(usize, usize)]) -
         let length = stop - start;
         length >= COPY_BELOW_BYTES && length * 4 >= capacity
     };
+    if frame_bytes <= ONE_COPY_BELOW_BYTES {
+        // A small command (a GET, a SET of a small value): one copy of the whole command and
+        // its arguments slices of it, instead of an allocation per argument. A value kept from
+        // it keeps at most the command's few other bytes alive.
+        let frame = Bytes::copy_from_slice(&buf[..frame_bytes]);
+        buf.advance(frame_bytes);
+        return spans.iter().map(|(start, stop)| frame.slice(*start..*stop)).collect();
+    }
     if !spans.iter().any(|span| shares(*span)) {
         let args = spans.iter().map(|(start, stop)| Bytes::copy_from_slice(&buf[*start..*stop])).collect();
         // Nothing refers to the buffer: it stays unique and its space is reused.
@@ -334,9 +346,9 @@ impl Reply {
                     text.chars().map(|c| if c == '\r' || c == '\n' { ' ' } else { c }).collect();
                 line(out, b'-', clean.as_bytes());
             }
-            Reply::Integer(value) => line(out, b':', value.to_string().as_bytes()),
+            Reply::Integer(value) => number_line(out, b':', *value),
             Reply::Bulk(bytes) => {
-                line(out, b'$', bytes.len().to_string().as_bytes());
+                number_line(out, b'$', bytes.len() as i64);
                 out.put_slice(bytes);
                 out.put_slice(b"\r\n");
             }
@@ -376,6 +388,28 @@ impl Reply {
 fn line(out: &mut BytesMut, marker: u8, body: &[u8]) {
     out.put_u8(marker);
     out.put_slice(body);
+    out.put_slice(b"\r\n");
+}
+
+/// `marker`, `value` in decimal, CRLF: without the `String` a `to_string` would allocate
+/// for every bulk reply's length (issue 23: allocations per request).
+fn number_line(out: &mut BytesMut, marker: u8, value: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = value.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.put_u8(marker);
+    if value < 0 {
+        out.put_u8(b'-');
+    }
+    out.put_slice(&digits[at..]);
     out.put_slice(b"\r\n");
 }
 
@@ -568,6 +602,9 @@ mod tests {
         assert_eq!(encoded(Reply::ok(), 2), "+OK\r\n");
         assert_eq!(encoded(Reply::err("bad\r\nthing"), 2), "-ERR bad  thing\r\n");
         assert_eq!(encoded(Reply::Integer(-3), 2), ":-3\r\n");
+        assert_eq!(encoded(Reply::Integer(0), 2), ":0\r\n");
+        assert_eq!(encoded(Reply::Integer(i64::MIN), 2), format!(":{}\r\n", i64::MIN));
+        assert_eq!(encoded(Reply::Integer(i64::MAX), 2), format!(":{}\r\n", i64::MAX));
         assert_eq!(encoded(Reply::text("v"), 2), "$1\r\nv\r\n");
         assert_eq!(encoded(Reply::Null, 2), "$-1\r\n");
         assert_eq!(encoded(Reply::Null, 3), "_\r\n");
