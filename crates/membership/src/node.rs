@@ -228,8 +228,11 @@ impl Membership {
         // Promises are not persisted. A restarted node may have promised anyone a full lease
         // just before it died, and a joining one may be a node whose earlier incarnation did,
         // so either honours that until one lease after it starts.
-        let restart_promise =
-            if records.is_empty() && config.join.is_none() { Time::ZERO } else { now + config.lease + config.drift_margin };
+        let restart_promise = if records.is_empty() && config.join.is_none() {
+            Time::ZERO
+        } else {
+            now + config.lease + config.drift_margin
+        };
         let mut node = Membership {
             next_raft_tick: now + config.raft_tick_period,
             next_heartbeat: now,

@@ -344,10 +344,9 @@ fn a_restarted_node_never_acknowledges_a_member_its_log_removed() {
         let mut out = MembershipOutbox::default();
         let heartbeat = MembershipMessage::Heartbeat { seq: 9_999, epoch: 1 };
         cluster.nodes[1].on_message(cluster.now, NodeId(0), heartbeat, &mut out);
-        let acknowledged = out
-            .messages
-            .iter()
-            .any(|(to, message)| *to == NodeId(0) && matches!(message, MembershipMessage::HeartbeatAck { .. }));
+        let acknowledged = out.messages.iter().any(|(to, message)| {
+            *to == NodeId(0) && matches!(message, MembershipMessage::HeartbeatAck { .. })
+        });
         assert!(!acknowledged, "join {join:?}: a restarted node lent a lease to a node it had removed");
         cluster.run_for(Time::from_millis(1_500));
     }

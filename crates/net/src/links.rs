@@ -439,7 +439,9 @@ impl<M: WireMessage> Links<M> {
         let mut closed = None;
         loop {
             let pubsub = self.pubsub.as_deref();
-            if let Err(error) = decode_batches(link, self.frame_payload_bytes_max, &self.stats, pubsub, deliver) {
+            if let Err(error) =
+                decode_batches(link, self.frame_payload_bytes_max, &self.stats, pubsub, deliver)
+            {
                 closed = Some(error);
                 break;
             }
@@ -466,8 +468,9 @@ impl<M: WireMessage> Links<M> {
                         // A short read drained the socket (as tokio assumes too): the next
                         // bytes will raise a new edge.
                         let pubsub = self.pubsub.as_deref();
-                        let _ = decode_batches(link, self.frame_payload_bytes_max, &self.stats, pubsub, deliver)
-                            .map_err(|error| closed = Some(error));
+                        let _ =
+                            decode_batches(link, self.frame_payload_bytes_max, &self.stats, pubsub, deliver)
+                                .map_err(|error| closed = Some(error));
                         break;
                     }
                 }

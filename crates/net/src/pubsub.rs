@@ -84,8 +84,11 @@ impl PubSubPort {
     }
 
     pub(crate) fn attach(&self, links: Vec<Link>, frame_payload_bytes_max: usize, peer_queue_bytes_max: u64) {
-        let attached =
-            Attached { route: Route::Tasks(links), frame_payload_bytes_max, queue_bytes_max: peer_queue_bytes_max / 2 };
+        let attached = Attached {
+            route: Route::Tasks(links),
+            frame_payload_bytes_max,
+            queue_bytes_max: peer_queue_bytes_max / 2,
+        };
         self.set_attached(attached);
     }
 
@@ -99,7 +102,11 @@ impl PubSubPort {
         wake: impl Fn() + Send + Sync + 'static,
     ) {
         let route = Route::Polled { peers, frames: Default::default(), wake: Box::new(wake) };
-        self.set_attached(Attached { route, frame_payload_bytes_max, queue_bytes_max: peer_queue_bytes_max / 2 });
+        self.set_attached(Attached {
+            route,
+            frame_payload_bytes_max,
+            queue_bytes_max: peer_queue_bytes_max / 2,
+        });
     }
 
     /// The frames queued for the polling event loop since it last looked.

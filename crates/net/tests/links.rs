@@ -410,7 +410,8 @@ async fn tls_links_carry_batches_and_refuse_a_certificate_from_another_ca() {
 async fn pubsub_frames_reach_every_peer_in_order_and_a_peer_that_is_down_loses_them() {
     use std::sync::{Arc, Mutex};
     let addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
-    let received: Vec<Arc<Mutex<Vec<(NodeId, Bytes)>>>> = (0..3).map(|_| Arc::default()).collect();
+    type Received = Arc<Mutex<Vec<(NodeId, Bytes)>>>;
+    let received: Vec<Received> = (0..3).map(|_| Arc::default()).collect();
     let mut ports = Vec::new();
     let mut nodes = Vec::new();
     for me in 0..3u8 {

@@ -181,15 +181,24 @@ where
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
     let _ = parts.wake[0].set(waker.clone());
-    let inbox = Arc::new(Inbox { queue: Mutex::new(Vec::new()), waker, closed: AtomicBool::new(false) });
+    let inbox = Arc::new(Inbox {
+        queue: Mutex::new(Vec::new()),
+        waker: waker.clone(),
+        closed: AtomicBool::new(false),
+    });
     let stats =
         chorus_net::start_handover::<R::Message>(parts.net.clone(), Arc::new(Sink(inbox.clone()))).await?;
     if let Some(port) = &parts.net.pubsub {
         // Published messages wait in the port until this loop's next turn moves them.
         let waker = waker.clone();
-        port.attach_polled(stats.peers.len(), parts.net.frame_payload_bytes_max, parts.net.peer_queue_bytes_max as u64, move || {
-            let _ = waker.wake();
-        });
+        port.attach_polled(
+            stats.peers.len(),
+            parts.net.frame_payload_bytes_max,
+            parts.net.peer_queue_bytes_max as u64,
+            move || {
+                let _ = waker.wake();
+            },
+        );
     }
     let mut links = Links::new(&parts.net, stats.clone(), LINK_TOKEN_BASE);
     links.set_priority(R::is_priority);

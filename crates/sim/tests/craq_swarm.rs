@@ -83,7 +83,8 @@ fn craq_seeds_the_long_sweeps_found_pass() {
 /// seed 238 stalled.
 #[test]
 fn craq_restarts_from_its_append_only_file_under_storage_faults() {
-    let setup = chorus_sim::runner::appendonly(ProtocolSetup::craq(), chorus_sim::managed::AppendOnly::Always);
+    let setup =
+        chorus_sim::runner::appendonly(ProtocolSetup::craq(), chorus_sim::managed::AppendOnly::Always);
     let minimums: Vec<Minimum> =
         MANAGED_MINIMUMS.iter().chain(chorus_sim::runner::APPENDONLY_MINIMUMS).copied().collect();
     let summary = assert_swarm_passes(&setup, 3, 300, &minimums);

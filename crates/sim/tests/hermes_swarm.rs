@@ -74,7 +74,8 @@ fn without_faults_every_operation_completes_with_a_known_outcome() {
 /// joiner, acknowledged its heartbeat before replaying the membership log that removed it.
 #[test]
 fn hermes_seeds_the_long_sweeps_found_pass() {
-    for seed in [16012] {
+    {
+        let seed = 16012;
         let verdict = check_seed(&ProtocolSetup::hermes(), &SimConfig::new(seed, 3));
         assert!(verdict.passed(), "{}", describe_failure(&verdict));
     }

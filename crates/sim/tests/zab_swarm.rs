@@ -118,7 +118,8 @@ fn zab_restarts_from_its_append_only_file_under_storage_faults() {
 /// ignored, and its reads stalled.
 #[test]
 fn zab_seeds_the_long_sweeps_found_pass() {
-    for seed in [55131] {
+    {
+        let seed = 55131;
         let verdict = check_seed(&ProtocolSetup::zab(ReadMode::Sync), &SimConfig::new(seed, 3));
         assert!(verdict.passed(), "{}", describe_failure(&verdict));
     }

@@ -37,10 +37,7 @@ pub fn set_retrying(port: u16, key: &str, value: &str) {
         match result {
             Ok(()) => return,
             Err(error) if std::time::Instant::now() < deadline => {
-                assert!(
-                    matches!(error.code(), Some("UNKNOWN" | "TRYAGAIN")),
-                    "SET {key} at {port}: {error}"
-                );
+                assert!(matches!(error.code(), Some("UNKNOWN" | "TRYAGAIN")), "SET {key} at {port}: {error}");
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
             Err(error) => panic!("SET {key} at {port} still failing after 20 s: {error}"),

@@ -889,7 +889,7 @@ mod tests {
         state.apply(&incr(7, 1), true);
         // Index 9 is a sweep (every index divisible by 1 here): 7's record, last used at 1, goes.
         state.execute_tentatively(9, 2, &[], true);
-        assert!(state.sessions.get(&SessionId::External(7)).is_none(), "swept at the tip");
+        assert!(!state.sessions.contains_key(&SessionId::External(7)), "swept at the tip");
         assert!(state.session(SessionId::External(7)).is_some(), "still committed");
         assert_eq!(state.roll_back_from(9, false), 1);
         assert_eq!(state.sessions.get(&SessionId::External(7)).unwrap().last_seq, 1);
