@@ -20,7 +20,8 @@
 //!
 //! Used when the node has one event loop on the connections' thread (`worker_threads = 1`,
 //! `event_loops = 1`, not raftlog shards), plain TCP peer links (no `tls_cluster`) and no
-//! `[cluster]` slot map; `reactor = false` keeps the task-based loop (docs/architecture.md).
+//! `[cluster]` slot map, no chain members on group hosts (`chain_hosts`); `reactor = false`
+//! keeps the task-based loop (docs/architecture.md).
 
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -154,6 +155,10 @@ pub fn applies(config: &crate::config::NodeConfig) -> bool {
         && !(config.protocol == crate::config::Protocol::Raftlog && config.raftlog.shards > 1)
         && !config.tls.as_ref().is_some_and(|tls| tls.cluster)
         && config.cluster.is_none()
+        // Not yet with the chain's members on group hosts: after its head is SIGKILLed, the
+        // survivors' writes stalled under the reactor in about one run in six of
+        // crates/cli/tests/chain_hosted.rs (never with the task-based loop); not diagnosed.
+        && config.chain_hosts.is_empty()
         && std::env::var_os("CHORUS_REACTOR").is_none_or(|value| value != "off")
 }
 
@@ -223,7 +228,16 @@ where
     };
     let stopped = parts.stopped;
     std::thread::Builder::new().name("chorus-reactor".into()).spawn(move || {
-        reactor.run();
+        // The core may start tasks of its own (a chain member's link to its group host).
+        let _runtime = reactor.runtime.clone();
+        let _entered = _runtime.enter();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reactor.run()));
+        if run.is_err() {
+            // Nothing else serves this node's clients or links: a live process that answers
+            // nobody would only hide the failure from the membership service.
+            tracing::error!("the reactor thread panicked; stopping this node");
+            std::process::exit(1);
+        }
         let _ = stopped.send(());
     })?;
     info!("event loop runs as a reactor: client sockets and peer links on its own thread");

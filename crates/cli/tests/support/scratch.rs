@@ -16,6 +16,6 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::env::var_os("CHORUS_KEEP_SCRATCH").is_none() { let _ = std::fs::remove_dir_all(&self.0); }
     }
 }
