@@ -50,6 +50,13 @@ struct Lane {
     /// The socket returned WouldBlock: wait for a writable event.
     blocked: bool,
     last_sent: Instant,
+    /// Since when frames have waited for a link that is not up ([`Links::on_timer`] drops
+    /// them after the link timeout, as the writer tasks drop theirs after a failed dial).
+    waiting_since: Option<Instant>,
+    /// The lane had a link once: while it is down again, frames are dropped, not kept (the
+    /// peer may come back as a new process, to which they would be stale: raftlog's refusal
+    /// of a node that lost its data must not reach its replacement).
+    was_up: bool,
 }
 
 impl Lane {
@@ -62,6 +69,8 @@ impl Lane {
             pending_messages: 0,
             blocked: false,
             last_sent: Instant::now(),
+            waiting_since: None,
+            was_up: false,
         }
     }
 }
@@ -187,6 +196,8 @@ impl<M: WireMessage> Links<M> {
         }
         let lane = &mut self.peers[index].lanes[lane_index];
         lane.stream = Some(stream);
+        lane.waiting_since = None;
+        lane.was_up = true;
         lane.closed = Some(link.closed);
         lane.blocked = false;
         lane.last_sent = Instant::now();
@@ -271,8 +282,9 @@ impl<M: WireMessage> Links<M> {
     }
 
     /// Send every message one turn produced: each encoded once, one batch frame per peer and
-    /// lane appended to the lane's buffer; [`Links::flush`] writes them. A data lane over its
-    /// credits, or a lane that is down, loses the frame (counted).
+    /// lane appended to the lane's buffer; [`Links::flush`] writes them. A lane over its
+    /// credits, or whose link went down, loses the frame (counted); a lane whose first link
+    /// is not up yet keeps it for that link (at most the link timeout).
     pub fn send_turn(&mut self, messages: &mut Vec<(Destination, M)>) {
         if messages.is_empty() {
             return;
@@ -333,13 +345,22 @@ impl<M: WireMessage> Links<M> {
         let peer = &mut self.peers[index];
         let lane = &mut peer.lanes[lane_index];
         let bytes = self.payload.len() + codec::FRAME_HEADER_BYTES;
-        let over_credits = lane_index == 0
-            && !lane.pending.is_empty()
-            && lane.pending.len() + bytes > self.peer_queue_bytes_max;
-        if lane.stream.is_none() || over_credits {
+        // A lane whose first link is not up yet keeps what it is given, as the writer tasks'
+        // queues do during their first dial, and writes it once the link is up: a node's first
+        // messages (raftlog's Hello) are sent before its dialers have connected. The data
+        // lane's credits bound it; the priority lane, which has none, is bounded alike while it
+        // waits. A lane whose link went down drops its frames until it is up again.
+        let lost = lane.stream.is_none() && lane.was_up;
+        let bounded = lane_index == 0 || lane.stream.is_none();
+        let over_credits =
+            bounded && !lane.pending.is_empty() && lane.pending.len() + bytes > self.peer_queue_bytes_max;
+        if lost || over_credits {
             peer.stats.frames_dropped.fetch_add(1, Relaxed);
             peer.stats.messages_dropped.fetch_add(u64::from(count), Relaxed);
             return;
+        }
+        if lane.stream.is_none() {
+            lane.waiting_since.get_or_insert_with(Instant::now);
         }
         encode_frame(frame_kind, &self.payload, &mut lane.pending);
         lane.pending_frames += 1;
@@ -409,18 +430,29 @@ impl<M: WireMessage> Links<M> {
         }
     }
 
-    /// Close one lane's connection; what it still held is dropped and counted. `failed`: its
-    /// dialer redials (otherwise it stops).
+    /// Close one lane's connection; what it still held is dropped and counted (a lane that
+    /// had no connection keeps what it queued meanwhile). `failed`: its dialer redials
+    /// (otherwise it stops).
     fn close_lane(&mut self, registry: &Registry, index: usize, lane_index: usize, failed: bool) {
         let peer = &mut self.peers[index];
         let lane = &mut peer.lanes[lane_index];
-        if let Some(mut stream) = lane.stream.take() {
-            let _ = registry.deregister(&mut stream);
-        }
+        let was_connected = match lane.stream.take() {
+            Some(mut stream) => {
+                let _ = registry.deregister(&mut stream);
+                true
+            }
+            None => false,
+        };
         if let Some(closed) = lane.closed.take() {
             let _ = closed.send(failed);
         }
+        lane.blocked = false;
+        if !was_connected {
+            // Frames queued while it waited for its link: the new link writes them.
+            return;
+        }
         if !lane.pending.is_empty() {
+            // What a failed connection did not take (maybe part of a frame) is lost with it.
             peer.stats.queued_bytes.fetch_sub(lane.pending.len() as u64, Relaxed);
             peer.stats.queued_frames.fetch_sub(lane.pending_frames, Relaxed);
             peer.stats.frames_dropped.fetch_add(lane.pending_frames, Relaxed);
@@ -508,6 +540,17 @@ impl<M: WireMessage> Links<M> {
         let now = Instant::now();
         for peer in &mut self.peers {
             for lane in &mut peer.lanes {
+                if lane.waiting_since.is_some_and(|since| now.duration_since(since) >= self.link_timeout) {
+                    // Its link stayed down: what waited for it is stale by now.
+                    lane.waiting_since = None;
+                    peer.stats.queued_bytes.fetch_sub(lane.pending.len() as u64, Relaxed);
+                    peer.stats.queued_frames.fetch_sub(lane.pending_frames, Relaxed);
+                    peer.stats.frames_dropped.fetch_add(lane.pending_frames, Relaxed);
+                    peer.stats.messages_dropped.fetch_add(lane.pending_messages, Relaxed);
+                    lane.pending.clear();
+                    lane.pending_frames = 0;
+                    lane.pending_messages = 0;
+                }
                 if lane.stream.is_some() && now.duration_since(lane.last_sent) >= self.keepalive {
                     lane.pending.extend_from_slice(&self.keepalive_frame);
                     peer.stats.queued_bytes.fetch_add(self.keepalive_frame.len() as u64, Relaxed);

@@ -156,21 +156,31 @@ fn turns_arrive_in_order_one_frame_per_turn() {
 }
 
 #[test]
-fn frames_for_a_peer_that_is_down_are_dropped_until_it_comes_up() {
+fn frames_for_a_peer_not_up_yet_wait_for_its_link_and_go_stale_after_the_link_timeout() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let [config0, config1] = configs();
     let mut a = Side::start(&runtime, config0);
-    // Node 1 is not running: the frame is dropped and counted, nothing grows.
-    let mut messages = vec![(Destination::Node(NodeId(1)), note("lost"))];
+    // Node 1 is not running: a frame waits for its link for the link timeout (1 s, as the
+    // writer tasks keep theirs until a dial fails), then is dropped, counted.
+    let mut messages = vec![(Destination::Node(NodeId(1)), note("stale"))];
     a.links.send_turn(&mut messages);
     a.pump();
     let stats = a.links.stats().peers[&NodeId(1)].snapshot();
+    assert_eq!((stats.frames_dropped, stats.messages_dropped), (0, 0));
+    assert!(stats.queued_bytes > 0, "{stats:?}");
+    pump_until(&mut [&mut a], |sides| sides[0].links.stats().peers[&NodeId(1)].snapshot().frames_dropped > 0);
+    let stats = a.links.stats().peers[&NodeId(1)].snapshot();
     assert_eq!((stats.frames_dropped, stats.messages_dropped, stats.queued_bytes), (1, 1, 0));
-    // Node 1 starts: the dialer's backoff finds it, the link is handed over, notes flow.
+
+    // A frame sent just before node 1 starts waits, and arrives first once the link is up (a
+    // node's first messages, raftlog's Hello, are sent before its dialers have connected).
+    let mut messages = vec![(Destination::Node(NodeId(1)), note("early"))];
+    a.links.send_turn(&mut messages);
+    a.pump();
     let mut b = Side::start(&runtime, config1);
     pump_until(&mut [&mut a, &mut b], |sides| connected(sides[0]));
     let mut messages = vec![(Destination::Node(NodeId(1)), note("kept"))];
     a.links.send_turn(&mut messages);
-    pump_until(&mut [&mut a, &mut b], |sides| !sides[1].received.is_empty());
-    assert_eq!(b.received, vec![(NodeId(0), note("kept"))]);
+    pump_until(&mut [&mut a, &mut b], |sides| sides[1].received.len() == 2);
+    assert_eq!(b.received, vec![(NodeId(0), note("early")), (NodeId(0), note("kept"))]);
 }

@@ -16,6 +16,8 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if std::env::var_os("CHORUS_KEEP_SCRATCH").is_none() { let _ = std::fs::remove_dir_all(&self.0); }
+        if std::env::var_os("CHORUS_KEEP_SCRATCH").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }

@@ -650,13 +650,18 @@ fn incarnation_and_identity(
     Ok((incarnation, config.identity))
 }
 
-/// The at-most-once client id of this node's own sessions in start `boot`: `node << 40 |
-/// boot` for a founding member; a replacement sets bit 39 and puts the low 23 bits of its
-/// incarnation above a 16-bit boot counter, so it does not reuse its predecessor's ids.
-pub fn session_client_id(me: NodeId, incarnation: u64, boot: u64) -> u64 {
+/// The at-most-once client id of this node's own sessions in start `boot`: the node id in
+/// the top bits; a replacement sets bit 39 and puts the low 23 bits of its incarnation above
+/// a 16-bit boot counter, so it does not reuse its predecessor's ids; a founding member puts
+/// the low 23 bits of its data directory's random identity there instead, so a node whose
+/// directory was wiped (its boot counter back at 1) does not reuse the ids of its first
+/// start either: entries of its old session would make its new batches look stale or, worse,
+/// duplicates answered with the old batch's outcomes, in the moment before its peers refuse
+/// it. (Without a data directory, identity 0: `node << 40 | boot`.)
+pub fn session_client_id(me: NodeId, incarnation: u64, identity: u64, boot: u64) -> u64 {
     let node = (me.0 as u64) << 40;
     match incarnation {
-        0 => node | boot,
+        0 => node | (identity & 0x7F_FFFF) << 16 | (boot & 0xFFFF),
         _ => node | 1 << 39 | (incarnation & 0x7F_FFFF) << 16 | (boot & 0xFFFF),
     }
 }
@@ -711,7 +716,7 @@ impl DurableRaftLog {
         // One at-most-once session per start: the previous one may have batches in flight
         // under sequence numbers this one would reuse. A replacement's boot counter starts
         // again at 1, so its sessions also carry (part of) its incarnation.
-        config.session_client_id = session_client_id(config.me, config.incarnation, boot);
+        config.session_client_id = session_client_id(config.me, config.incarnation, config.identity, boot);
         config.durable = true;
         if config.has_bug(crate::Bug::AckBeforeSync) {
             options.sync_every_turns = 64;

@@ -317,9 +317,10 @@ impl LogState {
 
     /// The term of tentative entry `index`, if it is one.
     pub fn tentative_term(&self, index: u64) -> Option<u64> {
-        let (first, _) = self.first_tentative()?;
-        let entry = self.journal.entries.get(usize::try_from(index.checked_sub(first)?).ok()?)?;
-        Some(entry.term)
+        // Ascending; found by index rather than by offset from the first, so a gap in the
+        // journal could never lend an entry another's term.
+        let at = self.journal.entries.binary_search_by_key(&index, |entry| entry.index).ok()?;
+        Some(self.journal.entries[at].term)
     }
 
     /// Tentatively executed entries not committed yet.
