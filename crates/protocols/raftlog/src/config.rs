@@ -90,7 +90,7 @@ pub struct RaftLogConfig {
     /// incarnations of one node: a restarted node that reused it would start again at
     /// sequence number 1 and find every request stale. The default, the node id, is right
     /// for a replica that never restarts; `disk::DurableRaftLog::open` sets
-    /// `node << 40 | boot counter`.
+    /// `disk::session_client_id` (node, incarnation or directory identity, boot counter).
     pub session_client_id: u64,
     /// Decoupled execution (Cyclone §3.1, `crate::replica::tentative`): every replica executes
     /// an entry when it receives it, as a transaction committed when the entry commits (its
