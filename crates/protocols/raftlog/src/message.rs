@@ -27,7 +27,7 @@ pub struct Proposal {
 /// two steps share one: the step's whole identity is the session id, not a hash of it.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub enum SessionId {
-    /// A replica's own session: `node << 40 | boot`.
+    /// A replica's own session (`disk::session_client_id`: node, incarnation or directory identity, boot).
     Replica(u64),
     /// An external client session (RESP `SESSION client seq ...`), any id the client picks.
     External(u64),
