@@ -12,10 +12,10 @@
 
 use std::sync::atomic::Ordering;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::scratch::Scratch;
-use support::up::{client, free_port_run, Up};
+use support::up::{client, free_port_run, node_pid, signal, wait_for_value, KillOnDrop, Up};
 use support::workload;
 
 mod support;
@@ -35,41 +35,6 @@ fn host_pid(port: u16) -> i32 {
         }
     }
     panic!("no group host listens on port {port}");
-}
-
-fn node_pid(port: u16) -> i32 {
-    let info: String = redis::cmd("INFO").arg("server").query(&mut client(port)).unwrap();
-    let line = info.lines().find(|line| line.starts_with("process_id:")).expect("INFO has process_id");
-    line["process_id:".len()..].trim().parse().unwrap()
-}
-
-fn signal(pid: i32, signal: i32) {
-    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to {pid}");
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// GET at `port` until it answers `want` (bounded; a node not listening yet is waited for).
-fn wait_for_value(port: u16, key: &str, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let value: redis::RedisResult<Option<String>> =
-            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))
-                .and_then(|mut con| redis::cmd("GET").arg(key).query(&mut con));
-        if matches!(&value, Ok(Some(v)) if v == want) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{key} at {port}: {value:?}, expected {want}");
-        thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn kernel_unavailable() -> Option<String> {

@@ -75,6 +75,19 @@ impl Lane {
     }
 }
 
+impl Lane {
+    /// Drop what the lane holds, counted as dropped.
+    fn drop_pending(&mut self, stats: &PeerStats) {
+        stats.queued_bytes.fetch_sub(self.pending.len() as u64, Relaxed);
+        stats.queued_frames.fetch_sub(self.pending_frames, Relaxed);
+        stats.frames_dropped.fetch_add(self.pending_frames, Relaxed);
+        stats.messages_dropped.fetch_add(self.pending_messages, Relaxed);
+        self.pending.clear();
+        self.pending_frames = 0;
+        self.pending_messages = 0;
+    }
+}
+
 struct Peer {
     node: NodeId,
     stats: Arc<PeerStats>,
@@ -451,17 +464,8 @@ impl<M: WireMessage> Links<M> {
             // Frames queued while it waited for its link: the new link writes them.
             return;
         }
-        if !lane.pending.is_empty() {
-            // What a failed connection did not take (maybe part of a frame) is lost with it.
-            peer.stats.queued_bytes.fetch_sub(lane.pending.len() as u64, Relaxed);
-            peer.stats.queued_frames.fetch_sub(lane.pending_frames, Relaxed);
-            peer.stats.frames_dropped.fetch_add(lane.pending_frames, Relaxed);
-            peer.stats.messages_dropped.fetch_add(lane.pending_messages, Relaxed);
-            lane.pending.clear();
-        }
-        lane.pending_frames = 0;
-        lane.pending_messages = 0;
-        lane.blocked = false;
+        // What a failed connection did not take (maybe part of a frame) is lost with it.
+        lane.drop_pending(&peer.stats);
     }
 
     /// Read an inbound link and deliver every whole batch in it.
@@ -543,13 +547,7 @@ impl<M: WireMessage> Links<M> {
                 if lane.waiting_since.is_some_and(|since| now.duration_since(since) >= self.link_timeout) {
                     // Its link stayed down: what waited for it is stale by now.
                     lane.waiting_since = None;
-                    peer.stats.queued_bytes.fetch_sub(lane.pending.len() as u64, Relaxed);
-                    peer.stats.queued_frames.fetch_sub(lane.pending_frames, Relaxed);
-                    peer.stats.frames_dropped.fetch_add(lane.pending_frames, Relaxed);
-                    peer.stats.messages_dropped.fetch_add(lane.pending_messages, Relaxed);
-                    lane.pending.clear();
-                    lane.pending_frames = 0;
-                    lane.pending_messages = 0;
+                    lane.drop_pending(&peer.stats);
                 }
                 if lane.stream.is_some() && now.duration_since(lane.last_sent) >= self.keepalive {
                     lane.pending.extend_from_slice(&self.keepalive_frame);

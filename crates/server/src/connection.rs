@@ -158,23 +158,35 @@ enum Expiry {
     Incomplete,
 }
 
+/// Enter a new client in the registry (CLIENT LIST, CLIENT KILL); its `cmd`, which the
+/// connection updates as it runs commands.
+pub(crate) fn register_client(
+    shared: &Shared,
+    id: u64,
+    addresses: &Addresses,
+    kill: &Arc<Notify>,
+) -> Arc<std::sync::atomic::AtomicUsize> {
+    let last_command = Arc::new(std::sync::atomic::AtomicUsize::new(command::COMMAND_TABLE.len()));
+    shared.clients.register(crate::clients::ClientInfo {
+        id,
+        addr: addresses.peer,
+        laddr: addresses.local,
+        name: None,
+        resp: 2,
+        connected: Instant::now(),
+        kill: kill.clone(),
+        last_command: last_command.clone(),
+        pubsub: None,
+    });
+    last_command
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     pub fn new(shared: Arc<Shared>, stream: S, addresses: Addresses) -> Connection<S> {
         let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
         let authenticated = shared.live.user().open();
         let kill = Arc::new(Notify::new());
-        let last_command = Arc::new(std::sync::atomic::AtomicUsize::new(command::COMMAND_TABLE.len()));
-        shared.clients.register(crate::clients::ClientInfo {
-            id,
-            addr: addresses.peer,
-            laddr: addresses.local,
-            name: None,
-            resp: 2,
-            connected: Instant::now(),
-            kill: kill.clone(),
-            last_command: last_command.clone(),
-            pubsub: None,
-        });
+        let last_command = register_client(&shared, id, &addresses, &kill);
         Connection {
             shared,
             stream,

@@ -526,18 +526,7 @@ where
         }
         let id = shared.next_client_id.fetch_add(1, Relaxed) + 1;
         let kill = Arc::new(Notify::new());
-        let last_command = Arc::new(std::sync::atomic::AtomicUsize::new(command::COMMAND_TABLE.len()));
-        shared.clients.register(crate::clients::ClientInfo {
-            id,
-            addr: addresses.peer,
-            laddr: addresses.local,
-            name: None,
-            resp: 2,
-            connected: Instant::now(),
-            kill: kill.clone(),
-            last_command: last_command.clone(),
-            pubsub: None,
-        });
+        let last_command = crate::connection::register_client(&shared, id, &addresses, &kill);
         let kill_watch = self.runtime.spawn({
             let (kill, inbox) = (kill.clone(), self.inbox.clone());
             async move {

@@ -27,6 +27,45 @@ pub fn client(port: u16) -> redis::Connection {
     con
 }
 
+/// The process id of the node serving RESP on `port` (INFO's `process_id`).
+pub fn node_pid(port: u16) -> i32 {
+    let info: String = redis::cmd("INFO").arg("server").query(&mut client(port)).unwrap();
+    let line = info.lines().find(|line| line.starts_with("process_id:")).expect("INFO has process_id");
+    line["process_id:".len()..].trim().parse().unwrap()
+}
+
+/// Send `signal` to `pid`; panics if it cannot be sent.
+pub fn signal(pid: i32, signal: i32) {
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to {pid}");
+}
+
+/// A child process killed (SIGKILL) and reaped when the test drops it.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// GET at `port` until it answers `want` (at most 30 s; a node not listening yet is waited
+/// for).
+pub fn wait_for_value(port: u16, key: &str, want: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let value: redis::RedisResult<Option<String>> =
+            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .and_then(|client| client.get_connection_with_timeout(std::time::Duration::from_secs(5)))
+                .and_then(|mut con| redis::cmd("GET").arg(key).query(&mut con));
+        if matches!(&value, Ok(Some(v)) if v == want) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{key} at {port}: {value:?}, expected {want}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// SET `key` to `value` at the node on `port`, again while it answers that the outcome is
 /// unknown or to try again (a view change after a crash is still under way); a SET is
 /// idempotent, so repeating it is what a client would do.
