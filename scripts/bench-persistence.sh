@@ -17,7 +17,8 @@
 #   scripts/bench-persistence.sh [SECONDS] [OUT.json]   # 10 s per point; target/bench-persistence.json
 #
 # Uses target/debug/chorus (the dev profile is optimized; CHORUS=... for another binary),
-# redis-server, etcd and the etcd benchmark tool (built once by `chorus bench compare`, or
+# redis-server 7.2 or later (REDIS_SERVER=path; Debian 12's 7.0 has no WAITAOF and is
+# refused), etcd and the etcd benchmark tool (built once by `chorus bench compare`, or
 # CHORUS_ETCD_BENCHMARK=path). PORT=... picks the first of the ports it uses (+0..+40, +50..+52,
 # +60..+65), by default a free run below the ephemeral range.
 set -euo pipefail
@@ -26,6 +27,16 @@ seconds=${1:-10}
 out=${2:-target/bench-persistence.json}
 chorus=${CHORUS:-target/debug/chorus}
 source scripts/bench-common.sh
+
+# WAITAOF needs Redis 7.2 or later (Debian 12 ships 7.0): REDIS_SERVER=path picks a build.
+redis_server=${REDIS_SERVER:-redis-server}
+case "$("$redis_server" --version | awk '{ print $3 }')" in
+v=[0-6].* | v=7.[01].*)
+    echo "bench-persistence: $("$redis_server" --version | awk '{ print $3 }') has no WAITAOF (7.2+);" \
+        "build one and set REDIS_SERVER (docs/benchmarks.md, 'Persistence')" >&2
+    exit 1
+    ;;
+esac
 
 free_port_run() { # a base port with the next 70 free, below Linux's ephemeral range
     local base
@@ -60,11 +71,18 @@ record() { # system mode clients rps p50_us p99_us
 set_point() { # clients targets bench-kv-args...: SETs of 64 bytes for $seconds; sets rps, p50, p99 (us)
     local clients=$1 targets=$2 line
     shift 2
-    line=$("$chorus" bench kv --write-ratio 1 --keys 10000 --distribution uniform --value-bytes 64 \
+    local output errors
+    output=$("$chorus" bench kv --write-ratio 1 --keys 10000 --distribution uniform --value-bytes 64 \
         --clients "$clients" --ops 100000000 --duration-s "$seconds" --skip-load --targets "$targets" "$@" \
-        2>&1 | grep -E '^SET ' || true)
+        2>&1 || true)
+    line=$(grep -E '^SET ' <<<"$output" || true)
     # operation count errors ops/s p50 p95 p99 p99.9 max
-    read -r _ _ _ rps p50 _ p99 _ _ <<<"${line:-SET 0 0 0 0 0 0 0 0}"
+    read -r _ _ errors rps p50 _ p99 _ _ <<<"${line:-SET 0 0 0 0 0 0 0 0}"
+    if [ "${errors:-0}" != 0 ]; then
+        # A point whose commands failed measured nothing: say so instead of recording it.
+        echo "bench-persistence: $errors errors at $clients clients ($(grep -m1 'first error' <<<"$output"))" >&2
+        exit 1
+    fi
 }
 
 set_points() { # system mode targets [bench-kv-args...]: SET at 1 and 64 clients
@@ -108,7 +126,7 @@ for i in 0 1 2; do
     mkdir -p "$scratch/redis-$i"
     replica_of=()
     [ "$i" -gt 0 ] && replica_of=(--replicaof 127.0.0.1 "$redis_port")
-    redis-server --port $((redis_port + i)) --dir "$scratch/redis-$i" --appendonly yes \
+    "$redis_server" --port $((redis_port + i)) --dir "$scratch/redis-$i" --appendonly yes \
         --appendfsync always --save "" "${replica_of[@]}" --daemonize no >"$scratch/redis-$i.out" 2>&1 &
     redis_pids+=($!)
     pids+=($!)
@@ -117,7 +135,7 @@ for _ in $(seq 100); do
     [ "$(redis-cli -p "$redis_port" info replication | grep -c '^slave[0-9]*:.*state=online')" = 2 ] && break
     sleep 0.1
 done
-echo "## redis $(redis-server --version | awk '{ print $3 }'): a primary and 2 replicas"
+echo "## redis $("$redis_server" --version | awk '{ print $3 }'): a primary and 2 replicas"
 for i in 0 1 2; do
     echo "##   :$((redis_port + i)) $(redis-cli -p $((redis_port + i)) info replication | grep '^role:' | tr -d '\r')," \
         "$(redis-cli -p $((redis_port + i)) config get appendonly | tr '\n' ' ')" \
