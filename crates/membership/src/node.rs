@@ -201,6 +201,10 @@ pub struct Membership {
     restored_out: MembershipOutbox,
     /// Started without Raft state to join: no vote until a leader is heard (`withholds_vote`).
     votes_withheld: bool,
+    /// Started without Raft state to join: it knows none of the views its previous
+    /// incarnation decided, so it acknowledges no heartbeat until its own join is applied
+    /// (`on_heartbeat`).
+    acks_withheld: bool,
 }
 
 /// Raft ids must be non-zero.
@@ -268,6 +272,7 @@ impl Membership {
             restarting_until: None,
             restored_out: MembershipOutbox::default(),
             votes_withheld: records.is_empty() && config.join.is_some(),
+            acks_withheld: records.is_empty() && config.join.is_some(),
             config,
         };
         if !records.is_empty() {
@@ -528,7 +533,11 @@ impl Membership {
         }
         // Only a node that is still live in the newest decided view gets a promise: a node
         // being removed must let its lease run out, or the removal could never be installed.
-        if !self.decided.live.contains(from) {
+        // A node that lost its log knows no decided view until its join is applied: the
+        // cluster's first view it starts with may hold a node its previous incarnation removed
+        // (hermes seed 4123: that node, cut off in a view of just the two of them, got a
+        // lease and served from stale state).
+        if self.acks_withheld || !self.decided.live.contains(from) {
             return;
         }
         let promise = now + self.config.lease + self.config.drift_margin;
@@ -657,6 +666,9 @@ impl Membership {
         if let Some(joining) = &mut self.joining {
             if node == self.config.me && incarnation == joining.incarnation {
                 joining.decided = true;
+                // Our join entry follows every entry committed before we started, so we
+                // have now applied every view our previous incarnation acted in.
+                self.acks_withheld = false;
                 promised_until = self.promises_to_nodes_outside(live);
             }
         }

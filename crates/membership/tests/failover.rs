@@ -352,6 +352,41 @@ fn a_restarted_node_never_acknowledges_a_member_its_log_removed() {
     }
 }
 
+/// Hermes seed 4123: node 1 removed node 2 (cut off, its installed view still {1, 2}), then
+/// crashed; its `membership.log` failed its checksum and it was replaced by an empty joiner.
+/// With no log, the newest view it knew was the cluster's first, which holds node 2: it
+/// acknowledged node 2's heartbeat, and node 2 held a lease and served from stale state.
+/// A node that starts without its Raft state knows nothing of what its previous incarnation
+/// decided, so it acknowledges nobody until its own join is applied (by then it has applied
+/// every entry committed before it, hence every view the old node acted in).
+#[test]
+fn a_node_started_without_its_log_acknowledges_nobody_until_its_join_is_applied() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(1_000));
+    isolate(&mut cluster, 0);
+    cluster.run_for(Time::from_millis(2_000));
+    assert!(!cluster.nodes[1].decided_view().live.contains(NodeId(0)), "node 0 removed");
+    cluster.disks[1].clear();
+    cluster.restart(1, Some(77));
+    let acknowledges = |cluster: &mut Cluster, from: u8| {
+        let mut out = MembershipOutbox::default();
+        let heartbeat = MembershipMessage::Heartbeat { seq: 9_999, epoch: 1 };
+        cluster.nodes[1].on_message(cluster.now, NodeId(from), heartbeat, &mut out);
+        out.messages.iter().any(|(to, message)| {
+            *to == NodeId(from) && matches!(message, MembershipMessage::HeartbeatAck { .. })
+        })
+    };
+    assert!(!acknowledges(&mut cluster, 0), "an empty joiner lent a lease to a node its log had removed");
+    assert!(!acknowledges(&mut cluster, 2), "an empty joiner acknowledged before it knew any decided view");
+    cluster.run_for(Time::from_millis(2_000));
+    assert!(!cluster.nodes[1].is_joining(), "the empty joiner is added again");
+    assert!(!acknowledges(&mut cluster, 0), "node 0 is still out of the view");
+    assert!(acknowledges(&mut cluster, 2), "once joined it acknowledges the members");
+    for node in [1, 2] {
+        assert!(cluster.nodes[node].holds_lease(cluster.now), "node {node} serves again");
+    }
+}
+
 /// Promises are not persisted: a node that restarts may have acknowledged a heartbeat of a
 /// node just before a view without that node was decided, so it must not act in such a view
 /// before those promises would have run out, whether it comes back with its data (it stays
