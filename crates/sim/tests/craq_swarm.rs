@@ -67,10 +67,13 @@ fn without_faults_every_craq_operation_completes_with_a_known_outcome() {
 /// membership log (the view that removed the cut-off node was in it) and answered a read from
 /// stale state. 91104: the only member that held the data when another joined died for good
 /// (its membership.log refused) before announcing the joiner's view; the joiner could
-/// neither remove it nor leave, and requests stalled forever.
+/// neither remove it nor leave, and requests stalled forever. 64925: a node that had removed
+/// a paused one crashed and came back on a new disk (its membership.log refused); knowing no
+/// view yet, it acknowledged the paused node's heartbeat for the view of the two of them, and
+/// the paused node answered reads from stale state.
 #[test]
 fn craq_seeds_the_long_sweeps_found_pass() {
-    for seed in [23638, 91104] {
+    for seed in [23638, 91104, 64925] {
         let verdict = check_seed(&ProtocolSetup::craq(), &SimConfig::new(seed, 3));
         assert!(verdict.passed(), "{}", describe_failure(&verdict));
     }
