@@ -1193,10 +1193,14 @@ impl<M: Member> Chain<M> {
                         .iter()
                         .any(|node| !chain.contains(&node) && self.joiners_heard.contains(node))
                 });
-                if self
-                    .coordinator
-                    .as_ref()
-                    .is_some_and(|c| matches!(c.phase, Phase::Idle) && !c.queue.is_empty() && !joiner_waits)
+                // Planning reads this node's state (RMWs; one that writes nothing is answered
+                // at once), which is the chain's only while no view without this node can be
+                // installed: a deposed head still in its old view would answer from stale state.
+                let leased = self.leased(now);
+                if leased
+                    && self.coordinator.as_ref().is_some_and(|c| {
+                        matches!(c.phase, Phase::Idle) && !c.queue.is_empty() && !joiner_waits
+                    })
                 {
                     self.start_batch(now, &mut gout, out);
                     if gout.is_empty() {
