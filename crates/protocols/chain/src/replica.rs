@@ -47,7 +47,7 @@ use crate::durable::ChainState;
 use crate::layout::{
     encode_record, lookup, parse_record, record_crc, record_start, summary, ChainLayout, Record,
     RegionSummary, HEAD_OFFSET, LAST_EXECUTED_OFFSET, LOCK_OFFSET, MAGIC_OFFSET, RECORD_ENTRY_HEADER_BYTES,
-    RECORD_HEADER_BYTES, RECOVERING,
+    RECORD_HEADER_BYTES, RECOVERING, REDOING, REDO_FROM_OFFSET,
 };
 use crate::member::Member;
 use crate::message::Message;
@@ -536,9 +536,22 @@ impl<M: Member> Chain<M> {
         self.member.as_ref().is_some_and(|member| member.sync_pending())
     }
 
-    /// The lsn of the last record this node's region executed (0 if none).
+    /// The lsn of the oldest record a recovery must redo for this node's region: the last
+    /// record it executed (0 if none), or, if a recovery's redo was cut short here, the record
+    /// that redo started from ([`REDO_FROM_OFFSET`]).
     fn last_executed(&self) -> u64 {
-        self.region().and_then(|region| region.load_u64(LAST_EXECUTED_OFFSET).ok()).unwrap_or(0)
+        let Some(region) = self.region() else { return 0 };
+        let last = region.load_u64(LAST_EXECUTED_OFFSET).unwrap_or(0);
+        match self.redo_cut_short() {
+            Some(from) => from.min(last),
+            None => last,
+        }
+    }
+
+    /// Where the recovery whose redo was cut short in this region had started.
+    fn redo_cut_short(&self) -> Option<u64> {
+        let word = self.region()?.load_u64(REDO_FROM_OFFSET).ok()?;
+        (word & REDOING != 0).then_some(word & !REDOING)
     }
 
     /// The number this node's next forwarded update gets (a restart continues above it).
@@ -1151,6 +1164,12 @@ impl<M: Member> Chain<M> {
             records.push(record);
         }
         let mut operations = vec![Operation::write(LOCK_OFFSET, RECOVERING.to_le_bytes().to_vec()).durable()];
+        // Before anything is redone: until the last operation clears it, a later recovery
+        // redoes from this record too (a member's database is a mixture meanwhile).
+        if let Some(first) = records.first() {
+            let redoing = REDOING | first.lsn;
+            operations.push(Operation::write(REDO_FROM_OFFSET, redoing.to_le_bytes().to_vec()).durable());
+        }
         for record in &records {
             operations.push(Operation::write(record.base, record.bytes.clone()).durable());
         }
@@ -1158,6 +1177,7 @@ impl<M: Member> Chain<M> {
             operations.extend(execute_operations(record));
         }
         operations.push(Operation::write(MAGIC_OFFSET, layout.magic_words()).durable());
+        operations.push(Operation::write(REDO_FROM_OFFSET, 0u64.to_le_bytes().to_vec()).durable());
         // The unlock goes out only once the tail has acknowledged all of this: a replica
         // upstream must not serve the redone state before the tail has it.
         let coordinator = self.coordinator.as_mut().expect("recovering coordinator");
@@ -1563,7 +1583,8 @@ impl<M: Member> Chain<M> {
     /// Where this joiner's region stands, if it is a whole image of the chain at some point
     /// (so the coordinator may send only what it lacks).
     fn offer(&self) -> Option<RegionSummary> {
-        if !self.region_complete {
+        // A region whose recovery was cut short is a mixture of records: copy it whole.
+        if !self.region_complete || self.redo_cut_short().is_some() {
             return None;
         }
         summary(self.member.as_ref()?.memory(), &self.config.layout).ok()
