@@ -2089,3 +2089,56 @@ impl<M: Member> Replica for Chain<M> {
         self.retry_parked_reads(now, out);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_word(chain: &mut Chain, offset: u64, word: u64) {
+        let region = chain.member.as_mut().expect("a usable region").memory_mut();
+        region.write(offset, &word.to_le_bytes()).expect("within the region");
+    }
+
+    /// Sweep seed 14580: a recovery redoing records 0 and 416 was cut short at the head after
+    /// it had redone part of record 0, over a database that had executed record 416. The
+    /// region's last executed record (416) no longer describes it: the next recovery must redo
+    /// from 0, and the region is no consistent image to offer as a joiner.
+    #[test]
+    fn a_recovery_cut_short_is_redone_from_where_it_started() {
+        let mut chain = Chain::new(ChainConfig::new(NodeId(0), NodeSet::single(NodeId(0))));
+        assert_eq!(chain.offer(), Some(RegionSummary::EMPTY), "a fresh region is whole");
+        write_word(&mut chain, REDO_FROM_OFFSET, REDOING);
+        assert_eq!(chain.offer(), None, "a region whose redo was cut short is copied whole");
+        write_word(&mut chain, HEAD_OFFSET, 512);
+        write_word(&mut chain, LAST_EXECUTED_OFFSET, 416);
+        assert_eq!(chain.last_executed(), 0, "the redo started at lsn 0");
+        write_word(&mut chain, REDO_FROM_OFFSET, 0);
+        assert_eq!(chain.last_executed(), 416, "a completed recovery clears the word");
+    }
+
+    /// Sweep seed 13083: a head cut off in its old view kept coordinating and answered a CAS
+    /// that wrote nothing from its stale region. It plans nothing without a lease.
+    #[test]
+    fn a_coordinator_without_a_lease_answers_no_cas_from_its_state() {
+        let me = NodeId(0);
+        let mut chain = Chain::new(ChainConfig::new(me, NodeSet::single(me)));
+        let mut out = Outbox::default();
+        chain.on_tick(Time::from_millis(1), &mut out);
+        while !chain.is_coordinating() {
+            let now = chain.now + Time::from_millis(1);
+            chain.on_tick(now, &mut out);
+        }
+        let expired = chain.now;
+        chain.on_lease(expired, Some(expired), &mut out);
+        let cas = chorus_core::RmwOp::CompareAndSwap { expected: Some(Bytes::from_static(b"x")), new: None };
+        let command = Command::Rmw { key: Bytes::from_static(b"k"), op: cas };
+        let mut out = Outbox::default();
+        chain.on_client(expired, ClientRequestId(7), command, &mut out);
+        chain.on_tick(expired + Time::from_millis(1), &mut out);
+        assert!(out.replies.is_empty(), "answered without a lease: {:?}", out.replies);
+        let later = expired + Time::from_millis(2);
+        chain.on_lease(later, Some(later + Time::from_millis(100)), &mut out);
+        chain.on_tick(later, &mut out);
+        assert_eq!(out.replies.len(), 1, "answered once the lease is back");
+    }
+}
