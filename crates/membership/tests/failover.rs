@@ -448,7 +448,12 @@ fn an_empty_joiner_votes_for_nobody_until_its_join_is_applied_even_after_hearing
     heartbeat.to = joiner as u64 + 1;
     heartbeat.term = term;
     let mut out = MembershipOutbox::default();
-    cluster.nodes[joiner].on_message(cluster.now, NodeId(leader as u8), MembershipMessage::Raft(heartbeat), &mut out);
+    cluster.nodes[joiner].on_message(
+        cluster.now,
+        NodeId(leader as u8),
+        MembershipMessage::Raft(heartbeat),
+        &mut out,
+    );
     cluster.perform(joiner, out);
     cluster.crashed[leader] = true;
     heal(&mut cluster);
