@@ -199,7 +199,8 @@ pub struct Membership {
     restarting_until: Option<Time>,
     /// What replaying the restored log produced before the first call: handed out then.
     restored_out: MembershipOutbox,
-    /// Started without Raft state to join: no vote until a leader is heard (`withholds_vote`).
+    /// Started without Raft state to join: no vote until its own join is applied
+    /// (`withholds_vote`).
     votes_withheld: bool,
     /// Started without Raft state to join: it knows none of the views its previous
     /// incarnation decided, so it acknowledges no heartbeat until its own join is applied
@@ -481,7 +482,6 @@ impl Membership {
                 }
                 // A malformed or stale message is the sender's problem, not a reason to stop.
                 let _ = self.raft.step(message);
-                self.votes_withheld &= self.raft.raft.leader_id == raft::INVALID_ID;
             }
             MembershipMessage::Heartbeat { seq, epoch } => self.on_heartbeat(now, from, seq, epoch, out),
             MembershipMessage::HeartbeatAck { seq } => self.on_heartbeat_ack(now, from, seq),
@@ -497,7 +497,10 @@ impl Membership {
     /// lacks them, and raft-rs would then overwrite them (the simulator found it, replacing a
     /// node whose log failed its checksum: a view decided on a majority that included the old
     /// log vanished). Nor does it know what the old node voted for. So it answers no vote
-    /// request until it has heard from a leader, which replicates the committed log to it.
+    /// request until its own join entry is applied: that entry follows every entry committed
+    /// before it started, so its log then holds them all. Hearing a leader is not enough: if
+    /// that leader dies before the log reached the joiner, the joiner's vote (an empty log
+    /// grants any candidate) could elect a node that lacks committed entries.
     fn withholds_vote(&self, message: &raft::prelude::Message) -> bool {
         self.votes_withheld
             && matches!(message.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote)
@@ -667,8 +670,10 @@ impl Membership {
             if node == self.config.me && incarnation == joining.incarnation {
                 joining.decided = true;
                 // Our join entry follows every entry committed before we started, so we
-                // have now applied every view our previous incarnation acted in.
+                // have now applied every view our previous incarnation acted in, and our
+                // log holds every entry it may have helped commit: we may vote again.
                 self.acks_withheld = false;
+                self.votes_withheld = false;
                 promised_until = self.promises_to_nodes_outside(live);
             }
         }

@@ -418,3 +418,55 @@ fn a_restarted_node_acts_in_no_view_without_a_node_before_its_previous_promises_
     cluster.restart(2, None);
     assert!(!cluster.nodes[2].is_restarting(), "nothing to wait for: it acts in the view it had");
 }
+
+/// An empty joiner (its `membership.log` lost) that hears a leader must still not vote until
+/// its own join is applied: if the leader dies before the log reached it, its empty log grants
+/// any candidate, which could be a node missing entries the joiner's previous incarnation
+/// helped commit. Here node `cut` is cut off and removed by `leader` and `joiner`; the joiner
+/// is replaced by an empty one, hears the leader once, and the leader crashes. `cut` must not
+/// be elected (its log lacks its own removal): the cluster waits for the leader to come back,
+/// and then the removal stands and the joiner is added.
+#[test]
+fn an_empty_joiner_votes_for_nobody_until_its_join_is_applied_even_after_hearing_a_leader() {
+    use raft::prelude::{Message, MessageType};
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(Time::from_millis(1_000));
+    let leader = cluster.nodes.iter().position(|node| node.is_raft_leader()).expect("a leader");
+    let (joiner, cut) = ((leader + 1) % 3, (leader + 2) % 3);
+    isolate(&mut cluster, cut);
+    cluster.run_for(Time::from_millis(2_000));
+    assert!(!cluster.nodes[leader].decided_view().live.contains(NodeId(cut as u8)), "removed");
+    assert!(cluster.nodes[leader].is_raft_leader());
+    cluster.disks[joiner].clear();
+    cluster.restart(joiner, Some(77));
+    isolate(&mut cluster, joiner);
+    // The joiner hears the leader (a Raft heartbeat that commits nothing), then the leader dies.
+    let (term, _) = cluster.nodes[leader].raft_term_and_vote();
+    let mut heartbeat = Message::default();
+    heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+    heartbeat.from = leader as u64 + 1;
+    heartbeat.to = joiner as u64 + 1;
+    heartbeat.term = term;
+    let mut out = MembershipOutbox::default();
+    cluster.nodes[joiner].on_message(
+        cluster.now,
+        NodeId(leader as u8),
+        MembershipMessage::Raft(heartbeat),
+        &mut out,
+    );
+    cluster.perform(joiner, out);
+    cluster.crashed[leader] = true;
+    heal(&mut cluster);
+    cluster.run_for(Time::from_millis(3_000));
+    assert!(!cluster.nodes[cut].is_raft_leader(), "a node missing committed entries was elected");
+    assert!(cluster.nodes[joiner].is_joining(), "nobody could add the joiner without the leader");
+    // The leader comes back with its log: the removal stands and the joiner is added.
+    cluster.crashed[leader] = false;
+    cluster.restart(leader, None);
+    cluster.run_for(Time::from_millis(3_000));
+    assert!(!cluster.nodes[joiner].is_joining(), "the joiner is added once the leader is back");
+    for node in [leader, joiner] {
+        let live = cluster.nodes[node].decided_view().live;
+        assert!(!live.contains(NodeId(cut as u8)), "node {node}: the removal of node {cut} was lost");
+    }
+}

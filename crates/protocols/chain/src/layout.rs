@@ -8,6 +8,7 @@
 //! 8      log head         (txn: the log sequence number of the oldest unexecuted byte)
 //! 16     last executed    (the lsn of the last record executed; recovery redoes it)
 //! 24     magic + layout   (log bytes, index slots, heap bytes: a region of another shape is refused)
+//! 56     redoing from     (REDOING | lsn while a recovery redoes records from lsn on; else 0)
 //! 64     log              (circular; records never straddle its end)
 //! 64+L   database:  index: `slots` x 16 bytes  (key hash u64 | check u16 << 48 | entry offset)
 //!                   heap:  entries             (key_len u32 | value_len u32 | crc32 u32 | 0 u32 |
@@ -38,6 +39,13 @@ pub const LOCK_OFFSET: u64 = 0;
 pub const HEAD_OFFSET: u64 = 8;
 pub const LAST_EXECUTED_OFFSET: u64 = 16;
 pub const MAGIC_OFFSET: u64 = 24;
+/// Set by a recovery before it redoes anything (`REDOING | lsn` of the first record it
+/// redoes) and cleared by its last operation. Redoing records a member had already executed
+/// overwrites heap entries that later records reused, so until the redo reaches the log head
+/// the database is a mixture no single lsn describes: a recovery cut short by a view change
+/// must be redone from the same record, not from the last executed one (sweep seed 14580).
+pub const REDO_FROM_OFFSET: u64 = 56;
+pub const REDOING: u64 = 1 << 63;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"CHRSCHN2");
 pub const SLOT_BYTES: u64 = 16;
 pub const ENTRY_HEADER_BYTES: u64 = 16;

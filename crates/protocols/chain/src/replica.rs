@@ -47,7 +47,7 @@ use crate::durable::ChainState;
 use crate::layout::{
     encode_record, lookup, parse_record, record_crc, record_start, summary, ChainLayout, Record,
     RegionSummary, HEAD_OFFSET, LAST_EXECUTED_OFFSET, LOCK_OFFSET, MAGIC_OFFSET, RECORD_ENTRY_HEADER_BYTES,
-    RECORD_HEADER_BYTES, RECOVERING,
+    RECORD_HEADER_BYTES, RECOVERING, REDOING, REDO_FROM_OFFSET,
 };
 use crate::member::Member;
 use crate::message::Message;
@@ -536,9 +536,22 @@ impl<M: Member> Chain<M> {
         self.member.as_ref().is_some_and(|member| member.sync_pending())
     }
 
-    /// The lsn of the last record this node's region executed (0 if none).
+    /// The lsn of the oldest record a recovery must redo for this node's region: the last
+    /// record it executed (0 if none), or, if a recovery's redo was cut short here, the record
+    /// that redo started from ([`REDO_FROM_OFFSET`]).
     fn last_executed(&self) -> u64 {
-        self.region().and_then(|region| region.load_u64(LAST_EXECUTED_OFFSET).ok()).unwrap_or(0)
+        let Some(region) = self.region() else { return 0 };
+        let last = region.load_u64(LAST_EXECUTED_OFFSET).unwrap_or(0);
+        match self.redo_cut_short() {
+            Some(from) => from.min(last),
+            None => last,
+        }
+    }
+
+    /// Where the recovery whose redo was cut short in this region had started.
+    fn redo_cut_short(&self) -> Option<u64> {
+        let word = self.region()?.load_u64(REDO_FROM_OFFSET).ok()?;
+        (word & REDOING != 0).then_some(word & !REDOING)
     }
 
     /// The number this node's next forwarded update gets (a restart continues above it).
@@ -1151,6 +1164,12 @@ impl<M: Member> Chain<M> {
             records.push(record);
         }
         let mut operations = vec![Operation::write(LOCK_OFFSET, RECOVERING.to_le_bytes().to_vec()).durable()];
+        // Before anything is redone: until the last operation clears it, a later recovery
+        // redoes from this record too (a member's database is a mixture meanwhile).
+        if let Some(first) = records.first() {
+            let redoing = REDOING | first.lsn;
+            operations.push(Operation::write(REDO_FROM_OFFSET, redoing.to_le_bytes().to_vec()).durable());
+        }
         for record in &records {
             operations.push(Operation::write(record.base, record.bytes.clone()).durable());
         }
@@ -1158,6 +1177,7 @@ impl<M: Member> Chain<M> {
             operations.extend(execute_operations(record));
         }
         operations.push(Operation::write(MAGIC_OFFSET, layout.magic_words()).durable());
+        operations.push(Operation::write(REDO_FROM_OFFSET, 0u64.to_le_bytes().to_vec()).durable());
         // The unlock goes out only once the tail has acknowledged all of this: a replica
         // upstream must not serve the redone state before the tail has it.
         let coordinator = self.coordinator.as_mut().expect("recovering coordinator");
@@ -1193,10 +1213,14 @@ impl<M: Member> Chain<M> {
                         .iter()
                         .any(|node| !chain.contains(&node) && self.joiners_heard.contains(node))
                 });
-                if self
-                    .coordinator
-                    .as_ref()
-                    .is_some_and(|c| matches!(c.phase, Phase::Idle) && !c.queue.is_empty() && !joiner_waits)
+                // Planning reads this node's state (RMWs; one that writes nothing is answered
+                // at once), which is the chain's only while no view without this node can be
+                // installed: a deposed head still in its old view would answer from stale state.
+                let leased = self.leased(now);
+                if leased
+                    && self.coordinator.as_ref().is_some_and(|c| {
+                        matches!(c.phase, Phase::Idle) && !c.queue.is_empty() && !joiner_waits
+                    })
                 {
                     self.start_batch(now, &mut gout, out);
                     if gout.is_empty() {
@@ -1559,7 +1583,8 @@ impl<M: Member> Chain<M> {
     /// Where this joiner's region stands, if it is a whole image of the chain at some point
     /// (so the coordinator may send only what it lacks).
     fn offer(&self) -> Option<RegionSummary> {
-        if !self.region_complete {
+        // A region whose recovery was cut short is a mixture of records: copy it whole.
+        if !self.region_complete || self.redo_cut_short().is_some() {
             return None;
         }
         summary(self.member.as_ref()?.memory(), &self.config.layout).ok()
@@ -2062,5 +2087,58 @@ impl<M: Member> Replica for Chain<M> {
     fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Message>) {
         self.lease = Some(valid_until);
         self.retry_parked_reads(now, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_word(chain: &mut Chain, offset: u64, word: u64) {
+        let region = chain.member.as_mut().expect("a usable region").memory_mut();
+        region.write(offset, &word.to_le_bytes()).expect("within the region");
+    }
+
+    /// Sweep seed 14580: a recovery redoing records 0 and 416 was cut short at the head after
+    /// it had redone part of record 0, over a database that had executed record 416. The
+    /// region's last executed record (416) no longer describes it: the next recovery must redo
+    /// from 0, and the region is no consistent image to offer as a joiner.
+    #[test]
+    fn a_recovery_cut_short_is_redone_from_where_it_started() {
+        let mut chain = Chain::new(ChainConfig::new(NodeId(0), NodeSet::single(NodeId(0))));
+        assert_eq!(chain.offer(), Some(RegionSummary::EMPTY), "a fresh region is whole");
+        write_word(&mut chain, REDO_FROM_OFFSET, REDOING);
+        assert_eq!(chain.offer(), None, "a region whose redo was cut short is copied whole");
+        write_word(&mut chain, HEAD_OFFSET, 512);
+        write_word(&mut chain, LAST_EXECUTED_OFFSET, 416);
+        assert_eq!(chain.last_executed(), 0, "the redo started at lsn 0");
+        write_word(&mut chain, REDO_FROM_OFFSET, 0);
+        assert_eq!(chain.last_executed(), 416, "a completed recovery clears the word");
+    }
+
+    /// Sweep seed 13083: a head cut off in its old view kept coordinating and answered a CAS
+    /// that wrote nothing from its stale region. It plans nothing without a lease.
+    #[test]
+    fn a_coordinator_without_a_lease_answers_no_cas_from_its_state() {
+        let me = NodeId(0);
+        let mut chain = Chain::new(ChainConfig::new(me, NodeSet::single(me)));
+        let mut out = Outbox::default();
+        chain.on_tick(Time::from_millis(1), &mut out);
+        while !chain.is_coordinating() {
+            let now = chain.now + Time::from_millis(1);
+            chain.on_tick(now, &mut out);
+        }
+        let expired = chain.now;
+        chain.on_lease(expired, Some(expired), &mut out);
+        let cas = chorus_core::RmwOp::CompareAndSwap { expected: Some(Bytes::from_static(b"x")), new: None };
+        let command = Command::Rmw { key: Bytes::from_static(b"k"), op: cas };
+        let mut out = Outbox::default();
+        chain.on_client(expired, ClientRequestId(7), command, &mut out);
+        chain.on_tick(expired + Time::from_millis(1), &mut out);
+        assert!(out.replies.is_empty(), "answered without a lease: {:?}", out.replies);
+        let later = expired + Time::from_millis(2);
+        chain.on_lease(later, Some(later + Time::from_millis(100)), &mut out);
+        chain.on_tick(later, &mut out);
+        assert_eq!(out.replies.len(), 1, "answered once the lease is back");
     }
 }
