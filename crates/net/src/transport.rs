@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use chorus_core::codec::{self, decode_batch, decode_frame, encode_frame, Frame, WireMessage};
-use chorus_core::{Destination, NodeId, NodeSet};
+use chorus_core::{Destination, NodeId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
