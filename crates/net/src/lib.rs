@@ -49,6 +49,7 @@ pub mod stats;
 pub mod stream;
 pub mod tls;
 pub mod transport;
+mod turn;
 
 pub use pubsub::PubSubPort;
 pub use stats::{Histogram, NetStats, PeerStats, PeerStatsSnapshot};

@@ -21,15 +21,16 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BytesMut};
 use chorus_core::codec::{self, decode_batch, decode_frame, encode_frame, WireMessage};
-use chorus_core::{Destination, NodeId, NodeSet};
+use chorus_core::{Destination, NodeId};
 use mio::{Interest, Registry, Token};
 use tracing::{debug, info, warn};
 
 use crate::kind;
 use crate::stats::{NetStats, PeerStats};
 use crate::transport::{InboundLink, NetConfig, OutboundLink};
+use crate::turn::TurnEncoder;
 
 /// Tokens from the owner's base: two per peer (data, priority), then the inbound links.
 const INBOUND_TOKEN_OFFSET: usize = 1024;
@@ -117,9 +118,7 @@ pub struct Links<M> {
     link_timeout: Duration,
     keepalive_frame: BytesMut,
     /// This turn's messages, each encoded once.
-    arena: BytesMut,
-    spans: Vec<(NodeSet, usize, usize, bool)>,
-    payload: BytesMut,
+    turn: TurnEncoder,
     priority: fn(&M) -> bool,
     /// Where Pub/Sub frames come in and go out (`NetConfig::pubsub`).
     pubsub: Option<Arc<crate::pubsub::PubSubPort>>,
@@ -148,9 +147,7 @@ impl<M: WireMessage> Links<M> {
             keepalive: config.link_timeout / 4,
             link_timeout: config.link_timeout,
             keepalive_frame,
-            arena: BytesMut::new(),
-            spans: Vec::new(),
-            payload: BytesMut::new(),
+            turn: TurnEncoder::default(),
             priority: |_| false,
             pubsub: config.pubsub.clone(),
         }
@@ -302,14 +299,7 @@ impl<M: WireMessage> Links<M> {
         if messages.is_empty() {
             return;
         }
-        self.arena.clear();
-        self.spans.clear();
-        for (destination, message) in messages.drain(..) {
-            let start = self.arena.len();
-            let priority = (self.priority)(&message);
-            message.encode(&mut self.arena);
-            self.spans.push((destination.nodes(), start, self.arena.len(), priority));
-        }
+        self.turn.encode(messages, self.priority);
         for index in 0..self.peers.len() {
             if self.priority_lane {
                 self.fill_lane(index, 1, |priority| priority);
@@ -320,67 +310,22 @@ impl<M: WireMessage> Links<M> {
         }
     }
 
+    /// Queue on one lane of peer `index` every message of this turn that `takes` accepts.
     fn fill_lane(&mut self, index: usize, lane_index: usize, takes: impl Fn(bool) -> bool) {
-        let node = self.peers[index].node;
-        let mut count = 0u32;
-        self.payload.clear();
-        self.payload.put_u32_le(0);
-        let spans = std::mem::take(&mut self.spans);
-        for &(nodes, start, end, priority) in &spans {
-            if !nodes.contains(node) || !takes(priority) {
-                continue;
-            }
-            let size = end - start;
-            if size + 4 > self.frame_payload_bytes_max {
+        let Peer { node, stats, lanes } = &mut self.peers[index];
+        let queue_bytes_max = self.peer_queue_bytes_max;
+        self.turn.batches(
+            *node,
+            takes,
+            self.frame_payload_bytes_max,
+            |payload, count| {
+                queue_frame(&mut lanes[lane_index], lane_index, stats, payload, count, queue_bytes_max)
+            },
+            |size| {
                 warn!(peer = %node, size, "message larger than the frame limit dropped");
-                self.peers[index].stats.messages_dropped.fetch_add(1, Relaxed);
-                continue;
-            }
-            if count > 0 && self.payload.len() + size > self.frame_payload_bytes_max {
-                self.queue_frame(index, lane_index, count);
-                count = 0;
-                self.payload.clear();
-                self.payload.put_u32_le(0);
-            }
-            self.payload.extend_from_slice(&self.arena[start..end]);
-            count += 1;
-        }
-        if count > 0 {
-            self.queue_frame(index, lane_index, count);
-        }
-        self.spans = spans;
-    }
-
-    /// Frame the batch in `payload` (`count` messages) onto the lane's buffer.
-    fn queue_frame(&mut self, index: usize, lane_index: usize, count: u32) {
-        self.payload[..4].copy_from_slice(&count.to_le_bytes());
-        let frame_kind = if lane_index == 1 { kind::PRIORITY_BATCH } else { kind::BATCH };
-        let peer = &mut self.peers[index];
-        let lane = &mut peer.lanes[lane_index];
-        let bytes = self.payload.len() + codec::FRAME_HEADER_BYTES;
-        // A lane whose first link is not up yet keeps what it is given, as the writer tasks'
-        // queues do during their first dial, and writes it once the link is up: a node's first
-        // messages (raftlog's Hello) are sent before its dialers have connected. The data
-        // lane's credits bound it; the priority lane, which has none, is bounded alike while it
-        // waits. A lane whose link went down drops its frames until it is up again.
-        let lost = lane.stream.is_none() && lane.was_up;
-        let bounded = lane_index == 0 || lane.stream.is_none();
-        let over_credits =
-            bounded && !lane.pending.is_empty() && lane.pending.len() + bytes > self.peer_queue_bytes_max;
-        if lost || over_credits {
-            peer.stats.frames_dropped.fetch_add(1, Relaxed);
-            peer.stats.messages_dropped.fetch_add(u64::from(count), Relaxed);
-            return;
-        }
-        if lane.stream.is_none() {
-            lane.waiting_since.get_or_insert_with(Instant::now);
-        }
-        encode_frame(frame_kind, &self.payload, &mut lane.pending);
-        lane.pending_frames += 1;
-        lane.pending_messages += u64::from(count);
-        peer.stats.queued_bytes.fetch_add(bytes as u64, Relaxed);
-        peer.stats.queued_frames.fetch_add(1, Relaxed);
-        peer.stats.batch_messages.observe(u64::from(count));
+                stats.messages_dropped.fetch_add(1, Relaxed);
+            },
+        );
     }
 
     /// Write what every lane holds, one `write` per lane (the turn's frames coalesced).
@@ -584,6 +529,42 @@ impl<M> Drop for Links<M> {
             }
         }
     }
+}
+
+/// Frame the batch `payload` (`count` messages) onto `lane` (`lane_index` 1: the priority
+/// lane), counted in its peer's `stats`.
+fn queue_frame(
+    lane: &mut Lane,
+    lane_index: usize,
+    stats: &PeerStats,
+    payload: &[u8],
+    count: u32,
+    queue_bytes_max: usize,
+) {
+    let frame_kind = if lane_index == 1 { kind::PRIORITY_BATCH } else { kind::BATCH };
+    let bytes = payload.len() + codec::FRAME_HEADER_BYTES;
+    // A lane whose first link is not up yet keeps what it is given, as the writer tasks'
+    // queues do during their first dial, and writes it once the link is up: a node's first
+    // messages (raftlog's Hello) are sent before its dialers have connected. The data
+    // lane's credits bound it; the priority lane, which has none, is bounded alike while it
+    // waits. A lane whose link went down drops its frames until it is up again.
+    let lost = lane.stream.is_none() && lane.was_up;
+    let bounded = lane_index == 0 || lane.stream.is_none();
+    let over_credits = bounded && !lane.pending.is_empty() && lane.pending.len() + bytes > queue_bytes_max;
+    if lost || over_credits {
+        stats.frames_dropped.fetch_add(1, Relaxed);
+        stats.messages_dropped.fetch_add(u64::from(count), Relaxed);
+        return;
+    }
+    if lane.stream.is_none() {
+        lane.waiting_since.get_or_insert_with(Instant::now);
+    }
+    encode_frame(frame_kind, payload, &mut lane.pending);
+    lane.pending_frames += 1;
+    lane.pending_messages += u64::from(count);
+    stats.queued_bytes.fetch_add(bytes as u64, Relaxed);
+    stats.queued_frames.fetch_add(1, Relaxed);
+    stats.batch_messages.observe(u64::from(count));
 }
 
 /// Read into the spare capacity of `buf`.

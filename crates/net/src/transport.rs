@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use chorus_core::codec::{self, decode_batch, decode_frame, encode_frame, Frame, WireMessage};
-use chorus_core::{Destination, NodeId, NodeSet};
+use chorus_core::{Destination, NodeId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -25,6 +25,7 @@ use crate::pubsub::PubSubPort;
 use crate::stats::{NetStats, PeerStats};
 use crate::stream::Stream;
 use crate::tls::PeerTls;
+use crate::turn::TurnEncoder;
 
 /// Transport settings. [`NetConfig::new`] fills in the defaults.
 #[derive(Clone, Debug)]
@@ -165,10 +166,7 @@ pub struct Transport<M> {
     frame_payload_bytes_max: usize,
     peer_queue_bytes_max: u64,
     /// This turn's messages, each encoded once.
-    arena: BytesMut,
-    /// Destinations, byte range in `arena`, and whether the message is priority.
-    spans: Vec<(NodeSet, usize, usize, bool)>,
-    payload: std::cell::RefCell<BytesMut>,
+    turn: TurnEncoder,
     priority: fn(&M) -> bool,
     _message: PhantomData<fn(M)>,
 }
@@ -225,9 +223,7 @@ where
         stats: stats.clone(),
         frame_payload_bytes_max: config.frame_payload_bytes_max,
         peer_queue_bytes_max: config.peer_queue_bytes_max as u64,
-        arena: BytesMut::new(),
-        spans: Vec::new(),
-        payload: std::cell::RefCell::new(BytesMut::new()),
+        turn: TurnEncoder::default(),
         priority: |_| false,
         _message: PhantomData,
     };
@@ -381,9 +377,7 @@ impl<M: WireMessage> Transport<M> {
             stats: self.stats.clone(),
             frame_payload_bytes_max: self.frame_payload_bytes_max,
             peer_queue_bytes_max: self.peer_queue_bytes_max,
-            arena: BytesMut::new(),
-            spans: Vec::new(),
-            payload: std::cell::RefCell::new(BytesMut::new()),
+            turn: TurnEncoder::default(),
             priority: self.priority,
             _message: PhantomData,
         }
@@ -402,56 +396,41 @@ impl<M: WireMessage> Transport<M> {
         if messages.is_empty() {
             return;
         }
-        self.arena.clear();
-        self.spans.clear();
-        for (destination, message) in messages.drain(..) {
-            let start = self.arena.len();
-            let priority = (self.priority)(&message);
-            message.encode(&mut self.arena);
-            self.spans.push((destination.nodes(), start, self.arena.len(), priority));
-        }
+        self.turn.encode(messages, self.priority);
+        let limits = (self.frame_payload_bytes_max, self.peer_queue_bytes_max);
         for link in &self.links {
             // Priority messages first, on their own lane when it is open.
             if let Some(tx) = &link.priority_tx {
                 let lane = Lane { tx, kind: kind::PRIORITY_BATCH, credits: false };
-                self.fill_lane(link, &lane, |priority| priority);
+                fill_lane(&mut self.turn, link, &lane, limits, |priority| priority);
             }
             let shared = link.priority_tx.is_none();
             let lane = Lane { tx: &link.tx, kind: kind::BATCH, credits: true };
-            self.fill_lane(link, &lane, |priority| !priority || shared);
+            fill_lane(&mut self.turn, link, &lane, limits, |priority| !priority || shared);
         }
     }
+}
 
-    /// Queue for `link` every message of this turn that `takes` accepts, in batch frames.
-    fn fill_lane(&self, link: &Link, lane: &Lane, takes: impl Fn(bool) -> bool) {
-        let mut payload = self.payload.borrow_mut();
-        let mut count = 0u32;
-        payload.clear();
-        payload.put_u32_le(0);
-        for &(nodes, start, end, priority) in &self.spans {
-            if !nodes.contains(link.node) || !takes(priority) {
-                continue;
-            }
-            let size = end - start;
-            if size + 4 > self.frame_payload_bytes_max {
-                // Cannot happen when the server's value limit fits the frame limit.
-                warn!(peer = %link.node, size, "message larger than the frame limit dropped");
-                link.stats.messages_dropped.fetch_add(1, Relaxed);
-                continue;
-            }
-            if count > 0 && payload.len() + size > self.frame_payload_bytes_max {
-                enqueue(link, lane, &mut payload, count, self.peer_queue_bytes_max);
-                count = 0;
-                payload.clear();
-                payload.put_u32_le(0);
-            }
-            payload.extend_from_slice(&self.arena[start..end]);
-            count += 1;
-        }
-        if count > 0 {
-            enqueue(link, lane, &mut payload, count, self.peer_queue_bytes_max);
-        }
-    }
+/// Queue for `link` every message of this turn that `takes` accepts, in batch frames;
+/// `limits` are the frame payload and the peer queue bounds in bytes.
+fn fill_lane(
+    turn: &mut TurnEncoder,
+    link: &Link,
+    lane: &Lane,
+    (payload_bytes_max, queue_bytes_max): (usize, u64),
+    takes: impl Fn(bool) -> bool,
+) {
+    turn.batches(
+        link.node,
+        takes,
+        payload_bytes_max,
+        |payload, count| enqueue(link, lane, payload, count, queue_bytes_max),
+        |size| {
+            // Cannot happen when the server's value limit fits the frame limit.
+            warn!(peer = %link.node, size, "message larger than the frame limit dropped");
+            link.stats.messages_dropped.fetch_add(1, Relaxed);
+        },
+    );
 }
 
 /// Where a batch frame goes: the data connection (credits apply) or the priority lane
@@ -462,10 +441,8 @@ struct Lane<'a> {
     credits: bool,
 }
 
-/// Frame `payload` (a batch whose count placeholder is patched here) and queue it on `lane`
-/// if it has credits.
-fn enqueue(link: &Link, lane: &Lane, payload: &mut BytesMut, count: u32, queue_bytes_max: u64) {
-    payload[..4].copy_from_slice(&count.to_le_bytes());
+/// Frame `payload` (a batch of `count` messages) and queue it on `lane` if it has credits.
+fn enqueue(link: &Link, lane: &Lane, payload: &[u8], count: u32, queue_bytes_max: u64) {
     let mut frame = BytesMut::with_capacity(payload.len() + codec::FRAME_HEADER_BYTES);
     encode_frame(lane.kind, payload, &mut frame);
     let bytes = frame.len() as u64;
