@@ -40,7 +40,7 @@ use chorus_bench::workload::{KvSpec, OpGen};
 use chorus_core::Time;
 use chorus_sim::model::{predict, CostTable, ModelConfig, Network, Workload};
 use indicatif::ProgressBar;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const KEYS: u64 = 10_000;
 /// The replicas of every calibration and comparison cluster.
@@ -83,10 +83,15 @@ pub struct CompareArgs {
     /// The comparison as JSON.
     #[arg(long, default_value = "bench-results/model-compare.json")]
     json: PathBuf,
+    /// Run no cluster: model again the real rows of a comparison this command wrote (its
+    /// JSON), with the cost table of `--costs` (the model is deterministic, the real runs are
+    /// not: this reproduces a saved table without a quiet machine).
+    #[arg(long)]
+    against: Option<PathBuf>,
 }
 
 /// What the real cluster did over one measured run.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct RunCounters {
     ops: u64,
     ops_per_s: f64,
@@ -97,6 +102,10 @@ struct RunCounters {
     server_cpu_raw_us_per_op: f64,
     /// This process's CPU (the load generator), per operation.
     client_cpu_us_per_op: f64,
+    /// Times one of this process's threads went to sleep (voluntary context switches), per
+    /// operation: the load generator's wakes.
+    #[serde(default)]
+    client_wakes_per_op: f64,
     /// Peer frames the nodes sent, and peer messages they received, per operation.
     frames_per_op: f64,
     messages_per_op: f64,
@@ -241,7 +250,7 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         tick_ns: tick_ns.round() as u64,
         key_op_ns,
         sync_ns,
-        client_op_ns: (get.client_cpu_us_per_op * 1e3).round() as u64,
+        client_op_ns: client_op_ns(&get, wake_ns)?,
         wake_ns: wake_ns.round() as u64,
         timer_wake_ns: timer_wake_ns.round() as u64,
         wakeup_ns,
@@ -271,6 +280,23 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The load generator's CPU per operation beyond its threads' wakes (the model charges those
+/// as `wake_ns` whenever a request finds none of its threads running): at one client every
+/// operation sleeps, under load the generator's threads go from one ready connection to the
+/// next without sleeping, as the nodes do.
+fn client_op_ns(get: &RunCounters, wake_ns: f64) -> anyhow::Result<u64> {
+    let per_op_ns = get.client_cpu_us_per_op * 1e3 - get.client_wakes_per_op * wake_ns;
+    if per_op_ns <= 0.0 {
+        bail!(
+            "the load generator's CPU per GET ({:.1} us) is less than its {:.2} wakes per GET x {:.1} us: the machine is too busy to calibrate",
+            get.client_cpu_us_per_op,
+            get.client_wakes_per_op,
+            wake_ns / 1e3
+        );
+    }
+    Ok(per_op_ns.round() as u64)
+}
+
 fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -281,7 +307,7 @@ fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
 
 /// One row of the comparison: the median of the real rounds next to the model, given the
 /// whole host and given the CPU share the real run had.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct CompareRow {
     protocol: String,
     clients: usize,
@@ -293,6 +319,11 @@ struct CompareRow {
     real_cpu_us_per_op: f64,
     /// CPU the nodes and the load generator used, in cores.
     real_cores_used: f64,
+    /// The load generator's CPU and wakes per operation.
+    #[serde(default)]
+    real_client_cpu_us_per_op: f64,
+    #[serde(default)]
+    real_client_wakes_per_op: f64,
     /// Cores other processes used meanwhile, and the share of CPU the run got.
     real_others_cores: f64,
     real_cpu_share: f64,
@@ -302,11 +333,16 @@ struct CompareRow {
     model_at_share: ModelColumns,
 }
 
-#[derive(Serialize)]
+#[derive(Default, Serialize, Deserialize)]
 struct ModelColumns {
     ops_per_s: f64,
     p50_us: f64,
     cpu_us_per_op: f64,
+    /// The load generator's CPU and wakes per operation.
+    #[serde(default)]
+    client_cpu_us_per_op: f64,
+    #[serde(default)]
+    client_wakes_per_op: f64,
     /// (model - real) / real.
     throughput_error: f64,
     p50_error: f64,
@@ -314,16 +350,20 @@ struct ModelColumns {
 }
 
 impl ModelColumns {
-    fn of(model: &chorus_sim::model::ModelReport, real: &RunCounters, cpu_share: f64) -> ModelColumns {
+    /// `real`: the real run's throughput, p50 and nodes' CPU per operation.
+    fn of(model: &chorus_sim::model::ModelReport, real: (f64, f64, f64), cpu_share: f64) -> ModelColumns {
+        let (real_ops_per_s, real_p50_us, real_cpu_us_per_op) = real;
         // CPU per operation in the table's own units: a stretched cost is not more work.
         let cpu_us_per_op = model.nodes_cpu_us_per_op * cpu_share;
         ModelColumns {
             ops_per_s: model.throughput_ops_per_s,
             p50_us: model.latency.p50_us,
             cpu_us_per_op,
-            throughput_error: model.throughput_ops_per_s / real.ops_per_s - 1.0,
-            p50_error: model.latency.p50_us / real.p50_us - 1.0,
-            cpu_error: cpu_us_per_op / real.server_cpu_raw_us_per_op - 1.0,
+            client_cpu_us_per_op: model.client_cpu_us_per_op * cpu_share,
+            client_wakes_per_op: model.client_wakes_per_op,
+            throughput_error: model.throughput_ops_per_s / real_ops_per_s - 1.0,
+            p50_error: model.latency.p50_us / real_p50_us - 1.0,
+            cpu_error: cpu_us_per_op / real_cpu_us_per_op - 1.0,
         }
     }
 
@@ -332,7 +372,7 @@ impl ModelColumns {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct Comparison {
     machine: chorus_bench::compare::Machine,
     /// The load average when the comparison started (1, 5, 15 minutes).
@@ -358,6 +398,9 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
             bail!("unknown protocol '{protocol}'");
         }
     }
+    if let Some(saved) = args.against.clone() {
+        return compare_against(&saved, args, costs);
+    }
     let exe = std::env::current_exe()?;
     let runtime = chorus_bench::cli::runtime(None)?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -382,12 +425,7 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let real_rounds_ops_per_s = rounds.iter().map(|run| run.ops_per_s).collect();
             let real = median_run(rounds);
-            let predict = |costs: &CostTable| {
-                predict_loopback(protocol, clients, args.write_percent, host_cores, costs)
-            };
-            let model = predict(&costs)?;
-            let at_share = predict(&costs.at_cpu_share(real.cpu_share))?;
-            let row = CompareRow {
+            let mut row = CompareRow {
                 protocol: protocol.clone(),
                 clients,
                 real_ops_per_s: real.ops_per_s,
@@ -395,16 +433,96 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
                 real_rounds_ops_per_s,
                 real_cpu_us_per_op: real.server_cpu_raw_us_per_op,
                 real_cores_used: real.cores_used,
+                real_client_cpu_us_per_op: real.client_cpu_us_per_op,
+                real_client_wakes_per_op: real.client_wakes_per_op,
                 real_others_cores: real.others_cores,
                 real_cpu_share: real.cpu_share,
-                model: ModelColumns::of(&model, &real, 1.0),
-                model_at_share: ModelColumns::of(&at_share, &real, real.cpu_share),
+                model: ModelColumns::default(),
+                model_at_share: ModelColumns::default(),
             };
+            model_row(&mut row, args.write_percent, host_cores, &costs)?;
             print_row(&row, rows.is_empty());
             rows.push(row);
         }
         drop(procs);
     }
+    let saved = Saved { machine: chorus_bench::compare::machine(), host_cores, load_average };
+    summarise(rows, args, costs, saved)
+}
+
+/// Model `row`'s run (on the whole host and at the real run's CPU share) with `costs`.
+fn model_row(
+    row: &mut CompareRow,
+    write_percent: u32,
+    host_cores: u32,
+    costs: &CostTable,
+) -> anyhow::Result<()> {
+    let predict =
+        |costs: &CostTable| predict_loopback(&row.protocol, row.clients, write_percent, host_cores, costs);
+    let model = predict(costs)?;
+    let at_share = predict(&costs.at_cpu_share(row.real_cpu_share))?;
+    let real = (row.real_ops_per_s, row.real_p50_us, row.real_cpu_us_per_op);
+    row.model = ModelColumns::of(&model, real, 1.0);
+    row.model_at_share = ModelColumns::of(&at_share, real, row.real_cpu_share);
+    Ok(())
+}
+
+/// `compare --against`: the real rows of a saved comparison, modelled again with `costs`.
+fn compare_against(saved: &Path, args: CompareArgs, costs: CostTable) -> anyhow::Result<i32> {
+    let text = std::fs::read_to_string(saved).with_context(|| format!("cannot read {}", saved.display()))?;
+    let comparison: Comparison = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a comparison `chorus model compare` wrote", saved.display()))?;
+    println!("costs: {}", costs.source);
+    println!(
+        "real runs: {} ({} cores, load average {} when they ran; no cluster started now)",
+        saved.display(),
+        comparison.host_cores,
+        comparison.load_average
+    );
+    let mut rows = Vec::new();
+    for mut row in comparison.rows {
+        let wanted = args.protocols.contains(&row.protocol) && args.clients.contains(&row.clients);
+        if !wanted {
+            continue;
+        }
+        if row.real_client_cpu_us_per_op == 0.0 {
+            // A comparison written before the load generator's CPU was saved: what the run
+            // used beyond the nodes' CPU.
+            row.real_client_cpu_us_per_op =
+                (row.real_cores_used * 1e6 / row.real_ops_per_s - row.real_cpu_us_per_op).max(0.0);
+        }
+        model_row(&mut row, comparison.write_percent, comparison.host_cores, &costs)?;
+        print_row(&row, rows.is_empty());
+        rows.push(row);
+    }
+    let args = CompareArgs {
+        write_percent: comparison.write_percent,
+        rounds: comparison.rounds,
+        seconds: comparison.seconds,
+        ..args
+    };
+    let saved = Saved {
+        machine: comparison.machine,
+        host_cores: comparison.host_cores,
+        load_average: comparison.load_average,
+    };
+    summarise(rows, args, costs, saved)
+}
+
+/// Where the real runs ran.
+struct Saved {
+    machine: chorus_bench::compare::Machine,
+    host_cores: u32,
+    load_average: String,
+}
+
+fn summarise(
+    rows: Vec<CompareRow>,
+    args: CompareArgs,
+    costs: CostTable,
+    saved: Saved,
+) -> anyhow::Result<i32> {
+    let Saved { machine, host_cores, load_average } = saved;
     let count = |within: &dyn Fn(&CompareRow) -> bool| rows.iter().filter(|row| within(row)).count();
     let whole = count(&|row| row.model.within(0.2));
     let shared = count(&|row| row.model_at_share.within(0.2));
@@ -417,7 +535,7 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
         "(`used`: cores the run used; `other`: cores other processes used meanwhile (/proc/stat); `share`: run / (run + runqueue wait x other / {host_cores}) of the run's threads (schedstat); the model at the share divides every CPU cost by it)"
     );
     let comparison = Comparison {
-        machine: chorus_bench::compare::machine(),
+        machine,
         load_average,
         costs,
         write_percent: args.write_percent,
@@ -434,7 +552,7 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
 fn print_row(row: &CompareRow, header: bool) {
     if header {
         println!(
-            "{:>8} {:>7} | {:>9} {:>9} {:>6} {:>12} | {:>8} {:>8} {:>6} {:>12} | {:>7} {:>7} {:>6} | {:>5} {:>5} {:>5}",
+            "{:>8} {:>7} | {:>9} {:>9} {:>6} {:>12} | {:>8} {:>8} {:>6} {:>12} | {:>7} {:>7} {:>6} | {:>7} {:>7} | {:>5} {:>5} {:>5}",
             "protocol",
             "clients",
             "real op/s",
@@ -448,6 +566,8 @@ fn print_row(row: &CompareRow, header: bool) {
             "real cpu",
             "model",
             "err",
+            "gen cpu",
+            "model",
             "used",
             "other",
             "share",
@@ -456,7 +576,7 @@ fn print_row(row: &CompareRow, header: bool) {
     let percent = |error: f64| format!("{:+.0}%", error * 100.0);
     let share = &row.model_at_share;
     println!(
-        "{:>8} {:>7} | {:>9.0} {:>9.0} {:>6} {:>12} | {:>8.1} {:>8.1} {:>6} {:>12} | {:>7.1} {:>7.1} {:>6} | {:>5.2} {:>5.2} {:>5.2}",
+        "{:>8} {:>7} | {:>9.0} {:>9.0} {:>6} {:>12} | {:>8.1} {:>8.1} {:>6} {:>12} | {:>7.1} {:>7.1} {:>6} | {:>7.1} {:>7.1} | {:>5.2} {:>5.2} {:>5.2}",
         row.protocol,
         row.clients,
         row.real_ops_per_s,
@@ -470,6 +590,8 @@ fn print_row(row: &CompareRow, header: bool) {
         row.real_cpu_us_per_op,
         row.model.cpu_us_per_op,
         percent(row.model.cpu_error),
+        row.real_client_cpu_us_per_op,
+        row.model.client_cpu_us_per_op,
         row.real_cores_used,
         row.real_others_cores,
         row.real_cpu_share,
@@ -562,6 +684,8 @@ struct Snapshot {
     frames: u64,
     messages: u64,
     wakes: u64,
+    /// This process's (the load generator's) voluntary sleeps.
+    self_wakes: u64,
 }
 
 fn snapshot(procs: &Procs, targets: &[SocketAddr]) -> anyhow::Result<Snapshot> {
@@ -574,6 +698,7 @@ fn snapshot(procs: &Procs, targets: &[SocketAddr]) -> anyhow::Result<Snapshot> {
         messages += peer_counter(&info, "messages_received");
     }
     let wakes = procs.pids().iter().map(|pid| voluntary_switches(*pid)).sum();
+    let self_wakes = voluntary_switches(std::process::id());
     let mut pids = procs.pids();
     pids.push(std::process::id());
     let (sched_run_ns, sched_wait_ns) =
@@ -588,6 +713,7 @@ fn snapshot(procs: &Procs, targets: &[SocketAddr]) -> anyhow::Result<Snapshot> {
         frames,
         messages,
         wakes,
+        self_wakes,
     })
 }
 
@@ -732,6 +858,7 @@ fn measure(
         server_cpu_us_per_op: per_op(cpu_us, idle.cpu_us_per_s),
         server_cpu_raw_us_per_op: cpu_us as f64 / ops,
         client_cpu_us_per_op: (after.self_cpu_us - before.self_cpu_us) as f64 / ops,
+        client_wakes_per_op: (after.self_wakes - before.self_wakes) as f64 / ops,
         frames_per_op: per_op(after.frames - before.frames, idle.frames_per_s),
         messages_per_op: per_op(after.messages - before.messages, idle.messages_per_s),
         wakes_per_op: per_op(after.wakes - before.wakes, idle.wakes_per_s),
@@ -904,6 +1031,14 @@ fn median_sync_ns(dir: &Path, syncs: usize) -> anyhow::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_load_generators_wakes_are_taken_out_of_its_cost_per_operation() {
+        let get = RunCounters { client_cpu_us_per_op: 35.0, client_wakes_per_op: 0.9, ..Default::default() };
+        assert_eq!(client_op_ns(&get, 30_000.0).expect("a cost"), 8_000);
+        let busy = RunCounters { client_cpu_us_per_op: 20.0, client_wakes_per_op: 1.0, ..Default::default() };
+        assert!(client_op_ns(&busy, 30_000.0).is_err(), "a generator cheaper than its wakes");
+    }
 
     #[test]
     fn peer_counters_are_summed_over_the_peer_lines() {

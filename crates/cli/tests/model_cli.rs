@@ -87,6 +87,52 @@ fn model_reads_a_calibrated_table() {
     assert!(reports[0]["nodes_cpu_us_per_op"].as_f64().expect("a number") > 0.0);
 }
 
+/// `compare --against` starts no cluster: it models the saved real rows again with the given
+/// table, keeps the real figures and the machine they ran on, and writes the errors against them.
+#[test]
+fn model_compare_against_a_saved_comparison_models_its_rows_again() {
+    let (dir, costs) = scratch_with_costs("against");
+    let saved = dir.join("saved.json");
+    let comparison = r#"{"machine": {"nproc": 2, "cpu_model": "saved CPU", "kernel": "k"},
+        "load_average": "0.5 0.5 0.5", "costs": {"source": "old", "client_request_ns": 1, "message_received_ns": 1,
+        "message_sent_ns": 1, "reply_sent_ns": 1, "byte_ps": 1, "handle_ns": 1, "tick_ns": 1, "key_op_ns": 1, "sync_ns": 1,
+        "client_op_ns": 1, "wake_ns": 1, "timer_wake_ns": 1, "wakeup_ns": 1},
+        "write_percent": 20, "rounds": 3, "seconds": 3.0, "host_cores": 2, "rows": [
+        {"protocol": "hermes", "clients": 1, "real_ops_per_s": 8000.0, "real_p50_us": 100.0,
+         "real_rounds_ops_per_s": [8000.0], "real_cpu_us_per_op": 90.0, "real_cores_used": 1.0,
+         "real_others_cores": 0.0, "real_cpu_share": 1.0,
+         "model": {"ops_per_s": 0.0, "p50_us": 0.0, "cpu_us_per_op": 0.0, "throughput_error": 0.0, "p50_error": 0.0, "cpu_error": 0.0},
+         "model_at_share": {"ops_per_s": 0.0, "p50_us": 0.0, "cpu_us_per_op": 0.0, "throughput_error": 0.0, "p50_error": 0.0, "cpu_error": 0.0}}]}"#;
+    std::fs::write(&saved, comparison).expect("written");
+    let out = dir.join("again.json");
+    let output = chorus(&[
+        "model",
+        "compare",
+        "--costs",
+        costs.to_str().expect("utf-8"),
+        "--against",
+        saved.to_str().expect("utf-8"),
+        "--json",
+        out.to_str().expect("utf-8"),
+    ]);
+    let again: Result<serde_json::Value, _> = std::fs::read(&out)
+        .map_err(|error| error.to_string())
+        .and_then(|text| serde_json::from_slice(&text).map_err(|error| error.to_string()));
+    std::fs::remove_dir_all(&dir).expect("removed");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let again = again.expect("the comparison written");
+    assert_eq!(again["machine"]["cpu_model"], "saved CPU");
+    assert_eq!(again["costs"]["source"], "calibrated here");
+    let row = &again["rows"][0];
+    assert_eq!(row["real_ops_per_s"], 8000.0);
+    let modelled = row["model"]["ops_per_s"].as_f64().expect("a number");
+    assert!(modelled > 0.0, "{row}");
+    let error = row["model"]["throughput_error"].as_f64().expect("a number");
+    assert!((error - (modelled / 8000.0 - 1.0)).abs() < 1e-9, "{row}");
+    // The generator's CPU, not saved by that run, is what the run used beyond the nodes'.
+    assert!((row["real_client_cpu_us_per_op"].as_f64().expect("a number") - 35.0).abs() < 1e-6, "{row}");
+}
+
 /// A scratch directory with a calibrated-looking cost table in it.
 fn scratch_with_costs(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("chorus-model-cli-{name}-{}", std::process::id()));

@@ -198,6 +198,29 @@ fn a_shared_host_divides_its_cores_among_nodes_and_clients() {
     assert_close(reads(1, 10_000), 50_000.0, 0.03, "1 shared core with the client's cost");
 }
 
+/// The load generator on a shared host is a runtime of one thread per core, and a thread
+/// that finds nothing to do sleeps: a request that finds none of them running pays `wake_ns`
+/// before its `client_op_ns`. One client wakes it for every operation (the generator's wake,
+/// its cost, a hop, the node's wake, a hop); 64 clients keep its threads busy, so they go from
+/// one reply to the next without sleeping and the generator's CPU per operation falls towards
+/// `client_op_ns`.
+#[test]
+fn the_load_generator_wakes_when_idle_and_not_under_load() {
+    let mut config = config("hermes", 3, 1, latency_only(1_000), 1, 0);
+    config.host_cores = Some(2);
+    config.costs.client_request_ns = 5_000;
+    config.costs.client_op_ns = 2_000;
+    config.costs.wake_ns = 20_000;
+    let one = run(&config);
+    assert_eq!(one.latency.p50_us, 20.0 + 2.0 + 1.0 + 20.0 + 5.0 + 1.0, "{one:?}");
+    assert_close(one.client_wakes_per_op, 1.0, 0.01, "the generator's wakes per operation, one client");
+    assert_close(one.client_cpu_us_per_op, 22.0, 0.01, "the generator's CPU per operation, one client");
+    config.clients = 64;
+    let busy = run(&config);
+    assert!(busy.client_wakes_per_op < 0.1, "{busy:?}");
+    assert!(busy.client_cpu_us_per_op < 4.0, "{busy:?}");
+}
+
 /// A node with nothing to do sleeps, and the work that reaches it pays `wake_ns` first: one
 /// client's reads each wake their node, while 64 clients keep the node busy and pay almost
 /// none.

@@ -242,8 +242,9 @@ pub(super) struct Measured {
     pub protocol_busy_ns: Vec<u64>,
     pub egress_busy_ns: Vec<u64>,
     pub ingress_busy_ns: Vec<u64>,
-    /// The load generator's CPU on a shared host.
+    /// The load generator's CPU on a shared host, and its threads' wakes.
     pub client_busy_ns: u64,
+    pub client_wakes: u64,
     /// Every replica's CPU within the window.
     pub window_nodes_busy_ns: u64,
     pub events: u64,
@@ -256,6 +257,7 @@ struct Counters {
     egress_busy_ns: Vec<u64>,
     ingress_busy_ns: Vec<u64>,
     client_busy_ns: u64,
+    client_wakes: u64,
 }
 
 /// Which messages the receiving NIC handles without the CPU (HyperLoop's offloaded hops).
@@ -282,7 +284,11 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     group_ranges: Vec<(u16, u16)>,
     /// Requests waiting for the load generator's CPU (shared host only).
     outgoing: VecDeque<Outgoing>,
+    /// The load generator's threads not running (asleep): one runtime worker per host core,
+    /// as `chorus bench`'s. A request that finds no generator thread running wakes one.
+    client_threads_free: u32,
     client_busy_ns: u64,
+    client_wakes: u64,
     costs: CostTable,
     network: Network,
     nic_handled: Option<NicHandled<P::Message>>,
@@ -356,6 +362,7 @@ where
             });
         }
         let group_ranges = even_ranges(layout.groups as u16);
+        let client_threads_free = if layout.shared_host { layout.machines[0].cores } else { 0 };
         Engine {
             replicas,
             instances,
@@ -363,7 +370,9 @@ where
             layout,
             group_ranges,
             outgoing: VecDeque::new(),
+            client_threads_free,
             client_busy_ns: 0,
+            client_wakes: 0,
             costs,
             network,
             nic_handled,
@@ -433,6 +442,7 @@ where
             egress_busy_ns: pick(minus(&end.egress_busy_ns, &start.egress_busy_ns)),
             ingress_busy_ns: pick(minus(&end.ingress_busy_ns, &start.ingress_busy_ns)),
             client_busy_ns: end.client_busy_ns - start.client_busy_ns,
+            client_wakes: end.client_wakes - start.client_wakes,
             events,
         }
     }
@@ -444,6 +454,7 @@ where
             egress_busy_ns: self.machines.iter().map(|machine| machine.egress_busy_ns).collect(),
             ingress_busy_ns: self.machines.iter().map(|machine| machine.ingress_busy_ns).collect(),
             client_busy_ns: self.client_busy_ns,
+            client_wakes: self.client_wakes,
         }
     }
 
@@ -453,6 +464,12 @@ where
             Event::ClientSent(outgoing) => {
                 self.machines[0].cores_free += 1;
                 self.deliver_request(outgoing);
+                // The thread carries on with the next request waiting, awake; with none it
+                // sleeps (epoll_wait), and the next request that finds no thread running
+                // pays a wake.
+                if !self.client_send_next(false) {
+                    self.client_threads_free += 1;
+                }
                 self.dispatch_machine(0);
             }
             Event::Arrive { instance, work: Work::Messages { from, messages, nic: true }, .. } => {
@@ -627,13 +644,30 @@ where
         }
     }
 
+    /// A sleeping thread of the load generator wakes for a waiting request, if a core is free.
     fn start_client_send(&mut self) -> bool {
-        if !self.layout.shared_host || self.machines[0].cores_free == 0 {
+        if !self.layout.shared_host || self.client_threads_free == 0 || self.outgoing.is_empty() {
+            return false;
+        }
+        if !self.client_send_next(true) {
+            return false;
+        }
+        self.client_threads_free -= 1;
+        true
+    }
+
+    /// A thread of the load generator takes the next waiting request, if a core is free: its
+    /// `client_op_ns` (reading the reply, recording it, encoding and writing the request),
+    /// and `wake_ns` first if the thread was asleep.
+    fn client_send_next(&mut self, waking: bool) -> bool {
+        if self.machines[0].cores_free == 0 {
             return false;
         }
         let Some(outgoing) = self.outgoing.pop_front() else { return false };
         self.machines[0].cores_free -= 1;
-        let cost = self.costs.client_op_ns;
+        let wake = if waking { self.costs.wake_ns } else { 0 };
+        self.client_wakes += waking as u64;
+        let cost = self.costs.client_op_ns + wake;
         self.client_busy_ns += cost;
         self.schedule(self.now + cost, Event::ClientSent(outgoing));
         true

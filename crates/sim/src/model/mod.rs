@@ -163,6 +163,10 @@ pub struct ModelReport {
     pub nic_utilisation_max: f64,
     /// Every node's CPU over the window per operation completed in it, in microseconds.
     pub nodes_cpu_us_per_op: f64,
+    /// On a shared host, the load generator's CPU per operation, in microseconds, and how
+    /// many times per operation one of its threads woke from sleep.
+    pub client_cpu_us_per_op: f64,
+    pub client_wakes_per_op: f64,
     pub events: u64,
 }
 
@@ -345,6 +349,8 @@ where
         protocol_thread_utilisation_max: utilisation(&measured.protocol_busy_ns, &one),
         nic_utilisation_max: nic,
         nodes_cpu_us_per_op: measured.window_nodes_busy_ns as f64 / 1e3 / completed.max(1) as f64,
+        client_cpu_us_per_op: measured.client_busy_ns as f64 / 1e3 / completed.max(1) as f64,
+        client_wakes_per_op: measured.client_wakes as f64 / completed.max(1) as f64,
         events: measured.events,
     }
 }
