@@ -46,6 +46,11 @@ fn chorus_up_chain_runs_its_members_on_group_hosts() {
         "--data-dir",
         dir.to_str().unwrap(),
     ];
+    // To follow a failure: e.g. CHORUS_TEST_LOG_LEVEL=info,chorus_server=debug,chorus_group=debug
+    // and CHORUS_KEEP_SCRATCH=1 keep the nodes' and hosts' logs (node-<i>.log, node-<i>.host.log).
+    let level = std::env::var("CHORUS_TEST_LOG_LEVEL").unwrap_or_else(|_| "info".into());
+    let mut args = args.to_vec();
+    args.extend(["--log-level", &level]);
     let (up, first) = Up::start(port, 3, &args, &[]).unwrap();
     assert!(first.contains("3 chain replicas up"), "{first}");
     let _: () = redis::cmd("SET").arg("k").arg("v0").query(&mut client(port)).unwrap();

@@ -102,6 +102,11 @@ impl HostedMember {
     pub fn host_error(&self) -> Option<String> {
         self.link.last_error()
     }
+
+    /// Call `wake` whenever the host sends this node something (see [`HostLink::wake_with`]).
+    pub fn wake_with(&self, wake: chorus_group::runtime::Wake) {
+        self.link.wake_with(wake);
+    }
 }
 
 impl HostedMember {
@@ -161,6 +166,9 @@ impl Member for HostedMember {
         self.drain(out);
     }
     fn coordinated_by(&mut self, coordinator: NodeId) {
+        if coordinator != self.coordinator {
+            tracing::debug!(%coordinator, "the chain's coordinator changed");
+        }
         self.coordinator = coordinator;
     }
     fn carries_datagrams(&self) -> bool {
@@ -178,6 +186,15 @@ impl Member for HostedMember {
                 *self.hosts.get(usize::from(node.0)).ok_or_else(|| format!("no group host for {node:?}"))?,
             ),
         };
+        tracing::info!(
+            group = config.group.0,
+            epoch = config.epoch,
+            chain = ?config.chain,
+            position,
+            next = ?next,
+            coordinator = %self.coordinator,
+            "configuring this node's member on its group host"
+        );
         self.link.initialize(HostedInit {
             group: config.group,
             epoch: config.epoch,

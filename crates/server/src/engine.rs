@@ -46,6 +46,14 @@ where
     fn keys(&self) -> Vec<Key>;
     /// Protocol counters for INFO and metrics, as (name, value).
     fn counters(&self) -> Vec<(&'static str, u64)>;
+    /// A cheap fingerprint of the core's role beyond its view (the chain's order, group epoch
+    /// and coordinator phase): when it changes, [`Self::describe_role`] is logged.
+    fn role_fingerprint(&self) -> u64 {
+        0
+    }
+    fn describe_role(&self) -> String {
+        String::new()
+    }
     /// Messages that take the transport's priority lane (membership heartbeats and acks,
     /// which keep leases alive and must not queue behind client traffic).
     fn is_priority(_message: &Self::Message) -> bool {
@@ -255,6 +263,12 @@ where
     }
     fn log_holders(&self, log: u32, index: u64) -> NodeSet {
         self.protocol().log_holders(log, index)
+    }
+    fn role_fingerprint(&self) -> u64 {
+        self.protocol().role_fingerprint()
+    }
+    fn describe_role(&self) -> String {
+        self.protocol().describe_role()
     }
     fn leave(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
         WithMembership::leave(self, now, out);
@@ -617,6 +631,27 @@ impl<M: chorus_chain::Member + Send + 'static> ServedReplica for chorus_chain::C
     }
     fn keys_with_values(&self) -> usize {
         self.stored_keys().len()
+    }
+    fn role_fingerprint(&self) -> u64 {
+        let state = match self.coordinator_state() {
+            None => 0u64,
+            Some(state) => 1 + u64::from(state.as_bytes()[0]) + ((state.len() as u64) << 8),
+        };
+        let order = self.chain_order().iter().fold(0u64, |acc, node| (acc << 8) | u64::from(node.0) + 1);
+        let epoch = self.group_epoch().unwrap_or(u64::MAX);
+        epoch.rotate_left(17)
+            ^ order.rotate_left(41)
+            ^ state
+            ^ (u64::from(self.is_awaiting_configuration()) << 63)
+    }
+    fn describe_role(&self) -> String {
+        format!(
+            "chain order {:?}, group epoch {:?}, coordinator {}, awaiting configuration {}",
+            self.chain_order(),
+            self.group_epoch(),
+            self.coordinator_state().unwrap_or("no"),
+            self.is_awaiting_configuration()
+        )
     }
     /// Every replica's region holds the whole database: list it from there.
     fn keys(&self) -> Vec<Key> {
@@ -1148,6 +1183,8 @@ where
     durable_log: Option<chorus_membership::MembershipLog<chorus_storage::FileStorage>>,
     /// The view and serving state last logged: every change is logged once, at INFO.
     logged: Option<(View, bool)>,
+    /// [`ServedReplica::role_fingerprint`] when last logged.
+    logged_role: u64,
     /// The keys' append-only file and snapshots; `None`: keys live in memory only.
     persistence: Option<Persistence>,
     /// Keys the turn touched, logged at its end.
@@ -1313,6 +1350,7 @@ where
             last_tick: Time::ZERO,
             durable_log: disk.membership_log,
             logged: None,
+            logged_role: 0,
             replies_wait: disk.persistence.as_ref().is_some_and(Persistence::replies_wait),
             persistence: disk.persistence,
             touched: Vec::new(),
@@ -1665,6 +1703,11 @@ where
     /// Log every view this node installs (epoch and members) and every change of whether it
     /// serves, so an operator can follow a partition and its healing in the log.
     pub(crate) fn log_view_changes(&mut self) {
+        let role = self.replica.role_fingerprint();
+        if role != self.logged_role {
+            self.logged_role = role;
+            tracing::info!("{}", self.replica.describe_role());
+        }
         let (view, serving) = (self.replica.current_view(), self.replica.operational());
         if self.logged == Some((view, serving)) {
             return;

@@ -1029,6 +1029,7 @@ impl Host {
                     return;
                 }
             };
+            debug!(group = group.0, epoch, position, "link to the next member at {addr} up");
             let (probe, writer) = stream.into_split();
             if let Err(error) = write_loop(writer, rx, Some(probe), host.io_timeout).await {
                 report_link_lost(&failed, group, epoch, position, error).await;

@@ -13,14 +13,14 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use chorus_core::codec::{decode_batch, WireMessage};
 use chorus_region::TenantId;
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, trace, warn};
 
 use super::host::{dial, write_loop};
 use super::wire::{
@@ -63,8 +63,13 @@ pub struct HostLink {
     last_error: Arc<Mutex<Option<String>>>,
     /// The connection was lost and, as asked, not dialled again.
     lost: Arc<std::sync::atomic::AtomicBool>,
+    /// Called whenever the host sent something ([`HostLink::wake_with`]).
+    wake: Arc<OnceLock<Wake>>,
     task: tokio::task::AbortHandle,
 }
+
+/// How a [`HostLink`] tells its event loop that [`HostLink::drain`] has something.
+pub type Wake = Box<dyn Fn() + Send + Sync>;
 
 impl Drop for HostLink {
     fn drop(&mut self) {
@@ -90,13 +95,22 @@ impl HostLink {
         redial_after_loss: bool,
     ) -> HostLink {
         let (requests, rx) = mpsc::unbounded_channel();
-        let (received_tx, received) = std_mpsc::channel();
+        let (received_tx, received_rx) = std_mpsc::channel();
         let last_error = Arc::new(Mutex::new(None));
         let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let hello = Hello { role: Role::Caller, tenant, token };
         let give_up = (!redial_after_loss).then(|| lost.clone());
-        let task = tokio::spawn(run(addr, hello, io_timeout, rx, received_tx, last_error.clone(), give_up));
-        HostLink { requests, received, last_error, lost, task: task.abort_handle() }
+        let wake = Arc::new(OnceLock::new());
+        let received = Received { messages: received_tx, wake: wake.clone() };
+        let task = tokio::spawn(run(addr, hello, io_timeout, rx, received, last_error.clone(), give_up));
+        HostLink { requests, received: received_rx, last_error, lost, wake, task: task.abort_handle() }
+    }
+
+    /// Call `wake` whenever the host sends something, from the connection's task (at most
+    /// once: a later call is ignored). An event loop that polls sockets of its own wakes its
+    /// poll with it, so acknowledgements reach its core at once, not at its next tick.
+    pub fn wake_with(&self, wake: Wake) {
+        let _ = self.wake.set(wake);
     }
 
     /// The connection was lost and not dialled again (see [`HostLink::start_with`]).
@@ -127,6 +141,19 @@ impl HostLink {
     pub fn last_error(&self) -> Option<String> {
         self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
+}
+
+fn log_initialize(id: u64, init: &HostedInit) {
+    debug!(
+        id,
+        group = init.group.0,
+        epoch = init.epoch,
+        start_seq = init.start_seq,
+        position = init.position,
+        chain_len = init.chain_len,
+        next = ?init.next,
+        "Initialize to the group host"
+    );
 }
 
 fn initialize_request(id: u64, init: &HostedInit) -> ControlRequest {
@@ -195,12 +222,27 @@ pub async fn kernel_region(
         .map_err(|reason| format!("group host {addr}: {reason}"))
 }
 
+/// Where the connection's reader puts what the host sent, and whom it wakes.
+#[derive(Clone)]
+struct Received {
+    messages: std_mpsc::Sender<GroupMessage>,
+    wake: Arc<OnceLock<Wake>>,
+}
+
+impl Received {
+    fn wake(&self) {
+        if let Some(wake) = self.wake.get() {
+            wake();
+        }
+    }
+}
+
 async fn run(
     addr: SocketAddr,
     hello: Hello,
     io_timeout: Duration,
     mut requests: mpsc::UnboundedReceiver<Request>,
-    received: std_mpsc::Sender<GroupMessage>,
+    received: Received,
     last_error: Arc<Mutex<Option<String>>>,
     give_up: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) {
@@ -208,10 +250,18 @@ async fn run(
         |error: Option<String>| *last_error.lock().unwrap_or_else(PoisonError::into_inner) = error;
     let mut inits: BTreeMap<GroupId, HostedInit> = BTreeMap::new();
     let mut next_id = 1u64;
+    let mut connections = 0u64;
+    let mut failed_dials = 0u64;
     loop {
         let stream = match dial(addr, &hello, io_timeout).await {
             Ok(stream) => stream,
             Err(reason) => {
+                failed_dials += 1;
+                if failed_dials == 1 {
+                    info!(%addr, "cannot reach the group host ({reason}); dialling again every {REDIAL_AFTER:?}");
+                } else {
+                    debug!(%addr, failed_dials, "cannot reach the group host: {reason}");
+                }
                 set_error(Some(format!("group host {addr}: {reason}")));
                 tokio::time::sleep(REDIAL_AFTER).await;
                 // Keep the latest configuration; operations meanwhile are lost (retransmitted).
@@ -223,14 +273,22 @@ async fn run(
                 continue;
             }
         };
+        connections += 1;
+        failed_dials = 0;
+        if connections == 1 {
+            debug!(%addr, "connected to the group host");
+        } else {
+            info!(%addr, groups = inits.len(), "connected to the group host again; initializing its members again");
+        }
         let (mut reader, writer) = stream.into_split();
         let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
         let writer = tokio::spawn(write_loop(writer, rx, None, io_timeout));
         for init in inits.values() {
+            log_initialize(next_id, init);
             let _ = tx.send(frame_of(FRAME_KIND_CONTROL, &initialize_request(next_id, init))).await;
             next_id += 1;
         }
-        let received = received.clone();
+        let delivered = received.clone();
         let last_error = last_error.clone();
         let mut read = tokio::spawn(async move {
             let mut buf = BytesMut::with_capacity(64 * 1024);
@@ -238,17 +296,24 @@ async fn run(
                 match read_frame(&mut reader, &mut buf, FRAME_BYTES_MAX).await {
                     Ok(Some(frame)) if frame.kind == FRAME_KIND_GROUP => {
                         match decode_batch::<GroupMessage>(frame.payload) {
-                            Ok(messages) => messages.into_iter().for_each(|m| drop(received.send(m))),
+                            Ok(messages) => {
+                                trace!(messages = messages.len(), "from the group host");
+                                messages.into_iter().for_each(|m| drop(delivered.messages.send(m)));
+                                delivered.wake();
+                            }
                             Err(error) => return format!("malformed batch: {error}"),
                         }
                     }
                     Ok(Some(frame)) if frame.kind == FRAME_KIND_REPLY => {
                         match ControlReply::decode_exact(frame.payload) {
-                            Ok(ControlReply::Error { message, .. }) => {
-                                warn!("the group host refused Initialize: {message}");
+                            Ok(ControlReply::Error { id, message }) => {
+                                warn!(id, "the group host refused Initialize: {message}");
                                 *last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(message);
                             }
-                            Ok(_) => *last_error.lock().unwrap_or_else(PoisonError::into_inner) = None,
+                            Ok(reply) => {
+                                debug!(?reply, "the group host answered");
+                                *last_error.lock().unwrap_or_else(PoisonError::into_inner) = None
+                            }
                             Err(error) => return format!("malformed reply: {error}"),
                         }
                     }
@@ -268,6 +333,7 @@ async fn run(
                             return;
                         }
                         Some(Request::Initialize(init)) => {
+                            log_initialize(next_id, &init);
                             let frame = frame_of(FRAME_KIND_CONTROL, &initialize_request(next_id, &init));
                             next_id += 1;
                             inits.insert(init.group, init);
@@ -288,9 +354,10 @@ async fn run(
         if let Some(lost) = &give_up {
             warn!(%addr, "connection to the group host lost ({reason}); not dialling again");
             lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            received.wake();
             return;
         }
-        debug!(%addr, "connection to the group host lost ({reason}); dialling again");
+        info!(%addr, "connection to the group host lost ({reason}); dialling again");
         tokio::time::sleep(REDIAL_AFTER).await;
     }
 }

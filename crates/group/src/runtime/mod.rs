@@ -18,5 +18,5 @@ pub use client::{BlockingGroupClient, GroupClient, GroupSpec, KernelEndpoint, Wi
 pub use host::{
     serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, TenantCredential, TenantQuotas,
 };
-pub use hosted::{kernel_region, HostLink, HostedInit, KernelRegionSlot, MemberDatagrams};
+pub use hosted::{kernel_region, HostLink, HostedInit, KernelRegionSlot, MemberDatagrams, Wake};
 pub use wire::{format_token, parse_token};

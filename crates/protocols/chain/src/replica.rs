@@ -515,6 +515,22 @@ impl<M: Member> Chain<M> {
     pub fn is_coordinating(&self) -> bool {
         self.coordinator.as_ref().is_some_and(|c| c.mirror.is_some())
     }
+    /// What this node does as coordinator, coarsely (batches in flight count as serving):
+    /// `None` when it is not the coordinator. For the runtime's log of state changes.
+    pub fn coordinator_state(&self) -> Option<&'static str> {
+        let coordinator = self.coordinator.as_ref()?;
+        Some(match coordinator.phase {
+            Phase::Configuring => "configuring",
+            Phase::Copying => "copying",
+            Phase::Recovering { .. } => "recovering",
+            Phase::Idle | Phase::Appending { .. } | Phase::Executing { .. } => "serving",
+            Phase::Broken => "broken",
+        })
+    }
+    /// The group epoch this node's member last installed (`None`: no usable region).
+    pub fn group_epoch(&self) -> Option<u64> {
+        self.member.as_ref().map(|member| member.config().epoch)
+    }
     /// The linked members in chain order, as this node last learned them.
     pub fn chain_order(&self) -> &[NodeId] {
         &self.order
