@@ -182,7 +182,24 @@ pub enum Message {
     /// The sender knows the receiver's incarnation under another data directory: the
     /// receiver lost its data and is refused until it is replaced.
     Refused,
+    /// A leader tells one follower how far each of the logs it leads is committed, for all
+    /// those logs in one message (`crate::replica::RaftLog::notice_commits`), instead of
+    /// raft-rs's empty append per log (and its answer) each time a commit index moves.
+    /// `from` is the leader's Raft id, `to` the follower's; each commit is at most the
+    /// follower's match index, so the follower holds exactly the leader's entries that far.
+    Commits { from: u64, to: u64, commits: Vec<LogCommit> },
 }
+
+/// One log's commit index in a [`Message::Commits`], valid in the leader's `term` only.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LogCommit {
+    pub log: u32,
+    pub term: u64,
+    pub commit: u64,
+}
+
+/// A [`LogCommit`]'s encoded size.
+const LOG_COMMIT_BYTES: usize = 4 + 8 + 8;
 
 const TAG_RAFT: u8 = 1;
 const TAG_FORWARD: u8 = 2;
@@ -191,6 +208,7 @@ const TAG_SNAPSHOT_ACK: u8 = 4;
 const TAG_HELLO: u8 = 5;
 const TAG_HELLO_REQUEST: u8 = 6;
 const TAG_REFUSED: u8 = 7;
+const TAG_COMMITS: u8 = 8;
 
 /// Room for what a proposal carries besides its commands (ids, counts, tags).
 const PROPOSAL_OVERHEAD_BYTES: usize = 72;
@@ -475,6 +493,17 @@ impl WireMessage for Message {
             }
             Message::HelloRequest => buf.put_u8(TAG_HELLO_REQUEST),
             Message::Refused => buf.put_u8(TAG_REFUSED),
+            Message::Commits { from, to, commits } => {
+                buf.put_u8(TAG_COMMITS);
+                buf.put_u64_le(*from);
+                buf.put_u64_le(*to);
+                buf.put_u32_le(u32::try_from(commits.len()).expect("commits fit u32"));
+                for LogCommit { log, term, commit } in commits {
+                    buf.put_u32_le(*log);
+                    buf.put_u64_le(*term);
+                    buf.put_u64_le(*commit);
+                }
+            }
         }
     }
 
@@ -514,6 +543,16 @@ impl WireMessage for Message {
             },
             TAG_HELLO_REQUEST => Message::HelloRequest,
             TAG_REFUSED => Message::Refused,
+            TAG_COMMITS => {
+                let (from, to, count) = (reader.u64()?, reader.u64()?, reader.u32()? as usize);
+                if count > reader.remaining() / LOG_COMMIT_BYTES {
+                    return Err(DecodeError::Invalid("commit count exceeds payload"));
+                }
+                let commits = (0..count)
+                    .map(|_| Ok(LogCommit { log: reader.u32()?, term: reader.u64()?, commit: reader.u64()? }))
+                    .collect::<Result<_, DecodeError>>()?;
+                Message::Commits { from, to, commits }
+            }
             tag => return Err(DecodeError::UnknownTag { what: "raftlog message", tag }),
         })
     }
@@ -642,6 +681,19 @@ mod tests {
             }),
             Just(Message::HelloRequest),
             Just(Message::Refused),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                proptest::collection::vec((any::<u32>(), any::<u64>(), any::<u64>()), 0..4)
+            )
+                .prop_map(|(from, to, commits)| Message::Commits {
+                    from,
+                    to,
+                    commits: commits
+                        .into_iter()
+                        .map(|(log, term, commit)| LogCommit { log, term, commit })
+                        .collect(),
+                }),
         ]
     }
 

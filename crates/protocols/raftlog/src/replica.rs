@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::RaftLogConfig;
 use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
-use crate::message::{EntryBatch, Message, Proposal, Step, TxnId};
+use crate::message::{EntryBatch, LogCommit, Message, Proposal, Step, TxnId};
 use crate::message::{SessionId, StepKind};
 use crate::state::{LogState, ProposalResult, SessionRecord, StateImage};
 use crate::storage::LogStorage;
@@ -238,6 +238,10 @@ struct Group {
     /// Something reached this log since its last flush (a message, a command): the next
     /// flush visits it. Logs nothing touched are skipped unless work spans logs.
     dirty: bool,
+    // ---- leader: commit notices (`notice_commits`)
+    /// The commit index last told to each follower (by Raft id) in `noticed_term`.
+    noticed: Vec<(u64, u64)>,
+    noticed_term: u64,
 }
 
 impl Group {
@@ -289,6 +293,9 @@ pub struct RaftLog {
     compaction_due: bool,
     /// The next flush visits every log (a Raft tick, work that spans logs).
     flush_all: bool,
+    /// Commit notices for the logs this replica leads, per follower (node, Raft id), sent at
+    /// the end of the flush as one `Message::Commits` each.
+    commits_out: BTreeMap<(NodeId, u64), Vec<LogCommit>>,
 }
 
 const READ_CONTEXT_BYTES: usize = 13;
@@ -353,6 +360,7 @@ impl RaftLog {
             members: Members::default(),
             compaction_due: false,
             flush_all: true,
+            commits_out: BTreeMap::new(),
             config,
         }
     }
@@ -774,6 +782,7 @@ impl RaftLog {
                 break;
             }
         }
+        self.send_commit_notices(out);
         self.maybe_snapshot();
     }
 
@@ -821,6 +830,83 @@ impl RaftLog {
                 if !ready {
                     break;
                 }
+            }
+            self.notice_commits(log);
+        }
+    }
+
+    /// As leader of `log`: note for each follower how far the log is committed, up to the
+    /// follower's match index (Raft's, as a heartbeat carries it: the follower holds this
+    /// leader's entries that far, so it may commit them). raft-rs would instead send every
+    /// follower an empty append for each commit of each log, and each follower would answer
+    /// it (`skip_bcast_commit` turns that off); these notices leave once per flush, one
+    /// message per follower for all logs. A follower that already reported the commit in an
+    /// append response is not told again.
+    fn notice_commits(&mut self, log: usize) {
+        let me = self.my_raft_id();
+        let (members, my_node) = (self.config.members, self.config.me);
+        let group = &mut self.groups[log];
+        if !group.is_leader() {
+            return;
+        }
+        let raft = &group.raft.raft;
+        if group.noticed_term != raft.term {
+            group.noticed.clear();
+            group.noticed_term = raft.term;
+        }
+        let committed = raft.raft_log.committed;
+        for (id, progress) in raft.prs().iter() {
+            let commit = committed.min(progress.matched);
+            if *id == me || commit <= progress.committed_index {
+                continue;
+            }
+            let noticed = match group.noticed.iter_mut().find(|(follower, _)| follower == id) {
+                Some((_, noticed)) => noticed,
+                None => {
+                    group.noticed.push((*id, 0));
+                    &mut group.noticed.last_mut().expect("just pushed").1
+                }
+            };
+            if commit <= *noticed {
+                continue;
+            }
+            *noticed = commit;
+            // (Not to a node whose predecessor a joint configuration still lists: it is not it.)
+            let Some(node) = node_of(*id).filter(|node| members.contains(*node) && *node != my_node) else {
+                continue;
+            };
+            let notice = LogCommit { log: log as u32, term: raft.term, commit };
+            self.commits_out.entry((node, *id)).or_default().push(notice);
+        }
+    }
+
+    fn send_commit_notices(&mut self, out: &mut Outbox<Message>) {
+        let from = self.my_raft_id();
+        for ((node, to), commits) in std::mem::take(&mut self.commits_out) {
+            out.send(node, Message::Commits { from, to, commits });
+        }
+    }
+
+    /// A leader's commit notices (`notice_commits`): each log whose leader in the notice's term
+    /// is the sender commits that far (clamped to what it holds, as a heartbeat is).
+    fn on_commits(&mut self, from: NodeId, leader: u64, to: u64, commits: Vec<LogCommit>) {
+        if to != self.my_raft_id() || node_of(leader) != Some(from) {
+            self.stats.messages_refused += 1;
+            return;
+        }
+        for LogCommit { log, term, commit } in commits {
+            let Some(group) = self.groups.get_mut(log as usize) else {
+                self.stats.messages_refused += 1;
+                continue;
+            };
+            let raft = &mut group.raft.raft;
+            if raft.term != term || raft.leader_id != leader || raft.state != StateRole::Follower {
+                continue; // from another term: the sender's match index says nothing now
+            }
+            let commit = commit.min(raft.raft_log.last_index());
+            if commit > raft.raft_log.committed {
+                raft.raft_log.commit_to(commit);
+                group.dirty = true;
             }
         }
     }
@@ -936,11 +1022,12 @@ impl RaftLog {
         if group.to_propose.is_empty() {
             return;
         }
-        let proposals = std::mem::take(&mut group.to_propose);
         if !group.is_leader() {
+            group.to_propose.clear();
             group.proposed.clear();
             return; // Lost leadership within the call: the origins retry elsewhere.
         }
+        let proposals = std::mem::take(&mut group.to_propose);
         let bytes_max = self.config.batch_bytes_max();
         let mut entry = EntryBatch::default();
         let mut bytes = 0;
@@ -1355,6 +1442,9 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         // the same bound), so they always fit a peer message.
         max_size_per_msg: config.batch_bytes_max().min(1 << 20) as u64,
         max_inflight_msgs: 256,
+        // Commits reach followers in this core's notices (`notice_commits`), one message per
+        // follower for all logs, not in an empty append per log and commit.
+        skip_bcast_commit: true,
         // Restored: the checkpoint's state machine covers everything up to its index; raft-rs
         // hands out the committed entries after it again.
         applied: applied_index,
@@ -1395,6 +1485,8 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         pending: VecDeque::new(),
         gang_wait: None,
         dirty: true,
+        noticed: Vec::new(),
+        noticed_term: 0,
     }
 }
 
@@ -1631,7 +1723,9 @@ impl Replica for RaftLog {
             | Message::SnapshotChunk { log, .. }
             | Message::SnapshotAck { log, .. }
             | Message::Forward { log, .. } => Some(*log as usize),
-            Message::Hello { .. } | Message::HelloRequest | Message::Refused => None,
+            Message::Hello { .. } | Message::HelloRequest | Message::Refused | Message::Commits { .. } => {
+                None
+            }
         };
         if let Some(group) = touched.and_then(|log| self.groups.get_mut(log)) {
             group.dirty = true;
@@ -1702,6 +1796,7 @@ impl Replica for RaftLog {
                     }
                 }
             }
+            Message::Commits { from: leader, to, commits } => self.on_commits(from, leader, to, commits),
             Message::Hello { .. } | Message::HelloRequest | Message::Refused => {
                 unreachable!("membership messages are handled above")
             }

@@ -293,6 +293,73 @@ fn keys_of_different_logs_are_served_by_different_leaders() {
     }
 }
 
+/// A key of `log` (of `logs`).
+fn key_in_log(log: usize, logs: usize) -> String {
+    (0..).map(|i| format!("key{i}")).find(|key| chorus_raftlog::log_of(key.as_bytes(), logs) == log).unwrap()
+}
+
+/// Commits reach followers in their leader's notices: one `Commits` message per follower per
+/// turn for every log the turn committed, not raft-rs's empty append per log and commit
+/// (each of which the follower would answer).
+#[test]
+fn commits_reach_followers_in_one_notice_per_follower_for_all_logs_of_a_turn() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 8;
+        config.flush_at_turn_end = true;
+    });
+    cluster.run_for(50);
+    // One write into each log n0 leads (0, 3, 6), in one turn of n0.
+    let logs = [0, 3, 6];
+    let mut out = Outbox::default();
+    let requests: Vec<ClientRequestId> = logs
+        .iter()
+        .enumerate()
+        .map(|(i, log)| {
+            let request = ClientRequestId(1_000 + i as u64);
+            cluster.nodes[0].on_client(cluster.now, request, write(&key_in_log(*log, 8), "v"), &mut out);
+            request
+        })
+        .collect();
+    cluster.collect(0, out);
+    // The followers append and answer; n0 takes in every answer in one turn.
+    cluster.deliver(|e| e.to != 0);
+    let answers: Vec<Envelope> = cluster.net.iter().filter(|e| e.to == 0).cloned().collect();
+    cluster.net.retain(|e| e.to != 0);
+    let mut out = Outbox::default();
+    for e in answers {
+        cluster.nodes[0].on_message(cluster.now, NodeId(e.from), e.msg, &mut out);
+    }
+    cluster.nodes[0].end_turn(cluster.now, &mut out);
+    for follower in [NodeId(1), NodeId(2)] {
+        let notices: Vec<_> = out
+            .messages
+            .iter()
+            .filter(|(to, _)| to.nodes().contains(follower))
+            .filter_map(|(_, message)| match message {
+                Message::Commits { commits, .. } => Some(commits.iter().map(|c| c.log).collect::<Vec<_>>()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(notices, vec![vec![0, 3, 6]], "one notice to {follower} for the three logs");
+    }
+    let empty_appends = out.messages.iter().filter(|(_, message)| {
+        matches!(message, Message::Raft { message, .. }
+            if message.get_msg_type() == MessageType::MsgAppend && message.entries.is_empty())
+    });
+    assert_eq!(empty_appends.count(), 0, "no empty append carries a commit");
+    cluster.collect(0, out);
+    cluster.deliver_all();
+    for request in requests {
+        assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
+    }
+    for node in 0..3 {
+        for log in logs {
+            let key = key_in_log(log, 8);
+            assert_eq!(cluster.nodes[node].applied_value(key.as_bytes()), Some(&b("v")), "n{node} {key}");
+        }
+    }
+}
+
 // ================================================================ writes, batching
 
 #[test]
