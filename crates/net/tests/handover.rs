@@ -3,37 +3,18 @@
 //! for a peer that is down are dropped and counted, and the link comes up once the peer does.
 //! No timing assertions: every wait has a generous deadline and only guards against hangs.
 
-use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener as StdListener};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
 use chorus_core::{Destination, NodeId};
 use chorus_net::links::Links;
 use chorus_net::{start_handover, InboundLink, LinkSink, NetConfig, OutboundLink};
 use mio::{Events, Poll, Token, Waker};
+use support::{mesh, note, Note, DEADLINE, TOKEN};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Note(Bytes);
+mod support;
 
-impl WireMessage for Note {
-    fn encode(&self, buf: &mut BytesMut) {
-        buf.put_bytes_prefixed(&self.0);
-    }
-    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(Note(reader.bytes()?))
-    }
-}
-
-fn note(text: &str) -> Note {
-    Note(Bytes::copy_from_slice(text.as_bytes()))
-}
-
-const DEADLINE: Duration = Duration::from_secs(20);
-const TOKEN: &str = "secret-token-of-32-bytes-or-so!!";
 const WAKER: Token = Token(0);
 
 enum Handed {
@@ -103,17 +84,8 @@ impl Side {
     }
 }
 
-fn free_addr() -> SocketAddr {
-    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 fn configs() -> [NetConfig; 2] {
-    let addrs = [free_addr(), free_addr()];
-    [0u8, 1].map(|me| {
-        let other = 1 - me;
-        let peers = BTreeMap::from([(NodeId(other), addrs[other as usize])]);
-        NetConfig::new(NodeId(me), "test", TOKEN, "notes", addrs[me as usize], peers)
-    })
+    mesh(2, |_| TOKEN).try_into().ok().expect("two configurations")
 }
 
 fn pump_until(sides: &mut [&mut Side], mut done: impl FnMut(&[&mut Side]) -> bool) {

@@ -3,66 +3,38 @@
 //! No timing assertions: every wait has a generous deadline and only guards against hangs.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
+use chorus_core::codec::WireMessage;
 use chorus_core::{Destination, NodeId, NodeSet};
 use chorus_net::{start, NetConfig, NetStats, Transport};
+use support::{free_addr, mesh, note, towards, Note, DEADLINE, TOKEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Note(Bytes);
-
-impl WireMessage for Note {
-    fn encode(&self, buf: &mut BytesMut) {
-        buf.put_bytes_prefixed(&self.0);
-    }
-    fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(Note(reader.bytes()?))
-    }
-}
-
-fn note(text: &str) -> Note {
-    Note(Bytes::copy_from_slice(text.as_bytes()))
-}
-
-fn free_addr() -> SocketAddr {
-    let listener = StdListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
-
-const DEADLINE: Duration = Duration::from_secs(20);
-const TOKEN: &str = "secret-token-of-32-bytes-or-so!!";
+mod support;
 
 type Node = (Transport<Note>, chorus_net::Inbound<Note>, std::sync::Arc<NetStats>);
 
-async fn cluster(n: u8, token_of: impl Fn(u8) -> &'static str) -> Vec<Node> {
-    let addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
+async fn start_all(configs: Vec<NetConfig>) -> Vec<Node> {
     let mut nodes = Vec::new();
-    for me in 0..n {
-        let peers: BTreeMap<NodeId, SocketAddr> =
-            (0..n).filter(|p| *p != me).map(|p| (NodeId(p), addrs[p as usize])).collect();
-        let config = NetConfig::new(NodeId(me), "test", token_of(me), "notes", addrs[me as usize], peers);
+    for config in configs {
         nodes.push(start::<Note>(config).await.unwrap());
     }
     nodes
+}
+
+async fn cluster(n: u8, token_of: impl Fn(u8) -> &'static str) -> Vec<Node> {
+    start_all(mesh(n, token_of)).await
 }
 
 /// Two nodes that know each other, each config adjusted by `tweak`.
 async fn pair(tweak: impl Fn(&mut NetConfig)) -> Vec<Node> {
-    let addrs = [free_addr(), free_addr()];
-    let mut nodes = Vec::new();
-    for me in 0..2u8 {
-        let other = 1 - me;
-        let peers = BTreeMap::from([(NodeId(other), addrs[other as usize])]);
-        let mut config = NetConfig::new(NodeId(me), "test", TOKEN, "notes", addrs[me as usize], peers);
-        tweak(&mut config);
-        nodes.push(start::<Note>(config).await.unwrap());
-    }
-    nodes
+    let mut configs = mesh(2, |_| TOKEN);
+    configs.iter_mut().for_each(tweak);
+    start_all(configs).await
 }
 
 async fn wait_until(mut condition: impl FnMut() -> bool) {
@@ -140,10 +112,8 @@ async fn garbage_on_the_peer_port_closes_only_that_connection() {
 
 #[tokio::test]
 async fn an_unreachable_peer_cannot_grow_memory_without_bound() {
-    let me = free_addr();
     let nowhere = free_addr(); // nothing listens there
-    let mut config =
-        NetConfig::new(NodeId(0), "test", TOKEN, "notes", me, BTreeMap::from([(NodeId(1), nowhere)]));
+    let mut config = towards(free_addr(), nowhere);
     config.peer_queue_bytes_max = 4096;
     let (mut transport, _inbound, stats) = start::<Note>(config).await.unwrap();
     let big = Note(Bytes::from(vec![7u8; 1000]));
@@ -181,7 +151,7 @@ async fn priority_messages_overtake_queued_data() {
 
 #[tokio::test]
 async fn a_short_cluster_token_is_refused_at_start() {
-    let config = NetConfig::new(NodeId(0), "test", "short", "notes", free_addr(), BTreeMap::new());
+    let config = support::config(0, "short", free_addr(), BTreeMap::new());
     let error = start::<Note>(config).await.err().expect("a 5-byte token must be refused");
     assert!(error.to_string().contains("at least 16"), "{error}");
 }
@@ -239,8 +209,7 @@ async fn the_token_and_the_cluster_id_never_travel() {
 #[tokio::test]
 async fn a_silent_inbound_link_is_closed() {
     let addrs = [free_addr(), free_addr()];
-    let mut config =
-        NetConfig::new(NodeId(0), "test", TOKEN, "notes", addrs[0], BTreeMap::from([(NodeId(1), addrs[1])]));
+    let mut config = towards(addrs[0], addrs[1]);
     config.link_timeout = Duration::from_millis(300);
     let (_transport, _inbound, stats) = start::<Note>(config).await.unwrap();
     // Node 1's side of the handshake, by hand, then silence.
@@ -366,23 +335,20 @@ fn rand_suffix() -> u64 {
 #[tokio::test]
 async fn tls_links_carry_batches_and_refuse_a_certificate_from_another_ca() {
     let pki = TestPki::new();
-    let addrs = [free_addr(), free_addr(), free_addr()];
     let rogue_ca = {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let key = rcgen::KeyPair::generate().unwrap();
         rcgen::CertifiedKey { cert: params.self_signed(&key).unwrap(), key_pair: key }
     };
-    let mut nodes = Vec::new();
-    for me in 0..3u8 {
-        let peers: BTreeMap<NodeId, SocketAddr> =
-            (0..3u8).filter(|p| *p != me).map(|p| (NodeId(p), addrs[p as usize])).collect();
-        let mut config = NetConfig::new(NodeId(me), "test", TOKEN, "notes", addrs[me as usize], peers);
+    let mut configs = mesh(3, |_| TOKEN);
+    for (me, config) in configs.iter_mut().enumerate() {
         let signer = (me == 2).then_some(&rogue_ca);
         let files = pki.issue(&format!("n{me}"), signer);
         config.tls = Some(chorus_net::tls::PeerTls::load(&files).unwrap());
-        nodes.push(start::<Note>(config).await.unwrap());
     }
+    let node0_addr = configs[0].listen_addr;
+    let mut nodes = start_all(configs).await;
     let (stats0, stats1) = (nodes[0].2.clone(), nodes[1].2.clone());
     wait_until(|| {
         stats0.peers[&NodeId(1)].connected.load(Relaxed) && stats1.peers[&NodeId(0)].connected.load(Relaxed)
@@ -396,7 +362,7 @@ async fn tls_links_carry_batches_and_refuse_a_certificate_from_another_ca() {
     assert!(!stats0.peers[&NodeId(2)].connected.load(Relaxed));
     assert!(!nodes[2].2.peers[&NodeId(0)].connected.load(Relaxed));
     // A plain-TCP dialer cannot talk to a TLS acceptor either.
-    let mut plain = tokio::net::TcpStream::connect(addrs[0]).await.unwrap();
+    let mut plain = tokio::net::TcpStream::connect(node0_addr).await.unwrap();
     let _ = plain.write_all(b"CHORUS plain text").await;
     let mut buf = [0u8; 64];
     let read = tokio::time::timeout(DEADLINE, plain.read(&mut buf)).await.unwrap();
@@ -409,23 +375,18 @@ async fn tls_links_carry_batches_and_refuse_a_certificate_from_another_ca() {
 #[tokio::test]
 async fn pubsub_frames_reach_every_peer_in_order_and_a_peer_that_is_down_loses_them() {
     use std::sync::{Arc, Mutex};
-    let addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
     type Received = Arc<Mutex<Vec<(NodeId, Bytes)>>>;
     let received: Vec<Received> = (0..3).map(|_| Arc::default()).collect();
     let mut ports = Vec::new();
-    let mut nodes = Vec::new();
-    for me in 0..3u8 {
-        let peers: BTreeMap<NodeId, SocketAddr> =
-            (0..3).filter(|p| *p != me).map(|p| (NodeId(p), addrs[p as usize])).collect();
-        let mut config = NetConfig::new(NodeId(me), "test", TOKEN, "notes", addrs[me as usize], peers);
-        let sink = received[me as usize].clone();
+    let mut configs = mesh(3, |_| TOKEN);
+    for (config, sink) in configs.iter_mut().zip(received.iter().cloned()) {
         let port = Arc::new(chorus_net::PubSubPort::new(move |from, payload| {
             sink.lock().unwrap().push((from, payload));
         }));
         config.pubsub = Some(port.clone());
         ports.push(port);
-        nodes.push(start::<Note>(config).await.unwrap());
     }
+    let mut nodes = start_all(configs).await;
     wait_connected(&nodes).await;
     for i in 0..100 {
         assert_eq!(ports[0].broadcast(format!("m{i}").as_bytes()), 2, "queued for both peers");
@@ -442,9 +403,7 @@ async fn pubsub_frames_reach_every_peer_in_order_and_a_peer_that_is_down_loses_t
     assert!(received[0].lock().unwrap().is_empty(), "a node does not hear itself");
 
     // A peer whose link is down loses what is published meanwhile, counted, never queued.
-    let (me, nowhere) = (free_addr(), free_addr());
-    let mut config =
-        NetConfig::new(NodeId(0), "test", TOKEN, "notes", me, BTreeMap::from([(NodeId(1), nowhere)]));
+    let mut config = towards(free_addr(), free_addr());
     let lonely = Arc::new(chorus_net::PubSubPort::new(|_, _| {}));
     config.pubsub = Some(lonely.clone());
     let (_transport, _inbound, stats) = start::<Note>(config).await.unwrap();
