@@ -85,7 +85,10 @@ impl Side {
 }
 
 fn configs() -> [NetConfig; 2] {
-    mesh(2, |_| TOKEN).try_into().ok().expect("two configurations")
+    let mut configs = mesh(2, |_| TOKEN).into_iter();
+    let first = configs.next().expect("the mesh has a first configuration");
+    let second = configs.next().expect("the mesh has a second configuration");
+    [first, second]
 }
 
 fn pump_until(sides: &mut [&mut Side], mut done: impl FnMut(&[&mut Side]) -> bool) {
