@@ -637,7 +637,7 @@ impl<M: chorus_chain::Member + Send + 'static> ServedReplica for chorus_chain::C
             None => 0u64,
             Some(state) => 1 + u64::from(state.as_bytes()[0]) + ((state.len() as u64) << 8),
         };
-        let order = self.chain_order().iter().fold(0u64, |acc, node| (acc << 8) | u64::from(node.0) + 1);
+        let order = self.chain_order().iter().fold(0u64, |acc, node| (acc << 8) | (u64::from(node.0) + 1));
         let epoch = self.group_epoch().unwrap_or(u64::MAX);
         epoch.rotate_left(17)
             ^ order.rotate_left(41)
