@@ -250,7 +250,7 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         tick_ns: tick_ns.round() as u64,
         key_op_ns,
         sync_ns,
-        client_op_ns: client_op_ns(&get, wake_ns)?,
+        client_op_ns: client_op_ns(&get, wake_ns, 2 * half_request_ns),
         wake_ns: wake_ns.round() as u64,
         timer_wake_ns: timer_wake_ns.round() as u64,
         wakeup_ns,
@@ -284,17 +284,27 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
 /// as `wake_ns` whenever a request finds none of its threads running): at one client every
 /// operation sleeps, under load the generator's threads go from one ready connection to the
 /// next without sleeping, as the nodes do.
-fn client_op_ns(get: &RunCounters, wake_ns: f64) -> anyhow::Result<u64> {
+///
+/// What is left after the wakes is a few microseconds, the difference of two figures of tens
+/// (on this VM a wake costs 35-46 us of CPU, and the ping-pong that measures it is not the
+/// generator's own wake), so it can come out near or below zero on a quiet machine too. The
+/// generator cannot cost less than what a node pays for the same work mirrored (a node
+/// receives a request and sends its reply, the generator sends one and receives the other:
+/// `mirror_ns`, measured on the nodes), so that is the floor, and calibrate says when it applies.
+fn client_op_ns(get: &RunCounters, wake_ns: f64, mirror_ns: u64) -> u64 {
     let per_op_ns = get.client_cpu_us_per_op * 1e3 - get.client_wakes_per_op * wake_ns;
-    if per_op_ns <= 0.0 {
-        bail!(
-            "the load generator's CPU per GET ({:.1} us) is less than its {:.2} wakes per GET x {:.1} us: the machine is too busy to calibrate",
+    if per_op_ns < mirror_ns as f64 {
+        println!(
+            "the load generator's CPU per GET ({:.1} us) less its {:.2} wakes per GET x {:.1} us is below \
+             a node's request and reply: charging it those ({:.1} us)",
             get.client_cpu_us_per_op,
             get.client_wakes_per_op,
-            wake_ns / 1e3
+            wake_ns / 1e3,
+            mirror_ns as f64 / 1e3
         );
+        return mirror_ns;
     }
-    Ok(per_op_ns.round() as u64)
+    per_op_ns.round() as u64
 }
 
 fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
@@ -1035,9 +1045,12 @@ mod tests {
     #[test]
     fn the_load_generators_wakes_are_taken_out_of_its_cost_per_operation() {
         let get = RunCounters { client_cpu_us_per_op: 35.0, client_wakes_per_op: 0.9, ..Default::default() };
-        assert_eq!(client_op_ns(&get, 30_000.0).expect("a cost"), 8_000);
-        let busy = RunCounters { client_cpu_us_per_op: 20.0, client_wakes_per_op: 1.0, ..Default::default() };
-        assert!(client_op_ns(&busy, 30_000.0).is_err(), "a generator cheaper than its wakes");
+        assert_eq!(client_op_ns(&get, 30_000.0, 6_000), 8_000);
+        // Cheaper than its wakes (the wake measured elsewhere is dearer than the generator's):
+        // a node's request and reply, mirrored.
+        let below =
+            RunCounters { client_cpu_us_per_op: 20.0, client_wakes_per_op: 1.0, ..Default::default() };
+        assert_eq!(client_op_ns(&below, 30_000.0, 6_000), 6_000);
     }
 
     #[test]
