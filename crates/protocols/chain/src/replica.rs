@@ -1642,8 +1642,8 @@ impl<M: Member> Chain<M> {
             return;
         }
         self.restarts_handled.insert(from, incarnation);
-        // Its updates are numbered from above anything it used before; forget its session.
-        self.sessions.remove(&from);
+        // Its updates are numbered from above anything it used before (`seq_floor`): its
+        // session stays, so no forward it already sent is taken again.
         self.stats.restarts_rejoined += 1;
         if !configuring_with {
             self.restart_coordinator(now, out);
@@ -1743,8 +1743,9 @@ impl<M: Member> Chain<M> {
             Some(offer) => self.offers.insert(from, offer),
             None => self.offers.remove(&from),
         };
-        // A restarted origin numbers its updates above anything it used before.
-        self.sessions.remove(&from);
+        // Its forward session is kept: a restarted origin numbers its updates above anything
+        // it used before (`seq_floor`), and this may be a late copy of an announcement from
+        // before it was linked, after which it forwards again (sweep seed 38564).
         if !self.caught_up || !self.order.contains(&from) {
             // Not listed as linked here: a coordinator may copy to it now.
             self.drive(now, GroupOutbox::default(), out);
@@ -2156,5 +2157,33 @@ mod tests {
         chain.on_lease(later, Some(later + Time::from_millis(100)), &mut out);
         chain.on_tick(later, &mut out);
         assert_eq!(out.replies.len(), 1, "answered once the lease is back");
+    }
+
+    /// Sweep seed 38564: a restarted node was copied to and linked, then forwarded a GETSET;
+    /// a copy of a `Joining` it had broadcast before the copy reached the coordinator late,
+    /// which forgot the node's forward session, so the forward's next retransmission was
+    /// taken again and the batch executed the GETSET twice (answered with its own value).
+    #[test]
+    fn a_late_joining_announcement_does_not_let_a_forward_in_twice() {
+        let me = NodeId(0);
+        let origin = NodeId(1);
+        let mut chain = Chain::new(ChainConfig::new(me, NodeSet::single(me)));
+        let mut out = Outbox::default();
+        chain.on_tick(Time::from_millis(1), &mut out);
+        while !chain.is_coordinating() {
+            let now = chain.now + Time::from_millis(1);
+            chain.on_tick(now, &mut out);
+        }
+        // Without a lease nothing is planned, so what was taken stays in the queue.
+        let now = chain.now;
+        chain.on_lease(now, Some(now), &mut out);
+        let head = chain.config.incarnation;
+        let swap = chorus_core::RmwOp::Swap(Some(Bytes::from_static(b"v")));
+        let command = Command::Rmw { key: Bytes::from_static(b"k"), op: swap };
+        chain.on_forward(now, origin, head, 0, 0, command.clone(), &mut out);
+        chain.on_joining(now, origin, Some(RegionSummary::EMPTY), &mut out);
+        chain.on_forward(now, origin, head, 0, 0, command, &mut out);
+        let queued = chain.coordinator.as_ref().expect("coordinating").queue.len();
+        assert_eq!(queued, 1, "the retransmitted forward was taken a second time");
     }
 }
