@@ -2133,10 +2133,8 @@ mod tests {
         assert_eq!(chain.last_executed(), 416, "a completed recovery clears the word");
     }
 
-    /// Sweep seed 13083: a head cut off in its old view kept coordinating and answered a CAS
-    /// that wrote nothing from its stale region. It plans nothing without a lease.
-    #[test]
-    fn a_coordinator_without_a_lease_answers_no_cas_from_its_state() {
+    /// A one-node chain (node 0), ticked until it coordinates.
+    fn coordinating_single_node_chain() -> (Chain, Outbox<Message>) {
         let me = NodeId(0);
         let mut chain = Chain::new(ChainConfig::new(me, NodeSet::single(me)));
         let mut out = Outbox::default();
@@ -2145,6 +2143,14 @@ mod tests {
             let now = chain.now + Time::from_millis(1);
             chain.on_tick(now, &mut out);
         }
+        (chain, out)
+    }
+
+    /// Sweep seed 13083: a head cut off in its old view kept coordinating and answered a CAS
+    /// that wrote nothing from its stale region. It plans nothing without a lease.
+    #[test]
+    fn a_coordinator_without_a_lease_answers_no_cas_from_its_state() {
+        let (mut chain, mut out) = coordinating_single_node_chain();
         let expired = chain.now;
         chain.on_lease(expired, Some(expired), &mut out);
         let cas = chorus_core::RmwOp::CompareAndSwap { expected: Some(Bytes::from_static(b"x")), new: None };
@@ -2165,15 +2171,8 @@ mod tests {
     /// taken again and the batch executed the GETSET twice (answered with its own value).
     #[test]
     fn a_late_joining_announcement_does_not_let_a_forward_in_twice() {
-        let me = NodeId(0);
         let origin = NodeId(1);
-        let mut chain = Chain::new(ChainConfig::new(me, NodeSet::single(me)));
-        let mut out = Outbox::default();
-        chain.on_tick(Time::from_millis(1), &mut out);
-        while !chain.is_coordinating() {
-            let now = chain.now + Time::from_millis(1);
-            chain.on_tick(now, &mut out);
-        }
+        let (mut chain, mut out) = coordinating_single_node_chain();
         // Without a lease nothing is planned, so what was taken stays in the queue.
         let now = chain.now;
         chain.on_lease(now, Some(now), &mut out);
