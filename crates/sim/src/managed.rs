@@ -316,13 +316,13 @@ where
             options.clone(),
         )
         .expect("an empty disk opens");
-        KeysOnDisk::new(on_disk, aof, mode, false)
+        KeysOnDisk::new(on_disk, aof, mode, false, TouchedKeys::default())
     };
     let mut restart = |context: RestartContext, crashed: &KeysOnDisk<P>| {
         let (disk, mut storage) = if context.replace {
             (SimDisk::new(), StorageFaults::default())
         } else {
-            let disk = crashed.inner.disk.clone();
+            let disk = crashed.on_disk().disk.clone();
             let storage = StorageFaults::crash(&disk, context.seed, corrupt_one_restart);
             corrupt_one_restart &= storage.sectors_corrupted == 0;
             (disk, storage)
@@ -378,7 +378,7 @@ fn restart_from_disk<P: Persisted>(
             .map_err(|error| format!("a checksummed append-only record does not load: {error:#}"))?;
     }
     let on_disk = OnDisk { node: WithMembership::new(protocol, membership), log, disk: disk.clone() };
-    Ok(KeysOnDisk::new(on_disk, aof, mode, from_disk))
+    Ok(KeysOnDisk::new(on_disk, aof, mode, from_disk, TouchedKeys::default()))
 }
 
 /// A managed node whose protocol keeps its keys in the server's append-only file
@@ -386,37 +386,172 @@ fn restart_from_disk<P: Persisted>(
 /// of the keys its messages and client updates touched, as the server's event loop does
 /// (crates/server/src/engine.rs, `persist_keys`), and syncs it before the turn's messages and
 /// replies leave.
-pub struct KeysOnDisk<P: Persisted> {
-    inner: OnDisk<P>,
-    aof: chorus_persistence::Persistence,
-    mode: AppendOnly,
-    /// The keys this turn touched.
-    touched: Vec<Key>,
-    /// Updates admitted and not yet answered: their key is logged with the answer.
-    updates: rustc_hash::FxHashMap<ClientRequestId, Key>,
+pub type KeysOnDisk<P> = AppendOnlyNode<P, TouchedKeys>;
+
+/// A managed node ([`OnDisk`]) with the server's append-only file on its simulated disk: it
+/// passes every event to the node, counts the file's work (`appendonly.*`), and leaves what
+/// a turn appends of the protocol, and when the file is synced, to `R` ([`TurnRecord`]).
+pub struct AppendOnlyNode<P: Replica, R> {
+    file: AppendOnlyFile<P>,
+    record: R,
+}
+
+/// The node and its append-only file, as a [`TurnRecord`] writes and syncs them.
+pub struct AppendOnlyFile<P: Replica> {
+    pub inner: OnDisk<P>,
+    pub aof: chorus_persistence::Persistence,
+    pub mode: AppendOnly,
     /// This incarnation started from its files (counted as `appendonly.restarts_from_disk`).
     from_disk: bool,
     /// The node's clock at its latest event, and at its latest sync ([`AppendOnly::AckBeforeSync`]).
-    now: Time,
-    synced_at: Time,
+    pub now: Time,
+    pub synced_at: Time,
 }
 
-impl<P: Persisted> KeysOnDisk<P> {
-    fn new(
+/// What a protocol keeps in the append-only file, and when it is synced.
+pub trait TurnRecord<P: Replica> {
+    /// Before the node handles `command`.
+    fn before_client(&mut self, _request: ClientRequestId, _command: &Command) {}
+    /// Before the node handles `message`.
+    fn before_message(&mut self, _message: &<WithMembership<P> as Replica>::Message) {}
+    /// After any event: `out` from `sent` (messages) and `answered` (replies) on is what it did.
+    fn after_event(
+        &mut self,
+        _out: &Outbox<<WithMembership<P> as Replica>::Message>,
+        _sent: usize,
+        _answered: usize,
+    ) {
+    }
+    /// Append the turn's records (the membership's are written already); whether the turn
+    /// wrote anything that must be synced before its messages leave.
+    fn write_durable(&mut self, file: &mut AppendOnlyFile<P>) -> bool;
+    /// Sync the file (the membership's log is synced already).
+    fn sync_durable(&mut self, file: &mut AppendOnlyFile<P>);
+}
+
+impl<P: Replica, R: TurnRecord<P>> AppendOnlyNode<P, R> {
+    pub fn new(
         inner: OnDisk<P>,
         mut aof: chorus_persistence::Persistence,
         mode: AppendOnly,
         from_disk: bool,
-    ) -> KeysOnDisk<P> {
+        record: R,
+    ) -> AppendOnlyNode<P, R> {
         aof.stop_clock();
-        let updates = rustc_hash::FxHashMap::default();
         let (now, synced_at) = (Time::ZERO, Time::ZERO);
-        KeysOnDisk { inner, aof, mode, touched: Vec::new(), updates, from_disk, now, synced_at }
+        AppendOnlyNode { file: AppendOnlyFile { inner, aof, mode, from_disk, now, synced_at }, record }
     }
 
-    /// Note the keys of what a call sent and answered (entries of `out` from `sent` and
-    /// `answered` on).
-    fn note_out(&mut self, out: &Outbox<<Self as Replica>::Message>, sent: usize, answered: usize) {
+    /// The same node, its file synced as `mode` says.
+    pub fn with_mode(mut self, mode: AppendOnly) -> AppendOnlyNode<P, R> {
+        self.file.mode = mode;
+        self
+    }
+
+    pub fn on_disk(&self) -> &OnDisk<P> {
+        &self.file.inner
+    }
+}
+
+impl<P: Replica, R: TurnRecord<P>> Replica for AppendOnlyNode<P, R> {
+    type Message = <WithMembership<P> as Replica>::Message;
+
+    fn id(&self) -> NodeId {
+        self.file.inner.id()
+    }
+    fn on_client(
+        &mut self,
+        now: Time,
+        request: ClientRequestId,
+        command: Command,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.file.now = now;
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        self.record.before_client(request, &command);
+        self.file.inner.on_client(now, request, command, out);
+        self.record.after_event(out, sent, answered);
+    }
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Self::Message,
+        out: &mut Outbox<Self::Message>,
+    ) {
+        self.file.now = now;
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        self.record.before_message(&message);
+        self.file.inner.on_message(now, from, message, out);
+        self.record.after_event(out, sent, answered);
+    }
+    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.file.now = now;
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        self.file.inner.on_tick(now, out);
+        self.record.after_event(out, sent, answered);
+    }
+    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        self.file.inner.on_view(now, view, out);
+        self.record.after_event(out, sent, answered);
+    }
+    fn is_caught_up(&self) -> bool {
+        self.file.inner.is_caught_up()
+    }
+    fn is_control(message: &Self::Message) -> bool {
+        OnDisk::<P>::is_control(message)
+    }
+    fn installed_view(&self) -> Option<View> {
+        self.file.inner.installed_view()
+    }
+    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
+        self.file.inner.event_counts(report);
+        let info = self.file.aof.info();
+        report("appendonly.restarts_from_disk", self.file.from_disk as u64);
+        report("appendonly.records_restored", info.restored_records);
+        report("appendonly.rewrites", info.snapshots);
+        report("appendonly.syncs", info.syncs);
+    }
+    /// The membership's records, then the protocol's.
+    fn write_durable(&mut self) -> bool {
+        let membership = self.file.inner.write_durable();
+        let protocol = self.record.write_durable(&mut self.file);
+        membership || protocol
+    }
+    fn sync_durable(&mut self) {
+        self.file.inner.sync_durable();
+        self.record.sync_durable(&mut self.file);
+    }
+}
+
+/// The keys a turn touched, for [`KeysOnDisk`]: those of its client updates (logged with
+/// their answers) and of the messages it handled and sent.
+#[derive(Default)]
+pub struct TouchedKeys {
+    touched: Vec<Key>,
+    /// Updates admitted and not yet answered: their key is logged with the answer.
+    updates: rustc_hash::FxHashMap<ClientRequestId, Key>,
+}
+
+impl<P: Persisted> TurnRecord<P> for TouchedKeys {
+    fn before_client(&mut self, request: ClientRequestId, command: &Command) {
+        if command.is_update() {
+            self.touched.push(command.key().clone());
+            self.updates.insert(request, command.key().clone());
+        }
+    }
+    fn before_message(&mut self, message: &<WithMembership<P> as Replica>::Message) {
+        if let Wire::Protocol(message) = message {
+            P::message_keys(message, &mut self.touched);
+        }
+    }
+    fn after_event(
+        &mut self,
+        out: &Outbox<<WithMembership<P> as Replica>::Message>,
+        sent: usize,
+        answered: usize,
+    ) {
         for (_, message) in &out.messages[sent..] {
             if let Wire::Protocol(message) = message {
                 P::message_keys(message, &mut self.touched);
@@ -428,95 +563,25 @@ impl<P: Persisted> KeysOnDisk<P> {
             }
         }
     }
-}
-
-impl<P: Persisted> Replica for KeysOnDisk<P> {
-    type Message = <WithMembership<P> as Replica>::Message;
-
-    fn id(&self) -> NodeId {
-        self.inner.id()
-    }
-    fn on_client(
-        &mut self,
-        now: Time,
-        request: ClientRequestId,
-        command: Command,
-        out: &mut Outbox<Self::Message>,
-    ) {
-        self.now = now;
-        let (sent, answered) = (out.messages.len(), out.replies.len());
-        if command.is_update() {
-            self.touched.push(command.key().clone());
-            self.updates.insert(request, command.key().clone());
+    /// The turn's keys (ZAB: its history), appended; with [`AppendOnly::AckBeforeSync`]
+    /// synced only once a period, after messages that depended on them left.
+    fn write_durable(&mut self, file: &mut AppendOnlyFile<P>) -> bool {
+        if file.mode == AppendOnly::AckBeforeSync && file.now >= file.synced_at + ACK_BEFORE_SYNC_PERIOD {
+            file.aof.sync_now().expect("the simulated disk never fails a sync");
+            file.synced_at = file.now;
         }
-        self.inner.on_client(now, request, command, out);
-        self.note_out(out, sent, answered);
-    }
-    fn on_message(
-        &mut self,
-        now: Time,
-        from: NodeId,
-        message: Self::Message,
-        out: &mut Outbox<Self::Message>,
-    ) {
-        self.now = now;
-        let (sent, answered) = (out.messages.len(), out.replies.len());
-        if let Wire::Protocol(message) = &message {
-            P::message_keys(message, &mut self.touched);
-        }
-        self.inner.on_message(now, from, message, out);
-        self.note_out(out, sent, answered);
-    }
-    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
-        self.now = now;
-        let (sent, answered) = (out.messages.len(), out.replies.len());
-        self.inner.on_tick(now, out);
-        self.note_out(out, sent, answered);
-    }
-    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
-        let (sent, answered) = (out.messages.len(), out.replies.len());
-        self.inner.on_view(now, view, out);
-        self.note_out(out, sent, answered);
-    }
-    fn is_caught_up(&self) -> bool {
-        self.inner.is_caught_up()
-    }
-    fn is_control(message: &Self::Message) -> bool {
-        OnDisk::<P>::is_control(message)
-    }
-    fn installed_view(&self) -> Option<View> {
-        self.inner.installed_view()
-    }
-    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
-        self.inner.event_counts(report);
-        let info = self.aof.info();
-        report("appendonly.restarts_from_disk", self.from_disk as u64);
-        report("appendonly.records_restored", info.restored_records);
-        report("appendonly.rewrites", info.snapshots);
-        report("appendonly.syncs", info.syncs);
-    }
-    /// The membership's records, then the turn's keys (ZAB: its history), appended; with
-    /// [`AppendOnly::AckBeforeSync`] synced only once a period, after messages that depended
-    /// on them left.
-    fn write_durable(&mut self) -> bool {
-        let membership = self.inner.write_durable();
-        if self.mode == AppendOnly::AckBeforeSync && self.now >= self.synced_at + ACK_BEFORE_SYNC_PERIOD {
-            self.aof.sync_now().expect("the simulated disk never fails a sync");
-            self.synced_at = self.now;
-        }
-        let protocol = self.inner.node.protocol_mut();
+        let protocol = file.inner.node.protocol_mut();
         let log_records = protocol.take_log_records();
         let keys = !self.touched.is_empty() || !log_records.is_empty();
-        self.aof.log_records(log_records);
-        self.aof
-            .end_turn(self.inner.node.protocol(), &mut self.touched, true)
+        file.aof.log_records(log_records);
+        file.aof
+            .end_turn(file.inner.node.protocol(), &mut self.touched, true)
             .expect("the simulated disk never fails a write");
-        membership || keys
+        keys
     }
-    fn sync_durable(&mut self) {
-        self.inner.sync_durable();
-        if self.mode == AppendOnly::Always {
-            self.aof.sync_now().expect("the simulated disk never fails a sync");
+    fn sync_durable(&mut self, file: &mut AppendOnlyFile<P>) {
+        if file.mode == AppendOnly::Always {
+            file.aof.sync_now().expect("the simulated disk never fails a sync");
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::durable::ChainState;
 use crate::{Chain, ChainConfig, ChainLayout, ChainTweak};
-use chorus_core::{ClientRequestId, Command, Key, NodeId, NodeSet, Outbox, Replica, Time, View};
+use chorus_core::{Key, NodeId, NodeSet, Replica, Time};
 use chorus_group::ChainMember;
 use chorus_membership::{Membership, MembershipLog, WithMembership};
 use chorus_persistence::{Durable, Persistence, PersistenceOptions};
@@ -13,8 +13,8 @@ use chorus_region::{Region, RegionMemory, TenantId, TurnFlush};
 use chorus_storage::{SimDisk, StorageRegion};
 
 use chorus_sim::managed::{
-    appendonly_options, managed_sim_config, simulate_managed, swarm_membership_config, AppendOnly, OnDisk,
-    ACK_BEFORE_SYNC_PERIOD,
+    appendonly_options, managed_sim_config, simulate_managed, swarm_membership_config, AppendOnly,
+    AppendOnlyFile, AppendOnlyNode, OnDisk, TurnRecord, ACK_BEFORE_SYNC_PERIOD,
 };
 use chorus_sim::rng::Rng;
 use chorus_sim::runner::ProtocolSetup;
@@ -140,15 +140,15 @@ fn simulate_on_disk(config: &SimConfig, options: Options, tweak: Option<&ChainTw
         let (aof, _) =
             Persistence::open_on(Box::new(disk), std::path::Path::new("appendonly"), persistence.clone())
                 .expect("an empty disk opens");
-        ChainOnDisk::new(node, aof, false, config.appendonly)
+        ChainOnDisk::new(node, aof, config.appendonly, false, StateRecord)
     };
     let mut restart = |context: RestartContext, crashed: &ChainOnDisk| {
-        let disk = crashed.inner.disk().clone();
+        let disk = crashed.on_disk().disk().clone();
         let corrupt = std::mem::take(&mut corrupt_one_restart);
         let mut storage = StorageFaults::crash(&disk, context.seed, corrupt);
-        let seq_floor = crashed.inner.node().protocol().next_update_seq();
+        let seq_floor = crashed.on_disk().node().protocol().next_update_seq();
         let replica = restart_on_disk(&context, &disk, options, tweak, &persistence, seq_floor, &mut storage)
-            .map(|node| ChainOnDisk { mode: config.appendonly, ..node });
+            .map(|node| node.with_mode(config.appendonly));
         Restarted { replica, storage }
     };
     let managed = managed_sim_config(config);
@@ -206,31 +206,17 @@ fn restart_on_disk(
     let chain = disk_chain(chain_config, region);
     let from_disk = data_restored && !membership.is_joining();
     let node = OnDisk::from_parts(WithMembership::new(chain, membership), log, disk.clone());
-    Ok(ChainOnDisk::new(node, aof, from_disk, AppendOnly::Always))
+    Ok(ChainOnDisk::new(node, aof, AppendOnly::Always, from_disk, StateRecord))
 }
 
 /// A managed chain node whose region and chain state are on its simulated disk: each turn
 /// appends the chain's state if it changed, and the turn's region flushes and state records
 /// are synced before its messages leave, as the server's event loop does
 /// (crates/server/src/engine.rs, `perform_outbox`).
-pub struct ChainOnDisk {
-    inner: OnDisk<DiskChain>,
-    aof: Persistence,
-    /// This incarnation came back as the member it was (`appendonly.restarts_from_disk`).
-    from_disk: bool,
-    /// [`AppendOnly::AckBeforeSync`]: the region and the state are synced only once a period,
-    /// after the messages that depended on them left (the broken variant).
-    mode: AppendOnly,
-    now: Time,
-    synced_at: Time,
-}
+pub type ChainOnDisk = AppendOnlyNode<DiskChain, StateRecord>;
 
-impl ChainOnDisk {
-    fn new(inner: OnDisk<DiskChain>, mut aof: Persistence, from_disk: bool, mode: AppendOnly) -> ChainOnDisk {
-        aof.stop_clock();
-        ChainOnDisk { inner, aof, from_disk, mode, now: Time::ZERO, synced_at: Time::ZERO }
-    }
-}
+/// What the chain keeps in the append-only file: its state, when it changed.
+pub struct StateRecord;
 
 /// The chain as the append-only file sees it: no keys, only its state, which a snapshot
 /// starts with.
@@ -251,77 +237,28 @@ impl Durable for StateOnly<'_> {
     }
 }
 
-impl Replica for ChainOnDisk {
-    type Message = <WithMembership<DiskChain> as Replica>::Message;
-
-    fn id(&self) -> NodeId {
-        self.inner.id()
-    }
-    fn on_client(
-        &mut self,
-        now: Time,
-        request: ClientRequestId,
-        command: Command,
-        out: &mut Outbox<Self::Message>,
-    ) {
-        self.now = now;
-        self.inner.on_client(now, request, command, out);
-    }
-    fn on_message(
-        &mut self,
-        now: Time,
-        from: NodeId,
-        message: Self::Message,
-        out: &mut Outbox<Self::Message>,
-    ) {
-        self.now = now;
-        self.inner.on_message(now, from, message, out);
-    }
-    fn on_tick(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
-        self.now = now;
-        self.inner.on_tick(now, out);
-    }
-    fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
-        self.inner.on_view(now, view, out);
-    }
-    fn is_caught_up(&self) -> bool {
-        self.inner.is_caught_up()
-    }
-    fn is_control(message: &Self::Message) -> bool {
-        OnDisk::<DiskChain>::is_control(message)
-    }
-    fn installed_view(&self) -> Option<View> {
-        self.inner.installed_view()
-    }
-    fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
-        self.inner.event_counts(report);
-        let info = self.aof.info();
-        report("appendonly.restarts_from_disk", self.from_disk as u64);
-        report("appendonly.records_restored", info.restored_records);
-        report("appendonly.rewrites", info.snapshots);
-        report("appendonly.syncs", info.syncs);
-    }
-    /// The membership's records, then the chain's state if it changed; the region's writes
-    /// are on the disk already (unsynced until the turn's flush).
-    fn write_durable(&mut self) -> bool {
-        let membership = self.inner.write_durable();
-        let chain = self.inner.node_mut().protocol_mut();
+impl TurnRecord<DiskChain> for StateRecord {
+    /// The chain's state if it changed; the region's writes are on the disk already
+    /// (unsynced until the turn's flush).
+    fn write_durable(&mut self, file: &mut AppendOnlyFile<DiskChain>) -> bool {
+        let chain = file.inner.node_mut().protocol_mut();
         let state: Vec<Vec<u8>> = chain.take_state_record().into_iter().collect();
         let wrote_state = !state.is_empty();
-        self.aof.log_records(state);
-        self.aof
-            .end_turn(&StateOnly(self.inner.node().protocol()), &mut Vec::new(), true)
+        file.aof.log_records(state);
+        file.aof
+            .end_turn(&StateOnly(file.inner.node().protocol()), &mut Vec::new(), true)
             .expect("the simulated disk never fails a write");
-        membership || wrote_state || self.inner.node().protocol().sync_pending()
+        wrote_state || file.inner.node().protocol().sync_pending()
     }
-    fn sync_durable(&mut self) {
-        self.inner.sync_durable();
-        if self.mode == AppendOnly::AckBeforeSync && self.now < self.synced_at + ACK_BEFORE_SYNC_PERIOD {
+    /// The state records and the region's flushes; with [`AppendOnly::AckBeforeSync`] only
+    /// once a period, after the messages that depended on them left (the broken variant).
+    fn sync_durable(&mut self, file: &mut AppendOnlyFile<DiskChain>) {
+        if file.mode == AppendOnly::AckBeforeSync && file.now < file.synced_at + ACK_BEFORE_SYNC_PERIOD {
             return;
         }
-        self.synced_at = self.now;
-        self.aof.sync_now().expect("the simulated disk never fails a sync");
-        self.inner.node_mut().protocol_mut().sync_turn(false).expect("the simulated disk never fails a sync");
+        file.synced_at = file.now;
+        file.aof.sync_now().expect("the simulated disk never fails a sync");
+        file.inner.node_mut().protocol_mut().sync_turn(false).expect("the simulated disk never fails a sync");
     }
 }
 
