@@ -39,16 +39,29 @@ pub struct PaperArgs {
     quick: bool,
 }
 
-const EXPERIMENTS: &[&str] = &["hermes", "cyclone", "hyperloop", "groups"];
+/// The experiments, in the order `all` runs them.
+const EXPERIMENTS: &[Entry] = &[
+    Entry { name: "hermes", plan: hermes },
+    Entry { name: "cyclone", plan: cyclone },
+    Entry { name: "hyperloop", plan: hyperloop },
+    Entry { name: "groups", plan: groups },
+];
+
+/// One experiment: its name and what plans its points and says what they model.
+struct Entry {
+    name: &'static str,
+    plan: fn(&Setup) -> Plan,
+}
 
 pub fn run(args: PaperArgs) -> anyhow::Result<i32> {
     for name in &args.experiments {
-        if name != "all" && !EXPERIMENTS.contains(&name.as_str()) {
-            bail!("unknown experiment '{name}' ({}, all)", EXPERIMENTS.join(", "));
+        if name != "all" && !EXPERIMENTS.iter().any(|entry| entry.name == name) {
+            let names: Vec<&str> = EXPERIMENTS.iter().map(|entry| entry.name).collect();
+            bail!("unknown experiment '{name}' ({}, all)", names.join(", "));
         }
     }
-    let wanted = |experiment: &&str| args.experiments.iter().any(|name| name == "all" || name == experiment);
-    let chosen: Vec<&str> = EXPERIMENTS.iter().copied().filter(wanted).collect();
+    let wanted = |entry: &&Entry| args.experiments.iter().any(|name| name == "all" || name == entry.name);
+    let chosen: Vec<&Entry> = EXPERIMENTS.iter().filter(wanted).collect();
     let base = read_costs(&args.costs)?;
     let Some(base_ghz) = args.costs_ghz.or(base.cpu_ghz) else {
         bail!("{} does not say its CPU's clock: give it with --costs-ghz", args.costs.display());
@@ -58,14 +71,12 @@ pub fn run(args: PaperArgs) -> anyhow::Result<i32> {
     }
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let context = Setup { base, base_ghz, base_path: args.costs.clone(), quick: args.quick };
-    for name in chosen {
+    for entry in chosen {
         let started = std::time::Instant::now();
-        let experiment = match name {
-            "hermes" => hermes(&context)?,
-            "cyclone" => cyclone(&context)?,
-            "hyperloop" => hyperloop(&context)?,
-            _ => groups(&context)?,
-        };
+        let name = entry.name;
+        let mut plan = (entry.plan)(&context);
+        let rows = run_points(std::mem::take(&mut plan.points))?;
+        let experiment = Experiment { experiment: name.into(), command: command(name), plan, rows };
         let stem = if args.quick { format!("{name}-quick") } else { name.to_string() };
         write(&args.out, &stem, &experiment)?;
         eprintln!("{name}: {} rows in {:.0} s", experiment.rows.len(), started.elapsed().as_secs_f64());
@@ -161,10 +172,45 @@ struct Figure {
     x_is_throughput: bool,
 }
 
+impl Figure {
+    /// Throughput in millions a second (`y_desc` names them) against the rows' `x`.
+    fn throughput(name: &str, title: &str, x_desc: &str, y_desc: &str) -> Figure {
+        Figure {
+            name: name.into(),
+            title: title.into(),
+            x_desc: x_desc.into(),
+            y_desc: y_desc.into(),
+            log_y: false,
+            y: |row| row.throughput_ops_per_s / 1e6,
+            x_is_throughput: false,
+        }
+    }
+
+    /// A latency of the rows (`y`, in us) on a log scale against their `x`.
+    fn latency(name: &str, title: &str, x_desc: &str, y: fn(&Row) -> f64) -> Figure {
+        Figure {
+            log_y: true,
+            y,
+            y_desc: "latency (us)".into(),
+            ..Figure::throughput(name, title, x_desc, "")
+        }
+    }
+}
+
+/// An experiment run: what it models, and its rows.
 #[derive(Serialize)]
 struct Experiment {
     experiment: String,
     command: String,
+    #[serde(flatten)]
+    plan: Plan,
+    rows: Vec<Row>,
+}
+
+/// What an experiment models (the testbed, the scaled costs, the paper's own claims, quoted),
+/// the points it runs and the figures it draws of their rows.
+#[derive(Serialize)]
+struct Plan {
     testbed: String,
     modelled_as: String,
     scaling: Scaling,
@@ -173,9 +219,79 @@ struct Experiment {
     paper: Vec<String>,
     /// The paper's numbers that fit a figure's axes (drawn dashed beside the model's).
     paper_points: Vec<PaperPoint>,
-    rows: Vec<Row>,
     #[serde(skip)]
     figures: Vec<Figure>,
+    #[serde(skip)]
+    points: Vec<Point>,
+}
+
+/// One modelled point: its row's place in a figure, its configuration, and how long its
+/// measured window runs.
+struct Point {
+    figure: String,
+    series: String,
+    x: f64,
+    x_name: &'static str,
+    config: ModelConfig,
+    hops: ChainHops,
+    window: Window,
+}
+
+/// How long a point's measured window runs: long enough for some thousands of operations.
+enum Window {
+    Fixed(Time),
+    /// About `ops` operations at `ops_per_s`.
+    Expected {
+        ops: f64,
+        ops_per_s: f64,
+    },
+    /// About `ops` operations at the previous point's throughput (at least 100 000 ops/s;
+    /// `first_ops_per_s` for the experiment's first point).
+    AfterPrevious {
+        ops: f64,
+        first_ops_per_s: f64,
+    },
+    /// A 5 ms pilot of the point tells how fast it runs; the window then holds about `ops`
+    /// operations, within 5 ms and 4 s of virtual time.
+    Pilot {
+        ops: f64,
+    },
+}
+
+impl Window {
+    fn duration(
+        &self,
+        config: &ModelConfig,
+        hops: ChainHops,
+        previous_ops_per_s: Option<f64>,
+    ) -> anyhow::Result<Time> {
+        Ok(match *self {
+            Window::Fixed(duration) => duration,
+            Window::Expected { ops, ops_per_s } => window_for(ops_per_s, ops),
+            Window::AfterPrevious { ops, first_ops_per_s } => {
+                window_for(previous_ops_per_s.map_or(first_ops_per_s, |previous| previous.max(1e5)), ops)
+            }
+            Window::Pilot { ops } => {
+                let pilot_config = ModelConfig { duration: Time::from_millis(5), ..config.clone() };
+                let pilot = predict_any(&pilot_config, hops).map_err(anyhow::Error::msg)?;
+                let seconds = (ops / pilot.throughput_ops_per_s.max(1.0)).clamp(0.005, 4.0);
+                Time::from_nanos((seconds * 1e9) as u64)
+            }
+        })
+    }
+}
+
+/// Run an experiment's points in order, each window sized as its [`Window`] says.
+fn run_points(points: Vec<Point>) -> anyhow::Result<Vec<Row>> {
+    let mut previous_ops_per_s = None;
+    let mut rows = Vec::with_capacity(points.len());
+    for mut point in points {
+        point.config.duration = point.window.duration(&point.config, point.hops, previous_ops_per_s)?;
+        let report = run_point(&point.config, point.hops)?;
+        previous_ops_per_s = Some(report.throughput_ops_per_s);
+        rows.push(Row::of(&point.figure, &point.series, point.x, point.x_name, &report));
+    }
+    Ok(rows)
 }
 
 /// One of the paper's own numbers on a figure's axes, read from its text.
@@ -252,7 +368,7 @@ fn window_for(expected_ops_per_s: f64, ops: f64) -> Time {
 // Hermes (Katsarakis et al., ASPLOS 2020), §5.2 and §6: Figures 5a, 5b, 6a and the 3/5/7
 // scalability figure.
 
-fn hermes(context: &Setup) -> anyhow::Result<Experiment> {
+fn hermes(context: &Setup) -> Plan {
     let network = Network::preset("rdma").expect("a preset");
     let (costs, scaling) = scaled(context, "Intel Xeon E5-2630 v4 (2 x 10 cores, turbo off)", 2.2, &network);
     let cores = 20;
@@ -261,27 +377,43 @@ fn hermes(context: &Setup) -> anyhow::Result<Experiment> {
     let protocols = ["hermes", "craq", "zab-local"];
     let ratios: &[u32] = if context.quick { &[1, 20, 100] } else { &[0, 1, 5, 20, 50, 100] };
     let per_loop_clients = if context.quick { 4 } else { 8 };
-    let mut rows = Vec::new();
-    let workload = |writes: u32, distribution: Distribution| {
+    let window = || Window::AfterPrevious {
+        ops: if context.quick { 4_000.0 } else { 20_000.0 },
+        first_ops_per_s: 20e6,
+    };
+    let clients_at = |nodes: usize, per_loop: u32| per_loop * (nodes * loops) as u32;
+    let point = |figure: &str, protocol: &str, (x, x_name), nodes, clients, writes, distribution| {
         let mut workload = Workload::named(&format!("kv-w{writes}")).expect("a workload");
         workload.keys = keys;
         workload.distribution = distribution;
-        workload
+        let mut config = paper_config(protocol, nodes, cores, &network, &costs, clients);
+        config.loops = loops;
+        config.workload = workload;
+        Point {
+            figure: figure.into(),
+            series: protocol.into(),
+            x,
+            x_name,
+            config,
+            hops: ChainHops::Cpu,
+            window: window(),
+        }
     };
     let zipf = Distribution::Zipfian { theta: chorus_sim::model::workload::YCSB_THETA };
-    let mut expected = 20e6;
+    let mut points = Vec::new();
     for (figure, distribution) in [("fig5a", Distribution::Uniform), ("fig5b", zipf)] {
         for protocol in protocols {
             for &writes in ratios {
-                let nodes = 5;
-                let clients = per_loop_clients * (nodes * loops) as u32;
-                let mut config = paper_config(protocol, nodes, cores, &network, &costs, clients);
-                config.loops = loops;
-                config.workload = workload(writes, distribution);
-                config.duration = window_for(expected, if context.quick { 4_000.0 } else { 20_000.0 });
-                let report = run_point(&config, ChainHops::Cpu)?;
-                expected = report.throughput_ops_per_s.max(1e5);
-                rows.push(Row::of(figure, protocol, writes as f64, "write %", &report));
+                let clients = clients_at(5, per_loop_clients);
+                points.push(point(
+                    figure,
+                    protocol,
+                    (writes as f64, "write %"),
+                    5,
+                    clients,
+                    writes,
+                    distribution,
+                ));
             }
         }
     }
@@ -289,73 +421,43 @@ fn hermes(context: &Setup) -> anyhow::Result<Experiment> {
     let sweep: &[u32] = if context.quick { &[1, 4] } else { &[1, 2, 4, 8, 16] };
     for protocol in protocols {
         for &per_loop in sweep {
-            let nodes = 5;
-            let clients = per_loop * (nodes * loops) as u32;
-            let mut config = paper_config(protocol, nodes, cores, &network, &costs, clients);
-            config.loops = loops;
-            config.workload = workload(5, Distribution::Uniform);
-            config.duration = window_for(expected, if context.quick { 4_000.0 } else { 20_000.0 });
-            let report = run_point(&config, ChainHops::Cpu)?;
-            expected = report.throughput_ops_per_s.max(1e5);
-            rows.push(Row::of("fig6a", protocol, clients as f64, "clients", &report));
+            let clients = clients_at(5, per_loop);
+            let x = (clients as f64, "clients");
+            points.push(point("fig6a", protocol, x, 5, clients, 5, Distribution::Uniform));
         }
     }
     // Scalability: 3, 5 and 7 replicas at 5% and 20% writes.
     for writes in [5, 20] {
         for protocol in protocols {
             for nodes in [3usize, 5, 7] {
-                let clients = per_loop_clients * (nodes * loops) as u32;
-                let mut config = paper_config(protocol, nodes, cores, &network, &costs, clients);
-                config.loops = loops;
-                config.workload = workload(writes, Distribution::Uniform);
-                config.duration = window_for(expected, if context.quick { 4_000.0 } else { 20_000.0 });
-                let report = run_point(&config, ChainHops::Cpu)?;
-                expected = report.throughput_ops_per_s.max(1e5);
-                rows.push(Row::of(
-                    &format!("scalability-w{writes}"),
-                    protocol,
-                    nodes as f64,
-                    "replicas",
-                    &report,
-                ));
+                let clients = clients_at(nodes, per_loop_clients);
+                let x = (nodes as f64, "replicas");
+                let figure = format!("scalability-w{writes}");
+                points.push(point(&figure, protocol, x, nodes, clients, writes, Distribution::Uniform));
             }
         }
     }
-    let throughput = |row: &Row| row.throughput_ops_per_s / 1e6;
     let figures = vec![
-        figure(
-            "fig5a",
-            "Figure 5a: throughput vs write ratio, uniform",
-            "write %",
-            "M ops/s",
-            false,
-            throughput,
-            false,
-        ),
-        figure(
+        Figure::throughput("fig5a", "Figure 5a: throughput vs write ratio, uniform", "write %", "M ops/s"),
+        Figure::throughput(
             "fig5b",
             "Figure 5b: throughput vs write ratio, zipfian 0.99",
             "write %",
             "M ops/s",
-            false,
-            throughput,
-            false,
         ),
-        figure(
-            "fig6a",
-            "Figure 6a: p50 (solid) and p99 (dashed) vs throughput, 5% writes",
-            "M ops/s",
-            "latency (us)",
-            true,
-            |row| row.latency.p50_us,
-            true,
-        ),
-        figure("scalability-w5", "Scalability, 5% writes", "replicas", "M ops/s", false, throughput, false),
-        figure("scalability-w20", "Scalability, 20% writes", "replicas", "M ops/s", false, throughput, false),
+        Figure {
+            x_is_throughput: true,
+            ..Figure::latency(
+                "fig6a",
+                "Figure 6a: p50 (solid) and p99 (dashed) vs throughput, 5% writes",
+                "M ops/s",
+                |row| row.latency.p50_us,
+            )
+        },
+        Figure::throughput("scalability-w5", "Scalability, 5% writes", "replicas", "M ops/s"),
+        Figure::throughput("scalability-w20", "Scalability, 20% writes", "replicas", "M ops/s"),
     ];
-    Ok(Experiment {
-        experiment: "hermes".into(),
-        command: command("hermes"),
+    Plan {
         testbed: "Hermes §5.2: 7 servers on a 12-port InfiniBand switch, each two 10-core Xeon E5-2630 v4, a 56 Gb InfiniBand NIC; one million keys, uniform or zipfian 0.99; 5 replicas unless stated.".into(),
         modelled_as: format!("5 replicas (3/5/7 for scalability), each a machine of {cores} cores with {loops} event loops (the server's event_loops: one independent protocol core per core, keys split by hash, as HermesKV's worker threads), 56 Gb/s RDMA (kernel-bypass costs, polling: no wakes), {keys} keys of 32-byte values, closed-loop clients on other machines spread over the replicas ({per_loop_clients} per event loop at saturation). zab-local is Chorus' ZAB with local reads (the paper's rZAB reads locally): each event loop is its own ZAB instance, whose leader is the same node for every loop."),
         scaling,
@@ -371,16 +473,55 @@ fn hermes(context: &Setup) -> anyhow::Result<Experiment> {
             "The seed text of the paper (../shared/seeds/003_b902a949263df2c2.txt) has lost most figures' numbers (\"HermesKV achieves MReqs/s\"): only the ratios and words above survive, so the comparison is of shapes and of the 3.6x.".into(),
         ],
         paper_points: Vec::new(),
-        rows,
         figures,
-    })
+        points,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // Cyclone (its evaluation section): the network optimisations, logs and cores up to 32,
 // replicas, payload.
 
-fn cyclone(context: &Setup) -> anyhow::Result<Experiment> {
+/// A Cyclone point: raftlog with one log per event loop on `nodes` replicas, 100% writes of
+/// `payload` bytes each, `batch` commands at most per log entry, the throughput expected.
+#[derive(Clone, Copy)]
+struct Logs<'a> {
+    network: &'a Network,
+    costs: &'a CostTable,
+    nodes: usize,
+    logs: usize,
+    batch: usize,
+    payload: usize,
+    clients: u32,
+    expected_ops_per_s: f64,
+}
+
+impl Logs<'_> {
+    fn point(self, cores: u32, ops: f64, figure: &str, series: &str, x: f64, x_name: &'static str) -> Point {
+        let mut workload = Workload::named("kv-w100").expect("a workload");
+        workload.keys = 100_000;
+        // Cyclone logs a 60-byte header and the payload; the model's SET carries its key
+        // (16 bytes) and the value.
+        workload.value_bytes = 44 + self.payload;
+        workload.record_bytes = workload.value_bytes;
+        let mut config = paper_config("raftlog", self.nodes, cores, self.network, self.costs, self.clients);
+        config.loops = self.logs;
+        config.raftlog_logs = self.logs;
+        config.raftlog_batch_commands_max = self.batch;
+        config.workload = workload;
+        Point {
+            figure: figure.into(),
+            series: series.into(),
+            x,
+            x_name,
+            config,
+            hops: ChainHops::Cpu,
+            window: Window::Expected { ops, ops_per_s: self.expected_ops_per_s },
+        }
+    }
+}
+
+fn cyclone(context: &Setup) -> Plan {
     let tcp = Network::preset("10gbe").expect("a preset");
     let dpdk = Network { name: "10gbe-dpdk".into(), kernel_bypass: true, ..tcp.clone() };
     let dpdk_4 = Network {
@@ -394,161 +535,87 @@ fn cyclone(context: &Setup) -> anyhow::Result<Experiment> {
     let (tcp_costs, _) = scaled(context, cpu, context.base_ghz, &tcp);
     let (dpdk_costs, scaling) = scaled(context, cpu, context.base_ghz, &dpdk);
     let cores = 40;
-    let mut rows = Vec::new();
-    let writes = |payload: usize| {
-        let mut workload = Workload::named("kv-w100").expect("a workload");
-        workload.keys = 100_000;
-        // Cyclone logs a 60-byte header and the payload; the model's SET carries its key
-        // (16 bytes) and the value.
-        workload.value_bytes = 44 + payload;
-        workload.record_bytes = workload.value_bytes;
-        workload
-    };
-    let scale = if context.quick { 2_000.0 } else { 10_000.0 };
-    let mut point = |figure: &str,
-                     series: &str,
-                     x: f64,
-                     x_name: &str,
-                     network: &Network,
-                     costs: &CostTable,
-                     nodes: usize,
-                     loops: usize,
-                     batch: usize,
-                     payload: usize,
-                     clients: u32,
-                     expected: f64|
-     -> anyhow::Result<f64> {
-        let mut config = paper_config("raftlog", nodes, cores, network, costs, clients);
-        config.loops = loops;
-        config.raftlog_logs = loops;
-        config.raftlog_batch_commands_max = batch;
-        config.workload = writes(payload);
-        config.duration = window_for(expected, scale);
-        let report = run_point(&config, ChainHops::Cpu)?;
-        rows.push(Row::of(figure, series, x, x_name, &report));
-        Ok(report.throughput_ops_per_s)
-    };
+    let ops = if context.quick { 2_000.0 } else { 10_000.0 };
     // The network optimisations, one step at a time (3 replicas, no payload).
-    let clients = 256;
-    point(
-        "optimizations",
-        "TCP/IP, 1 log, no batching",
-        0.0,
-        "step",
-        &tcp,
-        &tcp_costs,
-        3,
-        1,
-        1,
-        0,
-        clients,
-        3e4,
-    )?;
-    point("optimizations", "+DPDK", 1.0, "step", &dpdk, &dpdk_costs, 3, 1, 1, 0, clients, 5e4)?;
-    point("optimizations", "+batching", 2.0, "step", &dpdk, &dpdk_costs, 3, 1, 1_024, 0, clients, 2e5)?;
-    point("optimizations", "+8 logs", 3.0, "step", &dpdk, &dpdk_costs, 3, 8, 1_024, 0, 8 * clients, 1e6)?;
-    point("optimizations", "+4 ports", 4.0, "step", &dpdk_4, &dpdk_costs, 3, 8, 1_024, 0, 8 * clients, 1e6)?;
+    let tcp_1 = Logs {
+        network: &tcp,
+        costs: &tcp_costs,
+        nodes: 3,
+        logs: 1,
+        batch: 1,
+        payload: 0,
+        clients: 256,
+        expected_ops_per_s: 3e4,
+    };
+    let dpdk_1 = Logs { network: &dpdk, costs: &dpdk_costs, expected_ops_per_s: 5e4, ..tcp_1 };
+    let batching = Logs { batch: 1_024, expected_ops_per_s: 2e5, ..dpdk_1 };
+    let logs_8 = Logs { logs: 8, clients: 8 * 256, expected_ops_per_s: 1e6, ..batching };
+    let ports_4 = Logs { network: &dpdk_4, ..logs_8 };
+    let mut points = Vec::new();
+    let steps = [
+        ("TCP/IP, 1 log, no batching", tcp_1),
+        ("+DPDK", dpdk_1),
+        ("+batching", batching),
+        ("+8 logs", logs_8),
+        ("+4 ports", ports_4),
+    ];
+    for (step, (series, logs)) in steps.into_iter().enumerate() {
+        points.push(logs.point(cores, ops, "optimizations", series, step as f64, "step"));
+    }
     // Unloaded latency: one client, one log.
-    point("unloaded", "TCP/IP, 3 replicas", 0.0, "configuration", &tcp, &tcp_costs, 3, 1, 1_024, 0, 1, 1e4)?;
-    point("unloaded", "DPDK, 3 replicas", 1.0, "configuration", &dpdk, &dpdk_costs, 3, 1, 1_024, 0, 1, 2e4)?;
-    point("unloaded", "DPDK, 1 replica", 2.0, "configuration", &dpdk, &dpdk_costs, 1, 1, 1_024, 0, 1, 4e4)?;
+    let unloaded = [
+        ("TCP/IP, 3 replicas", Logs { batch: 1_024, clients: 1, expected_ops_per_s: 1e4, ..tcp_1 }),
+        ("DPDK, 3 replicas", Logs { clients: 1, expected_ops_per_s: 2e4, ..batching }),
+        ("DPDK, 1 replica", Logs { nodes: 1, clients: 1, expected_ops_per_s: 4e4, ..batching }),
+    ];
+    for (configuration, (series, logs)) in unloaded.into_iter().enumerate() {
+        points.push(logs.point(cores, ops, "unloaded", series, configuration as f64, "configuration"));
+    }
     // Logs and cores: one log per event loop, one loop per core, up to 32.
-    let logs: &[usize] = if context.quick { &[1, 8, 32] } else { &[1, 2, 4, 8, 16, 32] };
-    for &count in logs {
-        point(
-            "logs",
-            "4 ports, batching",
-            count as f64,
-            "logs (= event loops = cores used)",
-            &dpdk_4,
-            &dpdk_costs,
-            3,
-            count,
-            1_024,
-            0,
-            256 * count as u32,
-            2e5 * count as f64,
-        )?;
+    let counts: &[usize] = if context.quick { &[1, 8, 32] } else { &[1, 2, 4, 8, 16, 32] };
+    for &count in counts {
+        let logs = Logs {
+            logs: count,
+            clients: 256 * count as u32,
+            expected_ops_per_s: 2e5 * count as f64,
+            ..ports_4
+        };
+        let x_name = "logs (= event loops = cores used)";
+        points.push(logs.point(cores, ops, "logs", "4 ports, batching", count as f64, x_name));
     }
     // Replicas.
     for nodes in [1usize, 3, 5] {
-        point(
-            "replicas",
-            "8 logs, 4 ports",
-            nodes as f64,
-            "replicas",
-            &dpdk_4,
-            &dpdk_costs,
-            nodes,
-            8,
-            1_024,
-            0,
-            2_048,
-            1e6,
-        )?;
+        let logs = Logs { nodes, ..ports_4 };
+        points.push(logs.point(cores, ops, "replicas", "8 logs, 4 ports", nodes as f64, "replicas"));
     }
     // Payload.
     let payloads: &[usize] = if context.quick { &[0, 512] } else { &[0, 64, 256, 512] };
     for &payload in payloads {
-        point(
-            "payload",
-            "8 logs, 4 ports",
-            payload as f64,
-            "payload bytes",
-            &dpdk_4,
-            &dpdk_costs,
-            3,
-            8,
-            1_024,
-            payload,
-            2_048,
-            1e6,
-        )?;
+        let logs = Logs { payload, ..ports_4 };
+        points.push(logs.point(cores, ops, "payload", "8 logs, 4 ports", payload as f64, "payload bytes"));
     }
-    let throughput = |row: &Row| row.throughput_ops_per_s / 1e6;
     let figures = vec![
-        figure(
-            "optimizations",
-            "Network optimisations (0 TCP/IP, 1 +DPDK, 2 +batching, 3 +8 logs, 4 +4 ports)",
-            "step",
-            "M entries/s",
-            true,
-            throughput,
-            false,
-        ),
-        figure(
-            "logs",
-            "Logs (one per core), 4 x 10 GbE, DPDK",
-            "logs",
-            "M entries/s",
-            false,
-            throughput,
-            false,
-        ),
-        figure("replicas", "Replicas (8 logs)", "replicas", "M entries/s", false, throughput, false),
-        figure(
+        Figure {
+            log_y: true,
+            ..Figure::throughput(
+                "optimizations",
+                "Network optimisations (0 TCP/IP, 1 +DPDK, 2 +batching, 3 +8 logs, 4 +4 ports)",
+                "step",
+                "M entries/s",
+            )
+        },
+        Figure::throughput("logs", "Logs (one per core), 4 x 10 GbE, DPDK", "logs", "M entries/s"),
+        Figure::throughput("replicas", "Replicas (8 logs)", "replicas", "M entries/s"),
+        Figure::latency(
             "unloaded",
             "One client: p50 (0 TCP/IP, 1 DPDK, 2 DPDK 1 replica)",
             "configuration",
-            "latency (us)",
-            true,
             |row| row.latency.p50_us,
-            false,
         ),
-        figure(
-            "payload",
-            "Payload (8 logs, 3 replicas)",
-            "payload bytes",
-            "M entries/s",
-            false,
-            throughput,
-            false,
-        ),
+        Figure::throughput("payload", "Payload (8 logs, 3 replicas)", "payload bytes", "M entries/s"),
     ];
     let costs = dpdk_costs;
-    Ok(Experiment {
-        experiment: "cyclone".into(),
-        command: command("cyclone"),
+    Plan {
         testbed: "Cyclone: a 12-node cluster on a 10 GigE switch; 3 servers with 4 x 10 GigE ports, 9 clients; DPDK; DRAM standing in for NVDIMM; 32 application threads and at most 8 Raft threads; a 60-byte header and a payload per entry, echoed back.".into(),
         modelled_as: format!("raftlog (Chorus' Cyclone-style log) with one log per event loop (raftlog_shards = raftlog_logs), machines of {cores} cores, the circular log synced per turn at the calibrated /dev/shm cost, 100% writes (each command one log entry unless batched), 10 GbE with kernel TCP for the first step and DPDK (kernel-bypass costs) after; 4 ports modelled as one NIC of 4 x the bandwidth and packet rate; closed-loop clients on other machines."),
         scaling,
@@ -576,15 +643,15 @@ fn cyclone(context: &Setup) -> anyhow::Result<Experiment> {
             paper_point("payload", 0.0, 6.0, "from 6M entries/s"),
             paper_point("payload", 512.0, 2.0, "to approximately 2M entries/s"),
         ],
-        rows,
         figures,
-    })
+        points,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // HyperLoop (Kim et al., SIGCOMM 2018), §2.2 and §6.2: the multi-tenant experiment.
 
-fn hyperloop(context: &Setup) -> anyhow::Result<Experiment> {
+fn hyperloop(context: &Setup) -> Plan {
     let network = Network::preset("rdma").expect("a preset");
     let (costs, scaling) = scaled(context, "Intel Xeon E5-2650 v2 (2 x 8 cores)", 2.6, &network);
     // Naïve-Event: every hop wakes the replica's process through the kernel (an RDMA
@@ -600,7 +667,7 @@ fn hyperloop(context: &Setup) -> anyhow::Result<Experiment> {
     // 3 ms on these 32-thread machines.
     let slice = Time::from_millis(3);
     let tenants: &[u32] = if context.quick { &[1, 8] } else { &[1, 8, 32, 64] };
-    let mut rows = Vec::new();
+    let mut points = Vec::new();
     for loaded in [false, true] {
         for (series, hops, table) in [
             ("HyperLoop (hops on the NIC)", ChainHops::Nic, &costs),
@@ -621,42 +688,29 @@ fn hyperloop(context: &Setup) -> anyhow::Result<Experiment> {
                 config.background_slice = loaded.then_some(slice);
                 config.workload = workload;
                 config.warmup = Time::from_millis(20);
-                // A short pilot tells how fast the point runs; the window then holds about
-                // 20 000 operations (4 000 quick), within 5 ms and 4 s of virtual time.
-                config.duration = Time::from_millis(5);
-                let pilot = predict_any(&config, hops).map_err(anyhow::Error::msg)?;
-                let target = if context.quick { 4_000.0 } else { 20_000.0 };
-                let seconds = (target / pilot.throughput_ops_per_s.max(1.0)).clamp(0.005, 4.0);
-                config.duration = Time::from_nanos((seconds * 1e9) as u64);
-                let report = run_point(&config, hops)?;
                 let name = format!("{series}{}", if loaded { ", CPUs busy" } else { ", CPUs idle" });
-                rows.push(Row::of("tenants", &name, count as f64, "tenants", &report));
+                points.push(Point {
+                    figure: "tenants".into(),
+                    series: name,
+                    x: count as f64,
+                    x_name: "tenants",
+                    config,
+                    hops,
+                    window: Window::Pilot { ops: if context.quick { 4_000.0 } else { 20_000.0 } },
+                });
             }
         }
     }
     let figures = vec![
-        figure(
+        Figure::latency(
             "tenants-p99",
             "Update p99 vs tenants (YCSB-A, chains of 3 on 3 machines)",
             "tenants",
-            "latency (us)",
-            true,
             |row| row.write_latency.p99_us,
-            false,
         ),
-        figure(
-            "tenants-mean",
-            "Update mean vs tenants",
-            "tenants",
-            "latency (us)",
-            true,
-            |row| row.write_latency.mean_us,
-            false,
-        ),
+        Figure::latency("tenants-mean", "Update mean vs tenants", "tenants", |row| row.write_latency.mean_us),
     ];
-    Ok(Experiment {
-        experiment: "hyperloop".into(),
-        command: command("hyperloop"),
+    Plan {
         testbed: "HyperLoop §6: machines of two 8-core Xeon E5-2650 v2, 64 GB, a 56 Gbps ConnectX-3 RDMA NIC; §6.2: 3 machines, groups of 3, YCSB (32-byte keys, 1024-byte values), replicas co-located with busy tenants (\"The number of application threads on each socket is 10x the number of its CPU cores\").".into(),
         modelled_as: format!("T tenants, each a Chorus chain store of 3 replicas on the same 3 machines of {cores} cores (groups sharing machines), every tenant replica a process of one thread, one closed-loop client per tenant on another machine, YCSB-A over 256 records of 1 KiB per tenant (uniform), 56 Gb/s RDMA. HyperLoop: the chain's member-to-member operations (gWRITE, gCAS, gMEMCPY) are handled by the NICs (no CPU, no wake); the coordinator at the head (client requests, the tail's acknowledgements, replies) runs on the head's CPU. Naïve-Event: every message is a process wake and handler on the receiver's CPU. 'CPUs busy': every core runs a CPU-bound background load whenever no replica work holds it, in 3 ms slices (CFS's minimum granularity at 8+ CPUs); a woken replica gets the first core whose slice ends."),
         scaling,
@@ -669,25 +723,24 @@ fn hyperloop(context: &Setup) -> anyhow::Result<Experiment> {
             "§2.2 Figure 2: MongoDB's latency grows with the number of partitions per server as context switches grow; with 18 replica-sets, more cores lower latency and context switches.".into(),
         ],
         paper_points: Vec::new(),
-        rows,
         figures,
-    })
+        points,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // The scale-out issue's groups (issue 20 point 6): 1, 2, 3, 4 groups of 3, every group on
 // machines of its own.
 
-fn groups(context: &Setup) -> anyhow::Result<Experiment> {
+fn groups(context: &Setup) -> Plan {
     let network = Network::preset("25gbe").expect("a preset");
     let (costs, scaling) = scaled(context, "this machine's (no scaling)", context.base_ghz, &network);
     let cores = 8;
     let counts: &[usize] = if context.quick { &[1, 3] } else { &[1, 2, 3, 4] };
-    let mut rows = Vec::new();
-    for (figure, workload_name, writes) in
-        [("groups-set", "kv-w100", true), ("groups-get", "kv-w0", false), ("groups-ycsb-a", "ycsb-a", true)]
+    let mut points = Vec::new();
+    for (figure, workload_name) in
+        [("groups-set", "kv-w100"), ("groups-get", "kv-w0"), ("groups-ycsb-a", "ycsb-a")]
     {
-        let _ = writes;
         for &count in counts {
             let mut workload = Workload::named(workload_name).expect("a workload");
             workload.keys = 100_000;
@@ -695,44 +748,33 @@ fn groups(context: &Setup) -> anyhow::Result<Experiment> {
             config.groups = count;
             config.loops = cores as usize;
             config.workload = workload;
-            config.duration = Time::from_millis(if context.quick { 5 } else { 20 });
-            let report = run_point(&config, ChainHops::Cpu)?;
-            rows.push(Row::of(figure, "hermes", count as f64, "groups of 3", &report));
+            points.push(Point {
+                figure: figure.into(),
+                series: "hermes".into(),
+                x: count as f64,
+                x_name: "groups of 3",
+                config,
+                hops: ChainHops::Cpu,
+                window: Window::Fixed(Time::from_millis(if context.quick { 5 } else { 20 })),
+            });
         }
     }
-    let throughput = |row: &Row| row.throughput_ops_per_s / 1e6;
     let figures = vec![
-        figure(
+        Figure::throughput(
             "groups-set",
             "SET (100% writes, uniform), 64 clients per group",
             "groups",
             "M ops/s",
-            false,
-            throughput,
-            false,
         ),
-        figure(
-            "groups-get",
-            "GET (uniform), 64 clients per group",
-            "groups",
-            "M ops/s",
-            false,
-            throughput,
-            false,
-        ),
-        figure(
+        Figure::throughput("groups-get", "GET (uniform), 64 clients per group", "groups", "M ops/s"),
+        Figure::throughput(
             "groups-ycsb-a",
             "YCSB-A (zipfian 0.99), 64 clients per group",
             "groups",
             "M ops/s",
-            false,
-            throughput,
-            false,
         ),
     ];
-    Ok(Experiment {
-        experiment: "groups".into(),
-        command: command("groups"),
+    Plan {
         testbed: "Issue 20 point 6 (docs/benchmarks.md, \"Scale-out\"): `chorus up --shards S --replicas 3`, measured on this 2-core machine with every group sharing it; the prediction there is for groups on machines of their own.".into(),
         modelled_as: format!("S groups of 3 Hermes replicas, each replica a machine of {cores} cores with {cores} event loops, 25 GbE with kernel TCP, keys spread over the groups by slot (Redis' CRC16, even slot ranges), 64 closed-loop clients per group, each sending every command to its key's group (a cluster client)."),
         scaling,
@@ -742,34 +784,13 @@ fn groups(context: &Setup) -> anyhow::Result<Experiment> {
             "docs/benchmarks.md, its prediction: \"With each group on machines of its own, writes and reads should therefore grow close to linearly in S for keys spread like these, limited by the clients' ability to spread their connections, by hot keys (a key lives in one group)\".".into(),
         ],
         paper_points: Vec::new(),
-        rows,
         figures,
-    })
+        points,
+    }
 }
 
 fn command(experiment: &str) -> String {
     format!("chorus model paper --experiments {experiment} --costs docs/benchmarks/model/costs-session12-busy.json --costs-ghz 2.45 --out docs/benchmarks/model")
-}
-
-#[allow(clippy::too_many_arguments)]
-fn figure(
-    name: &str,
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
-    log_y: bool,
-    y: fn(&Row) -> f64,
-    x_is_throughput: bool,
-) -> Figure {
-    Figure {
-        name: name.into(),
-        title: title.into(),
-        x_desc: x_desc.into(),
-        y_desc: y_desc.into(),
-        log_y,
-        y,
-        x_is_throughput,
-    }
 }
 
 fn write(out: &Path, stem: &str, experiment: &Experiment) -> anyhow::Result<()> {
@@ -823,6 +844,7 @@ fn tables(experiment: &Experiment) -> String {
 
 fn draw(path: &Path, experiment: &Experiment) -> anyhow::Result<()> {
     let panels: Vec<Panel> = experiment
+        .plan
         .figures
         .iter()
         .map(|figure| {
@@ -859,6 +881,7 @@ fn draw(path: &Path, experiment: &Experiment) -> anyhow::Result<()> {
                 }
             }
             let quoted: Vec<(f64, f64)> = experiment
+                .plan
                 .paper_points
                 .iter()
                 .filter(|point| point.figure == figure.name)
