@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use chorus_sim::checker::{check_history, CheckerConfig};
 use support::loopback::{assert_concurrent_clients_linearizable, background_clients, Bulk, Cluster};
-use support::workload::{self, Workload};
 
 mod support;
 
@@ -71,16 +70,7 @@ fn chain_serves_the_same_commands_across_replicas() {
 #[test]
 fn chain_survives_a_sigkill_of_the_head_mid_load() {
     let mut cluster = Cluster::start(3, &["--protocol", "chain"]);
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let load = std::thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 6,
-            ops_per_client: 250,
-            reply_timeout: Duration::from_secs(10),
-            think: Duration::from_millis(2),
-        })
-    });
+    let load = background_clients(&cluster, 250, Duration::from_secs(10), Duration::from_millis(2));
     std::thread::sleep(Duration::from_millis(300));
     cluster.sigkill(0);
     let history = load.join().unwrap();

@@ -14,84 +14,58 @@
 
 mod support;
 
-use std::process::{Child, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use chorus_sim::checker::{check_history, CheckerConfig};
-use support::netns::Lab;
+use chorus_sim::history::History;
+use support::netns::{Lab, Nodes};
 use support::workload::{self, Workload};
 
-const CLIENT_PORT: u16 = 6379;
-const PEER_PORT: u16 = 7000;
 /// A SIGSTOP pause: longer than the default lease (600 ms) and failure detection (300 ms).
 const PAUSE: Duration = Duration::from_millis(1_200);
 
-struct Nodes {
-    children: Vec<Option<Child>>,
-    dir: std::path::PathBuf,
+/// A cluster of `chorus node` processes of one protocol, one per namespace of the lab.
+struct Cluster {
+    nodes: Nodes,
     protocol: String,
     replicas: usize,
 }
 
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if thread::panicking() {
-            eprintln!("node logs kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-fn start_nodes(lab: &Lab, replicas: usize, protocol: &str) -> Nodes {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("chorus-netns-{}-{run}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut nodes = Nodes { children: Vec::new(), dir, protocol: protocol.to_string(), replicas };
+fn start_nodes(lab: &Lab, replicas: usize, protocol: &str) -> Cluster {
+    let nodes = Nodes::new("netns", replicas);
+    let mut cluster = Cluster { nodes, protocol: protocol.to_string(), replicas };
     for node in 0..replicas {
-        let child = spawn_node(lab, &nodes, node, &[]);
-        nodes.children.push(Some(child));
+        spawn_node(lab, &mut cluster, node, &[]);
     }
-    nodes
+    cluster
 }
 
 /// Start `node` in its namespace with its data directory (a restart keeps it).
-fn spawn_node(lab: &Lab, nodes: &Nodes, node: usize, extra_args: &[&str]) -> Child {
-    let mut command = lab.command_in(node, env!("CARGO_BIN_EXE_chorus"));
-    command
-        .arg("node")
-        .args(["--node-id", &node.to_string()])
-        .args(["--protocol", &nodes.protocol])
-        .args(["--client-addr", &format!("{}:{CLIENT_PORT}", lab.node_ip(node))])
+fn spawn_node(lab: &Lab, cluster: &mut Cluster, node: usize, extra_args: &[&str]) {
+    let mut args: Vec<String> = vec![
+        "node".into(),
+        "--node-id".into(),
+        node.to_string(),
+        "--protocol".into(),
+        cluster.protocol.clone(),
+        "--client-addr".into(),
+        lab.client_addr(node),
         // The namespaces are private to the test: nothing else can reach the client port.
-        .args(["--protected-mode", "no"])
-        .args(["--cluster-token", "netns-test-token-0123"])
-        .args(["--data-dir", nodes.dir.join(format!("node-{node}")).to_str().unwrap()])
-        .args(["--log-level", "info"])
-        .args(extra_args);
-    for peer in 0..nodes.replicas {
-        command.args(["--peer", &format!("{peer}={}:{PEER_PORT}", lab.node_ip(peer))]);
+        "--protected-mode".into(),
+        "no".into(),
+        "--cluster-token".into(),
+        "netns-test-token-0123".into(),
+        "--data-dir".into(),
+        cluster.nodes.data_dir(node).to_str().unwrap().into(),
+        "--log-level".into(),
+        "info".into(),
+    ];
+    args.extend(extra_args.iter().map(|arg| arg.to_string()));
+    for peer in 0..cluster.replicas {
+        args.extend(["--peer".into(), format!("{peer}={}", lab.peer_addr(peer))]);
     }
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(nodes.dir.join(format!("node-{node}.log")))
-        .unwrap();
-    command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
-    command.spawn().expect("start chorus node in its namespace")
-}
-
-fn signal(nodes: &Nodes, node: usize, signal: libc::c_int) {
-    let pid = nodes.children[node].as_ref().expect("node running").id() as libc::pid_t;
-    // SAFETY: kill(2) with a pid we spawned and still own; no memory is involved.
-    let result = unsafe { libc::kill(pid, signal) };
-    assert_eq!(result, 0, "kill({pid}, {signal})");
+    cluster.nodes.start(lab, node, args);
 }
 
 fn wait_ready(lab: &Lab, replicas: usize) {
@@ -99,29 +73,18 @@ fn wait_ready(lab: &Lab, replicas: usize) {
 }
 
 fn wait_ready_nodes(lab: &Lab, replicas: usize, which: impl Iterator<Item = usize>) {
-    let started = Instant::now();
-    for node in which {
-        let wanted = format!("chorus_peers_connected:{}", replicas - 1);
-        loop {
-            let url = format!("redis://{}:{CLIENT_PORT}/", lab.node_ip(node));
-            let ready = redis::Client::open(url)
-                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
-                .and_then(|mut con| redis::cmd("INFO").arg("replication").query::<String>(&mut con))
-                .is_ok_and(|info| info.contains(&wanted) && info.contains("chorus_operational:1"));
-            if ready {
-                break;
-            }
-            assert!(started.elapsed() < Duration::from_secs(60), "node {node} never became ready");
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
+    lab.wait_ready(which, replicas - 1, Duration::from_secs(60));
 }
 
 fn connect(lab: &Lab, node: usize) -> redis::Connection {
-    let url = format!("redis://{}:{CLIENT_PORT}/", lab.node_ip(node));
-    let con = redis::Client::open(url).unwrap().get_connection_with_timeout(Duration::from_secs(5)).unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    con
+    lab.connect(node, Duration::from_secs(30)).unwrap()
+}
+
+/// Six recording clients over every node, 400 operations each, `think` apart.
+fn six_clients(lab: &Lab, replicas: usize, think: Duration) -> thread::JoinHandle<History> {
+    let targets = (0..replicas).map(|node| lab.client_addr(node)).collect();
+    let reply_timeout = Duration::from_secs(3);
+    workload::spawn(Workload { targets, clients: 6, ops_per_client: 400, reply_timeout, think })
 }
 
 /// After the faults, every node either serves or refuses clearly (the membership service
@@ -155,12 +118,6 @@ fn assert_survivors_serve_and_agree(lab: &Lab, replicas: usize) -> Vec<usize> {
         assert_eq!(got, last.to_string(), "node {node} reads the last write");
     }
     serving
-}
-
-fn view_epoch(lab: &Lab, node: usize) -> u64 {
-    let info: String = redis::cmd("INFO").arg("replication").query(&mut connect(lab, node)).unwrap();
-    let line = info.lines().find(|line| line.starts_with("chorus_view_epoch:")).expect("epoch in INFO");
-    line["chorus_view_epoch:".len()..].trim().parse().unwrap()
 }
 
 #[test]
@@ -200,19 +157,10 @@ fn fault_mix(protocol: &str) {
     }
     let replicas = 3;
     let lab = Lab::create(replicas);
-    let nodes = start_nodes(&lab, replicas, protocol);
+    let cluster = start_nodes(&lab, replicas, protocol);
     wait_ready(&lab, replicas);
 
-    let targets = (0..replicas).map(|node| format!("{}:{CLIENT_PORT}", lab.node_ip(node))).collect();
-    let clients = thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 6,
-            ops_per_client: 400,
-            reply_timeout: Duration::from_secs(3),
-            think: Duration::from_millis(10),
-        })
-    });
+    let clients = six_clients(&lab, replicas, Duration::from_millis(10));
 
     thread::sleep(Duration::from_millis(300));
     // A symmetric partition isolating node 0.
@@ -233,9 +181,9 @@ fn fault_mix(protocol: &str) {
     // Node 2 pauses for longer than its lease (600 ms by default) plus failure detection
     // (6 x 50 ms): the others remove it, and when it wakes its lease has run out, so it must
     // not serve a read before it is back in a view.
-    signal(&nodes, 2, libc::SIGSTOP);
+    cluster.nodes.signal(2, libc::SIGSTOP);
     thread::sleep(PAUSE);
-    signal(&nodes, 2, libc::SIGCONT);
+    cluster.nodes.signal(2, libc::SIGCONT);
 
     let history = clients.join().unwrap();
     let last_invoke = history.operations.iter().map(|op| op.invoke).max().unwrap_or_default();
@@ -250,10 +198,7 @@ fn fault_mix(protocol: &str) {
     assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
     assert!(completed > history.operations.len() / 2, "too few operations completed: {completed}");
     let serving = assert_survivors_serve_and_agree(&lab, replicas);
-    eprintln!(
-        "{protocol}: serving after the faults: {serving:?}, view epoch {}",
-        view_epoch(&lab, serving[0])
-    );
+    eprintln!("{protocol}: serving after the faults: {serving:?}, view epoch {}", lab.view_epoch(serving[0]));
 }
 
 #[test]
@@ -264,24 +209,20 @@ fn after_a_sigkill_the_survivors_move_on_and_stay_linearizable() {
     }
     let replicas = 3;
     let lab = Lab::create(replicas);
-    let mut nodes = start_nodes(&lab, replicas, "hermes");
+    let mut cluster = start_nodes(&lab, replicas, "hermes");
     wait_ready(&lab, replicas);
     // Clients on the survivors only: the victim's clients would just see a dead socket.
-    let targets = (0..2).map(|node| format!("{}:{CLIENT_PORT}", lab.node_ip(node))).collect();
-    let clients = thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 4,
-            ops_per_client: 300,
-            reply_timeout: Duration::from_secs(5),
-            think: Duration::from_millis(5),
-        })
+    let targets = (0..2).map(|node| lab.client_addr(node)).collect();
+    let clients = workload::spawn(Workload {
+        targets,
+        clients: 4,
+        ops_per_client: 300,
+        reply_timeout: Duration::from_secs(5),
+        think: Duration::from_millis(5),
     });
     thread::sleep(Duration::from_millis(500));
-    let mut victim = nodes.children[2].take().expect("node 2 running");
     let killed_at = Instant::now();
-    victim.kill().unwrap();
-    victim.wait().unwrap();
+    cluster.nodes.kill(2);
     // Writes resume once the membership service has removed the dead node.
     let mut con = connect(&lab, 0);
     loop {
@@ -300,7 +241,7 @@ fn after_a_sigkill_the_survivors_move_on_and_stay_linearizable() {
         history.operations.len()
     );
     assert!(report.is_linearizable(), "violations: {:#?}", report.violations);
-    assert_eq!(view_epoch(&lab, 0), 2, "exactly one view change: the dead node's removal");
+    assert_eq!(lab.view_epoch(0), 2, "exactly one view change: the dead node's removal");
     assert_eq!(assert_survivors_serve_and_agree(&lab, 2), vec![0, 1]);
 }
 
@@ -322,42 +263,27 @@ fn kill_and_restart_for_every_protocol() {
 fn kill_and_restart(protocol: &str) {
     let replicas = 3;
     let lab = Lab::create(replicas);
-    let mut nodes = start_nodes(&lab, replicas, protocol);
+    let mut cluster = start_nodes(&lab, replicas, protocol);
     wait_ready(&lab, replicas);
-    let targets = (0..replicas).map(|node| format!("{}:{CLIENT_PORT}", lab.node_ip(node))).collect();
-    let clients = thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 6,
-            ops_per_client: 400,
-            reply_timeout: Duration::from_secs(3),
-            think: Duration::from_millis(8),
-        })
-    });
+    let clients = six_clients(&lab, replicas, Duration::from_millis(8));
     thread::sleep(Duration::from_millis(400));
-    let mut victim = nodes.children[2].take().expect("node 2 running");
-    victim.kill().unwrap();
-    victim.wait().unwrap();
+    cluster.nodes.kill(2);
     // raftlog has no membership views: its logs fail over by Raft, and a restarted node
     // recovers from its durable log and is caught up by its logs' leaders (no --join).
     let membership = protocol != "raftlog";
-    let restarted = if membership {
+    if membership {
         let started = Instant::now();
-        while view_epoch(&lab, 0) < 2 {
+        while lab.view_epoch(0) < 2 {
             assert!(started.elapsed() < Duration::from_secs(30), "node 2 was never removed");
             thread::sleep(Duration::from_millis(20));
         }
-        let donor = format!("{}:{PEER_PORT}", lab.node_ip(0));
-        spawn_node(&lab, &nodes, 2, &["--join", &donor])
+        spawn_node(&lab, &mut cluster, 2, &["--join", &lab.peer_addr(0)]);
     } else {
         thread::sleep(Duration::from_millis(500));
-        spawn_node(&lab, &nodes, 2, &[])
-    };
-    nodes.children[2] = Some(restarted);
+        spawn_node(&lab, &mut cluster, 2, &[]);
+    }
     wait_ready_nodes(&lab, replicas, 2..3);
-    let mut first = nodes.children[0].take().expect("node 0 running");
-    first.kill().unwrap();
-    first.wait().unwrap();
+    cluster.nodes.kill(0);
     let history = clients.join().unwrap();
     let report = check_history(&history, &CheckerConfig::default());
     let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
@@ -369,7 +295,7 @@ fn kill_and_restart(protocol: &str) {
     let got: String = redis::cmd("GET").arg("after").query(&mut connect(&lab, 1)).unwrap();
     assert_eq!(got, "restart");
     if membership {
-        assert!(view_epoch(&lab, 1) >= 4, "views: remove 2, add 2, remove 0");
+        assert!(lab.view_epoch(1) >= 4, "views: remove 2, add 2, remove 0");
     }
 }
 
@@ -389,7 +315,7 @@ const REJOIN_BOUND: Duration = Duration::from_secs(5);
 
 /// A connection that gives up quickly: a probe, not a client.
 fn connect_quick(lab: &Lab, node: usize) -> redis::RedisResult<redis::Connection> {
-    let url = format!("redis://{}:{CLIENT_PORT}/", lab.node_ip(node));
+    let url = format!("redis://{}/", lab.client_addr(node));
     let con = redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(1))?;
     con.set_read_timeout(Some(Duration::from_millis(500)))?;
     con.set_write_timeout(Some(Duration::from_millis(500)))?;
@@ -436,7 +362,7 @@ fn a_replica_cut_off_for_30_s_is_back_within_seconds_of_the_heal() {
     }
     let replicas = 3;
     let lab = Lab::create(replicas);
-    let nodes = start_nodes(&lab, replicas, "hermes");
+    let cluster = start_nodes(&lab, replicas, "hermes");
     wait_ready(&lab, replicas);
     for other in 1..replicas {
         lab.cut(0, other);
@@ -467,10 +393,9 @@ fn a_replica_cut_off_for_30_s_is_back_within_seconds_of_the_heal() {
     assert!(links_up < REJOIN_BOUND, "peer links took {links_up:?} to come back");
     assert!(answering < REJOIN_BOUND, "node 0 took {answering:?} to answer clients");
     // Every link change and view change is in the logs, with epochs and members.
-    let log = |node: usize| std::fs::read_to_string(nodes.dir.join(format!("node-{node}.log"))).unwrap();
-    let survivor = log(1);
+    let survivor = cluster.nodes.log(1);
     assert!(survivor.contains("view installed") && survivor.contains("members"), "{survivor}");
-    let cut_off = log(0);
+    let cut_off = cluster.nodes.log(0);
     assert!(cut_off.contains("peer link down") || cut_off.contains("silent for"), "{cut_off}");
     assert!(cut_off.contains("peer link up"), "{cut_off}");
 }

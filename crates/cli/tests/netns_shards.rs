@@ -9,8 +9,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -20,37 +19,17 @@ use bytes::Bytes;
 use chorus_core::slots::key_slot;
 use chorus_core::{Command, CommandError, Outcome, RmwOp, Time};
 use chorus_sim::checker::{check_history, CheckerConfig};
-use chorus_sim::history::{Completion, History, Operation};
-use support::netns::Lab;
+use chorus_sim::history::{Completion, Operation};
+use support::netns::{Lab, Nodes, CLIENT_PORT, PEER_PORT};
+use support::workload::history_of;
 
 const GROUPS: usize = 3;
 const REPLICAS: usize = 3;
-const CLIENT_PORT: u16 = 6379;
-const PEER_PORT: u16 = 7000;
 const META_PORT: u16 = 9379;
 /// Longer than the default lease (600 ms) and failure detection (300 ms).
 const PAUSE: Duration = Duration::from_millis(1_200);
 /// Keys in nine slots, three per group at the start.
 const TAGS: [&str; 9] = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
-
-struct Nodes {
-    children: Vec<Option<Child>>,
-    dir: PathBuf,
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if thread::panicking() {
-            eprintln!("node logs kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
 
 /// Node `node`'s configuration: replica `node % 3` of group `node / 3`, the slots split as
 /// `redis-cli --cluster create` splits them.
@@ -82,57 +61,19 @@ fn config(lab: &Lab, dir: &Path, node: usize) -> String {
     text
 }
 
-fn spawn_node(lab: &Lab, dir: &Path, node: usize, extra_args: &[&str]) -> Child {
-    let path = dir.join(format!("node-{node}.toml"));
-    std::fs::write(&path, config(lab, dir, node)).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("node-{node}.log")))
-        .unwrap();
-    lab.command_in(node, env!("CARGO_BIN_EXE_chorus"))
-        .args(["node", "--config", path.to_str().unwrap()])
-        .args(extra_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start chorus node in its namespace")
+fn spawn_node(lab: &Lab, nodes: &mut Nodes, node: usize, extra_args: &[&str]) {
+    let path = nodes.dir.join(format!("node-{node}.toml"));
+    std::fs::write(&path, config(lab, &nodes.dir, node)).unwrap();
+    let args = ["node", "--config", path.to_str().unwrap()].into_iter().chain(extra_args.iter().copied());
+    nodes.start(lab, node, args);
 }
 
 fn connect(lab: &Lab, node: usize) -> redis::RedisResult<redis::Connection> {
-    let url = format!("redis://{}:{CLIENT_PORT}/", lab.node_ip(node));
-    let con = redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(2))?;
-    con.set_read_timeout(Some(Duration::from_secs(70)))?;
-    Ok(con)
+    lab.connect(node, Duration::from_secs(70))
 }
 
 fn wait_ready(lab: &Lab, which: impl Iterator<Item = usize>) {
-    let started = Instant::now();
-    for node in which {
-        let wanted = format!("chorus_peers_connected:{}", REPLICAS - 1);
-        loop {
-            let ready = connect(lab, node)
-                .and_then(|mut con| redis::cmd("INFO").arg("replication").query::<String>(&mut con))
-                .is_ok_and(|info| info.contains(&wanted) && info.contains("chorus_operational:1"));
-            if ready {
-                break;
-            }
-            assert!(started.elapsed() < Duration::from_secs(90), "node {node} never became ready");
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-fn view_epoch(lab: &Lab, node: usize) -> u64 {
-    let info: String = redis::cmd("INFO").arg("replication").query(&mut connect(lab, node).unwrap()).unwrap();
-    let line = info.lines().find(|line| line.starts_with("chorus_view_epoch:")).expect("epoch in INFO");
-    line["chorus_view_epoch:".len()..].trim().parse().unwrap()
-}
-
-fn signal(child: &Child, signal: libc::c_int) {
-    // SAFETY: kill(2) with a pid we spawned and still own; no memory is involved.
-    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+    lab.wait_ready(which, REPLICAS - 1, Duration::from_secs(90));
 }
 
 /// One recording client through the cluster client until `stop`.
@@ -243,16 +184,14 @@ fn nine_nodes_in_three_groups_stay_linearizable_under_faults_and_a_move_through_
     }
     let nodes_count = GROUPS * REPLICAS;
     let lab = Lab::create(nodes_count);
-    let dir = std::env::temp_dir().join(format!("chorus-netns-shards-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut nodes = Nodes { children: Vec::new(), dir: dir.clone() };
+    let mut nodes = Nodes::new("netns-shards", nodes_count);
     for node in 0..nodes_count {
-        nodes.children.push(Some(spawn_node(&lab, &dir, node, &[])));
+        spawn_node(&lab, &mut nodes, node, &[]);
     }
     wait_ready(&lab, 0..nodes_count);
 
     let seeds: Vec<String> =
-        (0..nodes_count).map(|node| format!("redis://{}:{CLIENT_PORT}/", lab.node_ip(node))).collect();
+        (0..nodes_count).map(|node| format!("redis://{}/", lab.client_addr(node))).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let origin = Instant::now();
     let workers: Vec<_> = (0..6)
@@ -298,32 +237,23 @@ fn nine_nodes_in_three_groups_stay_linearizable_under_faults_and_a_move_through_
     setslot(moving, &group_0);
     lab.heal();
     // Node 8 pauses past its lease: its group removes it, and it rejoins when it wakes.
-    signal(nodes.children[8].as_ref().unwrap(), libc::SIGSTOP);
+    nodes.signal(8, libc::SIGSTOP);
     thread::sleep(PAUSE);
-    signal(nodes.children[8].as_ref().unwrap(), libc::SIGCONT);
+    nodes.signal(8, libc::SIGCONT);
     // Node 5 is killed, removed by its group, and restarted to rejoin from a peer.
-    let before = view_epoch(&lab, 3);
-    let mut victim = nodes.children[5].take().unwrap();
-    victim.kill().unwrap();
-    victim.wait().unwrap();
+    let before = lab.view_epoch(3);
+    nodes.kill(5);
     let killed = Instant::now();
-    while view_epoch(&lab, 3) <= before {
+    while lab.view_epoch(3) <= before {
         assert!(killed.elapsed() < Duration::from_secs(30), "node 5 was never removed");
         thread::sleep(Duration::from_millis(20));
     }
-    let donor = format!("{}:{PEER_PORT}", lab.node_ip(3));
-    nodes.children[5] = Some(spawn_node(&lab, &dir, 5, &["--join", &donor]));
+    spawn_node(&lab, &mut nodes, 5, &["--join", &lab.peer_addr(3)]);
     wait_ready(&lab, 5..6);
     thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
 
-    let mut operations: Vec<Operation> =
-        workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect();
-    operations.sort_by_key(|op| op.invoke);
-    for (id, op) in operations.iter_mut().enumerate() {
-        op.id = id;
-    }
-    let history = History { operations };
+    let history = history_of(workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect());
     let completed = history.operations.iter().filter(|op| op.completion.is_some()).count();
     let report = check_history(&history, &CheckerConfig::default());
     eprintln!(

@@ -140,8 +140,7 @@ fn retry_set(con: &mut redis::Connection, key: &str, value: i64) {
 
 fn every_acknowledged_write_survives_power_losses(protocol: &str) {
     let mut cluster = Cluster::start(3, &args(protocol));
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let (stop, clients) = workload::spawn_until_stopped(targets);
+    let (stop, clients) = workload::spawn_until_stopped(cluster.client_targets());
     thread::sleep(Duration::from_millis(700));
     power_loss(&mut cluster, protocol);
     thread::sleep(Duration::from_millis(300));

@@ -61,8 +61,7 @@ fn a_raftlog_cluster_loses_no_acknowledged_write_when_every_unsynced_write_is_lo
     for node in 0..3 {
         cluster.wait_ready(node, 2);
     }
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let (stop, clients) = workload::spawn_until_stopped(targets);
+    let (stop, clients) = workload::spawn_until_stopped(cluster.client_targets());
     for _ in 0..2 {
         thread::sleep(Duration::from_millis(700));
         power_loss(&mut cluster);

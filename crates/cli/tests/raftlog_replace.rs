@@ -11,8 +11,8 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::loopback::Cluster;
-use support::workload::{self, Workload};
+use support::loopback::{background_clients, Cluster};
+use support::workload;
 
 /// Frequent compactions keeping no trailing entries: the replacement must catch up by snapshot.
 const ARGS: &[&str] = &[
@@ -29,16 +29,7 @@ const ARGS: &[&str] = &[
 #[test]
 fn a_wiped_raftlog_node_is_refused_as_itself_and_replaced_with_join() {
     let mut cluster = Cluster::start(3, ARGS);
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let clients = thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 6,
-            ops_per_client: 250,
-            reply_timeout: Duration::from_secs(3),
-            think: Duration::from_millis(4),
-        })
-    });
+    let clients = background_clients(&cluster, 250, Duration::from_secs(3), Duration::from_millis(4));
     thread::sleep(Duration::from_millis(600));
     let data_dir = cluster.dir.join("node-2");
     cluster.sigkill(2);

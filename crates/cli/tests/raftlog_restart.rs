@@ -10,8 +10,8 @@ mod support;
 use std::thread;
 use std::time::Duration;
 
-use support::loopback::Cluster;
-use support::workload::{self, Workload};
+use support::loopback::{background_clients, Cluster};
+use support::workload;
 
 /// Small logs and frequent checkpoints, so the run drains the circular log into the log
 /// file and truncates both behind checkpoints many times.
@@ -20,16 +20,7 @@ const ARGS: &[&str] = &["--protocol", "raftlog", "--raftlog-logs", "4", "--raftl
 #[test]
 fn killed_raftlog_nodes_rejoin_under_their_ids_and_lose_no_acknowledged_write() {
     let mut cluster = Cluster::start(3, ARGS);
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    let clients = thread::spawn(move || {
-        workload::run(Workload {
-            targets,
-            clients: 6,
-            ops_per_client: 250,
-            reply_timeout: Duration::from_secs(3),
-            think: Duration::from_millis(4),
-        })
-    });
+    let clients = background_clients(&cluster, 250, Duration::from_secs(3), Duration::from_millis(4));
     // Kill and restart every node once, the others serving meanwhile.
     for victim in [1, 0, 2] {
         thread::sleep(Duration::from_millis(400));
@@ -53,26 +44,8 @@ fn killed_raftlog_nodes_rejoin_under_their_ids_and_lose_no_acknowledged_write() 
     assert!(checkpoints > 0, "no checkpoint was taken: the test would not cover snapshot replay");
 
     // Now every node at once: only the two-level logs and checkpoints remain.
-    for node in 0..3 {
-        cluster.sigkill(node);
-    }
-    for node in 0..3 {
-        cluster.restart(node, &[]);
-    }
-    for node in 0..3 {
-        cluster.wait_ready(node, 2);
-    }
-    for (key, (max_acked, attempts)) in &promised {
-        let key = std::str::from_utf8(key).unwrap();
-        for node in 0..3 {
-            let value = cluster.counter(node, key);
-            assert!(
-                (*max_acked..=*attempts).contains(&value),
-                "{key} at node {node} after a full restart: {value}, acknowledged up to {max_acked}, \
-                 {attempts} attempts"
-            );
-        }
-    }
+    cluster.power_loss();
+    cluster.assert_counters_kept(&promised, "a full restart");
     // The restarted nodes serve new writes too.
     let mut con = cluster.client(2);
     let _: () = redis::cmd("SET").arg("after").arg("restart").query(&mut con).unwrap();

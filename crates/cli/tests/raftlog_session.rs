@@ -38,15 +38,7 @@ fn a_retried_session_command_runs_once_at_any_replica_and_across_restarts() {
     assert!(stale.to_string().contains("stale sequence number"), "{stale}");
 
     // The session table is in the durable log: a full restart keeps it.
-    for node in 0..3 {
-        cluster.sigkill(node);
-    }
-    for node in 0..3 {
-        cluster.restart(node, &[]);
-    }
-    for node in 0..3 {
-        cluster.wait_ready(node, 2);
-    }
+    cluster.power_loss();
     assert_eq!(session_incr(&cluster, 1, 2).unwrap(), 2, "the retry after a restart ran once");
     assert_eq!(session_incr(&cluster, 2, 3).unwrap(), 3);
     let mut con = cluster.client(0);

@@ -141,6 +141,11 @@ impl Cluster {
         }
     }
 
+    /// Every node's client address, for recording clients (`host:port`).
+    pub fn client_targets(&self) -> Vec<String> {
+        self.nodes.iter().map(|node| node.client.to_string()).collect()
+    }
+
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default()
     }
@@ -216,19 +221,9 @@ impl Cluster {
     /// Six recording clients over every node while node `victim` is SIGKILLed and restarted:
     /// the history must be linearizable and more than half of it completed.
     pub fn assert_linearizable_across_a_kill(&mut self, victim: usize) {
-        use super::workload::{self, Workload};
         use chorus_sim::checker::{check_history, CheckerConfig};
 
-        let targets: Vec<String> = self.nodes.iter().map(|node| node.client.to_string()).collect();
-        let clients = thread::spawn(move || {
-            workload::run(Workload {
-                targets,
-                clients: 6,
-                ops_per_client: 200,
-                reply_timeout: Duration::from_secs(3),
-                think: Duration::from_millis(3),
-            })
-        });
+        let clients = background_clients(self, 200, Duration::from_secs(3), Duration::from_millis(3));
         thread::sleep(Duration::from_millis(400));
         self.sigkill(victim);
         thread::sleep(Duration::from_millis(150));
@@ -316,17 +311,7 @@ fn spawn(args: &[String], log: std::fs::File, prepare: fn(&mut Command)) -> Chil
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-        if thread::panicking() {
-            eprintln!("node logs kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        super::stop_processes(self.nodes.iter_mut().filter_map(|node| node.child.take()), &self.dir);
     }
 }
 
@@ -347,7 +332,7 @@ pub fn assert_concurrent_clients_linearizable_with(protocol: &str, extra: &[&str
     args.extend_from_slice(extra);
     let cluster = Cluster::start(3, &args);
     let history = workload::run(Workload {
-        targets: cluster.nodes.iter().map(|node| node.client.to_string()).collect(),
+        targets: cluster.client_targets(),
         clients: 6,
         ops_per_client: 300,
         reply_timeout: Duration::from_secs(10),
@@ -420,14 +405,12 @@ pub fn background_clients(
     reply_timeout: Duration,
     think: Duration,
 ) -> thread::JoinHandle<chorus_sim::history::History> {
-    let targets: Vec<String> = cluster.nodes.iter().map(|node| node.client.to_string()).collect();
-    thread::spawn(move || {
-        super::workload::run(super::workload::Workload {
-            targets,
-            clients: 6,
-            ops_per_client,
-            reply_timeout,
-            think,
-        })
+    let targets = cluster.client_targets();
+    super::workload::spawn(super::workload::Workload {
+        targets,
+        clients: 6,
+        ops_per_client,
+        reply_timeout,
+        think,
     })
 }

@@ -22,6 +22,20 @@ pub fn error_of(con: &mut redis::Connection, line: &str) -> String {
     }
 }
 
+/// Kill `children` and wait for them; then remove `dir`, unless the test is failing: its logs
+/// are kept then, and named.
+pub fn stop_processes(children: impl IntoIterator<Item = std::process::Child>, dir: &std::path::Path) {
+    for mut child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    if std::thread::panicking() {
+        eprintln!("node logs kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 fn command(line: &str) -> redis::Cmd {
     let mut words = line.split(' ');
     let mut cmd = redis::cmd(words.next().expect("a command"));

@@ -7,9 +7,17 @@
 //! Needs root, `ip` (iproute2) and `nft` (nftables); [`Lab::unavailable_reason`] says which is
 //! missing so a test can skip with a clear message.
 
+use std::ffi::OsStr;
 use std::net::Ipv4Addr;
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The ports every node listens on, at its own address in its own namespace.
+pub const CLIENT_PORT: u16 = 6379;
+pub const PEER_PORT: u16 = 7000;
 
 pub struct Lab {
     prefix: String,
@@ -66,6 +74,52 @@ impl Lab {
     /// Node addresses live in this lab's own namespaces only.
     pub fn node_ip(&self, node: usize) -> Ipv4Addr {
         Ipv4Addr::new(10, 77, self.subnet, node as u8 + 1)
+    }
+
+    /// Node `node`'s client address (`ip:port`).
+    pub fn client_addr(&self, node: usize) -> String {
+        format!("{}:{CLIENT_PORT}", self.node_ip(node))
+    }
+
+    /// Node `node`'s peer address (`ip:port`), e.g. a donor for `--join`.
+    pub fn peer_addr(&self, node: usize) -> String {
+        format!("{}:{PEER_PORT}", self.node_ip(node))
+    }
+
+    /// A client connection to node `node` whose replies may take up to `read_timeout`.
+    pub fn connect(&self, node: usize, read_timeout: Duration) -> redis::RedisResult<redis::Connection> {
+        let url = format!("redis://{}/", self.client_addr(node));
+        let con = redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(5))?;
+        con.set_read_timeout(Some(read_timeout))?;
+        Ok(con)
+    }
+
+    /// Node `node`'s membership view epoch (`chorus_view_epoch` in `INFO replication`).
+    pub fn view_epoch(&self, node: usize) -> u64 {
+        let mut con = self.connect(node, Duration::from_secs(30)).unwrap();
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut con).unwrap();
+        let line = info.lines().find(|line| line.starts_with("chorus_view_epoch:")).expect("epoch in INFO");
+        line["chorus_view_epoch:".len()..].trim().parse().unwrap()
+    }
+
+    /// Wait until each node of `which` has its `peers` peer links up and is operational (it
+    /// holds a membership lease); fail past `deadline`.
+    pub fn wait_ready(&self, which: impl Iterator<Item = usize>, peers: usize, deadline: Duration) {
+        let started = Instant::now();
+        let wanted = format!("chorus_peers_connected:{peers}");
+        for node in which {
+            loop {
+                let ready = self
+                    .connect(node, Duration::from_secs(30))
+                    .and_then(|mut con| redis::cmd("INFO").arg("replication").query::<String>(&mut con))
+                    .is_ok_and(|info| info.contains(&wanted) && info.contains("chorus_operational:1"));
+                if ready {
+                    break;
+                }
+                assert!(started.elapsed() < deadline, "node {node} never became ready");
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 
     fn host_ip(&self) -> Ipv4Addr {
@@ -154,5 +208,74 @@ impl Drop for Lab {
         }
         let _ = Command::new("ip").args(["netns", "del", &self.switch()]).output();
         let _ = Command::new("ip").args(["link", "del", &format!("{}h", self.prefix)]).output();
+    }
+}
+
+/// `chorus` processes in a lab's namespaces, one slot per node, killed when dropped; their
+/// logs (`node-<n>.log`) and data directories (`node-<n>`) are in `dir`, kept if the test
+/// failed.
+pub struct Nodes {
+    pub children: Vec<Option<Child>>,
+    pub dir: PathBuf,
+}
+
+impl Nodes {
+    /// `count` slots, none running, in a fresh `chorus-<tag>-<pid>-<run>` directory.
+    pub fn new(tag: &str, count: usize) -> Nodes {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let run = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("chorus-{tag}-{}-{run}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Nodes { children: (0..count).map(|_| None).collect(), dir }
+    }
+
+    /// Node `node`'s data directory (a restart keeps it).
+    pub fn data_dir(&self, node: usize) -> PathBuf {
+        self.dir.join(format!("node-{node}"))
+    }
+
+    /// Start `chorus <args>` as node `node` in its namespace, its stderr appended to its log.
+    pub fn start<S: AsRef<OsStr>>(&mut self, lab: &Lab, node: usize, args: impl IntoIterator<Item = S>) {
+        assert!(self.children[node].is_none(), "node {node} is still running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("node-{node}.log")))
+            .unwrap();
+        let child = lab
+            .command_in(node, env!("CARGO_BIN_EXE_chorus"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start chorus node in its namespace");
+        self.children[node] = Some(child);
+    }
+
+    /// SIGKILL node `node` and reap it.
+    pub fn kill(&mut self, node: usize) {
+        let mut child = self.children[node].take().expect("node running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Send node `node` `signal` (SIGSTOP, SIGCONT); it keeps its slot.
+    pub fn signal(&self, node: usize, signal: libc::c_int) {
+        let pid = self.children[node].as_ref().expect("node running").id() as libc::pid_t;
+        // SAFETY: kill(2) with a pid we spawned and still own; no memory is involved.
+        let result = unsafe { libc::kill(pid, signal) };
+        assert_eq!(result, 0, "kill({pid}, {signal})");
+    }
+
+    /// What node `node` has logged so far.
+    pub fn log(&self, node: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("node-{node}.log"))).unwrap()
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        super::stop_processes(self.children.iter_mut().filter_map(Option::take), &self.dir);
     }
 }

@@ -166,6 +166,11 @@ pub fn run(workload: Workload) -> History {
     run_until(workload, Arc::new(AtomicBool::new(false)))
 }
 
+/// [`run`] in a thread of its own, while the test injects faults; join it for the history.
+pub fn spawn(workload: Workload) -> thread::JoinHandle<History> {
+    thread::spawn(move || run(workload))
+}
+
 /// Run every client until it has issued `ops_per_client` operations or `stop` is set, so a
 /// test can keep clients running until the faults it injects have done what it needs.
 pub fn run_until(workload: Workload, stop: Arc<AtomicBool>) -> History {
@@ -177,8 +182,11 @@ pub fn run_until(workload: Workload, stop: Arc<AtomicBool>) -> History {
             thread::spawn(move || client_loop(workload, stop, client, origin))
         })
         .collect();
-    let mut operations: Vec<Operation> =
-        workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect();
+    history_of(workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect())
+}
+
+/// The history of operations recorded by several clients: in invocation order, numbered.
+pub fn history_of(mut operations: Vec<Operation>) -> History {
     operations.sort_by_key(|op| op.invoke);
     for (id, op) in operations.iter_mut().enumerate() {
         op.id = id;
