@@ -277,7 +277,7 @@ fn a_write_lock_yields_to_readers_and_nothing_pipelined_behind_it_is_applied() {
     // A reader at member 1 (the reader count 1 in its lock word).
     assert_eq!(members[1].memory_mut().cas(LOCK, 0, 1).unwrap(), 0);
 
-    let batch = vec![
+    let batch = [
         Operation::cas(LOCK, 0, WRITER_BIT | 1, 0b111).yielding_to_readers(),
         Operation::write(64, Bytes::from_static(b"the log record")),
         Operation::memcpy(64, 1024, 14).durable(),
@@ -293,9 +293,9 @@ fn a_write_lock_yields_to_readers_and_nothing_pipelined_behind_it_is_applied() {
     assert!(acks.is_empty(), "nothing of the batch reached the tail: {acks:?}");
     assert_eq!(members[0].memory().load_u64(LOCK).unwrap(), WRITER_BIT | 1, "the head took the lock");
     assert_eq!(&members[0].memory().bytes()[1024..1038], b"the log record", "and executed");
-    for m in 1..3 {
-        let memory = members[m].memory();
-        assert_eq!(members[m].next_seq(), 1, "member {m}: the refused lock consumed no sequence number");
+    for (m, member) in members.iter().enumerate().skip(1) {
+        let memory = member.memory();
+        assert_eq!(member.next_seq(), 1, "member {m}: the refused lock consumed no sequence number");
         assert_eq!(memory.load_u64(8).unwrap(), 0, "member {m}: the head word was not written");
         assert!(memory.bytes()[64..].iter().all(|b| *b == 0), "member {m}: nothing of the batch applied");
     }
