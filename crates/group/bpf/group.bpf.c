@@ -14,7 +14,10 @@
 // operation is applied), so one operation at a time is applied per member, in sequence order.
 // A duplicate (seq < next_seq) is not applied again but forwarded again with this member's
 // remembered gCAS result, so a caller's retransmission repairs a loss anywhere down the
-// chain. An operation ahead of a gap is dropped: the caller retransmits it (go-back-N). See
+// chain. An operation ahead of a gap is dropped: the caller retransmits it (go-back-N). A
+// write-lock gCAS that yields to readers (CK_FLAG_YIELDS_TO_READERS) and finds the node's
+// reader count in its word is dropped the same way, unconsumed, so nothing behind it runs
+// where the lock was not taken. See
 // docs/protocols/hyperloop.md ("The kernel data path") for what user space does instead.
 //
 // Verifier notes: every dynamic offset into a region is bounded on its own
@@ -144,8 +147,10 @@ static __always_inline __u8 validate(const struct ck_hdr *hdr, const struct ck_g
 	return CK_VERDICT_MALFORMED;
 }
 
-// Apply a validated operation. Returns 0, or -1 if the verifier's bounds were not met (which
-// validation rules out: the caller counts it and drops the datagram).
+// Apply a validated operation. Returns 0; 1 if it is a write lock that yields to readers and
+// found the word holding only a reader count (its compare failed: nothing changed); or -1 if
+// the verifier's bounds were not met (which validation rules out: the caller counts it and
+// drops the datagram).
 static __always_inline int apply(struct xdp_md *ctx, struct ck_hdr *hdr, struct ck_group *g, __u32 data_off,
 				 __u64 *cas_original, int *cas_done)
 {
@@ -173,7 +178,11 @@ static __always_inline int apply(struct xdp_md *ctx, struct ck_hdr *hdr, struct 
 			return -1;
 		off &= ~7ULL;
 		__u64 *word = (__u64 *)(region + off);
-		*cas_original = __sync_val_compare_and_swap(word, hdr->b, hdr->c);
+		__u64 original = __sync_val_compare_and_swap(word, hdr->b, hdr->c);
+		if ((hdr->flags & CK_FLAG_YIELDS_TO_READERS) && original != hdr->b && original != 0 &&
+		    !(original & CK_WRITER_BIT))
+			return 1;
+		*cas_original = original;
 		*cas_done = 1;
 		return 0;
 	}
@@ -398,8 +407,18 @@ int ck_group_xdp(struct xdp_md *ctx)
 			return XDP_DROP;
 		}
 		if (hdr->verdict == 0) {
-			if (apply(ctx, hdr, g, data_off, &original, &cas_done) < 0) {
+			int applied = apply(ctx, hdr, g, data_off, &original, &cas_done);
+			if (applied < 0) {
 				count(CK_STAT_MALFORMED);
+				__sync_lock_test_and_set(&g->next_seq, next);
+				return XDP_DROP;
+			}
+			if (applied > 0) {
+				// The node's readers hold the lock word (for one lookup): refuse the write
+				// lock, and with it everything pipelined behind it (dropped as ahead of a
+				// gap), until the caller's retransmission finds the readers gone. Nothing
+				// is applied, remembered, forwarded or acknowledged; next_seq stays.
+				count(CK_STAT_YIELDED_TO_READERS);
 				__sync_lock_test_and_set(&g->next_seq, next);
 				return XDP_DROP;
 			}

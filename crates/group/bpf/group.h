@@ -24,6 +24,12 @@
 #define CK_FLUSH 3
 
 #define CK_FLAG_FLUSH 1
+// A write-lock gCAS that yields to local readers: where its compare fails because the word
+// holds only a reader count (non-zero, CK_WRITER_BIT clear), the datagram is dropped without
+// consuming its sequence number (crates/group/src/op.rs, `Operation::yields_to_readers`).
+#define CK_FLAG_YIELDS_TO_READERS 2
+// The transaction API's writer bit in a lock word (crates/group/src/txn.rs, WRITER_BIT).
+#define CK_WRITER_BIT (1ULL << 63)
 
 // Verdicts (0 = applied). The caller learns the precise error by validating its own operation.
 #define CK_VERDICT_OUT_OF_BOUNDS 1
@@ -123,6 +129,7 @@ enum ck_stat {
 	CK_STAT_INJECTED_LOSS,
 	CK_STAT_FORWARDING_OFF,
 	CK_STAT_READS,
+	CK_STAT_YIELDED_TO_READERS,
 	CK_STAT_COUNT,
 };
 

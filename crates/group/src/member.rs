@@ -44,6 +44,8 @@ pub struct MemberStats {
     pub duplicates: u64,
     pub buffered: u64,
     pub dropped: u64,
+    /// Write-lock gCASes refused because the word held only readers (each attempt).
+    pub yielded_to_readers: u64,
 }
 
 /// Why `Initialize` refused to create a member.
@@ -57,6 +59,14 @@ pub enum InitError {
     ForeignRegion { region_tenant: TenantId, group_tenant: TenantId },
     #[error("region has {region_bytes} bytes, the group needs {needed}")]
     RegionTooSmall { region_bytes: u64, needed: u64 },
+}
+
+/// Why `apply` changed nothing.
+enum Unapplied {
+    /// A write lock that yields to readers found a reader count in its word.
+    ReadersHold,
+    /// The region refused a validated operation: the member fails.
+    Failed(String),
 }
 
 struct Incoming {
@@ -218,26 +228,39 @@ impl<M: RegionMemory> ChainMember<M> {
             self.on_duplicate(seq, incoming, out);
         } else if seq == self.next_seq || self.has_bug(Bug::SkipGaps) {
             self.next_seq = seq;
-            self.apply_and_forward(seq, incoming, out);
-            while let Some(next) = self.buffered.remove(&self.next_seq) {
-                if self.failed.is_some() {
-                    break;
-                }
-                self.apply_and_forward(self.next_seq, next, out);
+            self.buffered.remove(&seq); // a copy that yielded to readers earlier: this one replaces it
+            if self.apply_and_forward(seq, incoming, out) {
+                self.apply_buffered(out);
             }
         } else if self.buffered.len() < BUFFERED_OPS_MAX {
             self.stats.buffered += 1;
             self.buffered.insert(seq, incoming);
+            // A write lock that yielded to readers waits at `next_seq`: try it again now.
+            self.apply_buffered(out);
         } else {
             self.stats.dropped += 1;
         }
     }
 
-    pub fn on_tick(&mut self, _now: Time, _out: &mut GroupOutbox) {
+    pub fn on_tick(&mut self, _now: Time, out: &mut GroupOutbox) {
         #[cfg(any(test, feature = "broken-variants"))]
         if self.flush_pending {
             self.flush_pending = false;
             let _ = self.memory.flush();
+        }
+        if self.failed.is_none() {
+            self.apply_buffered(out);
+        }
+    }
+
+    /// Apply what waits in sequence from `next_seq` on, until a gap, a failure, or a write
+    /// lock that yields to readers again.
+    fn apply_buffered(&mut self, out: &mut GroupOutbox) {
+        while self.failed.is_none() {
+            let Some(next) = self.buffered.remove(&self.next_seq) else { break };
+            if !self.apply_and_forward(self.next_seq, next, out) {
+                break;
+            }
         }
     }
 
@@ -312,8 +335,13 @@ impl<M: RegionMemory> ChainMember<M> {
     }
 
     /// Apply the operation with sequence number `self.next_seq`, flush if asked, remember the
-    /// result, and pass it on.
-    fn apply_and_forward(&mut self, seq: u64, mut incoming: Incoming, out: &mut GroupOutbox) {
+    /// result, and pass it on. Returns whether the sequence advanced: not when this member
+    /// failed, nor when a write lock yielded to local readers. A yielded lock changed nothing
+    /// (its compare failed), consumed nothing and sent nothing; it waits at `next_seq` (in
+    /// `buffered`) for the next arrival, tick or retransmission, and everything pipelined
+    /// behind it waits with it (HyperLoop §5: the execution runs under `wrLock`, so no part
+    /// of it may run where the lock was not taken).
+    fn apply_and_forward(&mut self, seq: u64, mut incoming: Incoming, out: &mut GroupOutbox) -> bool {
         debug_assert_eq!(seq, self.next_seq);
         let mine = self.validate(&incoming.operation).err();
         let verdict = if self.position == 0 { mine } else { incoming.verdict };
@@ -325,15 +353,20 @@ impl<M: RegionMemory> ChainMember<M> {
                 seq,
                 out,
             );
-            return;
+            return false;
         }
         let mut result = None;
         if verdict.is_none() {
             match self.apply(&incoming.operation) {
                 Ok(original) => result = original,
-                Err(reason) => {
+                Err(Unapplied::ReadersHold) => {
+                    self.stats.yielded_to_readers += 1;
+                    self.buffered.insert(seq, incoming);
+                    return false;
+                }
+                Err(Unapplied::Failed(reason)) => {
                     self.fail(reason, seq, out);
-                    return;
+                    return false;
                 }
             }
             if incoming.operation.flushes() {
@@ -344,7 +377,7 @@ impl<M: RegionMemory> ChainMember<M> {
                     }
                 } else if let Err(e) = self.memory.flush() {
                     self.fail(format!("flush failed: {e}"), seq, out);
-                    return;
+                    return false;
                 }
                 self.stats.flushes += 1;
             }
@@ -364,9 +397,10 @@ impl<M: RegionMemory> ChainMember<M> {
         self.remembered.push_back(result);
         self.next_seq = seq + 1;
         self.forward(seq, incoming, out);
+        true
     }
 
-    fn apply(&mut self, operation: &Operation) -> Result<Option<u64>, String> {
+    fn apply(&mut self, operation: &Operation) -> Result<Option<u64>, Unapplied> {
         let result = match &operation.primitive {
             Primitive::Write { offset, data } => {
                 if self.has_bug(Bug::ClipOutOfBounds) {
@@ -380,7 +414,12 @@ impl<M: RegionMemory> ChainMember<M> {
             }
             Primitive::Cas { offset, old, new, execute_map } => {
                 if execute_map & (1u64 << self.position) != 0 {
-                    self.memory.cas(*offset, *old, *new).map(Some)
+                    // One atomic CAS against the readers' own CAS on the word (a host maps the
+                    // node's region): if it failed for readers, nothing changed.
+                    match self.memory.cas(*offset, *old, *new) {
+                        Ok(original) if operation.yields_at(original) => return Err(Unapplied::ReadersHold),
+                        other => other.map(Some),
+                    }
                 } else {
                     Ok(None)
                 }
@@ -388,7 +427,7 @@ impl<M: RegionMemory> ChainMember<M> {
             Primitive::Memcpy { src, dst, len } => self.memory.memcpy(*src, *dst, *len).map(|_| None),
             Primitive::Flush => Ok(None),
         };
-        result.map_err(|e| format!("applying a validated operation failed: {e}"))
+        result.map_err(|e| Unapplied::Failed(format!("applying a validated operation failed: {e}")))
     }
 
     fn forward(&mut self, seq: u64, incoming: Incoming, out: &mut GroupOutbox) {

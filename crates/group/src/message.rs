@@ -51,6 +51,9 @@ impl GroupMessage {
 }
 
 const TAG_OP: u8 = 1;
+/// An operation's flags byte (was a bool for the flush alone: 0 and 1 still mean the same).
+const OP_FLAG_FLUSH: u8 = 1;
+const OP_FLAG_YIELDS_TO_READERS: u8 = 2;
 const TAG_ACK: u8 = 2;
 const TAG_REFUSED: u8 = 3;
 
@@ -136,7 +139,8 @@ impl WireMessage for Operation {
             }
             Primitive::Flush => buf.put_u8(3),
         }
-        buf.put_bool(self.flush);
+        let yields = if self.yields_to_readers { OP_FLAG_YIELDS_TO_READERS } else { 0 };
+        buf.put_u8(if self.flush { OP_FLAG_FLUSH } else { 0 } | yields);
     }
 
     fn decode(reader: &mut Reader) -> Result<Self, DecodeError> {
@@ -152,7 +156,15 @@ impl WireMessage for Operation {
             3 => Primitive::Flush,
             tag => return Err(DecodeError::UnknownTag { what: "group primitive", tag }),
         };
-        Ok(Operation { primitive, flush: reader.bool()? })
+        let flags = reader.u8()?;
+        if flags & !(OP_FLAG_FLUSH | OP_FLAG_YIELDS_TO_READERS) != 0 {
+            return Err(DecodeError::Invalid("unknown group operation flags"));
+        }
+        Ok(Operation {
+            primitive,
+            flush: flags & OP_FLAG_FLUSH != 0,
+            yields_to_readers: flags & OP_FLAG_YIELDS_TO_READERS != 0,
+        })
     }
 }
 
@@ -279,7 +291,9 @@ mod tests {
             }),
             Just(Primitive::Flush),
         ];
-        (primitive, any::<bool>()).prop_map(|(primitive, flush)| Operation { primitive, flush })
+        (primitive, any::<bool>(), any::<bool>()).prop_map(|(primitive, flush, yields_to_readers)| {
+            Operation { primitive, flush, yields_to_readers }
+        })
     }
 
     fn arb_op_error() -> impl Strategy<Value = OpError> {

@@ -52,26 +52,61 @@ pub enum Primitive {
     Flush,
 }
 
-/// A primitive plus the interleaved-gFLUSH flag: with `flush`, a member makes this operation
-/// and every one before it durable before it forwards (or acknowledges) it.
+/// A primitive plus two flags. With `flush` (the interleaved gFLUSH), a member makes this
+/// operation and every one before it durable before it forwards (or acknowledges) it. With
+/// `yields_to_readers` (a gCAS only), the operation is a write-lock acquisition over a word
+/// that local readers may hold (the transaction API's lock word, HyperLoop §5: `rdLock` is a
+/// reader count at one replica, `wrLock` a gCAS on every replica): at a member whose compare
+/// fails because the word holds only a reader count, it is not applied and does not consume
+/// its sequence number, so nothing behind it is applied either until the readers have left
+/// (see [`holds_only_readers`] and `ChainMember`).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Operation {
     pub primitive: Primitive,
     pub flush: bool,
+    pub yields_to_readers: bool,
+}
+
+/// Does a lock word hold only local readers: a reader count, no writer? (The transaction
+/// API's convention: `txn::WRITER_BIT | owner` for a writer, a count of readers otherwise.)
+pub fn holds_only_readers(word: u64) -> bool {
+    word != 0 && word & crate::txn::WRITER_BIT == 0
 }
 
 impl Operation {
     pub fn write(offset: u64, data: impl Into<Bytes>) -> Operation {
-        Operation { primitive: Primitive::Write { offset, data: data.into() }, flush: false }
+        Operation::of(Primitive::Write { offset, data: data.into() })
     }
     pub fn cas(offset: u64, old: u64, new: u64, execute_map: u64) -> Operation {
-        Operation { primitive: Primitive::Cas { offset, old, new, execute_map }, flush: false }
+        Operation::of(Primitive::Cas { offset, old, new, execute_map })
     }
     pub fn memcpy(src: u64, dst: u64, len: u64) -> Operation {
-        Operation { primitive: Primitive::Memcpy { src, dst, len }, flush: false }
+        Operation::of(Primitive::Memcpy { src, dst, len })
     }
     pub fn flush() -> Operation {
-        Operation { primitive: Primitive::Flush, flush: true }
+        Operation { flush: true, ..Operation::of(Primitive::Flush) }
+    }
+    fn of(primitive: Primitive) -> Operation {
+        Operation { primitive, flush: false, yields_to_readers: false }
+    }
+    /// The same gCAS as a write-lock acquisition that waits for local readers: refused (not
+    /// applied, its sequence number not consumed) at a member whose compare fails because the
+    /// word holds only a reader count ([`holds_only_readers`]). Only for a word that readers
+    /// hold briefly and never through the group itself: a reader whose unlock is a later
+    /// operation of the same group would wait behind the refused lock forever.
+    pub fn yielding_to_readers(mut self) -> Operation {
+        debug_assert!(matches!(self.primitive, Primitive::Cas { .. }), "only a gCAS yields to readers");
+        self.yields_to_readers = true;
+        self
+    }
+    /// Is this gCAS refused at a member where it found `original` instead of its `old`?
+    pub fn yields_at(&self, original: u64) -> bool {
+        match self.primitive {
+            Primitive::Cas { old, .. } => {
+                self.yields_to_readers && original != old && holds_only_readers(original)
+            }
+            _ => false,
+        }
     }
     /// The same operation with an interleaved gFLUSH.
     pub fn durable(mut self) -> Operation {

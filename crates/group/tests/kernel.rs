@@ -433,3 +433,99 @@ fn the_read_locks_cas_through_the_mapped_slot_and_the_programs_gcas_exclude_each
     }
     eprintln!("read locks taken beside the program's gCAS: {}", reads.load(Relaxed));
 }
+
+/// Issue 17 on the kernel path (docs/protocols/chain.md, "The read lock and the group write
+/// lock"): the test, as the node beside member 1's host, holds a read lock on member 1's lock
+/// word through its mapping of the slot while the caller sends the chain's batch shape: a
+/// write-lock gCAS that yields to readers, execute operations pipelined behind it, an unlock.
+/// The XDP program at member 1 drops the lock unconsumed and everything behind it as ahead of
+/// a gap: while the reader holds the word, member 1 and the tail stay untouched although the
+/// head has executed the batch and the caller keeps retransmitting. Once the reader leaves,
+/// the retransmissions carry the batch through exactly once: the lock was taken everywhere
+/// (never refused), and every region equals the model's.
+#[test]
+fn kernel_path_holds_a_write_lock_and_its_batch_while_a_reader_holds_the_word() {
+    require_kernel_path!();
+    use chorus_group::txn::WRITER_BIT;
+    use chorus_region::RegionMemory;
+
+    const LOCK: u64 = 0;
+    let runtime = runtime();
+    let chain = runtime.block_on(start_chain(3, 0));
+    let mut spec = spec(&chain, 93, None);
+    spec.region = "yield-93".to_string();
+    let client = runtime.block_on(GroupClient::initialize(spec)).expect("initialize");
+    assert_eq!(client.datapath(), Datapath::Kernel, "every member should be on the kernel path");
+    let mut regions: Vec<chorus_region::Region> = (0..3)
+        .map(|position| {
+            let slot = runtime
+                .block_on(chorus_group::runtime::kernel_region(
+                    chain.addrs[position],
+                    TENANT,
+                    TOKEN,
+                    "yield-93",
+                    REGION_BYTES,
+                    Duration::from_secs(5),
+                ))
+                .expect("the host says where the region is");
+            chorus_group::kernel::datapath::open_slot(
+                TENANT,
+                "yield-93",
+                slot.map_id,
+                slot.slot,
+                REGION_BYTES,
+            )
+            .expect("mapping the slot")
+        })
+        .collect();
+    assert_eq!(regions[1].cas(LOCK, 0, 1).unwrap(), 0, "the reader takes member 1's read lock");
+
+    let all = 0b111;
+    let batch = vec![
+        Operation::cas(LOCK, 0, WRITER_BIT | 1, all).yielding_to_readers(),
+        Operation::write(512, Bytes::from(vec![0xab; 700])),
+        Operation::memcpy(512, 2048, 700).durable(),
+        Operation::write(8, Bytes::from(78u64.to_le_bytes().to_vec())).durable(),
+        Operation::cas(LOCK, WRITER_BIT | 1, 0, all),
+    ];
+    let submitted = batch.clone();
+    let batch_done = runtime.spawn(async move {
+        let results = client.execute(submitted).await;
+        (client, results)
+    });
+    // The head executes the whole batch at once; then give member 1 the first copies and a
+    // few of the caller's retransmissions (every 20 ms) while the reader holds the word.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while regions[0].load_u64(8).unwrap() != 78 {
+        assert!(std::time::Instant::now() < deadline, "the head never executed the batch");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for (position, region) in regions.iter().enumerate().skip(1) {
+        let mut bytes = vec![0u8; REGION_BYTES as usize];
+        region.read(0, &mut bytes).unwrap();
+        let reader_count = if position == 1 { 1 } else { 0 };
+        assert_eq!(region.load_u64(LOCK).unwrap(), reader_count, "member {position}'s lock word");
+        assert!(
+            bytes[8..].iter().all(|b| *b == 0),
+            "member {position} applied part of the batch while the reader held member 1's word"
+        );
+    }
+    assert!(!batch_done.is_finished(), "the batch completed while a reader held member 1's word");
+
+    assert_eq!(regions[1].cas(LOCK, 1, 0).unwrap(), 1, "the reader leaves");
+    let (client, results) = runtime.block_on(batch_done).expect("the batch's task");
+    let lock = results[0].as_ref().expect("the lock completed");
+    assert_eq!(lock.swapped_map(0), all, "the lock was taken at every member: {:?}", lock.result_map);
+    let unlock = results[4].as_ref().expect("the unlock completed");
+    assert_eq!(unlock.swapped_map(WRITER_BIT | 1), all, "each member took the lock exactly once");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let mut model = SimCluster::new(93, 3, REGION_BYTES, CallerConfig::default(), NetFaults::none());
+    model.execute(batch);
+    for position in 0..3 {
+        let region = runtime.block_on(client.read(position, 0, REGION_BYTES)).expect("read");
+        let want = model.members[position].memory().bytes();
+        let first = region.iter().zip(want).position(|(a, b)| a != b);
+        assert!(first.is_none(), "member {position} differs from the model at byte {first:?}");
+    }
+}

@@ -4,10 +4,10 @@
 
 use bytes::Bytes;
 use chorus_core::{NodeId, Time};
-use chorus_group::sim::{NetFaults, SimCluster, SIM_TENANT, SIM_TOKEN};
+use chorus_group::sim::{NetFaults, SimCluster, SimMemory, SIM_TENANT, SIM_TOKEN};
 use chorus_group::{
-    CallerConfig, ChainMember, GroupCaller, GroupConfig, GroupError, GroupId, GroupOutbox, InitError,
-    OpError, Operation, RequestId, Token,
+    CallerConfig, ChainMember, GroupCaller, GroupConfig, GroupError, GroupId, GroupMessage, GroupOutbox,
+    InitError, OpError, Operation, RequestId, Token,
 };
 use chorus_region::{FlushBackend, RegionMemory, RegionStore, TenantId};
 
@@ -238,4 +238,117 @@ impl Region {
     fn volatile_for_test() -> chorus_region::Region {
         chorus_region::Region::volatile(SIM_TENANT, "v", 4096).unwrap()
     }
+}
+
+/// Route every message in `out` to its member until nothing is left but what goes to the
+/// caller (returned). A chain of members at nodes 0, 1, 2; the caller is node 9.
+fn route(members: &mut [ChainMember<SimMemory>], now: Time, out: &mut GroupOutbox) -> Vec<GroupMessage> {
+    let mut to_caller = Vec::new();
+    while !out.messages.is_empty() {
+        let (to, message) = out.messages.remove(0);
+        if to == NodeId(9) {
+            to_caller.push(message);
+            continue;
+        }
+        let from = if to == NodeId(0) { NodeId(9) } else { NodeId(to.0 - 1) };
+        members[to.0 as usize].on_message(now, from, message, out);
+    }
+    to_caller
+}
+
+/// Issue 17, docs/protocols/chain.md ("the read lock and the group write lock"): a node's
+/// reader holds member 1's lock word (a reader count, taken by the node's own CAS on the mapped
+/// region, as `chorus node` does beside a group host) when the coordinator's write-lock gCAS
+/// arrives with the batch's execute operations pipelined behind it. The lock yields to the
+/// readers: member 1 applies none of the batch, forwards none and the tail acknowledges none
+/// (so the reader can never see half an execution, and the coordinator never sees a failed
+/// lock). Once the reader has left, the caller's retransmission applies the whole batch at
+/// member 1 exactly once, and a late duplicate changes nothing.
+#[test]
+fn a_write_lock_yields_to_readers_and_nothing_pipelined_behind_it_is_applied() {
+    use chorus_group::txn::WRITER_BIT;
+    const LOCK: u64 = 0;
+    let cfg = config(vec![NodeId(0), NodeId(1), NodeId(2)], 4096);
+    let mut members: Vec<ChainMember<SimMemory>> = (0..3)
+        .map(|n| ChainMember::new(cfg.clone(), NodeId(n), SIM_TENANT, SimMemory::new(4096)).unwrap())
+        .collect();
+    let mut caller = GroupCaller::new(cfg, NodeId(9), caller_config()).unwrap();
+    members[0].memory_mut().write(64, b"the log record").unwrap();
+    // A reader at member 1 (the reader count 1 in its lock word).
+    assert_eq!(members[1].memory_mut().cas(LOCK, 0, 1).unwrap(), 0);
+
+    let batch = [
+        Operation::cas(LOCK, 0, WRITER_BIT | 1, 0b111).yielding_to_readers(),
+        Operation::write(64, Bytes::from_static(b"the log record")),
+        Operation::memcpy(64, 1024, 14).durable(),
+        Operation::write(8, Bytes::from(78u64.to_le_bytes().to_vec())).durable(),
+    ];
+    let mut out = GroupOutbox::default();
+    let mut now = Time::ZERO;
+    for (r, operation) in batch.iter().enumerate() {
+        caller.submit(now, RequestId(r as u64), operation.clone(), &mut out);
+    }
+    let first_copies = out.messages.clone();
+    let acks = route(&mut members, now, &mut out);
+    assert!(acks.is_empty(), "nothing of the batch reached the tail: {acks:?}");
+    assert_eq!(members[0].memory().load_u64(LOCK).unwrap(), WRITER_BIT | 1, "the head took the lock");
+    assert_eq!(&members[0].memory().bytes()[1024..1038], b"the log record", "and executed");
+    for (m, member) in members.iter().enumerate().skip(1) {
+        let memory = member.memory();
+        assert_eq!(member.next_seq(), 1, "member {m}: the refused lock consumed no sequence number");
+        assert_eq!(memory.load_u64(8).unwrap(), 0, "member {m}: the head word was not written");
+        assert!(memory.bytes()[64..].iter().all(|b| *b == 0), "member {m}: nothing of the batch applied");
+    }
+    assert_eq!(members[1].memory().load_u64(LOCK).unwrap(), 1, "the reader's count is intact");
+    assert!(members[1].stats().yielded_to_readers >= 1);
+
+    // Still held at the caller's retransmission: refused again.
+    now = now + Time::from_millis(5);
+    caller.on_tick(now, &mut out);
+    assert!(route(&mut members, now, &mut out).is_empty(), "still nothing while the reader holds the word");
+    assert_eq!(members[1].next_seq(), 1);
+
+    // The reader leaves; the next retransmission carries the whole batch through.
+    assert_eq!(members[1].memory_mut().cas(LOCK, 1, 0).unwrap(), 1);
+    now = now + Time::from_millis(5);
+    caller.on_tick(now, &mut out);
+    for ack in route(&mut members, now, &mut out) {
+        caller.on_message(now, NodeId(2), ack, &mut out);
+    }
+    let mut completions = std::mem::take(&mut out.completions);
+    completions.sort_by_key(|(request, _)| request.0);
+    assert_eq!(completions.len(), 4, "every operation completed once: {completions:?}");
+    let lock = completions[0].1.as_ref().expect("the lock completed");
+    assert_eq!(lock.swapped_map(0), 0b111, "the lock was taken at every member, never refused");
+    assert!(completions.iter().all(|(_, result)| result.is_ok()));
+    for (m, member) in members.iter().enumerate() {
+        assert_eq!(member.next_seq(), 5, "member {m}");
+        assert_eq!(member.stats().applied, 4, "member {m} applied each operation exactly once");
+        assert_eq!(member.memory().load_u64(LOCK).unwrap(), WRITER_BIT | 1, "member {m}");
+        assert_eq!(&member.memory().bytes()[1024..1038], b"the log record", "member {m}");
+        assert_eq!(member.memory().load_u64(8).unwrap(), 78, "member {m}");
+    }
+
+    // A late duplicate of the first copies changes nothing (at-most-once by sequence number).
+    members[1].memory_mut().write(1024, b"overwritten!!!").unwrap();
+    let applied = members[1].stats().applied;
+    out.messages = first_copies;
+    for late in route(&mut members, now, &mut out) {
+        caller.on_message(now, NodeId(2), late, &mut out);
+    }
+    assert!(out.completions.is_empty(), "no operation completes twice");
+    assert_eq!(members[1].stats().applied, applied, "no duplicate was applied again");
+    assert_eq!(&members[1].memory().bytes()[1024..1038], b"overwritten!!!");
+}
+
+/// A write lock that finds another writer (not readers) is not held back: it is applied,
+/// fails its compare, and reports the word, as any gCAS does (the caller undoes, §4.2).
+#[test]
+fn a_write_lock_that_finds_a_writer_fails_as_any_gcas() {
+    use chorus_group::txn::WRITER_BIT;
+    let mut group = SimCluster::new(8, 3, 64, caller_config(), NetFaults::none());
+    group.members[2].memory_mut().cas(0, 0, WRITER_BIT | 7).unwrap();
+    let r = group.execute(vec![Operation::cas(0, 0, WRITER_BIT | 1, 0b111).yielding_to_readers()]);
+    assert_eq!(r[0].as_ref().unwrap().result_map, vec![Some(0), Some(0), Some(WRITER_BIT | 7)]);
+    assert!(group.members.iter().all(|m| m.stats().yielded_to_readers == 0));
 }

@@ -155,10 +155,6 @@ pub fn applies(config: &crate::config::NodeConfig) -> bool {
         && !(config.protocol == crate::config::Protocol::Raftlog && config.raftlog.shards > 1)
         && !config.tls.as_ref().is_some_and(|tls| tls.cluster)
         && config.cluster.is_none()
-        // Not yet with the chain's members on group hosts: after its head is SIGKILLed, the
-        // survivors' writes stalled under the reactor in about one run in six of
-        // crates/cli/tests/chain_hosted.rs (never with the task-based loop); not diagnosed.
-        && config.chain_hosts.is_empty()
         && std::env::var_os("CHORUS_REACTOR").is_none_or(|value| value != "off")
 }
 

@@ -15,6 +15,8 @@ pub const PRIMITIVE_MEMCPY: u8 = 2;
 pub const PRIMITIVE_FLUSH: u8 = 3;
 
 pub const FLAG_FLUSH: u8 = 1;
+/// A write-lock gCAS that yields to local readers (`Operation::yields_to_readers`).
+pub const FLAG_YIELDS_TO_READERS: u8 = 2;
 
 pub const VERDICT_OUT_OF_BOUNDS: u8 = 1;
 pub const VERDICT_MISALIGNED: u8 = 2;
@@ -117,7 +119,7 @@ unsafe impl aya::Pod for GroupState {}
 unsafe impl aya::Pod for Config {}
 
 /// The program's counters (`enum ck_stat`), in order.
-pub const STAT_NAMES: [&str; 17] = [
+pub const STAT_NAMES: [&str; 18] = [
     "applied",
     "rejected",
     "forwarded",
@@ -135,6 +137,7 @@ pub const STAT_NAMES: [&str; 17] = [
     "injected_loss",
     "forwarding_off",
     "reads",
+    "yielded_to_readers",
 ];
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 use bytes::Bytes;
 
 use super::layout::{
-    Header, CHAIN_MAX, CHUNK_BYTES_MAX, FLAG_FLUSH, HEADER_BYTES, KIND_ACK, KIND_DATA, KIND_OP, KIND_READ,
-    MAGIC, PRIMITIVE_CAS, PRIMITIVE_FLUSH, PRIMITIVE_MEMCPY, PRIMITIVE_WRITE, VERDICT_BY_CALLER,
+    Header, CHAIN_MAX, CHUNK_BYTES_MAX, FLAG_FLUSH, FLAG_YIELDS_TO_READERS, HEADER_BYTES, KIND_ACK,
+    KIND_DATA, KIND_OP, KIND_READ, MAGIC, PRIMITIVE_CAS, PRIMITIVE_FLUSH, PRIMITIVE_MEMCPY, PRIMITIVE_WRITE,
+    VERDICT_BY_CALLER,
 };
 use crate::op::{GroupId, Operation, Primitive, Token};
 use chorus_region::TenantId;
@@ -43,6 +44,9 @@ impl GroupAddress {
 pub fn encode_op(to: &GroupAddress, seq: u64, operation: &Operation, rejected: bool, buf: &mut Vec<u8>) {
     let mut header = to.header(KIND_OP, seq);
     header.flags = if operation.flushes() { FLAG_FLUSH } else { 0 };
+    if operation.yields_to_readers {
+        header.flags |= FLAG_YIELDS_TO_READERS;
+    }
     let mut data: &[u8] = &[];
     if rejected {
         header.primitive = PRIMITIVE_FLUSH;

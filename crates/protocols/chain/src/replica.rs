@@ -655,7 +655,9 @@ impl<M: Member> Chain<M> {
             if original != word {
                 // Only a group host writes this region besides the core (`--datapath`: it maps
                 // the same memory and takes the group write lock as operations arrive), so
-                // the word changed under us: the write lock was taken; wait as for any writer.
+                // the word changed under us: the write lock was taken (or another reader came
+                // or went); wait as for any writer. The reverse race, a write lock arriving
+                // while this count is held, is the member's: the lock yields to readers.
                 return None;
             }
             let value = lookup(region, &layout, key);
@@ -1321,9 +1323,10 @@ impl<M: Member> Chain<M> {
             (OpKind::Lock, Phase::Executing { waiting }) => {
                 let swapped = outcome.swapped_map(0);
                 if swapped != all {
-                    // Cannot happen with one coordinator per epoch and reads that hold their
-                    // read lock only within one call; if it does, the batch ran without
-                    // isolation somewhere. Undo the partial success (§4.2) and stop writing
+                    // Cannot happen with one coordinator per epoch: the lock yields to readers
+                    // (it waits at a member whose node holds a read lock), so only another
+                    // writer could refuse it. If it does, the batch ran without isolation
+                    // somewhere. Undo the partial success (§4.2) and stop writing
                     // until a new view's recovery re-establishes one state.
                     self.stats.lock_failures += 1;
                     if swapped != 0 {
@@ -1489,7 +1492,12 @@ impl<M: Member> Chain<M> {
         let mut kinds = vec![OpKind::Execute; operations.len()];
         if !no_lock {
             let all = coordinator.all_members();
-            operations.insert(0, Operation::cas(LOCK_OFFSET, 0, WRITER_BIT | OWNER, all));
+            // It yields to readers: a member whose node holds a read lock at that instant (a
+            // group host or the XDP program runs beside the node) neither takes it nor applies
+            // anything pipelined behind it until the readers have left (docs/protocols/chain.md,
+            // "The read lock and the group write lock").
+            let lock = Operation::cas(LOCK_OFFSET, 0, WRITER_BIT | OWNER, all).yielding_to_readers();
+            operations.insert(0, lock);
             kinds.insert(0, OpKind::Lock);
         }
         coordinator.phase = Phase::Executing { waiting: operations.len() };
@@ -2163,6 +2171,55 @@ mod tests {
         chain.on_lease(later, Some(later + Time::from_millis(100)), &mut out);
         chain.on_tick(later, &mut out);
         assert_eq!(out.replies.len(), 1, "answered once the lease is back");
+    }
+
+    /// Issue 17 (docs/protocols/chain.md, "The read lock and the group write lock"): with the
+    /// member beside the node (a group host, the XDP program), the node's reader can hold the
+    /// lock word (a reader count) when the coordinator's write-lock gCAS arrives. The lock
+    /// waits for the reader: the coordinator neither counts a lock failure nor goes broken,
+    /// nothing of the batch is executed while the reader holds the word, and once it has left
+    /// the write completes. (Before: `lock_failures` 1, `Phase::Broken` until the next view,
+    /// and the batch's copies applied under the reader.)
+    #[test]
+    fn a_write_lock_waits_for_a_reader_instead_of_breaking_the_coordinator() {
+        let me = NodeId(0);
+        let mut chain = Chain::new(ChainConfig::new(me, NodeSet::single(me)));
+        let mut out = Outbox::default();
+        chain.on_tick(Time::from_millis(1), &mut out);
+        while chain.coordinator_state() != Some("serving") {
+            let now = chain.now + Time::from_millis(1);
+            chain.on_tick(now, &mut out);
+        }
+        let layout = chain.config.layout;
+        let word =
+            |chain: &mut Chain| chain.member.as_mut().unwrap().memory_mut().load_u64(LOCK_OFFSET).unwrap();
+        assert_eq!(word(&mut chain), 0, "recovered and unlocked");
+        let key = Bytes::from_static(b"k");
+        let value =
+            |chain: &mut Chain| lookup(chain.member.as_mut().unwrap().memory_mut(), &layout, &key).unwrap();
+
+        write_word(&mut chain, LOCK_OFFSET, 1); // a reader mid-lookup at this node
+        let now = chain.now + Time::from_millis(1);
+        let command = Command::Write { key: key.clone(), value: Some(Bytes::from_static(b"v")) };
+        chain.on_client(now, ClientRequestId(1), command, &mut out);
+        for tick in 1..=3 * chain.config.retransmit_timeout.as_millis() {
+            chain.on_tick(now + Time::from_millis(tick), &mut out);
+        }
+        assert!(out.replies.is_empty(), "answered while the reader held the lock: {:?}", out.replies);
+        assert_eq!(chain.stats.lock_failures, 0, "a reader is not a failed lock");
+        assert_eq!(chain.coordinator_state(), Some("serving"), "the coordinator is not broken");
+        assert_eq!(word(&mut chain), 1, "the reader's count is intact");
+        assert_eq!(value(&mut chain), None, "nothing of the batch executed under the reader");
+
+        write_word(&mut chain, LOCK_OFFSET, 0); // the reader leaves
+        let later = chain.now + Time::from_millis(1);
+        for tick in 0..=chain.config.retransmit_timeout.as_millis() {
+            chain.on_tick(later + Time::from_millis(tick), &mut out);
+        }
+        assert_eq!(out.replies, vec![(ClientRequestId(1), Outcome::Written)]);
+        assert_eq!(value(&mut chain), Some(Bytes::from_static(b"v")));
+        assert_eq!(word(&mut chain), 0, "unlocked after the batch");
+        assert_eq!((chain.stats.lock_failures, chain.coordinator_state()), (0, Some("serving")));
     }
 
     /// Sweep seed 38564: a restarted node was copied to and linked, then forwarded a GETSET;
