@@ -30,6 +30,6 @@ mod transfer;
 pub mod txn;
 
 pub use config::{Bug, RaftLogConfig};
-pub use message::{EntryBatch, Message, Proposal, SessionId, Step, StepKind, TxnId};
+pub use message::{AppendAnswer, EntryBatch, Message, Proposal, SessionId, Step, StepKind, TxnId};
 pub use replica::{log_in_shard, log_of, shard_of, RaftLog, RaftLogStats, INCARNATION_MAX};
 pub use state::{LogState, ProposalResult, SessionRecord, StateImage};

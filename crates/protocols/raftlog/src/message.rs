@@ -188,6 +188,12 @@ pub enum Message {
     /// `from` is the leader's Raft id, `to` the follower's; each commit is at most the
     /// follower's match index, so the follower holds exactly the leader's entries that far.
     Commits { from: u64, to: u64, commits: Vec<LogCommit> },
+    /// A follower's answers to one leader's appends, for all logs of one flush in one message
+    /// (`crate::replica::RaftLog::send_append_answers`), instead of one raft-rs
+    /// `MsgAppendResponse` per log. `from` is the follower's Raft id, `to` the leader's; the
+    /// leader steps each answer into its log's raft-rs as the `MsgAppendResponse` it stands for
+    /// ([`AppendAnswer::to_raft`]).
+    AppendAnswers { from: u64, to: u64, answers: Vec<AppendAnswer> },
 }
 
 /// One log's commit index in a [`Message::Commits`], valid in the leader's `term` only.
@@ -201,6 +207,61 @@ pub struct LogCommit {
 /// A [`LogCommit`]'s encoded size.
 const LOG_COMMIT_BYTES: usize = 4 + 8 + 8;
 
+/// One raft-rs `MsgAppendResponse` of log `log` in a [`Message::AppendAnswers`]: every field
+/// raft-rs sets in one, so the leader steps exactly the message the follower's raft-rs wrote.
+/// A response that carries anything else (a snapshot request, a context, entries) has no
+/// `AppendAnswer` ([`AppendAnswer::of`]) and travels as a plain [`Message::Raft`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AppendAnswer {
+    pub log: u32,
+    pub term: u64,
+    /// The follower's last index (accepted), or the probe's index (rejected).
+    pub index: u64,
+    pub commit: u64,
+    pub reject: bool,
+    pub reject_hint: u64,
+    /// With a rejection: the term of the follower's entry at `reject_hint`.
+    pub log_term: u64,
+}
+
+/// An [`AppendAnswer`]'s encoded size.
+const APPEND_ANSWER_BYTES: usize = 4 + 8 + 8 + 8 + 1 + 8 + 8;
+
+impl AppendAnswer {
+    /// The answer standing for `message` of `log`, if `message` is an append response that
+    /// [`AppendAnswer::to_raft`] rebuilds field for field; `None` for anything else.
+    pub fn of(log: u32, message: &raft::prelude::Message) -> Option<AppendAnswer> {
+        if message.get_msg_type() != raft::prelude::MessageType::MsgAppendResponse {
+            return None;
+        }
+        let answer = AppendAnswer {
+            log,
+            term: message.term,
+            index: message.index,
+            commit: message.commit,
+            reject: message.reject,
+            reject_hint: message.reject_hint,
+            log_term: message.log_term,
+        };
+        (answer.to_raft(message.from, message.to) == *message).then_some(answer)
+    }
+
+    /// The raft-rs `MsgAppendResponse` this answer stands for, from Raft id `from` to `to`.
+    pub fn to_raft(&self, from: u64, to: u64) -> raft::prelude::Message {
+        let mut message = raft::prelude::Message::default();
+        message.set_msg_type(raft::prelude::MessageType::MsgAppendResponse);
+        message.from = from;
+        message.to = to;
+        message.term = self.term;
+        message.index = self.index;
+        message.commit = self.commit;
+        message.reject = self.reject;
+        message.reject_hint = self.reject_hint;
+        message.log_term = self.log_term;
+        message
+    }
+}
+
 const TAG_RAFT: u8 = 1;
 const TAG_FORWARD: u8 = 2;
 const TAG_SNAPSHOT_CHUNK: u8 = 3;
@@ -209,6 +270,7 @@ const TAG_HELLO: u8 = 5;
 const TAG_HELLO_REQUEST: u8 = 6;
 const TAG_REFUSED: u8 = 7;
 const TAG_COMMITS: u8 = 8;
+const TAG_APPEND_ANSWERS: u8 = 9;
 
 /// Room for what a proposal carries besides its commands (ids, counts, tags).
 const PROPOSAL_OVERHEAD_BYTES: usize = 72;
@@ -504,6 +566,21 @@ impl WireMessage for Message {
                     buf.put_u64_le(*commit);
                 }
             }
+            Message::AppendAnswers { from, to, answers } => {
+                buf.put_u8(TAG_APPEND_ANSWERS);
+                buf.put_u64_le(*from);
+                buf.put_u64_le(*to);
+                buf.put_u32_le(u32::try_from(answers.len()).expect("answers fit u32"));
+                for answer in answers {
+                    buf.put_u32_le(answer.log);
+                    buf.put_u64_le(answer.term);
+                    buf.put_u64_le(answer.index);
+                    buf.put_u64_le(answer.commit);
+                    buf.put_bool(answer.reject);
+                    buf.put_u64_le(answer.reject_hint);
+                    buf.put_u64_le(answer.log_term);
+                }
+            }
         }
     }
 
@@ -552,6 +629,26 @@ impl WireMessage for Message {
                     .map(|_| Ok(LogCommit { log: reader.u32()?, term: reader.u64()?, commit: reader.u64()? }))
                     .collect::<Result<_, DecodeError>>()?;
                 Message::Commits { from, to, commits }
+            }
+            TAG_APPEND_ANSWERS => {
+                let (from, to, count) = (reader.u64()?, reader.u64()?, reader.u32()? as usize);
+                if count > reader.remaining() / APPEND_ANSWER_BYTES {
+                    return Err(DecodeError::Invalid("answer count exceeds payload"));
+                }
+                let answers = (0..count)
+                    .map(|_| {
+                        Ok(AppendAnswer {
+                            log: reader.u32()?,
+                            term: reader.u64()?,
+                            index: reader.u64()?,
+                            commit: reader.u64()?,
+                            reject: reader.bool()?,
+                            reject_hint: reader.u64()?,
+                            log_term: reader.u64()?,
+                        })
+                    })
+                    .collect::<Result<_, DecodeError>>()?;
+                Message::AppendAnswers { from, to, answers }
             }
             tag => return Err(DecodeError::UnknownTag { what: "raftlog message", tag }),
         })
@@ -694,7 +791,40 @@ mod tests {
                         .map(|(log, term, commit)| LogCommit { log, term, commit })
                         .collect(),
                 }),
+            (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_append_answer(), 0..4))
+                .prop_map(|(from, to, answers)| Message::AppendAnswers { from, to, answers }),
         ]
+    }
+
+    fn arb_append_answer() -> impl Strategy<Value = AppendAnswer> {
+        (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>(), any::<u64>(), any::<u64>())
+            .prop_map(|(log, term, index, commit, reject, reject_hint, log_term)| AppendAnswer {
+                log,
+                term,
+                index,
+                commit,
+                reject,
+                reject_hint,
+                log_term,
+            })
+    }
+
+    proptest! {
+        /// An answer rebuilds exactly the response it was taken from, and stands only for that.
+        #[test]
+        fn append_answers_stand_for_exactly_their_response(answer in arb_append_answer(), from: u64, to: u64) {
+            let message = answer.to_raft(from, to);
+            prop_assert_eq!(AppendAnswer::of(answer.log, &message), Some(answer));
+            let mut with_context = message.clone();
+            with_context.context = Bytes::from_static(b"x");
+            prop_assert_eq!(AppendAnswer::of(answer.log, &with_context), None);
+            let mut asking_snapshot = message.clone();
+            asking_snapshot.request_snapshot = 1;
+            prop_assert_eq!(AppendAnswer::of(answer.log, &asking_snapshot), None);
+            let mut append = message;
+            append.set_msg_type(MessageType::MsgAppend);
+            prop_assert_eq!(AppendAnswer::of(answer.log, &append), None);
+        }
     }
 
     proptest! {

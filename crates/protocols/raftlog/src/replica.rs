@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::RaftLogConfig;
 use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
-use crate::message::{EntryBatch, LogCommit, Message, Proposal, Step, TxnId};
+use crate::message::{AppendAnswer, EntryBatch, LogCommit, Message, Proposal, Step, TxnId};
 use crate::message::{SessionId, StepKind};
 use crate::state::{LogState, ProposalResult, SessionRecord, StateImage};
 use crate::storage::LogStorage;
@@ -296,6 +296,9 @@ pub struct RaftLog {
     /// Commit notices for the logs this replica leads, per follower (node, Raft id), sent at
     /// the end of the flush as one `Message::Commits` each.
     commits_out: BTreeMap<(NodeId, u64), Vec<LogCommit>>,
+    /// This replica's answers to appends, per leader (node, this replica's Raft id, the
+    /// leader's Raft id), sent at the end of the flush as one `Message::AppendAnswers` each.
+    answers_out: BTreeMap<(NodeId, u64, u64), Vec<AppendAnswer>>,
 }
 
 const READ_CONTEXT_BYTES: usize = 13;
@@ -361,6 +364,7 @@ impl RaftLog {
             compaction_due: false,
             flush_all: true,
             commits_out: BTreeMap::new(),
+            answers_out: BTreeMap::new(),
             config,
         }
     }
@@ -782,6 +786,7 @@ impl RaftLog {
                 break;
             }
         }
+        self.send_append_answers(out);
         self.send_commit_notices(out);
         self.maybe_snapshot();
     }
@@ -885,6 +890,42 @@ impl RaftLog {
         for ((node, to), commits) in std::mem::take(&mut self.commits_out) {
             out.send(node, Message::Commits { from, to, commits });
         }
+    }
+
+    /// A follower's append responses of this flush leave as one message per leader for all
+    /// logs (raft-rs would send one per log and append). Each is still the exact message
+    /// raft-rs wrote (`AppendAnswer::of` takes only those it rebuilds field for field), and the
+    /// leader steps them in the order they were written; the runtime persists the flush's
+    /// records before anything leaves, so an answer never precedes what it acknowledges.
+    fn send_append_answers(&mut self, out: &mut Outbox<Message>) {
+        for ((node, from, to), answers) in std::mem::take(&mut self.answers_out) {
+            out.send(node, Message::AppendAnswers { from, to, answers });
+        }
+    }
+
+    /// A follower's append answers (`send_append_answers`): each is stepped into its log as
+    /// the `MsgAppendResponse` it stands for, through the checks every Raft message passes.
+    fn on_append_answers(&mut self, from: NodeId, follower: u64, to: u64, answers: Vec<AppendAnswer>) {
+        for answer in answers {
+            self.step_raft(from, answer.log, answer.to_raft(follower, to));
+        }
+    }
+
+    /// Hand a peer's Raft message of `log` to raft-rs, unless `acceptable` refuses it.
+    fn step_raft(&mut self, from: NodeId, log: u32, mut message: raft::prelude::Message) {
+        let me = self.my_raft_id();
+        let Some(group) = self.groups.get_mut(log as usize) else {
+            self.stats.messages_refused += 1;
+            return;
+        };
+        if !acceptable(&message, from, me, self.config.members, group) {
+            self.stats.messages_refused += 1;
+            return;
+        }
+        group.dirty = true;
+        guard_log_length(&mut group.raft, &mut message);
+        // A stale or out-of-order message is the sender's problem, not a reason to stop.
+        let _ = group.raft.step(message);
     }
 
     /// A leader's commit notices (`notice_commits`): each log whose leader in the notice's term
@@ -1285,6 +1326,10 @@ impl RaftLog {
                         continue;
                     }
                     self.snapshots_sent.push(message.to);
+                }
+                if let Some(answer) = AppendAnswer::of(log as u32, &message) {
+                    self.answers_out.entry((to, message.from, message.to)).or_default().push(answer);
+                    continue;
                 }
                 out.send(to, Message::Raft { log: log as u32, message: Box::new(message) });
             }
@@ -1723,28 +1768,17 @@ impl Replica for RaftLog {
             | Message::SnapshotChunk { log, .. }
             | Message::SnapshotAck { log, .. }
             | Message::Forward { log, .. } => Some(*log as usize),
-            Message::Hello { .. } | Message::HelloRequest | Message::Refused | Message::Commits { .. } => {
-                None
-            }
+            Message::Hello { .. }
+            | Message::HelloRequest
+            | Message::Refused
+            | Message::Commits { .. }
+            | Message::AppendAnswers { .. } => None,
         };
         if let Some(group) = touched.and_then(|log| self.groups.get_mut(log)) {
             group.dirty = true;
         }
         match message {
-            Message::Raft { log, message } => {
-                let Some(group) = self.groups.get_mut(log as usize) else {
-                    self.stats.messages_refused += 1;
-                    return;
-                };
-                if !acceptable(&message, from, me, self.config.members, group) {
-                    self.stats.messages_refused += 1;
-                    return;
-                }
-                let mut message = *message;
-                guard_log_length(&mut group.raft, &mut message);
-                // A stale or out-of-order message is the sender's problem, not a reason to stop.
-                let _ = group.raft.step(message);
-            }
+            Message::Raft { log, message } => self.step_raft(from, log, *message),
             Message::SnapshotChunk { log, index, offset, total, header, data } => {
                 let Some(group) = self.groups.get_mut(log as usize) else {
                     self.stats.messages_refused += 1;
@@ -1797,6 +1831,9 @@ impl Replica for RaftLog {
                 }
             }
             Message::Commits { from: leader, to, commits } => self.on_commits(from, leader, to, commits),
+            Message::AppendAnswers { from: follower, to, answers } => {
+                self.on_append_answers(from, follower, to, answers)
+            }
             Message::Hello { .. } | Message::HelloRequest | Message::Refused => {
                 unreachable!("membership messages are handled above")
             }

@@ -360,6 +360,70 @@ fn commits_reach_followers_in_one_notice_per_follower_for_all_logs_of_a_turn() {
     }
 }
 
+/// Append answers reach the leader in one message per follower per turn for every log the
+/// turn appended to, not one raft-rs `MsgAppendResponse` per log; the leader steps each as
+/// the response it stands for, so the writes commit as before.
+#[test]
+fn append_answers_reach_the_leader_in_one_message_per_follower_for_all_logs_of_a_turn() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 8;
+        config.flush_at_turn_end = true;
+    });
+    cluster.run_for(50);
+    // One write into each log n0 leads (0, 3, 6), in one turn of n0.
+    let logs = [0, 3, 6];
+    for log in logs {
+        assert!(cluster.nodes[0].is_leader(log), "n0 leads log {log}");
+    }
+    let mut out = Outbox::default();
+    let requests: Vec<ClientRequestId> = logs
+        .iter()
+        .enumerate()
+        .map(|(i, log)| {
+            let request = ClientRequestId(1_000 + i as u64);
+            cluster.nodes[0].on_client(cluster.now, request, write(&key_in_log(*log, 8), "v"), &mut out);
+            request
+        })
+        .collect();
+    cluster.collect(0, out);
+    for follower in [1u8, 2] {
+        // The follower takes in the three logs' appends in one turn.
+        let appends: Vec<Envelope> = cluster.net.iter().filter(|e| e.to == follower).cloned().collect();
+        assert_eq!(appends.len(), 3, "one append per log to n{follower}");
+        cluster.net.retain(|e| e.to != follower);
+        let mut out = Outbox::default();
+        for e in appends {
+            cluster.nodes[follower as usize].on_message(cluster.now, NodeId(e.from), e.msg, &mut out);
+        }
+        cluster.nodes[follower as usize].end_turn(cluster.now, &mut out);
+        let to_leader: Vec<&Message> = out
+            .messages
+            .iter()
+            .filter(|(to, _)| to.nodes().contains(NodeId(0)))
+            .map(|(_, message)| message)
+            .collect();
+        assert_eq!(to_leader.len(), 1, "one message from n{follower} to n0: {to_leader:?}");
+        let Message::AppendAnswers { answers, .. } = to_leader[0] else {
+            panic!("n{follower} answered with {:?}", to_leader[0]);
+        };
+        assert_eq!(answers.iter().map(|a| a.log as usize).collect::<Vec<_>>(), logs, "n{follower}");
+        assert!(answers.iter().all(|a| !a.reject && a.term == cluster.nodes[0].term(a.log as usize)));
+        cluster.collect(follower, out);
+    }
+    let raft_answers = cluster.net.iter().filter(|e| e.raft_type() == Some(MessageType::MsgAppendResponse));
+    assert_eq!(raft_answers.count(), 0, "no append response travels on its own");
+    cluster.deliver_all();
+    for request in requests {
+        assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
+    }
+    for node in 0..3 {
+        for log in logs {
+            let key = key_in_log(log, 8);
+            assert_eq!(cluster.nodes[node].applied_value(key.as_bytes()), Some(&b("v")), "n{node} {key}");
+        }
+    }
+}
+
 // ================================================================ writes, batching
 
 #[test]
