@@ -30,6 +30,18 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
+/// The first subnet from `preferred` on (1 to 250, wrapping) that no lab in this namespace
+/// uses: another test process, or one killed before it could clean up, may hold the one its
+/// process id picks ("RTNETLINK answers: File exists" otherwise).
+fn free_subnet(preferred: u8) -> u8 {
+    let addresses = Command::new("ip").args(["-4", "-o", "addr", "show"]).output();
+    let in_use = addresses.map(|out| String::from_utf8_lossy(&out.stdout).into_owned()).unwrap_or_default();
+    (0..250u16)
+        .map(|step| ((u16::from(preferred) - 1 + step) % 250) as u8 + 1)
+        .find(|subnet| !in_use.contains(&format!("10.78.{subnet}.100/")))
+        .unwrap_or(preferred)
+}
+
 impl NetLab {
     /// Why this machine cannot build a lab, or `None`.
     pub fn unavailable_reason() -> Option<String> {
@@ -52,8 +64,8 @@ impl NetLab {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         assert!((1..=16).contains(&hosts), "a lab has 1 to 16 hosts");
         let run_id = std::process::id().wrapping_mul(16).wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
-        let lab =
-            NetLab { prefix: format!("ck{:05x}", run_id & 0xfffff), subnet: (run_id % 250) as u8 + 1, hosts };
+        let subnet = free_subnet((run_id % 250) as u8 + 1);
+        let lab = NetLab { prefix: format!("ck{:05x}", run_id & 0xfffff), subnet, hosts };
         lab.build()?;
         Ok(lab)
     }
