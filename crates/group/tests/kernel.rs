@@ -193,6 +193,30 @@ fn describe(operation: &Operation) -> String {
     }
 }
 
+/// Each member's slot of `region`, mapped here as the node maps it.
+fn map_member_slots(
+    runtime: &tokio::runtime::Runtime,
+    chain: &Chain,
+    region: &str,
+) -> Vec<chorus_region::Region> {
+    (0..chain.addrs.len())
+        .map(|position| {
+            let slot = runtime
+                .block_on(chorus_group::runtime::kernel_region(
+                    chain.addrs[position],
+                    TENANT,
+                    TOKEN,
+                    region,
+                    REGION_BYTES,
+                    Duration::from_secs(5),
+                ))
+                .expect("the host says where the region is");
+            chorus_group::kernel::datapath::open_slot(TENANT, region, slot.map_id, slot.slot, REGION_BYTES)
+                .expect("mapping the slot")
+        })
+        .collect()
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
@@ -340,29 +364,7 @@ fn the_read_locks_cas_through_the_mapped_slot_and_the_programs_gcas_exclude_each
     spec.region = "rdlock-91".to_string();
     let client = runtime.block_on(GroupClient::initialize(spec)).expect("initialize");
     assert_eq!(client.datapath(), Datapath::Kernel, "every member should be on the kernel path");
-    // Each member's slot, mapped here as the node maps it.
-    let mut regions: Vec<chorus_region::Region> = (0..3)
-        .map(|position| {
-            let slot = runtime
-                .block_on(chorus_group::runtime::kernel_region(
-                    chain.addrs[position],
-                    TENANT,
-                    TOKEN,
-                    "rdlock-91",
-                    REGION_BYTES,
-                    Duration::from_secs(5),
-                ))
-                .expect("the host says where the region is");
-            chorus_group::kernel::datapath::open_slot(
-                TENANT,
-                "rdlock-91",
-                slot.map_id,
-                slot.slot,
-                REGION_BYTES,
-            )
-            .expect("mapping the slot")
-        })
-        .collect();
+    let mut regions = map_member_slots(&runtime, &chain, "rdlock-91");
     let done = AtomicBool::new(false);
     let reads = AtomicU64::new(0);
     let writes = std::thread::scope(|scope| {
@@ -456,28 +458,7 @@ fn kernel_path_holds_a_write_lock_and_its_batch_while_a_reader_holds_the_word() 
     spec.region = "yield-93".to_string();
     let client = runtime.block_on(GroupClient::initialize(spec)).expect("initialize");
     assert_eq!(client.datapath(), Datapath::Kernel, "every member should be on the kernel path");
-    let mut regions: Vec<chorus_region::Region> = (0..3)
-        .map(|position| {
-            let slot = runtime
-                .block_on(chorus_group::runtime::kernel_region(
-                    chain.addrs[position],
-                    TENANT,
-                    TOKEN,
-                    "yield-93",
-                    REGION_BYTES,
-                    Duration::from_secs(5),
-                ))
-                .expect("the host says where the region is");
-            chorus_group::kernel::datapath::open_slot(
-                TENANT,
-                "yield-93",
-                slot.map_id,
-                slot.slot,
-                REGION_BYTES,
-            )
-            .expect("mapping the slot")
-        })
-        .collect();
+    let mut regions = map_member_slots(&runtime, &chain, "yield-93");
     assert_eq!(regions[1].cas(LOCK, 0, 1).unwrap(), 0, "the reader takes member 1's read lock");
 
     let all = 0b111;

@@ -298,20 +298,22 @@ fn key_in_log(log: usize, logs: usize) -> String {
     (0..).map(|i| format!("key{i}")).find(|key| chorus_raftlog::log_of(key.as_bytes(), logs) == log).unwrap()
 }
 
-/// Commits reach followers in their leader's notices: one `Commits` message per follower per
-/// turn for every log the turn committed, not raft-rs's empty append per log and commit
-/// (each of which the follower would answer).
-#[test]
-fn commits_reach_followers_in_one_notice_per_follower_for_all_logs_of_a_turn() {
+/// The logs n0 leads in an 8-log cluster of 3 (log i's first leader is node i mod 3).
+const N0_LOGS: [usize; 3] = [0, 3, 6];
+
+/// An 8-log cluster of 3 flushing at turn end, where n0 took one write into each log it leads
+/// in one turn; its messages are on the network.
+fn eight_logs_with_a_write_into_each_log_n0_leads() -> (Cluster, Vec<ClientRequestId>) {
     let mut cluster = Cluster::with(3, |config| {
         config.logs = 8;
         config.flush_at_turn_end = true;
     });
     cluster.run_for(50);
-    // One write into each log n0 leads (0, 3, 6), in one turn of n0.
-    let logs = [0, 3, 6];
+    for log in N0_LOGS {
+        assert!(cluster.nodes[0].is_leader(log), "n0 leads log {log}");
+    }
     let mut out = Outbox::default();
-    let requests: Vec<ClientRequestId> = logs
+    let requests = N0_LOGS
         .iter()
         .enumerate()
         .map(|(i, log)| {
@@ -321,6 +323,29 @@ fn commits_reach_followers_in_one_notice_per_follower_for_all_logs_of_a_turn() {
         })
         .collect();
     cluster.collect(0, out);
+    (cluster, requests)
+}
+
+/// Every request was answered `Written`, and every node applied the writes of
+/// [`eight_logs_with_a_write_into_each_log_n0_leads`].
+fn assert_written_everywhere(cluster: &Cluster, requests: &[ClientRequestId]) {
+    for request in requests {
+        assert_eq!(cluster.reply_of(*request), Some(Outcome::Written));
+    }
+    for node in 0..3 {
+        for log in N0_LOGS {
+            let key = key_in_log(log, 8);
+            assert_eq!(cluster.nodes[node].applied_value(key.as_bytes()), Some(&b("v")), "n{node} {key}");
+        }
+    }
+}
+
+/// Commits reach followers in their leader's notices: one `Commits` message per follower per
+/// turn for every log the turn committed, not raft-rs's empty append per log and commit
+/// (each of which the follower would answer).
+#[test]
+fn commits_reach_followers_in_one_notice_per_follower_for_all_logs_of_a_turn() {
+    let (mut cluster, requests) = eight_logs_with_a_write_into_each_log_n0_leads();
     // The followers append and answer; n0 takes in every answer in one turn.
     cluster.deliver(|e| e.to != 0);
     let answers: Vec<Envelope> = cluster.net.iter().filter(|e| e.to == 0).cloned().collect();
@@ -349,15 +374,7 @@ fn commits_reach_followers_in_one_notice_per_follower_for_all_logs_of_a_turn() {
     assert_eq!(empty_appends.count(), 0, "no empty append carries a commit");
     cluster.collect(0, out);
     cluster.deliver_all();
-    for request in requests {
-        assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
-    }
-    for node in 0..3 {
-        for log in logs {
-            let key = key_in_log(log, 8);
-            assert_eq!(cluster.nodes[node].applied_value(key.as_bytes()), Some(&b("v")), "n{node} {key}");
-        }
-    }
+    assert_written_everywhere(&cluster, &requests);
 }
 
 /// Append answers reach the leader in one message per follower per turn for every log the
@@ -365,27 +382,8 @@ fn commits_reach_followers_in_one_notice_per_follower_for_all_logs_of_a_turn() {
 /// the response it stands for, so the writes commit as before.
 #[test]
 fn append_answers_reach_the_leader_in_one_message_per_follower_for_all_logs_of_a_turn() {
-    let mut cluster = Cluster::with(3, |config| {
-        config.logs = 8;
-        config.flush_at_turn_end = true;
-    });
-    cluster.run_for(50);
-    // One write into each log n0 leads (0, 3, 6), in one turn of n0.
-    let logs = [0, 3, 6];
-    for log in logs {
-        assert!(cluster.nodes[0].is_leader(log), "n0 leads log {log}");
-    }
-    let mut out = Outbox::default();
-    let requests: Vec<ClientRequestId> = logs
-        .iter()
-        .enumerate()
-        .map(|(i, log)| {
-            let request = ClientRequestId(1_000 + i as u64);
-            cluster.nodes[0].on_client(cluster.now, request, write(&key_in_log(*log, 8), "v"), &mut out);
-            request
-        })
-        .collect();
-    cluster.collect(0, out);
+    let (mut cluster, requests) = eight_logs_with_a_write_into_each_log_n0_leads();
+    let logs = N0_LOGS;
     for follower in [1u8, 2] {
         // The follower takes in the three logs' appends in one turn.
         let appends: Vec<Envelope> = cluster.net.iter().filter(|e| e.to == follower).cloned().collect();
@@ -413,15 +411,7 @@ fn append_answers_reach_the_leader_in_one_message_per_follower_for_all_logs_of_a
     let raft_answers = cluster.net.iter().filter(|e| e.raft_type() == Some(MessageType::MsgAppendResponse));
     assert_eq!(raft_answers.count(), 0, "no append response travels on its own");
     cluster.deliver_all();
-    for request in requests {
-        assert_eq!(cluster.reply_of(request), Some(Outcome::Written));
-    }
-    for node in 0..3 {
-        for log in logs {
-            let key = key_in_log(log, 8);
-            assert_eq!(cluster.nodes[node].applied_value(key.as_bytes()), Some(&b("v")), "n{node} {key}");
-        }
-    }
+    assert_written_everywhere(&cluster, &requests);
 }
 
 // ================================================================ writes, batching
