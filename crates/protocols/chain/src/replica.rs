@@ -1181,7 +1181,15 @@ impl<M: Member> Chain<M> {
         if let Some(record) = parse_record(region, &layout, head) {
             records.push(record);
         }
-        let mut operations = vec![Operation::write(LOCK_OFFSET, RECOVERING.to_le_bytes().to_vec()).durable()];
+        // The fence. With members beside the nodes (group hosts, the XDP program) a node's
+        // reader may be inside its lookup: the gCAS from 0 waits for it at the member, as the
+        // write lock does (it yields to readers); the gWRITE then covers a word that a dead
+        // coordinator's lock (or an interrupted recovery) still holds, where that gCAS failed.
+        let all = self.coordinator.as_ref().expect("recovering coordinator").all_members();
+        let mut operations = vec![
+            Operation::cas(LOCK_OFFSET, 0, RECOVERING, all).yielding_to_readers(),
+            Operation::write(LOCK_OFFSET, RECOVERING.to_le_bytes().to_vec()).durable(),
+        ];
         // Before anything is redone: until the last operation clears it, a later recovery
         // redoes from this record too (a member's database is a mixture meanwhile).
         if let Some(first) = records.first() {
@@ -2220,6 +2228,39 @@ mod tests {
         assert_eq!(value(&mut chain), Some(Bytes::from_static(b"v")));
         assert_eq!(word(&mut chain), 0, "unlocked after the batch");
         assert_eq!((chain.stats.lock_failures, chain.coordinator_state()), (0, Some("serving")));
+    }
+
+    /// The recovery fence waits for a reader too: a node's reader inside its lookup when a
+    /// recovery starts (members on hosts) keeps its count, and nothing is redone or fenced over
+    /// it until it has left; then the recovery completes. (Before: the fence's gWRITE replaced
+    /// the count with `RECOVERING` under the reader.)
+    #[test]
+    fn the_recovery_fence_waits_for_a_reader() {
+        let (mut chain, mut out) = coordinating_single_node_chain();
+        let mut now = chain.now;
+        while chain.coordinator_state() != Some("serving") {
+            now = now + Time::from_millis(1);
+            chain.on_tick(now, &mut out);
+        }
+        let word =
+            |chain: &mut Chain| chain.member.as_mut().unwrap().memory_mut().load_u64(LOCK_OFFSET).unwrap();
+        write_word(&mut chain, LOCK_OFFSET, 1); // a reader mid-lookup at this node
+        let view = chain.view();
+        let next = View { epoch: Epoch(view.epoch.0 + 1), live: view.live };
+        chain.on_view(now, next, &mut out);
+        for _ in 0..3 * chain.config.retransmit_timeout.as_millis() {
+            now = now + Time::from_millis(1);
+            chain.on_tick(now, &mut out);
+        }
+        assert_eq!(chain.coordinator_state(), Some("recovering"), "recovered under the reader");
+        assert_eq!(word(&mut chain), 1, "the reader's count is intact");
+        write_word(&mut chain, LOCK_OFFSET, 0); // the reader leaves
+        for _ in 0..=2 * chain.config.retransmit_timeout.as_millis() {
+            now = now + Time::from_millis(1);
+            chain.on_tick(now, &mut out);
+        }
+        assert_eq!(chain.coordinator_state(), Some("serving"));
+        assert_eq!(word(&mut chain), 0, "unlocked after the recovery");
     }
 
     /// Sweep seed 38564: a restarted node was copied to and linked, then forwarded a GETSET;
