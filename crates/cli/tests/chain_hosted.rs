@@ -10,6 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use support::scratch::Scratch;
+use support::torn;
 use support::up::{client, free_port_run, node_pid, set_retrying, signal, wait_for_value, KillOnDrop, Up};
 use support::workload;
 
@@ -108,4 +109,45 @@ fn chorus_up_chain_runs_its_members_on_group_hosts() {
             .err()
             .expect("a 69 MiB region does not fit a kernel slot");
     assert!(error.contains("--chain-shape kernel") || error.contains("unavailable"), "{error}");
+}
+
+/// Tail reads on members hosted by the group host (issue 17): the host applies each execute
+/// to the shared region while the tail's node looks the key up in it, so the tail reads under
+/// its reader count like any member (docs/protocols/chain.md, "Tail reads"). Reads at the tail
+/// racing a stream of writes of one key (4000-byte values, every byte of value i the same)
+/// each return one whole value that was written.
+#[test]
+fn tail_reads_on_group_hosts_see_whole_values_while_the_host_executes() {
+    let scratch = Scratch::new("chain-hosted-torn");
+    let port = free_port_run(9, 10);
+    let dir = scratch.0.join("cluster");
+    let host_port = (port + 6).to_string();
+    let args = [
+        "--protocol",
+        "chain",
+        "--datapath",
+        "user",
+        "--group-host-port",
+        &host_port,
+        "--appendfsync",
+        "no",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ];
+    let (up, first) = Up::start(port, 3, &args, &[]).unwrap();
+    assert!(first.contains("3 chain replicas up"), "{first}");
+    let _: () = redis::cmd("SET").arg("racy").arg(torn::value(0)).query(&mut client(port)).unwrap();
+    wait_for_value(port + 2, "racy", std::str::from_utf8(&torn::value(0)).unwrap());
+    let tail = torn::chain_tail(&[port, port + 1, port + 2], "racy");
+    let head = if tail == port { port + 1 } else { port };
+    let before = torn::info_counter(tail, "chain_reads_tail");
+    let reads = torn::race(head, tail, "racy", 1, Duration::from_secs(3));
+    let at_tail = torn::info_counter(tail, "chain_reads_tail") - before;
+    assert!(at_tail >= reads.total, "{at_tail} of {} reads were served as the tail's", reads.total);
+    assert_eq!(
+        reads.bad, 0,
+        "{} of {} tail reads were not a whole written value: {:?}",
+        reads.bad, reads.total, reads.examples
+    );
+    up.stop();
 }

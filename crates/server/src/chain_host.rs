@@ -174,6 +174,10 @@ impl Member for HostedMember {
     fn carries_datagrams(&self) -> bool {
         self.kernel.is_some()
     }
+    /// The host (its thread or its XDP program) writes the shared region while this node reads.
+    fn applies_concurrently(&self) -> bool {
+        true
+    }
     fn on_config(&mut self, _now: Time, config: GroupConfig, _out: &mut GroupOutbox) -> Result<(), String> {
         config.check()?;
         if config.epoch <= self.config.epoch {

@@ -5,6 +5,7 @@
 pub mod loopback;
 pub mod netns;
 pub mod scratch;
+pub mod torn;
 pub mod up;
 pub mod workload;
 

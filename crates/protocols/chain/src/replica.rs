@@ -632,18 +632,19 @@ impl<M: Member> Chain<M> {
             return None;
         }
         let tail = self.is_tail();
-        let lock_free = self.has_bug(Bug::ReadWithoutLock);
+        let without_lock = self.has_bug(Bug::ReadWithoutLock);
         let layout = self.config.layout;
         let member = self.member.as_mut()?;
+        // HyperLoop §5: lock-free reads at the tail, since everything the tail has executed is
+        // executed everywhere. That also needs the lookup not to overlap the tail's own
+        // execution, which holds only where the member applies inside this event loop: a
+        // member on a group host (its process or its XDP program) overwrites index slots and
+        // reuses freed heap entries while the lookup walks them, so its tail reads under the
+        // read lock like any member (docs/protocols/chain.md, "Tail reads").
+        let lock_free = (tail && !member.applies_concurrently()) || without_lock;
         let region = member.memory_mut();
         let word = region.load_u64(LOCK_OFFSET).ok()?;
-        let result = if tail && word != RECOVERING {
-            // HyperLoop §5: lock-free one-sided reads at the tail. Everything the tail has
-            // executed is executed everywhere.
-            self.stats.reads_tail += 1;
-            lookup(region, &layout, key)
-        } else if lock_free && word != RECOVERING {
-            self.stats.reads_locked += 1;
+        let result = if lock_free && word != RECOVERING {
             lookup(region, &layout, key)
         } else {
             // rdLock: a reader count in this replica's lock word, refused while the group
@@ -662,9 +663,13 @@ impl<M: Member> Chain<M> {
             }
             let value = lookup(region, &layout, key);
             let _ = region.cas(LOCK_OFFSET, word + 1, word);
-            self.stats.reads_locked += 1;
             value
         };
+        if tail {
+            self.stats.reads_tail += 1;
+        } else {
+            self.stats.reads_locked += 1;
+        }
         Some(match result {
             Ok(value) => Outcome::Value(value),
             Err(_) => Outcome::Error(CommandError::Unavailable("the chain region is corrupt")),
