@@ -10,8 +10,9 @@
 //!    their answers, and the unlock gCAS goes out ahead of the next batch's lock and append.
 //!
 //! Reads are served from the replica's own region (never from in-memory state): at the tail
-//! without a lock; at any other replica under a read lock (a reader count in its own lock
-//! word, refused while the group write lock is held, so the read waits for the unlock).
+//! without a lock; at any other replica, and at a tail whose member applies outside this
+//! event loop (a group host), under a read lock (a reader count in its own lock word, refused
+//! while the group write lock is held, so the read waits for the unlock).
 //!
 //! Failures (§5.1): the membership service's view decides the chain. On every new view the
 //! head's node becomes (or stays) the coordinator and recovers before serving writes: it
