@@ -247,8 +247,11 @@ mod tests {
         }
     }
 
+    /// The lock words seen during lookups, and the switch that shows the word held by a writer.
+    type Watch = (Rc<RefCell<Vec<u64>>>, Rc<Cell<bool>>);
+
     /// A one-replica chain (its node is the tail) over a watched region.
-    fn watched_tail(concurrent: bool) -> (Chain<Watchable>, Rc<RefCell<Vec<u64>>>, Rc<Cell<bool>>) {
+    fn watched_tail(concurrent: bool) -> (Chain<Watchable>, Watch) {
         let config = one_replica();
         let layout = config.layout;
         let words = Rc::new(RefCell::new(Vec::new()));
@@ -262,13 +265,13 @@ mod tests {
                 ChainMember::new(initial, NodeId(0), TenantId(0), memory).map_err(|e| e.to_string())?;
             Ok(Watchable { core, concurrent })
         });
-        (chain, words, writer_holds)
+        (chain, (words, writer_holds))
     }
 
     #[test]
     fn a_tail_whose_member_applies_outside_the_event_loop_reads_under_the_reader_count() {
         for concurrent in [false, true] {
-            let (mut chain, words, writer_holds) = watched_tail(concurrent);
+            let (mut chain, (words, writer_holds)) = watched_tail(concurrent);
             let (key, value) = (Bytes::from("k"), Bytes::from("v"));
             let mut out = Outbox::<Message>::default();
             chain.on_client(
