@@ -129,8 +129,6 @@ fn tail_reads_on_group_hosts_see_whole_values_while_the_host_executes() {
         "user",
         "--group-host-port",
         &host_port,
-        "--appendfsync",
-        "no",
         "--data-dir",
         dir.to_str().unwrap(),
     ];
