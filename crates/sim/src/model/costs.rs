@@ -49,6 +49,10 @@ pub struct CostTable {
     /// a node is never idle and never pays it; at one client it pays it for every event.
     #[serde(default)]
     pub wake_ns: u64,
+    /// Waking a sleeping thread of the load generator (a multi-threaded runtime, unlike a
+    /// node's); tables without it charge `wake_ns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_wake_ns: Option<u64>,
     /// Waking an idle node by its tick's timer: on a VM, arming and taking a timer interrupt
     /// costs far more than being woken by a peer's write, so the two are measured apart.
     pub timer_wake_ns: u64,
@@ -78,6 +82,7 @@ impl CostTable {
             sync_ns: 20_000,
             client_op_ns: 5_000,
             wake_ns: 0,
+            client_wake_ns: None,
             timer_wake_ns: 0,
             wakeup_ns: 10_000,
             cpu_ghz: None,
@@ -99,6 +104,7 @@ impl CostTable {
             sync_ns: 0,
             client_op_ns: 0,
             wake_ns: 0,
+            client_wake_ns: None,
             timer_wake_ns: 0,
             wakeup_ns: 0,
             cpu_ghz: None,
@@ -124,6 +130,7 @@ impl CostTable {
             sync_ns: scale(self.sync_ns),
             client_op_ns: scale(self.client_op_ns),
             wake_ns: scale(self.wake_ns),
+            client_wake_ns: self.client_wake_ns.map(scale),
             timer_wake_ns: scale(self.timer_wake_ns),
             wakeup_ns: self.wakeup_ns,
             cpu_ghz: self.cpu_ghz,
@@ -151,6 +158,7 @@ impl CostTable {
         scaled.sync_ns = scale(self.sync_ns);
         scaled.client_op_ns = scale(self.client_op_ns);
         scaled.wake_ns = scale(self.wake_ns);
+        scaled.client_wake_ns = self.client_wake_ns.map(scale);
         scaled.timer_wake_ns = scale(self.timer_wake_ns);
         scaled.cpu_ghz = Some(to_ghz);
         scaled
@@ -179,8 +187,15 @@ impl CostTable {
         bypass.message_sent_ns = BYPASS_MESSAGE_NS;
         bypass.byte_ps = self.byte_ps / 2;
         bypass.wake_ns = 0;
+        bypass.client_wake_ns = Some(0);
         bypass.timer_wake_ns = 0;
         bypass
+    }
+
+    /// What waking a sleeping thread of the load generator costs (`client_wake_ns`, or a
+    /// node's `wake_ns` where the table has no figure of its own).
+    pub fn load_generator_wake_ns(&self) -> u64 {
+        self.client_wake_ns.unwrap_or(self.wake_ns)
     }
 
     /// How many times a message costs more on this table's stack than on a kernel-bypass one:

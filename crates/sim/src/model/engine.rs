@@ -658,14 +658,14 @@ where
 
     /// A thread of the load generator takes the next waiting request, if a core is free: its
     /// `client_op_ns` (reading the reply, recording it, encoding and writing the request),
-    /// and `wake_ns` first if the thread was asleep.
+    /// and its wake first if the thread was asleep (`CostTable::load_generator_wake_ns`).
     fn client_send_next(&mut self, waking: bool) -> bool {
         if self.machines[0].cores_free == 0 {
             return false;
         }
         let Some(outgoing) = self.outgoing.pop_front() else { return false };
         self.machines[0].cores_free -= 1;
-        let wake = if waking { self.costs.wake_ns } else { 0 };
+        let wake = if waking { self.costs.load_generator_wake_ns() } else { 0 };
         self.client_wakes += waking as u64;
         let cost = self.costs.client_op_ns + wake;
         self.client_busy_ns += cost;
