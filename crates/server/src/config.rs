@@ -112,6 +112,10 @@ pub struct RawConfig {
     /// raftlog only: how MULTI/EXEC runs across logs: "ganged" (default: one copy in every
     /// log involved, run once all reached it) or "locking" (two-phase locking, Cyclone §4.2).
     pub raftlog_transactions: Option<String>,
+    /// raftlog only: where the logs' leaders are: "spread" (default: log l prefers node
+    /// l % replicas) or "together" (every log prefers the first node, as in Cyclone's
+    /// evaluation).
+    pub raftlog_leaders: Option<String>,
     /// raftlog only, for process-level crash tests (docs/testing.md): "files" (default) or
     /// "crash-test", which keeps every write in the process's memory until it is synced, so a
     /// SIGKILL loses exactly what a power cut would. Never a production choice.
@@ -415,6 +419,8 @@ pub struct RaftlogOptions {
     pub flush_per_turn: bool,
     /// MULTI/EXEC as ganged operations (default) rather than with two-phase locking.
     pub ganged: bool,
+    /// Where the logs' leaders are (`raftlog_leaders`).
+    pub leaders: chorus_raftlog::LeaderPlacement,
     /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
     pub storage: chorus_raftlog::disk::StorageKind,
 }
@@ -432,6 +438,7 @@ impl Default for RaftlogOptions {
             decoupled: true,
             flush_per_turn: true,
             ganged: true,
+            leaders: chorus_raftlog::LeaderPlacement::Spread,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
     }
@@ -526,6 +533,7 @@ impl RawConfig {
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             raftlog_flush_per_turn: overrides.raftlog_flush_per_turn.or(self.raftlog_flush_per_turn),
             raftlog_transactions: overrides.raftlog_transactions.or(self.raftlog_transactions),
+            raftlog_leaders: overrides.raftlog_leaders.or(self.raftlog_leaders),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             chain_shape: overrides.chain_shape.or(self.chain_shape),
             chain_log_bytes: overrides.chain_log_bytes.or(self.chain_log_bytes),
@@ -1037,6 +1045,7 @@ impl RawConfig {
             ("raftlog_execution", self.raftlog_execution.is_some()),
             ("raftlog_flush_per_turn", self.raftlog_flush_per_turn.is_some()),
             ("raftlog_transactions", self.raftlog_transactions.is_some()),
+            ("raftlog_leaders", self.raftlog_leaders.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
         only_for(Protocol::Raftlog, protocol, &fields)?;
@@ -1097,6 +1106,16 @@ impl RawConfig {
                 ))
             }
         };
+        let leaders = match self.raftlog_leaders.as_deref() {
+            None | Some("spread") => chorus_raftlog::LeaderPlacement::Spread,
+            Some("together") => chorus_raftlog::LeaderPlacement::Together,
+            Some(other) => {
+                return Err(field_error(
+                    "raftlog_leaders",
+                    format!("{other:?} is neither \"spread\" nor \"together\""),
+                ))
+            }
+        };
         let storage = match self.raftlog_storage.as_deref() {
             None | Some("files") => chorus_raftlog::disk::StorageKind::Files,
             Some("crash-test") => chorus_raftlog::disk::StorageKind::CrashTest,
@@ -1118,6 +1137,7 @@ impl RawConfig {
             decoupled,
             flush_per_turn: self.raftlog_flush_per_turn.unwrap_or(defaults.flush_per_turn),
             ganged,
+            leaders,
             storage,
         })
     }
