@@ -26,6 +26,7 @@
 //! chain_datapath = "user"            # chain with chain_hosts: "user" or "kernel" (XDP; root)
 //! chain_log_bytes = 262144           # chain only: override the shape's log, index or heap
 //! raftlog_shards = 1                 # raftlog only: event loops (threads) the logs are split over; 0: one per core
+//! raftlog_leaders = "spread"         # raftlog only: "spread" (log l prefers node l % replicas) or "together"
 //! peer_link_timeout_ms = 1000        # optional: a peer link silent this long is dropped and redialled
 //! tls-port = 6380                    # optional: TLS clients (Redis' names; tls_port works too)
 //! tls-cert-file = "node.pem"         # this node's certificate (PEM), for clients and peers
@@ -1326,7 +1327,7 @@ client_addr = "127.0.0.1:7380"
     #[test]
     fn raftlog_options_parse_and_only_apply_to_raftlog() {
         let text = format!(
-            "protocol = \"raftlog\"\nraftlog_logs = 2\nraftlog_batch_max = 1\nraftlog_flush = \"none\"\nraftlog_execution = \"decoupled\"\nraftlog_transactions = \"locking\"\n{GOOD}"
+            "protocol = \"raftlog\"\nraftlog_logs = 2\nraftlog_batch_max = 1\nraftlog_flush = \"none\"\nraftlog_execution = \"decoupled\"\nraftlog_transactions = \"locking\"\nraftlog_leaders = \"together\"\n{GOOD}"
         );
         let config = RawConfig::parse(&text).unwrap().validate().unwrap();
         assert_eq!(config.raftlog.logs, 2);
@@ -1334,6 +1335,7 @@ client_addr = "127.0.0.1:7380"
         assert_eq!(config.raftlog.flush, chorus_raftlog::disk::FlushBackend::None);
         assert!(config.raftlog.decoupled);
         assert!(!config.raftlog.ganged);
+        assert_eq!(config.raftlog.leaders, chorus_raftlog::LeaderPlacement::Together);
         assert!(error_of(&format!("raftlog_logs = 2\n{GOOD}")).contains("`raftlog_logs`"));
         assert!(
             error_of(&format!("protocol = \"raftlog\"\nraftlog_logs = 0\n{GOOD}")).contains("`raftlog_logs`")
@@ -1342,6 +1344,9 @@ client_addr = "127.0.0.1:7380"
             .contains("`raftlog_execution`"));
         assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_transactions = \"2pc\"\n{GOOD}"))
             .contains("`raftlog_transactions`"));
+        assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_leaders = \"near\"\n{GOOD}"))
+            .contains("`raftlog_leaders`"));
+        assert!(error_of(&format!("raftlog_leaders = \"together\"\n{GOOD}")).contains("`raftlog_leaders`"));
     }
 
     #[test]
