@@ -4,7 +4,7 @@
 # machine disturbs far less than raw throughput.
 #
 #   scripts/bench-raftlog-cost.sh [--rounds 3] [--seconds 4] [--logs "1 8"] [--clients 32]
-#                                 [--chorus target/release/chorus]
+#                                 [--chorus target/release/chorus] [--node-arg ARG]...
 #
 # Each round runs every log count back to back: three fresh `chorus node --protocol raftlog`
 # processes on 127.0.0.1 (data under /dev/shm, metrics on), driven by
@@ -12,11 +12,12 @@
 # after 1 s of warm-up, for --seconds: `perf stat -e task-clock,context-switches,raw_syscalls:sys_enter`
 # of the three nodes, INFO total_commands_processed and raftlog_entries_proposed, and the
 # peer counters chorus_peer_messages_sent_total / chorus_peer_frames_sent_total, all divided
-# by the commands served. Prints one line per run and the medians per log count.
+# by the commands served. Prints one line per run and the medians per log count. Each
+# --node-arg is passed to every node (e.g. --node-arg --raftlog-leaders=together).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=3 seconds=4 logs_list="1 8" clients=32 chorus=target/release/chorus
+rounds=3 seconds=4 logs_list="1 8" clients=32 chorus=target/release/chorus node_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds) rounds=$2; shift 2 ;;
@@ -24,6 +25,7 @@ while [ $# -gt 0 ]; do
         --logs) logs_list=$2; shift 2 ;;
         --clients) clients=$2; shift 2 ;;
         --chorus) chorus=$2; shift 2 ;;
+        --node-arg) node_args+=("$2"); shift 2 ;;
         *) echo "scripts/bench-raftlog-cost.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -78,7 +80,7 @@ one_run() { # LOGS ROUND
         "$chorus" node --node-id "$node" --protocol raftlog --client-addr "127.0.0.1:$((base + node))" \
             --metrics-addr "127.0.0.1:$((base + 6 + node))" --cluster-token bench-raftlog-cost-token-01 \
             --data-dir "$scratch/r$round-l$logs/node-$node" --raftlog-logs "$logs" --log-level warn \
-            "${peers[@]}" >"$scratch/node-$node.log" 2>&1 &
+            "${peers[@]}" ${node_args[@]+"${node_args[@]}"} >"$scratch/node-$node.log" 2>&1 &
         node_pids+=($!)
         pids+=($!)
     done
@@ -127,7 +129,7 @@ print(f"logs={logs} round={rnd} load1={load} commands/s={n / float(seconds):.0f}
 PY
 }
 
-echo "# scripts/bench-raftlog-cost.sh --rounds $rounds --seconds $seconds --logs \"$logs_list\" --clients $clients"
+echo "# scripts/bench-raftlog-cost.sh --rounds $rounds --seconds $seconds --logs \"$logs_list\" --clients $clients ${node_args[*]+--node-arg ${node_args[*]}}"
 echo "# $(date -u +%FT%TZ), $(nproc) CPUs, $("$chorus" --version 2>/dev/null || echo chorus)"
 for round in $(seq "$rounds"); do
     for logs in $logs_list; do one_run "$logs" "$round"; done

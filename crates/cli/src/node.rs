@@ -125,6 +125,10 @@ pub struct NodeArgs {
     /// raftlog: how MULTI/EXEC runs across logs: ganged (default) or locking.
     #[arg(long, value_name = "ganged|locking")]
     pub raftlog_transactions: Option<String>,
+    /// raftlog: where the logs' leaders are: spread (default: log l prefers node l %
+    /// replicas) or together (every log prefers the first node, as in Cyclone's evaluation).
+    #[arg(long)]
+    pub raftlog_leaders: Option<String>,
     /// raftlog, crash tests only: "crash-test" keeps unsynced writes in memory (docs/testing.md).
     #[arg(long, hide = true)]
     pub raftlog_storage: Option<String>,
@@ -227,6 +231,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_execution: args.raftlog_execution,
         raftlog_flush_per_turn: args.raftlog_flush_per_turn,
         raftlog_transactions: args.raftlog_transactions,
+        raftlog_leaders: args.raftlog_leaders,
         raftlog_storage: args.raftlog_storage,
         appendonly: args.appendonly.map(chorus_server::config::YesNo::Text),
         appendfsync: args.appendfsync,

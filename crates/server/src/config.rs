@@ -26,6 +26,7 @@
 //! chain_datapath = "user"            # chain with chain_hosts: "user" or "kernel" (XDP; root)
 //! chain_log_bytes = 262144           # chain only: override the shape's log, index or heap
 //! raftlog_shards = 1                 # raftlog only: event loops (threads) the logs are split over; 0: one per core
+//! raftlog_leaders = "spread"         # raftlog only: "spread" (log l prefers node l % replicas) or "together"
 //! peer_link_timeout_ms = 1000        # optional: a peer link silent this long is dropped and redialled
 //! tls-port = 6380                    # optional: TLS clients (Redis' names; tls_port works too)
 //! tls-cert-file = "node.pem"         # this node's certificate (PEM), for clients and peers
@@ -112,6 +113,10 @@ pub struct RawConfig {
     /// raftlog only: how MULTI/EXEC runs across logs: "ganged" (default: one copy in every
     /// log involved, run once all reached it) or "locking" (two-phase locking, Cyclone §4.2).
     pub raftlog_transactions: Option<String>,
+    /// raftlog only: where the logs' leaders are: "spread" (default: log l prefers node
+    /// l % replicas) or "together" (every log prefers the first node, as in Cyclone's
+    /// evaluation).
+    pub raftlog_leaders: Option<String>,
     /// raftlog only, for process-level crash tests (docs/testing.md): "files" (default) or
     /// "crash-test", which keeps every write in the process's memory until it is synced, so a
     /// SIGKILL loses exactly what a power cut would. Never a production choice.
@@ -415,6 +420,8 @@ pub struct RaftlogOptions {
     pub flush_per_turn: bool,
     /// MULTI/EXEC as ganged operations (default) rather than with two-phase locking.
     pub ganged: bool,
+    /// Where the logs' leaders are (`raftlog_leaders`).
+    pub leaders: chorus_raftlog::LeaderPlacement,
     /// Where the two-level log's writes go (`raftlog_storage`, for crash tests only).
     pub storage: chorus_raftlog::disk::StorageKind,
 }
@@ -432,6 +439,7 @@ impl Default for RaftlogOptions {
             decoupled: true,
             flush_per_turn: true,
             ganged: true,
+            leaders: chorus_raftlog::LeaderPlacement::Spread,
             storage: chorus_raftlog::disk::StorageKind::Files,
         }
     }
@@ -526,6 +534,7 @@ impl RawConfig {
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             raftlog_flush_per_turn: overrides.raftlog_flush_per_turn.or(self.raftlog_flush_per_turn),
             raftlog_transactions: overrides.raftlog_transactions.or(self.raftlog_transactions),
+            raftlog_leaders: overrides.raftlog_leaders.or(self.raftlog_leaders),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
             chain_shape: overrides.chain_shape.or(self.chain_shape),
             chain_log_bytes: overrides.chain_log_bytes.or(self.chain_log_bytes),
@@ -1037,6 +1046,7 @@ impl RawConfig {
             ("raftlog_execution", self.raftlog_execution.is_some()),
             ("raftlog_flush_per_turn", self.raftlog_flush_per_turn.is_some()),
             ("raftlog_transactions", self.raftlog_transactions.is_some()),
+            ("raftlog_leaders", self.raftlog_leaders.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
         ];
         only_for(Protocol::Raftlog, protocol, &fields)?;
@@ -1097,6 +1107,16 @@ impl RawConfig {
                 ))
             }
         };
+        let leaders = match self.raftlog_leaders.as_deref() {
+            None | Some("spread") => chorus_raftlog::LeaderPlacement::Spread,
+            Some("together") => chorus_raftlog::LeaderPlacement::Together,
+            Some(other) => {
+                return Err(field_error(
+                    "raftlog_leaders",
+                    format!("{other:?} is neither \"spread\" nor \"together\""),
+                ))
+            }
+        };
         let storage = match self.raftlog_storage.as_deref() {
             None | Some("files") => chorus_raftlog::disk::StorageKind::Files,
             Some("crash-test") => chorus_raftlog::disk::StorageKind::CrashTest,
@@ -1118,6 +1138,7 @@ impl RawConfig {
             decoupled,
             flush_per_turn: self.raftlog_flush_per_turn.unwrap_or(defaults.flush_per_turn),
             ganged,
+            leaders,
             storage,
         })
     }
@@ -1306,7 +1327,7 @@ client_addr = "127.0.0.1:7380"
     #[test]
     fn raftlog_options_parse_and_only_apply_to_raftlog() {
         let text = format!(
-            "protocol = \"raftlog\"\nraftlog_logs = 2\nraftlog_batch_max = 1\nraftlog_flush = \"none\"\nraftlog_execution = \"decoupled\"\nraftlog_transactions = \"locking\"\n{GOOD}"
+            "protocol = \"raftlog\"\nraftlog_logs = 2\nraftlog_batch_max = 1\nraftlog_flush = \"none\"\nraftlog_execution = \"decoupled\"\nraftlog_transactions = \"locking\"\nraftlog_leaders = \"together\"\n{GOOD}"
         );
         let config = RawConfig::parse(&text).unwrap().validate().unwrap();
         assert_eq!(config.raftlog.logs, 2);
@@ -1314,6 +1335,7 @@ client_addr = "127.0.0.1:7380"
         assert_eq!(config.raftlog.flush, chorus_raftlog::disk::FlushBackend::None);
         assert!(config.raftlog.decoupled);
         assert!(!config.raftlog.ganged);
+        assert_eq!(config.raftlog.leaders, chorus_raftlog::LeaderPlacement::Together);
         assert!(error_of(&format!("raftlog_logs = 2\n{GOOD}")).contains("`raftlog_logs`"));
         assert!(
             error_of(&format!("protocol = \"raftlog\"\nraftlog_logs = 0\n{GOOD}")).contains("`raftlog_logs`")
@@ -1322,6 +1344,9 @@ client_addr = "127.0.0.1:7380"
             .contains("`raftlog_execution`"));
         assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_transactions = \"2pc\"\n{GOOD}"))
             .contains("`raftlog_transactions`"));
+        assert!(error_of(&format!("protocol = \"raftlog\"\nraftlog_leaders = \"near\"\n{GOOD}"))
+            .contains("`raftlog_leaders`"));
+        assert!(error_of(&format!("raftlog_leaders = \"together\"\n{GOOD}")).contains("`raftlog_leaders`"));
     }
 
     #[test]

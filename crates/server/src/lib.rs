@@ -1112,6 +1112,7 @@ fn open_raftlog_shard(
     raftlog.trailing_entries = config.raftlog.trailing_entries;
     raftlog.decoupled = config.raftlog.decoupled;
     raftlog.ganged = config.raftlog.ganged;
+    raftlog.leaders = config.raftlog.leaders;
     // The event loop calls `end_turn` before it performs each turn's outbox.
     raftlog.flush_at_turn_end = config.raftlog.flush_per_turn;
     // A replacement (`--join`) is a new Raft member of every log; the data directory keeps

@@ -42,6 +42,20 @@ impl Bug {
     ];
 }
 
+/// Which node each log's election favours (docs/protocols/raftlog.md, §4.1 and "Where the
+/// leaders are"). Only the preferred leader changes: any node may still win an election.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaderPlacement {
+    /// Log `l`'s preferred leader is member `l % replicas`: the leaders' work spreads over
+    /// the nodes, but every node then exchanges forwards, appends and answers with every
+    /// other node each turn.
+    Spread,
+    /// Every log prefers the first member, as in Cyclone's evaluation (one leader replica for
+    /// all its Raft instances): a follower's traffic of a turn goes to one node, so a turn
+    /// costs the frames of one log whatever the number of logs.
+    Together,
+}
+
 #[derive(Clone, Debug)]
 pub struct RaftLogConfig {
     /// This replica.
@@ -102,6 +116,9 @@ pub struct RaftLogConfig {
     /// `crate::replica::gang`) or with strict two-phase locking (`crate::txn`, Cyclone §4.2).
     /// Every node of a cluster must use the same.
     pub ganged: bool,
+    /// Where each log's preferred leader is (`crate::replica::new_group`'s election stagger):
+    /// spread over the nodes by log number, or every log led by the first member.
+    pub leaders: LeaderPlacement,
     /// The runtime calls [`crate::RaftLog::end_turn`] once per event-loop turn, after every
     /// message and request of the turn: the logs are flushed there, once per turn (every
     /// command of the turn joins one batch per log, every batch a leader took in one entry),
@@ -174,6 +191,7 @@ impl RaftLogConfig {
             session_client_id: me.0 as u64,
             decoupled: true,
             ganged: true,
+            leaders: LeaderPlacement::Spread,
             flush_at_turn_end: false,
             durable: false,
             snapshot_entries: 20_000,

@@ -29,7 +29,7 @@ pub mod storage;
 mod transfer;
 pub mod txn;
 
-pub use config::{Bug, RaftLogConfig};
+pub use config::{Bug, LeaderPlacement, RaftLogConfig};
 pub use message::{AppendAnswer, EntryBatch, Message, Proposal, SessionId, Step, StepKind, TxnId};
 pub use replica::{log_in_shard, log_of, shard_of, RaftLog, RaftLogStats, INCARNATION_MAX};
 pub use state::{LogState, ProposalResult, SessionRecord, StateImage};

@@ -29,7 +29,7 @@ use raft::prelude::{Entry, EntryType, MessageType, Snapshot};
 use raft::{Config, RawNode, ReadState, StateRole, INVALID_ID};
 use rustc_hash::FxHashMap;
 
-use crate::config::RaftLogConfig;
+use crate::config::{LeaderPlacement, RaftLogConfig};
 use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
 use crate::message::{AppendAnswer, EntryBatch, LogCommit, Message, Proposal, Step, TxnId};
 use crate::message::{SessionId, StepKind};
@@ -1473,7 +1473,10 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
     // Raft cores' work).
     let members = config.members.len();
     let rank = config.members.iter().position(|node| node == config.me).expect("member");
-    let stagger = (rank + members - log % members) % members;
+    let stagger = match config.leaders {
+        LeaderPlacement::Spread => (rank + members - log % members) % members,
+        LeaderPlacement::Together => rank,
+    };
     let election_tick = config.election_ticks + 3 * stagger;
     let raft_config = Config {
         id: raft_id_of(config.me, config.incarnation),

@@ -9,7 +9,7 @@ use chorus_core::{
     ClientRequestId, Command, CommandError, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time, Value,
 };
 use chorus_raftlog::durable::{Record, Recovered};
-use chorus_raftlog::{Message, RaftLog, RaftLogConfig, SessionId};
+use chorus_raftlog::{LeaderPlacement, Message, RaftLog, RaftLogConfig, SessionId};
 use raft::prelude::MessageType;
 
 // ================================================================ harness
@@ -273,6 +273,38 @@ fn each_log_elects_its_preferred_leader_so_leaders_spread_over_nodes() {
         for node in 0..3 {
             assert_eq!(cluster.leader_of(node, log), Some(NodeId((log % 3) as u8)), "log {log} at n{node}");
         }
+    }
+}
+
+#[test]
+fn leaders_placed_together_are_all_on_the_first_node_and_move_together_when_it_fails() {
+    let mut cluster = Cluster::with(3, |config| {
+        config.logs = 8;
+        config.leaders = LeaderPlacement::Together;
+    });
+    cluster.run_for(50);
+    let leaders = |cluster: &Cluster, node: u8| -> Vec<Option<NodeId>> {
+        (0..8).map(|log| cluster.leader_of(node, log)).collect()
+    };
+    for node in 0..3 {
+        assert_eq!(leaders(&cluster, node), vec![Some(NodeId(0)); 8], "at n{node}");
+    }
+    let keys: Vec<String> = (0..8).map(|log| key_in_log(log, 8)).collect();
+    let requests: Vec<_> = keys.iter().map(|key| cluster.client(2, write(key, key))).collect();
+    cluster.run_for(5);
+    for (key, request) in keys.iter().zip(&requests) {
+        assert_eq!(cluster.reply_of(*request), Some(Outcome::Written), "{key}");
+    }
+    assert_eq!(cluster.nodes[1].stats().entries_proposed, 0, "n1 leads nothing");
+    assert_eq!(cluster.nodes[2].stats().entries_proposed, 0, "n2 leads nothing");
+    // The first node fails: every log goes through the same election timeouts, so one
+    // survivor wins them all and the leaders stay together.
+    cluster.crash(0);
+    cluster.run_for(400);
+    let survivor = cluster.leader_of(1, 0).expect("log 0 has a new leader");
+    assert_ne!(survivor, NodeId(0));
+    for node in 1..3 {
+        assert_eq!(leaders(&cluster, node), vec![Some(survivor); 8], "at n{node} after n0 failed");
     }
 }
 
