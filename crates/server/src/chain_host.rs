@@ -171,6 +171,15 @@ impl Member for HostedMember {
         }
         self.coordinator = coordinator;
     }
+    /// The host flushes what its member applied by the nodes' `appendfsync` (`chorus
+    /// group-host --sync`), not per turn of this node; at a clean stop (`force`) this node
+    /// flushes the whole shared file itself, so a region recorded as synced at the stop is.
+    fn sync_turn(&mut self, force: bool) -> Result<(), String> {
+        if !force || self.kernel.is_some() {
+            return Ok(());
+        }
+        self.region.flush_all().map_err(|error| format!("cannot flush the chain region: {error}"))
+    }
     fn carries_datagrams(&self) -> bool {
         self.kernel.is_some()
     }
