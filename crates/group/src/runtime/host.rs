@@ -1422,10 +1422,27 @@ mod tests {
         );
         config.flush = FlushBackend::None;
         config.mode = HostMode::Naive;
+        config.sync = HostSync::Everysec;
         let json = serde_json::to_string(&config).unwrap();
         let back: HostConfig = serde_json::from_str(&json).unwrap();
         assert_eq!(back.flush, FlushBackend::None);
         assert_eq!(back.mode, HostMode::Naive);
+        assert_eq!(back.sync, HostSync::Everysec);
         assert!(json.contains("\"flush\":\"none\""));
+        // A configuration written before `sync` existed flushes every frame, as before.
+        let old = json.replace(",\"sync\":\"everysec\"", "");
+        assert_ne!(old, json);
+        assert_eq!(serde_json::from_str::<HostConfig>(&old).unwrap().sync, HostSync::Always);
+    }
+
+    /// `chorus up` passes its nodes' appendfsync as the hosts' `--sync`.
+    #[test]
+    fn host_sync_reads_every_appendfsync_name() {
+        for sync in [HostSync::Always, HostSync::Everysec, HostSync::No] {
+            assert_eq!(sync.name().parse::<HostSync>(), Ok(sync));
+        }
+        assert_eq!(HostSync::Always.policy(), chorus_region::SyncPolicy::EveryTurn);
+        assert_eq!(HostSync::No.policy(), chorus_region::SyncPolicy::Never);
+        assert!("sometimes".parse::<HostSync>().is_err());
     }
 }
