@@ -20,6 +20,11 @@ pub struct GroupHostArgs {
     /// Flush backend: msync (default), clwb (DAX with MAP_SYNC only) or none.
     #[arg(long, default_value = "msync")]
     flush: String,
+    /// When the members' gFLUSHes are made durable: always (once per frame received, before
+    /// anything it produced is forwarded or acknowledged), everysec or no (as a node's
+    /// appendfsync; `chorus up` passes its nodes').
+    #[arg(long, default_value = "always")]
+    sync: String,
     /// chorus: this process performs every tenant's operations; naive: one replica process
     /// per tenant replica (`chorus naive-replica`, the baseline of HyperLoop §6, Naïve-Event);
     /// naive-polling: the same with busy-polling replicas (Naïve-Polling).
@@ -61,6 +66,7 @@ pub fn run_host(args: GroupHostArgs) -> anyhow::Result<i32> {
     let region_dir = args.region_dir.unwrap_or_else(chorus_region::default_region_dir);
     let mut config = HostConfig::new(args.listen, region_dir, tenants);
     config.flush = args.flush.parse().map_err(|error| anyhow::anyhow!("--flush: {error}"))?;
+    config.sync = args.sync.parse().map_err(|error| anyhow::anyhow!("--sync: {error}"))?;
     config.mode = args.mode.parse::<HostMode>().map_err(|error| anyhow::anyhow!("--mode: {error}"))?;
     config.datapath = args.datapath.parse().map_err(|error| anyhow::anyhow!("--datapath: {error}"))?;
     config.kernel_interfaces = args.kernel_interfaces;

@@ -189,6 +189,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
         (None, false) => has_appendonly(&args.protocol).then(|| "yes".to_string()),
     };
 
+    // The group hosts flush the chain's region as the nodes would (the node's default is always).
+    let host_sync = match (appendonly.as_deref(), args.appendfsync.as_deref()) {
+        (Some("no"), _) => "no".to_string(),
+        (_, Some(policy)) => policy.to_string(),
+        (_, None) => "always".to_string(),
+    };
+
     let r = args.replicas as u16;
     let mut peers = vec![BTreeMap::new(); usize::from(args.shards)];
     let mut replicas = Vec::new();
@@ -247,6 +254,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
                 listen: *addr,
                 node_dir: &node_dir,
                 log_level: &args.log_level,
+                sync: &host_sync,
                 kernel: Some((&lab, i, &peers)),
             };
             cluster.hosts.push(start_group_host(&exe, host)?);
@@ -325,7 +333,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
     // same files. A node dials its host again until it is up.
     for (i, addr) in chain_hosts.iter().enumerate().filter(|_| !kernel) {
         let node_dir = data_dir.join(format!("node-{i}"));
-        let host = HostPlan { listen: *addr, node_dir: &node_dir, log_level: &args.log_level, kernel: None };
+        let host = HostPlan {
+            listen: *addr,
+            node_dir: &node_dir,
+            log_level: &args.log_level,
+            sync: &host_sync,
+            kernel: None,
+        };
         cluster.hosts.push(start_group_host(&exe, host)?);
     }
 
@@ -615,6 +629,8 @@ struct HostPlan<'a> {
     listen: SocketAddr,
     node_dir: &'a Path,
     log_level: &'a str,
+    /// When the host makes the members' gFLUSHes durable: the nodes' appendfsync.
+    sync: &'a str,
     /// Kernel path: the lab, the host's namespace in it, and every host's address (its peers).
     kernel: Option<(&'a NetLab, usize, &'a [IpAddr])>,
 }
@@ -639,6 +655,8 @@ fn start_group_host(exe: &Path, plan: HostPlan<'_>) -> anyhow::Result<Child> {
         format!("{tenant}:{token}"),
         "--datapath".into(),
         if plan.kernel.is_some() { "kernel" } else { "user" }.into(),
+        "--sync".into(),
+        plan.sync.into(),
     ];
     if let Some((lab, i, peers)) = plan.kernel {
         for peer in peers {

@@ -178,6 +178,14 @@ impl<M: RegionMemory> ChainMember<M> {
     pub fn failure(&self) -> Option<&str> {
         self.failed.as_deref()
     }
+    /// The runtime could not make what this member applied durable (a flush deferred to the end
+    /// of its turn failed): nothing the turn produced may leave (the caller drops `out`'s
+    /// messages first), and the member refuses everything until reconfigured, as when a flush
+    /// of its own fails.
+    pub fn fail_turn(&mut self, reason: String, out: &mut GroupOutbox) {
+        let seq = self.next_seq.saturating_sub(1);
+        self.fail(reason, seq, out);
+    }
     fn is_tail(&self) -> bool {
         self.position + 1 == self.config.chain.len()
     }

@@ -455,6 +455,19 @@ impl Region {
         }
     }
 
+    /// Flush the whole region, whoever wrote it: through this mapping or through another
+    /// mapping of the same file (a group host's, whose flushes follow its own policy). Nothing
+    /// to do without a flush backend.
+    pub fn flush_all(&mut self) -> Result<(), RegionError> {
+        let len = self.as_bytes().len();
+        if self.backend == FlushBackend::None || len == 0 {
+            return Ok(());
+        }
+        self.dirty_low = 0;
+        self.dirty_high = len;
+        self.flush()
+    }
+
     /// Bytes written and not yet flushed, as `(offset, len)`.
     pub fn dirty_range(&self) -> Option<(usize, usize)> {
         (self.dirty_low < self.dirty_high).then(|| (self.dirty_low, self.dirty_high - self.dirty_low))

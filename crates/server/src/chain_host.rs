@@ -50,6 +50,9 @@ pub struct HostedMember {
     hosts: Vec<SocketAddr>,
     link: HostLink,
     received: Vec<GroupMessage>,
+    /// User path: the turn's operations, sent to the host as one frame at the end of the turn
+    /// (`sync_turn`), so the host applies them in one turn of its own with one flush.
+    turn_ops: Vec<GroupMessage>,
     kernel: Option<KernelPath>,
     /// The node of the coordinator whose configuration is installed next or last.
     coordinator: NodeId,
@@ -93,6 +96,7 @@ impl HostedMember {
             hosts,
             link,
             received: Vec::new(),
+            turn_ops: Vec::new(),
             kernel,
             coordinator: me,
         })
@@ -132,6 +136,15 @@ impl HostedMember {
     }
 }
 
+impl HostedMember {
+    fn send_turn_ops(&mut self) {
+        if !self.turn_ops.is_empty() {
+            self.link.send(&self.turn_ops);
+            self.turn_ops.clear();
+        }
+    }
+}
+
 fn position_of(config: &GroupConfig, me: NodeId) -> Result<usize, String> {
     config.chain.iter().position(|node| *node == me).ok_or_else(|| format!("{me:?} is not in the chain"))
 }
@@ -159,10 +172,12 @@ impl Member for HostedMember {
                 // The whole chain ran in this send's softirq: its acknowledgement may be here.
                 self.drain(out);
             }
-            None => self.link.send(&[message]),
+            None => self.turn_ops.push(message),
         }
     }
     fn on_tick(&mut self, _now: Time, out: &mut GroupOutbox) {
+        // Operations of a call that ended no turn (none is expected) leave at the tick.
+        self.send_turn_ops();
         self.drain(out);
     }
     fn coordinated_by(&mut self, coordinator: NodeId) {
@@ -170,6 +185,16 @@ impl Member for HostedMember {
             tracing::debug!(%coordinator, "the chain's coordinator changed");
         }
         self.coordinator = coordinator;
+    }
+    /// The host flushes what its member applied by the nodes' `appendfsync` (`chorus
+    /// group-host --sync`), not per turn of this node; at a clean stop (`force`) this node
+    /// flushes the whole shared file itself, so a region recorded as synced at the stop is.
+    fn sync_turn(&mut self, force: bool) -> Result<(), String> {
+        self.send_turn_ops();
+        if !force || self.kernel.is_some() {
+            return Ok(());
+        }
+        self.region.flush_all().map_err(|error| format!("cannot flush the chain region: {error}"))
     }
     fn carries_datagrams(&self) -> bool {
         self.kernel.is_some()
@@ -180,6 +205,8 @@ impl Member for HostedMember {
     }
     fn on_config(&mut self, _now: Time, config: GroupConfig, _out: &mut GroupOutbox) -> Result<(), String> {
         config.check()?;
+        // What the previous configuration sent goes before the new `Initialize`.
+        self.send_turn_ops();
         if config.epoch <= self.config.epoch {
             return Ok(()); // stale or repeated
         }

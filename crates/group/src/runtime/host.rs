@@ -28,13 +28,13 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use chorus_core::codec::{decode_batch, WireMessage};
 use chorus_core::{NodeId, Time};
-use chorus_region::{FlushBackend, Region, RegionMemory, RegionStore, TenantId};
+use chorus_region::{FlushBackend, Region, RegionMemory, RegionStore, TenantId, TurnFlush};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Notify};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::child::{spawn_child, ChildProcess};
 use super::wire::{
@@ -167,6 +167,56 @@ impl TenantCredential {
     }
 }
 
+/// When a host's user-path members make their gFLUSHes durable (Redis' `appendfsync`, as the
+/// chain store's nodes are told): a member's flushes wait for the end of the frame it is
+/// applying and are done there, once for all of the frame's operations, before anything it
+/// produced is forwarded or acknowledged (`chorus_region::TurnFlush`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostSync {
+    /// Every frame that asked for a flush, before its messages leave (HyperLoop's gFLUSH).
+    #[default]
+    Always,
+    /// At most once a second (and at least once a second while something waits); messages do
+    /// not wait for it.
+    Everysec,
+    /// Never but when the kernel writes back; the caller asked for no durability.
+    No,
+}
+
+impl HostSync {
+    pub fn name(self) -> &'static str {
+        match self {
+            HostSync::Always => "always",
+            HostSync::Everysec => "everysec",
+            HostSync::No => "no",
+        }
+    }
+
+    fn policy(self) -> chorus_region::SyncPolicy {
+        match self {
+            HostSync::Always => chorus_region::SyncPolicy::EveryTurn,
+            HostSync::Everysec => chorus_region::SyncPolicy::Every(EVERYSEC),
+            HostSync::No => chorus_region::SyncPolicy::Never,
+        }
+    }
+}
+
+impl std::str::FromStr for HostSync {
+    type Err = String;
+    fn from_str(text: &str) -> Result<HostSync, String> {
+        match text {
+            "always" => Ok(HostSync::Always),
+            "everysec" => Ok(HostSync::Everysec),
+            "no" => Ok(HostSync::No),
+            other => Err(format!("unknown sync policy {other:?}: expected always, everysec or no")),
+        }
+    }
+}
+
+/// The period of [`HostSync::Everysec`].
+const EVERYSEC: Duration = Duration::from_secs(1);
+
 /// Everything a group host needs. Serializable: Naïve replicas and benchmark hosts receive it
 /// as JSON on stdin (see [`super::child_main`]).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -177,6 +227,9 @@ pub struct HostConfig {
     pub region_dir: PathBuf,
     #[serde(with = "flush_name")]
     pub flush: FlushBackend,
+    /// When the user path's members flush what gFLUSH asked for.
+    #[serde(default)]
+    pub sync: HostSync,
     /// The tenants this host serves, with their tokens. Anyone else is refused at the handshake.
     pub tenants: Vec<TenantCredential>,
     #[serde(default)]
@@ -253,6 +306,7 @@ impl HostConfig {
             listen,
             region_dir: region_dir.into(),
             flush: FlushBackend::Msync,
+            sync: HostSync::Always,
             tenants,
             mode: HostMode::Chorus,
             replica_command: None,
@@ -359,7 +413,11 @@ pub async fn start_host(config: HostConfig) -> anyhow::Result<HostHandle> {
     });
     let accepting = host.clone();
     host.spawn(async move { accepting.accept_loop(listener).await });
-    info!(%addr, mode = ?host.config.mode, backend = %host.config.flush, datapath = host.datapath().name(), "group host listening");
+    if host.config.sync == HostSync::Everysec {
+        let syncing = host.clone();
+        host.spawn(async move { syncing.sync_every_second().await });
+    }
+    info!(%addr, mode = ?host.config.mode, backend = %host.config.flush, sync = host.config.sync.name(), datapath = host.datapath().name(), "group host listening");
     Ok(HostHandle { addr, host })
 }
 
@@ -418,7 +476,7 @@ struct GroupSlot {
 
 /// Who applies this member's operations.
 enum SlotMember {
-    User(Box<Mutex<ChainMember<Region>>>),
+    User(Box<Mutex<ChainMember<TurnFlush<Region>>>>),
     /// The XDP program, on region slot `slot` of the kernel's regions map.
     Kernel {
         slot: u32,
@@ -711,6 +769,13 @@ impl Host {
             for message in messages {
                 member.on_message(now, from, message, &mut out);
             }
+            // The frame's gFLUSHes, as one msync, before anything it produced leaves: one per
+            // frame rather than one per operation (each is a disk write under the region file).
+            if let Err(error) = member.memory_mut().sync_turn(false) {
+                error!(group = slot.group.0, "cannot flush the region; the member fails: {error}");
+                out.messages.clear();
+                member.fail_turn(format!("flush failed: {error}"), &mut out);
+            }
         }
         let next = NodeId(slot.position as u8 + 2);
         let (mut to_caller, mut to_next) = (Vec::new(), Vec::new());
@@ -727,6 +792,33 @@ impl Host {
         if let Some(downstream) = &slot.downstream {
             for frame in group_frames(&to_next) {
                 let _ = downstream.send(frame).await;
+            }
+        }
+    }
+
+    /// [`HostSync::Everysec`]: what waits for a flush is flushed within a second even when no
+    /// frame arrives to do it.
+    async fn sync_every_second(&self) {
+        let mut ticks = tokio::time::interval(EVERYSEC);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let slots: Vec<Arc<GroupSlot>> =
+                self.groups.lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+            for slot in slots {
+                let SlotMember::User(member) = &slot.member else { continue };
+                let mut out = GroupOutbox::default();
+                {
+                    let mut member = member.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Err(error) = member.memory_mut().sync_turn(false) {
+                        error!(group = slot.group.0, "cannot flush the region; the member fails: {error}");
+                        member.fail_turn(format!("flush failed: {error}"), &mut out);
+                    }
+                }
+                let refusals: Vec<GroupMessage> = out.messages.into_iter().map(|(_, m)| m).collect();
+                for frame in group_frames(&refusals) {
+                    let _ = slot.caller.send(frame).await;
+                }
             }
         }
     }
@@ -870,6 +962,7 @@ impl Host {
                     .register(tenant, &init.region, init.region_bytes)
                     .map_err(|e| e.to_string())?;
                 let path = region.path().map(|p| p.display().to_string()).unwrap_or_default();
+                let region = TurnFlush::with_policy(region, self.config.sync.policy());
                 let member = ChainMember::new(config, NodeId(position as u8 + 1), tenant, region)
                     .map_err(|e| e.to_string())?;
                 (SlotMember::User(Box::new(Mutex::new(member))), path)
@@ -1329,10 +1422,27 @@ mod tests {
         );
         config.flush = FlushBackend::None;
         config.mode = HostMode::Naive;
+        config.sync = HostSync::Everysec;
         let json = serde_json::to_string(&config).unwrap();
         let back: HostConfig = serde_json::from_str(&json).unwrap();
         assert_eq!(back.flush, FlushBackend::None);
         assert_eq!(back.mode, HostMode::Naive);
+        assert_eq!(back.sync, HostSync::Everysec);
         assert!(json.contains("\"flush\":\"none\""));
+        // A configuration written before `sync` existed flushes every frame, as before.
+        let old = json.replace(",\"sync\":\"everysec\"", "");
+        assert_ne!(old, json);
+        assert_eq!(serde_json::from_str::<HostConfig>(&old).unwrap().sync, HostSync::Always);
+    }
+
+    /// `chorus up` passes its nodes' appendfsync as the hosts' `--sync`.
+    #[test]
+    fn host_sync_reads_every_appendfsync_name() {
+        for sync in [HostSync::Always, HostSync::Everysec, HostSync::No] {
+            assert_eq!(sync.name().parse::<HostSync>(), Ok(sync));
+        }
+        assert_eq!(HostSync::Always.policy(), chorus_region::SyncPolicy::EveryTurn);
+        assert_eq!(HostSync::No.policy(), chorus_region::SyncPolicy::Never);
+        assert!("sometimes".parse::<HostSync>().is_err());
     }
 }

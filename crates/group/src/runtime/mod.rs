@@ -16,7 +16,8 @@ pub mod wire;
 pub use child::{child_main, spawn_child, ChildProcess};
 pub use client::{BlockingGroupClient, GroupClient, GroupSpec, KernelEndpoint, WireFaults};
 pub use host::{
-    serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, TenantCredential, TenantQuotas,
+    serve_host, start_host, Datapath, HostConfig, HostHandle, HostMode, HostSync, TenantCredential,
+    TenantQuotas,
 };
 pub use hosted::{kernel_region, HostLink, HostedInit, KernelRegionSlot, MemberDatagrams, Wake};
 pub use wire::{format_token, parse_token};
