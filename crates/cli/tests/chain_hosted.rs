@@ -121,19 +121,7 @@ fn tail_reads_on_group_hosts_see_whole_values_while_the_host_executes() {
     let scratch = Scratch::new("chain-hosted-torn");
     let port = free_port_run(9, 10);
     let dir = scratch.0.join("cluster");
-    let host_port = (port + 6).to_string();
-    let args = [
-        "--protocol",
-        "chain",
-        "--datapath",
-        "user",
-        "--group-host-port",
-        &host_port,
-        "--data-dir",
-        dir.to_str().unwrap(),
-    ];
-    let (up, first) = Up::start(port, 3, &args, &[]).unwrap();
-    assert!(first.contains("3 chain replicas up"), "{first}");
+    let (up, _) = Up::hosted_chain(port, "user", &dir);
     let _: () = redis::cmd("SET").arg("racy").arg(torn::value(0)).query(&mut client(port)).unwrap();
     wait_for_value(port + 2, "racy", std::str::from_utf8(&torn::value(0)).unwrap());
     let tail = torn::chain_tail(&[port, port + 1, port + 2], "racy");

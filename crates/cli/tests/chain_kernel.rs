@@ -54,19 +54,7 @@ fn chorus_up_chain_runs_its_members_on_the_hosts_kernel_path() {
     let scratch = Scratch::new("chain-kernel");
     let port = free_port_run(9, 9);
     let dir = scratch.0.join("cluster");
-    let host_port = (port + 6).to_string();
-    let args = [
-        "--protocol",
-        "chain",
-        "--datapath",
-        "kernel",
-        "--group-host-port",
-        &host_port,
-        "--data-dir",
-        dir.to_str().unwrap(),
-    ];
-    let (up, first) = Up::start(port, 3, &args, &[]).unwrap();
-    assert!(first.contains("3 chain replicas up"), "{first}");
+    let (up, first) = Up::hosted_chain(port, "kernel", &dir);
     let _: () = redis::cmd("SET").arg("k").arg("v0").query(&mut client(port)).unwrap();
     wait_for_value(port + 2, "k", "v0");
     if first.contains("kernel path unavailable") {
@@ -137,19 +125,7 @@ fn tail_reads_on_the_kernel_path_see_whole_values_while_the_program_executes() {
     let scratch = Scratch::new("chain-kernel-torn");
     let port = free_port_run(9, 10);
     let dir = scratch.0.join("cluster");
-    let host_port = (port + 6).to_string();
-    let args = [
-        "--protocol",
-        "chain",
-        "--datapath",
-        "kernel",
-        "--group-host-port",
-        &host_port,
-        "--data-dir",
-        dir.to_str().unwrap(),
-    ];
-    let (up, first) = Up::start(port, 3, &args, &[]).unwrap();
-    assert!(first.contains("3 chain replicas up"), "{first}");
+    let (up, first) = Up::hosted_chain(port, "kernel", &dir);
     if first.contains("kernel path unavailable") {
         let reason = kernel_unavailable().unwrap_or_else(|| "see chorus up's stderr".into());
         eprintln!("SKIPPED: the kernel data path cannot run here ({reason}); the user path's race is chain_hosted.rs's");

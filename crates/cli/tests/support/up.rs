@@ -121,6 +121,26 @@ impl Up {
         }
     }
 
+    /// `chorus up --protocol chain --datapath DATAPATH` with its group hosts on `port + 6`
+    /// onwards and its data under `dir`, started and past its first line ("3 chain replicas
+    /// up"), which it returns (it says there when the kernel path is unavailable).
+    pub fn hosted_chain(port: u16, datapath: &str, dir: &std::path::Path) -> (Up, String) {
+        let host_port = (port + 6).to_string();
+        let args = [
+            "--protocol",
+            "chain",
+            "--datapath",
+            datapath,
+            "--group-host-port",
+            &host_port,
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ];
+        let (up, first) = Up::start(port, 3, &args, &[]).unwrap();
+        assert!(first.contains("3 chain replicas up"), "{first}");
+        (up, first)
+    }
+
     /// SIGTERM, as Ctrl-C: `chorus up` stops its nodes and exits.
     pub fn stop(mut self) {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
