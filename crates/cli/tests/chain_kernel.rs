@@ -131,18 +131,6 @@ fn tail_reads_on_the_kernel_path_see_whole_values_while_the_program_executes() {
         eprintln!("SKIPPED: the kernel data path cannot run here ({reason}); the user path's race is chain_hosted.rs's");
         return;
     }
-    let _: () = redis::cmd("SET").arg("racy").arg(torn::value(0)).query(&mut client(port)).unwrap();
-    wait_for_value(port + 2, "racy", std::str::from_utf8(&torn::value(0)).unwrap());
-    let tail = torn::chain_tail(&[port, port + 1, port + 2], "racy");
-    let head = if tail == port { port + 1 } else { port };
-    let before = torn::info_counter(tail, "chain_reads_tail");
-    let reads = torn::race(head, tail, "racy", 2, Duration::from_secs(3));
-    let at_tail = torn::info_counter(tail, "chain_reads_tail") - before;
-    assert!(at_tail >= reads.total, "{at_tail} of {} reads were served as the tail's", reads.total);
-    assert_eq!(
-        reads.bad, 0,
-        "{} of {} tail reads were not a whole written value: {:?}",
-        reads.bad, reads.total, reads.examples
-    );
+    torn::assert_tail_reads_are_whole(port, 2);
     up.stop();
 }

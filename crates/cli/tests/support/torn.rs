@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::up::client;
+use super::up::{client, wait_for_value};
 
 /// Larger than a kernel datagram's 1 KiB chunk, so that on the kernel path every execute of
 /// the key is a gMEMCPY split across several datagrams (several softirq runs).
@@ -151,4 +151,23 @@ pub fn chain_tail(ports: &[u16], key: &str) -> u16 {
         }
     }
     panic!("no node among {ports:?} served a read as the tail");
+}
+
+/// On a 3-node chain started from `port` (`Up::hosted_chain`): `readers` threads read key
+/// "racy" at its tail while a writer at another node overwrites it for 3 s; every read must
+/// be one whole value that was written, and served as the tail's (`chain_reads_tail`).
+pub fn assert_tail_reads_are_whole(port: u16, readers: usize) {
+    let _: () = redis::cmd("SET").arg("racy").arg(value(0)).query(&mut client(port)).unwrap();
+    wait_for_value(port + 2, "racy", std::str::from_utf8(&value(0)).unwrap());
+    let tail = chain_tail(&[port, port + 1, port + 2], "racy");
+    let head = if tail == port { port + 1 } else { port };
+    let before = info_counter(tail, "chain_reads_tail");
+    let reads = race(head, tail, "racy", readers, Duration::from_secs(3));
+    let at_tail = info_counter(tail, "chain_reads_tail") - before;
+    assert!(at_tail >= reads.total, "{at_tail} of {} reads were served as the tail's", reads.total);
+    assert_eq!(
+        reads.bad, 0,
+        "{} of {} tail reads were not a whole written value: {:?}",
+        reads.bad, reads.total, reads.examples
+    );
 }
