@@ -186,6 +186,16 @@ impl<M: RegionMemory> ChainMember<M> {
         let seq = self.next_seq.saturating_sub(1);
         self.fail(reason, seq, out);
     }
+    /// End a turn of the runtime: the turn's deferred flushes as one (one msync for all its
+    /// gFLUSHes). If that fails, nothing the turn produced leaves: `out`'s messages are dropped
+    /// and the member fails ([`Self::fail_turn`]), so `out` then holds only its refusals.
+    pub fn flush_turn_or_fail(&mut self, out: &mut GroupOutbox) -> Result<(), String> {
+        let Err(error) = self.memory.sync_turn(false) else { return Ok(()) };
+        let reason = format!("flush failed: {error}");
+        out.messages.clear();
+        self.fail_turn(reason.clone(), out);
+        Err(reason)
+    }
     fn is_tail(&self) -> bool {
         self.position + 1 == self.config.chain.len()
     }

@@ -352,3 +352,54 @@ fn a_write_lock_that_finds_a_writer_fails_as_any_gcas() {
     assert_eq!(r[0].as_ref().unwrap().result_map, vec![Some(0), Some(0), Some(WRITER_BIT | 7)]);
     assert!(group.members.iter().all(|m| m.stats().yielded_to_readers == 0));
 }
+
+/// A region whose flushes fail, as a full disk or an I/O error under the region file would.
+struct FailingFlush(SimMemory);
+impl RegionMemory for FailingFlush {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), chorus_region::RegionError> {
+        self.0.read(offset, buf)
+    }
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), chorus_region::RegionError> {
+        self.0.write(offset, data)
+    }
+    fn memcpy(&mut self, src: u64, dst: u64, len: u64) -> Result<(), chorus_region::RegionError> {
+        self.0.memcpy(src, dst, len)
+    }
+    fn cas(&mut self, offset: u64, old: u64, new: u64) -> Result<u64, chorus_region::RegionError> {
+        self.0.cas(offset, old, new)
+    }
+    fn flush(&mut self) -> Result<(), chorus_region::RegionError> {
+        let source = std::io::Error::other("no space left on the test device");
+        Err(chorus_region::RegionError::Io { context: "msync".into(), source })
+    }
+}
+
+/// A group host defers a frame's gFLUSHes to the end of its turn (`chorus group-host --sync`).
+/// If that one flush fails, the durable write the turn applied must not be forwarded or
+/// acknowledged: the member fails and the caller hears why.
+#[test]
+fn a_failed_turn_flush_lets_nothing_of_the_turn_leave_and_fails_the_member() {
+    let cfg = config(vec![NodeId(0), NodeId(1)], 4096);
+    let memory = chorus_region::TurnFlush::new(FailingFlush(SimMemory::new(4096)));
+    let mut member = ChainMember::new(cfg.clone(), NodeId(0), SIM_TENANT, memory).unwrap();
+    let mut caller = GroupCaller::new(cfg, NodeId(9), caller_config()).unwrap();
+    let mut out = GroupOutbox::default();
+    let write = Operation::write(100, Bytes::from_static(b"must not leave")).durable();
+    caller.submit(Time::ZERO, RequestId(1), write, &mut out);
+    let (_, op) = out.messages.pop().unwrap();
+    member.on_message(Time::ZERO, NodeId(9), op, &mut out);
+    assert!(out.messages.iter().any(|(to, _)| *to == NodeId(1)), "applied and queued for the next member");
+
+    let reason = member.flush_turn_or_fail(&mut out).unwrap_err();
+    assert!(reason.contains("no space left"), "{reason}");
+    assert_eq!(member.failure(), Some(reason.as_str()));
+    assert_eq!(out.messages.len(), 1, "only the refusal: {:?}", out.messages);
+    let (to, refusal) = out.messages.pop().unwrap();
+    assert_eq!(to, NodeId(9));
+    assert!(matches!(refusal, GroupMessage::Refused { .. }), "{refusal:?}");
+    caller.on_message(Time::ZERO, NodeId(0), refusal, &mut out);
+    assert!(matches!(out.completions.pop(), Some((RequestId(1), Err(_)))), "the caller is told it failed");
+}

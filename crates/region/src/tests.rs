@@ -256,3 +256,46 @@ fn a_simulated_region_keeps_what_was_flushed_across_a_crash() {
     region.flush().unwrap();
     assert_eq!(&region.crash_image()[64..68], b"lost");
 }
+
+/// `TurnFlush` under each `appendfsync` policy: a gFLUSH only marks the turn, `sync_turn` makes
+/// it durable when the policy says so, and a forced sync (a clean stop) always does.
+#[test]
+fn turn_flush_syncs_by_policy_and_always_when_forced() {
+    let simulated = || Region::simulated(TenantId(1), "turns", 4096).unwrap();
+    let durable = |memory: &TurnFlush<Region>| memory.inner().crash_image()[..4].to_vec();
+
+    let mut always = TurnFlush::with_policy(simulated(), SyncPolicy::EveryTurn);
+    always.write(0, b"turn").unwrap();
+    always.sync_turn(false).unwrap();
+    assert_eq!(always.syncs(), 0, "no gFLUSH in the turn: nothing to sync");
+    always.flush().unwrap();
+    assert!(always.flush_pending());
+    assert_eq!(durable(&always), [0; 4], "a gFLUSH waits for the end of the turn");
+    always.sync_turn(false).unwrap();
+    assert_eq!((always.syncs(), durable(&always).as_slice()), (1, &b"turn"[..]));
+    assert!(!always.flush_pending());
+
+    // `everysec`: a turn inside the period defers; the first turn after it syncs.
+    let mut everysec =
+        TurnFlush::with_policy(simulated(), SyncPolicy::Every(std::time::Duration::from_secs(3600)));
+    everysec.write(0, b"late").unwrap();
+    everysec.flush().unwrap();
+    everysec.sync_turn(false).unwrap();
+    assert_eq!((everysec.syncs(), everysec.flush_pending()), (0, true), "inside the period");
+    let mut elapsed = TurnFlush::with_policy(simulated(), SyncPolicy::Every(std::time::Duration::ZERO));
+    elapsed.write(0, b"late").unwrap();
+    elapsed.flush().unwrap();
+    elapsed.sync_turn(false).unwrap();
+    assert_eq!((elapsed.syncs(), durable(&elapsed).as_slice()), (1, &b"late"[..]), "the period is over");
+
+    // `no`: only a forced sync writes back.
+    let mut never = TurnFlush::with_policy(simulated(), SyncPolicy::Never);
+    never.write(0, b"stop").unwrap();
+    never.flush().unwrap();
+    never.sync_turn(false).unwrap();
+    assert_eq!(never.syncs(), 0);
+    never.sync_turn(true).unwrap();
+    everysec.sync_turn(true).unwrap();
+    assert_eq!((never.syncs(), durable(&never).as_slice()), (1, &b"stop"[..]));
+    assert_eq!((everysec.syncs(), durable(&everysec).as_slice()), (1, &b"late"[..]));
+}

@@ -771,10 +771,8 @@ impl Host {
             }
             // The frame's gFLUSHes, as one msync, before anything it produced leaves: one per
             // frame rather than one per operation (each is a disk write under the region file).
-            if let Err(error) = member.memory_mut().sync_turn(false) {
-                error!(group = slot.group.0, "cannot flush the region; the member fails: {error}");
-                out.messages.clear();
-                member.fail_turn(format!("flush failed: {error}"), &mut out);
+            if let Err(reason) = member.flush_turn_or_fail(&mut out) {
+                error!(group = slot.group.0, "the member fails: {reason}");
             }
         }
         let next = NodeId(slot.position as u8 + 2);
@@ -810,9 +808,8 @@ impl Host {
                 let mut out = GroupOutbox::default();
                 {
                     let mut member = member.lock().unwrap_or_else(PoisonError::into_inner);
-                    if let Err(error) = member.memory_mut().sync_turn(false) {
-                        error!(group = slot.group.0, "cannot flush the region; the member fails: {error}");
-                        member.fail_turn(format!("flush failed: {error}"), &mut out);
+                    if let Err(reason) = member.flush_turn_or_fail(&mut out) {
+                        error!(group = slot.group.0, "the member fails: {reason}");
                     }
                 }
                 let refusals: Vec<GroupMessage> = out.messages.into_iter().map(|(_, m)| m).collect();
