@@ -111,9 +111,7 @@ impl HostedMember {
     pub fn wake_with(&self, wake: chorus_group::runtime::Wake) {
         self.link.wake_with(wake);
     }
-}
 
-impl HostedMember {
     /// What the host sent (refusals, user-path acknowledgements) and the kernel path's
     /// acknowledgements that reached this node, for the coordinator.
     fn drain(&mut self, out: &mut GroupOutbox) {
@@ -134,9 +132,9 @@ impl HostedMember {
         }
         out.messages.extend(self.received.drain(..).map(|message| (COORDINATOR, message)));
     }
-}
 
-impl HostedMember {
+    /// The turn's operations to the host as one frame: one host turn and one flush for a
+    /// batch's lock, copies and log-head write.
     fn send_turn_ops(&mut self) {
         if !self.turn_ops.is_empty() {
             self.link.send(&self.turn_ops);
