@@ -15,13 +15,16 @@
 //! * `sync_ns`: the median `fdatasync` of a 4 KiB append where the benchmarks keep their data;
 //! * the rest from a real 3-node Hermes cluster (`chorus node`, loopback), from the nodes'
 //!   CPU, voluntary sleeps and peer counters (INFO replication). Idle, the nodes only tick:
-//!   their CPU less their wakes x `wake_ns`, per tick, is `tick_ns`. One client, GETs, where
-//!   nothing batches: the nodes' CPU per GET less its wakes, ticks and handler is a request's
-//!   receive and reply, split evenly into `client_request_ns` and `reply_sent_ns`. One
-//!   client, SETs: the extra CPU of a SET over a GET, less its extra wakes, ticks and its
-//!   messages' handlers, per peer frame, is a frame's send + receive, split evenly into
-//!   `message_sent_ns` and `message_received_ns`. The load generator's own CPU per GET is
-//!   `client_op_ns`.
+//!   their CPU less their wakes x `wake_ns`, per tick, is `tick_ns`. A node's (and the load
+//!   generator's) wake is their extra CPU per GET at one client over 16 clients, per extra
+//!   sleep. At 16 clients, GETs: the nodes' CPU per GET less its wakes and handler is a
+//!   request's receive and reply, split evenly into `client_request_ns` and `reply_sent_ns`.
+//!   SETs at 16 and at 64 clients: the extra CPU of a SET over a GET at the same load, less
+//!   its extra wakes and its messages' handlers, is its peer frames' and their messages'
+//!   encoding, sending, receiving and decoding; the two loads pack different numbers of
+//!   messages per frame, which tells a frame's cost (split evenly into `message_sent_ns` and
+//!   `message_received_ns`) from a message's (`peer_message_ns`, at each end). The load
+//!   generator's own CPU per GET at 16 clients, less its wakes, is `client_op_ns`.
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -52,6 +55,12 @@ const VALUE_BYTES: usize = 32;
 /// The clients of the loaded calibration runs: enough that few requests find a node or the
 /// load generator asleep, as in the comparison's 16- and 64-client rows.
 const LOADED_CLIENTS: usize = 16;
+/// The clients of the second pair of loaded runs: a SET's frames carry more messages than at
+/// `LOADED_CLIENTS`, which tells a frame's cost from its messages'.
+const PACKED_CLIENTS: usize = 64;
+/// How much more messages per frame the packed runs must carry than the loaded ones for the
+/// two costs to be told apart.
+const MIN_PACKING_APART: f64 = 1.25;
 /// The sleeps per operation two runs must differ by for their CPU difference to be a wake's.
 const MIN_WAKES_APART: f64 = 0.2;
 
@@ -150,6 +159,9 @@ struct CalibrationRuns {
     /// The same at `LOADED_CLIENTS` clients, where few requests find a node asleep.
     get_loaded: RunCounters,
     set_loaded: RunCounters,
+    /// The same at `PACKED_CLIENTS` clients, whose SET frames carry more messages each.
+    get_packed: RunCounters,
+    set_packed: RunCounters,
     rounds: usize,
     costs: CostTable,
 }
@@ -219,11 +231,15 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     let set = median_of(100, 1)?;
     let loaded_get = median_of(0, LOADED_CLIENTS)?;
     let loaded_set = median_of(100, LOADED_CLIENTS)?;
+    let packed_get = median_of(0, PACKED_CLIENTS)?;
+    let packed_set = median_of(100, PACKED_CLIENTS)?;
     drop(procs);
     println!("GET, 1 client: {get:?}");
     println!("SET, 1 client: {set:?}");
     println!("GET, {LOADED_CLIENTS} clients: {loaded_get:?}");
     println!("SET, {LOADED_CLIENTS} clients: {loaded_set:?}");
+    println!("GET, {PACKED_CLIENTS} clients: {packed_get:?}");
+    println!("SET, {PACKED_CLIENTS} clients: {packed_set:?}");
 
     // A wake is measured inside the real cluster: the nodes' CPU per GET at one client
     // (almost every request finds its node asleep) against the same at LOADED_CLIENTS
@@ -251,17 +267,30 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     // and received), their messages' handlers and wake-ups. Everything the nodes did counts
     // (ticks included), as the model charges it under load.
     let background_us = |run: &RunCounters| run.wakes_raw_per_op * wake_ns / 1e3;
-    let extra_messages = (loaded_set.messages_per_op - loaded_get.messages_per_op).max(0.0);
-    let extra_frames = (loaded_set.frames_per_op - loaded_get.frames_per_op).max(f64::MIN_POSITIVE);
-    let frame_us = (loaded_set.server_cpu_raw_us_per_op
-        - loaded_get.server_cpu_raw_us_per_op
-        - (background_us(&loaded_set) - background_us(&loaded_get))
-        - extra_messages * handle_ns as f64 / 1e3)
-        / extra_frames;
-    if frame_us <= 0.0 {
+    let peer_work = |set: &RunCounters, get: &RunCounters| PeerWork {
+        cpu_us: set.server_cpu_raw_us_per_op
+            - get.server_cpu_raw_us_per_op
+            - (background_us(set) - background_us(get))
+            - (set.messages_per_op - get.messages_per_op).max(0.0) * handle_ns as f64 / 1e3,
+        frames: (set.frames_per_op - get.frames_per_op).max(f64::MIN_POSITIVE),
+        messages: (set.messages_per_op - get.messages_per_op).max(0.0),
+    };
+    let loaded_work = peer_work(&loaded_set, &loaded_get);
+    let packed_work = peer_work(&packed_set, &packed_get);
+    if loaded_work.cpu_us <= 0.0 {
         bail!("a SET's frames cost no CPU beyond their wake-ups ({loaded_set:?} vs {loaded_get:?}): the machine is too busy to calibrate, try again with more --rounds");
     }
+    let (frame_us, message_us) = frame_and_message_us(&loaded_work, &packed_work).unwrap_or_else(|why| {
+        println!(
+            "{why}: a frame's messages are charged with the frame, as measured at {LOADED_CLIENTS} clients"
+        );
+        (loaded_work.cpu_us / loaded_work.frames, 0.0)
+    });
+    println!(
+        "a peer frame: {frame_us:.2} us of CPU (both ends), and {message_us:.2} us per message in it (both ends, beyond the handler)"
+    );
     let half_frame_ns = (frame_us * 1e3 / 2.0).round() as u64;
+    let peer_message_ns = (message_us * 1e3 / 2.0).round() as u64;
     let handler_us = (handle_ns + key_op_ns) as f64 / 1e3;
     let request_us = loaded_get.server_cpu_raw_us_per_op - background_us(&loaded_get) - handler_us;
     if request_us <= 0.0 {
@@ -284,6 +313,7 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         message_received_ns: half_frame_ns,
         message_sent_ns: half_frame_ns,
         reply_sent_ns: half_request_ns,
+        peer_message_ns,
         byte_ps,
         handle_ns,
         tick_ns: tick_ns.round() as u64,
@@ -312,6 +342,8 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         set_one_client: set,
         get_loaded: loaded_get,
         set_loaded: loaded_set,
+        get_packed: packed_get,
+        set_packed: packed_set,
         rounds: args.rounds,
         costs: costs.clone(),
     };
@@ -341,6 +373,39 @@ fn wake_between(who: &str, one: (f64, f64), loaded: (f64, f64)) -> Result<f64, S
         ));
     }
     Ok(wake_ns)
+}
+
+/// What a SET's peer traffic cost the nodes beyond a GET's, per operation, at one load: CPU
+/// (wakes and handlers taken out), frames and messages.
+#[derive(Clone, Copy, Debug)]
+struct PeerWork {
+    cpu_us: f64,
+    frames: f64,
+    messages: f64,
+}
+
+/// A frame's cost and a message's, from two loads whose frames carry different numbers of
+/// messages: `cpu = frames x frame + messages x message` at each, solved for the two. Refused
+/// where the loads pack frames too alike to tell the two apart, or where the solution is
+/// negative (noise larger than the difference).
+fn frame_and_message_us(loaded: &PeerWork, packed: &PeerWork) -> Result<(f64, f64), String> {
+    let per_frame = |work: &PeerWork| work.messages / work.frames;
+    if per_frame(packed) < per_frame(loaded) * MIN_PACKING_APART {
+        return Err(format!(
+            "a SET's frames carried {:.2} messages at {LOADED_CLIENTS} clients and {:.2} at {PACKED_CLIENTS}: too alike to tell a message's cost from its frame's",
+            per_frame(loaded),
+            per_frame(packed)
+        ));
+    }
+    let determinant = loaded.frames * packed.messages - packed.frames * loaded.messages;
+    let frame_us = (loaded.cpu_us * packed.messages - packed.cpu_us * loaded.messages) / determinant;
+    let message_us = (loaded.frames * packed.cpu_us - packed.frames * loaded.cpu_us) / determinant;
+    if frame_us <= 0.0 || message_us < 0.0 {
+        return Err(format!(
+            "the two loads give a frame {frame_us:.2} us and a message {message_us:.2} us ({loaded:?}, {packed:?}): the difference is within noise"
+        ));
+    }
+    Ok((frame_us, message_us))
 }
 
 /// Where the real runs cannot tell a wake apart (a busy host, or a process that seldom
@@ -1090,6 +1155,25 @@ mod tests {
         // 30 us per GET asleep 0.9 times, 10 us at 0.1: (30 - 10) us / 0.8 sleeps = 25 us.
         let wake_ns = wake_between("a node", (30.0, 0.9), (10.0, 0.1)).expect("apart");
         assert!((wake_ns - 25_000.0).abs() < 1e-6, "{wake_ns}");
+    }
+
+    #[test]
+    fn a_frame_and_a_message_are_told_apart_by_two_packings() {
+        // 2 us per frame and 0.5 us per message: 6 messages in 1.5 frames, then in 0.5.
+        let work =
+            |frames: f64, messages: f64| PeerWork { cpu_us: frames * 2.0 + messages * 0.5, frames, messages };
+        let (frame_us, message_us) = frame_and_message_us(&work(1.5, 6.0), &work(0.5, 6.0)).expect("apart");
+        assert!((frame_us - 2.0).abs() < 1e-9 && (message_us - 0.5).abs() < 1e-9, "{frame_us} {message_us}");
+    }
+
+    #[test]
+    fn packings_too_alike_or_a_negative_cost_are_refused() {
+        let alike = PeerWork { cpu_us: 10.0, frames: 1.2, messages: 6.0 };
+        let packed = PeerWork { cpu_us: 9.9, frames: 1.1, messages: 6.0 };
+        assert!(frame_and_message_us(&alike, &packed).is_err(), "5.0 and 5.5 messages per frame");
+        // Fewer frames cost MORE: the solution's frame cost is negative.
+        let upside_down = PeerWork { cpu_us: 12.0, frames: 0.5, messages: 6.0 };
+        assert!(frame_and_message_us(&alike, &upside_down).is_err());
     }
 
     #[test]

@@ -277,6 +277,47 @@ fn replies_and_peer_frames_are_charged_apart() {
     assert_eq!(writes.latency.p50_us, 54.0, "{writes:?}");
 }
 
+/// `peer_message_ns` is charged per message of a frame, at both ends. At one client every
+/// Hermes frame holds one message, so it costs what the same figure per frame costs; at 64
+/// clients a turn packs many messages into a frame, and only the per-message charge grows with
+/// them. Reads send no peer messages and never pay it.
+#[test]
+fn peer_messages_are_charged_per_message_and_frames_per_frame() {
+    let per_frame = |config: &mut ModelConfig| {
+        config.costs.message_sent_ns = 5_000;
+        config.costs.message_received_ns = 5_000;
+    };
+    let per_message = |config: &mut ModelConfig| config.costs.peer_message_ns = 5_000;
+
+    let mut reads = config("hermes", 3, 1, latency_only(1_000), 1, 0);
+    per_message(&mut reads);
+    assert_eq!(run(&reads).latency.p50_us, 2.0, "a read's two hops only");
+
+    let one_client = |charge: &dyn Fn(&mut ModelConfig)| {
+        let mut config = config("hermes", 3, 1, latency_only(1_000), 1, 100);
+        charge(&mut config);
+        run(&config)
+    };
+    let (framed, messaged) = (one_client(&per_frame), one_client(&per_message));
+    assert_eq!(framed.latency.p50_us, messaged.latency.p50_us, "one message per frame");
+    assert_close(messaged.nodes_cpu_us_per_op, framed.nodes_cpu_us_per_op, 0.01, "one message per frame");
+
+    // A busy protocol thread (its handler costs) makes turns take many events, so a turn's
+    // messages to a peer share a frame.
+    let loaded = |charge: &dyn Fn(&mut ModelConfig)| {
+        let mut config = config("hermes", 3, 4, latency_only(1_000), 64, 100);
+        config.costs.handle_ns = 3_000;
+        charge(&mut config);
+        run(&config).nodes_cpu_us_per_op
+    };
+    let handlers_us = loaded(&|_: &mut ModelConfig| {});
+    let framed_us = loaded(&per_frame) - handlers_us;
+    let messaged_us = loaded(&per_message) - handlers_us;
+    // Six messages per write (two INVs, two ACKs, two VALs), each paid at both ends.
+    assert_close(messaged_us, 60.0, 0.02, "6 messages x 2 ends x 5 us");
+    assert!(framed_us < 30.0, "packed frames: {framed_us:.1} us per operation charged per frame");
+}
+
 /// At a CPU share of one half, every CPU cost doubles: a CPU-bound node serves half as many
 /// reads, while a latency (the loopback wake-up) stays what it was.
 #[test]

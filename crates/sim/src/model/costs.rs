@@ -26,6 +26,12 @@ pub struct CostTable {
     /// Encoding and writing one client reply (any core): a reply goes straight to its
     /// connection, a peer frame through the link's writer, so the two are measured apart.
     pub reply_sent_ns: u64,
+    /// Per peer message of a frame, at each end (decoding it on receipt, encoding it on send:
+    /// the envelope, the codec, the checks), on top of the frame's own cost and the core's
+    /// handler (any core). Measured apart from the frame from two loaded runs whose frames
+    /// carry different numbers of messages; tables without it fold it into the frame.
+    #[serde(default)]
+    pub peer_message_ns: u64,
     /// Per byte received or sent, on top of the per-message costs (copies, checksums; any core).
     pub byte_ps: u64,
     /// The protocol core handling one event: a request or a message of a frame (protocol
@@ -75,6 +81,7 @@ impl CostTable {
             message_received_ns: 2_000,
             message_sent_ns: 1_500,
             reply_sent_ns: 1_500,
+            peer_message_ns: 0,
             byte_ps: 100,
             handle_ns: 500,
             tick_ns: 500,
@@ -97,6 +104,7 @@ impl CostTable {
             message_received_ns: 0,
             message_sent_ns: 0,
             reply_sent_ns: 0,
+            peer_message_ns: 0,
             byte_ps: 0,
             handle_ns: 0,
             tick_ns: 0,
@@ -123,6 +131,7 @@ impl CostTable {
             message_received_ns: scale(self.message_received_ns),
             message_sent_ns: scale(self.message_sent_ns),
             reply_sent_ns: scale(self.reply_sent_ns),
+            peer_message_ns: scale(self.peer_message_ns),
             byte_ps: scale(self.byte_ps),
             handle_ns: scale(self.handle_ns),
             tick_ns: scale(self.tick_ns),
@@ -151,6 +160,7 @@ impl CostTable {
         scaled.message_received_ns = scale(self.message_received_ns);
         scaled.message_sent_ns = scale(self.message_sent_ns);
         scaled.reply_sent_ns = scale(self.reply_sent_ns);
+        scaled.peer_message_ns = scale(self.peer_message_ns);
         scaled.byte_ps = scale(self.byte_ps);
         scaled.handle_ns = scale(self.handle_ns);
         scaled.tick_ns = scale(self.tick_ns);
@@ -172,6 +182,8 @@ impl CostTable {
     ///   buffers, the runtime, the codec) is replaced by [`BYPASS_MESSAGE_NS`]: eRPC's measured
     ///   CPU per small RPC on a kernel-bypass NIC, halved (an RPC is a request received and a
     ///   response sent). The ratio of the two is reported as [`CostTable::kernel_to_bypass_ratio`];
+    /// * per peer message inside a frame, the codec (`peer_message_ns`) unchanged: the same
+    ///   encoder and decoder run on any stack;
     /// * per byte, one copy (into or out of the store) instead of the socket's copies at both
     ///   ends: half the calibrated `byte_ps` (the NIC moves the bytes by DMA);
     /// * no wake-ups (`wake_ns`, `timer_wake_ns` zero): the threads poll their queues;

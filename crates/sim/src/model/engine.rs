@@ -9,13 +9,13 @@
 //! its instance and a free core of its machine:
 //!
 //! 1. receive (any thread): `client_request_ns` per client request, `message_received_ns` per
-//!    peer frame, plus its bytes;
+//!    peer frame and `peer_message_ns` per message in it, plus its bytes;
 //! 2. handle (the protocol thread): a **turn** takes every event already waiting (up to the
 //!    server's 512), as the server's event loop does; each costs `handle_ns` (a tick
 //!    `tick_ns`), a client command `key_op_ns` more, and the turn `sync_ns` once if it wrote
 //!    durable state;
-//! 3. send (any thread): `message_sent_ns` per frame and `reply_sent_ns` per reply, plus
-//!    bytes, where a turn's messages to one peer travel in ONE frame (the server's
+//! 3. send (any thread): `message_sent_ns` per frame (and `peer_message_ns` per message in
+//!    it) and `reply_sent_ns` per reply, plus bytes, where a turn's messages to one peer travel in ONE frame (the server's
 //!    `send_turn`: opportunistic batching, Hermes §4.2).
 //!
 //! Then each frame queues for its machine's egress NIC, crosses the switch (`latency_ns`),
@@ -712,15 +712,20 @@ where
     fn receive_cost(&self, work: &Work<P::Message>, bytes: u64) -> Nanos {
         let per_event = match work {
             Work::Client { .. } => self.costs.client_request_ns,
-            Work::Messages { .. } => self.costs.message_received_ns,
+            Work::Messages { messages, .. } => {
+                self.costs.message_received_ns + messages.len() as u64 * self.costs.peer_message_ns
+            }
             Work::Tick => return 0,
         };
         per_event + self.costs.bytes_ns(bytes)
     }
 
     fn send_cost(&self, outputs: &Outputs<P::Message>) -> Nanos {
-        let frames =
-            outputs.frames.iter().map(|frame| self.costs.message_sent_ns + self.costs.bytes_ns(frame.bytes));
+        let frames = outputs.frames.iter().map(|frame| {
+            self.costs.message_sent_ns
+                + frame.messages.len() as u64 * self.costs.peer_message_ns
+                + self.costs.bytes_ns(frame.bytes)
+        });
         let replies = outputs
             .replies
             .iter()
