@@ -442,6 +442,12 @@ struct CompareRow {
     real_client_cpu_us_per_op: f64,
     #[serde(default)]
     real_client_wakes_per_op: f64,
+    /// Peer frames the nodes sent per operation, and the messages they received (INFO
+    /// replication): how much the real turns batched.
+    #[serde(default)]
+    real_frames_per_op: f64,
+    #[serde(default)]
+    real_messages_per_op: f64,
     /// Cores other processes used meanwhile, and the share of CPU the run got.
     real_others_cores: f64,
     real_cpu_share: f64,
@@ -461,6 +467,11 @@ struct ModelColumns {
     client_cpu_us_per_op: f64,
     #[serde(default)]
     client_wakes_per_op: f64,
+    /// Peer frames and messages per operation in the model.
+    #[serde(default)]
+    frames_per_op: f64,
+    #[serde(default)]
+    messages_per_op: f64,
     /// (model - real) / real.
     throughput_error: f64,
     p50_error: f64,
@@ -479,6 +490,8 @@ impl ModelColumns {
             cpu_us_per_op,
             client_cpu_us_per_op: model.client_cpu_us_per_op * cpu_share,
             client_wakes_per_op: model.client_wakes_per_op,
+            frames_per_op: model.frames_per_op,
+            messages_per_op: model.messages_per_op,
             throughput_error: model.throughput_ops_per_s / real_ops_per_s - 1.0,
             p50_error: model.latency.p50_us / real_p50_us - 1.0,
             cpu_error: cpu_us_per_op / real_cpu_us_per_op - 1.0,
@@ -553,6 +566,8 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
                 real_cores_used: real.cores_used,
                 real_client_cpu_us_per_op: real.client_cpu_us_per_op,
                 real_client_wakes_per_op: real.client_wakes_per_op,
+                real_frames_per_op: real.frames_per_op,
+                real_messages_per_op: real.messages_per_op,
                 real_others_cores: real.others_cores,
                 real_cpu_share: real.cpu_share,
                 model: ModelColumns::default(),
@@ -634,6 +649,24 @@ struct Saved {
     load_average: String,
 }
 
+/// How much the real turns and the model's batched: peer frames and messages per operation.
+/// Where the model's nodes are charged too little or too much, this says whether it sends
+/// what the server sends (a saved comparison from before session 18 has no real figures).
+fn print_traffic(rows: &[CompareRow]) {
+    println!("peer traffic per operation (frames / messages), real | model:");
+    for row in rows {
+        println!(
+            "{:>8} {:>7} | {:>6.3} {:>6.2} | {:>6.3} {:>6.2}",
+            row.protocol,
+            row.clients,
+            row.real_frames_per_op,
+            row.real_messages_per_op,
+            row.model.frames_per_op,
+            row.model.messages_per_op
+        );
+    }
+}
+
 fn summarise(
     rows: Vec<CompareRow>,
     args: CompareArgs,
@@ -649,6 +682,7 @@ fn summarise(
         "within 20% on both throughput and p50: {whole} of {} rows with the whole host, {shared} at the run's CPU share; {cpu} on the nodes' CPU per operation",
         rows.len()
     );
+    print_traffic(&rows);
     println!(
         "(`used`: cores the run used; `other`: cores other processes used meanwhile (/proc/stat); `share`: run / (run + runqueue wait x other / {host_cores}) of the run's threads (schedstat); the model at the share divides every CPU cost by it)"
     );

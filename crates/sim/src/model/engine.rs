@@ -245,6 +245,9 @@ pub(super) struct Measured {
     /// The load generator's CPU on a shared host, and its threads' wakes.
     pub client_busy_ns: u64,
     pub client_wakes: u64,
+    /// Peer frames sent, and the messages in them (one per destination), within the window.
+    pub frames_sent: u64,
+    pub messages_sent: u64,
     /// Every replica's CPU within the window.
     pub window_nodes_busy_ns: u64,
     pub events: u64,
@@ -258,6 +261,8 @@ struct Counters {
     ingress_busy_ns: Vec<u64>,
     client_busy_ns: u64,
     client_wakes: u64,
+    frames_sent: u64,
+    messages_sent: u64,
 }
 
 /// Which messages the receiving NIC handles without the CPU (HyperLoop's offloaded hops).
@@ -289,6 +294,8 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     client_threads_free: u32,
     client_busy_ns: u64,
     client_wakes: u64,
+    frames_sent: u64,
+    messages_sent: u64,
     costs: CostTable,
     network: Network,
     nic_handled: Option<NicHandled<P::Message>>,
@@ -373,6 +380,8 @@ where
             client_threads_free,
             client_busy_ns: 0,
             client_wakes: 0,
+            frames_sent: 0,
+            messages_sent: 0,
             costs,
             network,
             nic_handled,
@@ -443,6 +452,8 @@ where
             ingress_busy_ns: pick(minus(&end.ingress_busy_ns, &start.ingress_busy_ns)),
             client_busy_ns: end.client_busy_ns - start.client_busy_ns,
             client_wakes: end.client_wakes - start.client_wakes,
+            frames_sent: end.frames_sent - start.frames_sent,
+            messages_sent: end.messages_sent - start.messages_sent,
             events,
         }
     }
@@ -455,6 +466,8 @@ where
             ingress_busy_ns: self.machines.iter().map(|machine| machine.ingress_busy_ns).collect(),
             client_busy_ns: self.client_busy_ns,
             client_wakes: self.client_wakes,
+            frames_sent: self.frames_sent,
+            messages_sent: self.messages_sent,
         }
     }
 
@@ -826,6 +839,8 @@ where
             (state.group, state.loop_index, state.machine)
         };
         for Frame { to, messages, bytes, nic } in outputs.frames {
+            self.frames_sent += 1;
+            self.messages_sent += messages.len() as u64;
             let to_instance = self.layout.instance(group, to.index(), loop_index);
             let to_machine = self.instances[to_instance].machine;
             let on_switch = self.egress(machine, bytes) + self.network.latency_ns;
