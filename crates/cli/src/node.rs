@@ -122,10 +122,6 @@ pub struct NodeArgs {
     /// raftlog: flush the logs once per event-loop turn (default true) or after every call.
     #[arg(long)]
     pub raftlog_flush_per_turn: Option<bool>,
-    /// raftlog: a leader holds a log's next entry while one is uncommitted, so batches that
-    /// arrive meanwhile share one entry (default false).
-    #[arg(long)]
-    pub raftlog_hold_entries: Option<bool>,
     /// raftlog: how MULTI/EXEC runs across logs: ganged (default) or locking.
     #[arg(long, value_name = "ganged|locking")]
     pub raftlog_transactions: Option<String>,
@@ -234,7 +230,6 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_trailing_entries: args.raftlog_trailing_entries,
         raftlog_execution: args.raftlog_execution,
         raftlog_flush_per_turn: args.raftlog_flush_per_turn,
-        raftlog_hold_entries: args.raftlog_hold_entries,
         raftlog_transactions: args.raftlog_transactions,
         raftlog_leaders: args.raftlog_leaders,
         raftlog_storage: args.raftlog_storage,

@@ -110,9 +110,6 @@ pub struct RawConfig {
     /// raftlog only: flush the logs once per event-loop turn (default true) rather than
     /// after every message and request (false, the behaviour before; for comparisons).
     pub raftlog_flush_per_turn: Option<bool>,
-    /// raftlog only: a leader holds a log's next entry while an earlier one of that log is
-    /// uncommitted, so batches arriving meanwhile share one entry (default false).
-    pub raftlog_hold_entries: Option<bool>,
     /// raftlog only: how MULTI/EXEC runs across logs: "ganged" (default: one copy in every
     /// log involved, run once all reached it) or "locking" (two-phase locking, Cyclone §4.2).
     pub raftlog_transactions: Option<String>,
@@ -421,8 +418,6 @@ pub struct RaftlogOptions {
     pub decoupled: bool,
     /// Flush the logs once per event-loop turn (default), not after every call.
     pub flush_per_turn: bool,
-    /// Hold a log's next entry while one is uncommitted (`raftlog_hold_entries`).
-    pub hold_entries: bool,
     /// MULTI/EXEC as ganged operations (default) rather than with two-phase locking.
     pub ganged: bool,
     /// Where the logs' leaders are (`raftlog_leaders`).
@@ -443,7 +438,6 @@ impl Default for RaftlogOptions {
             trailing_entries: 1_000,
             decoupled: true,
             flush_per_turn: true,
-            hold_entries: false,
             ganged: true,
             leaders: chorus_raftlog::LeaderPlacement::Spread,
             storage: chorus_raftlog::disk::StorageKind::Files,
@@ -539,7 +533,6 @@ impl RawConfig {
             raftlog_trailing_entries: overrides.raftlog_trailing_entries.or(self.raftlog_trailing_entries),
             raftlog_execution: overrides.raftlog_execution.or(self.raftlog_execution),
             raftlog_flush_per_turn: overrides.raftlog_flush_per_turn.or(self.raftlog_flush_per_turn),
-            raftlog_hold_entries: overrides.raftlog_hold_entries.or(self.raftlog_hold_entries),
             raftlog_transactions: overrides.raftlog_transactions.or(self.raftlog_transactions),
             raftlog_leaders: overrides.raftlog_leaders.or(self.raftlog_leaders),
             raftlog_storage: overrides.raftlog_storage.or(self.raftlog_storage),
@@ -1052,7 +1045,6 @@ impl RawConfig {
             ("raftlog_trailing_entries", self.raftlog_trailing_entries.is_some()),
             ("raftlog_execution", self.raftlog_execution.is_some()),
             ("raftlog_flush_per_turn", self.raftlog_flush_per_turn.is_some()),
-            ("raftlog_hold_entries", self.raftlog_hold_entries.is_some()),
             ("raftlog_transactions", self.raftlog_transactions.is_some()),
             ("raftlog_leaders", self.raftlog_leaders.is_some()),
             ("raftlog_storage", self.raftlog_storage.is_some()),
@@ -1145,7 +1137,6 @@ impl RawConfig {
             trailing_entries,
             decoupled,
             flush_per_turn: self.raftlog_flush_per_turn.unwrap_or(defaults.flush_per_turn),
-            hold_entries: self.raftlog_hold_entries.unwrap_or(defaults.hold_entries),
             ganged,
             leaders,
             storage,

@@ -1115,7 +1115,6 @@ fn open_raftlog_shard(
     raftlog.leaders = config.raftlog.leaders;
     // The event loop calls `end_turn` before it performs each turn's outbox.
     raftlog.flush_at_turn_end = config.raftlog.flush_per_turn;
-    raftlog.hold_while_uncommitted = config.raftlog.hold_entries;
     // A replacement (`--join`) is a new Raft member of every log; the data directory keeps
     // its incarnation and identity (only a fresh directory takes these).
     raftlog.joining = config.join.is_some();

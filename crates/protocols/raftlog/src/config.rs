@@ -119,12 +119,6 @@ pub struct RaftLogConfig {
     /// Where each log's preferred leader is (`crate::replica::new_group`'s election stagger):
     /// spread over the nodes by log number, or every log led by the first member.
     pub leaders: LeaderPlacement,
-    /// A leader holds a log's next entry while an earlier entry of that log is uncommitted
-    /// (until the batches it collected fill an entry: `batch_commands_max` commands or
-    /// `batch_bytes_max` bytes), so every batch that arrives meanwhile, from any origin,
-    /// joins one entry (`crate::replica::RaftLog::propose`). An idle log proposes at once,
-    /// so a lone client waits no longer. Off: every turn's batches are proposed at once.
-    pub hold_while_uncommitted: bool,
     /// The runtime calls [`crate::RaftLog::end_turn`] once per event-loop turn, after every
     /// message and request of the turn: the logs are flushed there, once per turn (every
     /// command of the turn joins one batch per log, every batch a leader took in one entry),
@@ -198,7 +192,6 @@ impl RaftLogConfig {
             decoupled: true,
             ganged: true,
             leaders: LeaderPlacement::Spread,
-            hold_while_uncommitted: false,
             flush_at_turn_end: false,
             durable: false,
             snapshot_entries: 20_000,

@@ -1068,11 +1068,8 @@ impl RaftLog {
             group.proposed.clear();
             return; // Lost leadership within the call: the origins retry elsewhere.
         }
-        let bytes_max = self.config.batch_bytes_max();
-        if self.config.hold_while_uncommitted && holds_entry(group, self.config.batch_commands_max, bytes_max) {
-            return; // proposed once the log's entries commit (or the batches fill an entry)
-        }
         let proposals = std::mem::take(&mut group.to_propose);
+        let bytes_max = self.config.batch_bytes_max();
         let mut entry = EntryBatch::default();
         let mut bytes = 0;
         for proposal in proposals {
@@ -1554,18 +1551,6 @@ impl Waiter {
 
 /// Track a batch until this replica applies it. One that this replica has applied already
 /// (a retry of an external request, a step another driver got executed) is answered at once.
-/// Whether a leader keeps `group`'s collected batches for a later entry: an entry of its
-/// log is still uncommitted and the batches do not fill an entry yet.
-fn holds_entry(group: &Group, commands_max: usize, bytes_max: usize) -> bool {
-    let raft_log = &group.raft.raft.raft_log;
-    if raft_log.committed >= raft_log.last_index() {
-        return false;
-    }
-    let commands: usize = group.to_propose.iter().map(|proposal| proposal.commands.len()).sum();
-    let bytes: usize = group.to_propose.iter().map(Proposal::bytes).sum();
-    commands < commands_max && bytes < bytes_max
-}
-
 fn register_waiter(
     group: &mut Group,
     waiter: Waiter,
