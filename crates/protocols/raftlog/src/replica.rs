@@ -1087,7 +1087,7 @@ impl RaftLog {
     fn propose_entry(&mut self, log: usize, batch: EntryBatch) {
         let group = &mut self.groups[log];
         let commands: usize = batch.proposals.iter().map(|proposal| proposal.commands.len()).sum();
-        if group.raft.propose(vec![], batch.to_bytes().to_vec()).is_ok() {
+        if group.raft.propose(vec![], batch.to_vec()).is_ok() {
             self.stats.entries_proposed += 1;
             self.stats.commands_proposed += commands as u64;
         } else {
