@@ -1161,11 +1161,14 @@ impl RaftLog {
         self.apply(log, committed, out);
         let durable = self.config.durable;
         if !ready.entries().is_empty() {
-            self.abort_replaced(log, ready.entries());
+            // Taken, not cloned: `advance` needs only the Ready's number, so the durable record
+            // owns the entries and the storage keeps the one copy it needs.
+            let entries = ready.take_entries();
+            self.abort_replaced(log, &entries);
             let storage = self.groups[log].raft.mut_store();
-            storage.append(ready.entries()).expect("raft-rs appends contiguous entries");
+            storage.append(&entries).expect("raft-rs appends contiguous entries");
             if durable {
-                self.durable_out.push(Record::Entries { log: log as u32, entries: ready.entries().clone() });
+                self.durable_out.push(Record::Entries { log: log as u32, entries });
             }
             self.execute_held_entries(log);
         }
