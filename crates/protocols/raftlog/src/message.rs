@@ -512,6 +512,27 @@ impl EntryBatch {
         self.encode(&mut buf);
         buf.freeze()
     }
+
+    /// The encoding as the vector raft-rs proposes, without a copy (`BytesMut` hands over its
+    /// buffer).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        self.encode(&mut buf);
+        Vec::from(buf)
+    }
+}
+
+/// A Raft message as `put_bytes_prefixed` would write its protobuf bytes, encoded straight
+/// into `buf` (no intermediate vector per message: a leader encodes an append per log and
+/// follower every turn).
+fn put_raft_prefixed(buf: &mut BytesMut, message: &raft::prelude::Message) {
+    let size = message.compute_size();
+    buf.put_u32_le(size);
+    let start = buf.len();
+    buf.resize(start + size as usize, 0);
+    let mut stream = protobuf::CodedOutputStream::bytes(&mut buf[start..]);
+    message.write_to_with_cached_sizes(&mut stream).expect("raft messages always encode");
+    stream.check_eof();
 }
 
 impl WireMessage for Message {
@@ -520,8 +541,7 @@ impl WireMessage for Message {
             Message::Raft { log, message } => {
                 buf.put_u8(TAG_RAFT);
                 buf.put_u32_le(*log);
-                let bytes = message.write_to_bytes().expect("raft messages always encode");
-                buf.put_bytes_prefixed(&bytes);
+                put_raft_prefixed(buf, message);
             }
             Message::Forward { log, proposal, relayed } => {
                 buf.put_u8(TAG_FORWARD);

@@ -1087,7 +1087,7 @@ impl RaftLog {
     fn propose_entry(&mut self, log: usize, batch: EntryBatch) {
         let group = &mut self.groups[log];
         let commands: usize = batch.proposals.iter().map(|proposal| proposal.commands.len()).sum();
-        if group.raft.propose(vec![], batch.to_bytes().to_vec()).is_ok() {
+        if group.raft.propose(vec![], batch.to_vec()).is_ok() {
             self.stats.entries_proposed += 1;
             self.stats.commands_proposed += commands as u64;
         } else {
@@ -1161,11 +1161,14 @@ impl RaftLog {
         self.apply(log, committed, out);
         let durable = self.config.durable;
         if !ready.entries().is_empty() {
-            self.abort_replaced(log, ready.entries());
+            // Taken, not cloned: `advance` needs only the Ready's number, so the durable record
+            // owns the entries and the storage keeps the one copy it needs.
+            let entries = ready.take_entries();
+            self.abort_replaced(log, &entries);
             let storage = self.groups[log].raft.mut_store();
-            storage.append(ready.entries()).expect("raft-rs appends contiguous entries");
+            storage.append(&entries).expect("raft-rs appends contiguous entries");
             if durable {
-                self.durable_out.push(Record::Entries { log: log as u32, entries: ready.entries().clone() });
+                self.durable_out.push(Record::Entries { log: log as u32, entries });
             }
             self.execute_held_entries(log);
         }
