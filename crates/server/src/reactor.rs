@@ -3,7 +3,7 @@
 //! reports every ready socket; the thread reads each, parses, runs what arrived through the
 //! core ([`EventLoop::submit_local`], [`EventLoop::on_messages`]), performs the turn's outbox
 //! once (one batch frame per peer and lane, the same persistence ordering as the task-based
-//! loop), and writes every reply and every peer frame of the pass before it sleeps again.
+//! loop), and writes every reply, then every peer frame, of the pass before it sleeps again.
 //! No task, channel, oneshot or waker stands between a socket and the core on this path.
 //!
 //! What stays on tokio (the node's runtime, another thread): accepting clients and handing
@@ -343,13 +343,12 @@ where
             self.state.answer_overdue();
             self.state.answer_waiters();
             self.settle();
-            let registry = self.poll.registry();
-            if let PeerSender::Links(links) = self.state.sender_mut() {
-                links.on_timer(registry);
-                links.send_pubsub();
-                links.flush(registry);
-            }
+            // Replies before peer frames: the pass that completes a write also sends its VALs,
+            // and the client's wake-up should not wait behind the followers' (each send to a
+            // sleeping process runs its wake-up in the sender's context; docs/benchmarks.md,
+            // "Session 18").
             self.write_clients();
+            self.flush_links();
             if self.last_housekeeping.elapsed() >= HOUSEKEEPING {
                 self.last_housekeeping = Instant::now();
                 self.expire_clients();
@@ -360,6 +359,16 @@ where
             self.state.log_view_changes();
         }
         self.stop();
+    }
+
+    /// Write the pass's peer frames (and keepalives, Pub/Sub).
+    fn flush_links(&mut self) {
+        let registry = self.poll.registry();
+        if let PeerSender::Links(links) = self.state.sender_mut() {
+            links.on_timer(registry);
+            links.send_pubsub();
+            links.flush(registry);
+        }
     }
 
     /// The node asked the loop to stop (or is gone).
