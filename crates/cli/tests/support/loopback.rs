@@ -280,8 +280,7 @@ impl Cluster {
     /// Send node `i` `signal` (SIGSTOP, SIGCONT, SIGTERM); it keeps its place.
     pub fn signal(&self, i: usize, signal: libc::c_int) {
         let pid = self.nodes[i].child.as_ref().expect("node running").id() as libc::pid_t;
-        // SAFETY: kill(2) with a pid we spawned and still own; no memory is involved.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({pid}, {signal})");
+        super::send_signal(pid, signal);
     }
 
     /// SIGTERM node `i` and wait (bounded) for it to exit: how it exited.

@@ -263,9 +263,7 @@ impl Nodes {
     /// Send node `node` `signal` (SIGSTOP, SIGCONT); it keeps its slot.
     pub fn signal(&self, node: usize, signal: libc::c_int) {
         let pid = self.children[node].as_ref().expect("node running").id() as libc::pid_t;
-        // SAFETY: kill(2) with a pid we spawned and still own; no memory is involved.
-        let result = unsafe { libc::kill(pid, signal) };
-        assert_eq!(result, 0, "kill({pid}, {signal})");
+        super::send_signal(pid, signal);
     }
 
     /// What node `node` has logged so far.

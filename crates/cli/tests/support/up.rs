@@ -36,7 +36,7 @@ pub fn node_pid(port: u16) -> i32 {
 
 /// Send `signal` to `pid`; panics if it cannot be sent.
 pub fn signal(pid: i32, signal: i32) {
-    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to {pid}");
+    super::send_signal(pid, signal);
 }
 
 /// A child process killed (SIGKILL) and reaped when the test drops it.
