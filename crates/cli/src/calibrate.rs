@@ -267,13 +267,16 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     // and received), their messages' handlers and wake-ups. Everything the nodes did counts
     // (ticks included), as the model charges it under load.
     let background_us = |run: &RunCounters| run.wakes_raw_per_op * wake_ns / 1e3;
-    let peer_work = |set: &RunCounters, get: &RunCounters| PeerWork {
-        cpu_us: set.server_cpu_raw_us_per_op
-            - get.server_cpu_raw_us_per_op
-            - (background_us(set) - background_us(get))
-            - (set.messages_per_op - get.messages_per_op).max(0.0) * handle_ns as f64 / 1e3,
-        frames: (set.frames_per_op - get.frames_per_op).max(f64::MIN_POSITIVE),
-        messages: (set.messages_per_op - get.messages_per_op).max(0.0),
+    let peer_work = |set: &RunCounters, get: &RunCounters| {
+        let messages = (set.messages_per_op - get.messages_per_op).max(0.0);
+        PeerWork {
+            cpu_us: set.server_cpu_raw_us_per_op
+                - get.server_cpu_raw_us_per_op
+                - (background_us(set) - background_us(get))
+                - messages * handle_ns as f64 / 1e3,
+            frames: (set.frames_per_op - get.frames_per_op).max(f64::MIN_POSITIVE),
+            messages,
+        }
     };
     let loaded_work = peer_work(&loaded_set, &loaded_get);
     let packed_work = peer_work(&packed_set, &packed_get);

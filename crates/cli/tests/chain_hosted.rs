@@ -10,8 +10,9 @@ use std::thread;
 use std::time::Duration;
 
 use support::scratch::Scratch;
+use support::send_signal;
 use support::torn;
-use support::up::{client, free_port_run, node_pid, set_retrying, signal, wait_for_value, KillOnDrop, Up};
+use support::up::{client, free_port_run, node_pid, set_retrying, wait_for_value, KillOnDrop, Up};
 use support::workload;
 
 mod support;
@@ -62,11 +63,11 @@ fn chorus_up_chain_runs_its_members_on_group_hosts() {
     // node is linked where depends on the views so far (a node slow to start may have been
     // removed and joined again as the tail).
     let hosts: Vec<i32> = (6..9).map(|i| host_pid(port + i) as i32).collect();
-    hosts.iter().for_each(|pid| signal(*pid, libc::SIGSTOP));
+    hosts.iter().for_each(|pid| send_signal(*pid, libc::SIGSTOP));
     let mut con = client(port);
     con.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let stalled = redis::cmd("SET").arg("k").arg("v1").query::<()>(&mut con);
-    hosts.iter().for_each(|pid| signal(*pid, libc::SIGCONT));
+    hosts.iter().for_each(|pid| send_signal(*pid, libc::SIGCONT));
     assert!(stalled.is_err(), "a write completed while the group hosts were stopped");
     // Retransmitted by the coordinator once the host runs again.
     wait_for_value(port + 2, "k", "v1");
@@ -75,7 +76,7 @@ fn chorus_up_chain_runs_its_members_on_group_hosts() {
     let targets: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", port + i)).collect();
     let (stop, clients) = workload::spawn_until_stopped(targets);
     thread::sleep(Duration::from_millis(700));
-    signal(node_pid(port), libc::SIGKILL);
+    send_signal(node_pid(port), libc::SIGKILL);
     thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
     let history = clients.join().unwrap();

@@ -15,8 +15,9 @@ use std::thread;
 use std::time::Duration;
 
 use support::scratch::Scratch;
+use support::send_signal;
 use support::torn;
-use support::up::{client, free_port_run, node_pid, signal, wait_for_value, KillOnDrop, Up};
+use support::up::{client, free_port_run, node_pid, wait_for_value, KillOnDrop, Up};
 use support::workload;
 
 mod support;
@@ -70,14 +71,14 @@ fn chorus_up_chain_runs_its_members_on_the_hosts_kernel_path() {
     // Every host process stopped, every node running: writes still complete, since the XDP
     // programs apply and forward them in the kernel (on the user path they would stall).
     let hosts: Vec<i32> = (6..9).map(|i| host_pid(port + i)).collect();
-    hosts.iter().for_each(|pid| signal(*pid, libc::SIGSTOP));
+    hosts.iter().for_each(|pid| send_signal(*pid, libc::SIGSTOP));
     let written = (0..20).try_for_each(|i| {
         let mut con = client(port + (i % 3) as u16);
         con.set_read_timeout(Some(Duration::from_secs(5)))?;
         redis::cmd("SET").arg(format!("stopped{i}")).arg(i).query::<()>(&mut con)
     });
     let read = redis::cmd("GET").arg("stopped19").query::<Option<String>>(&mut client(port + 2));
-    hosts.iter().for_each(|pid| signal(*pid, libc::SIGCONT));
+    hosts.iter().for_each(|pid| send_signal(*pid, libc::SIGCONT));
     written.expect("writes complete with every group host process stopped");
     assert_eq!(read.unwrap().as_deref(), Some("19"), "the tail serves what its host's program applied");
 
@@ -85,7 +86,7 @@ fn chorus_up_chain_runs_its_members_on_the_hosts_kernel_path() {
     let targets: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", port + i)).collect();
     let (stop, clients) = workload::spawn_until_stopped(targets);
     thread::sleep(Duration::from_millis(700));
-    signal(node_pid(port), libc::SIGKILL);
+    send_signal(node_pid(port), libc::SIGKILL);
     thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
     let history = clients.join().unwrap();

@@ -34,11 +34,6 @@ pub fn node_pid(port: u16) -> i32 {
     line["process_id:".len()..].trim().parse().unwrap()
 }
 
-/// Send `signal` to `pid`; panics if it cannot be sent.
-pub fn signal(pid: i32, signal: i32) {
-    super::send_signal(pid, signal);
-}
-
 /// A child process killed (SIGKILL) and reaped when the test drops it.
 pub struct KillOnDrop(pub std::process::Child);
 
