@@ -673,13 +673,15 @@ pub struct DurableRaftLog {
     core: RaftLog,
     disk: Option<TwoLevelLog>,
     boot: u64,
+    /// The simulator's `write_durable` wrote records that `sync_durable` must sync.
+    sync_pending: bool,
 }
 
 impl DurableRaftLog {
     /// A replica without a data directory: nothing survives a restart, so a restarted node
     /// must not rejoin under its old id.
     pub fn in_memory(config: RaftLogConfig) -> DurableRaftLog {
-        DurableRaftLog { core: RaftLog::new(config), disk: None, boot: 0 }
+        DurableRaftLog { core: RaftLog::new(config), disk: None, boot: 0, sync_pending: false }
     }
 
     /// Open `dir` (created if missing) and restore the replica the previous incarnation
@@ -724,7 +726,7 @@ impl DurableRaftLog {
         let (disk, recovered) = TwoLevelLog::open_on(storage, region, options)?;
         let core =
             RaftLog::restore(config, recovered).map_err(|error| DiskError::Corrupt(error.to_string()))?;
-        Ok(DurableRaftLog { core, disk: Some(disk), boot })
+        Ok(DurableRaftLog { core, disk: Some(disk), boot, sync_pending: false })
     }
 
     pub fn core(&self) -> &RaftLog {
@@ -744,13 +746,16 @@ impl DurableRaftLog {
         self.disk.as_ref().map(TwoLevelLog::stats).unwrap_or_default()
     }
 
-    /// Make the core's durable records of the last calls stable.
+    /// Make the core's durable records of the last calls stable, or only write them when
+    /// none needs a sync ([`RaftLog::take_durable`]: a turn that moved only commit indexes).
     pub fn persist(&mut self) -> Result<(), DiskError> {
-        let records = self.core.take_durable();
-        match &mut self.disk {
-            Some(disk) => disk.persist(&records),
-            None => Ok(()),
+        let turn = self.core.take_durable();
+        let Some(disk) = &mut self.disk else { return Ok(()) };
+        disk.write(&turn.records)?;
+        if turn.sync {
+            disk.sync()?;
         }
+        Ok(())
     }
 }
 
@@ -794,14 +799,18 @@ impl Replica for DurableRaftLog {
     /// A node that cannot write must stop (the server exits); the simulator's disk never
     /// fails a write, so here that is a panic the sweep reports.
     fn write_durable(&mut self) -> bool {
-        let records = self.core.take_durable();
+        let turn = self.core.take_durable();
         if let Some(disk) = &mut self.disk {
-            disk.write(&records).expect("the two-level log cannot be written");
+            disk.write(&turn.records).expect("the two-level log cannot be written");
         }
-        !records.is_empty()
+        self.sync_pending |= turn.sync;
+        !turn.records.is_empty()
     }
 
     fn sync_durable(&mut self) {
+        if !std::mem::take(&mut self.sync_pending) {
+            return; // only commit indexes moved: written, left for the next syncing turn
+        }
         if let Some(disk) = &mut self.disk {
             disk.sync().expect("the two-level log cannot be synced");
         }

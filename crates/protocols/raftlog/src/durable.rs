@@ -88,6 +88,14 @@ impl Recovered {
     }
 }
 
+/// One turn's records for the disk ([`crate::RaftLog::take_durable`]), and whether the turn's
+/// messages and replies must wait for them to be synced or only written.
+#[derive(Debug, Default)]
+pub struct DurableTurn {
+    pub records: Vec<Record>,
+    pub sync: bool,
+}
+
 const TAG_ENTRIES: u8 = 1;
 const TAG_HARD_STATE: u8 = 2;
 const TAG_CHECKPOINT: u8 = 3;

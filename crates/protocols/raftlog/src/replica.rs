@@ -30,7 +30,7 @@ use raft::{Config, RawNode, ReadState, StateRole, INVALID_ID};
 use rustc_hash::FxHashMap;
 
 use crate::config::{LeaderPlacement, RaftLogConfig};
-use crate::durable::{Checkpoint, LogCheckpoint, Record, Recovered};
+use crate::durable::{Checkpoint, DurableTurn, LogCheckpoint, Record, Recovered};
 use crate::message::{AppendAnswer, EntryBatch, LogCommit, Message, Proposal, Step, TxnId};
 use crate::message::{SessionId, StepKind};
 use crate::state::{LogState, ProposalResult, SessionRecord, StateImage};
@@ -267,6 +267,9 @@ pub struct RaftLog {
     /// What the runtime must make durable before it sends this call's messages and replies
     /// (only with `config.durable`).
     durable_out: Vec<Record>,
+    /// Whether `durable_out` holds a record that must be synced, not only written: anything
+    /// but a HardState that moves only the commit index.
+    durable_sync_needed: bool,
     /// Entries applied (over all logs) since the last compaction.
     applied_since_snapshot: u64,
     /// A snapshot was installed: write a checkpoint at the end of this call.
@@ -350,6 +353,7 @@ impl RaftLog {
             dedupe,
             local_reads,
             durable_out: Vec::new(),
+            durable_sync_needed: false,
             applied_since_snapshot: 0,
             checkpoint_due: false,
             snapshots_sent: Vec::new(),
@@ -454,9 +458,21 @@ impl RaftLog {
         Ok(replica)
     }
 
-    /// Records the runtime must make durable before it performs this call's outbox.
-    pub fn take_durable(&mut self) -> Vec<Record> {
-        std::mem::take(&mut self.durable_out)
+    /// Records the runtime must write before it performs this call's outbox, and whether it
+    /// must also sync them first. A turn whose only records move commit indexes needs no sync:
+    /// the commit index is volatile state (Raft §5, Figure 2), which a restarted node learns
+    /// again from the leader, so losing it loses nothing acknowledged. Such a turn (a leader
+    /// taking acknowledgements, a follower told of a commit) answers without waiting for the
+    /// disk; the next syncing turn makes its records stable with everything else.
+    pub fn take_durable(&mut self) -> DurableTurn {
+        let sync = std::mem::take(&mut self.durable_sync_needed);
+        DurableTurn { records: std::mem::take(&mut self.durable_out), sync }
+    }
+
+    /// Queue `record` for the disk; every record but a commit-only HardState needs a sync.
+    fn push_durable(&mut self, record: Record, sync: bool) {
+        self.durable_sync_needed |= sync;
+        self.durable_out.push(record);
     }
 
     /// The cluster this replica belongs to.
@@ -1168,20 +1184,24 @@ impl RaftLog {
             let storage = self.groups[log].raft.mut_store();
             storage.append(&entries).expect("raft-rs appends contiguous entries");
             if durable {
-                self.durable_out.push(Record::Entries { log: log as u32, entries });
+                self.push_durable(Record::Entries { log: log as u32, entries }, true);
             }
             self.execute_held_entries(log);
         }
         let storage = self.groups[log].raft.mut_store();
         if let Some(hard_state) = ready.hs() {
+            let previous = storage.hard_state();
+            // Term and vote must be stable before anything that depends on them leaves.
+            let sync = (hard_state.term, hard_state.vote) != (previous.term, previous.vote);
             storage.set_hard_state(hard_state.clone());
             if durable {
-                self.durable_out.push(Record::HardState {
+                let record = Record::HardState {
                     log: log as u32,
                     term: hard_state.term,
                     vote: hard_state.vote,
                     commit: hard_state.commit,
-                });
+                };
+                self.push_durable(record, sync);
             }
         }
         self.send_raft(log, ready.take_persisted_messages(), out);
@@ -1191,12 +1211,13 @@ impl RaftLog {
             storage.set_commit(commit);
             if durable {
                 let hard_state = storage.hard_state();
-                self.durable_out.push(Record::HardState {
+                let record = Record::HardState {
                     log: log as u32,
                     term: hard_state.term,
                     vote: hard_state.vote,
                     commit,
-                });
+                };
+                self.push_durable(record, false); // only the commit index moved
             }
         }
         self.send_raft(log, light.take_messages(), out);
@@ -1310,7 +1331,7 @@ impl RaftLog {
         if self.config.durable {
             checkpoint.identities =
                 self.members.identities.iter().map(|(id, identity)| (*id, *identity)).collect();
-            self.durable_out.push(Record::Checkpoint(checkpoint));
+            self.push_durable(Record::Checkpoint(checkpoint), true);
         }
     }
 
@@ -1967,7 +1988,7 @@ mod tests {
             );
             now_ms += 1;
             core.on_tick(Time::from_millis(now_ms), &mut out);
-            for record in core.take_durable() {
+            for record in core.take_durable().records {
                 if let Record::Checkpoint(taken) = record {
                     checkpoint.get_or_insert(taken);
                 }

@@ -114,7 +114,7 @@ impl Bank {
     }
 
     fn collect(&mut self, node: u8, out: Outbox<Message>, faults: bool) {
-        self.disk[node as usize].extend(self.nodes[node as usize].take_durable());
+        self.disk[node as usize].extend(self.nodes[node as usize].take_durable().records);
         for (destination, message) in out.messages {
             for to in destination.nodes().iter() {
                 let delay = Time::from_micros(100 + self.rng.below(2_000));

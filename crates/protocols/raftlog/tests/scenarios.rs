@@ -57,6 +57,8 @@ struct Cluster {
     frame_bytes_max: Option<usize>,
     /// Messages dropped for exceeding it.
     oversized: usize,
+    /// Every call's durable records, with the node and whether the call asked for a sync.
+    turns: Vec<(u8, bool, Vec<Record>)>,
 }
 
 impl Cluster {
@@ -86,14 +88,18 @@ impl Cluster {
             next_request: 0,
             frame_bytes_max: None,
             oversized: 0,
+            turns: Vec::new(),
         }
     }
 
     fn collect(&mut self, node: u8, mut out: Outbox<Message>) {
         // Each call is a turn of its own (a no-op unless the node flushes per turn).
         self.nodes[node as usize].end_turn(self.now, &mut out);
-        let records = self.nodes[node as usize].take_durable();
-        self.disk[node as usize].extend(records);
+        let turn = self.nodes[node as usize].take_durable();
+        if !turn.records.is_empty() {
+            self.turns.push((node, turn.sync, turn.records.clone()));
+        }
+        self.disk[node as usize].extend(turn.records);
         for (destination, msg) in out.messages {
             if let Some(limit) = self.frame_bytes_max {
                 let mut encoded = bytes::BytesMut::new();
@@ -856,6 +862,42 @@ fn durable_single_log() -> Cluster {
     });
     cluster.run_for(50);
     cluster
+}
+
+/// Raft §5, Figure 2: the commit index is volatile state, while term, vote and log are
+/// persistent. So a call whose records only move commit indexes (a leader taking append
+/// answers, a follower told of a commit) asks for no sync and answers without waiting for the
+/// disk; a call with entries, a new term or a new vote must sync before anything leaves.
+#[test]
+fn only_a_call_that_moves_nothing_but_commit_indexes_goes_without_a_sync() {
+    let mut cluster = durable_single_log();
+    let leader = cluster.leader_of(0, 0).expect("a leader").0;
+    for round in 0..4 {
+        let id = cluster.client(((leader as usize + round) % 3) as u8, write("k", &format!("v{round}")));
+        cluster.run_for(5);
+        assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+    }
+    let mut last_term_vote: Vec<(u64, u64)> = vec![(0, 0); 3];
+    let (mut synced, mut unsynced) = (0, 0);
+    for (node, sync, records) in &cluster.turns {
+        for record in records {
+            match record {
+                Record::HardState { term, vote, .. } => {
+                    let moved = last_term_vote[*node as usize] != (*term, *vote);
+                    assert!(*sync || !moved, "n{node}: a new term or vote was not synced: {record:?}");
+                    last_term_vote[*node as usize] = (*term, *vote);
+                }
+                other => assert!(*sync, "n{node}: {other:?} was not synced"),
+            }
+        }
+        if *sync {
+            synced += 1;
+        } else {
+            unsynced += 1;
+        }
+    }
+    assert!(synced > 0, "the election and the entries must sync");
+    assert!(unsynced > 0, "commit-only calls must not sync");
 }
 
 #[test]

@@ -172,7 +172,7 @@ impl RaftLog {
             None => {
                 self.members.identities.insert(raft_id, identity);
                 if self.config.durable {
-                    self.durable_out.push(Record::Identity { raft_id, identity });
+                    self.push_durable(Record::Identity { raft_id, identity }, true);
                 }
             }
         }
