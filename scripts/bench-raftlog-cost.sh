@@ -14,6 +14,12 @@
 # peer counters chorus_peer_messages_sent_total / chorus_peer_frames_sent_total, all divided
 # by the commands served. Prints one line per run and the medians per log count. Each
 # --node-arg is passed to every node (e.g. --node-arg --raftlog-leaders=together).
+#
+# The CPU per command is the three processes' utime + stime from /proc over the window (every
+# thread's, exited ones too). perf's task-clock is kept as perf_cpu_us/command: perf sometimes
+# attaches to fewer than all three nodes, and then counts a third to two thirds of the CPU
+# (the void 1.8 or 7.0 us per command of earlier sessions). Such a run is marked perf=short
+# and its switches and syscalls per command are left out of the medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -103,29 +109,38 @@ one_run() { # LOGS ROUND
     e0=$(info_sum raftlog_entries_proposed "${client_ports[@]}")
     m0=$(metric_sum chorus_peer_messages_sent_total "${metric_ports[@]}")
     f0=$(metric_sum chorus_peer_frames_sent_total "${metric_ports[@]}")
+    local ticks0 ticks1
+    ticks0=$(cpu_ticks "${node_pids[@]}")
     perf stat -x, -e task-clock,context-switches,raw_syscalls:sys_enter \
         -p "$(IFS=,; echo "${node_pids[*]}")" -o "$scratch/stat.csv" -- sleep "$seconds" 2>/dev/null
     c1=$(info_sum total_commands_processed "${client_ports[@]}")
     e1=$(info_sum raftlog_entries_proposed "${client_ports[@]}")
     m1=$(metric_sum chorus_peer_messages_sent_total "${metric_ports[@]}")
     f1=$(metric_sum chorus_peer_frames_sent_total "${metric_ports[@]}")
+    ticks1=$(cpu_ticks "${node_pids[@]}")
     wait "$bench" || true
     for pid in "${node_pids[@]}"; do stop "$pid"; done
     rm -rf "$scratch/r$round-l$logs"
     python3 - "$scratch/stat.csv" "$logs" "$round" "$seconds" $((c1 - c0)) $((e1 - e0)) $((m1 - m0)) $((f1 - f0)) \
-        "$(cut -d' ' -f1 /proc/loadavg)" <<'PY' | tee -a "$results"
+        "$(cut -d' ' -f1 /proc/loadavg)" $((ticks1 - ticks0)) "$(getconf CLK_TCK)" <<'PY' | tee -a "$results"
 import sys
-stat_file, logs, rnd, seconds, commands, entries, messages, frames, load = sys.argv[1:]
+stat_file, logs, rnd, seconds, commands, entries, messages, frames, load, ticks, hz = sys.argv[1:]
 stat = {}
 for line in open(stat_file):
     fields = line.strip().split(",")
     if len(fields) > 3 and fields[0] and fields[0][0].isdigit():
         stat[fields[2]] = float(fields[0])
 n = max(int(commands), 1)
+cpu_us = int(ticks) * 1e6 / int(hz) / n
+perf_cpu_us = stat.get('task-clock', 0) * 1000 / n  # task-clock is in ms
+# perf counted well under the CPU the processes used: it missed a node (its counts are void)
+short = perf_cpu_us < 0.8 * cpu_us
+counts = "" if short else (f"switches/command={stat.get('context-switches', 0) / n:.2f} "
+                           f"syscalls/command={stat.get('raw_syscalls:sys_enter', 0) / n:.2f} ")
 print(f"logs={logs} round={rnd} load1={load} commands/s={n / float(seconds):.0f} "
-      f"commands/entry={n / max(int(entries), 1):.2f} cpu_us/command={stat.get('task-clock', 0) * 1000 / n:.1f} "
+      f"commands/entry={n / max(int(entries), 1):.2f} cpu_us/command={cpu_us:.1f} "
       f"messages/command={int(messages) / n:.2f} frames/command={int(frames) / n:.2f} "
-      f"switches/command={stat.get('context-switches', 0) / n:.2f} syscalls/command={stat.get('raw_syscalls:sys_enter', 0) / n:.2f}")
+      f"{counts}perf_cpu_us/command={perf_cpu_us:.1f}" + (" perf=short" if short else ""))
 PY
 }
 
@@ -141,7 +156,7 @@ runs = collections.defaultdict(lambda: collections.defaultdict(list))
 for line in open(sys.argv[1]):
     fields = dict(item.split("=") for item in line.split())
     for key, value in fields.items():
-        if key not in ("logs", "round"):
+        if key not in ("logs", "round", "perf"):
             runs[int(fields["logs"])][key].append(float(value))
 for logs, columns in sorted(runs.items()):
     print(f"logs={logs} " + " ".join(f"{key}={statistics.median(values):g}" for key, values in columns.items()))

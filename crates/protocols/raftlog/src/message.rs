@@ -514,9 +514,10 @@ impl EntryBatch {
     }
 
     /// The encoding as the vector raft-rs proposes, without a copy (`BytesMut` hands over its
-    /// buffer).
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut buf = BytesMut::new();
+    /// buffer). `bytes_hint`, an upper bound on the size (the proposals' `bytes`), sizes the
+    /// buffer once instead of growing it by reallocation as proposals are written.
+    pub fn to_vec(&self, bytes_hint: usize) -> Vec<u8> {
+        let mut buf = BytesMut::with_capacity(bytes_hint.max(4));
         self.encode(&mut buf);
         Vec::from(buf)
     }

@@ -43,7 +43,7 @@ mod members;
 mod tentative;
 use gang::{GangScan, OwnGang, PendingEntry};
 use members::Members;
-use tentative::Executed;
+use tentative::{Executed, ProposedEntry};
 
 /// Counters for INFO, the simulator's summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -226,6 +226,9 @@ struct Group {
     executed: VecDeque<Vec<Executed>>,
     /// The entry `(index, term)` execution stopped at: it runs when it commits.
     execution_stop: Option<(u64, u64)>,
+    /// The proposals of entries this replica proposed as leader and has not executed yet,
+    /// oldest first: executing them needs no decoding of what was just encoded.
+    proposed_entries: VecDeque<ProposedEntry>,
     // ---- snapshots in chunks (crate::transfer)
     snapshots_out: BTreeMap<NodeId, Outgoing>,
     snapshot_in: Option<Incoming>,
@@ -1091,21 +1094,25 @@ impl RaftLog {
         for proposal in proposals {
             let size = proposal.bytes();
             if !entry.proposals.is_empty() && bytes + size > bytes_max {
-                self.propose_entry(log, std::mem::take(&mut entry));
+                self.propose_entry(log, std::mem::take(&mut entry), bytes);
                 bytes = 0;
             }
             bytes += size;
             entry.proposals.push(proposal);
         }
-        self.propose_entry(log, entry);
+        self.propose_entry(log, entry, bytes);
     }
 
-    fn propose_entry(&mut self, log: usize, batch: EntryBatch) {
+    /// `bytes`: an upper bound on the batch's encoded size (its proposals' `bytes`).
+    fn propose_entry(&mut self, log: usize, batch: EntryBatch, bytes: usize) {
         let group = &mut self.groups[log];
         let commands: usize = batch.proposals.iter().map(|proposal| proposal.commands.len()).sum();
-        if group.raft.propose(vec![], batch.to_vec()).is_ok() {
+        if group.raft.propose(vec![], batch.to_vec(bytes + 4)).is_ok() {
             self.stats.entries_proposed += 1;
             self.stats.commands_proposed += commands as u64;
+            let raft = &group.raft.raft;
+            let (index, term) = (raft.raft_log.last_index(), raft.term);
+            self.keep_proposed(log, index, term, batch.proposals);
         } else {
             // Dropped (e.g. a leadership transfer): forget it so a retry proposes it again.
             for proposal in &batch.proposals {
@@ -1550,6 +1557,7 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         proposed_term: 0,
         executed: VecDeque::new(),
         execution_stop: None,
+        proposed_entries: VecDeque::new(),
         snapshots_out: BTreeMap::new(),
         snapshot_in: None,
         scan: GangScan::from_state(&state),

@@ -27,16 +27,44 @@ pub(super) struct Executed {
     outcomes: Vec<Outcome>,
 }
 
-/// Why an entry must wait for its commit to run.
-fn runs_only_at_commit(entry: &Entry) -> Option<Vec<Proposal>> {
+/// An entry this replica proposed as leader, with the proposals it encoded into it.
+#[derive(Debug)]
+pub(super) struct ProposedEntry {
+    index: u64,
+    term: u64,
+    proposals: Vec<Proposal>,
+}
+
+/// At most this many proposed entries are kept unexecuted (execution stopped at a gang or a
+/// transaction step for long): beyond it, entries are decoded from the log as a follower's are.
+const PROPOSED_ENTRIES_MAX: usize = 1024;
+
+/// The proposals `entry` holds, unless it must wait for its commit to run (`None`): `kept`,
+/// the proposals this replica encoded into it as leader, if it is that entry (same index and
+/// term: the same entry, by Raft's log matching); otherwise decoded from its data.
+fn runs_early(entry: &Entry, kept: Option<Vec<Proposal>>) -> Option<Vec<Proposal>> {
     if entry.get_entry_type() != EntryType::EntryNormal {
         return None;
     }
-    if entry.data.is_empty() {
-        return Some(Vec::new()); // a leader's no-op
+    let proposals = match kept {
+        Some(proposals) => proposals,
+        None if entry.data.is_empty() => return Some(Vec::new()), // a leader's no-op
+        None => EntryBatch::decode_exact(entry.data.clone()).ok()?.proposals,
+    };
+    proposals.iter().all(|proposal| proposal.step.is_none()).then_some(proposals)
+}
+
+/// The kept proposals of entry `(index, term)`, if it is one this replica proposed; kept
+/// entries before it (executed otherwise, or replaced) are dropped.
+fn take_proposed(kept: &mut VecDeque<ProposedEntry>, index: u64, term: u64) -> Option<Vec<Proposal>> {
+    while kept.front().is_some_and(|entry| entry.index < index) {
+        kept.pop_front();
     }
-    let batch = EntryBatch::decode_exact(entry.data.clone()).ok()?;
-    batch.proposals.iter().all(|proposal| proposal.step.is_none()).then_some(batch.proposals)
+    if kept.front().is_some_and(|entry| entry.index == index) {
+        let entry = kept.pop_front().expect("checked");
+        return (entry.term == term).then_some(entry.proposals);
+    }
+    None
 }
 
 impl RaftLog {
@@ -56,7 +84,8 @@ impl RaftLog {
             if group.execution_stop == Some((entry.index, entry.term)) {
                 return;
             }
-            let Some(proposals) = runs_only_at_commit(entry) else {
+            let kept = take_proposed(&mut group.proposed_entries, entry.index, entry.term);
+            let Some(proposals) = runs_early(entry, kept) else {
                 group.execution_stop = Some((entry.index, entry.term));
                 return;
             };
@@ -75,6 +104,15 @@ impl RaftLog {
                     })
                     .collect(),
             );
+        }
+    }
+
+    /// As leader, `log` proposed `proposals` as entry `(index, term)`: keep them for its
+    /// execution (`execute_held_entries`), which would otherwise decode them again.
+    pub(super) fn keep_proposed(&mut self, log: usize, index: u64, term: u64, proposals: Vec<Proposal>) {
+        let kept = &mut self.groups[log].proposed_entries;
+        if self.config.decoupled && kept.len() < PROPOSED_ENTRIES_MAX {
+            kept.push_back(ProposedEntry { index, term, proposals });
         }
     }
 
@@ -108,6 +146,7 @@ impl RaftLog {
         let kept = group.executed.len() - rolled_back;
         group.executed.truncate(kept);
         group.execution_stop = None;
+        group.proposed_entries.clear();
         self.stats.executions_rolled_back += rolled_back as u64;
     }
 
@@ -117,6 +156,7 @@ impl RaftLog {
         self.stats.executions_rolled_back += group.executed.len() as u64;
         group.executed.clear();
         group.execution_stop = None;
+        group.proposed_entries.clear();
     }
 
     /// `entry` of `log` committed: if it was executed already, its transaction commits and
@@ -158,5 +198,48 @@ impl RaftLog {
             );
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proposal(seq: u64) -> Proposal {
+        Proposal { client: SessionId::Replica(7), seq, commands: Vec::new(), step: None, sent_at_index: 0 }
+    }
+
+    fn kept(entries: &[(u64, u64)]) -> VecDeque<ProposedEntry> {
+        entries
+            .iter()
+            .map(|&(index, term)| ProposedEntry { index, term, proposals: vec![proposal(index)] })
+            .collect()
+    }
+
+    /// Only the entry proposed at that index and term gives its kept proposals: older ones go,
+    /// and one the log replaced (another term at its index) is never executed from the copy.
+    #[test]
+    fn kept_proposals_are_taken_only_for_their_own_entry() {
+        let mut queue = kept(&[(3, 1), (4, 1), (6, 1)]);
+        assert_eq!(take_proposed(&mut queue, 4, 1), Some(vec![proposal(4)]), "3 is dropped, 4 taken");
+        assert_eq!(take_proposed(&mut queue, 5, 1), None, "5 was not proposed here");
+        assert_eq!(queue.len(), 1, "6 is kept for later");
+        assert_eq!(take_proposed(&mut queue, 6, 2), None, "entry 6 of term 2 replaced the one of term 1");
+        assert!(queue.is_empty());
+    }
+
+    /// Kept proposals run early only as a decoded entry would: not a transaction step.
+    #[test]
+    fn kept_proposals_with_a_step_wait_for_the_commit() {
+        let mut entry = Entry::default();
+        entry.set_entry_type(EntryType::EntryNormal);
+        entry.data = EntryBatch { proposals: vec![proposal(1)] }.to_bytes();
+        assert_eq!(runs_early(&entry, Some(vec![proposal(1)])), Some(vec![proposal(1)]));
+        assert_eq!(runs_early(&entry, None), Some(vec![proposal(1)]), "decoded when not kept");
+        let step = Step::Finish { txn: TxnId { origin: 0, number: 1 } };
+        let with_step = Proposal { step: Some(step), ..proposal(1) };
+        assert_eq!(runs_early(&entry, Some(vec![with_step])), None);
+        entry.set_entry_type(EntryType::EntryConfChangeV2);
+        assert_eq!(runs_early(&entry, Some(vec![proposal(1)])), None);
     }
 }
