@@ -50,20 +50,25 @@ impl CowMap {
         self.buckets.iter().flat_map(|bucket| bucket.iter())
     }
 
-    pub fn insert(&mut self, key: Key, value: Value) {
+    /// Returns the value `key` had, so a caller that must remember it needs no lookup first.
+    pub fn insert(&mut self, key: Key, value: Value) -> Option<Value> {
         let bucket = Arc::make_mut(&mut self.buckets[bucket_of(&key)]);
-        if bucket.insert(key, value).is_none() {
+        let previous = bucket.insert(key, value);
+        if previous.is_none() {
             self.len += 1;
         }
+        previous
     }
 
-    pub fn remove(&mut self, key: &[u8]) {
+    /// Returns the value `key` had.
+    pub fn remove(&mut self, key: &[u8]) -> Option<Value> {
         let bucket = &mut self.buckets[bucket_of(key)];
         if !bucket.contains_key(key) {
-            return; // no copy of a shared bucket for nothing
+            return None; // no copy of a shared bucket for nothing
         }
-        Arc::make_mut(bucket).remove(key);
+        let previous = Arc::make_mut(bucket).remove(key);
         self.len -= 1;
+        previous
     }
 
     /// How many buckets this map shares with a clone.

@@ -640,16 +640,14 @@ impl LogState {
     }
 
     fn put(&mut self, key: &Key, value: Option<Value>) {
-        if let Some(entry) = self.journal.recording() {
-            if !entry.keys.contains_key(key) {
-                entry.keys.insert(key.clone(), self.store.get(key).cloned());
-            }
-        }
-        match value {
-            Some(value) => {
-                self.store.insert(key.clone(), value);
-            }
+        // One lookup in the store: the value replaced comes back from the write itself.
+        let previous = match value {
+            Some(value) => self.store.insert(key.clone(), value),
             None => self.store.remove(key),
+        };
+        if let Some(entry) = self.journal.recording() {
+            // The entry's first write of the key keeps what it replaced, for a rollback.
+            entry.keys.entry(key.clone()).or_insert(previous);
         }
     }
 }
