@@ -166,6 +166,23 @@ fn a_turn_sends_one_frame_per_peer() {
     assert!(report.throughput_ops_per_s > 2.0 * unbatched_ops_per_s, "{report:?}");
 }
 
+/// A one-thread node runs as the server's reactor, in passes: a poll, the requests that had
+/// arrived by then, one turn, the replies. Two closed-loop clients on one node, a request
+/// costing 10 us to receive and everything 3 us away, do not arrive together (they start at
+/// random in the first millisecond): each arrives while the node receives the other's, so
+/// each waits for the next pass and every turn answers one request, the node always busy
+/// (100 000 reads/s). Receiving until nothing is left before a turn would merge the two into
+/// one turn for good (half a turn per read).
+#[test]
+fn a_one_thread_node_answers_in_a_turn_what_its_poll_found() {
+    let mut config = config("hermes", 1, 1, latency_only(3_000), 2, 0);
+    config.costs.client_request_ns = 10_000;
+    let report = run(&config);
+    assert_close(report.throughput_ops_per_s, 100_000.0, 0.02, "a busy node");
+    // Ticks take a few turns of their own (1 000 per second).
+    assert_close(report.turns_per_op, 1.0, 0.03, "turns per read");
+}
+
 /// Raftlog syncs once per turn, not once per write: with a 100 us sync the only cost, one
 /// client gets at most 10 000 writes/s out of the leader, 64 clients many times that.
 #[test]

@@ -170,6 +170,9 @@ pub struct ModelReport {
     /// Peer frames sent per operation, and the messages in them: how much the turns batched.
     pub frames_per_op: f64,
     pub messages_per_op: f64,
+    /// Turns the nodes' protocol threads took per operation (every node's): how many events
+    /// a turn held.
+    pub turns_per_op: f64,
     pub events: u64,
 }
 
@@ -356,6 +359,7 @@ where
         client_wakes_per_op: measured.client_wakes as f64 / completed.max(1) as f64,
         frames_per_op: measured.frames_sent as f64 / completed.max(1) as f64,
         messages_per_op: measured.messages_sent as f64 / completed.max(1) as f64,
+        turns_per_op: measured.turns as f64 / completed.max(1) as f64,
         events: measured.events,
     }
 }
