@@ -258,6 +258,8 @@ pub(super) struct Measured {
     pub messages_sent: u64,
     /// Turns the protocol threads took within the window (every instance's).
     pub turns: u64,
+    /// The handlers' wall time over the whole run, when timed.
+    pub handlers: super::timing::Totals,
     /// Every replica's CPU within the window.
     pub window_nodes_busy_ns: u64,
     pub events: u64,
@@ -289,6 +291,8 @@ pub(super) struct Setup<M> {
     /// A read of a key no write of the run reached is sized as a loaded record of this many
     /// value bytes.
     pub record_bytes: u64,
+    /// Time every handler call (wall clock: calibration only; the prediction ignores it).
+    pub time_handlers: bool,
 }
 
 pub(super) struct Engine<'a, P: Replica, C: Clients> {
@@ -308,6 +312,8 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     frames_sent: u64,
     messages_sent: u64,
     turns: u64,
+    time_handlers: bool,
+    handler_totals: super::timing::Totals,
     costs: CostTable,
     network: Network,
     nic_handled: Option<NicHandled<P::Message>>,
@@ -340,7 +346,7 @@ where
         setup: Setup<P::Message>,
         clients: &'a mut C,
     ) -> Self {
-        let Setup { costs, network, nic_handled, tick_ns, record_bytes } = setup;
+        let Setup { costs, network, nic_handled, tick_ns, record_bytes, time_handlers } = setup;
         assert_eq!(replicas.len(), layout.instances(), "one replica per instance");
         assert_eq!(layout.machine_of_node.len(), layout.groups * layout.nodes, "a machine per node");
         assert!(layout.threads >= 1, "an instance needs a thread");
@@ -397,6 +403,8 @@ where
             frames_sent: 0,
             messages_sent: 0,
             turns: 0,
+            time_handlers,
+            handler_totals: Default::default(),
             costs,
             network,
             nic_handled,
@@ -470,6 +478,7 @@ where
             frames_sent: end.frames_sent - start.frames_sent,
             messages_sent: end.messages_sent - start.messages_sent,
             turns: end.turns - start.turns,
+            handlers: self.handler_totals,
             events,
         }
     }
@@ -810,17 +819,26 @@ where
         let turn: Vec<Work<P::Message>> = self.instances[instance].handle.drain(..taken).collect();
         self.turns += 1;
         let replica = &mut self.replicas[instance];
+        let timing = self.time_handlers;
         let mut cost = 0;
         for work in turn {
             match work {
                 Work::Client { request, command } => {
                     cost += self.costs.handle_ns + self.costs.key_op_ns;
+                    let started = timing.then(std::time::Instant::now);
                     replica.on_client(now, request, command, &mut self.outbox);
+                    if let Some(started) = started {
+                        self.handler_totals.client(started);
+                    }
                 }
                 Work::Messages { from, messages, .. } => {
                     for message in messages {
                         cost += self.costs.handle_ns;
+                        let started = timing.then(std::time::Instant::now);
                         replica.on_message(now, from, message, &mut self.outbox);
+                        if let Some(started) = started {
+                            self.handler_totals.message(started);
+                        }
                     }
                 }
                 Work::Tick => {
