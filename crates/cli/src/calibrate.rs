@@ -5,8 +5,9 @@
 //! Calibration measures, never fits: every figure comes from one measurement that isolates it,
 //! and none of them is chosen to make a prediction match a benchmark.
 //!
-//! * `handle_ns`, `key_op_ns`: the real Hermes cores' `on_message` and `on_client`, timed
-//!   in-process (chorus_sim::model::timing);
+//! * `handlers`: each compared protocol's real core as the model runs it, every `on_message`
+//!   and `on_client` timed in-process (chorus_sim::model::timing); `handle_ns`, `key_op_ns`
+//!   are Hermes' entry;
 //! * `wake_ns`, `wakeup_ns`: two threads, each on a tokio current-thread runtime as a node
 //!   runs, bounce one byte over loopback TCP; the same four syscalls run in ONE thread
 //!   (nothing sleeps). The ping-pong's extra CPU per voluntary sleep is a wake's CPU; its wall
@@ -26,6 +27,7 @@
 //!   `message_received_ns`) from a message's (`peer_message_ns`, at each end). The load
 //!   generator's own CPU per GET at 16 clients, less its wakes, is `client_op_ns`.
 
+use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -41,7 +43,8 @@ use chorus_bench::procs::{self, Procs};
 use chorus_bench::report::Report;
 use chorus_bench::workload::{KvSpec, OpGen};
 use chorus_core::Time;
-use chorus_sim::model::{predict, CostTable, ModelConfig, Network, Workload};
+use chorus_sim::model::timing::{self, HandlerTiming};
+use chorus_sim::model::{predict, CostTable, ModelConfig, Network, ProtocolHandlers, Workload};
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +55,8 @@ const NODES: usize = 3;
 /// model's `tick_period`).
 const TICKS_PER_S: f64 = 1_000.0;
 const VALUE_BYTES: usize = 32;
+/// The protocols `compare` runs by default, whose handlers calibration times apart.
+const COMPARED: [&str; 4] = ["hermes", "craq", "zab", "raftlog"];
 /// The clients of the loaded calibration runs: enough that few requests find a node or the
 /// load generator asleep, as in the comparison's 16- and 64-client rows.
 const LOADED_CLIENTS: usize = 16;
@@ -76,6 +81,10 @@ pub struct CalibrateArgs {
     /// behind it go next to it as `<name>.runs.json`.
     #[arg(long, default_value = "bench-results/model-costs.json")]
     out: PathBuf,
+    /// Only time the protocols' handlers (in-process, no cluster, seconds) and add them to
+    /// this existing table, the rest of it as it was.
+    #[arg(long, conflicts_with = "out")]
+    handlers_into: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -170,13 +179,19 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     if args.seconds <= 0.0 || args.rounds == 0 {
         bail!("--seconds and --rounds must be positive");
     }
+    if let Some(path) = &args.handlers_into {
+        return add_protocol_handlers(path);
+    }
     let handlers = chorus_sim::model::timing::time_hermes_handlers(200_000, KEYS, VALUE_BYTES);
-    let handle_ns = handlers.message_ns_mean.round() as u64;
-    let key_op_ns = (handlers.client_ns_mean - handlers.message_ns_mean).max(0.0).round() as u64;
     println!(
-        "handlers: on_message {:.0} ns, on_client {:.0} ns (in-process, {} + {} calls)",
+        "Hermes' handlers alone: on_message {:.0} ns, on_client {:.0} ns (in-process, {} + {} calls; kept for the record)",
         handlers.message_ns_mean, handlers.client_ns_mean, handlers.message_calls, handlers.client_calls
     );
+    // The table's own handler figures are Hermes' as the model runs it, the same figure the
+    // Hermes rows pay and the one taken out of the cluster's CPU below.
+    let protocol_handlers = protocol_handlers()?;
+    let ProtocolHandlers { handle_ns, key_op_ns } =
+        protocol_handlers.get("hermes").cloned().context("Hermes' handlers timed")?;
     let ping_pong = tokio_ping_pong(20_000)?;
     let syscalls_ns = syscalls_cpu_ns_per_round_trip(20_000)?;
     println!(
@@ -328,6 +343,7 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
         timer_wake_ns: timer_wake_ns.round() as u64,
         wakeup_ns,
         cpu_ghz: cpu_ghz(),
+        handlers: protocol_handlers,
     };
     println!("{}", serde_json::to_string_pretty(&costs)?);
     let runs = CalibrationRuns {
@@ -354,6 +370,46 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<i32> {
     let runs_path = args.out.with_extension("runs.json");
     write_json(&runs_path, &runs)?;
     println!("cost table: {} (measurements: {})", args.out.display(), runs_path.display());
+    Ok(0)
+}
+
+/// Each compared protocol's own handlers, timed in-process on its real core as the model
+/// runs it (chorus_sim::model::timing::time_protocol_handlers): the median of three runs'
+/// means, as `handle_ns` (a message) and `key_op_ns` (a client request's call beyond that).
+fn protocol_handlers() -> anyhow::Result<BTreeMap<String, ProtocolHandlers>> {
+    let mut handlers = BTreeMap::new();
+    for protocol in chorus_sim::model::PROTOCOLS.iter().filter(|name| COMPARED.contains(name)) {
+        let mut runs = (0..3)
+            .map(|_| timing::time_protocol_handlers(protocol, KEYS, VALUE_BYTES).map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        runs.sort_by(|a, b| a.message_ns_mean.total_cmp(&b.message_ns_mean));
+        let timing = &runs[runs.len() / 2];
+        println!(
+            "{protocol}'s handlers: on_message {:.0} ns, on_client {:.0} ns (in the model's run, {} + {} calls)",
+            timing.message_ns_mean, timing.client_ns_mean, timing.message_calls, timing.client_calls
+        );
+        handlers.insert(protocol.to_string(), handlers_of(timing));
+    }
+    Ok(handlers)
+}
+
+/// A message's handler is `handle_ns`; a client request's call beyond it is `key_op_ns`.
+fn handlers_of(timing: &HandlerTiming) -> ProtocolHandlers {
+    ProtocolHandlers {
+        handle_ns: timing.message_ns_mean.round() as u64,
+        key_op_ns: (timing.client_ns_mean - timing.message_ns_mean).max(0.0).round() as u64,
+    }
+}
+
+/// `calibrate --handlers-into FILE`: the table in FILE with the protocols' handlers timed now.
+fn add_protocol_handlers(path: &Path) -> anyhow::Result<i32> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut costs: CostTable =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a cost table", path.display()))?;
+    costs.handlers = protocol_handlers()?;
+    costs.source = format!("{} (protocols' handlers timed again on their own)", costs.source);
+    write_json(path, &costs)?;
+    println!("{}: the protocols' handlers added", path.display());
     Ok(0)
 }
 
@@ -1192,6 +1248,24 @@ mod tests {
         // 30 us per GET asleep 0.9 times, 10 us at 0.1: (30 - 10) us / 0.8 sleeps = 25 us.
         let wake_ns = wake_between("a node", (30.0, 0.9), (10.0, 0.1)).expect("apart");
         assert!((wake_ns - 25_000.0).abs() < 1e-6, "{wake_ns}");
+    }
+
+    #[test]
+    fn a_protocols_handlers_are_its_message_and_its_request_beyond_it() {
+        let timing = |client_ns_mean, message_ns_mean| HandlerTiming {
+            protocol: "raftlog".into(),
+            client_calls: 10,
+            client_ns_mean,
+            message_calls: 10,
+            message_ns_mean,
+        };
+        assert_eq!(
+            handlers_of(&timing(1_500.4, 1_200.0)),
+            ProtocolHandlers { handle_ns: 1_200, key_op_ns: 300 }
+        );
+        // A request cheaper than a message (raftlog's followers batch requests) costs the
+        // message's handler, nothing beyond.
+        assert_eq!(handlers_of(&timing(900.0, 1_200.0)), ProtocolHandlers { handle_ns: 1_200, key_op_ns: 0 });
     }
 
     #[test]

@@ -4,8 +4,8 @@
 use bytes::Bytes;
 use chorus_core::{Command, Time};
 use chorus_sim::model::{
-    predict, predict_with, resp_request_bytes, CostTable, Load, ModelConfig, ModelReport, Network, Workload,
-    Zipfian,
+    predict, predict_with, resp_request_bytes, CostTable, Load, ModelConfig, ModelReport, Network,
+    ProtocolHandlers, Workload, Zipfian,
 };
 
 /// A network that costs only its latency.
@@ -164,6 +164,63 @@ fn a_turn_sends_one_frame_per_peer() {
     let report = run(&config);
     let unbatched_ops_per_s = 1e9 / (2.0 * 10_000.0);
     assert!(report.throughput_ops_per_s > 2.0 * unbatched_ops_per_s, "{report:?}");
+}
+
+/// A one-thread node runs as the server's reactor, in passes: a poll, the requests that had
+/// arrived by then, one turn, the replies. Two closed-loop clients on one node, a request
+/// costing 10 us to receive and everything 3 us away, do not arrive together (they start at
+/// random in the first millisecond): each arrives while the node receives the other's, so
+/// each waits for the next pass and every turn answers one request, the node always busy
+/// (100 000 reads/s). Receiving until nothing is left before a turn would merge the two into
+/// one turn for good (half a turn per read).
+#[test]
+fn a_one_thread_node_answers_in_a_turn_what_its_poll_found() {
+    let mut config = config("hermes", 1, 1, latency_only(3_000), 2, 0);
+    config.costs.client_request_ns = 10_000;
+    let report = run(&config);
+    assert_close(report.throughput_ops_per_s, 100_000.0, 0.02, "a busy node");
+    // Ticks take a few turns of their own (1 000 per second).
+    assert_close(report.turns_per_op, 1.0, 0.03, "turns per read");
+}
+
+/// A table's per-protocol handler figures replace its own `handle_ns` and `key_op_ns` for
+/// that protocol only (`zab-local` takes ZAB's), and scale with the table: one node whose
+/// only cost is the handler serves 1 s / handler reads.
+#[test]
+fn a_protocols_own_handlers_replace_the_tables() {
+    let reads = |protocol: &str, costs: &CostTable| {
+        let mut config = config(protocol, 1, 1, latency_only(1_000), 64, 0);
+        config.warmup = Time::from_millis(300);
+        config.costs = costs.clone();
+        run(&config).throughput_ops_per_s
+    };
+    let mut costs = CostTable::zero();
+    costs.handle_ns = 5_000;
+    assert_close(reads("hermes", &costs), 200_000.0, 0.03, "the table's handler");
+    let own = |handle_ns| ProtocolHandlers { handle_ns, key_op_ns: 0 };
+    costs.handlers.insert("hermes".into(), own(10_000));
+    costs.handlers.insert("zab".into(), own(20_000));
+    assert_close(reads("hermes", &costs), 100_000.0, 0.03, "Hermes' own handler");
+    assert_close(reads("craq", &costs), 200_000.0, 0.03, "CRAQ has none of its own");
+    assert_close(reads("zab-local", &costs), 50_000.0, 0.03, "ZAB's, for its local reads");
+    assert_close(reads("hermes", &costs.at_cpu_share(0.5)), 50_000.0, 0.03, "at half the CPU");
+}
+
+/// Timing the handlers (for calibration) reads the wall clock around every call and
+/// changes nothing of the prediction.
+#[test]
+fn timing_the_handlers_leaves_the_prediction_alone() {
+    let mut config = config("hermes", 3, 1, latency_only(1_000), 16, 20);
+    config.costs = CostTable::placeholder();
+    let plain = run(&config);
+    config.time_handlers = true;
+    let timed = run(&config);
+    let handlers = timed.handlers.clone().expect("timed");
+    assert!(handlers.client_calls > 0 && handlers.message_calls > 0, "{handlers:?}");
+    assert!(handlers.client_ns_mean > 0.0 && handlers.message_ns_mean > 0.0, "{handlers:?}");
+    assert_eq!(plain.throughput_ops_per_s, timed.throughput_ops_per_s);
+    assert_eq!(plain.latency, timed.latency);
+    assert!(plain.handlers.is_none());
 }
 
 /// Raftlog syncs once per turn, not once per write: with a 100 us sync the only cost, one

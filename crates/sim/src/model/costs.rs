@@ -7,6 +7,8 @@
 //! with them say what shape to expect, not what number. `chorus model --costs FILE` takes a
 //! measured table (docs/model.md).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// CPU time per event, in nanoseconds. Every field is charged on the node that does the work;
@@ -70,6 +72,22 @@ pub struct CostTable {
     /// /proc/cpuinfo), so it can be scaled to another ([`CostTable::at_clock`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_ghz: Option<f64>,
+    /// The protocol thread's figures per protocol (`handle_ns`, `key_op_ns` of that protocol's
+    /// own handlers, timed in-process on its real core): a raftlog message runs raft-rs, a
+    /// Hermes one a few comparisons. A protocol without an entry pays the table's own
+    /// `handle_ns` and `key_op_ns` (Hermes').
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub handlers: BTreeMap<String, ProtocolHandlers>,
+}
+
+/// One protocol's handler costs (see [`CostTable::handlers`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProtocolHandlers {
+    /// Its core handling one event (`on_message`; a client request's share of `on_client`).
+    pub handle_ns: u64,
+    /// What its `on_client` costs beyond `handle_ns`.
+    pub key_op_ns: u64,
 }
 
 impl CostTable {
@@ -93,6 +111,7 @@ impl CostTable {
             timer_wake_ns: 0,
             wakeup_ns: 10_000,
             cpu_ghz: None,
+            handlers: BTreeMap::new(),
         }
     }
 
@@ -116,6 +135,7 @@ impl CostTable {
             timer_wake_ns: 0,
             wakeup_ns: 0,
             cpu_ghz: None,
+            handlers: BTreeMap::new(),
         }
     }
 
@@ -143,7 +163,28 @@ impl CostTable {
             timer_wake_ns: scale(self.timer_wake_ns),
             wakeup_ns: self.wakeup_ns,
             cpu_ghz: self.cpu_ghz,
+            handlers: self.scaled_handlers(scale),
         }
+    }
+
+    fn scaled_handlers(&self, scale: impl Fn(u64) -> u64) -> BTreeMap<String, ProtocolHandlers> {
+        let scaled = |handlers: &ProtocolHandlers| ProtocolHandlers {
+            handle_ns: scale(handlers.handle_ns),
+            key_op_ns: scale(handlers.key_op_ns),
+        };
+        self.handlers.iter().map(|(protocol, handlers)| (protocol.clone(), scaled(handlers))).collect()
+    }
+
+    /// The table as `protocol`'s nodes pay it: its own handler figures, if the table has them
+    /// (`zab-local` runs ZAB's handlers), in `handle_ns` and `key_op_ns`.
+    pub fn for_protocol(&self, protocol: &str) -> CostTable {
+        let mut costs = self.clone();
+        let base = protocol.split('-').next().unwrap_or(protocol);
+        if let Some(handlers) = self.handlers.get(protocol).or_else(|| self.handlers.get(base)) {
+            costs.handle_ns = handlers.handle_ns;
+            costs.key_op_ns = handlers.key_op_ns;
+        }
+        costs
     }
 
     /// This table on a CPU of `to_ghz` when it was measured at `from_ghz`: every CPU cost
@@ -170,6 +211,7 @@ impl CostTable {
         scaled.wake_ns = scale(self.wake_ns);
         scaled.client_wake_ns = self.client_wake_ns.map(scale);
         scaled.timer_wake_ns = scale(self.timer_wake_ns);
+        scaled.handlers = self.scaled_handlers(scale);
         scaled.cpu_ghz = Some(to_ghz);
         scaled
     }

@@ -197,13 +197,21 @@ struct Instance<M> {
     /// charged to the next stage it starts.
     wake_owed_ns: Nanos,
     protocol_busy: bool,
-    /// Work waiting for a core to receive it, with its size on the wire.
-    receive: VecDeque<(Work<M>, u64)>,
+    /// Work waiting for a core to receive it, with its size on the wire and when it arrived.
+    receive: VecDeque<(Work<M>, u64, Nanos)>,
     handle: VecDeque<Work<M>>,
-    /// An instance with one thread runs like tokio's current-thread runtime: every ready
-    /// connection task before the event loop's next turn. With more threads the protocol
-    /// thread goes first (it is the serial part).
+    /// An instance with one thread runs like the server's reactor (crates/server/src/reactor.rs):
+    /// in **passes**, each one poll, reading what had arrived by then, one turn, and writing
+    /// the turn's frames and replies; what arrives during a pass waits for the next poll. With
+    /// more threads the protocol thread goes first (it is the serial part) and receiving runs
+    /// beside it.
     receive_first: bool,
+    /// The instant the current pass's poll returned (one-thread instances; `None` between
+    /// passes): it receives only what had arrived by then.
+    poll_at: Option<Nanos>,
+    /// The current pass has taken its turn: what reaches the thread now (a tick too) waits
+    /// for the next pass, as the reactor ticks once per pass, before its turn.
+    pass_turned: bool,
     send: VecDeque<Outputs<M>>,
     protocol_busy_ns: u64,
 }
@@ -248,6 +256,10 @@ pub(super) struct Measured {
     /// Peer frames sent, and the messages in them (one per destination), within the window.
     pub frames_sent: u64,
     pub messages_sent: u64,
+    /// Turns the protocol threads took within the window (every instance's).
+    pub turns: u64,
+    /// The handlers' wall time over the whole run, when timed.
+    pub handlers: super::timing::Totals,
     /// Every replica's CPU within the window.
     pub window_nodes_busy_ns: u64,
     pub events: u64,
@@ -263,6 +275,7 @@ struct Counters {
     client_wakes: u64,
     frames_sent: u64,
     messages_sent: u64,
+    turns: u64,
 }
 
 /// Which messages the receiving NIC handles without the CPU (HyperLoop's offloaded hops).
@@ -278,6 +291,8 @@ pub(super) struct Setup<M> {
     /// A read of a key no write of the run reached is sized as a loaded record of this many
     /// value bytes.
     pub record_bytes: u64,
+    /// Time every handler call (wall clock: calibration only; the prediction ignores it).
+    pub time_handlers: bool,
 }
 
 pub(super) struct Engine<'a, P: Replica, C: Clients> {
@@ -296,6 +311,9 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     client_wakes: u64,
     frames_sent: u64,
     messages_sent: u64,
+    turns: u64,
+    time_handlers: bool,
+    handler_totals: super::timing::Totals,
     costs: CostTable,
     network: Network,
     nic_handled: Option<NicHandled<P::Message>>,
@@ -328,7 +346,7 @@ where
         setup: Setup<P::Message>,
         clients: &'a mut C,
     ) -> Self {
-        let Setup { costs, network, nic_handled, tick_ns, record_bytes } = setup;
+        let Setup { costs, network, nic_handled, tick_ns, record_bytes, time_handlers } = setup;
         assert_eq!(replicas.len(), layout.instances(), "one replica per instance");
         assert_eq!(layout.machine_of_node.len(), layout.groups * layout.nodes, "a machine per node");
         assert!(layout.threads >= 1, "an instance needs a thread");
@@ -364,6 +382,8 @@ where
                 receive: VecDeque::new(),
                 handle: VecDeque::new(),
                 receive_first: layout.threads == 1,
+                poll_at: None,
+                pass_turned: false,
                 send: VecDeque::new(),
                 protocol_busy_ns: 0,
             });
@@ -382,6 +402,9 @@ where
             client_wakes: 0,
             frames_sent: 0,
             messages_sent: 0,
+            turns: 0,
+            time_handlers,
+            handler_totals: Default::default(),
             costs,
             network,
             nic_handled,
@@ -454,6 +477,8 @@ where
             client_wakes: end.client_wakes - start.client_wakes,
             frames_sent: end.frames_sent - start.frames_sent,
             messages_sent: end.messages_sent - start.messages_sent,
+            turns: end.turns - start.turns,
+            handlers: self.handler_totals,
             events,
         }
     }
@@ -468,6 +493,7 @@ where
             client_wakes: self.client_wakes,
             frames_sent: self.frames_sent,
             messages_sent: self.messages_sent,
+            turns: self.turns,
         }
     }
 
@@ -490,7 +516,7 @@ where
             }
             Event::Arrive { instance, work, bytes } => {
                 self.note_wake(instance, self.costs.wake_ns);
-                self.instances[instance].receive.push_back((work, bytes));
+                self.instances[instance].receive.push_back((work, bytes, self.now));
                 self.dispatch(instance);
             }
             Event::ReceiveDone { instance, work } => {
@@ -694,19 +720,58 @@ where
         if state.threads_free == 0 || self.machines[state.machine].cores_free == 0 {
             return false;
         }
-        let can_handle = !state.protocol_busy && !state.handle.is_empty();
-        let can_receive = !state.receive.is_empty();
-        if can_handle && !(state.receive_first && (can_receive || !state.send.is_empty())) {
+        if state.receive_first {
+            return self.start_in_pass(instance);
+        }
+        if !state.protocol_busy && !state.handle.is_empty() {
             self.start_turn(instance);
-        } else if let Some(outputs) = self.instances[instance].send.pop_front() {
-            let cost = self.occupy(instance, self.send_cost(&outputs));
-            self.schedule(self.now + cost, Event::SendDone { instance, outputs });
-        } else if let Some((work, bytes)) = self.instances[instance].receive.pop_front() {
-            let cost = self.occupy(instance, self.receive_cost(&work, bytes));
-            self.schedule(self.now + cost, Event::ReceiveDone { instance, work });
-        } else {
+        } else if !self.start_send(instance) && !self.start_receive(instance) {
             return false;
         }
+        true
+    }
+
+    /// One thread, as the server's reactor: a pass polls, reads what had arrived by then
+    /// (the wake, if the thread slept, comes first: what arrives while it wakes is in the same
+    /// poll), takes one turn of it, and writes the turn's output; then the next poll.
+    fn start_in_pass(&mut self, instance: usize) -> bool {
+        if self.start_send(instance) {
+            return true;
+        }
+        loop {
+            let state = &mut self.instances[instance];
+            let poll_at = *state.poll_at.get_or_insert(self.now + state.wake_owed_ns);
+            if !state.pass_turned {
+                if state.receive.front().is_some_and(|(_, _, arrived)| *arrived <= poll_at) {
+                    return self.start_receive(instance);
+                }
+                if !state.handle.is_empty() {
+                    self.instances[instance].pass_turned = true;
+                    self.start_turn(instance);
+                    return true;
+                }
+            }
+            // The pass is over: the next poll finds what arrived meanwhile, or the thread
+            // sleeps.
+            state.poll_at = None;
+            state.pass_turned = false;
+            if state.receive.is_empty() && state.handle.is_empty() {
+                return false;
+            }
+        }
+    }
+
+    fn start_send(&mut self, instance: usize) -> bool {
+        let Some(outputs) = self.instances[instance].send.pop_front() else { return false };
+        let cost = self.occupy(instance, self.send_cost(&outputs));
+        self.schedule(self.now + cost, Event::SendDone { instance, outputs });
+        true
+    }
+
+    fn start_receive(&mut self, instance: usize) -> bool {
+        let Some((work, bytes, _)) = self.instances[instance].receive.pop_front() else { return false };
+        let cost = self.occupy(instance, self.receive_cost(&work, bytes));
+        self.schedule(self.now + cost, Event::ReceiveDone { instance, work });
         true
     }
 
@@ -752,18 +817,28 @@ where
         let now = Time::from_nanos(self.now);
         let taken = self.instances[instance].handle.len().min(EVENTS_PER_TURN_MAX);
         let turn: Vec<Work<P::Message>> = self.instances[instance].handle.drain(..taken).collect();
+        self.turns += 1;
         let replica = &mut self.replicas[instance];
+        let timing = self.time_handlers;
         let mut cost = 0;
         for work in turn {
             match work {
                 Work::Client { request, command } => {
                     cost += self.costs.handle_ns + self.costs.key_op_ns;
+                    let started = timing.then(std::time::Instant::now);
                     replica.on_client(now, request, command, &mut self.outbox);
+                    if let Some(started) = started {
+                        self.handler_totals.client(started);
+                    }
                 }
                 Work::Messages { from, messages, .. } => {
                     for message in messages {
                         cost += self.costs.handle_ns;
+                        let started = timing.then(std::time::Instant::now);
                         replica.on_message(now, from, message, &mut self.outbox);
+                        if let Some(started) = started {
+                            self.handler_totals.message(started);
+                        }
                     }
                 }
                 Work::Tick => {

@@ -20,7 +20,7 @@ use chorus_raftlog::RaftLogConfig;
 use chorus_zab::{ReadMode, Zab, ZabConfig};
 use serde::Serialize;
 
-pub use costs::{CostTable, Network};
+pub use costs::{CostTable, Network, ProtocolHandlers};
 pub use engine::{resp_reply_bytes, resp_request_bytes};
 pub use workload::{Distribution, Mix, OpKind, Workload, Zipfian};
 
@@ -89,6 +89,9 @@ pub struct ModelConfig {
     pub raftlog_logs: usize,
     /// Raftlog's `raftlog_batch_max`: the most commands one entry carries (1: no batching).
     pub raftlog_batch_commands_max: usize,
+    /// Time every call of the cores' `on_client` and `on_message` in wall-clock time (for
+    /// `chorus model calibrate`: [`ModelReport::handlers`]); the prediction is unchanged.
+    pub time_handlers: bool,
 }
 
 impl ModelConfig {
@@ -116,6 +119,7 @@ impl ModelConfig {
             seed: 1,
             raftlog_logs: 8,
             raftlog_batch_commands_max: 1_024,
+            time_handlers: false,
         }
     }
 }
@@ -170,6 +174,13 @@ pub struct ModelReport {
     /// Peer frames sent per operation, and the messages in them: how much the turns batched.
     pub frames_per_op: f64,
     pub messages_per_op: f64,
+    /// Turns the nodes' protocol threads took per operation (every node's): how many events
+    /// a turn held.
+    pub turns_per_op: f64,
+    /// With [`ModelConfig::time_handlers`]: the cores' handlers' mean wall time on this
+    /// machine, over the whole run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handlers: Option<timing::HandlerTiming>,
     pub events: u64,
 }
 
@@ -304,9 +315,10 @@ where
     let end_ns = warmup_ns + config.duration.as_nanos();
     let mut clients = ClientSet::new(config, warmup_ns, end_ns);
     let setup = engine::Setup {
-        costs: config.costs.clone(),
+        costs: config.costs.for_protocol(&config.protocol),
         network: config.network.clone(),
         nic_handled,
+        time_handlers: config.time_handlers,
         tick_ns: config.tick_period.as_nanos(),
         record_bytes: config.workload.record_bytes as u64,
     };
@@ -356,6 +368,8 @@ where
         client_wakes_per_op: measured.client_wakes as f64 / completed.max(1) as f64,
         frames_per_op: measured.frames_sent as f64 / completed.max(1) as f64,
         messages_per_op: measured.messages_sent as f64 / completed.max(1) as f64,
+        turns_per_op: measured.turns as f64 / completed.max(1) as f64,
+        handlers: config.time_handlers.then(|| measured.handlers.timing(&config.protocol)),
         events: measured.events,
     }
 }

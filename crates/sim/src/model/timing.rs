@@ -60,8 +60,29 @@ pub fn time_hermes_handlers(operations: u64, keys: u64, value_bytes: usize) -> H
     }
 }
 
-#[derive(Default)]
-struct Totals {
+/// Time `protocol`'s own handlers: the model runs its real cores (3 one-core nodes, 16
+/// closed-loop clients, 20% writes over `keys` keys of `value_bytes` values, as `chorus model
+/// compare` loads a cluster), every `on_client` and `on_message` timed in wall-clock time. The
+/// messages and their batching are the protocol's own, as the server's turns give them.
+pub fn time_protocol_handlers(
+    protocol: &str,
+    keys: u64,
+    value_bytes: usize,
+) -> Result<HandlerTiming, String> {
+    let network = super::Network::preset("10gbe").expect("a preset");
+    let mut config = super::ModelConfig::new(protocol, 3, 1, network, 16);
+    let mut workload = super::Workload::named("kv-w20").expect("a workload");
+    workload.keys = keys;
+    workload.value_bytes = value_bytes;
+    config.workload = workload;
+    config.time_handlers = true;
+    let report = super::predict(&config)?;
+    report.handlers.ok_or_else(|| "the model timed no handler".to_string())
+}
+
+/// Wall time spent in the cores' handlers, and their calls.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Totals {
     client_calls: u64,
     client_ns: u64,
     message_calls: u64,
@@ -69,12 +90,22 @@ struct Totals {
 }
 
 impl Totals {
-    fn client(&mut self, started: Instant) {
+    pub(super) fn timing(&self, protocol: &str) -> HandlerTiming {
+        HandlerTiming {
+            protocol: protocol.into(),
+            client_calls: self.client_calls,
+            client_ns_mean: self.client_ns as f64 / self.client_calls.max(1) as f64,
+            message_calls: self.message_calls,
+            message_ns_mean: self.message_ns as f64 / self.message_calls.max(1) as f64,
+        }
+    }
+
+    pub(super) fn client(&mut self, started: Instant) {
         self.client_calls += 1;
         self.client_ns += started.elapsed().as_nanos() as u64;
     }
 
-    fn message(&mut self, started: Instant) {
+    pub(super) fn message(&mut self, started: Instant) {
         self.message_calls += 1;
         self.message_ns += started.elapsed().as_nanos() as u64;
     }
