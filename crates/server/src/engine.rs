@@ -294,6 +294,11 @@ impl ServedReplica for DurableRaftLog {
     fn keys(&self) -> Vec<Key> {
         self.core().keys().cloned().collect()
     }
+    /// A clean stop syncs even what a commit-only turn left written but unsynced.
+    fn persist_all(&mut self) -> Result<(), String> {
+        self.persist_and_sync().map_err(|error| error.to_string())?;
+        self.persist_turn()
+    }
     fn persist_turn(&mut self) -> Result<(), String> {
         self.persist().map_err(|error| error.to_string())?;
         match self.core().refused_by() {
@@ -412,6 +417,9 @@ impl ServedReplica for ShardCore {
     }
     fn persist_turn(&mut self) -> Result<(), String> {
         self.inner_mut().persist_turn()
+    }
+    fn persist_all(&mut self) -> Result<(), String> {
+        self.inner_mut().persist_all()
     }
     const REPLIES_AFTER_PERSIST: bool = true;
     fn write_mark(&self, key: &Key) -> WriteMark {

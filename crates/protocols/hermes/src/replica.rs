@@ -65,7 +65,7 @@ type KeyTable = hashbrown::HashMap<StoredKey, KeyEntry, rustc_hash::FxBuildHashe
 /// The entry of `key` in `keys`, created (Valid, timestamp zero) when there is none. The
 /// key is copied into the table only then: a lookup never allocates.
 fn entry_or_default<'a>(keys: &'a mut KeyTable, key: &[u8]) -> &'a mut KeyEntry {
-    keys.entry_ref(key).or_insert_with(KeyEntry::new)
+    keys.entry_ref(key).or_default()
 }
 
 /// Where a key's chunk lives: FNV-1a, so every replica splits keys alike.
