@@ -278,6 +278,19 @@ where
     }
 }
 
+/// A peer refused this node's Raft messages: it came back without its data.
+fn raftlog_refusal(core: &chorus_raftlog::RaftLog) -> Result<(), String> {
+    match core.refused_by() {
+        None => Ok(()),
+        Some(peer) => Err(format!(
+            "refused by node {}: this node came back as the Raft member it was, without that \
+             member's data (a lost or replaced data directory); it must be replaced: start it \
+             with an empty data_dir and --join",
+            peer.0
+        )),
+    }
+}
+
 impl ServedReplica for DurableRaftLog {
     fn protocol_name(&self) -> &'static str {
         "raftlog"
@@ -297,19 +310,11 @@ impl ServedReplica for DurableRaftLog {
     /// A clean stop syncs even what a commit-only turn left written but unsynced.
     fn persist_all(&mut self) -> Result<(), String> {
         self.persist_and_sync().map_err(|error| error.to_string())?;
-        self.persist_turn()
+        raftlog_refusal(self.core())
     }
     fn persist_turn(&mut self) -> Result<(), String> {
         self.persist().map_err(|error| error.to_string())?;
-        match self.core().refused_by() {
-            None => Ok(()),
-            Some(peer) => Err(format!(
-                "refused by node {}: this node came back as the Raft member it was, without that \
-                 member's data (a lost or replaced data directory); it must be replaced: start it \
-                 with an empty data_dir and --join",
-                peer.0
-            )),
-        }
+        raftlog_refusal(self.core())
     }
     const REPLIES_AFTER_PERSIST: bool = true;
     /// The write's entry is at or below its log's applied index when its origin answers.

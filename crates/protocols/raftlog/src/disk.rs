@@ -749,19 +749,20 @@ impl DurableRaftLog {
     /// Write the core's durable records and sync everything written so far, whatever the
     /// turn needs (a clean stop).
     pub fn persist_and_sync(&mut self) -> Result<(), DiskError> {
-        let turn = self.core.take_durable();
-        let Some(disk) = &mut self.disk else { return Ok(()) };
-        disk.write(&turn.records)?;
-        disk.sync()
+        self.write_turn(true)
     }
 
     /// Make the core's durable records of the last calls stable, or only write them when
     /// none needs a sync ([`RaftLog::take_durable`]: a turn that moved only commit indexes).
     pub fn persist(&mut self) -> Result<(), DiskError> {
+        self.write_turn(false)
+    }
+
+    fn write_turn(&mut self, sync_always: bool) -> Result<(), DiskError> {
         let turn = self.core.take_durable();
         let Some(disk) = &mut self.disk else { return Ok(()) };
         disk.write(&turn.records)?;
-        if turn.sync {
+        if turn.sync || sync_always {
             disk.sync()?;
         }
         Ok(())

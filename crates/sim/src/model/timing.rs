@@ -51,13 +51,7 @@ pub fn time_hermes_handlers(operations: u64, keys: u64, value_bytes: usize) -> H
         timing.client(started);
         deliver(&mut replicas, NodeId(node as u8), &mut outbox, &mut queue, now, &mut timing);
     }
-    HandlerTiming {
-        protocol: "hermes".into(),
-        client_calls: timing.client_calls,
-        client_ns_mean: timing.client_ns as f64 / timing.client_calls.max(1) as f64,
-        message_calls: timing.message_calls,
-        message_ns_mean: timing.message_ns as f64 / timing.message_calls.max(1) as f64,
-    }
+    timing.timing("hermes")
 }
 
 /// Time `protocol`'s own handlers: the model runs its real cores (3 one-core nodes, 16
