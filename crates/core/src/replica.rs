@@ -141,8 +141,18 @@ pub trait Replica {
     }
 
     /// Make what [`Replica::write_durable`] wrote stable: the call's messages and replies may
-    /// leave only after this.
+    /// leave only after this, except those [`Replica::leaves_before_sync`] lets go first.
     fn sync_durable(&mut self) {}
+
+    /// Whether `message`, produced by the call now being made durable, may leave before that
+    /// call's records are synced (the runtime sends it first, so the sync overlaps its
+    /// journey). Only a message that depends on nothing the call made durable, or whose
+    /// receiver's use of it is safe even if this node then loses the call's records, may:
+    /// a Raft leader's appends are the case (Raft thesis §10.2.1). The default sends nothing
+    /// early.
+    fn leaves_before_sync(&self, _message: &Self::Message) -> bool {
+        false
+    }
 
     /// Named event counters (replays, RMW aborts, snapshots, ...), for the simulator's
     /// coverage report: a sweep asserts minimums so a swarm that stops exercising a path

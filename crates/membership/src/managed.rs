@@ -189,6 +189,13 @@ impl<P: Replica> Replica for WithMembership<P> {
         }
     }
 
+    fn leaves_before_sync(&self, message: &Self::Message) -> bool {
+        match message {
+            Wire::Membership(_) => false,
+            Wire::Protocol(message) => self.protocol.leaves_before_sync(message),
+        }
+    }
+
     /// The view the protocol acts in: a joiner's protocol hears of none before its join.
     fn installed_view(&self) -> Option<View> {
         if self.membership.is_joining() || self.protocol_waits() {

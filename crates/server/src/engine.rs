@@ -72,6 +72,12 @@ where
     }
     /// Replies wait for [`Self::persist_turn`]: an acknowledged write must be on disk.
     const REPLIES_AFTER_PERSIST: bool = false;
+    /// Whether [`Self::persist_turn`] will sync this turn: only then do the messages
+    /// [`Replica::leaves_before_sync`] lets go first leave apart from the rest (otherwise
+    /// they would cost a second write for nothing).
+    fn sync_due(&self) -> bool {
+        false
+    }
     /// A clean stop: make everything durable, whatever `appendfsync` says (before the
     /// append-only file's clean-stop marker, which says so).
     fn persist_all(&mut self) -> Result<(), String> {
@@ -223,6 +229,9 @@ where
     fn persist_all(&mut self) -> Result<(), String> {
         self.protocol_mut().persist_all()
     }
+    fn sync_due(&self) -> bool {
+        self.protocol().sync_due()
+    }
     /// The lease is checked by the protocol core's own read path (Hermes' `leased`).
     const READS_INLINE: bool = P::READS_INLINE;
     fn message_keys(message: &Self::Message, keys: &mut Vec<Key>) {
@@ -317,6 +326,9 @@ impl ServedReplica for DurableRaftLog {
         raftlog_refusal(self.core())
     }
     const REPLIES_AFTER_PERSIST: bool = true;
+    fn sync_due(&self) -> bool {
+        DurableRaftLog::sync_due(self)
+    }
     /// The write's entry is at or below its log's applied index when its origin answers.
     fn write_mark(&self, key: &Key) -> WriteMark {
         let core = self.core();
@@ -427,6 +439,9 @@ impl ServedReplica for ShardCore {
         self.inner_mut().persist_all()
     }
     const REPLIES_AFTER_PERSIST: bool = true;
+    fn sync_due(&self) -> bool {
+        ServedReplica::sync_due(self.inner())
+    }
     fn write_mark(&self, key: &Key) -> WriteMark {
         match self.inner().write_mark(key) {
             WriteMark::Log { log, index } => WriteMark::Log { log: self.global_log(log), index },
@@ -1144,17 +1159,26 @@ pub(crate) struct LocalClient {
 }
 
 /// How the loop's peer messages leave: through the transport's writer tasks, or appended to
-/// the links the reactor writes itself.
+/// the links the reactor writes itself (with the reactor's registry, for [`Self::send_now`]).
 pub(crate) enum PeerSender<M> {
     Tasks(Transport<M>),
-    Links(chorus_net::links::Links<M>),
+    Links(chorus_net::links::Links<M>, mio::Registry),
 }
 
 impl<M: WireMessage> PeerSender<M> {
     fn send_turn(&mut self, messages: &mut Vec<(chorus_core::Destination, M)>) {
         match self {
             PeerSender::Tasks(transport) => transport.send_turn(messages),
-            PeerSender::Links(links) => links.send_turn(messages),
+            PeerSender::Links(links, _) => links.send_turn(messages),
+        }
+    }
+
+    /// Send `messages` and write them out now, not at the end of the reactor's pass (with
+    /// the writer tasks, sending is writing).
+    fn send_now(&mut self, messages: &mut Vec<(chorus_core::Destination, M)>) {
+        self.send_turn(messages);
+        if let PeerSender::Links(links, registry) = self {
+            links.flush(registry);
         }
     }
 }
@@ -1175,6 +1199,8 @@ where
     /// Answers for the reactor's connections ([`ReplyTo::Local`]), in completion order.
     local_done: Vec<(LocalClient, Done)>,
     outbox: Outbox<R::Message>,
+    /// The turn's messages that leave before its sync ([`Self::send_before_sync`]).
+    early_messages: Vec<(chorus_core::Destination, R::Message)>,
     pending: FxHashMap<ClientRequestId, Pending>,
     /// When each request admitted is due, in admission order (every request gets the same
     /// deadline, so the order is also deadline order). Answered ones are skipped.
@@ -1350,6 +1376,7 @@ where
             transport,
             local_done: Vec::new(),
             outbox: Outbox::default(),
+            early_messages: Vec::new(),
             pending: FxHashMap::default(),
             deadlines: VecDeque::new(),
             request_deadline,
@@ -1396,7 +1423,7 @@ where
     /// The reactor's links, when the loop sends through them.
     pub(crate) fn links(&mut self) -> Option<&mut chorus_net::links::Links<R::Message>> {
         match &mut self.transport {
-            PeerSender::Links(links) => Some(links),
+            PeerSender::Links(links, _) => Some(links),
             PeerSender::Tasks(_) => None,
         }
     }
@@ -1676,12 +1703,25 @@ where
         self.persist_durable_records();
         let defer_sync = !self.sync_first();
         self.persist_keys(defer_sync);
+        if self.replica.sync_due() {
+            self.send_before_sync();
+        }
         if let Err(error) = self.replica.persist_turn() {
             tracing::error!(%error, "cannot persist replica state; stopping this node");
             std::process::exit(1);
         }
         self.complete_replies_now();
         self.transport.send_turn(&mut self.outbox.messages);
+    }
+
+    /// The turn's messages the core lets leave before its sync (a Raft leader's appends, Raft
+    /// thesis §10.2.1) go now, so the followers' syncs overlap this node's instead of
+    /// following it; the rest keep their order and wait.
+    fn send_before_sync(&mut self) {
+        let replica = &self.replica;
+        let early = self.outbox.messages.extract_if(.., |(_, message)| replica.leaves_before_sync(message));
+        self.early_messages.extend(early);
+        self.transport.send_now(&mut self.early_messages);
     }
 
     /// Whether a message or reply of this turn may leave only after the turn's records are

@@ -140,6 +140,10 @@ impl<P: Replica> Replica for LoopCore<P> {
     fn event_counts(&self, report: &mut dyn FnMut(&'static str, u64)) {
         self.core.event_counts(report);
     }
+
+    fn leaves_before_sync(&self, message: &Self::Message) -> bool {
+        self.core.leaves_before_sync(&message.message)
+    }
 }
 
 impl<P> ServedReplica for LoopCore<P>
@@ -177,6 +181,9 @@ where
     }
     fn persist_turn(&mut self) -> Result<(), String> {
         self.core.persist_turn()
+    }
+    fn sync_due(&self) -> bool {
+        self.core.sync_due()
     }
     fn write_mark(&self, key: &Key) -> WriteMark {
         match self.core.write_mark(key) {

@@ -203,7 +203,8 @@ where
     }
     let mut links = Links::new(&parts.net, stats.clone(), LINK_TOKEN_BASE);
     links.set_priority(R::is_priority);
-    let state = EventLoop::new(parts.replica, parts.request_deadline, PeerSender::Links(links), parts.disk);
+    let sender = PeerSender::Links(links, poll.registry().try_clone()?);
+    let state = EventLoop::new(parts.replica, parts.request_deadline, sender, parts.disk);
     let reactor = Reactor {
         poll,
         state,
@@ -364,7 +365,7 @@ where
     /// Write the pass's peer frames (and keepalives, Pub/Sub).
     fn flush_links(&mut self) {
         let registry = self.poll.registry();
-        if let PeerSender::Links(links) = self.state.sender_mut() {
+        if let PeerSender::Links(links, _) = self.state.sender_mut() {
             links.on_timer(registry);
             links.send_pubsub();
             links.flush(registry);
@@ -411,7 +412,7 @@ where
         if token.0 >= LINK_TOKEN_BASE {
             let registry = self.poll.registry();
             let batches = &mut self.batches;
-            if let PeerSender::Links(links) = self.state.sender_mut() {
+            if let PeerSender::Links(links, _) = self.state.sender_mut() {
                 links.on_event(registry, token, readable, writable, &mut |from, messages| {
                     batches.push((from, messages))
                 });
@@ -436,7 +437,7 @@ where
     fn read_unfinished(&mut self) {
         let registry = self.poll.registry();
         let batches = &mut self.batches;
-        if let PeerSender::Links(links) = self.state.sender_mut() {
+        if let PeerSender::Links(links, _) = self.state.sender_mut() {
             if links.has_unfinished_reads() {
                 links.read_unfinished(registry, &mut |from, messages| batches.push((from, messages)));
             }
@@ -473,14 +474,14 @@ where
                 Handover::Client(client) => self.add_client(client),
                 Handover::Outbound(link) => {
                     let registry = self.poll.registry();
-                    if let PeerSender::Links(links) = self.state.sender_mut() {
+                    if let PeerSender::Links(links, _) = self.state.sender_mut() {
                         links.add_outbound(registry, link);
                     }
                 }
                 Handover::Inbound(link) => {
                     let registry = self.poll.registry();
                     let batches = &mut self.batches;
-                    if let PeerSender::Links(links) = self.state.sender_mut() {
+                    if let PeerSender::Links(links, _) = self.state.sender_mut() {
                         links.add_inbound(registry, link, &mut |from, messages| {
                             batches.push((from, messages))
                         });

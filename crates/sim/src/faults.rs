@@ -253,6 +253,10 @@ pub struct FaultCounts {
     /// Crashes between a turn's writes and their sync: the writes may be torn, nothing of the
     /// turn left.
     pub crashes_before_sync: u64,
+    /// Turns that sent messages before their sync ([`chorus_core::Replica::leaves_before_sync`]),
+    /// and crashes before a sync after such messages had left.
+    pub turns_sending_before_sync: u64,
+    pub crashes_before_sync_after_sends: u64,
     /// Every node crashed at once.
     pub power_losses: u64,
     /// Crashed nodes brought back (`SimConfig::restart_after`).
@@ -316,6 +320,8 @@ impl FaultCounts {
             "crashes_mid_broadcast" => self.crashes_mid_broadcast,
             "crashes_skipped" => self.crashes_skipped,
             "crashes_before_sync" => self.crashes_before_sync,
+            "turns_sending_before_sync" => self.turns_sending_before_sync,
+            "crashes_before_sync_after_sends" => self.crashes_before_sync_after_sends,
             "power_losses" => self.power_losses,
             "restarts" => self.restarts,
             "clocks_drifting" => self.clocks_drifting,
@@ -344,6 +350,8 @@ impl FaultCounts {
         self.crashes_mid_broadcast += other.crashes_mid_broadcast;
         self.crashes_skipped += other.crashes_skipped;
         self.crashes_before_sync += other.crashes_before_sync;
+        self.turns_sending_before_sync += other.turns_sending_before_sync;
+        self.crashes_before_sync_after_sends += other.crashes_before_sync_after_sends;
         self.power_losses += other.power_losses;
         self.restarts += other.restarts;
         self.clocks_drifting += other.clocks_drifting;

@@ -572,33 +572,38 @@ where
     /// Do what a replica asked for: send its messages, hand replies to clients.
     fn perform_outbox(&mut self, node: NodeId) {
         let mut outbox = std::mem::take(&mut self.outbox);
-        // What the call must make durable is written first; the turn's messages and replies
-        // leave only once it is synced.
+        // What the call must make durable is written first (written, not yet synced).
         let wrote = self.nodes[node.index()].write_durable();
+        // What the core lets go before the call's sync (a Raft leader's appends) leaves
+        // next, as the server sends it; the rest of the messages and the replies leave only
+        // once the writes are synced.
+        let replica = &self.nodes[node.index()];
+        let mut early: Vec<_> =
+            outbox.messages.extract_if(.., |(_, message)| replica.leaves_before_sync(message)).collect();
         // An armed crash strikes in the middle of a broadcast of the protocol's own traffic
         // (an INV, a proposal: messages to two nodes or more; for a chain, a message down the
-        // chain), not of a heartbeat or a lone acknowledgement that happens to leave first.
-        let dies_now = self.crash_armed[node.index()]
-            && protocol_destinations::<P>(&outbox) >= self.config.crash_turn_destinations_min
-            && self.may_crash(node);
+        // chain), not of a heartbeat or a lone acknowledgement that happens to leave first;
+        // or between messages that left before a sync and that sync.
+        let broadcast = protocol_destinations::<P>(early.iter().chain(&outbox.messages))
+            >= self.config.crash_turn_destinations_min;
+        let sent_early = !early.is_empty();
+        let dies_now =
+            self.crash_armed[node.index()] && (broadcast || sent_early && wrote) && self.may_crash(node);
+        if sent_early {
+            self.counts.turns_sending_before_sync += 1;
+            self.send_all(node, &mut early, dies_now);
+        }
         if dies_now && wrote && self.rng.chance(0.5) {
-            // Before the sync returned: its writes may be torn, and nothing of the turn left.
+            // Before the sync returned: its writes may be torn, and nothing else of the turn left.
             outbox.clear();
             self.outbox = outbox;
             self.counts.crashes_before_sync += 1;
+            self.counts.crashes_before_sync_after_sends += sent_early as u64;
             self.crash(node);
             return;
         }
         self.nodes[node.index()].sync_durable();
-        for (destination, message) in outbox.messages.drain(..) {
-            for to in destination.nodes().iter() {
-                debug_assert_ne!(to, node, "a replica never sends to itself");
-                if dies_now && self.rng.chance(0.5) {
-                    continue; // Never left: the node died mid-broadcast.
-                }
-                self.send(node, to, message.clone());
-            }
-        }
+        self.send_all(node, &mut outbox.messages, dies_now);
         if dies_now {
             outbox.replies.clear(); // A dead node answers no one.
             self.outbox = outbox;
@@ -610,6 +615,25 @@ where
             self.complete(request, outcome);
         }
         self.outbox = outbox;
+    }
+
+    /// Send every message of `messages` (drained); a node that `dies_now` loses each copy
+    /// with even odds (it died mid-broadcast).
+    fn send_all(
+        &mut self,
+        node: NodeId,
+        messages: &mut Vec<(chorus_core::Destination, P::Message)>,
+        dies_now: bool,
+    ) {
+        for (destination, message) in messages.drain(..) {
+            for to in destination.nodes().iter() {
+                debug_assert_ne!(to, node, "a replica never sends to itself");
+                if dies_now && self.rng.chance(0.5) {
+                    continue; // Never left: the node died mid-broadcast.
+                }
+                self.send(node, to, message.clone());
+            }
+        }
     }
 
     fn partition_start(&mut self, index: usize) {
@@ -968,11 +992,15 @@ fn typed_read(command: &Command) -> Option<&ExecOp> {
     }
 }
 
-/// Whether an outbox sends protocol (not control) messages to two nodes or more.
-/// How many nodes the outbox's protocol messages (not control traffic) reach.
-fn protocol_destinations<P: Replica>(outbox: &Outbox<P::Message>) -> usize {
+/// How many nodes `messages` reach, counting protocol messages only (not control traffic).
+fn protocol_destinations<'a, P: Replica>(
+    messages: impl Iterator<Item = &'a (chorus_core::Destination, P::Message)>,
+) -> usize
+where
+    P::Message: 'a,
+{
     let mut reached = NodeSet::EMPTY;
-    for (destination, message) in &outbox.messages {
+    for (destination, message) in messages {
         if !P::is_control(message) {
             reached = NodeSet::from_bits(reached.bits() | destination.nodes().bits());
         }

@@ -758,6 +758,12 @@ impl DurableRaftLog {
         self.write_turn(false)
     }
 
+    /// Whether [`Self::persist`] will sync: the core's calls since the last one left records
+    /// that need it, and there is a disk.
+    pub fn sync_due(&self) -> bool {
+        self.disk.is_some() && self.core.sync_due()
+    }
+
     fn write_turn(&mut self, sync_always: bool) -> Result<(), DiskError> {
         let turn = self.core.take_durable();
         let Some(disk) = &mut self.disk else { return Ok(()) };
@@ -815,6 +821,10 @@ impl Replica for DurableRaftLog {
         }
         self.sync_pending |= turn.sync;
         !turn.records.is_empty()
+    }
+
+    fn leaves_before_sync(&self, message: &Message) -> bool {
+        self.core.leaves_before_sync(message)
     }
 
     fn sync_durable(&mut self) {

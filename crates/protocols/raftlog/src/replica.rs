@@ -472,6 +472,11 @@ impl RaftLog {
         DurableTurn { records: std::mem::take(&mut self.durable_out), sync }
     }
 
+    /// Whether the records queued since the last [`Self::take_durable`] need a sync.
+    pub fn sync_due(&self) -> bool {
+        self.durable_sync_needed
+    }
+
     /// Queue `record` for the disk; every record but a commit-only HardState needs a sync.
     fn push_durable(&mut self, record: Record, sync: bool) {
         self.durable_sync_needed |= sync;
@@ -1747,6 +1752,31 @@ impl Replica for RaftLog {
 
     fn id(&self) -> NodeId {
         self.config.me
+    }
+
+    /// A leader's appends and heartbeats, its commit notices and a follower's forwarded
+    /// batches leave before the call's records are synced (docs/protocols/raftlog.md, "Raft
+    /// details"). An append may carry entries this very call wrote: the leader writes its log
+    /// in parallel with replicating it (Raft thesis §10.2.1). raft-rs counts the leader's own
+    /// entries toward a commit from `advance`, but a commit also needs a follower's answer,
+    /// which only a later call can take, and the runtime syncs every call's records before it
+    /// runs the next. The term it carries was synced before the votes that made this node
+    /// leader were asked for. A commit notice or heartbeat carries only commit indexes, which
+    /// rest on stable copies; a forward is a batch no log holds yet. Everything else, a
+    /// follower's answers above all, waits for the sync.
+    fn leaves_before_sync(&self, message: &Message) -> bool {
+        match message {
+            Message::Raft { message, .. } => {
+                matches!(message.get_msg_type(), MessageType::MsgAppend | MessageType::MsgHeartbeat)
+            }
+            Message::Commits { .. } | Message::Forward { .. } => true,
+            Message::SnapshotChunk { .. }
+            | Message::SnapshotAck { .. }
+            | Message::Hello { .. }
+            | Message::HelloRequest
+            | Message::Refused
+            | Message::AppendAnswers { .. } => false,
+        }
     }
 
     fn on_client(

@@ -119,6 +119,10 @@ impl Replica for ShardCore {
     fn sync_durable(&mut self) {
         self.core.sync_durable();
     }
+
+    fn leaves_before_sync(&self, message: &ShardMessage) -> bool {
+        self.core.leaves_before_sync(&message.message)
+    }
 }
 
 #[cfg(test)]

@@ -59,6 +59,27 @@ struct Cluster {
     oversized: usize,
     /// Every call's durable records, with the node and whether the call asked for a sync.
     turns: Vec<(u8, bool, Vec<Record>)>,
+    /// Every message sent, with the sending call's facts ([`Sent`]).
+    sent: Vec<Sent>,
+}
+
+/// A message a call sent: what it was, whether the core let it leave before the call's
+/// sync (`Replica::leaves_before_sync`), and whether the call had records needing one.
+struct Sent {
+    kind: String,
+    entries: usize,
+    early: bool,
+    call_syncs: bool,
+}
+
+impl Sent {
+    fn of(msg: &Message, early: bool, call_syncs: bool) -> Sent {
+        let (kind, entries) = match msg {
+            Message::Raft { message, .. } => (format!("{:?}", message.get_msg_type()), message.entries.len()),
+            other => (format!("{other:?}").split([' ', '{', '(']).next().unwrap_or_default().to_string(), 0),
+        };
+        Sent { kind, entries, early, call_syncs }
+    }
 }
 
 impl Cluster {
@@ -89,6 +110,7 @@ impl Cluster {
             frame_bytes_max: None,
             oversized: 0,
             turns: Vec::new(),
+            sent: Vec::new(),
         }
     }
 
@@ -100,6 +122,10 @@ impl Cluster {
             self.turns.push((node, turn.sync, turn.records.clone()));
         }
         self.disk[node as usize].extend(turn.records);
+        for (_, msg) in &out.messages {
+            let early = self.nodes[node as usize].leaves_before_sync(msg);
+            self.sent.push(Sent::of(msg, early, turn.sync));
+        }
         for (destination, msg) in out.messages {
             if let Some(limit) = self.frame_bytes_max {
                 let mut encoded = bytes::BytesMut::new();
@@ -898,6 +924,41 @@ fn only_a_call_that_moves_nothing_but_commit_indexes_goes_without_a_sync() {
     }
     assert!(synced > 0, "the election and the entries must sync");
     assert!(unsynced > 0, "commit-only calls must not sync");
+}
+
+/// Raft thesis §10.2.1: a leader may write its log in parallel with replicating it, so its
+/// appends (with the entries the same call wrote) leave before its own sync; a follower's
+/// answers and every vote wait for the sync of the call that produced them, since they
+/// promise what that call wrote.
+#[test]
+fn a_leaders_appends_leave_before_its_sync_and_answers_and_votes_wait_for_theirs() {
+    let mut cluster = durable_single_log();
+    let leader = cluster.leader_of(0, 0).expect("a leader").0;
+    for round in 0..4 {
+        let id = cluster.client(((leader as usize + round) % 3) as u8, write("k", &format!("v{round}")));
+        cluster.run_for(5);
+        assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+    }
+    let may_go_early = ["MsgAppend", "MsgHeartbeat", "Commits", "Forward"];
+    for sent in cluster.sent.iter().filter(|sent| sent.early) {
+        assert!(may_go_early.contains(&sent.kind.as_str()), "{} left before its sync", sent.kind);
+    }
+    let went = |kind: &str, early: bool| {
+        cluster.sent.iter().any(|sent| sent.kind == kind && sent.early == early && sent.call_syncs)
+    };
+    assert!(
+        cluster
+            .sent
+            .iter()
+            .any(|sent| sent.kind == "MsgAppend" && sent.entries > 0 && sent.early && sent.call_syncs),
+        "no append carried entries out before its leader's sync"
+    );
+    assert!(
+        cluster.sent.iter().any(|sent| sent.kind == "Forward" && sent.early),
+        "no forward was let go before a sync"
+    );
+    assert!(went("AppendAnswers", false), "no answer to an append waited for its follower's sync");
+    assert!(went("MsgRequestVoteResponse", false), "no vote waited for its voter's sync");
 }
 
 #[test]
