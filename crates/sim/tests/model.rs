@@ -237,6 +237,20 @@ fn a_turn_syncs_once_whatever_it_holds() {
     assert!(many.throughput_ops_per_s > 4.0 * one.throughput_ops_per_s, "{one:?} {many:?}");
 }
 
+/// Only a turn that syncs pays `sync_ns`: raftlog leaves a turn that only moves commit
+/// indexes written but unsynced (the leader taking acknowledgements, the origin told of the
+/// commit). One client's write, with syncs the only cost, waits for the leader's append and
+/// the followers' (in parallel): two syncs, not the three or four a sync per written turn
+/// would make it.
+#[test]
+fn only_a_turn_that_syncs_pays_for_it() {
+    let mut config = config("raftlog", 3, 1, latency_only(0), 1, 100);
+    config.warmup = Time::from_millis(300);
+    config.costs.sync_ns = 1_000_000;
+    let report = run(&config);
+    assert_close(report.write_latency.p50_us, 2_000.0, 0.1, "a write's p50 in us");
+}
+
 /// On a shared host (a loopback run) the nodes and the load generator draw on the same
 /// cores: three one-thread nodes with a 10 us receive cost serve 100 000 reads/s on one
 /// core, 300 000 on three; the load generator's own cost takes its share of the same cores.

@@ -825,6 +825,11 @@ impl Replica for DurableRaftLog {
             disk.sync().expect("the two-level log cannot be synced");
         }
     }
+
+    /// Only a turn with more than commit indexes to write syncs (the model charges it).
+    fn sync_due(&self) -> bool {
+        self.sync_pending
+    }
 }
 
 #[cfg(test)]

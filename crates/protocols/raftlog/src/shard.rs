@@ -119,6 +119,10 @@ impl Replica for ShardCore {
     fn sync_durable(&mut self) {
         self.core.sync_durable();
     }
+
+    fn sync_due(&self) -> bool {
+        self.core.sync_due()
+    }
 }
 
 #[cfg(test)]

@@ -253,6 +253,8 @@ pub(super) struct Measured {
     /// The load generator's CPU on a shared host, and its threads' wakes.
     pub client_busy_ns: u64,
     pub client_wakes: u64,
+    /// Times a node's thread was woken (a socket's or its timer's wake charged).
+    pub node_wakes: u64,
     /// Peer frames sent, and the messages in them (one per destination), within the window.
     pub frames_sent: u64,
     pub messages_sent: u64,
@@ -273,6 +275,7 @@ struct Counters {
     ingress_busy_ns: Vec<u64>,
     client_busy_ns: u64,
     client_wakes: u64,
+    node_wakes: u64,
     frames_sent: u64,
     messages_sent: u64,
     turns: u64,
@@ -309,6 +312,7 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     client_threads_free: u32,
     client_busy_ns: u64,
     client_wakes: u64,
+    node_wakes: u64,
     frames_sent: u64,
     messages_sent: u64,
     turns: u64,
@@ -400,6 +404,7 @@ where
             client_threads_free,
             client_busy_ns: 0,
             client_wakes: 0,
+            node_wakes: 0,
             frames_sent: 0,
             messages_sent: 0,
             turns: 0,
@@ -475,6 +480,7 @@ where
             ingress_busy_ns: pick(minus(&end.ingress_busy_ns, &start.ingress_busy_ns)),
             client_busy_ns: end.client_busy_ns - start.client_busy_ns,
             client_wakes: end.client_wakes - start.client_wakes,
+            node_wakes: end.node_wakes - start.node_wakes,
             frames_sent: end.frames_sent - start.frames_sent,
             messages_sent: end.messages_sent - start.messages_sent,
             turns: end.turns - start.turns,
@@ -491,6 +497,7 @@ where
             ingress_busy_ns: self.machines.iter().map(|machine| machine.ingress_busy_ns).collect(),
             client_busy_ns: self.client_busy_ns,
             client_wakes: self.client_wakes,
+            node_wakes: self.node_wakes,
             frames_sent: self.frames_sent,
             messages_sent: self.messages_sent,
             turns: self.turns,
@@ -783,6 +790,7 @@ where
         let machine = &mut self.machines[state.machine];
         machine.cores_free -= 1;
         let wake = std::mem::take(&mut state.wake_owed_ns);
+        self.node_wakes += (wake > 0) as u64;
         machine.busy_ns += cost + wake;
         cost + wake
     }
@@ -847,8 +855,9 @@ where
                 }
             }
         }
-        // The server makes a turn durable once, before its messages and replies leave.
-        if replica.write_durable() {
+        // The server makes a turn durable once, before its messages and replies leave; a turn
+        // that wrote only what may wait (raftlog's commit indexes) leaves it unsynced.
+        if replica.write_durable() && replica.sync_due() {
             cost += self.costs.sync_ns;
         }
         replica.sync_durable();

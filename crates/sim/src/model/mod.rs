@@ -171,6 +171,8 @@ pub struct ModelReport {
     /// many times per operation one of its threads woke from sleep.
     pub client_cpu_us_per_op: f64,
     pub client_wakes_per_op: f64,
+    /// Times a node's thread was woken (by work or its timer), per operation.
+    pub nodes_wakes_per_op: f64,
     /// Peer frames sent per operation, and the messages in them: how much the turns batched.
     pub frames_per_op: f64,
     pub messages_per_op: f64,
@@ -366,6 +368,7 @@ where
         nodes_cpu_us_per_op: measured.window_nodes_busy_ns as f64 / 1e3 / completed.max(1) as f64,
         client_cpu_us_per_op: measured.client_busy_ns as f64 / 1e3 / completed.max(1) as f64,
         client_wakes_per_op: measured.client_wakes as f64 / completed.max(1) as f64,
+        nodes_wakes_per_op: measured.node_wakes as f64 / completed.max(1) as f64,
         frames_per_op: measured.frames_sent as f64 / completed.max(1) as f64,
         messages_per_op: measured.messages_sent as f64 / completed.max(1) as f64,
         turns_per_op: measured.turns as f64 / completed.max(1) as f64,
