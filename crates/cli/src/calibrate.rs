@@ -111,6 +111,10 @@ pub struct CompareArgs {
     /// not: this reproduces a saved table without a quiet machine).
     #[arg(long)]
     against: Option<PathBuf>,
+    /// Model each node's replies and peer frames leaving one by one, as each write is made,
+    /// instead of at the end of its send stage (docs/model.md, "Writes one by one").
+    #[arg(long)]
+    writes_one_by_one: bool,
 }
 
 /// What the real cluster did over one measured run.
@@ -632,7 +636,7 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
                 model: ModelColumns::default(),
                 model_at_share: ModelColumns::default(),
             };
-            model_row(&mut row, args.write_percent, host_cores, &costs)?;
+            model_row(&mut row, args.write_percent, host_cores, &costs, args.writes_one_by_one)?;
             print_row(&row, rows.is_empty());
             rows.push(row);
         }
@@ -648,9 +652,16 @@ fn model_row(
     write_percent: u32,
     host_cores: u32,
     costs: &CostTable,
+    writes_one_by_one: bool,
 ) -> anyhow::Result<()> {
-    let predict =
-        |costs: &CostTable| predict_loopback(&row.protocol, row.clients, write_percent, host_cores, costs);
+    let run = Loopback {
+        protocol: &row.protocol,
+        clients: row.clients,
+        write_percent,
+        host_cores,
+        writes_one_by_one,
+    };
+    let predict = |costs: &CostTable| predict_loopback(&run, costs);
     let model = predict(costs)?;
     let at_share = predict(&costs.at_cpu_share(row.real_cpu_share))?;
     let real = (row.real_ops_per_s, row.real_p50_us, row.real_cpu_us_per_op);
@@ -683,7 +694,7 @@ fn compare_against(saved: &Path, args: CompareArgs, costs: CostTable) -> anyhow:
             row.real_client_cpu_us_per_op =
                 (row.real_cores_used * 1e6 / row.real_ops_per_s - row.real_cpu_us_per_op).max(0.0);
         }
-        model_row(&mut row, comparison.write_percent, comparison.host_cores, &costs)?;
+        model_row(&mut row, comparison.write_percent, comparison.host_cores, &costs, args.writes_one_by_one)?;
         print_row(&row, rows.is_empty());
         rows.push(row);
     }
@@ -818,16 +829,21 @@ fn cpu_ghz() -> Option<f64> {
     (mhz > 0.0).then(|| (mhz / 1e3 * 100.0).round() / 100.0)
 }
 
-/// The model of what `compare` runs: 3 one-thread nodes (the server's default
-/// `worker_threads = 1`) and the load generator sharing this machine's cores over loopback.
-fn predict_loopback(
-    protocol: &str,
+/// One compared run, as the model takes it.
+struct Loopback<'a> {
+    protocol: &'a str,
     clients: usize,
     write_percent: u32,
     host_cores: u32,
-    costs: &CostTable,
-) -> anyhow::Result<chorus_sim::model::ModelReport> {
+    writes_one_by_one: bool,
+}
+
+/// The model of what `compare` runs: 3 one-thread nodes (the server's default
+/// `worker_threads = 1`) and the load generator sharing this machine's cores over loopback.
+fn predict_loopback(run: &Loopback, costs: &CostTable) -> anyhow::Result<chorus_sim::model::ModelReport> {
+    let Loopback { protocol, clients, write_percent, host_cores, writes_one_by_one } = *run;
     let mut config = ModelConfig::new(protocol, NODES, 1, Network::loopback(costs), clients as u32);
+    config.writes_one_by_one = writes_one_by_one;
     config.host_cores = Some(host_cores);
     config.costs = costs.clone();
     let mut workload = Workload::named(&format!("kv-w{write_percent}")).context("a workload")?;

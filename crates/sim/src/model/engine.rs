@@ -176,6 +176,11 @@ enum Event<M> {
         instance: usize,
         outputs: Outputs<M>,
     },
+    /// One write of a send stage is done: its frame or reply leaves (the stage goes on).
+    Written {
+        instance: usize,
+        outputs: Outputs<M>,
+    },
     /// A reply reaches its client.
     Reply {
         request: ClientRequestId,
@@ -296,6 +301,9 @@ pub(super) struct Setup<M> {
     pub record_bytes: u64,
     /// Time every handler call (wall clock: calibration only; the prediction ignores it).
     pub time_handlers: bool,
+    /// A send stage's writes leave one by one, each when the thread has made it
+    /// ([`crate::model::ModelConfig::writes_one_by_one`]).
+    pub writes_one_by_one: bool,
 }
 
 pub(super) struct Engine<'a, P: Replica, C: Clients> {
@@ -317,6 +325,7 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     messages_sent: u64,
     turns: u64,
     time_handlers: bool,
+    writes_one_by_one: bool,
     handler_totals: super::timing::Totals,
     costs: CostTable,
     network: Network,
@@ -350,7 +359,8 @@ where
         setup: Setup<P::Message>,
         clients: &'a mut C,
     ) -> Self {
-        let Setup { costs, network, nic_handled, tick_ns, record_bytes, time_handlers } = setup;
+        let Setup { costs, network, nic_handled, tick_ns, record_bytes, time_handlers, writes_one_by_one } =
+            setup;
         assert_eq!(replicas.len(), layout.instances(), "one replica per instance");
         assert_eq!(layout.machine_of_node.len(), layout.groups * layout.nodes, "a machine per node");
         assert!(layout.threads >= 1, "an instance needs a thread");
@@ -409,6 +419,7 @@ where
             messages_sent: 0,
             turns: 0,
             time_handlers,
+            writes_one_by_one,
             handler_totals: Default::default(),
             costs,
             network,
@@ -543,6 +554,7 @@ where
                 self.transmit(instance, outputs);
                 self.carry_on(instance);
             }
+            Event::Written { instance, outputs } => self.transmit(instance, outputs),
             Event::Reply { request, outcome } => self.reply(request, outcome),
             Event::Tick(instance) => {
                 self.note_wake(instance, self.costs.timer_wake_ns);
@@ -770,7 +782,27 @@ where
 
     fn start_send(&mut self, instance: usize) -> bool {
         let Some(outputs) = self.instances[instance].send.pop_front() else { return false };
-        let cost = self.occupy(instance, self.send_cost(&outputs));
+        let work = self.send_cost(&outputs);
+        let cost = self.occupy(instance, work);
+        if !self.writes_one_by_one {
+            self.schedule(self.now + cost, Event::SendDone { instance, outputs });
+            return true;
+        }
+        // Each reply, then each frame, is a write of its own (the reactor's `write_clients`,
+        // then `flush_links`): it leaves when the thread has made it, not at the stage's end.
+        let Outputs { frames, replies } = outputs;
+        let mut at = self.now + (cost - work);
+        for (request, outcome, bytes) in replies {
+            at += self.costs.reply_sent_ns + self.costs.bytes_ns(bytes);
+            let outputs = Outputs { frames: Vec::new(), replies: vec![(request, outcome, bytes)] };
+            self.schedule(at, Event::Written { instance, outputs });
+        }
+        for frame in frames {
+            at += self.frame_sent_ns(&frame);
+            let outputs = Outputs { frames: vec![frame], replies: Vec::new() };
+            self.schedule(at, Event::Written { instance, outputs });
+        }
+        let outputs = Outputs { frames: Vec::new(), replies: Vec::new() };
         self.schedule(self.now + cost, Event::SendDone { instance, outputs });
         true
     }
@@ -806,12 +838,14 @@ where
         per_event + self.costs.bytes_ns(bytes)
     }
 
+    fn frame_sent_ns(&self, frame: &Frame<P::Message>) -> Nanos {
+        self.costs.message_sent_ns
+            + frame.messages.len() as u64 * self.costs.peer_message_ns
+            + self.costs.bytes_ns(frame.bytes)
+    }
+
     fn send_cost(&self, outputs: &Outputs<P::Message>) -> Nanos {
-        let frames = outputs.frames.iter().map(|frame| {
-            self.costs.message_sent_ns
-                + frame.messages.len() as u64 * self.costs.peer_message_ns
-                + self.costs.bytes_ns(frame.bytes)
-        });
+        let frames = outputs.frames.iter().map(|frame| self.frame_sent_ns(frame));
         let replies = outputs
             .replies
             .iter()

@@ -92,6 +92,11 @@ pub struct ModelConfig {
     /// Time every call of the cores' `on_client` and `on_message` in wall-clock time (for
     /// `chorus model calibrate`: [`ModelReport::handlers`]); the prediction is unchanged.
     pub time_handlers: bool,
+    /// A node's send stage writes each reply, then each peer frame, as a system call of its
+    /// own, and each leaves when the thread has made it (the reactor's `write_clients`, then
+    /// `flush_links`), instead of all at the stage's end. Off by default: docs/model.md,
+    /// "Writes one by one" (session 20) says what it moves.
+    pub writes_one_by_one: bool,
 }
 
 impl ModelConfig {
@@ -120,6 +125,7 @@ impl ModelConfig {
             raftlog_logs: 8,
             raftlog_batch_commands_max: 1_024,
             time_handlers: false,
+            writes_one_by_one: false,
         }
     }
 }
@@ -321,6 +327,7 @@ where
         network: config.network.clone(),
         nic_handled,
         time_handlers: config.time_handlers,
+        writes_one_by_one: config.writes_one_by_one,
         tick_ns: config.tick_period.as_nanos(),
         record_bytes: config.workload.record_bytes as u64,
     };
