@@ -511,6 +511,10 @@ struct CompareRow {
     real_frames_per_op: f64,
     #[serde(default)]
     real_messages_per_op: f64,
+    /// Times a node thread went to sleep, per operation (voluntary context switches, idle
+    /// ones included): each is a later wake.
+    #[serde(default)]
+    real_wakes_per_op: f64,
     /// Cores other processes used meanwhile, and the share of CPU the run got.
     real_others_cores: f64,
     real_cpu_share: f64,
@@ -535,6 +539,11 @@ struct ModelColumns {
     frames_per_op: f64,
     #[serde(default)]
     messages_per_op: f64,
+    /// The nodes' wakes and turns (one-thread nodes: reactor passes) per operation.
+    #[serde(default)]
+    wakes_per_op: f64,
+    #[serde(default)]
+    turns_per_op: f64,
     /// (model - real) / real.
     throughput_error: f64,
     p50_error: f64,
@@ -555,6 +564,8 @@ impl ModelColumns {
             client_wakes_per_op: model.client_wakes_per_op,
             frames_per_op: model.frames_per_op,
             messages_per_op: model.messages_per_op,
+            wakes_per_op: model.nodes_wakes_per_op,
+            turns_per_op: model.turns_per_op,
             throughput_error: model.throughput_ops_per_s / real_ops_per_s - 1.0,
             p50_error: model.latency.p50_us / real_p50_us - 1.0,
             cpu_error: cpu_us_per_op / real_cpu_us_per_op - 1.0,
@@ -631,6 +642,7 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
                 real_client_wakes_per_op: real.client_wakes_per_op,
                 real_frames_per_op: real.frames_per_op,
                 real_messages_per_op: real.messages_per_op,
+                real_wakes_per_op: real.wakes_raw_per_op,
                 real_others_cores: real.others_cores,
                 real_cpu_share: real.cpu_share,
                 model: ModelColumns::default(),
@@ -719,20 +731,24 @@ struct Saved {
     load_average: String,
 }
 
-/// How much the real turns and the model's batched: peer frames and messages per operation.
-/// Where the model's nodes are charged too little or too much, this says whether it sends
-/// what the server sends (a saved comparison from before session 18 has no real figures).
+/// How much the real turns and the model's batched: peer frames and messages per operation,
+/// and how often the nodes slept. Where the model's nodes are charged too little or too much,
+/// this says whether it sends what the server sends and wakes as often (a saved comparison
+/// from before session 18 has no real traffic, one from before session 20 no real wakes).
 fn print_traffic(rows: &[CompareRow]) {
-    println!("peer traffic per operation (frames / messages), real | model:");
+    println!("per operation, real | model: peer frames, messages, the nodes' wakes; the model's turns:");
     for row in rows {
         println!(
-            "{:>8} {:>7} | {:>6.3} {:>6.2} | {:>6.3} {:>6.2}",
+            "{:>8} {:>7} | {:>6.3} {:>6.2} {:>6.3} | {:>6.3} {:>6.2} {:>6.3} {:>6.3}",
             row.protocol,
             row.clients,
             row.real_frames_per_op,
             row.real_messages_per_op,
+            row.real_wakes_per_op,
             row.model.frames_per_op,
-            row.model.messages_per_op
+            row.model.messages_per_op,
+            row.model.wakes_per_op,
+            row.model.turns_per_op,
         );
     }
 }
