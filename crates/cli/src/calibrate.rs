@@ -753,6 +753,29 @@ fn print_traffic(rows: &[CompareRow]) {
     }
 }
 
+/// Each row is the round of median throughput; how far its rounds were apart says how much
+/// of an error is the real runs' own noise (two runs minutes apart moved 36% in session 19).
+fn print_round_spread(rows: &[CompareRow]) {
+    println!("real throughput over the rounds (the row is the median round): lowest .. highest");
+    for row in rows {
+        let rounds = &row.real_rounds_ops_per_s;
+        let low = rounds.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = rounds.iter().copied().fold(0.0, f64::max);
+        if rounds.is_empty() {
+            continue;
+        }
+        println!(
+            "{:>8} {:>7} | {:>9.0} .. {:>9.0} ({:+.0}% .. {:+.0}% of the median)",
+            row.protocol,
+            row.clients,
+            low,
+            high,
+            (low / row.real_ops_per_s - 1.0) * 100.0,
+            (high / row.real_ops_per_s - 1.0) * 100.0
+        );
+    }
+}
+
 fn summarise(
     rows: Vec<CompareRow>,
     args: CompareArgs,
@@ -769,6 +792,7 @@ fn summarise(
         rows.len()
     );
     print_traffic(&rows);
+    print_round_spread(&rows);
     println!(
         "(`used`: cores the run used; `other`: cores other processes used meanwhile (/proc/stat); `share`: run / (run + runqueue wait x other / {host_cores}) of the run's threads (schedstat); the model at the share divides every CPU cost by it)"
     );
