@@ -111,6 +111,10 @@ pub struct CompareArgs {
     /// not: this reproduces a saved table without a quiet machine).
     #[arg(long)]
     against: Option<PathBuf>,
+    /// Model each node's replies and peer frames leaving one by one, as each write is made,
+    /// instead of at the end of its send stage (docs/model.md, "Writes one by one").
+    #[arg(long)]
+    writes_one_by_one: bool,
 }
 
 /// What the real cluster did over one measured run.
@@ -507,6 +511,10 @@ struct CompareRow {
     real_frames_per_op: f64,
     #[serde(default)]
     real_messages_per_op: f64,
+    /// Times a node thread went to sleep, per operation (voluntary context switches, idle
+    /// ones included): each is a later wake.
+    #[serde(default)]
+    real_wakes_per_op: f64,
     /// Cores other processes used meanwhile, and the share of CPU the run got.
     real_others_cores: f64,
     real_cpu_share: f64,
@@ -531,6 +539,11 @@ struct ModelColumns {
     frames_per_op: f64,
     #[serde(default)]
     messages_per_op: f64,
+    /// The nodes' wakes and turns (one-thread nodes: reactor passes) per operation.
+    #[serde(default)]
+    wakes_per_op: f64,
+    #[serde(default)]
+    turns_per_op: f64,
     /// (model - real) / real.
     throughput_error: f64,
     p50_error: f64,
@@ -551,6 +564,8 @@ impl ModelColumns {
             client_wakes_per_op: model.client_wakes_per_op,
             frames_per_op: model.frames_per_op,
             messages_per_op: model.messages_per_op,
+            wakes_per_op: model.nodes_wakes_per_op,
+            turns_per_op: model.turns_per_op,
             throughput_error: model.throughput_ops_per_s / real_ops_per_s - 1.0,
             p50_error: model.latency.p50_us / real_p50_us - 1.0,
             cpu_error: cpu_us_per_op / real_cpu_us_per_op - 1.0,
@@ -627,12 +642,13 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<i32> {
                 real_client_wakes_per_op: real.client_wakes_per_op,
                 real_frames_per_op: real.frames_per_op,
                 real_messages_per_op: real.messages_per_op,
+                real_wakes_per_op: real.wakes_raw_per_op,
                 real_others_cores: real.others_cores,
                 real_cpu_share: real.cpu_share,
                 model: ModelColumns::default(),
                 model_at_share: ModelColumns::default(),
             };
-            model_row(&mut row, args.write_percent, host_cores, &costs)?;
+            model_row(&mut row, args.write_percent, host_cores, &costs, args.writes_one_by_one)?;
             print_row(&row, rows.is_empty());
             rows.push(row);
         }
@@ -648,9 +664,16 @@ fn model_row(
     write_percent: u32,
     host_cores: u32,
     costs: &CostTable,
+    writes_one_by_one: bool,
 ) -> anyhow::Result<()> {
-    let predict =
-        |costs: &CostTable| predict_loopback(&row.protocol, row.clients, write_percent, host_cores, costs);
+    let run = Loopback {
+        protocol: &row.protocol,
+        clients: row.clients,
+        write_percent,
+        host_cores,
+        writes_one_by_one,
+    };
+    let predict = |costs: &CostTable| predict_loopback(&run, costs);
     let model = predict(costs)?;
     let at_share = predict(&costs.at_cpu_share(row.real_cpu_share))?;
     let real = (row.real_ops_per_s, row.real_p50_us, row.real_cpu_us_per_op);
@@ -683,7 +706,7 @@ fn compare_against(saved: &Path, args: CompareArgs, costs: CostTable) -> anyhow:
             row.real_client_cpu_us_per_op =
                 (row.real_cores_used * 1e6 / row.real_ops_per_s - row.real_cpu_us_per_op).max(0.0);
         }
-        model_row(&mut row, comparison.write_percent, comparison.host_cores, &costs)?;
+        model_row(&mut row, comparison.write_percent, comparison.host_cores, &costs, args.writes_one_by_one)?;
         print_row(&row, rows.is_empty());
         rows.push(row);
     }
@@ -708,20 +731,47 @@ struct Saved {
     load_average: String,
 }
 
-/// How much the real turns and the model's batched: peer frames and messages per operation.
-/// Where the model's nodes are charged too little or too much, this says whether it sends
-/// what the server sends (a saved comparison from before session 18 has no real figures).
+/// How much the real turns and the model's batched: peer frames and messages per operation,
+/// and how often the nodes slept. Where the model's nodes are charged too little or too much,
+/// this says whether it sends what the server sends and wakes as often (a saved comparison
+/// from before session 18 has no real traffic, one from before session 20 no real wakes).
 fn print_traffic(rows: &[CompareRow]) {
-    println!("peer traffic per operation (frames / messages), real | model:");
+    println!("per operation, real | model: peer frames, messages, the nodes' wakes; the model's turns:");
     for row in rows {
         println!(
-            "{:>8} {:>7} | {:>6.3} {:>6.2} | {:>6.3} {:>6.2}",
+            "{:>8} {:>7} | {:>6.3} {:>6.2} {:>6.3} | {:>6.3} {:>6.2} {:>6.3} {:>6.3}",
             row.protocol,
             row.clients,
             row.real_frames_per_op,
             row.real_messages_per_op,
+            row.real_wakes_per_op,
             row.model.frames_per_op,
-            row.model.messages_per_op
+            row.model.messages_per_op,
+            row.model.wakes_per_op,
+            row.model.turns_per_op,
+        );
+    }
+}
+
+/// Each row is the round of median throughput; how far its rounds were apart says how much
+/// of an error is the real runs' own noise (two runs minutes apart moved 36% in session 19).
+fn print_round_spread(rows: &[CompareRow]) {
+    println!("real throughput over the rounds (the row is the median round): lowest .. highest");
+    for row in rows {
+        let rounds = &row.real_rounds_ops_per_s;
+        let low = rounds.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = rounds.iter().copied().fold(0.0, f64::max);
+        if rounds.is_empty() {
+            continue;
+        }
+        println!(
+            "{:>8} {:>7} | {:>9.0} .. {:>9.0} ({:+.0}% .. {:+.0}% of the median)",
+            row.protocol,
+            row.clients,
+            low,
+            high,
+            (low / row.real_ops_per_s - 1.0) * 100.0,
+            (high / row.real_ops_per_s - 1.0) * 100.0
         );
     }
 }
@@ -742,6 +792,7 @@ fn summarise(
         rows.len()
     );
     print_traffic(&rows);
+    print_round_spread(&rows);
     println!(
         "(`used`: cores the run used; `other`: cores other processes used meanwhile (/proc/stat); `share`: run / (run + runqueue wait x other / {host_cores}) of the run's threads (schedstat); the model at the share divides every CPU cost by it)"
     );
@@ -818,16 +869,21 @@ fn cpu_ghz() -> Option<f64> {
     (mhz > 0.0).then(|| (mhz / 1e3 * 100.0).round() / 100.0)
 }
 
-/// The model of what `compare` runs: 3 one-thread nodes (the server's default
-/// `worker_threads = 1`) and the load generator sharing this machine's cores over loopback.
-fn predict_loopback(
-    protocol: &str,
+/// One compared run, as the model takes it.
+struct Loopback<'a> {
+    protocol: &'a str,
     clients: usize,
     write_percent: u32,
     host_cores: u32,
-    costs: &CostTable,
-) -> anyhow::Result<chorus_sim::model::ModelReport> {
+    writes_one_by_one: bool,
+}
+
+/// The model of what `compare` runs: 3 one-thread nodes (the server's default
+/// `worker_threads = 1`) and the load generator sharing this machine's cores over loopback.
+fn predict_loopback(run: &Loopback, costs: &CostTable) -> anyhow::Result<chorus_sim::model::ModelReport> {
+    let Loopback { protocol, clients, write_percent, host_cores, writes_one_by_one } = *run;
     let mut config = ModelConfig::new(protocol, NODES, 1, Network::loopback(costs), clients as u32);
+    config.writes_one_by_one = writes_one_by_one;
     config.host_cores = Some(host_cores);
     config.costs = costs.clone();
     let mut workload = Workload::named(&format!("kv-w{write_percent}")).context("a workload")?;

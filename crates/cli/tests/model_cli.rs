@@ -118,7 +118,20 @@ fn model_compare_against_a_saved_comparison_models_its_rows_again() {
     let again: Result<serde_json::Value, _> = std::fs::read(&out)
         .map_err(|error| error.to_string())
         .and_then(|text| serde_json::from_slice(&text).map_err(|error| error.to_string()));
+    // The same rows with each reply and frame leaving as it is written.
+    let one_by_one = chorus(&[
+        "model",
+        "compare",
+        "--costs",
+        costs.to_str().expect("utf-8"),
+        "--against",
+        saved.to_str().expect("utf-8"),
+        "--json",
+        dir.join("one-by-one.json").to_str().expect("utf-8"),
+        "--writes-one-by-one",
+    ]);
     std::fs::remove_dir_all(&dir).expect("removed");
+    assert!(one_by_one.status.success(), "{}", String::from_utf8_lossy(&one_by_one.stderr));
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let again = again.expect("the comparison written");
     assert_eq!(again["machine"]["cpu_model"], "saved CPU");

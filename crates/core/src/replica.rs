@@ -154,6 +154,13 @@ pub trait Replica {
         false
     }
 
+    /// Whether the next [`Replica::sync_durable`] will sync (a write can be left written but
+    /// unsynced for a later turn, as raftlog's commit-only turns are). The performance model
+    /// charges a sync only then. By default a core syncs whatever it wrote.
+    fn sync_due(&self) -> bool {
+        true
+    }
+
     /// Named event counters (replays, RMW aborts, snapshots, ...), for the simulator's
     /// coverage report: a sweep asserts minimums so a swarm that stops exercising a path
     /// fails loudly. Names are `protocol.event`.

@@ -75,7 +75,7 @@ where
     /// Whether [`Self::persist_turn`] will sync this turn: only then do the messages
     /// [`Replica::leaves_before_sync`] lets go first leave apart from the rest (otherwise
     /// they would cost a second write for nothing).
-    fn sync_due(&self) -> bool {
+    fn turn_needs_sync(&self) -> bool {
         false
     }
     /// A clean stop: make everything durable, whatever `appendfsync` says (before the
@@ -229,8 +229,8 @@ where
     fn persist_all(&mut self) -> Result<(), String> {
         self.protocol_mut().persist_all()
     }
-    fn sync_due(&self) -> bool {
-        self.protocol().sync_due()
+    fn turn_needs_sync(&self) -> bool {
+        self.protocol().turn_needs_sync()
     }
     /// The lease is checked by the protocol core's own read path (Hermes' `leased`).
     const READS_INLINE: bool = P::READS_INLINE;
@@ -326,8 +326,8 @@ impl ServedReplica for DurableRaftLog {
         raftlog_refusal(self.core())
     }
     const REPLIES_AFTER_PERSIST: bool = true;
-    fn sync_due(&self) -> bool {
-        DurableRaftLog::sync_due(self)
+    fn turn_needs_sync(&self) -> bool {
+        DurableRaftLog::turn_needs_sync(self)
     }
     /// The write's entry is at or below its log's applied index when its origin answers.
     fn write_mark(&self, key: &Key) -> WriteMark {
@@ -439,8 +439,8 @@ impl ServedReplica for ShardCore {
         self.inner_mut().persist_all()
     }
     const REPLIES_AFTER_PERSIST: bool = true;
-    fn sync_due(&self) -> bool {
-        ServedReplica::sync_due(self.inner())
+    fn turn_needs_sync(&self) -> bool {
+        self.inner().turn_needs_sync()
     }
     fn write_mark(&self, key: &Key) -> WriteMark {
         match self.inner().write_mark(key) {
@@ -1703,7 +1703,7 @@ where
         self.persist_durable_records();
         let defer_sync = !self.sync_first();
         self.persist_keys(defer_sync);
-        if self.replica.sync_due() {
+        if self.replica.turn_needs_sync() {
             self.send_before_sync();
         }
         if let Err(error) = self.replica.persist_turn() {

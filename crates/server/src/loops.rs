@@ -182,8 +182,8 @@ where
     fn persist_turn(&mut self) -> Result<(), String> {
         self.core.persist_turn()
     }
-    fn sync_due(&self) -> bool {
-        self.core.sync_due()
+    fn turn_needs_sync(&self) -> bool {
+        self.core.turn_needs_sync()
     }
     fn write_mark(&self, key: &Key) -> WriteMark {
         match self.core.write_mark(key) {

@@ -237,6 +237,59 @@ fn a_turn_syncs_once_whatever_it_holds() {
     assert!(many.throughput_ops_per_s > 4.0 * one.throughput_ops_per_s, "{one:?} {many:?}");
 }
 
+/// Only a turn that syncs pays `sync_ns`: raftlog leaves a turn that only moves commit
+/// indexes written but unsynced (the leader taking acknowledgements, the origin told of the
+/// commit). One client's write, with syncs the only cost, waits for the leader's append and
+/// the followers' (in parallel): two syncs, not the three or four a sync per written turn
+/// would make it.
+#[test]
+fn only_a_turn_that_syncs_pays_for_it() {
+    let mut config = config("raftlog", 3, 1, latency_only(0), 1, 100);
+    config.warmup = Time::from_millis(300);
+    config.costs.sync_ns = 1_000_000;
+    let report = run(&config);
+    assert_close(report.write_latency.p50_us, 2_000.0, 0.1, "a write's p50 in us");
+}
+
+/// With `writes_one_by_one` a send stage's replies leave as each is written. One node that
+/// only pays `reply_sent_ns` (10 us) serves 150 clients 1 ms away (three quarters busy).
+/// With the replies at the stage's end, a turn's replies reach their clients together, come
+/// back together and make the next turn as big: a convoy, every read waiting for a whole
+/// turn's replies (hundreds of us). One by one, the replies leave 10 us apart, the requests
+/// come back 10 us apart, and each read takes its two hops and its own reply (2 010 us).
+#[test]
+fn replies_written_one_by_one_leave_before_the_stage_ends() {
+    let mut config = config("hermes", 1, 1, latency_only(1_000_000), 150, 0);
+    config.costs.reply_sent_ns = 10_000;
+    let at_the_end = run(&config);
+    config.writes_one_by_one = true;
+    let one_by_one = run(&config);
+    assert!(at_the_end.latency.p50_us > 2_200.0, "{at_the_end:?}");
+    assert_close(one_by_one.latency.p50_us, 2_010.0, 0.002, "p50 in us, replies one by one");
+}
+
+/// On a loopback host the load generator writes a node's clients' next requests while the
+/// node still writes its replies: with each reply leaving as it is written, the requests
+/// reach the node over several polls instead of in one burst, so its turns are smaller and
+/// more frequent and it sends more frames per write (the real server sends 1.3-1.9x the
+/// model's at 64 clients; docs/benchmarks.md, "Session 20").
+#[test]
+fn replies_one_by_one_spread_requests_over_more_smaller_turns() {
+    let mut config = config("hermes", 3, 1, latency_only(10_000), 64, 100);
+    config.host_cores = Some(2);
+    config.costs.client_request_ns = 4_600;
+    config.costs.reply_sent_ns = 4_600;
+    config.costs.message_received_ns = 5_800;
+    config.costs.message_sent_ns = 5_800;
+    config.costs.handle_ns = 400;
+    config.costs.client_op_ns = 11_300;
+    let at_the_end = run(&config);
+    config.writes_one_by_one = true;
+    let one_by_one = run(&config);
+    assert!(one_by_one.frames_per_op > 1.15 * at_the_end.frames_per_op, "{one_by_one:?} {at_the_end:?}");
+    assert!(one_by_one.turns_per_op > at_the_end.turns_per_op, "{one_by_one:?} {at_the_end:?}");
+}
+
 /// On a shared host (a loopback run) the nodes and the load generator draw on the same
 /// cores: three one-thread nodes with a 10 us receive cost serve 100 000 reads/s on one
 /// core, 300 000 on three; the load generator's own cost takes its share of the same cores.

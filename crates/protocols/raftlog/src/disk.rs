@@ -760,8 +760,8 @@ impl DurableRaftLog {
 
     /// Whether [`Self::persist`] will sync: the core's calls since the last one left records
     /// that need it, and there is a disk.
-    pub fn sync_due(&self) -> bool {
-        self.disk.is_some() && self.core.sync_due()
+    pub fn turn_needs_sync(&self) -> bool {
+        self.disk.is_some() && self.core.records_need_sync()
     }
 
     fn write_turn(&mut self, sync_always: bool) -> Result<(), DiskError> {
@@ -834,6 +834,11 @@ impl Replica for DurableRaftLog {
         if let Some(disk) = &mut self.disk {
             disk.sync().expect("the two-level log cannot be synced");
         }
+    }
+
+    /// Only a turn with more than commit indexes to write syncs (the model charges it).
+    fn sync_due(&self) -> bool {
+        self.sync_pending
     }
 }
 

@@ -473,7 +473,7 @@ impl RaftLog {
     }
 
     /// Whether the records queued since the last [`Self::take_durable`] need a sync.
-    pub fn sync_due(&self) -> bool {
+    pub fn records_need_sync(&self) -> bool {
         self.durable_sync_needed
     }
 

@@ -123,6 +123,10 @@ impl Replica for ShardCore {
     fn leaves_before_sync(&self, message: &ShardMessage) -> bool {
         self.core.leaves_before_sync(&message.message)
     }
+
+    fn sync_due(&self) -> bool {
+        Replica::sync_due(&self.core)
+    }
 }
 
 #[cfg(test)]

@@ -176,6 +176,11 @@ enum Event<M> {
         instance: usize,
         outputs: Outputs<M>,
     },
+    /// One write of a send stage is done: its frame or reply leaves (the stage goes on).
+    Written {
+        instance: usize,
+        outputs: Outputs<M>,
+    },
     /// A reply reaches its client.
     Reply {
         request: ClientRequestId,
@@ -253,6 +258,8 @@ pub(super) struct Measured {
     /// The load generator's CPU on a shared host, and its threads' wakes.
     pub client_busy_ns: u64,
     pub client_wakes: u64,
+    /// Times a node's thread was woken (a socket's or its timer's wake charged).
+    pub node_wakes: u64,
     /// Peer frames sent, and the messages in them (one per destination), within the window.
     pub frames_sent: u64,
     pub messages_sent: u64,
@@ -273,6 +280,7 @@ struct Counters {
     ingress_busy_ns: Vec<u64>,
     client_busy_ns: u64,
     client_wakes: u64,
+    node_wakes: u64,
     frames_sent: u64,
     messages_sent: u64,
     turns: u64,
@@ -293,6 +301,9 @@ pub(super) struct Setup<M> {
     pub record_bytes: u64,
     /// Time every handler call (wall clock: calibration only; the prediction ignores it).
     pub time_handlers: bool,
+    /// A send stage's writes leave one by one, each when the thread has made it
+    /// ([`crate::model::ModelConfig::writes_one_by_one`]).
+    pub writes_one_by_one: bool,
 }
 
 pub(super) struct Engine<'a, P: Replica, C: Clients> {
@@ -309,10 +320,12 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     client_threads_free: u32,
     client_busy_ns: u64,
     client_wakes: u64,
+    node_wakes: u64,
     frames_sent: u64,
     messages_sent: u64,
     turns: u64,
     time_handlers: bool,
+    writes_one_by_one: bool,
     handler_totals: super::timing::Totals,
     costs: CostTable,
     network: Network,
@@ -346,7 +359,8 @@ where
         setup: Setup<P::Message>,
         clients: &'a mut C,
     ) -> Self {
-        let Setup { costs, network, nic_handled, tick_ns, record_bytes, time_handlers } = setup;
+        let Setup { costs, network, nic_handled, tick_ns, record_bytes, time_handlers, writes_one_by_one } =
+            setup;
         assert_eq!(replicas.len(), layout.instances(), "one replica per instance");
         assert_eq!(layout.machine_of_node.len(), layout.groups * layout.nodes, "a machine per node");
         assert!(layout.threads >= 1, "an instance needs a thread");
@@ -400,10 +414,12 @@ where
             client_threads_free,
             client_busy_ns: 0,
             client_wakes: 0,
+            node_wakes: 0,
             frames_sent: 0,
             messages_sent: 0,
             turns: 0,
             time_handlers,
+            writes_one_by_one,
             handler_totals: Default::default(),
             costs,
             network,
@@ -475,6 +491,7 @@ where
             ingress_busy_ns: pick(minus(&end.ingress_busy_ns, &start.ingress_busy_ns)),
             client_busy_ns: end.client_busy_ns - start.client_busy_ns,
             client_wakes: end.client_wakes - start.client_wakes,
+            node_wakes: end.node_wakes - start.node_wakes,
             frames_sent: end.frames_sent - start.frames_sent,
             messages_sent: end.messages_sent - start.messages_sent,
             turns: end.turns - start.turns,
@@ -491,6 +508,7 @@ where
             ingress_busy_ns: self.machines.iter().map(|machine| machine.ingress_busy_ns).collect(),
             client_busy_ns: self.client_busy_ns,
             client_wakes: self.client_wakes,
+            node_wakes: self.node_wakes,
             frames_sent: self.frames_sent,
             messages_sent: self.messages_sent,
             turns: self.turns,
@@ -536,6 +554,7 @@ where
                 self.transmit(instance, outputs);
                 self.carry_on(instance);
             }
+            Event::Written { instance, outputs } => self.transmit(instance, outputs),
             Event::Reply { request, outcome } => self.reply(request, outcome),
             Event::Tick(instance) => {
                 self.note_wake(instance, self.costs.timer_wake_ns);
@@ -763,7 +782,27 @@ where
 
     fn start_send(&mut self, instance: usize) -> bool {
         let Some(outputs) = self.instances[instance].send.pop_front() else { return false };
-        let cost = self.occupy(instance, self.send_cost(&outputs));
+        let work = self.send_cost(&outputs);
+        let cost = self.occupy(instance, work);
+        if !self.writes_one_by_one {
+            self.schedule(self.now + cost, Event::SendDone { instance, outputs });
+            return true;
+        }
+        // Each reply, then each frame, is a write of its own (the reactor's `write_clients`,
+        // then `flush_links`): it leaves when the thread has made it, not at the stage's end.
+        let Outputs { frames, replies } = outputs;
+        let mut at = self.now + (cost - work);
+        for (request, outcome, bytes) in replies {
+            at += self.costs.reply_sent_ns + self.costs.bytes_ns(bytes);
+            let outputs = Outputs { frames: Vec::new(), replies: vec![(request, outcome, bytes)] };
+            self.schedule(at, Event::Written { instance, outputs });
+        }
+        for frame in frames {
+            at += self.frame_sent_ns(&frame);
+            let outputs = Outputs { frames: vec![frame], replies: Vec::new() };
+            self.schedule(at, Event::Written { instance, outputs });
+        }
+        let outputs = Outputs { frames: Vec::new(), replies: Vec::new() };
         self.schedule(self.now + cost, Event::SendDone { instance, outputs });
         true
     }
@@ -783,6 +822,7 @@ where
         let machine = &mut self.machines[state.machine];
         machine.cores_free -= 1;
         let wake = std::mem::take(&mut state.wake_owed_ns);
+        self.node_wakes += (wake > 0) as u64;
         machine.busy_ns += cost + wake;
         cost + wake
     }
@@ -798,12 +838,14 @@ where
         per_event + self.costs.bytes_ns(bytes)
     }
 
+    fn frame_sent_ns(&self, frame: &Frame<P::Message>) -> Nanos {
+        self.costs.message_sent_ns
+            + frame.messages.len() as u64 * self.costs.peer_message_ns
+            + self.costs.bytes_ns(frame.bytes)
+    }
+
     fn send_cost(&self, outputs: &Outputs<P::Message>) -> Nanos {
-        let frames = outputs.frames.iter().map(|frame| {
-            self.costs.message_sent_ns
-                + frame.messages.len() as u64 * self.costs.peer_message_ns
-                + self.costs.bytes_ns(frame.bytes)
-        });
+        let frames = outputs.frames.iter().map(|frame| self.frame_sent_ns(frame));
         let replies = outputs
             .replies
             .iter()
@@ -847,8 +889,9 @@ where
                 }
             }
         }
-        // The server makes a turn durable once, before its messages and replies leave.
-        if replica.write_durable() {
+        // The server makes a turn durable once, before its messages and replies leave; a turn
+        // that wrote only what may wait (raftlog's commit indexes) leaves it unsynced.
+        if replica.write_durable() && replica.sync_due() {
             cost += self.costs.sync_ns;
         }
         replica.sync_durable();

@@ -92,6 +92,11 @@ pub struct ModelConfig {
     /// Time every call of the cores' `on_client` and `on_message` in wall-clock time (for
     /// `chorus model calibrate`: [`ModelReport::handlers`]); the prediction is unchanged.
     pub time_handlers: bool,
+    /// A node's send stage writes each reply, then each peer frame, as a system call of its
+    /// own, and each leaves when the thread has made it (the reactor's `write_clients`, then
+    /// `flush_links`), instead of all at the stage's end. Off by default: docs/model.md,
+    /// "Writes one by one" (session 20) says what it moves.
+    pub writes_one_by_one: bool,
 }
 
 impl ModelConfig {
@@ -120,6 +125,7 @@ impl ModelConfig {
             raftlog_logs: 8,
             raftlog_batch_commands_max: 1_024,
             time_handlers: false,
+            writes_one_by_one: false,
         }
     }
 }
@@ -171,6 +177,8 @@ pub struct ModelReport {
     /// many times per operation one of its threads woke from sleep.
     pub client_cpu_us_per_op: f64,
     pub client_wakes_per_op: f64,
+    /// Times a node's thread was woken (by work or its timer), per operation.
+    pub nodes_wakes_per_op: f64,
     /// Peer frames sent per operation, and the messages in them: how much the turns batched.
     pub frames_per_op: f64,
     pub messages_per_op: f64,
@@ -319,6 +327,7 @@ where
         network: config.network.clone(),
         nic_handled,
         time_handlers: config.time_handlers,
+        writes_one_by_one: config.writes_one_by_one,
         tick_ns: config.tick_period.as_nanos(),
         record_bytes: config.workload.record_bytes as u64,
     };
@@ -366,6 +375,7 @@ where
         nodes_cpu_us_per_op: measured.window_nodes_busy_ns as f64 / 1e3 / completed.max(1) as f64,
         client_cpu_us_per_op: measured.client_busy_ns as f64 / 1e3 / completed.max(1) as f64,
         client_wakes_per_op: measured.client_wakes as f64 / completed.max(1) as f64,
+        nodes_wakes_per_op: measured.node_wakes as f64 / completed.max(1) as f64,
         frames_per_op: measured.frames_sent as f64 / completed.max(1) as f64,
         messages_per_op: measured.messages_sent as f64 / completed.max(1) as f64,
         turns_per_op: measured.turns as f64 / completed.max(1) as f64,
