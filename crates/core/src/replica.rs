@@ -161,6 +161,13 @@ pub trait Replica {
         true
     }
 
+    /// Whether the replies of a call may leave before that call's records are synced: none
+    /// of them depends on what the call wrote (a Raft group of several voters answers only
+    /// entries a majority already holds stable). The default waits.
+    fn replies_before_sync(&self) -> bool {
+        false
+    }
+
     /// Named event counters (replays, RMW aborts, snapshots, ...), for the simulator's
     /// coverage report: a sweep asserts minimums so a swarm that stops exercising a path
     /// fails loudly. Names are `protocol.event`.

@@ -196,6 +196,10 @@ impl<P: Replica> Replica for WithMembership<P> {
         }
     }
 
+    fn replies_before_sync(&self) -> bool {
+        self.protocol.replies_before_sync()
+    }
+
     /// The view the protocol acts in: a joiner's protocol hears of none before its join.
     fn installed_view(&self) -> Option<View> {
         if self.membership.is_joining() || self.protocol_waits() {

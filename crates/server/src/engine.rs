@@ -1697,15 +1697,36 @@ where
     }
 
     pub(crate) fn perform_outbox(&mut self) {
+        if self.perform_outbox_until_sync() {
+            self.finish_turn();
+        }
+    }
+
+    /// Perform the turn's outbox up to its sync. Returns whether the sync is still to come:
+    /// then the messages and replies that may leave before it have been sent and completed,
+    /// the caller may write the answers to their clients, and must call
+    /// [`Self::finish_turn`] before anything else reaches the core (a later call could
+    /// otherwise act on records not yet stable, such as committing on them).
+    pub(crate) fn perform_outbox_until_sync(&mut self) -> bool {
         let now = self.now();
         self.replica.end_turn(now, &mut self.outbox);
         self.complete_replies();
         self.persist_durable_records();
         let defer_sync = !self.sync_first();
         self.persist_keys(defer_sync);
-        if self.replica.turn_needs_sync() {
-            self.send_before_sync();
+        if !self.replica.turn_needs_sync() {
+            self.finish_turn();
+            return false;
         }
+        self.send_before_sync();
+        if self.replica.replies_before_sync() {
+            self.complete_replies_now();
+        }
+        true
+    }
+
+    /// Make the turn's records stable, then complete its replies and send its messages.
+    pub(crate) fn finish_turn(&mut self) {
         if let Err(error) = self.replica.persist_turn() {
             tracing::error!(%error, "cannot persist replica state; stopping this node");
             std::process::exit(1);

@@ -144,6 +144,10 @@ impl<P: Replica> Replica for LoopCore<P> {
     fn leaves_before_sync(&self, message: &Self::Message) -> bool {
         self.core.leaves_before_sync(&message.message)
     }
+
+    fn replies_before_sync(&self) -> bool {
+        self.core.replies_before_sync()
+    }
 }
 
 impl<P> ServedReplica for LoopCore<P>

@@ -643,7 +643,13 @@ where
             while let Some(slot) = self.ready.pop() {
                 self.advance(slot);
             }
-            self.state.perform_outbox();
+            if self.state.perform_outbox_until_sync() {
+                // The turn syncs: the answers that need not wait for it go to their clients
+                // first, as its early peer frames went, so they do not wait behind the msync.
+                self.settle_answers();
+                self.write_clients();
+                self.state.finish_turn();
+            }
             self.settle_answers();
             if self.ready.is_empty() && !self.state.has_outbox() {
                 return;

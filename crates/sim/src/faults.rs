@@ -257,6 +257,8 @@ pub struct FaultCounts {
     /// and crashes before a sync after such messages had left.
     pub turns_sending_before_sync: u64,
     pub crashes_before_sync_after_sends: u64,
+    /// Replies completed before their call's sync ([`chorus_core::Replica::replies_before_sync`]).
+    pub replies_before_sync: u64,
     /// Every node crashed at once.
     pub power_losses: u64,
     /// Crashed nodes brought back (`SimConfig::restart_after`).
@@ -322,6 +324,7 @@ impl FaultCounts {
             "crashes_before_sync" => self.crashes_before_sync,
             "turns_sending_before_sync" => self.turns_sending_before_sync,
             "crashes_before_sync_after_sends" => self.crashes_before_sync_after_sends,
+            "replies_before_sync" => self.replies_before_sync,
             "power_losses" => self.power_losses,
             "restarts" => self.restarts,
             "clocks_drifting" => self.clocks_drifting,
@@ -352,6 +355,7 @@ impl FaultCounts {
         self.crashes_before_sync += other.crashes_before_sync;
         self.turns_sending_before_sync += other.turns_sending_before_sync;
         self.crashes_before_sync_after_sends += other.crashes_before_sync_after_sends;
+        self.replies_before_sync += other.replies_before_sync;
         self.power_losses += other.power_losses;
         self.restarts += other.restarts;
         self.clocks_drifting += other.clocks_drifting;

@@ -593,6 +593,13 @@ where
             self.counts.turns_sending_before_sync += 1;
             self.send_all(node, &mut early, dies_now);
         }
+        if wrote && self.nodes[node.index()].replies_before_sync() {
+            // The replies too, when none depends on what the call wrote.
+            self.counts.replies_before_sync += outbox.replies.len() as u64;
+            for (request, outcome) in outbox.replies.drain(..) {
+                self.complete(request, outcome);
+            }
+        }
         if dies_now && wrote && self.rng.chance(0.5) {
             // Before the sync returned: its writes may be torn, and nothing else of the turn left.
             outbox.clear();

@@ -827,6 +827,10 @@ impl Replica for DurableRaftLog {
         self.core.leaves_before_sync(message)
     }
 
+    fn replies_before_sync(&self) -> bool {
+        self.core.replies_before_sync()
+    }
+
     fn sync_durable(&mut self) {
         if !std::mem::take(&mut self.sync_pending) {
             return; // only commit indexes moved: written, left for the next syncing turn

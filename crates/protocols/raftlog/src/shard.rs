@@ -127,6 +127,10 @@ impl Replica for ShardCore {
     fn sync_due(&self) -> bool {
         Replica::sync_due(&self.core)
     }
+
+    fn replies_before_sync(&self) -> bool {
+        self.core.replies_before_sync()
+    }
 }
 
 #[cfg(test)]

@@ -61,6 +61,8 @@ struct Cluster {
     turns: Vec<(u8, bool, Vec<Record>)>,
     /// Every message sent, with the sending call's facts ([`Sent`]).
     sent: Vec<Sent>,
+    /// Every reply, with whether the call that gave it had records needing a sync.
+    replied_in_syncing_call: Vec<(ClientRequestId, bool)>,
 }
 
 /// A message a call sent: what it was, whether the core let it leave before the call's
@@ -111,6 +113,7 @@ impl Cluster {
             oversized: 0,
             turns: Vec::new(),
             sent: Vec::new(),
+            replied_in_syncing_call: Vec::new(),
         }
     }
 
@@ -142,6 +145,7 @@ impl Cluster {
         }
         for (id, outcome) in out.replies {
             assert!(self.reply_of(id).is_none(), "{id:?} answered twice");
+            self.replied_in_syncing_call.push((id, turn.sync));
             self.replies.push((id, outcome));
         }
     }
@@ -959,6 +963,31 @@ fn a_leaders_appends_leave_before_its_sync_and_answers_and_votes_wait_for_theirs
     );
     assert!(went("AppendAnswers", false), "no answer to an append waited for its follower's sync");
     assert!(went("MsgRequestVoteResponse", false), "no vote waited for its voter's sync");
+}
+
+/// A reply answers a committed entry, which a majority already holds stable, so with several
+/// voters it need not wait for the sync of the call that gives it. A single voter commits an
+/// entry in the very call that appends it: its reply depends on that call's sync.
+#[test]
+fn replies_leave_before_the_sync_only_where_a_majority_already_holds_the_entry() {
+    let mut single = Cluster::with(1, |config| config.durable = true);
+    single.run_for(50);
+    let id = single.client(0, write("k", "v"));
+    single.run_for(5);
+    assert_eq!(single.reply_of(id), Some(Outcome::Written));
+    let (_, syncing) =
+        *single.replied_in_syncing_call.iter().find(|(reply, _)| *reply == id).expect("replied");
+    assert!(syncing, "a single voter answers in the call that writes the entry");
+    assert!(!single.nodes[0].replies_before_sync(), "so its replies wait for the sync");
+
+    let mut three = durable_single_log();
+    let leader = three.leader_of(0, 0).expect("a leader").0;
+    let id = three.client(leader, write("k", "v"));
+    three.run_for(5);
+    assert_eq!(three.reply_of(id), Some(Outcome::Written));
+    for node in 0..3 {
+        assert!(three.nodes[node].replies_before_sync(), "n{node}");
+    }
 }
 
 #[test]
