@@ -105,31 +105,18 @@ fn model_compare_against_a_saved_comparison_models_its_rows_again() {
          "model_at_share": {"ops_per_s": 0.0, "p50_us": 0.0, "cpu_us_per_op": 0.0, "throughput_error": 0.0, "p50_error": 0.0, "cpu_error": 0.0}}]}"#;
     std::fs::write(&saved, comparison).expect("written");
     let out = dir.join("again.json");
-    let output = chorus(&[
-        "model",
-        "compare",
-        "--costs",
-        costs.to_str().expect("utf-8"),
-        "--against",
-        saved.to_str().expect("utf-8"),
-        "--json",
-        out.to_str().expect("utf-8"),
-    ]);
+    let compare_against = |json: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["model", "compare", "--costs", costs.to_str().expect("utf-8")];
+        args.extend(["--against", saved.to_str().expect("utf-8"), "--json", json.to_str().expect("utf-8")]);
+        args.extend(extra);
+        chorus(&args)
+    };
+    let output = compare_against(&out, &[]);
     let again: Result<serde_json::Value, _> = std::fs::read(&out)
         .map_err(|error| error.to_string())
         .and_then(|text| serde_json::from_slice(&text).map_err(|error| error.to_string()));
     // The same rows with each reply and frame leaving as it is written.
-    let one_by_one = chorus(&[
-        "model",
-        "compare",
-        "--costs",
-        costs.to_str().expect("utf-8"),
-        "--against",
-        saved.to_str().expect("utf-8"),
-        "--json",
-        dir.join("one-by-one.json").to_str().expect("utf-8"),
-        "--writes-one-by-one",
-    ]);
+    let one_by_one = compare_against(&dir.join("one-by-one.json"), &["--writes-one-by-one"]);
     std::fs::remove_dir_all(&dir).expect("removed");
     assert!(one_by_one.status.success(), "{}", String::from_utf8_lossy(&one_by_one.stderr));
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));

@@ -894,12 +894,8 @@ fn durable_single_log() -> Cluster {
     cluster
 }
 
-/// Raft §5, Figure 2: the commit index is volatile state, while term, vote and log are
-/// persistent. So a call whose records only move commit indexes (a leader taking append
-/// answers, a follower told of a commit) asks for no sync and answers without waiting for the
-/// disk; a call with entries, a new term or a new vote must sync before anything leaves.
-#[test]
-fn only_a_call_that_moves_nothing_but_commit_indexes_goes_without_a_sync() {
+/// [`durable_single_log`] after four writes, each sent to the next node from the leader on.
+fn durable_single_log_after_four_writes() -> Cluster {
     let mut cluster = durable_single_log();
     let leader = cluster.leader_of(0, 0).expect("a leader").0;
     for round in 0..4 {
@@ -907,6 +903,16 @@ fn only_a_call_that_moves_nothing_but_commit_indexes_goes_without_a_sync() {
         cluster.run_for(5);
         assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
     }
+    cluster
+}
+
+/// Raft §5, Figure 2: the commit index is volatile state, while term, vote and log are
+/// persistent. So a call whose records only move commit indexes (a leader taking append
+/// answers, a follower told of a commit) asks for no sync and answers without waiting for the
+/// disk; a call with entries, a new term or a new vote must sync before anything leaves.
+#[test]
+fn only_a_call_that_moves_nothing_but_commit_indexes_goes_without_a_sync() {
+    let cluster = durable_single_log_after_four_writes();
     let mut last_term_vote: Vec<(u64, u64)> = vec![(0, 0); 3];
     let (mut synced, mut unsynced) = (0, 0);
     for (node, sync, records) in &cluster.turns {
@@ -936,13 +942,7 @@ fn only_a_call_that_moves_nothing_but_commit_indexes_goes_without_a_sync() {
 /// promise what that call wrote.
 #[test]
 fn a_leaders_appends_leave_before_its_sync_and_answers_and_votes_wait_for_theirs() {
-    let mut cluster = durable_single_log();
-    let leader = cluster.leader_of(0, 0).expect("a leader").0;
-    for round in 0..4 {
-        let id = cluster.client(((leader as usize + round) % 3) as u8, write("k", &format!("v{round}")));
-        cluster.run_for(5);
-        assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
-    }
+    let cluster = durable_single_log_after_four_writes();
     let may_go_early = ["MsgAppend", "MsgHeartbeat", "Commits", "Forward"];
     for sent in cluster.sent.iter().filter(|sent| sent.early) {
         assert!(may_go_early.contains(&sent.kind.as_str()), "{} left before its sync", sent.kind);
