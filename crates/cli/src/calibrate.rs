@@ -759,11 +759,11 @@ fn print_round_spread(rows: &[CompareRow]) {
     println!("real throughput over the rounds (the row is the median round): lowest .. highest");
     for row in rows {
         let rounds = &row.real_rounds_ops_per_s;
-        let low = rounds.iter().copied().fold(f64::INFINITY, f64::min);
-        let high = rounds.iter().copied().fold(0.0, f64::max);
         if rounds.is_empty() {
             continue;
         }
+        let low = rounds.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = rounds.iter().copied().fold(0.0, f64::max);
         println!(
             "{:>8} {:>7} | {:>9.0} .. {:>9.0} ({:+.0}% .. {:+.0}% of the median)",
             row.protocol,

@@ -1158,11 +1158,11 @@ pub(crate) struct LocalClient {
     pub generation: u32,
 }
 
-/// How the loop's peer messages leave: through the transport's writer tasks, or appended to
 /// A turn's sync at least this long (on average) lets the turn's answers leave before it
 /// ([`EventLoop::syncs_are_slow`]).
 const SLOW_SYNC: Duration = Duration::from_micros(100);
 
+/// How the loop's peer messages leave: through the transport's writer tasks, or appended to
 /// the links the reactor writes itself (with the reactor's registry, for [`Self::send_now`]).
 pub(crate) enum PeerSender<M> {
     Tasks(Transport<M>),

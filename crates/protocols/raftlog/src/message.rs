@@ -514,10 +514,10 @@ impl EntryBatch {
     }
 
     /// The encoding as the vector raft-rs proposes, without a copy (`BytesMut` hands over its
-    /// buffer). `bytes_hint`, an upper bound on the size (the proposals' `bytes`), sizes the
-    /// buffer once instead of growing it by reallocation as proposals are written.
-    pub fn to_vec(&self, bytes_hint: usize) -> Vec<u8> {
-        let mut buf = BytesMut::with_capacity(bytes_hint.max(4));
+    /// buffer). `proposals_bytes`, an upper bound on the proposals' encoded size (their
+    /// `bytes`), sizes the buffer once instead of growing it as proposals are written.
+    pub fn to_vec(&self, proposals_bytes: usize) -> Vec<u8> {
+        let mut buf = BytesMut::with_capacity(4 + proposals_bytes); // the count, then the proposals
         self.encode(&mut buf);
         Vec::from(buf)
     }

@@ -1108,11 +1108,11 @@ impl RaftLog {
         self.propose_entry(log, entry, bytes);
     }
 
-    /// `bytes`: an upper bound on the batch's encoded size (its proposals' `bytes`).
+    /// `bytes`: an upper bound on the proposals' encoded size (their `bytes`).
     fn propose_entry(&mut self, log: usize, batch: EntryBatch, bytes: usize) {
         let group = &mut self.groups[log];
         let commands: usize = batch.proposals.iter().map(|proposal| proposal.commands.len()).sum();
-        if group.raft.propose(vec![], batch.to_vec(bytes + 4)).is_ok() {
+        if group.raft.propose(vec![], batch.to_vec(bytes)).is_ok() {
             self.stats.entries_proposed += 1;
             self.stats.commands_proposed += commands as u64;
             let raft = &group.raft.raft;
