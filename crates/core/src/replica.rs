@@ -144,6 +144,19 @@ pub trait Replica {
     /// leave only after this, except those [`Replica::leaves_before_sync`] lets go first.
     fn sync_durable(&mut self) {}
 
+    /// A sync that takes time starts (the simulator's model of the server's sync thread): it
+    /// covers what [`Replica::write_durable`] wrote so far, and the [`Replica::sync_durable`]
+    /// that ends it, then [`Replica::on_synced`], must not claim more, though more may be
+    /// written meanwhile. The default remembers nothing: its sync covers whatever is written.
+    fn sync_started(&mut self) {}
+
+    /// What the last [`Replica::sync_durable`] synced is stable: a core that waits to hear so
+    /// before it counts on its own records (raftlog: a leader's entries toward a commit,
+    /// raft-rs's asynchronous persistence) does what that allows now. A runtime calls it,
+    /// as a call of its own, after every sync that synced something ([`Replica::sync_due`]
+    /// was true). The default does nothing.
+    fn on_synced(&mut self, _now: Time, _out: &mut Outbox<Self::Message>) {}
+
     /// Whether `message`, produced by the call now being made durable, may leave before that
     /// call's records are synced (the runtime sends it first, so the sync overlaps its
     /// journey). Only a message that depends on nothing the call made durable, or whose

@@ -259,6 +259,13 @@ pub struct FaultCounts {
     pub crashes_before_sync_after_sends: u64,
     /// Replies completed before their call's sync ([`chorus_core::Replica::replies_before_sync`]).
     pub replies_before_sync: u64,
+    /// With syncs on a thread (`SimConfig::sync_latency`): syncs that returned, calls whose
+    /// messages or replies waited for one, and crashes while one ran.
+    pub syncs_on_thread: u64,
+    pub calls_waiting_for_a_sync: u64,
+    pub crashes_with_sync_running: u64,
+    /// Power losses that struck right after a node answered an update while its sync ran.
+    pub power_losses_after_replies_before_a_sync: u64,
     /// Every node crashed at once.
     pub power_losses: u64,
     /// Crashed nodes brought back (`SimConfig::restart_after`).
@@ -325,6 +332,10 @@ impl FaultCounts {
             "turns_sending_before_sync" => self.turns_sending_before_sync,
             "crashes_before_sync_after_sends" => self.crashes_before_sync_after_sends,
             "replies_before_sync" => self.replies_before_sync,
+            "syncs_on_thread" => self.syncs_on_thread,
+            "calls_waiting_for_a_sync" => self.calls_waiting_for_a_sync,
+            "crashes_with_sync_running" => self.crashes_with_sync_running,
+            "power_losses_after_replies_before_a_sync" => self.power_losses_after_replies_before_a_sync,
             "power_losses" => self.power_losses,
             "restarts" => self.restarts,
             "clocks_drifting" => self.clocks_drifting,
@@ -356,6 +367,10 @@ impl FaultCounts {
         self.turns_sending_before_sync += other.turns_sending_before_sync;
         self.crashes_before_sync_after_sends += other.crashes_before_sync_after_sends;
         self.replies_before_sync += other.replies_before_sync;
+        self.syncs_on_thread += other.syncs_on_thread;
+        self.calls_waiting_for_a_sync += other.calls_waiting_for_a_sync;
+        self.crashes_with_sync_running += other.crashes_with_sync_running;
+        self.power_losses_after_replies_before_a_sync += other.power_losses_after_replies_before_a_sync;
         self.power_losses += other.power_losses;
         self.restarts += other.restarts;
         self.clocks_drifting += other.clocks_drifting;

@@ -72,6 +72,12 @@ pub struct SimConfig {
     /// `crate::shards`): a crash must also leave a majority of the node's own group with
     /// its data.
     pub crash_group_size: Option<usize>,
+    /// Syncs take between these two times, as on the server's sync thread: the node goes on
+    /// while one runs, the messages of its calls that wait for a sync are held until it
+    /// returns (the replies leave at once, where [`Replica::replies_before_sync`] says they
+    /// may), and a crash in the meantime loses what it had not synced yet. `None`: a call's
+    /// sync returns before its node handles anything else (the server's event loop syncing).
+    pub sync_latency: Option<(Time, Time)>,
 }
 
 impl SimConfig {
@@ -94,6 +100,7 @@ impl SimConfig {
             appendonly: AppendOnly::Off,
             crash_turn_destinations_min: 2,
             crash_group_size: None,
+            sync_latency: None,
         }
     }
 
@@ -204,6 +211,15 @@ enum Event<M> {
     Pause(usize),
     PowerLoss,
     FaultPhaseEnd,
+    /// The next update answered by a node whose own sync runs cuts the power right after
+    /// (`SimConfig::sync_latency`).
+    ArmPowerLoss,
+    /// A sync of the node's sync thread returns (`SimConfig::sync_latency`), unless the node
+    /// crashed since it started (its `generation` then is stale).
+    SyncDone {
+        node: NodeId,
+        generation: u64,
+    },
 }
 
 impl<M> Event<M> {
@@ -213,6 +229,7 @@ impl<M> Event<M> {
             Event::Deliver { to, .. } => Some(*to),
             Event::Tick(node) | Event::InstallView(node, _) => Some(*node),
             Event::ClientArrives { node, .. } => Some(*node),
+            Event::SyncDone { node, .. } => Some(*node),
             _ => None,
         }
     }
@@ -306,6 +323,34 @@ struct Engine<'a, P: Replica> {
     quiescent: bool,
     outbox: Outbox<P::Message>,
     trace: Vec<String>,
+    /// Per node, with `SimConfig::sync_latency`: whether a sync runs, its generation (bumped
+    /// by a crash), and what waits for it.
+    syncs: Vec<SyncThread<P::Message>>,
+    /// The next sync to return cuts the power instead (`SimConfig::sync_latency`).
+    power_loss_armed: bool,
+}
+
+/// A node's sync thread in the simulator (`SimConfig::sync_latency`). A sync makes stable
+/// what was written before it started, no more: records written while it runs wait for the
+/// next one.
+struct SyncThread<M> {
+    running: bool,
+    generation: u64,
+    /// The number of the last sync started.
+    started: u64,
+    /// Records were written since the running sync started: another must follow it.
+    wanted: bool,
+    /// Messages and replies of calls that wait for a sync, in call order.
+    held: Vec<HeldCall<M>>,
+}
+
+/// A call's messages and replies waiting for the sync numbered `waits_for`.
+type HeldCall<M> = (u64, Vec<(chorus_core::Destination, M)>, Vec<(ClientRequestId, Outcome)>);
+
+impl<M> Default for SyncThread<M> {
+    fn default() -> Self {
+        SyncThread { running: false, generation: 0, started: 0, wanted: false, held: Vec::new() }
+    }
 }
 
 /// Run one seed. `build(node, replicas, seed)` makes replica `node` of the cluster.
@@ -385,6 +430,8 @@ where
         quiescent: false,
         outbox: Outbox::default(),
         trace: Vec::new(),
+        syncs: (0..config.replicas).map(|_| SyncThread::default()).collect(),
+        power_loss_armed: false,
     };
     engine.schedule_initial_events();
     let events = engine.run();
@@ -435,6 +482,12 @@ where
         }
         for index in 0..self.plan.pauses.len() {
             self.schedule(self.plan.pauses[index].at, Event::Pause(index));
+        }
+        if self.config.sync_latency.is_some() && self.config.power_loss && self.config.restart_after.is_some()
+        {
+            // One power loss more, aimed at answers given while their node's sync runs.
+            let at = Time::from_micros(self.rng.below(self.plan.phase.as_micros() + 1));
+            self.schedule(at, Event::ArmPowerLoss);
         }
         if let Some(at) = self.plan.power_loss {
             self.schedule(at, Event::PowerLoss);
@@ -490,8 +543,10 @@ where
             Event::PartitionStart(index) => self.partition_start(index),
             Event::PartitionHeal(index) => self.partition_heal(index),
             Event::Pause(index) => self.pause(index),
-            Event::PowerLoss => self.power_loss(),
+            Event::PowerLoss => self.power_loss_now_or_armed(),
+            Event::ArmPowerLoss => self.power_loss_armed = !self.quiescent,
             Event::FaultPhaseEnd => self.end_fault_phase(),
+            Event::SyncDone { node, generation } => self.sync_done(node, generation),
         }
     }
 
@@ -571,6 +626,9 @@ where
 
     /// Do what a replica asked for: send its messages, hand replies to clients.
     fn perform_outbox(&mut self, node: NodeId) {
+        if self.config.sync_latency.is_some() {
+            return self.perform_outbox_syncing_elsewhere(node);
+        }
         let mut outbox = std::mem::take(&mut self.outbox);
         // What the call must make durable is written first (written, not yet synced).
         let wrote = self.nodes[node.index()].write_durable();
@@ -609,6 +667,7 @@ where
             self.crash(node);
             return;
         }
+        let synced = wrote && self.nodes[node.index()].sync_due();
         self.nodes[node.index()].sync_durable();
         self.send_all(node, &mut outbox.messages, dies_now);
         if dies_now {
@@ -622,6 +681,133 @@ where
             self.complete(request, outcome);
         }
         self.outbox = outbox;
+        if synced {
+            // What the sync made stable the core may now count on: a call of its own, as in
+            // the server, performed as any other.
+            let now = self.local_now(node);
+            self.nodes[node.index()].on_synced(now, &mut self.outbox);
+            self.perform_outbox(node);
+        }
+    }
+
+    /// [`Self::perform_outbox`] for a node whose syncs run on a thread of their own
+    /// (`SimConfig::sync_latency`), as the server's do: the call's writes are written, the
+    /// messages the core lets go before a sync leave, the replies too where the core allows
+    /// it, and the rest waits for a sync, the one this call starts or the one running (a
+    /// later call's messages may rest on an earlier call's records).
+    fn perform_outbox_syncing_elsewhere(&mut self, node: NodeId) {
+        let mut outbox = std::mem::take(&mut self.outbox);
+        let at = node.index();
+        let wrote = self.nodes[at].write_durable();
+        let due = wrote && self.nodes[at].sync_due();
+        let replica = &self.nodes[at];
+        let mut early: Vec<_> =
+            outbox.messages.extract_if(.., |(_, message)| replica.leaves_before_sync(message)).collect();
+        let broadcast = protocol_destinations::<P>(early.iter().chain(&outbox.messages))
+            >= self.config.crash_turn_destinations_min;
+        let dies_now = self.crash_armed[at] && broadcast && self.may_crash(node);
+        if !early.is_empty() {
+            self.counts.turns_sending_before_sync += 1;
+            self.send_all(node, &mut early, dies_now);
+        }
+        if dies_now {
+            // Mid-broadcast: what the call wrote is not synced, nothing else of it left.
+            outbox.clear();
+            self.outbox = outbox;
+            self.counts.crashes_mid_broadcast += 1;
+            self.crash(node);
+            return;
+        }
+        if self.nodes[at].replies_before_sync() {
+            let history = &self.history.operations;
+            let replied = outbox
+                .replies
+                .iter()
+                .any(|(request, _)| history.get(request.0 as usize).is_some_and(|op| op.command.is_update()));
+            self.counts.replies_before_sync += outbox.replies.len() as u64;
+            for (request, outcome) in outbox.replies.drain(..) {
+                self.complete(request, outcome);
+            }
+            let strikes = replied && (due || self.syncs[at].running) && !self.quiescent;
+            if strikes && std::mem::take(&mut self.power_loss_armed) {
+                // Updates answered, this node's own writes not stable yet: what a core that
+                // counted them would have answered on records the power loss now takes.
+                // Nothing else of the call leaves.
+                outbox.clear();
+                self.outbox = outbox;
+                self.counts.power_losses_after_replies_before_a_sync += 1;
+                self.power_loss();
+                return;
+            }
+        }
+        // The sync this call's messages wait for: the one it starts, the one after the one
+        // running (which started before its writes), or the last one asked for.
+        let sync = &mut self.syncs[at];
+        sync.wanted |= due && sync.running;
+        let waits_for = sync.started + (due || sync.wanted) as u64;
+        let waits = due || sync.running || sync.wanted;
+        if waits && !(outbox.messages.is_empty() && outbox.replies.is_empty()) {
+            self.counts.calls_waiting_for_a_sync += 1;
+            let held = (std::mem::take(&mut outbox.messages), std::mem::take(&mut outbox.replies));
+            self.syncs[at].held.push((waits_for, held.0, held.1));
+        }
+        self.send_all(node, &mut outbox.messages, false);
+        for (request, outcome) in outbox.replies.drain(..) {
+            self.complete(request, outcome);
+        }
+        self.outbox = outbox;
+        if due && !self.syncs[at].running {
+            self.start_sync(node);
+        }
+    }
+
+    /// Start a sync of everything the node wrote so far; it returns after
+    /// `SimConfig::sync_latency`, when the simulated disk makes the writes stable (those
+    /// made meanwhile too, as a disk may; the core is told only of those before the start).
+    fn start_sync(&mut self, node: NodeId) {
+        let Some((fastest, slowest)) = self.config.sync_latency else { return };
+        let at = node.index();
+        self.nodes[at].sync_started();
+        let spread = slowest.as_micros().saturating_sub(fastest.as_micros());
+        let took = fastest + Time::from_micros(self.rng.below(spread + 1));
+        let sync = &mut self.syncs[at];
+        (sync.running, sync.wanted, sync.started) = (true, false, sync.started + 1);
+        let (generation, number) = (sync.generation, sync.started);
+        self.trace(|| format!("{node} starts sync {number}, returning in {took:?}"));
+        self.schedule(self.now + took, Event::SyncDone { node, generation });
+    }
+
+    /// The node's sync returned: what waited for it leaves, the core hears so in a call of
+    /// its own, and the next sync starts if records were written meanwhile.
+    fn sync_done(&mut self, node: NodeId, generation: u64) {
+        let at = node.index();
+        if self.crashed[at] || self.syncs[at].generation != generation {
+            return;
+        }
+        self.syncs[at].running = false;
+        self.counts.syncs_on_thread += 1;
+        let number = self.syncs[at].started;
+        self.trace(|| format!("{node}'s sync {number} returns"));
+        self.nodes[at].sync_durable();
+        let done = self.syncs[at].started;
+        let (ready, waiting) = std::mem::take(&mut self.syncs[at].held)
+            .into_iter()
+            .partition(|(waits_for, ..)| *waits_for <= done);
+        self.syncs[at].held = waiting;
+        for (_, mut messages, replies) in ready {
+            self.send_all(node, &mut messages, false);
+            for (request, outcome) in replies {
+                self.complete(request, outcome);
+            }
+        }
+        // The core hears of this sync before the next starts: that one's records are not
+        // stable until it returns.
+        let now = self.local_now(node);
+        self.nodes[at].on_synced(now, &mut self.outbox);
+        self.perform_outbox(node);
+        if self.syncs[at].wanted && !self.syncs[at].running && !self.crashed[at] {
+            self.start_sync(node);
+        }
     }
 
     /// Send every message of `messages` (drained); a node that `dies_now` loses each copy
@@ -716,6 +902,17 @@ where
         self.kill(node);
     }
 
+    /// With syncs on a thread, half the power losses strike right after a node answered an
+    /// update while its own sync ran: a node that counted records its sync had not made
+    /// stable yet answers on them then, and the power loss takes them.
+    fn power_loss_now_or_armed(&mut self) {
+        if self.config.sync_latency.is_some() && self.rng.chance(0.5) {
+            self.power_loss_armed = !self.quiescent;
+            return;
+        }
+        self.power_loss();
+    }
+
     /// Every node loses power at once; each restarts later from what its disk kept.
     fn power_loss(&mut self) {
         if self.quiescent {
@@ -731,6 +928,13 @@ where
     }
 
     fn kill(&mut self, node: NodeId) {
+        let sync = &mut self.syncs[node.index()];
+        if sync.running {
+            self.counts.crashes_with_sync_running += 1;
+        }
+        // What waited for the sync never leaves; the sync never returns.
+        (sync.running, sync.wanted, sync.generation) = (false, false, sync.generation + 1);
+        sync.held.clear();
         self.crashed[node.index()] = true;
         self.without_data[node.index()] = true;
         self.crash_armed[node.index()] = false;

@@ -102,6 +102,8 @@ caught! {
     raftlog_acknowledging_before_syncing: "raftlog" "ack-before-sync",
     // Decoupled execution keeping the writes of an entry a new leader replaced.
     raftlog_keeping_rolled_back_executions: "raftlog" "keep-rolled-back",
+    // A leader counting its own copy of an entry before its sync thread's sync returned.
+    raftlog_counting_an_unsynced_copy: "raftlog" "counts-unsynced-copy",
     // The server's persistence: ACKs and replies before the append-only file is synced,
     // caught in the swarm that restarts nodes from their files.
     hermes_acknowledging_before_syncing: "hermes" "ack-before-sync",

@@ -28,17 +28,23 @@ pub enum Bug {
     /// entry is lost (a new leader replaced it): they are not rolled back, so the replica's
     /// copy holds writes the log never committed, and a retry of the lost command runs again.
     KeepRolledBack,
+    /// raft-rs is told a Ready is stable as soon as it is handled (synchronous `advance`),
+    /// while the runtime still syncs it on its sync thread: a leader counts its own unsynced
+    /// copy toward a commit, so an entry one follower holds is answered, and lost when the
+    /// leader crashes before its sync returns and the others elect a log without it.
+    CountsUnsyncedCopy,
 }
 
 impl Bug {
     /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 7] = [
         Bug::LocalReads,
         Bug::NoSessions,
         Bug::NoTxnLocks,
         Bug::AckBeforeSync,
         Bug::GangNoRendezvous,
         Bug::KeepRolledBack,
+        Bug::CountsUnsyncedCopy,
     ];
 }
 

@@ -38,7 +38,9 @@
 //! followed it.
 
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use chorus_core::codec::WireMessage;
@@ -107,7 +109,31 @@ pub struct DiskOptions {
     /// Broken variant `Bug::AckBeforeSync`: sync only every this many turns, while every
     /// turn's messages and replies leave at once. 1 (correct): every turn.
     pub sync_every_turns: u32,
+    /// Where a runtime syncs the circular log (`raftlog_sync`).
+    pub sync: SyncPlace,
+    /// Benchmarks only (`raftlog_emulated_sync_delay_us`): wait this long after every sync
+    /// of the circular log, as a slower disk would. Zero otherwise.
+    pub emulated_sync_delay: Duration,
 }
+
+/// Where the circular log's syncs run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncPlace {
+    /// In the event loop, which waits for each.
+    Loop,
+    /// On a [`SyncThread`], while the loop goes on.
+    Thread,
+    /// On the thread while syncs take [`SYNC_THREAD_FROM`] or more on average, else in the
+    /// loop (the default).
+    #[default]
+    Auto,
+}
+
+/// With [`SyncPlace::Auto`], syncs this slow on average go to the sync thread. Handing a sync
+/// over costs two wake-ups (the thread's, then the loop's); measured here with a 55 us
+/// `fdatasync`, handing every one over cost a quarter of the SETs at 64 clients
+/// (docs/benchmarks.md, "Syncs off the loop").
+pub const SYNC_THREAD_FROM: Duration = Duration::from_micros(300);
 
 impl Default for DiskOptions {
     fn default() -> Self {
@@ -117,6 +143,8 @@ impl Default for DiskOptions {
             storage: StorageKind::Files,
             checkpoint_thread: true,
             sync_every_turns: 1,
+            sync: SyncPlace::Auto,
+            emulated_sync_delay: Duration::ZERO,
         }
     }
 }
@@ -150,6 +178,12 @@ pub struct TwoLevelLog {
     stats: DiskStats,
     sync_every_turns: u32,
     turns_unsynced: u32,
+    /// [`DiskOptions::sync`].
+    sync: SyncPlace,
+    /// [`DiskOptions::emulated_sync_delay`].
+    emulated_sync_delay: Duration,
+    /// What a [`SyncThread`] would sync (real storage only; taken when one starts).
+    sync_target: Option<SyncTarget>,
 }
 
 /// A checkpoint to write, and the log file it makes obsolete.
@@ -269,12 +303,9 @@ fn parse_log_file(bytes: &[u8]) -> (Vec<(u64, Bytes)>, usize) {
     (records, at)
 }
 
-/// The storage and circular-log region `options` ask for, in `dir`, and a second handle on
-/// the storage for the checkpoint writer thread.
-fn open_storage(
-    dir: &Path,
-    options: DiskOptions,
-) -> Result<(BoxedStorage, BoxedRegion, BoxedStorage), DiskError> {
+/// The storage and circular-log region `options` ask for, in `dir`, a second handle on the
+/// storage for the checkpoint writer thread, and what a [`SyncThread`] would sync.
+fn open_storage(dir: &Path, options: DiskOptions) -> Result<OpenedStorage, DiskError> {
     let opening = || io(format!("opening {}", dir.display()));
     match options.storage {
         StorageKind::Files => {
@@ -284,23 +315,64 @@ fn open_storage(
             let region = store
                 .register(TenantId(0), "circular", options.circular_bytes)
                 .map_err(CircularError::from)?;
-            Ok((Box::new(storage), Box::new(region), Box::new(writer)))
+            // An fdatasync of the mapped file writes back the same page cache as an msync
+            // of the mapping (on Linux both are vfs_fsync_range); without msync there is
+            // nothing to sync.
+            let sync = match (options.flush, region.path()) {
+                (FlushBackend::Msync, Some(path)) => {
+                    let file =
+                        std::fs::File::open(path).map_err(io(format!("opening {}", path.display())))?;
+                    let sync: SyncAction = Box::new(move || file.sync_data());
+                    Some(SyncTarget { describe: format!("fdatasync of {}", path.display()), sync })
+                }
+                _ => None,
+            };
+            Ok(OpenedStorage {
+                storage: Box::new(storage),
+                region: Box::new(region),
+                writer: Box::new(writer),
+                sync,
+            })
         }
         StorageKind::CrashTest => {
             let storage = CrashTestStorage::open(dir).map_err(opening())?;
             let region = StorageRegion::open(storage.clone(), CIRCULAR, options.circular_bytes)
                 .map_err(CircularError::from)?;
-            Ok((Box::new(storage.clone()), Box::new(region), Box::new(storage)))
+            let mut syncing = storage.clone();
+            let sync: SyncAction = Box::new(move || syncing.sync(CIRCULAR));
+            Ok(OpenedStorage {
+                storage: Box::new(storage.clone()),
+                region: Box::new(region),
+                writer: Box::new(storage),
+                sync: Some(SyncTarget { describe: format!("sync of crash-test {CIRCULAR}"), sync }),
+            })
         }
     }
+}
+
+struct OpenedStorage {
+    storage: BoxedStorage,
+    region: BoxedRegion,
+    writer: BoxedStorage,
+    sync: Option<SyncTarget>,
+}
+
+/// What a [`SyncThread`] runs to make every write to the circular log so far durable.
+type SyncAction = Box<dyn FnMut() -> std::io::Result<()> + Send>;
+
+/// A [`SyncAction`], and what it syncs (for errors).
+pub struct SyncTarget {
+    describe: String,
+    sync: SyncAction,
 }
 
 impl TwoLevelLog {
     /// Open (or create) the two-level log in `dir` and recover what it holds.
     pub fn open(dir: &Path, options: DiskOptions) -> Result<(TwoLevelLog, Recovered), DiskError> {
-        let (storage, region, writer) = open_storage(dir, options)?;
-        let (log, recovered) = TwoLevelLog::open_on(storage, region, options)?;
-        let log = if options.checkpoint_thread { log.with_writer(writer)? } else { log };
+        let opened = open_storage(dir, options)?;
+        let (mut log, recovered) = TwoLevelLog::open_on(opened.storage, opened.region, options)?;
+        log.sync_target = opened.sync;
+        let log = if options.checkpoint_thread { log.with_writer(opened.writer)? } else { log };
         Ok((log, recovered))
     }
 
@@ -385,6 +457,9 @@ impl TwoLevelLog {
             stats: DiskStats::default(),
             sync_every_turns: options.sync_every_turns.max(1),
             turns_unsynced: 0,
+            sync: options.sync,
+            emulated_sync_delay: options.emulated_sync_delay,
+            sync_target: None,
         };
         Ok((log, Recovered { checkpoint, records }))
     }
@@ -461,6 +536,20 @@ impl TwoLevelLog {
         }
         self.turns_unsynced = 0;
         self.circular.flush()?;
+        if !self.emulated_sync_delay.is_zero() {
+            std::thread::sleep(self.emulated_sync_delay);
+        }
+        self.stats.flushes += 1;
+        if self.circular.used_bytes() > self.circular.capacity_bytes() / 2 {
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    /// [`TwoLevelLog::sync`] for a runtime whose [`SyncThread`] syncs the circular log's file:
+    /// everything but the flush (the checkpoint's progress, a drain once half full).
+    pub fn sync_elsewhere(&mut self) -> Result<(), DiskError> {
+        self.poll_checkpoint()?;
         self.stats.flushes += 1;
         if self.circular.used_bytes() > self.circular.capacity_bytes() / 2 {
             self.drain()?;
@@ -666,6 +755,108 @@ pub fn session_client_id(me: NodeId, incarnation: u64, identity: u64, boot: u64)
     }
 }
 
+/// Syncs the circular log's file off the event loop (raft-rs's asynchronous persistence,
+/// docs/protocols/raftlog.md, "Persistence"): the loop writes a turn's records, hands the
+/// turn's ticket over and goes on with the next turn; the thread `fdatasync`s the file,
+/// which makes every record written before the call durable, publishes the ticket and wakes
+/// the loop. Requests that pile up while a sync runs are served by one sync (group commit).
+pub struct SyncThread {
+    requests: Option<mpsc::Sender<u64>>,
+    done: Arc<SyncDone>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// What the thread syncs, for errors.
+    describe: String,
+}
+
+#[derive(Default)]
+struct SyncDone {
+    /// The last ticket whose records a finished sync covered.
+    ticket: AtomicU64,
+    /// How long that sync took.
+    took_ns: AtomicU64,
+    /// Why a sync failed (the error's kind and text): the node must stop.
+    failed: std::sync::Mutex<Option<(std::io::ErrorKind, String)>>,
+}
+
+impl SyncThread {
+    /// Start syncing `target`; `wake` is called after every sync (the loop's waker), and
+    /// each sync waits `emulated_delay` more ([`DiskOptions::emulated_sync_delay`]).
+    pub fn start(
+        target: SyncTarget,
+        emulated_delay: Duration,
+        wake: Box<dyn Fn() + Send>,
+    ) -> Result<SyncThread, DiskError> {
+        let SyncTarget { describe, mut sync } = target;
+        let (requests, pending) = mpsc::channel::<u64>();
+        let done = Arc::new(SyncDone::default());
+        let report = done.clone();
+        let thread = std::thread::Builder::new()
+            .name("raftlog-sync".into())
+            .spawn(move || {
+                while let Ok(mut ticket) = pending.recv() {
+                    while let Ok(later) = pending.try_recv() {
+                        ticket = later; // one sync covers every record written so far
+                    }
+                    let started = std::time::Instant::now();
+                    let synced = sync();
+                    if !emulated_delay.is_zero() {
+                        std::thread::sleep(emulated_delay);
+                    }
+                    match synced {
+                        Ok(()) => {
+                            let took_ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+                            report.took_ns.store(took_ns, Ordering::Relaxed);
+                            report.ticket.store(ticket, Ordering::Release);
+                        }
+                        Err(error) => {
+                            let failure = (error.kind(), error.to_string());
+                            *report.failed.lock().unwrap_or_else(|poison| poison.into_inner()) =
+                                Some(failure);
+                            wake();
+                            return;
+                        }
+                    }
+                    wake();
+                }
+            })
+            .map_err(io("starting the sync thread"))?;
+        Ok(SyncThread { requests: Some(requests), done, thread: Some(thread), describe })
+    }
+
+    /// Sync every record written so far; `ticket` names them.
+    fn request(&self, ticket: u64) -> Result<(), DiskError> {
+        let requests = self.requests.as_ref().expect("the sync thread is running");
+        requests.send(ticket).map_err(|_| self.failure().unwrap_or_else(sync_thread_gone))
+    }
+
+    /// The last ticket a finished sync covered, or why syncing failed.
+    fn synced(&self) -> Result<u64, DiskError> {
+        match self.failure() {
+            Some(error) => Err(error),
+            None => Ok(self.done.ticket.load(Ordering::Acquire)),
+        }
+    }
+
+    fn failure(&self) -> Option<DiskError> {
+        let failed = self.done.failed.lock().unwrap_or_else(|poison| poison.into_inner());
+        let (kind, message) = failed.clone()?;
+        Some(DiskError::Io { context: self.describe.clone(), source: std::io::Error::new(kind, message) })
+    }
+}
+
+fn sync_thread_gone() -> DiskError {
+    DiskError::Io { context: "the sync thread".into(), source: std::io::Error::other("it stopped") }
+}
+
+impl Drop for SyncThread {
+    fn drop(&mut self) {
+        self.requests = None; // the thread's loop ends
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A raftlog replica with its two-level log: the core plus the I/O that makes its Raft
 /// state durable. The runtime calls [`DurableRaftLog::persist`] after every turn, before it
 /// sends the turn's messages and replies.
@@ -675,13 +866,37 @@ pub struct DurableRaftLog {
     boot: u64,
     /// The simulator's `write_durable` wrote records that `sync_durable` must sync.
     sync_pending: bool,
+    /// The ticket of the last records written ([`crate::durable::DurableTurn::ticket`]).
+    written_ticket: u64,
+    /// The ticket of the last records a sync covered, for [`RaftLog::on_synced`].
+    synced_ticket: u64,
+    /// The simulator's sync under way covers the records up to this ticket
+    /// ([`Replica::sync_started`]).
+    sync_covers: Option<u64>,
+    /// Syncs run off the event loop ([`DurableRaftLog::start_sync_thread`]).
+    sync_thread: Option<SyncThread>,
+    /// The last ticket handed to the sync thread.
+    sync_requested: u64,
+    /// Syncs handed to the sync thread.
+    syncs_on_thread: u64,
 }
 
 impl DurableRaftLog {
     /// A replica without a data directory: nothing survives a restart, so a restarted node
     /// must not rejoin under its old id.
     pub fn in_memory(config: RaftLogConfig) -> DurableRaftLog {
-        DurableRaftLog { core: RaftLog::new(config), disk: None, boot: 0, sync_pending: false }
+        DurableRaftLog {
+            core: RaftLog::new(config),
+            disk: None,
+            boot: 0,
+            sync_pending: false,
+            written_ticket: 0,
+            synced_ticket: 0,
+            sync_covers: None,
+            sync_thread: None,
+            sync_requested: 0,
+            syncs_on_thread: 0,
+        }
     }
 
     /// Open `dir` (created if missing) and restore the replica the previous incarnation
@@ -691,14 +906,15 @@ impl DurableRaftLog {
         dir: &Path,
         options: DiskOptions,
     ) -> Result<DurableRaftLog, DiskError> {
-        let (storage, region, writer) = open_storage(dir, options)?;
-        let mut replica = DurableRaftLog::open_on(config, storage, region, options)?;
-        if options.checkpoint_thread {
-            replica.disk = match replica.disk.take() {
-                Some(disk) => Some(disk.with_writer(writer)?),
-                None => None,
-            };
-        }
+        let opened = open_storage(dir, options)?;
+        let mut replica = DurableRaftLog::open_on(config, opened.storage, opened.region, options)?;
+        replica.disk = match replica.disk.take() {
+            Some(mut disk) => {
+                disk.sync_target = opened.sync;
+                Some(if options.checkpoint_thread { disk.with_writer(opened.writer)? } else { disk })
+            }
+            None => None,
+        };
         Ok(replica)
     }
 
@@ -726,7 +942,18 @@ impl DurableRaftLog {
         let (disk, recovered) = TwoLevelLog::open_on(storage, region, options)?;
         let core =
             RaftLog::restore(config, recovered).map_err(|error| DiskError::Corrupt(error.to_string()))?;
-        Ok(DurableRaftLog { core, disk: Some(disk), boot, sync_pending: false })
+        Ok(DurableRaftLog {
+            core,
+            disk: Some(disk),
+            boot,
+            sync_pending: false,
+            written_ticket: 0,
+            synced_ticket: 0,
+            sync_covers: None,
+            sync_thread: None,
+            sync_requested: 0,
+            syncs_on_thread: 0,
+        })
     }
 
     pub fn core(&self) -> &RaftLog {
@@ -761,17 +988,93 @@ impl DurableRaftLog {
     /// Whether [`Self::persist`] will sync: the core's calls since the last one left records
     /// that need it, and there is a disk.
     pub fn turn_needs_sync(&self) -> bool {
-        self.disk.is_some() && self.core.records_need_sync()
+        self.disk.is_some() && (self.core.records_need_sync() || self.sync_outstanding())
+    }
+
+    /// Syncs handed to the sync thread so far.
+    pub fn syncs_on_thread(&self) -> u64 {
+        self.syncs_on_thread
+    }
+
+    /// Whether a sync handed to the sync thread has not returned yet.
+    pub fn sync_outstanding(&self) -> bool {
+        let synced = self.sync_thread.as_ref().map_or(Ok(u64::MAX), SyncThread::synced);
+        synced.is_ok_and(|synced| synced < self.sync_requested)
     }
 
     fn write_turn(&mut self, sync_always: bool) -> Result<(), DiskError> {
+        // A sync of the thread still under way is overtaken: this turn's messages must not
+        // leave before what that sync covers is stable.
+        let sync_always = sync_always || self.sync_outstanding();
         let turn = self.core.take_durable();
-        let Some(disk) = &mut self.disk else { return Ok(()) };
+        self.written_ticket = turn.ticket;
+        let Some(disk) = &mut self.disk else {
+            self.synced_ticket = turn.ticket; // nothing to wait for
+            return Ok(());
+        };
         disk.write(&turn.records)?;
         if turn.sync || sync_always {
             disk.sync()?;
+            self.synced_ticket = turn.ticket;
         }
         Ok(())
+    }
+
+    /// Tell the core what the syncs so far made stable ([`RaftLog::on_synced`]); a no-op
+    /// when nothing new was synced.
+    pub fn on_synced_now(&mut self, now: Time, out: &mut Outbox<Message>) {
+        self.core.on_synced(self.synced_ticket, now, out);
+    }
+
+    /// Start a [`SyncThread`], when the circular log has something to sync and
+    /// `raftlog_sync` allows it; `wake` is called whenever a sync returns. Returns from what
+    /// average sync time on the runtime should sync there ([`SyncPlace`]); `None`: the loop
+    /// keeps syncing (no disk, a volatile one, or `raftlog_sync = "loop"`).
+    pub fn start_sync_thread(&mut self, wake: Box<dyn Fn() + Send>) -> Result<Option<Duration>, DiskError> {
+        let Some(disk) = &mut self.disk else { return Ok(None) };
+        let from = match disk.sync {
+            SyncPlace::Loop => return Ok(None),
+            SyncPlace::Thread => Duration::ZERO,
+            SyncPlace::Auto => SYNC_THREAD_FROM,
+        };
+        let Some(target) = disk.sync_target.take() else { return Ok(None) };
+        self.sync_thread = Some(SyncThread::start(target, disk.emulated_sync_delay, wake)?);
+        Ok(Some(from))
+    }
+
+    /// [`Self::persist`] with the sync handed to the sync thread: the core's records are
+    /// written, and a turn that needs a sync asks the thread for one. Returns the ticket a
+    /// sync must reach before the messages of this turn that wait for a sync may leave:
+    /// this turn's, or an earlier one still under way (a later turn's answers may rest on an
+    /// earlier turn's records, such as a follower acknowledging entries it already holds);
+    /// `None` when nothing is under way. Without a sync thread this is [`Self::persist`].
+    pub fn persist_elsewhere(&mut self) -> Result<Option<u64>, DiskError> {
+        let (Some(thread), Some(disk)) = (&self.sync_thread, &mut self.disk) else {
+            self.persist()?;
+            return Ok(None);
+        };
+        let turn = self.core.take_durable();
+        self.written_ticket = turn.ticket;
+        disk.write(&turn.records)?;
+        if turn.sync {
+            disk.sync_elsewhere()?;
+            thread.request(turn.ticket)?;
+            self.sync_requested = turn.ticket;
+            self.syncs_on_thread += 1;
+        }
+        Ok((thread.synced()? < self.sync_requested).then_some(self.sync_requested))
+    }
+
+    /// The ticket of a sync the thread finished since the last call (for
+    /// [`Self::on_synced_now`]) and how long it took, or why syncing failed.
+    pub fn poll_synced(&mut self) -> Result<Option<(u64, Duration)>, DiskError> {
+        let Some(thread) = &self.sync_thread else { return Ok(None) };
+        let synced = thread.synced()?;
+        if synced <= self.synced_ticket {
+            return Ok(None);
+        }
+        self.synced_ticket = synced;
+        Ok(Some((synced, Duration::from_nanos(thread.done.took_ns.load(Ordering::Relaxed)))))
     }
 }
 
@@ -816,6 +1119,7 @@ impl Replica for DurableRaftLog {
     /// fails a write, so here that is a panic the sweep reports.
     fn write_durable(&mut self) -> bool {
         let turn = self.core.take_durable();
+        self.written_ticket = turn.ticket;
         if let Some(disk) = &mut self.disk {
             disk.write(&turn.records).expect("the two-level log cannot be written");
         }
@@ -831,13 +1135,26 @@ impl Replica for DurableRaftLog {
         self.core.replies_before_sync()
     }
 
+    fn sync_started(&mut self) {
+        self.sync_covers = Some(self.written_ticket);
+        self.sync_pending = false; // what is written from now on needs the next sync
+    }
+
     fn sync_durable(&mut self) {
-        if !std::mem::take(&mut self.sync_pending) {
+        let covers = self.sync_covers.take();
+        if !std::mem::take(&mut self.sync_pending) && covers.is_none() {
             return; // only commit indexes moved: written, left for the next syncing turn
         }
         if let Some(disk) = &mut self.disk {
             disk.sync().expect("the two-level log cannot be synced");
         }
+        // A sync that took time made stable what it covered; later writes it may have
+        // carried too are not claimed.
+        self.synced_ticket = covers.unwrap_or(self.written_ticket);
+    }
+
+    fn on_synced(&mut self, now: Time, out: &mut Outbox<Message>) {
+        self.on_synced_now(now, out);
     }
 
     /// Only a turn with more than commit indexes to write syncs (the model charges it).

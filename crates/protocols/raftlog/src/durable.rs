@@ -94,6 +94,9 @@ impl Recovered {
 pub struct DurableTurn {
     pub records: Vec<Record>,
     pub sync: bool,
+    /// This take's number: once a sync covers these records, the runtime passes it (or a
+    /// later one) to [`crate::RaftLog::on_synced`].
+    pub ticket: u64,
 }
 
 const TAG_ENTRIES: u8 = 1;

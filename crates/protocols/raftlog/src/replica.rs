@@ -245,6 +245,11 @@ struct Group {
     /// The commit index last told to each follower (by Raft id) in `noticed_term`.
     noticed: Vec<(u64, u64)>,
     noticed_term: u64,
+    // ---- persistence (durable only)
+    /// The number of the last raft-rs Ready whose records this log queued for the disk.
+    ready_written: u64,
+    /// The number of the last Ready raft-rs was told is stable (`on_persist_ready`).
+    ready_synced: u64,
 }
 
 impl Group {
@@ -273,6 +278,11 @@ pub struct RaftLog {
     /// Whether `durable_out` holds a record that must be synced, not only written: anything
     /// but a HardState that moves only the commit index.
     durable_sync_needed: bool,
+    /// The last [`DurableTurn::ticket`] handed out.
+    durable_ticket: u64,
+    /// Per take of durable records that wrote Readies: its ticket and every log's
+    /// `ready_written` then, oldest first, until a sync covers it ([`RaftLog::on_synced`]).
+    readies_taken: VecDeque<(u64, Vec<u64>)>,
     /// Entries applied (over all logs) since the last compaction.
     applied_since_snapshot: u64,
     /// A snapshot was installed: write a checkpoint at the end of this call.
@@ -357,6 +367,8 @@ impl RaftLog {
             local_reads,
             durable_out: Vec::new(),
             durable_sync_needed: false,
+            durable_ticket: 0,
+            readies_taken: VecDeque::new(),
             applied_since_snapshot: 0,
             checkpoint_due: false,
             snapshots_sent: Vec::new(),
@@ -467,9 +479,49 @@ impl RaftLog {
     /// again from the leader, so losing it loses nothing acknowledged. Such a turn (a leader
     /// taking acknowledgements, a follower told of a commit) answers without waiting for the
     /// disk; the next syncing turn makes its records stable with everything else.
+    ///
+    /// raft-rs learns that the records are stable only from [`Self::on_synced`] (its
+    /// asynchronous persistence: `advance_append_async`, `on_persist_ready`). Until then a
+    /// leader does not count itself toward committing its new entries and no replica applies
+    /// them, so nothing a message or reply of a later call says can rest on records that are
+    /// not stable yet, and the runtime may run further calls while the sync is under way.
     pub fn take_durable(&mut self) -> DurableTurn {
+        self.durable_ticket += 1;
+        let written: Vec<u64> = self.groups.iter().map(|group| group.ready_written).collect();
+        let unsynced = match self.readies_taken.back() {
+            Some((_, last)) => *last != written,
+            None => self.groups.iter().any(|group| group.ready_written > group.ready_synced),
+        };
+        if unsynced {
+            self.readies_taken.push_back((self.durable_ticket, written));
+        }
         let sync = std::mem::take(&mut self.durable_sync_needed);
-        DurableTurn { records: std::mem::take(&mut self.durable_out), sync }
+        DurableTurn { records: std::mem::take(&mut self.durable_out), sync, ticket: self.durable_ticket }
+    }
+
+    /// Every record of the takes up to `ticket` ([`DurableTurn::ticket`]) is stable: raft-rs
+    /// may count this replica's copies of their entries (a leader toward a commit) and apply
+    /// them. What that makes possible (commits, replies, appends) is done at once.
+    pub fn on_synced(&mut self, ticket: u64, now: Time, out: &mut Outbox<Message>) {
+        let mut covered = None;
+        while self.readies_taken.front().is_some_and(|(taken, _)| *taken <= ticket) {
+            covered = self.readies_taken.pop_front().map(|(_, marks)| marks);
+        }
+        let Some(marks) = covered else { return };
+        for (group, number) in self.groups.iter_mut().zip(marks) {
+            if number > group.ready_synced {
+                group.raft.on_persist_ready(number);
+                group.ready_synced = number;
+                group.dirty = true;
+            }
+        }
+        // A call of its own, flushed at once: its runtime may have no turn end coming.
+        self.flush(now, out);
+    }
+
+    /// The last ticket [`Self::take_durable`] handed out.
+    pub fn durable_ticket(&self) -> u64 {
+        self.durable_ticket
     }
 
     /// Whether the records queued since the last [`Self::take_durable`] need a sync.
@@ -1217,25 +1269,22 @@ impl RaftLog {
             }
         }
         self.send_raft(log, ready.take_persisted_messages(), out);
-        let mut light = self.groups[log].raft.advance(ready);
-        if let Some(commit) = light.commit_index() {
-            let storage = self.groups[log].raft.mut_store();
-            storage.set_commit(commit);
-            if durable {
-                let hard_state = storage.hard_state();
-                let record = Record::HardState {
-                    log: log as u32,
-                    term: hard_state.term,
-                    vote: hard_state.vote,
-                    commit,
-                };
-                self.push_durable(record, false); // only the commit index moved
-            }
+        let number = ready.number();
+        let asynchronous = durable && !self.config.has_bug(crate::Bug::CountsUnsyncedCopy);
+        if asynchronous && ready.snapshot().is_empty() {
+            // raft-rs hears that this Ready is stable from `on_synced`, once the runtime's
+            // sync covers it; the commits and applies that waits for come in a later Ready.
+            self.groups[log].raft.advance_append_async(ready);
+            self.groups[log].ready_written = number;
+        } else {
+            // An installed snapshot counts as stable at once (raft-rs applies from it at
+            // once): it holds only what a majority committed, and the follower's answer to
+            // it still waits for the sync of its checkpoint. Every earlier Ready's entries
+            // lie below it or were replaced by it.
+            self.advance_in_memory(log, ready, out);
+            let group = &mut self.groups[log];
+            (group.ready_written, group.ready_synced) = (number, number);
         }
-        self.send_raft(log, light.take_messages(), out);
-        let committed = light.take_committed_entries();
-        self.apply(log, committed, out);
-        self.execute_held_entries(log);
         self.groups[log].raft.advance_apply();
         // raft-rs keeps a follower it sent a snapshot to paused until told how it went; the
         // network may lose the snapshot, so report it delivered at once: the follower's next
@@ -1245,6 +1294,18 @@ impl RaftLog {
             self.groups[log].raft.report_snapshot(to, raft::SnapshotStatus::Finish);
         }
         true
+    }
+
+    /// Without a disk a Ready is stable once handled: commit and apply what that allows now.
+    fn advance_in_memory(&mut self, log: usize, ready: raft::Ready, out: &mut Outbox<Message>) {
+        let mut light = self.groups[log].raft.advance_append(ready);
+        if let Some(commit) = light.commit_index() {
+            self.groups[log].raft.mut_store().set_commit(commit);
+        }
+        self.send_raft(log, light.take_messages(), out);
+        let committed = light.take_committed_entries();
+        self.apply(log, committed, out);
+        self.execute_held_entries(log);
     }
 
     /// A leader sent a snapshot because this replica is behind its compacted log: the
@@ -1545,6 +1606,8 @@ fn new_group(config: &RaftLogConfig, log: usize, restored: Option<(LogStorage, L
         log,
         raft,
         applied_index,
+        ready_written: 0,
+        ready_synced: 0,
         queue: VecDeque::new(),
         own_seq: 0,
         own_in_flight: false,
@@ -1757,13 +1820,12 @@ impl Replica for RaftLog {
     /// A leader's appends and heartbeats, its commit notices and a follower's forwarded
     /// batches leave before the call's records are synced (docs/protocols/raftlog.md, "Raft
     /// details"). An append may carry entries this very call wrote: the leader writes its log
-    /// in parallel with replicating it (Raft thesis §10.2.1). raft-rs counts the leader's own
-    /// entries toward a commit from `advance`, but a commit also needs a follower's answer,
-    /// which only a later call can take, and the runtime syncs every call's records before it
-    /// runs the next. The term it carries was synced before the votes that made this node
-    /// leader were asked for. A commit notice or heartbeat carries only commit indexes, which
-    /// rest on stable copies; a forward is a batch no log holds yet. Everything else, a
-    /// follower's answers above all, waits for the sync.
+    /// in parallel with replicating it (Raft thesis §10.2.1). The commit index an append, a
+    /// heartbeat or a notice carries rests only on stable copies: raft-rs counts this
+    /// leader's own entries toward a commit only once [`RaftLog::on_synced`] says they are
+    /// stable. The term it carries was synced before the votes that made this node leader
+    /// were asked for. A forward is a batch no log holds yet. Everything else, a follower's
+    /// answers and votes above all, waits for the sync.
     fn leaves_before_sync(&self, message: &Message) -> bool {
         match message {
             Message::Raft { message, .. } => {
@@ -1779,12 +1841,11 @@ impl Replica for RaftLog {
         }
     }
 
-    /// A reply answers a committed entry (or a read, or a refusal): with several voters a
-    /// majority holds the entry stable already, whatever this call wrote. raft-rs commits in
-    /// the very call that appends an entry only when this node is the only voter, and then
-    /// the reply must wait for the sync.
+    /// A reply answers an entry a majority holds stable, counting this replica only once
+    /// [`RaftLog::on_synced`] said its copy is (or a read of such entries, or a refusal):
+    /// nothing it says rests on what the call wrote.
     fn replies_before_sync(&self) -> bool {
-        self.config.members.len() > 1
+        true
     }
 
     fn on_client(
@@ -2034,10 +2095,15 @@ mod tests {
             );
             now_ms += 1;
             core.on_tick(Time::from_millis(now_ms), &mut out);
-            for record in core.take_durable().records {
-                if let Record::Checkpoint(taken) = record {
-                    checkpoint.get_or_insert(taken);
+            // Each take is synced at once; hearing so commits (a single voter) and applies.
+            for _ in 0..3 {
+                let turn = core.take_durable();
+                for record in turn.records {
+                    if let Record::Checkpoint(taken) = record {
+                        checkpoint.get_or_insert(taken);
+                    }
                 }
+                core.on_synced(turn.ticket, Time::from_millis(now_ms), &mut out);
             }
         }
         let checkpoint = checkpoint.expect("a checkpoint every 4 entries");

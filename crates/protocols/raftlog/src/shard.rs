@@ -116,8 +116,16 @@ impl Replica for ShardCore {
         self.core.write_durable()
     }
 
+    fn sync_started(&mut self) {
+        self.core.sync_started();
+    }
+
     fn sync_durable(&mut self) {
         self.core.sync_durable();
+    }
+
+    fn on_synced(&mut self, now: Time, out: &mut Outbox<ShardMessage>) {
+        self.with_outbox(out, |core, scratch| core.on_synced(now, scratch));
     }
 
     fn leaves_before_sync(&self, message: &ShardMessage) -> bool {

@@ -114,7 +114,8 @@ impl Bank {
     }
 
     fn collect(&mut self, node: u8, out: Outbox<Message>, faults: bool) {
-        self.disk[node as usize].extend(self.nodes[node as usize].take_durable().records);
+        let turn = self.nodes[node as usize].take_durable();
+        self.disk[node as usize].extend(turn.records);
         for (destination, message) in out.messages {
             for to in destination.nodes().iter() {
                 let delay = Time::from_micros(100 + self.rng.below(2_000));
@@ -129,6 +130,12 @@ impl Bank {
         }
         for (request, outcome) in out.replies {
             assert!(self.replies.insert(request, outcome).is_none(), "{request:?} answered twice");
+        }
+        if turn.sync {
+            // The records are stable at once here: the core hears so in a call of its own.
+            let mut synced = Outbox::default();
+            self.nodes[node as usize].on_synced(turn.ticket, self.now, &mut synced);
+            self.collect(node, synced, faults);
         }
     }
 

@@ -891,8 +891,12 @@ where
         }
         // The server makes a turn durable once, before its messages and replies leave; a turn
         // that wrote only what may wait (raftlog's commit indexes) leaves it unsynced.
-        if replica.write_durable() && replica.sync_due() {
+        // A sync lets the core count on what it made stable (raftlog's own entries toward a
+        // commit): that call's records are made durable the same way, in the same turn.
+        while replica.write_durable() && replica.sync_due() {
             cost += self.costs.sync_ns;
+            replica.sync_durable();
+            replica.on_synced(now, &mut self.outbox);
         }
         replica.sync_durable();
         let outputs = self.take_outputs();
