@@ -104,6 +104,12 @@ pub struct NodeArgs {
     /// raftlog: circular log flush, msync (default) or none.
     #[arg(long)]
     pub raftlog_flush: Option<String>,
+    /// raftlog: where its syncs run, auto (default), thread or loop.
+    #[arg(long, value_name = "auto|thread|loop")]
+    pub raftlog_sync: Option<String>,
+    /// raftlog, for benchmarks: wait this long after every sync, as a slower disk would.
+    #[arg(long, value_name = "MICROSECONDS")]
+    pub raftlog_emulated_sync_delay_us: Option<u64>,
     /// raftlog: checkpoint every this many applied entries (default 20000).
     #[arg(long)]
     pub raftlog_snapshot_entries: Option<u64>,
@@ -225,6 +231,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<i32> {
         raftlog_shards: args.raftlog_shards,
         raftlog_batch_max: args.raftlog_batch_max,
         raftlog_flush: args.raftlog_flush,
+        raftlog_sync: args.raftlog_sync,
+        raftlog_emulated_sync_delay_us: args.raftlog_emulated_sync_delay_us,
         raftlog_snapshot_entries: args.raftlog_snapshot_entries,
         raftlog_session_expiry_entries: args.raftlog_session_expiry_entries,
         raftlog_trailing_entries: args.raftlog_trailing_entries,

@@ -57,6 +57,13 @@ pub struct UpArgs {
     /// messages leave) or none (volatile).
     #[arg(long, value_name = "msync|none")]
     pub raftlog_flush: Option<String>,
+    /// raftlog only: where its syncs run, auto (default: on a thread of their own while
+    /// they are slow), thread or loop (the event loop waits for each).
+    #[arg(long, value_name = "auto|thread|loop")]
+    pub raftlog_sync: Option<String>,
+    /// raftlog only, for benchmarks: wait this long after every sync, as a slower disk would.
+    #[arg(long, value_name = "MICROSECONDS")]
+    pub raftlog_emulated_sync_delay_us: Option<u64>,
     /// Event loops (threads) per replica, the keys split between them (hermes, craq, zab;
     /// default 1; 0: one per core). docs/decisions.md, decision 9.
     #[arg(long)]
@@ -282,6 +289,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             appendonly: appendonly.clone().map(chorus_server::config::YesNo::Text),
             appendfsync: args.appendfsync.clone(),
             raftlog_flush: args.raftlog_flush.clone(),
+            raftlog_sync: args.raftlog_sync.clone(),
+            raftlog_emulated_sync_delay_us: args.raftlog_emulated_sync_delay_us,
             chain_shape: args.chain_shape.clone(),
             chain_hosts: (!chain_hosts.is_empty())
                 .then(|| chain_hosts.iter().map(|addr| addr.to_string()).collect()),

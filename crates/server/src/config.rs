@@ -94,6 +94,14 @@ pub struct RawConfig {
     pub raftlog_batch_max: Option<usize>,
     /// raftlog only: how the circular log is flushed, "msync" (default) or "none".
     pub raftlog_flush: Option<String>,
+    /// raftlog only: where the circular log's syncs run: "auto" (default: on a thread of
+    /// their own while they take 300 us or more on average, else in the event loop),
+    /// "thread" (always there, while the event loop goes on) or "loop" (the event loop
+    /// waits for each).
+    pub raftlog_sync: Option<String>,
+    /// raftlog only, for benchmarks: wait this many microseconds after every sync of the
+    /// circular log, as a slower disk would (default 0).
+    pub raftlog_emulated_sync_delay_us: Option<u64>,
     /// raftlog only: checkpoint (and truncate the on-disk log) every this many applied
     /// entries (default 20000).
     pub raftlog_snapshot_entries: Option<u64>,
@@ -412,6 +420,10 @@ pub struct RaftlogOptions {
     pub shards: usize,
     pub batch_commands_max: usize,
     pub flush: chorus_raftlog::disk::FlushBackend,
+    /// Where the circular log's syncs run (`raftlog_sync`).
+    pub sync: chorus_raftlog::disk::SyncPlace,
+    /// `raftlog_emulated_sync_delay_us` (benchmarks only).
+    pub emulated_sync_delay: std::time::Duration,
     pub snapshot_entries: u64,
     pub session_expiry_entries: u64,
     pub trailing_entries: u64,
@@ -433,6 +445,8 @@ impl Default for RaftlogOptions {
             shards: 1,
             batch_commands_max: 1_024,
             flush: chorus_raftlog::disk::FlushBackend::Msync,
+            sync: chorus_raftlog::disk::SyncPlace::Auto,
+            emulated_sync_delay: std::time::Duration::ZERO,
             snapshot_entries: 20_000,
             session_expiry_entries: 100_000,
             trailing_entries: 1_000,
@@ -526,6 +540,10 @@ impl RawConfig {
             raftlog_shards: overrides.raftlog_shards.or(self.raftlog_shards),
             raftlog_batch_max: overrides.raftlog_batch_max.or(self.raftlog_batch_max),
             raftlog_flush: overrides.raftlog_flush.or(self.raftlog_flush),
+            raftlog_sync: overrides.raftlog_sync.or(self.raftlog_sync),
+            raftlog_emulated_sync_delay_us: overrides
+                .raftlog_emulated_sync_delay_us
+                .or(self.raftlog_emulated_sync_delay_us),
             raftlog_snapshot_entries: overrides.raftlog_snapshot_entries.or(self.raftlog_snapshot_entries),
             raftlog_session_expiry_entries: overrides
                 .raftlog_session_expiry_entries
@@ -1040,6 +1058,8 @@ impl RawConfig {
             ("raftlog_shards", self.raftlog_shards.is_some()),
             ("raftlog_batch_max", self.raftlog_batch_max.is_some()),
             ("raftlog_flush", self.raftlog_flush.is_some()),
+            ("raftlog_sync", self.raftlog_sync.is_some()),
+            ("raftlog_emulated_sync_delay_us", self.raftlog_emulated_sync_delay_us.is_some()),
             ("raftlog_snapshot_entries", self.raftlog_snapshot_entries.is_some()),
             ("raftlog_session_expiry_entries", self.raftlog_session_expiry_entries.is_some()),
             ("raftlog_trailing_entries", self.raftlog_trailing_entries.is_some()),
@@ -1083,6 +1103,17 @@ impl RawConfig {
                 ))
             }
         };
+        let sync = match self.raftlog_sync.as_deref() {
+            None | Some("auto") => chorus_raftlog::disk::SyncPlace::Auto,
+            Some("thread") => chorus_raftlog::disk::SyncPlace::Thread,
+            Some("loop") => chorus_raftlog::disk::SyncPlace::Loop,
+            Some(other) => {
+                let message = format!("{other:?} is none of \"auto\", \"thread\" and \"loop\"");
+                return Err(field_error("raftlog_sync", message));
+            }
+        };
+        let emulated_sync_delay =
+            std::time::Duration::from_micros(self.raftlog_emulated_sync_delay_us.unwrap_or(0));
         let snapshot_entries = self.raftlog_snapshot_entries.unwrap_or(defaults.snapshot_entries);
         let session_expiry_entries =
             self.raftlog_session_expiry_entries.unwrap_or(defaults.session_expiry_entries);
@@ -1132,6 +1163,8 @@ impl RawConfig {
             shards,
             batch_commands_max,
             flush,
+            sync,
+            emulated_sync_delay,
             snapshot_entries,
             session_expiry_entries,
             trailing_entries,

@@ -83,6 +83,23 @@ where
     fn persist_all(&mut self) -> Result<(), String> {
         self.persist_turn()
     }
+    /// Start a thread to sync on, which calls `wake` whenever a sync returns. Returns from
+    /// what average sync time on the loop should hand its syncs over (raftlog with its
+    /// circular log in an msync'd file); `None`: the core syncs in [`Self::persist_turn`].
+    fn start_sync_thread(&mut self, _wake: Box<dyn Fn() + Send>) -> Result<Option<Duration>, String> {
+        Ok(None)
+    }
+    /// With a sync thread: [`Self::persist_turn`] with the sync handed to the thread. Returns
+    /// the sync the turn's messages that wait for one must wait for (`None`: none is under
+    /// way, they leave now).
+    fn persist_turn_elsewhere(&mut self) -> Result<Option<u64>, String> {
+        self.persist_turn().map(|()| None)
+    }
+    /// With a sync thread: the sync it finished since the last call, if any, and how long
+    /// it took.
+    fn poll_synced(&mut self) -> Result<Option<(u64, Duration)>, String> {
+        Ok(None)
+    }
     /// Every message and request of the turn is in, and the turn's outbox is about to be
     /// performed: a core that flushes once per turn (raftlog) does it here.
     fn end_turn(&mut self, _now: Time, _out: &mut Outbox<Self::Message>) {}
@@ -325,6 +342,17 @@ impl ServedReplica for DurableRaftLog {
         self.persist().map_err(|error| error.to_string())?;
         raftlog_refusal(self.core())
     }
+    fn start_sync_thread(&mut self, wake: Box<dyn Fn() + Send>) -> Result<Option<Duration>, String> {
+        DurableRaftLog::start_sync_thread(self, wake).map_err(|error| error.to_string())
+    }
+    fn persist_turn_elsewhere(&mut self) -> Result<Option<u64>, String> {
+        let wait = self.persist_elsewhere().map_err(|error| error.to_string())?;
+        raftlog_refusal(self.core())?;
+        Ok(wait)
+    }
+    fn poll_synced(&mut self) -> Result<Option<(u64, Duration)>, String> {
+        DurableRaftLog::poll_synced(self).map_err(|error| error.to_string())
+    }
     const REPLIES_AFTER_PERSIST: bool = true;
     fn turn_needs_sync(&self) -> bool {
         DurableRaftLog::turn_needs_sync(self)
@@ -380,6 +408,7 @@ impl ServedReplica for DurableRaftLog {
             ("disk_records_appended", d.records_appended),
             ("disk_flushes", d.flushes),
             ("disk_drains", d.drains),
+            ("syncs_on_thread", self.syncs_on_thread()),
             ("disk_bytes_drained", d.bytes_drained),
             ("disk_checkpoints", d.checkpoints),
             ("entries_proposed", s.entries_proposed),
@@ -437,6 +466,15 @@ impl ServedReplica for ShardCore {
     }
     fn persist_all(&mut self) -> Result<(), String> {
         self.inner_mut().persist_all()
+    }
+    fn start_sync_thread(&mut self, wake: Box<dyn Fn() + Send>) -> Result<Option<Duration>, String> {
+        ServedReplica::start_sync_thread(self.inner_mut(), wake)
+    }
+    fn persist_turn_elsewhere(&mut self) -> Result<Option<u64>, String> {
+        ServedReplica::persist_turn_elsewhere(self.inner_mut())
+    }
+    fn poll_synced(&mut self) -> Result<Option<(u64, Duration)>, String> {
+        ServedReplica::poll_synced(self.inner_mut())
     }
     const REPLIES_AFTER_PERSIST: bool = true;
     fn turn_needs_sync(&self) -> bool {
@@ -1236,7 +1274,14 @@ where
     touched: Vec<Key>,
     /// Replies wait for the turn's sync (`appendfsync always`).
     replies_wait: bool,
+    /// The core has a thread of its own to sync on ([`ServedReplica::start_sync_thread`]),
+    /// used while syncs take this long or more on average ([`Self::syncs_elsewhere`]).
+    sync_thread_from: Option<Duration>,
+    /// Messages waiting for a sync of that thread to reach their ticket, oldest first.
+    held: VecDeque<(u64, PeerMessages<R::Message>)>,
 }
+
+type PeerMessages<M> = Vec<(chorus_core::Destination, M)>;
 
 /// What WAITAOF can count on at this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1399,6 +1444,8 @@ where
             logged: None,
             logged_role: 0,
             replies_wait: disk.persistence.as_ref().is_some_and(Persistence::replies_wait),
+            sync_thread_from: None,
+            held: VecDeque::new(),
             persistence: disk.persistence,
             touched: Vec::new(),
         }
@@ -1703,9 +1750,16 @@ where
         }
     }
 
+    /// Perform the turn's outbox, and the turns what its sync made possible fill
+    /// ([`Self::finish_turn`]).
     pub(crate) fn perform_outbox(&mut self) {
-        if self.perform_outbox_until_sync() {
-            self.finish_turn();
+        loop {
+            if self.perform_outbox_until_sync() {
+                self.finish_turn();
+            }
+            if !self.has_outbox() {
+                return;
+            }
         }
     }
 
@@ -1721,7 +1775,7 @@ where
         self.persist_durable_records();
         let defer_sync = !self.sync_first();
         self.persist_keys(defer_sync);
-        if !self.replica.turn_needs_sync() {
+        if self.syncs_elsewhere() || !self.replica.turn_needs_sync() {
             self.finish_turn();
             return false;
         }
@@ -1732,6 +1786,18 @@ where
         }
         self.complete_replies_now();
         true
+    }
+
+    /// An average over about the last eight syncs.
+    fn note_sync_time(&mut self, took: Duration) {
+        let took_ns = took.as_nanos().min(u64::MAX as u128) as u64;
+        self.sync_ns_average = self.sync_ns_average - self.sync_ns_average / 8 + took_ns / 8;
+    }
+
+    /// Whether this turn's sync goes to the sync thread: syncs take long enough that the
+    /// loop has better to do than wait for them.
+    fn syncs_elsewhere(&self) -> bool {
+        self.sync_thread_from.is_some_and(|from| self.sync_ns_average >= from.as_nanos() as u64)
     }
 
     /// Whether the turns' syncs take long enough that answers should not wait for them: an
@@ -1745,18 +1811,100 @@ where
 
     /// Make the turn's records stable, then complete its replies and send its messages.
     pub(crate) fn finish_turn(&mut self) {
+        if self.syncs_elsewhere() {
+            return self.finish_turn_syncing_elsewhere();
+        }
         let (syncs, started) = (self.replica.turn_needs_sync(), Instant::now());
         if let Err(error) = self.replica.persist_turn() {
             tracing::error!(%error, "cannot persist replica state; stopping this node");
             std::process::exit(1);
         }
         if syncs {
-            // An average over about the last eight syncs.
-            let took_ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-            self.sync_ns_average = self.sync_ns_average - self.sync_ns_average / 8 + took_ns / 8;
+            self.note_sync_time(started.elapsed());
+            // This sync covered every record written, those of syncs still under way on the
+            // sync thread too: what waited for them may leave.
+            self.release_held(u64::MAX);
         }
         self.complete_replies_now();
         self.transport.send_turn(&mut self.outbox.messages);
+        if syncs {
+            // What the sync made stable the core may now count on (a leader's own entries
+            // toward a commit): what that allows fills the outbox for the next turn.
+            let now = self.now();
+            self.replica.on_synced(now, &mut self.outbox);
+        }
+    }
+
+    /// [`Self::finish_turn`] with a sync thread: the turn's records are written and their
+    /// sync handed over. Its replies complete now (they answer what a majority holds stable,
+    /// [`Replica::replies_before_sync`]) and the messages the core lets go before a sync
+    /// leave; the rest wait for the sync under way, this turn's or an earlier one's
+    /// ([`Self::take_synced`] sends them).
+    fn finish_turn_syncing_elsewhere(&mut self) {
+        let wait = match self.replica.persist_turn_elsewhere() {
+            Ok(wait) => wait,
+            Err(error) => {
+                tracing::error!(%error, "cannot persist replica state; stopping this node");
+                std::process::exit(1);
+            }
+        };
+        debug_assert!(self.replica.replies_before_sync(), "a core with a sync thread answers at once");
+        self.complete_replies_now();
+        match wait {
+            Some(ticket) => {
+                let replica = &self.replica;
+                let held: Vec<_> = self
+                    .outbox
+                    .messages
+                    .extract_if(.., |(_, message)| !replica.leaves_before_sync(message))
+                    .collect();
+                if !held.is_empty() {
+                    self.held.push_back((ticket, held));
+                }
+            }
+            None => self.release_held(u64::MAX),
+        }
+        self.transport.send_turn(&mut self.outbox.messages);
+    }
+
+    /// Sync off the event loop, if the core can: `wake` interrupts the loop's wait when a
+    /// sync returns. A node that cannot start the thread stops.
+    pub(crate) fn start_sync_thread(&mut self, wake: Box<dyn Fn() + Send>) {
+        match self.replica.start_sync_thread(wake) {
+            Ok(from) => self.sync_thread_from = from,
+            Err(error) => {
+                tracing::error!(%error, "cannot start the sync thread; stopping this node");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    /// A sync of the sync thread returned: the messages that waited for it leave, and the
+    /// core hears what it made stable (its answer fills the outbox for the next turn).
+    pub(crate) fn take_synced(&mut self) {
+        let synced = match self.replica.poll_synced() {
+            Ok(Some((ticket, took))) => {
+                self.note_sync_time(took);
+                ticket
+            }
+            Ok(None) => return,
+            Err(error) => {
+                tracing::error!(%error, "cannot sync replica state; stopping this node");
+                std::process::exit(1);
+            }
+        };
+        self.release_held(synced);
+        let now = self.now();
+        self.replica.on_synced(now, &mut self.outbox);
+    }
+
+    /// Send the held messages whose sync is done (`ticket` or earlier), in order.
+    fn release_held(&mut self, ticket: u64) {
+        while self.held.front().is_some_and(|(waits_for, _)| *waits_for <= ticket) {
+            if let Some((_, mut messages)) = self.held.pop_front() {
+                self.transport.send_turn(&mut messages);
+            }
+        }
     }
 
     /// The turn's messages the core lets leave before its sync (a Raft leader's appends, Raft

@@ -1133,6 +1133,8 @@ fn open_raftlog_shard(
     let mut options = DiskOptions {
         flush: config.raftlog.flush,
         storage: config.raftlog.storage,
+        sync: config.raftlog.sync,
+        emulated_sync_delay: config.raftlog.emulated_sync_delay,
         ..DiskOptions::default()
     };
     if options.storage == chorus_raftlog::disk::StorageKind::CrashTest {

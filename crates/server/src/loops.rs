@@ -129,6 +129,10 @@ impl<P: Replica> Replica for LoopCore<P> {
         self.with_outbox(out, |core, scratch| core.on_view(now, view, scratch));
     }
 
+    fn on_synced(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.with_outbox(out, |core, scratch| core.on_synced(now, scratch));
+    }
+
     fn on_lease(&mut self, now: Time, valid_until: Option<Time>, out: &mut Outbox<Self::Message>) {
         self.with_outbox(out, |core, scratch| core.on_lease(now, valid_until, scratch));
     }
@@ -185,6 +189,21 @@ where
     }
     fn persist_turn(&mut self) -> Result<(), String> {
         self.core.persist_turn()
+    }
+    fn persist_all(&mut self) -> Result<(), String> {
+        self.core.persist_all()
+    }
+    fn start_sync_thread(
+        &mut self,
+        wake: Box<dyn Fn() + Send>,
+    ) -> Result<Option<std::time::Duration>, String> {
+        self.core.start_sync_thread(wake)
+    }
+    fn persist_turn_elsewhere(&mut self) -> Result<Option<u64>, String> {
+        self.core.persist_turn_elsewhere()
+    }
+    fn poll_synced(&mut self) -> Result<Option<(u64, std::time::Duration)>, String> {
+        self.core.poll_synced()
     }
     fn turn_needs_sync(&self) -> bool {
         self.core.turn_needs_sync()

@@ -204,7 +204,11 @@ where
     let mut links = Links::new(&parts.net, stats.clone(), LINK_TOKEN_BASE);
     links.set_priority(R::is_priority);
     let sender = PeerSender::Links(links, poll.registry().try_clone()?);
-    let state = EventLoop::new(parts.replica, parts.request_deadline, sender, parts.disk);
+    let mut state = EventLoop::new(parts.replica, parts.request_deadline, sender, parts.disk);
+    let sync_waker = waker.clone();
+    state.start_sync_thread(Box::new(move || {
+        let _ = sync_waker.wake();
+    }));
     let reactor = Reactor {
         poll,
         state,
@@ -339,6 +343,7 @@ where
                 self.state.start_stopping();
                 stopping = true;
             }
+            self.state.take_synced();
             self.state.maybe_tick();
             self.settle();
             self.state.answer_overdue();
