@@ -885,10 +885,14 @@ impl DurableRaftLog {
     /// A replica without a data directory: nothing survives a restart, so a restarted node
     /// must not rejoin under its old id.
     pub fn in_memory(config: RaftLogConfig) -> DurableRaftLog {
+        DurableRaftLog::with(RaftLog::new(config), None, 0)
+    }
+
+    fn with(core: RaftLog, disk: Option<TwoLevelLog>, boot: u64) -> DurableRaftLog {
         DurableRaftLog {
-            core: RaftLog::new(config),
-            disk: None,
-            boot: 0,
+            core,
+            disk,
+            boot,
             sync_pending: false,
             written_ticket: 0,
             synced_ticket: 0,
@@ -942,18 +946,7 @@ impl DurableRaftLog {
         let (disk, recovered) = TwoLevelLog::open_on(storage, region, options)?;
         let core =
             RaftLog::restore(config, recovered).map_err(|error| DiskError::Corrupt(error.to_string()))?;
-        Ok(DurableRaftLog {
-            core,
-            disk: Some(disk),
-            boot,
-            sync_pending: false,
-            written_ticket: 0,
-            synced_ticket: 0,
-            sync_covers: None,
-            sync_thread: None,
-            sync_requested: 0,
-            syncs_on_thread: 0,
-        })
+        Ok(DurableRaftLog::with(core, Some(disk), boot))
     }
 
     pub fn core(&self) -> &RaftLog {
