@@ -683,10 +683,13 @@ where
         self.outbox = outbox;
         if synced {
             // What the sync made stable the core may now count on: a call of its own, as in
-            // the server, performed as any other.
+            // the server, performed as any other when it has anything to send or answer (a
+            // core that writes on every call would otherwise recurse here for ever).
             let now = self.local_now(node);
             self.nodes[node.index()].on_synced(now, &mut self.outbox);
-            self.perform_outbox(node);
+            if !self.outbox.is_empty() {
+                self.perform_outbox(node);
+            }
         }
     }
 
