@@ -539,17 +539,19 @@ impl TwoLevelLog {
         if !self.emulated_sync_delay.is_zero() {
             std::thread::sleep(self.emulated_sync_delay);
         }
-        self.stats.flushes += 1;
-        if self.circular.used_bytes() > self.circular.capacity_bytes() / 2 {
-            self.drain()?;
-        }
-        Ok(())
+        self.after_flush()
     }
 
     /// [`TwoLevelLog::sync`] for a runtime whose [`SyncThread`] syncs the circular log's file:
     /// everything but the flush (the checkpoint's progress, a drain once half full).
     pub fn sync_elsewhere(&mut self) -> Result<(), DiskError> {
         self.poll_checkpoint()?;
+        self.after_flush()
+    }
+
+    /// A flush was done or handed over: count it, and drain the circular log into the file
+    /// once it is half full (Cyclone drains in batches).
+    fn after_flush(&mut self) -> Result<(), DiskError> {
         self.stats.flushes += 1;
         if self.circular.used_bytes() > self.circular.capacity_bytes() / 2 {
             self.drain()?;
@@ -774,8 +776,11 @@ struct SyncDone {
     ticket: AtomicU64,
     /// How long that sync took.
     took_ns: AtomicU64,
+    /// A sync failed: `failure` says why (checked first, so the loop's many looks at the
+    /// ticket take no lock).
+    has_failed: std::sync::atomic::AtomicBool,
     /// Why a sync failed (the error's kind and text): the node must stop.
-    failed: std::sync::Mutex<Option<(std::io::ErrorKind, String)>>,
+    failure: std::sync::Mutex<Option<(std::io::ErrorKind, String)>>,
 }
 
 impl SyncThread {
@@ -810,8 +815,9 @@ impl SyncThread {
                         }
                         Err(error) => {
                             let failure = (error.kind(), error.to_string());
-                            *report.failed.lock().unwrap_or_else(|poison| poison.into_inner()) =
+                            *report.failure.lock().unwrap_or_else(|poison| poison.into_inner()) =
                                 Some(failure);
+                            report.has_failed.store(true, Ordering::Release);
                             wake();
                             return;
                         }
@@ -838,8 +844,11 @@ impl SyncThread {
     }
 
     fn failure(&self) -> Option<DiskError> {
-        let failed = self.done.failed.lock().unwrap_or_else(|poison| poison.into_inner());
-        let (kind, message) = failed.clone()?;
+        if !self.done.has_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        let failure = self.done.failure.lock().unwrap_or_else(|poison| poison.into_inner());
+        let (kind, message) = failure.clone()?;
         Some(DiskError::Io { context: self.describe.clone(), source: std::io::Error::new(kind, message) })
     }
 }

@@ -487,12 +487,13 @@ impl RaftLog {
     /// not stable yet, and the runtime may run further calls while the sync is under way.
     pub fn take_durable(&mut self) -> DurableTurn {
         self.durable_ticket += 1;
-        let written: Vec<u64> = self.groups.iter().map(|group| group.ready_written).collect();
+        // Compared in place: most takes (every turn of the loop) wrote no new Ready.
         let unsynced = match self.readies_taken.back() {
-            Some((_, last)) => *last != written,
+            Some((_, last)) => self.groups.iter().zip(last).any(|(group, mark)| group.ready_written != *mark),
             None => self.groups.iter().any(|group| group.ready_written > group.ready_synced),
         };
         if unsynced {
+            let written = self.groups.iter().map(|group| group.ready_written).collect();
             self.readies_taken.push_back((self.durable_ticket, written));
         }
         let sync = std::mem::take(&mut self.durable_sync_needed);
