@@ -11,7 +11,8 @@ use std::ffi::OsStr;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,55 @@ fn run(program: &str, args: &[&str]) -> Output {
     output
 }
 
+/// The first subnet 10.77.S.0/24 (S from 100 on) with no address in this namespace. A lab
+/// whose process was killed before its drop ran keeps its host veth and route; a new lab on
+/// the same subnet would send its clients into the dead lab's bridge, and every node would
+/// look unreachable ("node 0 never became ready").
+fn free_subnet() -> u8 {
+    let addresses = run("ip", &["-4", "-o", "addr", "show"]);
+    let in_use = String::from_utf8_lossy(&addresses.stdout).into_owned();
+    (100..=250u8)
+        .find(|subnet| !in_use.contains(&format!(" 10.77.{subnet}.")))
+        .expect("a free 10.77.S.0/24 subnet for a test lab (more than 150 labs in use?)")
+}
+
+/// Delete the namespaces and host veths of labs (`ch<pid>s<subnet>...`) whose process is gone:
+/// they were killed (a CI timeout, a ^C) before their drop could clean up.
+fn remove_labs_of_dead_processes() {
+    let listing = run("ip", &["netns", "list"]);
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    let mut dead_prefixes: Vec<String> = Vec::new();
+    for name in listing.lines().filter_map(|line| line.split_whitespace().next()) {
+        let Some((pid, subnet_and_rest)) = name.strip_prefix("ch").and_then(|rest| rest.split_once('s'))
+        else {
+            continue;
+        };
+        let subnet: String = subnet_and_rest.chars().take_while(char::is_ascii_digit).collect();
+        let (Ok(pid), false) = (pid.parse::<u32>(), subnet.is_empty()) else { continue };
+        // The prefix holds the pid modulo 100,000: a live process with that remainder may own it.
+        let owner_may_live = std::fs::read_dir("/proc").is_ok_and(|entries| {
+            entries.filter_map(Result::ok).any(|entry| {
+                entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .is_some_and(|live| live % 100_000 == pid)
+            })
+        });
+        if !owner_may_live {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+            let prefix = format!("ch{pid}s{subnet}");
+            if !dead_prefixes.contains(&prefix) {
+                dead_prefixes.push(prefix);
+            }
+        }
+    }
+    for prefix in dead_prefixes {
+        eprintln!("removed the network-namespace lab {prefix} of a process that no longer runs");
+        let _ = Command::new("ip").args(["link", "del", &format!("{prefix}h")]).output();
+    }
+}
+
 impl Lab {
     /// Why this machine cannot host a lab, or `None` if it can.
     pub fn unavailable_reason() -> Option<String> {
@@ -55,8 +105,10 @@ impl Lab {
     }
 
     pub fn create(nodes: usize) -> Lab {
-        static NEXT_SUBNET: AtomicU8 = AtomicU8::new(0);
-        let subnet = 100 + NEXT_SUBNET.fetch_add(1, Ordering::Relaxed);
+        static CREATING: Mutex<()> = Mutex::new(());
+        let _one_at_a_time = CREATING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        remove_labs_of_dead_processes();
+        let subnet = free_subnet();
         let prefix = format!("ch{}s{subnet}", std::process::id() % 100_000);
         let lab = Lab { prefix, subnet, nodes };
         lab.build();
@@ -109,14 +161,20 @@ impl Lab {
         let wanted = format!("chorus_peers_connected:{peers}");
         for node in which {
             loop {
-                let ready = self
+                let info = self
                     .connect(node, Duration::from_secs(30))
-                    .and_then(|mut con| redis::cmd("INFO").arg("replication").query::<String>(&mut con))
+                    .and_then(|mut con| redis::cmd("INFO").arg("replication").query::<String>(&mut con));
+                let ready = info
+                    .as_ref()
                     .is_ok_and(|info| info.contains(&wanted) && info.contains("chorus_operational:1"));
                 if ready {
                     break;
                 }
-                assert!(started.elapsed() < deadline, "node {node} never became ready");
+                assert!(
+                    started.elapsed() < deadline,
+                    "node {node} never became ready at {}; last answer: {info:?}",
+                    self.client_addr(node)
+                );
                 thread::sleep(Duration::from_millis(50));
             }
         }
