@@ -411,6 +411,7 @@ impl ServedReplica for DurableRaftLog {
             ("syncs_on_thread", self.syncs_on_thread()),
             ("disk_bytes_drained", d.bytes_drained),
             ("disk_checkpoints", d.checkpoints),
+            ("disk_records_erased_after_tear", d.records_erased_after_tear),
             ("entries_proposed", s.entries_proposed),
             ("commands_proposed", s.commands_proposed),
             ("proposals_executed", s.proposals_executed),

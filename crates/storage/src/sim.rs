@@ -5,9 +5,11 @@
 //!   lost, kept, or torn: written back in file order up to an arbitrary byte and not beyond
 //!   (a truncation not yet synced survives only if the tear got past it);
 //! * [`SimDisk::corrupt`] flips one byte of synced data (a latent sector error), sparing the
-//!   last [`SPARED_WRITES`] writes synced to a file written in place or appended: with one
-//!   copy, a damaged newest record cannot be told from one torn at a crash, so logs treat both
-//!   as torn, and a node that lost the newest record it acknowledged could break consensus
+//!   last [`SPARED_WRITES`] writes synced to a file written in place or appended, and every
+//!   write of its last sync: with one copy, a damaged newest record cannot be told from one
+//!   torn at a crash (a crash during a sync writes its pages back in any order, so any record
+//!   of the sync may be the torn one), so logs treat both as torn, and a node that lost the
+//!   newest records it acknowledged could break consensus
 //!   (protocol-aware recovery, Alagappan et al., FAST 2018, repairs it from the peers; Chorus
 //!   does not). The model does not pretend otherwise. Checksums must catch everything else.
 
@@ -49,6 +51,8 @@ struct SimFile {
     /// Writes since the last sync, and the newest synced ones.
     unsynced_writes: Vec<(usize, usize)>,
     synced_writes: std::collections::VecDeque<(usize, usize)>,
+    /// The writes the last sync that had any made durable.
+    last_sync_writes: Vec<(usize, usize)>,
 }
 
 /// What a crash did to a disk.
@@ -110,7 +114,9 @@ impl SimDisk {
                 }
             }
             file.durable = file.current.clone();
-            file.unsynced_writes.clear();
+            // What the crash kept of them is now the newest durable data, as ambiguous as
+            // a last sync's (the restarted node builds on it).
+            file.last_sync_writes = std::mem::take(&mut file.unsynced_writes);
         }
         report
     }
@@ -123,8 +129,11 @@ impl SimDisk {
         let candidates: Vec<(String, Vec<usize>)> = files
             .iter()
             .filter_map(|(name, file)| {
-                let spared: Vec<(usize, usize)> =
-                    if file.replaced { Vec::new() } else { file.synced_writes.iter().copied().collect() };
+                let spared: Vec<(usize, usize)> = if file.replaced {
+                    Vec::new()
+                } else {
+                    file.synced_writes.iter().chain(&file.last_sync_writes).copied().collect()
+                };
                 let eligible: Vec<usize> = (0..file.durable.len().div_ceil(SECTOR_BYTES))
                     .filter(|sector| {
                         let (start, end) = (sector * SECTOR_BYTES, (sector + 1) * SECTOR_BYTES);
@@ -207,6 +216,9 @@ impl Storage for SimDisk {
         let mut files = self.lock();
         let file = files.entry(name.to_string()).or_default();
         file.durable = file.current.clone();
+        if !file.unsynced_writes.is_empty() {
+            file.last_sync_writes.clone_from(&file.unsynced_writes);
+        }
         for write in file.unsynced_writes.drain(..) {
             file.synced_writes.push_back(write);
             if file.synced_writes.len() > SPARED_WRITES {
@@ -282,5 +294,27 @@ mod tests {
             assert_eq!(&log[2 * SECTOR_BYTES..], &[2; SECTOR_BYTES][..], "the last synced append is spared");
             assert!(hit == "snapshot" || log[..2 * SECTOR_BYTES] != [1; 2 * SECTOR_BYTES][..]);
         }
+    }
+
+    #[test]
+    fn corruption_spares_every_write_of_the_last_sync() {
+        let mut disk = SimDisk::new();
+        disk.write_at("circular", 0, &[1; 4 * SECTOR_BYTES]).unwrap();
+        disk.sync("circular").unwrap();
+        let batch = 2 * SPARED_WRITES;
+        for write in 0..batch {
+            disk.write_at("circular", ((4 + write) * SECTOR_BYTES) as u64, &[2; SECTOR_BYTES]).unwrap();
+        }
+        disk.sync("circular").unwrap();
+        let mut older_hit = false;
+        for seed in 0..100 {
+            let copy = SimDisk::new();
+            copy.state.lock().unwrap().clone_from(&disk.state.lock().unwrap());
+            copy.corrupt(seed).unwrap();
+            let bytes = copy.read("circular").unwrap().unwrap();
+            assert!(bytes[4 * SECTOR_BYTES..].iter().all(|byte| *byte == 2), "seed {seed} hit the last sync");
+            older_hit |= bytes[..4 * SECTOR_BYTES] != [1; 4 * SECTOR_BYTES][..];
+        }
+        assert!(older_hit, "older synced data is still corrupted");
     }
 }

@@ -11,19 +11,32 @@
 //! A header slot holds `magic, counter, head (logical offset), head_seq, crc32`. Moving the
 //! head writes the slot the current one is not in, with a larger counter, so a torn header
 //! write leaves the other slot valid. Records in the data area are
-//! `| len u32 | crc32 u32 | seq u64 | payload |`, at logical offsets that grow forever and
-//! wrap physically (a record may straddle the end of the area). The CRC covers `len`, `seq`
-//! and the payload; sequence numbers are consecutive from `head_seq`. Replay walks from the
-//! head until a record is torn (bad CRC, impossible length) or from an earlier lap (wrong
-//! sequence number): that is the tail.
+//! `| len u32 | crc32 u32 | seq u64 | synced u64 | payload |`, at logical offsets that grow
+//! forever and wrap physically (a record may straddle the end of the area). The CRC covers
+//! `len`, `seq`, `synced` and the payload; sequence numbers are consecutive from `head_seq`.
+//! Replay walks from the head until a record is torn (bad CRC, impossible length) or from an
+//! earlier lap (wrong sequence number): that is the tail.
+//!
+//! `synced` is the largest sequence number a completed flush had made durable when the
+//! record was written. It tells the two reasons a record can be bad apart when valid records
+//! follow it. A power loss during a flush writes the flush's pages back in any order, so an
+//! unsynced record can be torn while later unsynced ones survive: nobody was told about
+//! them, and the log ends at the torn one (the survivors after it are erased, so that they
+//! can never be mistaken for the successors of records written later). But when a later
+//! record says the bad one was already synced, it was damaged after it was made durable,
+//! and the start is refused rather than drop what followed. Only the last flush's records
+//! are ambiguous (nothing written later vouches for them), as the newest record of any
+//! single-copy log is.
 
 use chorus_region::{RegionError, RegionMemory};
 
-const MAGIC: u64 = 0x6c67_6f6c_7466_6172; // "raftlolg"
+const MAGIC: u64 = 0x3267_6f6c_7466_6172; // "raftlog2"
+/// The format before records carried `synced` (16-byte record headers).
+const MAGIC_WITHOUT_SYNCED: u64 = 0x6c67_6f6c_7466_6172; // "raftlolg"
 const SLOT_BYTES: u64 = 64;
 const DATA_OFFSET: u64 = 2 * SLOT_BYTES;
-/// `len`, `crc`, `seq`.
-pub const RECORD_HEADER_BYTES: u64 = 16;
+/// `len`, `crc`, `seq`, `synced`.
+pub const RECORD_HEADER_BYTES: u64 = 24;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CircularError {
@@ -37,6 +50,17 @@ pub enum CircularError {
     Full,
     #[error("circular log: both header slots are damaged but the region holds data")]
     HeaderDamaged,
+    #[error(
+        "circular log written by an older Chorus (records without a synced mark); start that \
+         release once and stop it cleanly, or move the data directory aside"
+    )]
+    OlderFormat,
+}
+
+/// A whole record read back.
+struct ValidRecord {
+    synced: u64,
+    payload: Vec<u8>,
 }
 
 /// One record found by replay.
@@ -57,8 +81,24 @@ pub struct CircularLog<M: RegionMemory> {
     next_seq: u64,
     /// The header slot counter last written.
     counter: u64,
-    /// Set by replay: a damaged record with valid ones after it.
+    /// The largest sequence number a completed flush made durable (written into every
+    /// record appended, see the module docs).
+    synced_through: u64,
+    /// Set by replay: a record damaged after a flush had made it durable.
     damaged: Option<u64>,
+    /// Set by replay: valid records found past a torn unsynced one, and erased.
+    erased_after_tear: u64,
+}
+
+/// What replay found past the record where it stopped.
+enum PastTheTail {
+    /// Nothing valid: an ordinary tail.
+    Nothing,
+    /// Valid records, none of which says the stopping record was synced: a power loss tore
+    /// unsynced records; these (from `at` to `end`) are erased.
+    Unsynced { records: u64, end: u64 },
+    /// A valid record says the stopping record was synced: it was damaged since.
+    SyncedRecordDamaged,
 }
 
 fn header_crc(words: &[u64; 4]) -> u32 {
@@ -69,10 +109,11 @@ fn header_crc(words: &[u64; 4]) -> u32 {
     hasher.finalize()
 }
 
-fn record_crc(len: u32, seq: u64, payload: &[u8]) -> u32 {
+fn record_crc(len: u32, seq: u64, synced: u64, payload: &[u8]) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&len.to_le_bytes());
     hasher.update(&seq.to_le_bytes());
+    hasher.update(&synced.to_le_bytes());
     hasher.update(payload);
     hasher.finalize()
 }
@@ -94,11 +135,16 @@ impl<M: RegionMemory> CircularLog<M> {
             tail: 0,
             next_seq: first_seq,
             counter: 0,
+            synced_through: first_seq.saturating_sub(1),
             damaged: None,
+            erased_after_tear: 0,
         };
-        let Some((counter, head, head_seq)) = log.read_header()? else {
+        let Some((counter, head, head_seq)) = log.read_header(MAGIC)? else {
             // No valid header: a new region (all zeros) is formatted; anything else lost both
             // header slots to damage, and formatting it would silently drop its records.
+            if log.read_header(MAGIC_WITHOUT_SYNCED)?.is_some() {
+                return Err(CircularError::OlderFormat);
+            }
             if !log.is_blank()? {
                 return Err(CircularError::HeaderDamaged);
             }
@@ -112,6 +158,10 @@ impl<M: RegionMemory> CircularLog<M> {
         log.head = head;
         log.head_seq = head_seq;
         let records = log.scan()?;
+        // What replay found may have been in the page cache only (the process died, the
+        // machine did not): make it durable before anything is built on it.
+        log.region.flush()?;
+        log.synced_through = log.last_seq();
         Ok((log, records))
     }
 
@@ -130,14 +180,15 @@ impl<M: RegionMemory> CircularLog<M> {
         Ok(true)
     }
 
-    fn read_header(&self) -> Result<Option<(u64, u64, u64)>, CircularError> {
+    /// The newest valid header slot written with `magic`.
+    fn read_header(&self, magic: u64) -> Result<Option<(u64, u64, u64)>, CircularError> {
         let mut best = None;
         for slot in 0..2 {
             let words: Vec<u64> =
                 (0..4).map(|i| self.region.load_u64(slot * SLOT_BYTES + 8 * i)).collect::<Result<_, _>>()?;
             let crc = self.region.load_u64(slot * SLOT_BYTES + 32)? as u32;
             let words = [words[0], words[1], words[2], words[3]];
-            if words[0] != MAGIC || crc != header_crc(&words) {
+            if words[0] != magic || crc != header_crc(&words) {
                 continue;
             }
             if best.is_none_or(|(counter, _, _)| words[1] > counter) {
@@ -188,64 +239,89 @@ impl<M: RegionMemory> CircularLog<M> {
         let mut records = Vec::new();
         let mut at = self.head;
         let mut seq = self.head_seq;
-        loop {
-            let used = at - self.head;
-            if used + RECORD_HEADER_BYTES > self.capacity {
-                break;
-            }
-            let mut header = [0u8; RECORD_HEADER_BYTES as usize];
-            self.read_wrapped(at, &mut header)?;
-            let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-            let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-            let record_seq = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
-            if record_seq != seq || used + RECORD_HEADER_BYTES + len as u64 > self.capacity {
-                break;
-            }
-            let mut payload = vec![0u8; len as usize];
-            self.read_wrapped(at + RECORD_HEADER_BYTES, &mut payload)?;
-            if record_crc(len, record_seq, &payload) != crc {
-                break; // torn write: the tail
-            }
-            records.push(CircularRecord { seq, payload });
-            at += RECORD_HEADER_BYTES + len as u64;
+        let end = self.head + self.capacity;
+        // A record that is torn, from an earlier lap or never written ends the log.
+        while let Some(record) = self.valid_record_at(at, |record_seq| record_seq == seq, end)? {
+            at += RECORD_HEADER_BYTES + record.payload.len() as u64;
+            records.push(CircularRecord { seq, payload: record.payload });
             seq += 1;
         }
         self.tail = at;
         self.next_seq = seq;
-        self.damaged = self.later_record_after(at, seq)?.then_some(seq);
+        match self.past_the_tail(at, seq)? {
+            PastTheTail::Nothing => {}
+            PastTheTail::SyncedRecordDamaged => self.damaged = Some(seq),
+            PastTheTail::Unsynced { records, end } => {
+                self.write_wrapped(at, &vec![0u8; (end - at) as usize])?;
+                self.erased_after_tear = records;
+            }
+        }
         Ok(records)
     }
 
-    /// Whether a valid record with a sequence number after `seq` lies past `at` (where the
-    /// scan stopped). Records are written in order, so past a torn tail nothing newer can be
-    /// valid: one that is means the record at `at` was damaged after it was written. Read only
-    /// at start-up, and only when the scan stopped before the end.
-    fn later_record_after(&self, at: u64, seq: u64) -> Result<bool, CircularError> {
-        let end = self.head + self.capacity;
-        let mut probe = at + 1;
-        while probe + RECORD_HEADER_BYTES <= end {
-            let mut header = [0u8; RECORD_HEADER_BYTES as usize];
-            self.read_wrapped(probe, &mut header)?;
-            let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-            let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-            let record_seq = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
-            let plausible = record_seq > seq && record_seq - seq < 1 << 32;
-            if plausible && probe + RECORD_HEADER_BYTES + len as u64 <= end {
-                let mut payload = vec![0u8; len as usize];
-                self.read_wrapped(probe + RECORD_HEADER_BYTES, &mut payload)?;
-                if record_crc(len, record_seq, &payload) == crc {
-                    return Ok(true);
-                }
-            }
-            probe += 1;
+    /// The record at logical offset `at` if it is whole (its CRC matches), its sequence
+    /// number passes `wanted`, and it ends by `end`.
+    fn valid_record_at(
+        &self,
+        at: u64,
+        wanted: impl Fn(u64) -> bool,
+        end: u64,
+    ) -> Result<Option<ValidRecord>, CircularError> {
+        if at + RECORD_HEADER_BYTES > end {
+            return Ok(None);
         }
-        Ok(false)
+        let mut header = [0u8; RECORD_HEADER_BYTES as usize];
+        self.read_wrapped(at, &mut header)?;
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let seq = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let synced = u64::from_le_bytes(header[16..24].try_into().expect("8 bytes"));
+        if !wanted(seq) || at + RECORD_HEADER_BYTES + len as u64 > end {
+            return Ok(None);
+        }
+        let mut payload = vec![0u8; len as usize];
+        self.read_wrapped(at + RECORD_HEADER_BYTES, &mut payload)?;
+        if record_crc(len, seq, synced, &payload) != crc {
+            return Ok(None);
+        }
+        Ok(Some(ValidRecord { synced, payload }))
     }
 
-    /// The sequence number of a damaged record the replay stopped at, if valid records follow
-    /// it: the start must be refused rather than drop them.
+    /// What lies past `at`, where replay stopped at sequence number `seq` (see the module
+    /// docs). Records are written in order, so past an ordinary tail nothing newer is valid.
+    /// Read only at start-up.
+    fn past_the_tail(&self, at: u64, seq: u64) -> Result<PastTheTail, CircularError> {
+        let end = self.head + self.capacity;
+        let newer = |record_seq: u64| record_seq > seq && record_seq - seq < 1 << 32;
+        let mut found = PastTheTail::Nothing;
+        let mut probe = at + 1;
+        while probe + RECORD_HEADER_BYTES <= end {
+            let Some(record) = self.valid_record_at(probe, newer, end)? else {
+                probe += 1;
+                continue;
+            };
+            if record.synced >= seq {
+                return Ok(PastTheTail::SyncedRecordDamaged);
+            }
+            probe += RECORD_HEADER_BYTES + record.payload.len() as u64;
+            let records = match found {
+                PastTheTail::Unsynced { records, .. } => records + 1,
+                _ => 1,
+            };
+            found = PastTheTail::Unsynced { records, end: probe };
+        }
+        Ok(found)
+    }
+
+    /// The sequence number of a damaged record the replay stopped at, when a later record
+    /// says it had been synced: the start must be refused rather than drop what followed it.
     pub fn damaged_record(&self) -> Option<u64> {
         self.damaged
+    }
+
+    /// How many valid records replay found (and erased) past a torn unsynced one.
+    pub fn erased_after_tear(&self) -> u64 {
+        self.erased_after_tear
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -280,10 +356,12 @@ impl<M: RegionMemory> CircularLog<M> {
             return Err(CircularError::Full);
         }
         let seq = self.next_seq;
+        let synced = self.synced_through;
         let mut header = [0u8; RECORD_HEADER_BYTES as usize];
         header[0..4].copy_from_slice(&len.to_le_bytes());
-        header[4..8].copy_from_slice(&record_crc(len, seq, payload).to_le_bytes());
+        header[4..8].copy_from_slice(&record_crc(len, seq, synced, payload).to_le_bytes());
         header[8..16].copy_from_slice(&seq.to_le_bytes());
+        header[16..24].copy_from_slice(&synced.to_le_bytes());
         self.write_wrapped(self.tail, &header)?;
         self.write_wrapped(self.tail + RECORD_HEADER_BYTES, payload)?;
         self.tail += RECORD_HEADER_BYTES + len as u64;
@@ -314,14 +392,26 @@ impl<M: RegionMemory> CircularLog<M> {
         assert!(next_seq >= self.next_seq, "sequence numbers never go backwards");
         self.next_seq = next_seq;
         self.write_header(self.tail, next_seq)?;
-        self.region.flush()?;
-        Ok(())
+        self.flush()
     }
 
     /// Make every appended record durable.
     pub fn flush(&mut self) -> Result<(), CircularError> {
         self.region.flush()?;
+        self.synced_through = self.last_seq();
         Ok(())
+    }
+
+    /// A sync of the region made by someone else (a sync thread) returned; it covered every
+    /// record up to `seq`.
+    pub fn mark_synced(&mut self, seq: u64) {
+        self.synced_through = self.synced_through.max(seq);
+    }
+
+    /// The sequence number of the last record appended (or of the record before the first
+    /// one to come).
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq.saturating_sub(1)
     }
 
     /// The region, for tests that tear it.

@@ -62,6 +62,8 @@ const SNAPSHOT: &str = "snapshot";
 const BOOT: &str = "boot";
 const IDENTITY: &str = "identity";
 const CIRCULAR: &str = "circular.region";
+/// A log file's record frame: `len u32, crc32 u32, seq u64`, then the payload.
+const FRAME_HEADER_BYTES: usize = 16;
 
 /// The storage a two-level log uses for its files.
 pub type BoxedStorage = Box<dyn Storage + Send>;
@@ -157,6 +159,9 @@ pub struct DiskStats {
     pub drains: u64,
     pub bytes_drained: u64,
     pub checkpoints: u64,
+    /// Records the start found past a torn unsynced one in the circular log, and erased (a
+    /// power loss during a flush; see `circular`).
+    pub records_erased_after_tear: u64,
 }
 
 pub struct TwoLevelLog {
@@ -281,11 +286,11 @@ fn frame(seq: u64, payload: &[u8], buf: &mut Vec<u8>) {
 fn parse_log_file(bytes: &[u8]) -> (Vec<(u64, Bytes)>, usize) {
     let mut records = Vec::new();
     let mut at = 0usize;
-    while bytes.len() - at >= RECORD_HEADER_BYTES as usize {
+    while bytes.len() - at >= FRAME_HEADER_BYTES {
         let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
         let seq = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().expect("8 bytes"));
-        let start = at + RECORD_HEADER_BYTES as usize;
+        let start = at + FRAME_HEADER_BYTES;
         if bytes.len() - start < len {
             break;
         }
@@ -446,6 +451,7 @@ impl TwoLevelLog {
         if circular.next_seq() < expected {
             circular.truncate_all(expected)?;
         }
+        let records_erased_after_tear = circular.erased_after_tear();
         let log = TwoLevelLog {
             storage,
             circular,
@@ -454,7 +460,7 @@ impl TwoLevelLog {
             other_needed,
             writer: None,
             in_flight: false,
-            stats: DiskStats::default(),
+            stats: DiskStats { records_erased_after_tear, ..DiskStats::default() },
             sync_every_turns: options.sync_every_turns.max(1),
             turns_unsynced: 0,
             sync: options.sync,
@@ -543,10 +549,19 @@ impl TwoLevelLog {
     }
 
     /// [`TwoLevelLog::sync`] for a runtime whose [`SyncThread`] syncs the circular log's file:
-    /// everything but the flush (the checkpoint's progress, a drain once half full).
-    pub fn sync_elsewhere(&mut self) -> Result<(), DiskError> {
+    /// everything but the flush (the checkpoint's progress, a drain once half full). Returns
+    /// the last circular-log record the sync will cover, for [`Self::synced_elsewhere`].
+    pub fn sync_elsewhere(&mut self) -> Result<u64, DiskError> {
+        let last = self.circular.last_seq();
         self.poll_checkpoint()?;
-        self.after_flush()
+        self.after_flush()?;
+        Ok(last)
+    }
+
+    /// A sync handed over by [`Self::sync_elsewhere`] returned: the circular log's records
+    /// up to `seq` are durable (later records say so, see `circular`).
+    pub fn synced_elsewhere(&mut self, seq: u64) {
+        self.circular.mark_synced(seq);
     }
 
     /// A flush was done or handed over: count it, and drain the circular log into the file
@@ -564,7 +579,7 @@ impl TwoLevelLog {
             // Too big for the small log: straight to the file, in sequence.
             self.drain()?;
             let seq = self.circular.next_seq();
-            let mut bytes = Vec::with_capacity(payload.len() + RECORD_HEADER_BYTES as usize);
+            let mut bytes = Vec::with_capacity(payload.len() + FRAME_HEADER_BYTES);
             frame(seq, payload, &mut bytes);
             self.write_file(&bytes)?;
             self.file_last_seq = seq;
@@ -888,6 +903,9 @@ pub struct DurableRaftLog {
     sync_requested: u64,
     /// Syncs handed to the sync thread.
     syncs_on_thread: u64,
+    /// Each ticket handed to the sync thread, with the last circular-log record its sync
+    /// covers (oldest first; [`TwoLevelLog::synced_elsewhere`]).
+    syncs_requested: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl DurableRaftLog {
@@ -909,6 +927,7 @@ impl DurableRaftLog {
             sync_thread: None,
             sync_requested: 0,
             syncs_on_thread: 0,
+            syncs_requested: std::collections::VecDeque::new(),
         }
     }
 
@@ -1059,7 +1078,8 @@ impl DurableRaftLog {
         self.written_ticket = turn.ticket;
         disk.write(&turn.records)?;
         if turn.sync {
-            disk.sync_elsewhere()?;
+            let last_seq = disk.sync_elsewhere()?;
+            self.syncs_requested.push_back((turn.ticket, last_seq));
             thread.request(turn.ticket)?;
             self.sync_requested = turn.ticket;
             self.syncs_on_thread += 1;
@@ -1072,11 +1092,20 @@ impl DurableRaftLog {
     pub fn poll_synced(&mut self) -> Result<Option<(u64, Duration)>, DiskError> {
         let Some(thread) = &self.sync_thread else { return Ok(None) };
         let synced = thread.synced()?;
+        let took = Duration::from_nanos(thread.done.took_ns.load(Ordering::Relaxed));
+        let disk = self.disk.as_mut().expect("a sync thread syncs a disk");
+        while let Some(&(ticket, last_seq)) = self.syncs_requested.front() {
+            if ticket > synced {
+                break;
+            }
+            disk.synced_elsewhere(last_seq);
+            self.syncs_requested.pop_front();
+        }
         if synced <= self.synced_ticket {
             return Ok(None);
         }
         self.synced_ticket = synced;
-        Ok(Some((synced, Duration::from_nanos(thread.done.took_ns.load(Ordering::Relaxed)))))
+        Ok(Some((synced, took)))
     }
 }
 
@@ -1114,6 +1143,7 @@ impl Replica for DurableRaftLog {
         let stats = self.disk_stats();
         report("raftlog.disk_drains", stats.drains);
         report("raftlog.disk_checkpoints", stats.checkpoints);
+        report("raftlog.disk_records_erased_after_tear", stats.records_erased_after_tear);
     }
 
     /// The simulator's two halves of `persist`: a crash may strike between them.
@@ -1365,21 +1395,56 @@ mod tests {
         writer.sync(file).unwrap();
     }
 
+    /// Where record `n` (from 1) of the circular log starts in its file, when every record
+    /// is `entries(.., 100)`: a 24-byte header and a 120-byte payload, after the 128-byte
+    /// header slots.
+    fn circular_record_at(n: usize) -> usize {
+        128 + (n - 1) * (24 + 120)
+    }
+
     #[test]
     fn a_damaged_record_in_the_middle_of_the_circular_log_refuses_the_start() {
         let disk = chorus_storage::SimDisk::new();
         let (mut log, _) = on_sim(&disk).unwrap();
         let records: Vec<Record> = (0..4).map(|i| entries(0, i + 1, 1, 100)).collect();
         log.persist(&records).unwrap();
+        // A later flush's record says the first four were synced.
+        log.persist(&[entries(0, 5, 1, 100)]).unwrap();
         drop(log);
-        // The second record's payload: the first lies at the data area's start (128).
-        flip(&disk, CIRCULAR, 128 + (16 + 100 + 20) + 16 + 30);
+        flip(&disk, CIRCULAR, circular_record_at(2) + 24 + 30);
         match on_sim(&disk) {
             Err(DiskError::Corrupt(message)) => assert!(message.contains("damaged"), "{message}"),
             other => {
                 panic!("expected a refusal, got {:?}", other.map(|(_, recovered)| recovered.records.len()))
             }
         }
+    }
+
+    /// A power loss during a flush writes its pages back in any order: an unsynced record can
+    /// be torn while later unsynced ones survive. Nobody was told about any of them, so the
+    /// log ends at the torn one, and the survivors are erased: a record written later in the
+    /// torn one's place must not find them behind it as its successors.
+    #[test]
+    fn unsynced_records_past_a_torn_one_are_dropped_and_never_come_back() {
+        let disk = chorus_storage::SimDisk::new();
+        let (mut log, _) = on_sim(&disk).unwrap();
+        let synced: Vec<Record> = (0..2).map(|i| entries(0, i + 1, 1, 100)).collect();
+        log.persist(&synced).unwrap();
+        // The flush of records 3 to 5 was under way: 3 is torn, 4 and 5 made it.
+        let in_flight: Vec<Record> = (2..5).map(|i| entries(0, i + 1, 1, 100)).collect();
+        log.persist(&in_flight).unwrap();
+        drop(log);
+        flip(&disk, CIRCULAR, circular_record_at(3) + 24 + 30);
+        let (mut log, recovered) = on_sim(&disk).expect("a tear of unsynced records is not damage");
+        assert_eq!(recovered.records, synced);
+        assert_eq!(log.stats().records_erased_after_tear, 2);
+        // Record 3 again, the same size: old record 4 would sit right behind it.
+        let again = entries(0, 3, 1, 100);
+        log.persist(std::slice::from_ref(&again)).unwrap();
+        drop(log);
+        let (log, recovered) = on_sim(&disk).unwrap();
+        assert_eq!(recovered.records, [synced, vec![again]].concat());
+        assert_eq!(log.stats().records_erased_after_tear, 0);
     }
 
     #[test]
