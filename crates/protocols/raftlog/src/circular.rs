@@ -395,6 +395,21 @@ impl<M: RegionMemory> CircularLog<M> {
         self.flush()
     }
 
+    /// Forget the records before logical offset `head` (a record boundary at or before the
+    /// tail), the first one kept being `head_seq`: they were drained. Flushed before return,
+    /// so the space is reused only once the head's move is durable.
+    pub fn release_to(&mut self, head: u64, head_seq: u64) -> Result<(), CircularError> {
+        assert!(head >= self.head && head <= self.tail, "the head moves forward, up to the tail");
+        assert!(head_seq >= self.head_seq && head_seq <= self.next_seq);
+        self.write_header(head, head_seq)?;
+        self.flush()
+    }
+
+    /// The logical offset where the next record goes.
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+
     /// Make every appended record durable.
     pub fn flush(&mut self) -> Result<(), CircularError> {
         self.region.flush()?;

@@ -6,8 +6,8 @@
 //!   tenant-0/circular.region   level 1: the circular log, an mmap'd file (chorus-region),
 //!                              flushed (msync) before the turn's messages and replies leave
 //!   log, log.1                 level 2: append-only; the circular log drains into one of
-//!                              them in batches (write + fdatasync, then the circular head
-//!                              moves); a checkpoint switches to the other
+//!                              them in batches (write + fdatasync on the drain thread, then
+//!                              the circular head moves); a checkpoint switches to the other
 //!   snapshot                   the last checkpoint: every log's state machine (keys and
 //!                              session table), HardState and unapplied entries
 //!   boot                       incarnation counter: this node's session client id
@@ -177,9 +177,13 @@ pub struct TwoLevelLog {
     /// written in the loop and empties both files.
     other_needed: bool,
     /// The checkpoint writer thread (None: checkpoints are written inline).
-    writer: Option<CheckpointWriter>,
+    writer: Option<Worker<CheckpointJob>>,
     /// A checkpoint was handed to the writer and is not done yet.
     in_flight: bool,
+    /// The drain thread (None: drains are written inline, in the caller's turn).
+    drainer: Option<Worker<DrainJob>>,
+    /// A drain handed to the drain thread and not done yet.
+    draining: Option<DrainInFlight>,
     stats: DiskStats,
     sync_every_turns: u32,
     turns_unsynced: u32,
@@ -221,52 +225,95 @@ fn write_checkpoint(storage: &mut (dyn Storage + Send), job: &CheckpointJob) -> 
     storage.sync(job.obsolete).map_err(io(format!("fsync {log}")))
 }
 
-/// The thread that writes checkpoints, with a storage handle of its own on the same files.
-struct CheckpointWriter {
-    jobs: Option<mpsc::Sender<CheckpointJob>>,
+/// A thread that does one kind of write job for the log (checkpoints, drains) in order, with
+/// a storage handle of its own on the same files, and reports each job's result.
+struct Worker<J> {
+    jobs: Option<mpsc::Sender<J>>,
     done: mpsc::Receiver<Result<(), DiskError>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The thread's name, for errors.
+    name: &'static str,
 }
 
-impl CheckpointWriter {
-    fn start(mut storage: BoxedStorage) -> Result<CheckpointWriter, DiskError> {
-        let (jobs, pending) = mpsc::channel::<CheckpointJob>();
+impl<J: Send + 'static> Worker<J> {
+    fn start(
+        name: &'static str,
+        mut storage: BoxedStorage,
+        work: fn(&mut (dyn Storage + Send), &J) -> Result<(), DiskError>,
+    ) -> Result<Worker<J>, DiskError> {
+        let (jobs, pending) = mpsc::channel::<J>();
         let (report, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
-            .name("raftlog-checkpoint".into())
+            .name(name.into())
             .spawn(move || {
                 for job in pending {
-                    if report.send(write_checkpoint(storage.as_mut(), &job)).is_err() {
+                    if report.send(work(storage.as_mut(), &job)).is_err() {
                         return; // the log was dropped
                     }
                 }
             })
-            .map_err(io("starting the checkpoint writer thread"))?;
-        Ok(CheckpointWriter { jobs: Some(jobs), done, thread: Some(thread) })
+            .map_err(io(format!("starting the {name} thread")))?;
+        Ok(Worker { jobs: Some(jobs), done, thread: Some(thread), name })
     }
 
-    fn send(&self, job: CheckpointJob) -> Result<(), DiskError> {
-        let jobs = self.jobs.as_ref().expect("the writer is running");
-        jobs.send(job).map_err(|_| writer_gone())
+    fn send(&self, job: J) -> Result<(), DiskError> {
+        let jobs = self.jobs.as_ref().expect("the worker is running");
+        jobs.send(job).map_err(|_| self.gone())
+    }
+
+    /// The next job's result, waiting for it.
+    fn wait(&self) -> Result<(), DiskError> {
+        self.done.recv().map_err(|_| self.gone())?
+    }
+
+    /// The next job's result if it is in.
+    fn poll(&self) -> Option<Result<(), DiskError>> {
+        match self.done.try_recv() {
+            Ok(result) => Some(result),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err(self.gone())),
+        }
+    }
+
+    fn gone(&self) -> DiskError {
+        DiskError::Io {
+            context: format!("the {} thread", self.name),
+            source: std::io::Error::other("it stopped"),
+        }
     }
 }
 
-fn writer_gone() -> DiskError {
-    DiskError::Io {
-        context: "the checkpoint writer thread".into(),
-        source: std::io::Error::other("it stopped"),
-    }
-}
-
-impl Drop for CheckpointWriter {
-    /// Let the checkpoint in flight finish: a half-written one is harmless (the rename is
-    /// the commit point), but a finished one saves the next start a longer replay.
+impl<J> Drop for Worker<J> {
+    /// Let the job in flight finish: a half-written checkpoint or drain is harmless (the
+    /// rename is a checkpoint's commit point; a drain's records stay in the circular log
+    /// until it is done), but a finished one saves the next start a longer replay.
     fn drop(&mut self) {
         self.jobs = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
+}
+
+/// Records framed for a log file, and the circular log's state once they are in it durably.
+struct DrainJob {
+    file: &'static str,
+    bytes: Vec<u8>,
+}
+
+/// Where the circular log's head moves once a drain in flight is durable.
+#[derive(Clone, Copy)]
+struct DrainInFlight {
+    /// The logical offset and sequence number after the last record drained.
+    head: u64,
+    head_seq: u64,
+}
+
+/// Append a drain's records to its log file and fsync it. Runs on the drain thread.
+fn write_drain(storage: &mut (dyn Storage + Send), job: &DrainJob) -> Result<(), DiskError> {
+    let describe = storage.describe(job.file);
+    storage.append(job.file, &job.bytes).map_err(io(format!("appending to {describe}")))?;
+    storage.sync(job.file).map_err(io(format!("fsync {describe}")))
 }
 
 fn frame(seq: u64, payload: &[u8], buf: &mut Vec<u8>) {
@@ -316,6 +363,7 @@ fn open_storage(dir: &Path, options: DiskOptions) -> Result<OpenedStorage, DiskE
         StorageKind::Files => {
             let storage = FileStorage::open(dir).map_err(opening())?;
             let writer = FileStorage::open(dir).map_err(opening())?;
+            let drainer = FileStorage::open(dir).map_err(opening())?;
             let store = RegionStore::open(dir, options.flush).map_err(CircularError::from)?;
             let region = store
                 .register(TenantId(0), "circular", options.circular_bytes)
@@ -336,6 +384,7 @@ fn open_storage(dir: &Path, options: DiskOptions) -> Result<OpenedStorage, DiskE
                 storage: Box::new(storage),
                 region: Box::new(region),
                 writer: Box::new(writer),
+                drainer: Box::new(drainer),
                 sync,
             })
         }
@@ -348,7 +397,8 @@ fn open_storage(dir: &Path, options: DiskOptions) -> Result<OpenedStorage, DiskE
             Ok(OpenedStorage {
                 storage: Box::new(storage.clone()),
                 region: Box::new(region),
-                writer: Box::new(storage),
+                writer: Box::new(storage.clone()),
+                drainer: Box::new(storage),
                 sync: Some(SyncTarget { describe: format!("sync of crash-test {CIRCULAR}"), sync }),
             })
         }
@@ -359,6 +409,7 @@ struct OpenedStorage {
     storage: BoxedStorage,
     region: BoxedRegion,
     writer: BoxedStorage,
+    drainer: BoxedStorage,
     sync: Option<SyncTarget>,
 }
 
@@ -377,7 +428,8 @@ impl TwoLevelLog {
         let opened = open_storage(dir, options)?;
         let (mut log, recovered) = TwoLevelLog::open_on(opened.storage, opened.region, options)?;
         log.sync_target = opened.sync;
-        let log = if options.checkpoint_thread { log.with_writer(opened.writer)? } else { log };
+        let log =
+            if options.checkpoint_thread { log.with_writers(opened.writer, opened.drainer)? } else { log };
         Ok((log, recovered))
     }
 
@@ -460,6 +512,8 @@ impl TwoLevelLog {
             other_needed,
             writer: None,
             in_flight: false,
+            drainer: None,
+            draining: None,
             stats: DiskStats { records_erased_after_tear, ..DiskStats::default() },
             sync_every_turns: options.sync_every_turns.max(1),
             turns_unsynced: 0,
@@ -474,10 +528,15 @@ impl TwoLevelLog {
         self.stats
     }
 
-    /// Write checkpoints on a thread of their own, through `storage` (a second handle on
-    /// the same files).
-    pub fn with_writer(mut self, storage: BoxedStorage) -> Result<TwoLevelLog, DiskError> {
-        self.writer = Some(CheckpointWriter::start(storage)?);
+    /// Write checkpoints and drains on threads of their own, through `writer` and `drainer`
+    /// (more handles on the same files).
+    pub fn with_writers(
+        mut self,
+        writer: BoxedStorage,
+        drainer: BoxedStorage,
+    ) -> Result<TwoLevelLog, DiskError> {
+        self.writer = Some(Worker::start("raftlog-checkpoint", writer, write_checkpoint)?);
+        self.drainer = Some(Worker::start("raftlog-drain", drainer, write_drain)?);
         Ok(self)
     }
 
@@ -487,18 +546,42 @@ impl TwoLevelLog {
             return Ok(());
         }
         let writer = self.writer.as_ref().expect("only a writer has checkpoints in flight");
-        let result = writer.done.recv().map_err(|_| writer_gone())?;
+        let result = writer.wait();
         self.checkpoint_done(result)
     }
 
     /// Take the writer's report if it is in, without waiting.
     fn poll_checkpoint(&mut self) -> Result<(), DiskError> {
         let Some(writer) = self.writer.as_ref().filter(|_| self.in_flight) else { return Ok(()) };
-        match writer.done.try_recv() {
-            Ok(result) => self.checkpoint_done(result),
-            Err(mpsc::TryRecvError::Empty) => Ok(()),
-            Err(mpsc::TryRecvError::Disconnected) => Err(writer_gone()),
+        match writer.poll() {
+            Some(result) => self.checkpoint_done(result),
+            None => Ok(()),
         }
+    }
+
+    /// Return once the drain in flight (if any) is durable, and move the circular log's
+    /// head past what it carried. Anything that writes a log file or moves the head itself
+    /// waits for it first: the file's records stay in order, and the head only moves forward.
+    pub fn wait_for_drain(&mut self) -> Result<(), DiskError> {
+        let Some(drainer) = self.drainer.as_ref().filter(|_| self.draining.is_some()) else { return Ok(()) };
+        let result = drainer.wait();
+        self.drain_done(result)
+    }
+
+    /// Take the drain thread's report if it is in, without waiting.
+    fn poll_drain(&mut self) -> Result<(), DiskError> {
+        let Some(drainer) = self.drainer.as_ref().filter(|_| self.draining.is_some()) else { return Ok(()) };
+        match drainer.poll() {
+            Some(result) => self.drain_done(result),
+            None => Ok(()),
+        }
+    }
+
+    fn drain_done(&mut self, result: Result<(), DiskError>) -> Result<(), DiskError> {
+        let drained = self.draining.take().expect("a drain was in flight");
+        result?;
+        self.circular.release_to(drained.head, drained.head_seq)?;
+        Ok(())
     }
 
     fn checkpoint_done(&mut self, result: Result<(), DiskError>) -> Result<(), DiskError> {
@@ -536,6 +619,7 @@ impl TwoLevelLog {
     /// the file once it is half full (Cyclone drains in batches).
     pub fn sync(&mut self) -> Result<(), DiskError> {
         self.poll_checkpoint()?;
+        self.poll_drain()?;
         self.turns_unsynced += 1;
         if self.turns_unsynced < self.sync_every_turns {
             return Ok(()); // Broken variant AckBeforeSync: the turn's messages leave anyway.
@@ -554,6 +638,7 @@ impl TwoLevelLog {
     pub fn sync_elsewhere(&mut self) -> Result<u64, DiskError> {
         let last = self.circular.last_seq();
         self.poll_checkpoint()?;
+        self.poll_drain()?;
         self.after_flush()?;
         Ok(last)
     }
@@ -565,11 +650,11 @@ impl TwoLevelLog {
     }
 
     /// A flush was done or handed over: count it, and drain the circular log into the file
-    /// once it is half full (Cyclone drains in batches).
+    /// once it is half full (Cyclone drains in batches), on the drain thread if there is one.
     fn after_flush(&mut self) -> Result<(), DiskError> {
         self.stats.flushes += 1;
-        if self.circular.used_bytes() > self.circular.capacity_bytes() / 2 {
-            self.drain()?;
+        if self.draining.is_none() && self.circular.used_bytes() > self.circular.capacity_bytes() / 2 {
+            self.start_drain()?;
         }
         Ok(())
     }
@@ -587,43 +672,78 @@ impl TwoLevelLog {
             return Ok(());
         }
         if !self.circular.fits(payload.len()) {
-            self.drain()?;
+            // Full: the drain in flight frees its part; if that is not enough, drain the rest.
+            self.wait_for_drain()?;
+            if !self.circular.fits(payload.len()) {
+                self.drain()?;
+            }
         }
         self.circular.append(payload)?;
         Ok(())
     }
 
     fn write_file(&mut self, bytes: &[u8]) -> Result<(), DiskError> {
+        debug_assert!(self.draining.is_none(), "a drain in flight writes this file");
         let name = LOGS[self.current];
         let describe = self.storage.describe(name);
         self.storage.append(name, bytes).map_err(io(format!("appending to {describe}")))?;
         self.storage.sync(name).map_err(io(format!("fsync {describe}")))
     }
 
-    /// Move every record of the circular log to the log file, then empty the circular log.
+    /// Move every record of the circular log to the log file, then empty the circular log;
+    /// returns once done.
     pub fn drain(&mut self) -> Result<(), DiskError> {
-        let pending = self.circular.pending()?;
-        let mut bytes = Vec::new();
-        let mut last = self.file_last_seq;
-        for record in pending.iter().filter(|record| record.seq > self.file_last_seq) {
-            frame(record.seq, &record.payload, &mut bytes);
-            last = record.seq;
-        }
+        self.wait_for_drain()?;
+        let bytes = self.frame_pending()?;
         if !bytes.is_empty() {
             self.write_file(&bytes)?;
+        }
+        self.circular.truncate_all(self.circular.next_seq())?;
+        Ok(())
+    }
+
+    /// Start moving every record of the circular log to the log file: on the drain thread
+    /// (the head moves when it is durable, [`Self::poll_drain`]), or here without one. The
+    /// loop goes on appending meanwhile, into the half the drain does not hold.
+    fn start_drain(&mut self) -> Result<(), DiskError> {
+        if self.drainer.is_none() {
+            return self.drain();
+        }
+        let head = DrainInFlight { head: self.circular.tail(), head_seq: self.circular.next_seq() };
+        let bytes = self.frame_pending()?;
+        if bytes.is_empty() {
+            return self.circular.release_to(head.head, head.head_seq).map_err(DiskError::from);
+        }
+        let drainer = self.drainer.as_ref().expect("checked above");
+        drainer.send(DrainJob { file: LOGS[self.current], bytes })?;
+        self.draining = Some(head);
+        Ok(())
+    }
+
+    /// The circular log's records that are not in the log files yet, framed for a log file
+    /// (counted as drained: a drain is about to write them).
+    fn frame_pending(&mut self) -> Result<Vec<u8>, DiskError> {
+        let pending = self.circular.pending()?;
+        let mut bytes = Vec::new();
+        let in_files = self.file_last_seq;
+        for record in pending.iter().filter(|record| record.seq > in_files) {
+            frame(record.seq, &record.payload, &mut bytes);
+            self.file_last_seq = record.seq;
+        }
+        if !bytes.is_empty() {
             self.stats.drains += 1;
             self.stats.bytes_drained += bytes.len() as u64;
         }
-        self.file_last_seq = last;
-        self.circular.truncate_all(self.circular.next_seq())?;
-        Ok(())
+        Ok(bytes)
     }
 
     /// Switch the drains to the other log file and have the checkpoint written (by the
     /// writer thread, or here); the file left holds only records the checkpoint covers.
     fn checkpoint(&mut self, checkpoint: &Checkpoint) -> Result<(), DiskError> {
-        // One at a time: the file this one frees is the one the next one switches to.
+        // One at a time: the file this one frees is the one the next one switches to. And
+        // after the drain in flight: the file it writes may be the one this one empties.
         self.wait_for_checkpoint()?;
+        self.wait_for_drain()?;
         let next_seq = self.circular.next_seq();
         if self.other_needed {
             return self.checkpoint_in_place(checkpoint, next_seq);
@@ -943,7 +1063,11 @@ impl DurableRaftLog {
         replica.disk = match replica.disk.take() {
             Some(mut disk) => {
                 disk.sync_target = opened.sync;
-                Some(if options.checkpoint_thread { disk.with_writer(opened.writer)? } else { disk })
+                Some(if options.checkpoint_thread {
+                    disk.with_writers(opened.writer, opened.drainer)?
+                } else {
+                    disk
+                })
             }
             None => None,
         };
@@ -1242,6 +1366,29 @@ mod tests {
             written.push(record);
         }
         assert!(log.stats().drains >= 3, "{:?}", log.stats());
+        drop(log);
+        let (_, recovered) = TwoLevelLog::open(&dir, small()).unwrap();
+        assert_eq!(recovered.records, written);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A drain is written by the drain thread while the turns go on appending; the head
+    /// moves once it is durable, and nothing is lost or replayed out of order.
+    #[test]
+    fn drains_on_their_thread_leave_the_turns_appending() {
+        let dir = temp_dir("drain-thread");
+        let (mut log, _) = TwoLevelLog::open(&dir, small()).unwrap();
+        let mut written = Vec::new();
+        let mut appended_while_draining = 0;
+        for i in 0..400u64 {
+            let was_draining = log.draining.is_some();
+            let record = entries((i % 3) as u32, i + 1, 1, 100);
+            log.persist(std::slice::from_ref(&record)).unwrap();
+            written.push(record);
+            appended_while_draining += was_draining as u32;
+        }
+        assert!(log.stats().drains >= 10, "{:?}", log.stats());
+        assert!(appended_while_draining > 0, "no turn appended while a drain was in flight");
         drop(log);
         let (_, recovered) = TwoLevelLog::open(&dir, small()).unwrap();
         assert_eq!(recovered.records, written);
