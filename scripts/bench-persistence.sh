@@ -16,6 +16,9 @@
 #
 #   scripts/bench-persistence.sh [SECONDS] [OUT.json]   # 10 s per point; target/bench-persistence.json
 #
+# VALUE_BYTES=256 sets the value size for every system (default 64); SYSTEMS="raftlog etcd"
+# runs only those of hermes, raftlog, redis and etcd (default all four).
+#
 # Uses target/debug/chorus (the dev profile is optimized; CHORUS=... for another binary),
 # redis-server 7.2 or later (REDIS_SERVER=path; Debian 12's 7.0 has no WAITAOF and is
 # refused), etcd and the etcd benchmark tool (built once by `chorus bench compare`, or
@@ -25,6 +28,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-10}
 out=${2:-target/bench-persistence.json}
+value_bytes=${VALUE_BYTES:-64}
+systems=" ${SYSTEMS:-hermes raftlog redis etcd} "
+runs() { [[ "$systems" == *" $1 "* ]]; }
 chorus=${CHORUS:-target/debug/chorus}
 source scripts/bench-common.sh
 
@@ -61,18 +67,19 @@ fi
 etcd_tool=${CHORUS_ETCD_BENCHMARK:-$HOME/.cache/chorus-bench/etcd-benchmark-v3.5.11}
 
 echo "# $(date -u +%FT%TZ), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# data in $scratch ($fs on $(df --output=source "$scratch" | tail -n 1)), $seconds s per point"
+echo "# data in $scratch ($fs on $(df --output=source "$scratch" | tail -n 1)), $seconds s per point," \
+    "values of $value_bytes bytes"
 results=()
 record() { # system mode clients rps p50_us p99_us
     echo "$1 $2, $3 clients: $4 SET/s, p50 $5 us, p99 $6 us"
     results+=("{\"system\":\"$1\",\"mode\":\"$2\",\"clients\":$3,\"rps\":$4,\"p50_us\":$5,\"p99_us\":$6}")
 }
 
-set_point() { # clients targets bench-kv-args...: SETs of 64 bytes for $seconds; sets rps, p50, p99 (us)
+set_point() { # clients targets bench-kv-args...: SETs of $value_bytes for $seconds; sets rps, p50, p99 (us)
     local clients=$1 targets=$2 line
     shift 2
     local output errors
-    output=$("$chorus" bench kv --write-ratio 1 --keys 10000 --distribution uniform --value-bytes 64 \
+    output=$("$chorus" bench kv --write-ratio 1 --keys 10000 --distribution uniform --value-bytes "$value_bytes" \
         --clients "$clients" --ops 100000000 --duration-s "$seconds" --skip-load --targets "$targets" "$@" \
         2>&1 || true)
     line=$(grep -E '^SET ' <<<"$output" || true)
@@ -113,12 +120,17 @@ run_chorus() { # protocol mode chorus-up-args...
     stop "$up"
 }
 
-run_chorus hermes always --appendonly yes --appendfsync always
-run_chorus hermes everysec --appendonly yes --appendfsync everysec
-run_chorus hermes off --appendonly no
-run_chorus raftlog always --raftlog-flush msync
-run_chorus raftlog off --raftlog-flush none
+if runs hermes; then
+    run_chorus hermes always --appendonly yes --appendfsync always
+    run_chorus hermes everysec --appendonly yes --appendfsync everysec
+    run_chorus hermes off --appendonly no
+fi
+if runs raftlog; then
+    run_chorus raftlog always --raftlog-flush msync
+    run_chorus raftlog off --raftlog-flush none
+fi
 
+run_redis() {
 # Redis: a primary and two replicas, every one with appendonly yes + appendfsync always.
 redis_port=$((port + 50))
 redis_pids=()
@@ -145,7 +157,10 @@ echo "##   waitaof: every SET followed by WAITAOF 1 2 0 (this disk and both repl
 set_points redis waitaof "127.0.0.1:$redis_port" --wait-replicas 2 --waitaof-local 1 --wait-timeout-ms 0
 set_points redis always "127.0.0.1:$redis_port"
 for pid in "${redis_pids[@]}"; do stop "$pid"; done
+}
+if runs redis; then run_redis; fi
 
+run_etcd() {
 # etcd: 3 members; its WAL is fsynced before every commit.
 etcd_client=$((port + 60))
 cluster=""
@@ -172,16 +187,18 @@ echo "## etcd $(etcd --version | awk '/etcd Version/ { print $3 }'): 3 members, 
 for clients in 1 64; do
     # Requests for about $seconds: a short run sizes it.
     probe=$("$etcd_tool" --endpoints="$endpoints" --clients="$clients" --conns="$clients" put --key-size=16 \
-        --val-size=64 --key-space-size=10000 --total=$((clients * 20)) 2>/dev/null | awk '/Requests\/sec/ { print $2 }')
+        --val-size="$value_bytes" --key-space-size=10000 --total=$((clients * 20)) 2>/dev/null | awk '/Requests\/sec/ { print $2 }')
     total=$(awk -v r="${probe:-100}" -v s="$seconds" -v c="$clients" 'BEGIN { t = int(r * s); if (t < 20 * c) t = 20 * c; print t }')
     summary=$("$etcd_tool" --endpoints="$endpoints" --clients="$clients" --conns="$clients" --precise put \
-        --key-size=16 --val-size=64 --key-space-size=10000 --total="$total" 2>/dev/null)
+        --key-size=16 --val-size="$value_bytes" --key-space-size=10000 --total="$total" 2>/dev/null)
     rps=$(awk '/Requests\/sec/ { printf "%.0f", $2 }' <<<"$summary")
     p50=$(awk '$1 == "50%" { printf "%.0f", $3 * 1e6 }' <<<"$summary")
     p99=$(awk '$1 == "99%" { printf "%.0f", $3 * 1e6 }' <<<"$summary")
     record etcd always "$clients" "$rps" "$p50" "$p99"
 done
 for pid in "${etcd_pids[@]}"; do stop "$pid"; done
+}
+if runs etcd; then run_etcd; fi
 
 mkdir -p "$(dirname "$out")"
 (IFS=,; echo "[${results[*]}]") >"$out"
@@ -190,6 +207,7 @@ python3 - "$out" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 rps = {(r["system"], r["mode"], r["clients"]): r["rps"] for r in rows}
+p99 = {(r["system"], r["mode"], r["clients"]): r["p99_us"] for r in rows}
 def ratio(a, b):
     return f"{rps[a] / rps[b]:.2f}" if rps.get(a) and rps.get(b) else "n/a"
 for clients in (1, 64):
@@ -197,5 +215,8 @@ for clients in (1, 64):
           f"everysec/off {ratio(('hermes', 'everysec', clients), ('hermes', 'off', clients))}, "
           f"raftlog always/off {ratio(('raftlog', 'always', clients), ('raftlog', 'off', clients))}, "
           f"hermes always / redis waitaof {ratio(('hermes', 'always', clients), ('redis', 'waitaof', clients))}, "
-          f"hermes always / etcd {ratio(('hermes', 'always', clients), ('etcd', 'always', clients))}")
+          f"hermes always / etcd {ratio(('hermes', 'always', clients), ('etcd', 'always', clients))}, "
+          f"raftlog always / etcd {ratio(('raftlog', 'always', clients), ('etcd', 'always', clients))}"
+          + (f" (p99 {p99[('raftlog', 'always', clients)] / p99[('etcd', 'always', clients)]:.2f}x)"
+             if p99.get(('raftlog', 'always', clients)) and p99.get(('etcd', 'always', clients)) else ""))
 PY

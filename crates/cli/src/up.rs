@@ -64,6 +64,9 @@ pub struct UpArgs {
     /// raftlog only, for benchmarks: wait this long after every sync, as a slower disk would.
     #[arg(long, value_name = "MICROSECONDS")]
     pub raftlog_emulated_sync_delay_us: Option<u64>,
+    /// raftlog only: checkpoint every this many applied entries (default 20000).
+    #[arg(long, value_name = "ENTRIES")]
+    pub raftlog_snapshot_entries: Option<u64>,
     /// Event loops (threads) per replica, the keys split between them (hermes, craq, zab;
     /// default 1; 0: one per core). docs/decisions.md, decision 9.
     #[arg(long)]
@@ -291,6 +294,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             raftlog_flush: args.raftlog_flush.clone(),
             raftlog_sync: args.raftlog_sync.clone(),
             raftlog_emulated_sync_delay_us: args.raftlog_emulated_sync_delay_us,
+            raftlog_snapshot_entries: args.raftlog_snapshot_entries,
             chain_shape: args.chain_shape.clone(),
             chain_hosts: (!chain_hosts.is_empty())
                 .then(|| chain_hosts.iter().map(|addr| addr.to_string()).collect()),
