@@ -36,7 +36,7 @@ source scripts/bench-common.sh
 
 # WAITAOF needs Redis 7.2 or later (Debian 12 ships 7.0): REDIS_SERVER=path picks a build.
 redis_server=${REDIS_SERVER:-redis-server}
-case "$("$redis_server" --version | awk '{ print $3 }')" in
+runs redis && case "$("$redis_server" --version | awk '{ print $3 }')" in
 v=[0-6].* | v=7.[01].*)
     echo "bench-persistence: $("$redis_server" --version | awk '{ print $3 }') has no WAITAOF (7.2+);" \
         "build one and set REDIS_SERVER (docs/benchmarks.md, 'Persistence')" >&2
