@@ -1284,6 +1284,15 @@ where
 
 type PeerMessages<M> = Vec<(chorus_core::Destination, M)>;
 
+/// `result`'s value, or the node stops: a replica that cannot `doing` (persist, sync) must not
+/// go on answering as if it had.
+fn or_stop<T>(result: Result<T, String>, doing: &str) -> T {
+    result.unwrap_or_else(|error| {
+        tracing::error!(%error, "cannot {doing}; stopping this node");
+        std::process::exit(1)
+    })
+}
+
 /// What WAITAOF can count on at this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AofDurability {
@@ -1816,10 +1825,7 @@ where
             return self.finish_turn_syncing_elsewhere();
         }
         let (syncs, started) = (self.replica.turn_needs_sync(), Instant::now());
-        if let Err(error) = self.replica.persist_turn() {
-            tracing::error!(%error, "cannot persist replica state; stopping this node");
-            std::process::exit(1);
-        }
+        or_stop(self.replica.persist_turn(), "persist replica state");
         if syncs {
             self.note_sync_time(started.elapsed());
             // This sync covered every record written, those of syncs still under way on the
@@ -1842,13 +1848,7 @@ where
     /// leave; the rest wait for the sync under way, this turn's or an earlier one's
     /// ([`Self::take_synced`] sends them).
     fn finish_turn_syncing_elsewhere(&mut self) {
-        let wait = match self.replica.persist_turn_elsewhere() {
-            Ok(wait) => wait,
-            Err(error) => {
-                tracing::error!(%error, "cannot persist replica state; stopping this node");
-                std::process::exit(1);
-            }
-        };
+        let wait = or_stop(self.replica.persist_turn_elsewhere(), "persist replica state");
         debug_assert!(self.replica.replies_before_sync(), "a core with a sync thread answers at once");
         self.complete_replies_now();
         match wait {
@@ -1871,29 +1871,14 @@ where
     /// Sync off the event loop, if the core can: `wake` interrupts the loop's wait when a
     /// sync returns. A node that cannot start the thread stops.
     pub(crate) fn start_sync_thread(&mut self, wake: Box<dyn Fn() + Send>) {
-        match self.replica.start_sync_thread(wake) {
-            Ok(from) => self.sync_thread_from = from,
-            Err(error) => {
-                tracing::error!(%error, "cannot start the sync thread; stopping this node");
-                std::process::exit(1);
-            }
-        }
+        self.sync_thread_from = or_stop(self.replica.start_sync_thread(wake), "start the sync thread");
     }
 
     /// A sync of the sync thread returned: the messages that waited for it leave, and the
     /// core hears what it made stable (its answer fills the outbox for the next turn).
     pub(crate) fn take_synced(&mut self) {
-        let synced = match self.replica.poll_synced() {
-            Ok(Some((ticket, took))) => {
-                self.note_sync_time(took);
-                ticket
-            }
-            Ok(None) => return,
-            Err(error) => {
-                tracing::error!(%error, "cannot sync replica state; stopping this node");
-                std::process::exit(1);
-            }
-        };
+        let Some((synced, took)) = or_stop(self.replica.poll_synced(), "sync replica state") else { return };
+        self.note_sync_time(took);
         self.release_held(synced);
         let now = self.now();
         self.replica.on_synced(now, &mut self.outbox);

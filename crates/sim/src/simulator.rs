@@ -751,8 +751,8 @@ where
         let waits = due || sync.running || sync.wanted;
         if waits && !(outbox.messages.is_empty() && outbox.replies.is_empty()) {
             self.counts.calls_waiting_for_a_sync += 1;
-            let held = (std::mem::take(&mut outbox.messages), std::mem::take(&mut outbox.replies));
-            self.syncs[at].held.push((waits_for, held.0, held.1));
+            let held = (waits_for, std::mem::take(&mut outbox.messages), std::mem::take(&mut outbox.replies));
+            self.syncs[at].held.push(held);
         }
         self.send_all(node, &mut outbox.messages, false);
         for (request, outcome) in outbox.replies.drain(..) {
@@ -792,10 +792,9 @@ where
         let number = self.syncs[at].started;
         self.trace(|| format!("{node}'s sync {number} returns"));
         self.nodes[at].sync_durable();
-        let done = self.syncs[at].started;
         let (ready, waiting) = std::mem::take(&mut self.syncs[at].held)
             .into_iter()
-            .partition(|(waits_for, ..)| *waits_for <= done);
+            .partition(|(waits_for, ..)| *waits_for <= number);
         self.syncs[at].held = waiting;
         for (_, mut messages, replies) in ready {
             self.send_all(node, &mut messages, false);

@@ -579,7 +579,7 @@ impl TwoLevelLog {
     /// Return once the drain in flight (if any) is durable, and move the circular log's
     /// head past what it carried. Anything that writes a log file or moves the head itself
     /// waits for it first: the file's records stay in order, and the head only moves forward.
-    pub fn wait_for_drain(&mut self) -> Result<(), DiskError> {
+    fn wait_for_drain(&mut self) -> Result<(), DiskError> {
         let Some(drainer) = self.drainer.as_ref().filter(|_| self.draining.is_some()) else { return Ok(()) };
         let result = drainer.wait();
         self.drain_done(result)
@@ -1018,6 +1018,15 @@ impl Drop for SyncThread {
     }
 }
 
+/// What [`DurableRaftLog::write_taken`] wrote.
+struct WrittenTurn {
+    /// The records need a sync ([`crate::durable::DurableTurn::sync`]).
+    sync: bool,
+    ticket: u64,
+    /// Any record at all.
+    wrote: bool,
+}
+
 /// A raftlog replica with its two-level log: the core plus the I/O that makes its Raft
 /// state durable. The runtime calls [`DurableRaftLog::persist`] after every turn, before it
 /// sends the turn's messages and replies.
@@ -1168,18 +1177,27 @@ impl DurableRaftLog {
         // A sync of the thread still under way is overtaken: this turn's messages must not
         // leave before what that sync covers is stable.
         let sync_always = sync_always || self.sync_outstanding();
-        let turn = self.core.take_durable();
-        self.written_ticket = turn.ticket;
+        let turn = self.write_taken()?;
         let Some(disk) = &mut self.disk else {
             self.synced_ticket = turn.ticket; // nothing to wait for
             return Ok(());
         };
-        disk.write(&turn.records)?;
         if turn.sync || sync_always {
             disk.sync()?;
             self.synced_ticket = turn.ticket;
         }
         Ok(())
+    }
+
+    /// Take the core's durable records and write them (not synced); every way of persisting
+    /// starts here.
+    fn write_taken(&mut self) -> Result<WrittenTurn, DiskError> {
+        let turn = self.core.take_durable();
+        self.written_ticket = turn.ticket;
+        if let Some(disk) = &mut self.disk {
+            disk.write(&turn.records)?;
+        }
+        Ok(WrittenTurn { sync: turn.sync, ticket: turn.ticket, wrote: !turn.records.is_empty() })
     }
 
     /// Tell the core what the syncs so far made stable ([`RaftLog::on_synced`]); a no-op
@@ -1211,13 +1229,13 @@ impl DurableRaftLog {
     /// earlier turn's records, such as a follower acknowledging entries it already holds);
     /// `None` when nothing is under way. Without a sync thread this is [`Self::persist`].
     pub fn persist_elsewhere(&mut self) -> Result<Option<u64>, DiskError> {
-        let (Some(thread), Some(disk)) = (&self.sync_thread, &mut self.disk) else {
+        if self.sync_thread.is_none() || self.disk.is_none() {
             self.persist()?;
             return Ok(None);
-        };
-        let turn = self.core.take_durable();
-        self.written_ticket = turn.ticket;
-        disk.write(&turn.records)?;
+        }
+        let turn = self.write_taken()?;
+        let thread = self.sync_thread.as_ref().expect("checked above");
+        let disk = self.disk.as_mut().expect("checked above");
         if turn.sync {
             let last_seq = disk.sync_elsewhere()?;
             self.syncs_requested.push_back((turn.ticket, last_seq));
@@ -1291,13 +1309,9 @@ impl Replica for DurableRaftLog {
     /// A node that cannot write must stop (the server exits); the simulator's disk never
     /// fails a write, so here that is a panic the sweep reports.
     fn write_durable(&mut self) -> bool {
-        let turn = self.core.take_durable();
-        self.written_ticket = turn.ticket;
-        if let Some(disk) = &mut self.disk {
-            disk.write(&turn.records).expect("the two-level log cannot be written");
-        }
+        let turn = self.write_taken().expect("the two-level log cannot be written");
         self.sync_pending |= turn.sync;
-        !turn.records.is_empty()
+        turn.wrote
     }
 
     fn leaves_before_sync(&self, message: &Message) -> bool {

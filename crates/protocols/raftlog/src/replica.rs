@@ -520,11 +520,6 @@ impl RaftLog {
         self.flush(now, out);
     }
 
-    /// The last ticket [`Self::take_durable`] handed out.
-    pub fn durable_ticket(&self) -> u64 {
-        self.durable_ticket
-    }
-
     /// Whether the records queued since the last [`Self::take_durable`] need a sync.
     pub fn records_need_sync(&self) -> bool {
         self.durable_sync_needed
