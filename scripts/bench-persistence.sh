@@ -17,7 +17,11 @@
 #   scripts/bench-persistence.sh [SECONDS] [OUT.json]   # 10 s per point; target/bench-persistence.json
 #
 # VALUE_BYTES=256 sets the value size for every system (default 64); SYSTEMS="raftlog etcd"
-# runs only those of hermes, raftlog, redis and etcd (default all four).
+# runs only those of hermes, raftlog, redis and etcd (default all four). RAFTLOG_ARGS="--raftlog-logs 1"
+# adds `chorus up` arguments to both raftlog runs. CLIENTS_AT=leader sends every client to one
+# node, as Cyclone's clients send to the leader: raftlog's with every log led by node 0
+# (--raftlog-leaders together) and its clients at node 0, etcd's at its leader (default: all,
+# the clients spread over the three nodes, which forward writes to their leaders).
 #
 # Uses target/debug/chorus (the dev profile is optimized; CHORUS=... for another binary),
 # redis-server 7.2 or later (REDIS_SERVER=path; Debian 12's 7.0 has no WAITAOF and is
@@ -29,6 +33,12 @@ cd "$(dirname "$0")/.."
 seconds=${1:-10}
 out=${2:-target/bench-persistence.json}
 value_bytes=${VALUE_BYTES:-64}
+clients_at=${CLIENTS_AT:-all}
+case "$clients_at" in
+all | leader) ;;
+*) echo "CLIENTS_AT must be all or leader, not $clients_at" >&2; exit 1 ;;
+esac
+read -r -a raftlog_args <<<"${RAFTLOG_ARGS:-}"
 systems=" ${SYSTEMS:-hermes raftlog redis etcd} "
 runs() { [[ "$systems" == *" $1 "* ]]; }
 chorus=${CHORUS:-target/debug/chorus}
@@ -68,7 +78,7 @@ etcd_tool=${CHORUS_ETCD_BENCHMARK:-$HOME/.cache/chorus-bench/etcd-benchmark-v3.5
 
 echo "# $(date -u +%FT%TZ), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# data in $scratch ($fs on $(df --output=source "$scratch" | tail -n 1)), $seconds s per point," \
-    "values of $value_bytes bytes"
+    "values of $value_bytes bytes, clients at $clients_at nodes"
 results=()
 record() { # system mode clients rps p50_us p99_us
     echo "$1 $2, $3 clients: $4 SET/s, p50 $5 us, p99 $6 us"
@@ -102,7 +112,7 @@ set_points() { # system mode targets [bench-kv-args...]: SET at 1 and 64 clients
 }
 
 run_chorus() { # protocol mode chorus-up-args...
-    local protocol=$1 mode=$2 dir="$scratch/$1-$2"
+    local protocol=$1 mode=$2 dir="$scratch/$1-$2" targets
     shift 2
     "$chorus" up --protocol "$protocol" --replicas 3 --port "$port" --peer-port $((port + 10)) \
         --meta-port $((port + 20)) --group-host-port $((port + 30)) --data-dir "$dir" "$@" \
@@ -116,7 +126,12 @@ run_chorus() { # protocol mode chorus-up-args...
     wait_operational "$port"
     echo "## $protocol $mode: chorus up $*"
     grep -hE '^(appendonly|appendfsync|raftlog_flush|protocol) ' "$dir"/node-0.toml | sed 's/^/##   /'
-    set_points "$protocol" "$mode" "127.0.0.1:$port,127.0.0.1:$((port + 1)),127.0.0.1:$((port + 2))"
+    targets="127.0.0.1:$port,127.0.0.1:$((port + 1)),127.0.0.1:$((port + 2))"
+    if [ "$clients_at" = leader ] && [ "$protocol" = raftlog ]; then
+        targets="127.0.0.1:$port"
+        echo "##   clients at node 0, which leads every log"
+    fi
+    set_points "$protocol" "$mode" "$targets"
     stop "$up"
 }
 
@@ -126,8 +141,10 @@ if runs hermes; then
     run_chorus hermes off --appendonly no
 fi
 if runs raftlog; then
-    run_chorus raftlog always --raftlog-flush msync
-    run_chorus raftlog off --raftlog-flush none
+    leaders=()
+    [ "$clients_at" = leader ] && leaders=(--raftlog-leaders together)
+    run_chorus raftlog always --raftlog-flush msync "${leaders[@]}" "${raftlog_args[@]}"
+    run_chorus raftlog off --raftlog-flush none "${leaders[@]}" "${raftlog_args[@]}"
 fi
 
 run_redis() {
@@ -182,6 +199,13 @@ for _ in $(seq 100); do
     ETCDCTL_API=3 etcdctl --endpoints="$endpoints" endpoint health >/dev/null 2>&1 && break
     sleep 0.2
 done
+if [ "$clients_at" = leader ]; then
+    # The member whose status says it is the leader (etcdctl's table: IS LEADER is column 5).
+    endpoints=$(ETCDCTL_API=3 etcdctl --endpoints="$endpoints" endpoint status 2>/dev/null |
+        awk -F', ' '$5 == "true" { print $1 }')
+    [ -n "$endpoints" ] || { echo "bench-persistence: etcd has no leader" >&2; exit 1; }
+    echo "## etcd clients at its leader, $endpoints"
+fi
 echo "## etcd $(etcd --version | awk '/etcd Version/ { print $3 }'): 3 members, default settings" \
     "(WAL fsync per commit, --snapshot-count 100000); etcd's benchmark tool over gRPC, one connection per client"
 for clients in 1 64; do

@@ -67,6 +67,13 @@ pub struct UpArgs {
     /// raftlog only: checkpoint every this many applied entries (default 20000).
     #[arg(long, value_name = "ENTRIES")]
     pub raftlog_snapshot_entries: Option<u64>,
+    /// raftlog only: Raft logs per node, the keys split between them by hash (default 8).
+    #[arg(long, value_name = "LOGS")]
+    pub raftlog_logs: Option<usize>,
+    /// raftlog only: where the logs' leaders are, spread (default: log l prefers node
+    /// l % replicas) or together (every log prefers node 0, as Cyclone's evaluation runs).
+    #[arg(long, value_name = "spread|together")]
+    pub raftlog_leaders: Option<String>,
     /// Event loops (threads) per replica, the keys split between them (hermes, craq, zab;
     /// default 1; 0: one per core). docs/decisions.md, decision 9.
     #[arg(long)]
@@ -295,6 +302,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<i32> {
             raftlog_sync: args.raftlog_sync.clone(),
             raftlog_emulated_sync_delay_us: args.raftlog_emulated_sync_delay_us,
             raftlog_snapshot_entries: args.raftlog_snapshot_entries,
+            raftlog_logs: args.raftlog_logs,
+            raftlog_leaders: args.raftlog_leaders.clone(),
             chain_shape: args.chain_shape.clone(),
             chain_hosts: (!chain_hosts.is_empty())
                 .then(|| chain_hosts.iter().map(|addr| addr.to_string()).collect()),
