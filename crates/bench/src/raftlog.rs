@@ -7,6 +7,7 @@
 //!
 //! The nodes' data directories are on /dev/shm where there is one: the circular log is then
 //! msync'd to RAM, the stand-in for Cyclone's NVDIMM (docs/benchmarks.md says so).
+//! `--data-root` puts them on a real file system instead, so every point syncs to its disk.
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -54,6 +55,23 @@ pub struct RaftlogBenchArgs {
     /// `--node-arg=--raftlog-execution=coupled`.
     #[arg(long = "node-arg", allow_hyphen_values = true)]
     pub node_args: Vec<String>,
+    /// Where the nodes keep their data (default: /dev/shm). A directory on a real file system
+    /// makes every point's syncs go to its disk.
+    #[arg(long)]
+    pub data_root: Option<PathBuf>,
+    /// Where the clients send: "all" (spread over the replicas, which forward writes to their
+    /// logs' leaders) or "leader" (every log led by node 0, `raftlog_leaders = "together"`,
+    /// and every client at node 0, as Cyclone's clients send to the leader replica).
+    #[arg(long, default_value = "all", value_parser = ["all", "leader"])]
+    pub clients_at: String,
+}
+
+/// What every point of one run shares.
+struct RunOptions<'a> {
+    clients: usize,
+    seconds: f64,
+    node_args: &'a [String],
+    at_leader: bool,
 }
 
 /// One measured configuration.
@@ -74,6 +92,9 @@ pub struct Point {
     /// Raft entries proposed per second, summed over the leaders.
     pub entries_per_s: f64,
     pub commands_per_entry: f64,
+    /// Batches of client commands a node sent to another node's leader, summed over the nodes
+    /// (none when every client is at the leader of every log).
+    pub batches_forwarded: u64,
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
@@ -85,7 +106,7 @@ pub struct Point {
 #[derive(Serialize)]
 struct Report {
     machine_cpus: usize,
-    note: &'static str,
+    note: String,
     points: Vec<Point>,
 }
 
@@ -172,11 +193,22 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut points = Vec::new();
+    let root = match &args.data_root {
+        Some(dir) => dir.join(format!("chorus-bench-{}", std::process::id())),
+        None => procs::scratch_root(),
+    };
+    let run = RunOptions {
+        clients: args.clients,
+        seconds,
+        node_args: &args.node_args,
+        at_leader: args.clients_at == "leader",
+    };
     let plan =
         plan(args.shards).into_iter().filter(|setup| args.sweeps.iter().any(|sweep| sweep == setup.sweep));
     for (index, setup) in plan.enumerate() {
         eprintln!("chorus bench raftlog: {} / {}", setup.sweep, setup.label);
-        let point = measure(chorus, &setup, index, args.clients, seconds, &args.node_args, &stop)
+        let dir = root.join(format!("raftlog-{index}"));
+        let point = measure(chorus, &setup, &dir, &run, &stop)
             .with_context(|| format!("{} / {}", setup.sweep, setup.label))?;
         eprintln!(
             "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, {} checkpoints",
@@ -190,9 +222,14 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
         );
         points.push(point);
     }
+    let _ = std::fs::remove_dir(&root); // each point removed its own directory
     let report = Report {
         machine_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        note: "loopback, clients and every replica on one machine; data dirs on /dev/shm when present",
+        note: format!(
+            "loopback, clients and every replica on one machine; data dirs under {}; clients at {}",
+            root.parent().unwrap_or(&root).display(),
+            if run.at_leader { "node 0, which leads every log" } else { "every replica" }
+        ),
         points,
     };
     let json = args.out.join("raftlog.json");
@@ -274,14 +311,11 @@ pub fn table(points: &[Point]) -> String {
 fn measure(
     chorus: &Path,
     setup: &Setup,
-    index: usize,
-    clients: usize,
-    seconds: f64,
-    node_args: &[String],
+    dir: &Path,
+    run: &RunOptions,
     stop: &AtomicBool,
 ) -> anyhow::Result<Point> {
-    let dir = procs::scratch_root().join(format!("raftlog-{index}"));
-    let mut procs = Procs::new("raftlog", dir.clone())?;
+    let mut procs = Procs::new("raftlog", dir.to_path_buf())?;
     let ports = procs::free_ports(2 * setup.replicas)?;
     let client_addrs: Vec<SocketAddr> = (0..setup.replicas).map(|i| procs::localhost(ports[2 * i])).collect();
     for (node, client_addr) in client_addrs.iter().enumerate() {
@@ -297,7 +331,10 @@ fn measure(
             .args(["--raftlog-shards", &setup.shards.to_string()])
             .args(["--raftlog-batch-max", &setup.batch_max.to_string()])
             .args(["--log-level", "warn"])
-            .args(node_args);
+            .args(run.node_args);
+        if run.at_leader {
+            command.args(["--raftlog-leaders", "together"]);
+        }
         if let Some(entries) = setup.snapshot_entries {
             command.args(["--raftlog-snapshot-entries", &entries.to_string()]);
         }
@@ -317,14 +354,22 @@ fn measure(
                 .is_ok_and(|reply| reply.starts_with("+OK"))
         })?;
     }
+    if run.at_leader {
+        // The clients go to node 0 only once it leads every log (elections favour it, but
+        // another node may win a first one).
+        procs::wait_until(&mut procs, "node 0 leading every log", stop, || {
+            info_sum(&client_addrs[..1], "raftlog_logs_led") == setup.logs as u64
+        })?;
+    }
     let warmup = Duration::from_millis(300);
-    let measured = Duration::from_secs_f64(seconds);
+    let (seconds, measured) = (run.seconds, Duration::from_secs_f64(run.seconds));
     let value = vec![b'v'; setup.payload_bytes];
-    let clients = if setup.multi.is_some() { 1 } else { clients };
+    let clients = if setup.multi.is_some() { 1 } else { run.clients };
+    let targets = if run.at_leader { &client_addrs[..1] } else { &client_addrs[..] };
     let keys = setup.multi.map(|(spans, _)| keys_spanning(spans, setup.logs));
     let workers: Vec<_> = (0..clients)
         .map(|client| {
-            let addr = client_addrs[client % client_addrs.len()];
+            let addr = targets[client % targets.len()];
             let value = value.clone();
             let keys = keys.clone();
             std::thread::spawn(move || match keys {
@@ -340,6 +385,7 @@ fn measure(
         std::thread::sleep(Duration::from_millis(10));
     }
     let entries_at_warmup = info_sum(&client_addrs, "raftlog_entries_proposed");
+    let forwarded_at_warmup = info_sum(&client_addrs, "raftlog_batches_forwarded");
     let checkpoints_at_warmup = info_sum(&client_addrs, "raftlog_disk_checkpoints");
     for worker in workers {
         let (h, e) = worker.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
@@ -347,10 +393,12 @@ fn measure(
         errors += e;
     }
     let entries = info_sum(&client_addrs, "raftlog_entries_proposed").saturating_sub(entries_at_warmup);
+    let batches_forwarded =
+        info_sum(&client_addrs, "raftlog_batches_forwarded").saturating_sub(forwarded_at_warmup);
     let checkpoints =
         info_sum(&client_addrs, "raftlog_disk_checkpoints").saturating_sub(checkpoints_at_warmup);
     procs.stop();
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     let commands = histogram.len() as f64;
     Ok(Point {
         sweep: setup.sweep,
@@ -365,6 +413,7 @@ fn measure(
         commands_per_s: commands / seconds,
         entries_per_s: entries as f64 / seconds,
         commands_per_entry: if entries == 0 { 0.0 } else { commands / entries as f64 },
+        batches_forwarded,
         p50_us: histogram.value_at_quantile(0.5) as f64 / 1_000.0,
         p99_us: histogram.value_at_quantile(0.99) as f64 / 1_000.0,
         p999_us: histogram.value_at_quantile(0.999) as f64 / 1_000.0,
@@ -601,6 +650,7 @@ mod tests {
             commands_per_s,
             entries_per_s: 1.0,
             commands_per_entry: 1.0,
+            batches_forwarded: 0,
             p50_us: 1.0,
             p99_us: 2.0,
             p999_us: 3.0,

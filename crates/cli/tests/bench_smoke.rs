@@ -177,3 +177,55 @@ fn bench_reports_an_unreachable_target() {
     assert_ne!(code, 0);
     assert!(output.contains("cannot connect"), "{output}");
 }
+
+/// `chorus bench raftlog` with its nodes' data on a directory given (a real file system in a
+/// run that means it) and Cyclone's placement: every log led by node 0 and every client there,
+/// so no node forwards a batch; with the clients spread, nodes that do not lead a key's log
+/// forward.
+#[test]
+fn bench_raftlog_puts_its_data_where_told_and_its_clients_at_the_leader() {
+    let root = std::env::temp_dir().join(format!("chorus-bench-raftlog-root-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let run = |at: &str| {
+        let out = root.join(format!("out-{at}"));
+        let args = [
+            "raftlog",
+            "--sweeps",
+            "optimizations",
+            "--duration-s",
+            "0.5",
+            "--clients",
+            "6",
+            "--clients-at",
+            at,
+            "--data-root",
+            root.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        let (code, output) = bench(&args);
+        assert_eq!(code, 0, "{output}");
+        read_json(&out.join("raftlog.json"))
+    };
+    for (at, forwards) in [("leader", false), ("all", true)] {
+        let report = run(at);
+        let note = report["note"].as_str().unwrap();
+        assert!(note.contains(root.to_str().unwrap()), "{note}");
+        let points = report["points"].as_array().unwrap();
+        assert_eq!(points.len(), 3, "{report}");
+        for point in points {
+            assert_eq!(point["errors"], 0, "{point}");
+            assert!(point["commands_per_s"].as_f64().unwrap() > 0.0, "{point}");
+        }
+        // One log without batching: every command of a client at a follower is a batch forwarded.
+        let forwarded = points[0]["batches_forwarded"].as_u64().unwrap();
+        assert_eq!(forwarded > 0, forwards, "clients at {at}: {} forwarded", points[0]);
+    }
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("chorus-bench-"))
+        .collect();
+    assert!(left.is_empty(), "the nodes' data directories were left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&root);
+}
