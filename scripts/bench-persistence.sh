@@ -111,6 +111,9 @@ set_points() { # system mode targets [bench-kv-args...]: SET at 1 and 64 clients
     done
 }
 
+led() { # port: the raftlog logs the node on port leads
+    redis-cli -p "$1" info | tr -d '\r' | awk -F: '$1 == "raftlog_logs_led" { print $2; found = 1 } END { if (!found) print 0 }'
+}
 run_chorus() { # protocol mode chorus-up-args...
     local protocol=$1 mode=$2 dir="$scratch/$1-$2" targets
     shift 2
@@ -129,7 +132,13 @@ run_chorus() { # protocol mode chorus-up-args...
     targets="127.0.0.1:$port,127.0.0.1:$((port + 1)),127.0.0.1:$((port + 2))"
     if [ "$clients_at" = leader ] && [ "$protocol" = raftlog ]; then
         targets="127.0.0.1:$port"
-        echo "##   clients at node 0, which leads every log"
+        # Elections favour node 0, but another node may win a first one: wait until node 0
+        # leads and the others lead nothing.
+        for _ in $(seq 150); do
+            [ "$(led "$port")" -gt 0 ] && [ "$(led $((port + 1)))" = 0 ] && [ "$(led $((port + 2)))" = 0 ] && break
+            sleep 0.2
+        done
+        echo "##   clients at node 0, which leads $(led "$port") logs (nodes 1 and 2: $(led $((port + 1))), $(led $((port + 2))))"
     fi
     set_points "$protocol" "$mode" "$targets"
     stop "$up"
