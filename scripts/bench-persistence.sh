@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What persistence costs (issue 24 point 5), in one run on a real file system (a directory under
-# /var/tmp, or BENCH_DIR; never /dev/shm): SET throughput and p50/p99 at 1 and 64 closed-loop
+# /var/tmp, or BENCH_DIR; never /dev/shm): SET throughput and p50/p99/p99.9 at 1 and 64 closed-loop
 # clients for
 #   * Hermes, 3 replicas (`chorus up`), with appendfsync always, everysec and appendonly no;
 #   * raftlog, 3 replicas, with its circular log msynced every turn (its only durable mode: it
@@ -80,12 +80,12 @@ echo "# $(date -u +%FT%TZ), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc
 echo "# data in $scratch ($fs on $(df --output=source "$scratch" | tail -n 1)), $seconds s per point," \
     "values of $value_bytes bytes, clients at $clients_at nodes"
 results=()
-record() { # system mode clients rps p50_us p99_us
-    echo "$1 $2, $3 clients: $4 SET/s, p50 $5 us, p99 $6 us"
-    results+=("{\"system\":\"$1\",\"mode\":\"$2\",\"clients\":$3,\"rps\":$4,\"p50_us\":$5,\"p99_us\":$6}")
+record() { # system mode clients rps p50_us p99_us p999_us
+    echo "$1 $2, $3 clients: $4 SET/s, p50 $5 us, p99 $6 us, p99.9 $7 us"
+    results+=("{\"system\":\"$1\",\"mode\":\"$2\",\"clients\":$3,\"rps\":$4,\"p50_us\":$5,\"p99_us\":$6,\"p999_us\":$7}")
 }
 
-set_point() { # clients targets bench-kv-args...: SETs of $value_bytes for $seconds; sets rps, p50, p99 (us)
+set_point() { # clients targets bench-kv-args...: SETs of $value_bytes for $seconds; sets rps, p50, p99, p999 (us)
     local clients=$1 targets=$2 line
     shift 2
     local output errors
@@ -94,7 +94,7 @@ set_point() { # clients targets bench-kv-args...: SETs of $value_bytes for $seco
         2>&1 || true)
     line=$(grep -E '^SET ' <<<"$output" || true)
     # operation count errors ops/s p50 p95 p99 p99.9 max
-    read -r _ _ errors rps p50 _ p99 _ _ <<<"${line:-SET 0 0 0 0 0 0 0 0}"
+    read -r _ _ errors rps p50 _ p99 p999 _ <<<"${line:-SET 0 0 0 0 0 0 0 0}"
     if [ "${errors:-0}" != 0 ]; then
         # A point whose commands failed measured nothing: say so instead of recording it.
         echo "bench-persistence: $errors errors at $clients clients ($(grep -m1 'first error' <<<"$output"))" >&2
@@ -107,7 +107,7 @@ set_points() { # system mode targets [bench-kv-args...]: SET at 1 and 64 clients
     shift 3
     for clients in 1 64; do
         set_point "$clients" "$targets" "$@"
-        record "$system" "$mode" "$clients" "$rps" "$p50" "$p99"
+        record "$system" "$mode" "$clients" "$rps" "$p50" "$p99" "$p999"
     done
 }
 
@@ -227,7 +227,8 @@ for clients in 1 64; do
     rps=$(awk '/Requests\/sec/ { printf "%.0f", $2 }' <<<"$summary")
     p50=$(awk '$1 == "50%" { printf "%.0f", $3 * 1e6 }' <<<"$summary")
     p99=$(awk '$1 == "99%" { printf "%.0f", $3 * 1e6 }' <<<"$summary")
-    record etcd always "$clients" "$rps" "$p50" "$p99"
+    p999=$(awk '$1 == "99.9%" { printf "%.0f", $3 * 1e6 }' <<<"$summary")
+    record etcd always "$clients" "$rps" "$p50" "$p99" "${p999:-0}"
 done
 for pid in "${etcd_pids[@]}"; do stop "$pid"; done
 }
@@ -241,6 +242,7 @@ import json, sys
 rows = json.load(open(sys.argv[1]))
 rps = {(r["system"], r["mode"], r["clients"]): r["rps"] for r in rows}
 p99 = {(r["system"], r["mode"], r["clients"]): r["p99_us"] for r in rows}
+p999 = {(r["system"], r["mode"], r["clients"]): r.get("p999_us", 0) for r in rows}
 def ratio(a, b):
     return f"{rps[a] / rps[b]:.2f}" if rps.get(a) and rps.get(b) else "n/a"
 for clients in (1, 64):
@@ -250,6 +252,9 @@ for clients in (1, 64):
           f"hermes always / redis waitaof {ratio(('hermes', 'always', clients), ('redis', 'waitaof', clients))}, "
           f"hermes always / etcd {ratio(('hermes', 'always', clients), ('etcd', 'always', clients))}, "
           f"raftlog always / etcd {ratio(('raftlog', 'always', clients), ('etcd', 'always', clients))}"
-          + (f" (p99 {p99[('raftlog', 'always', clients)] / p99[('etcd', 'always', clients)]:.2f}x)"
+          + (f" (p99 {p99[('raftlog', 'always', clients)] / p99[('etcd', 'always', clients)]:.2f}x"
+             + (f", p99.9 {p999[('raftlog', 'always', clients)] / p999[('etcd', 'always', clients)]:.2f}x"
+                if p999.get(('raftlog', 'always', clients)) and p999.get(('etcd', 'always', clients)) else "")
+             + ")"
              if p99.get(('raftlog', 'always', clients)) and p99.get(('etcd', 'always', clients)) else ""))
 PY

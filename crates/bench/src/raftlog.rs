@@ -211,14 +211,15 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
         let point = measure(chorus, &setup, &dir, &run, &stop)
             .with_context(|| format!("{} / {}", setup.sweep, setup.label))?;
         eprintln!(
-            "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, {} checkpoints",
+            "  {:.0} commands/s, {:.0} entries/s ({:.1} commands/entry), p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, {} checkpoints, {} batches forwarded",
             point.commands_per_s,
             point.entries_per_s,
             point.commands_per_entry,
             point.p50_us,
             point.p99_us,
             point.p999_us,
-            point.checkpoints
+            point.checkpoints,
+            point.batches_forwarded
         );
         points.push(point);
     }
@@ -245,7 +246,7 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
 pub fn table(points: &[Point]) -> String {
     let mut text = String::new();
     text.push_str(&format!(
-        "{:<14} {:<26} {:>12} {:>12} {:>9} {:>9} {:>9} {:>10} {:>11}\n",
+        "{:<14} {:<26} {:>12} {:>12} {:>9} {:>9} {:>9} {:>10} {:>11} {:>9}\n",
         "sweep",
         "configuration",
         "commands/s",
@@ -254,11 +255,12 @@ pub fn table(points: &[Point]) -> String {
         "p50 us",
         "p99 us",
         "p99.9 us",
-        "checkpoints"
+        "checkpoints",
+        "forwarded"
     ));
     for p in points {
         text.push_str(&format!(
-            "{:<14} {:<26} {:>12.0} {:>12.0} {:>9.1} {:>9.0} {:>9.0} {:>10.0} {:>11}\n",
+            "{:<14} {:<26} {:>12.0} {:>12.0} {:>9.1} {:>9.0} {:>9.0} {:>10.0} {:>11} {:>9}\n",
             p.sweep,
             p.label,
             p.commands_per_s,
@@ -267,7 +269,8 @@ pub fn table(points: &[Point]) -> String {
             p.p50_us,
             p.p99_us,
             p.p999_us,
-            p.checkpoints
+            p.checkpoints,
+            p.batches_forwarded
         ));
     }
     let ladder: Vec<&Point> = points.iter().filter(|p| p.sweep == "optimizations").collect();
