@@ -19,8 +19,8 @@
 # VALUE_BYTES=256 sets the value size for every system (default 64); SYSTEMS="raftlog etcd"
 # runs only those of hermes, raftlog, redis and etcd (default all four). RAFTLOG_ARGS="--raftlog-logs 1"
 # adds `chorus up` arguments to both raftlog runs. CLIENTS_AT=leader sends every client to one
-# node, as Cyclone's clients send to the leader: raftlog's with every log led by node 0
-# (--raftlog-leaders together) and its clients at node 0, etcd's at its leader (default: all,
+# node, as Cyclone's clients send to the leader: raftlog's with every log led by one node
+# (--raftlog-leaders together) and its clients there, etcd's at its leader (default: all,
 # the clients spread over the three nodes, which forward writes to their leaders).
 #
 # Uses target/debug/chorus (the dev profile is optimized; CHORUS=... for another binary),
@@ -131,14 +131,22 @@ run_chorus() { # protocol mode chorus-up-args...
     grep -hE '^(appendonly|appendfsync|raftlog_flush|protocol) ' "$dir"/node-0.toml | sed 's/^/##   /'
     targets="127.0.0.1:$port,127.0.0.1:$((port + 1)),127.0.0.1:$((port + 2))"
     if [ "$clients_at" = leader ] && [ "$protocol" = raftlog ]; then
-        targets="127.0.0.1:$port"
-        # Elections favour node 0, but another node may win a first one: wait until node 0
-        # leads and the others lead nothing.
+        # Elections favour node 0, but another node may win the first ones (it started sooner)
+        # and keeps them: the clients go to the node that leads while the others lead nothing.
+        local leader="" i
         for _ in $(seq 150); do
-            [ "$(led "$port")" -gt 0 ] && [ "$(led $((port + 1)))" = 0 ] && [ "$(led $((port + 2)))" = 0 ] && break
+            for i in 0 1 2; do
+                if [ "$(led $((port + i)))" -gt 0 ] && [ "$(led $((port + (i + 1) % 3)))" = 0 ] &&
+                    [ "$(led $((port + (i + 2) % 3)))" = 0 ]; then
+                    leader=$i
+                fi
+            done
+            [ -n "$leader" ] && break
             sleep 0.2
         done
-        echo "##   clients at node 0, which leads $(led "$port") logs (nodes 1 and 2: $(led $((port + 1))), $(led $((port + 2))))"
+        [ -n "$leader" ] || { echo "bench-persistence: no raftlog node leads every log" >&2; exit 1; }
+        targets="127.0.0.1:$((port + leader))"
+        echo "##   clients at node $leader, which leads $(led $((port + leader))) logs (the others lead none)"
     fi
     set_points "$protocol" "$mode" "$targets"
     stop "$up"

@@ -60,8 +60,8 @@ pub struct RaftlogBenchArgs {
     #[arg(long)]
     pub data_root: Option<PathBuf>,
     /// Where the clients send: "all" (spread over the replicas, which forward writes to their
-    /// logs' leaders) or "leader" (every log led by node 0, `raftlog_leaders = "together"`,
-    /// and every client at node 0, as Cyclone's clients send to the leader replica).
+    /// logs' leaders) or "leader" (every log led by one node, `raftlog_leaders = "together"`,
+    /// and every client there, as Cyclone's clients send to the leader replica).
     #[arg(long, default_value = "all", value_parser = ["all", "leader"])]
     pub clients_at: String,
 }
@@ -229,7 +229,7 @@ pub fn run(args: RaftlogBenchArgs, chorus: &Path) -> anyhow::Result<i32> {
         note: format!(
             "loopback, clients and every replica on one machine; data dirs under {}; clients at {}",
             root.parent().unwrap_or(&root).display(),
-            if run.at_leader { "node 0, which leads every log" } else { "every replica" }
+            if run.at_leader { "the node that leads every log" } else { "every replica" }
         ),
         points,
     };
@@ -357,18 +357,25 @@ fn measure(
                 .is_ok_and(|reply| reply.starts_with("+OK"))
         })?;
     }
+    // With the leaders together, the clients go to the node that leads every log, once one
+    // does: elections favour node 0, but another node may win the first ones (it started
+    // sooner) and keeps them.
+    let mut leader_of_all = 0;
     if run.at_leader {
-        // The clients go to node 0 only once it leads every log (elections favour it, but
-        // another node may win a first one).
-        procs::wait_until(&mut procs, "node 0 leading every log", stop, || {
-            info_sum(&client_addrs[..1], "raftlog_logs_led") == setup.logs as u64
+        procs::wait_until(&mut procs, "one node leading every log", stop, || {
+            let led = client_addrs.iter().position(|addr| {
+                info_sum(std::slice::from_ref(addr), "raftlog_logs_led") == setup.logs as u64
+            });
+            leader_of_all = led.unwrap_or(0);
+            led.is_some()
         })?;
     }
     let warmup = Duration::from_millis(300);
     let (seconds, measured) = (run.seconds, Duration::from_secs_f64(run.seconds));
     let value = vec![b'v'; setup.payload_bytes];
     let clients = if setup.multi.is_some() { 1 } else { run.clients };
-    let targets = if run.at_leader { &client_addrs[..1] } else { &client_addrs[..] };
+    let targets =
+        if run.at_leader { &client_addrs[leader_of_all..=leader_of_all] } else { &client_addrs[..] };
     let keys = setup.multi.map(|(spans, _)| keys_spanning(spans, setup.logs));
     let workers: Vec<_> = (0..clients)
         .map(|client| {

@@ -179,7 +179,7 @@ fn bench_reports_an_unreachable_target() {
 }
 
 /// `chorus bench raftlog` with its nodes' data on a directory given (a real file system in a
-/// run that means it) and Cyclone's placement: every log led by node 0 and every client there,
+/// run that means it) and Cyclone's placement: every log led by one node and every client there,
 /// so no node forwards a batch; with the clients spread, nodes that do not lead a key's log
 /// forward.
 #[test]
