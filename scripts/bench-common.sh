@@ -25,6 +25,10 @@ cpu_ticks_split() { # pids... -> "utime stime", in clock ticks
     echo "$user $system"
 }
 
+info_field() { # PORT FIELD: the value of one INFO field of the node on PORT (0 when absent)
+    redis-cli -p "$1" info 2>/dev/null | tr -d '\r' | awk -F: -v f="$2" '$1 == f { v = $2 } END { print v == "" ? 0 : v }'
+}
+
 operational() { # port
     redis-cli -p "$1" info 2>/dev/null | grep -q "chorus_operational:1"
 }

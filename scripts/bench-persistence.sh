@@ -111,9 +111,6 @@ set_points() { # system mode targets [bench-kv-args...]: SET at 1 and 64 clients
     done
 }
 
-led() { # port: the raftlog logs the node on port leads
-    redis-cli -p "$1" info | tr -d '\r' | awk -F: '$1 == "raftlog_logs_led" { print $2; found = 1 } END { if (!found) print 0 }'
-}
 run_chorus() { # protocol mode chorus-up-args...
     local protocol=$1 mode=$2 dir="$scratch/$1-$2" targets
     shift 2
@@ -133,20 +130,19 @@ run_chorus() { # protocol mode chorus-up-args...
     if [ "$clients_at" = leader ] && [ "$protocol" = raftlog ]; then
         # Elections favour node 0, but another node may win the first ones (it started sooner)
         # and keeps them: the clients go to the node that leads while the others lead nothing.
-        local leader="" i
+        local leader="" led i
         for _ in $(seq 150); do
+            led=("$(info_field "$port" raftlog_logs_led)" "$(info_field $((port + 1)) raftlog_logs_led)"
+                "$(info_field $((port + 2)) raftlog_logs_led)")
             for i in 0 1 2; do
-                if [ "$(led $((port + i)))" -gt 0 ] && [ "$(led $((port + (i + 1) % 3)))" = 0 ] &&
-                    [ "$(led $((port + (i + 2) % 3)))" = 0 ]; then
-                    leader=$i
-                fi
+                [ "${led[i]}" -gt 0 ] && [ $((led[0] + led[1] + led[2])) = "${led[i]}" ] && leader=$i
             done
             [ -n "$leader" ] && break
             sleep 0.2
         done
         [ -n "$leader" ] || { echo "bench-persistence: no raftlog node leads every log" >&2; exit 1; }
         targets="127.0.0.1:$((port + leader))"
-        echo "##   clients at node $leader, which leads $(led $((port + leader))) logs (the others lead none)"
+        echo "##   clients at node $leader, which leads ${led[leader]} logs (the others lead none)"
     fi
     set_points "$protocol" "$mode" "$targets"
     stop "$up"

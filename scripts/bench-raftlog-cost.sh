@@ -63,7 +63,7 @@ info_sum() { # FIELD PORTS...
     local field=$1 total=0 p
     shift
     for p in "$@"; do
-        total=$((total + $(redis-cli -p "$p" info | tr -d '\r' | sed -n "s/^$field://p")))
+        total=$((total + $(info_field "$p" "$field")))
     done
     echo "$total"
 }
