@@ -58,6 +58,16 @@ fn multi_exec_is_atomic_across_raftlog_logs_and_refused_elsewhere() {
     bank(&cluster);
     let txns: u64 = (0..3).filter_map(|node| cluster.info_number(node, "raftlog_txns_started")).sum();
     assert!(txns > 100, "locking transactions {txns}");
+    // Finished transactions are forgotten: each left at least 5 step records per replica
+    // before (a `Lock` and an `Update` per participant log, a `Finish`); now only those of
+    // transactions begun after what the last `Forget` a log applied covers remain.
+    let forgets: u64 =
+        (0..3).filter_map(|node| cluster.info_number(node, "raftlog_txn_forgets_applied")).sum();
+    let records: u64 = (0..3).filter_map(|node| cluster.info_number(node, "raftlog_txn_step_records")).sum();
+    assert!(
+        forgets > 0 && records < txns,
+        "{forgets} Forget steps applied, {records} step records for {txns} transactions"
+    );
     drop(cluster);
 
     // Another protocol: a transaction over several keys is refused at EXEC, naming the

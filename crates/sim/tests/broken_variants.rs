@@ -59,14 +59,19 @@ macro_rules! caught {
 
 /// Variants the swarm's workload cannot express, each caught by its named invariant (an
 /// error the test checks for, not a panic) in another test: transactions are not in the
-/// simulator's workload, so taking no locks, or running a ganged operation without its
-/// rendezvous, is caught by the bank (every audit and every replica's copy must total the
-/// same).
+/// simulator's workload, so taking no locks, running a late copy of a forgotten transaction
+/// step, or running a ganged operation without its rendezvous, is caught by the bank (every
+/// audit and every replica's copy must total the same).
 const CAUGHT_BY_AN_INVARIANT: &[(&str, &str, &str)] = &[
     (
         "raftlog",
         "no-txn-locks",
         "crates/protocols/raftlog/tests/bank.rs: transactions_without_locks_are_caught_by_the_bank",
+    ),
+    (
+        "raftlog",
+        "runs-forgotten-steps",
+        "crates/protocols/raftlog/tests/bank.rs: steps_run_after_their_transaction_was_forgotten_are_caught_by_the_bank",
     ),
     (
         "raftlog",

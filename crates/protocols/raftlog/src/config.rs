@@ -33,11 +33,16 @@ pub enum Bug {
     /// copy toward a commit, so an entry one follower holds is answered, and lost when the
     /// leader crashes before its sync returns and the others elect a log without it.
     CountsUnsyncedCopy,
+    /// A log forgets a finished transaction's step records at its `Forget` but does not
+    /// refuse later copies of those steps: a copy that arrives late (a lagging driver's, a
+    /// retry) runs again, writing the transaction's old results over newer ones or taking
+    /// a lock nobody will release.
+    RunsForgottenSteps,
 }
 
 impl Bug {
     /// Every variant, for `chorus sim --list-broken` and the tests that must catch each one.
-    pub const ALL: [Bug; 7] = [
+    pub const ALL: [Bug; 8] = [
         Bug::LocalReads,
         Bug::NoSessions,
         Bug::NoTxnLocks,
@@ -45,6 +50,7 @@ impl Bug {
         Bug::GangNoRendezvous,
         Bug::KeepRolledBack,
         Bug::CountsUnsyncedCopy,
+        Bug::RunsForgottenSteps,
     ];
 }
 

@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
-use chorus_core::{Command, Key, Value};
+use chorus_core::{Command, Key, Outcome, Value};
 use protobuf::Message as _;
 
 /// The unit of at-most-once execution (Cyclone §3.4): commands of one client session, under
@@ -31,8 +31,29 @@ pub enum SessionId {
     Replica(u64),
     /// An external client session (RESP `SESSION client seq ...`), any id the client picks.
     External(u64),
-    /// One attempt of one transaction step in one log (`crate::txn`).
-    Step { txn: TxnId, kind: StepKind, log: u32, attempt: u32 },
+    /// One attempt of one transaction step in one log (`crate::txn`). `coordinator` and
+    /// `begun_at` say where and at which index the transaction's `Begin` ran (both 0 for a
+    /// `Begin` and for a gang's copy, which are not forgotten this way): a log forgets the
+    /// records of the steps whose transaction began below its watermark for that
+    /// coordinator (`LogState`, "Forgetting finished transactions").
+    Step { txn: TxnId, kind: StepKind, log: u32, attempt: u32, coordinator: u32, begun_at: u64 },
+}
+
+impl SessionId {
+    /// The coordinator log and `Begin` index of a step that is forgotten once its
+    /// transaction finished (`Lock`, `Update`, `Finish`); `None` for every other session
+    /// (a `Forget` keeps no record: it is idempotent).
+    pub fn forgettable_step(&self) -> Option<(u32, u64)> {
+        match *self {
+            SessionId::Step {
+                kind: StepKind::Lock | StepKind::Update | StepKind::Finish,
+                coordinator,
+                begun_at,
+                ..
+            } => Some((coordinator, begun_at)),
+            _ => None,
+        }
+    }
 }
 
 /// The four steps of a transaction (`crate::txn`).
@@ -44,6 +65,7 @@ pub enum StepKind {
     Finish,
     /// A ganged operation's copy in one of its logs (`crate::replica::gang`).
     Gang,
+    Forget,
 }
 
 impl StepKind {
@@ -54,6 +76,7 @@ impl StepKind {
             Step::Update { .. } => StepKind::Update,
             Step::Finish { .. } => StepKind::Finish,
             Step::Gang { .. } => StepKind::Gang,
+            Step::Forget { .. } => StepKind::Forget,
         }
     }
 
@@ -64,6 +87,7 @@ impl StepKind {
             2 => StepKind::Update,
             3 => StepKind::Finish,
             4 => StepKind::Gang,
+            5 => StepKind::Forget,
             tag => return Err(DecodeError::UnknownTag { what: "step kind", tag }),
         })
     }
@@ -80,12 +104,14 @@ impl WireMessage for SessionId {
                 buf.put_u8(2);
                 buf.put_u64_le(id);
             }
-            SessionId::Step { txn, kind, log, attempt } => {
+            SessionId::Step { txn, kind, log, attempt, coordinator, begun_at } => {
                 buf.put_u8(3);
                 put_txn(&txn, buf);
                 buf.put_u8(kind as u8);
                 buf.put_u32_le(log);
                 buf.put_u32_le(attempt);
+                buf.put_u32_le(coordinator);
+                buf.put_u64_le(begun_at);
             }
         }
     }
@@ -99,6 +125,8 @@ impl WireMessage for SessionId {
                 kind: StepKind::from_tag(reader.u8()?)?,
                 log: reader.u32()?,
                 attempt: reader.u32()?,
+                coordinator: reader.u32()?,
+                begun_at: reader.u64()?,
             },
             tag => return Err(DecodeError::UnknownTag { what: "session kind", tag }),
         })
@@ -124,8 +152,15 @@ pub enum Step {
     Lock { txn: TxnId, keys: Vec<Key> },
     /// Into a participant log: write the transaction's results and release its locks.
     Update { txn: TxnId, writes: Vec<(Key, Option<Value>)>, unlock: Vec<Key> },
-    /// Into the coordinator log: the transaction is done.
-    Finish { txn: TxnId },
+    /// Into the coordinator log: the transaction is done. It carries the outcomes (the
+    /// origin answers its clients from them when it applies the `Finish`, if its own driver
+    /// has not) and the participant logs (where every replica that applies it sends `Forget`).
+    Finish { txn: TxnId, outcomes: Vec<Outcome>, logs: Vec<u32> },
+    /// Into every log of a finished transaction: the transactions of `coordinator` that
+    /// began below index `below` have all finished, so their step records can go and any
+    /// later copy of one of their steps is refused (`LogState`, "Forgetting finished
+    /// transactions"). Idempotent: every copy runs, none is recorded.
+    Forget { txn: TxnId, coordinator: u32, below: u64 },
     /// A ganged operation (Cyclone's evaluation, "Ganged Operations"): the same copy goes
     /// into every log in `logs`, and runs once every one of them has reached it (the
     /// rendezvous, `crate::replica::gang`). `rank` orders gangs so that no two logs can
@@ -140,7 +175,8 @@ impl Step {
             Step::Begin { txn, .. }
             | Step::Lock { txn, .. }
             | Step::Update { txn, .. }
-            | Step::Finish { txn } => *txn,
+            | Step::Finish { txn, .. }
+            | Step::Forget { txn, .. } => *txn,
             Step::Gang { gang, .. } => *gang,
         }
     }
@@ -273,10 +309,18 @@ const TAG_COMMITS: u8 = 8;
 const TAG_APPEND_ANSWERS: u8 = 9;
 
 /// Room for what a proposal carries besides its commands (ids, counts, tags).
-const PROPOSAL_OVERHEAD_BYTES: usize = 72;
+const PROPOSAL_OVERHEAD_BYTES: usize = 88;
 
 /// An upper bound on `command`'s encoded size, without encoding it: what batches and
 /// entries are cut by, so neither outgrows a peer message.
+/// The encoded size of an outcome (only a `Finish` step carries outcomes: rare, so measured
+/// by encoding).
+pub fn outcome_bytes(outcome: &Outcome) -> usize {
+    let mut buf = BytesMut::new();
+    outcome.encode(&mut buf);
+    buf.len()
+}
+
 pub fn command_bytes(command: &Command) -> usize {
     const FIELD: usize = 8; // a length prefix or a tag, generously
     let key = command.key().len() + 2 * FIELD;
@@ -328,7 +372,10 @@ impl Proposal {
                     .sum::<usize>()
                     + unlock.iter().map(|key| key.len() + 8).sum::<usize>()
             }
-            Some(Step::Finish { .. }) => 0,
+            Some(Step::Finish { outcomes, logs, .. }) => {
+                4 * logs.len() + outcomes.iter().map(outcome_bytes).sum::<usize>() + 8
+            }
+            Some(Step::Forget { .. }) => 12,
         };
         PROPOSAL_OVERHEAD_BYTES + commands + step
     }
@@ -414,6 +461,21 @@ fn read_commands(reader: &mut Reader) -> Result<Vec<Command>, DecodeError> {
     (0..count).map(|_| Command::decode(reader)).collect()
 }
 
+fn put_logs(logs: &[u32], buf: &mut BytesMut) {
+    buf.put_u32_le(u32::try_from(logs.len()).expect("logs fit u32"));
+    for log in logs {
+        buf.put_u32_le(*log);
+    }
+}
+
+fn read_logs(reader: &mut Reader) -> Result<Vec<u32>, DecodeError> {
+    let count = reader.u32()? as usize;
+    if count > reader.remaining() / 4 {
+        return Err(DecodeError::Invalid("log count exceeds payload"));
+    }
+    (0..count).map(|_| reader.u32()).collect()
+}
+
 impl WireMessage for Step {
     fn encode(&self, buf: &mut BytesMut) {
         match self {
@@ -437,18 +499,26 @@ impl WireMessage for Step {
                 }
                 put_keys(unlock, buf);
             }
-            Step::Finish { txn } => {
+            Step::Finish { txn, outcomes, logs } => {
                 buf.put_u8(4);
                 put_txn(txn, buf);
+                buf.put_u32_le(u32::try_from(outcomes.len()).expect("outcomes fit u32"));
+                for outcome in outcomes {
+                    outcome.encode(buf);
+                }
+                put_logs(logs, buf);
+            }
+            Step::Forget { txn, coordinator, below } => {
+                buf.put_u8(6);
+                put_txn(txn, buf);
+                buf.put_u32_le(*coordinator);
+                buf.put_u64_le(*below);
             }
             Step::Gang { gang, rank, logs, commands } => {
                 buf.put_u8(5);
                 put_txn(gang, buf);
                 buf.put_u64_le(*rank);
-                buf.put_u32_le(u32::try_from(logs.len()).expect("logs fit u32"));
-                for log in logs {
-                    buf.put_u32_le(*log);
-                }
+                put_logs(logs, buf);
                 put_commands(commands, buf);
             }
         }
@@ -469,17 +539,22 @@ impl WireMessage for Step {
                     .collect::<Result<_, DecodeError>>()?;
                 Step::Update { txn, writes, unlock: read_keys(reader)? }
             }
-            4 => Step::Finish { txn: read_txn(reader)? },
+            4 => {
+                let txn = read_txn(reader)?;
+                let count = reader.u32()? as usize;
+                if count > reader.remaining() {
+                    return Err(DecodeError::Invalid("outcome count exceeds payload"));
+                }
+                let outcomes = (0..count).map(|_| Outcome::decode(reader)).collect::<Result<_, _>>()?;
+                Step::Finish { txn, outcomes, logs: read_logs(reader)? }
+            }
             5 => {
                 let gang = read_txn(reader)?;
                 let rank = reader.u64()?;
-                let count = reader.u32()? as usize;
-                if count > reader.remaining() / 4 {
-                    return Err(DecodeError::Invalid("log count exceeds payload"));
-                }
-                let logs = (0..count).map(|_| reader.u32()).collect::<Result<_, _>>()?;
+                let logs = read_logs(reader)?;
                 Step::Gang { gang, rank, logs, commands: read_commands(reader)? }
             }
+            6 => Step::Forget { txn: read_txn(reader)?, coordinator: reader.u32()?, below: reader.u64()? },
             tag => return Err(DecodeError::UnknownTag { what: "transaction step", tag }),
         })
     }
@@ -698,6 +773,15 @@ mod tests {
         ]
     }
 
+    fn arb_outcome() -> impl Strategy<Value = Outcome> {
+        prop_oneof![
+            Just(Outcome::Written),
+            any::<i64>().prop_map(Outcome::Integer),
+            any::<bool>().prop_map(Outcome::Flag),
+            proptest::option::of(arb_bytes()).prop_map(Outcome::Value),
+        ]
+    }
+
     fn arb_step() -> impl Strategy<Value = Option<Step>> {
         let txn = (any::<u64>(), any::<u64>()).prop_map(|(origin, number)| TxnId { origin, number });
         proptest::option::of(prop_oneof![
@@ -711,7 +795,17 @@ mod tests {
                 proptest::collection::vec(arb_bytes(), 0..3)
             )
                 .prop_map(|(txn, writes, unlock)| Step::Update { txn, writes, unlock }),
-            txn.clone().prop_map(|txn| Step::Finish { txn }),
+            (
+                txn.clone(),
+                proptest::collection::vec(arb_outcome(), 0..3),
+                proptest::collection::vec(any::<u32>(), 0..3)
+            )
+                .prop_map(|(txn, outcomes, logs)| Step::Finish { txn, outcomes, logs }),
+            (txn.clone(), any::<u32>(), any::<u64>()).prop_map(|(txn, coordinator, below)| Step::Forget {
+                txn,
+                coordinator,
+                below
+            }),
             (
                 txn,
                 any::<u64>(),
@@ -734,17 +828,22 @@ mod tests {
             Just(StepKind::Lock),
             Just(StepKind::Update),
             Just(StepKind::Finish),
-            Just(StepKind::Gang)
+            Just(StepKind::Gang),
+            Just(StepKind::Forget)
         ];
         prop_oneof![
             any::<u64>().prop_map(SessionId::Replica),
             any::<u64>().prop_map(SessionId::External),
-            (txn, kind, any::<u32>(), any::<u32>()).prop_map(|(txn, kind, log, attempt)| SessionId::Step {
-                txn,
-                kind,
-                log,
-                attempt
-            }),
+            (txn, kind, any::<u32>(), any::<u32>(), any::<u32>(), any::<u64>()).prop_map(
+                |(txn, kind, log, attempt, coordinator, begun_at)| SessionId::Step {
+                    txn,
+                    kind,
+                    log,
+                    attempt,
+                    coordinator,
+                    begun_at
+                }
+            ),
         ]
     }
 

@@ -36,7 +36,7 @@ use crate::message::{SessionId, StepKind};
 use crate::state::{LogState, ProposalResult, SessionRecord, StateImage};
 use crate::storage::LogStorage;
 use crate::transfer::{self, Incoming, Outgoing};
-use crate::txn::{Driver, StepResult};
+use crate::txn::{Begun, Driver, StepResult, FORGOTTEN};
 
 mod gang;
 mod members;
@@ -88,6 +88,13 @@ pub struct RaftLogStats {
     pub txns_answered: u64,
     /// Lock requests refused because another transaction held a key (each retried).
     pub txn_lock_retries: u64,
+    /// `Forget` steps this replica's logs applied (each drops finished transactions' step
+    /// records), drivers stopped because their step was refused as forgotten, and clients
+    /// answered that their transaction's outcome is unknown (this replica's copy jumped past
+    /// it by a snapshot, or its results were too large to carry in the `Finish`).
+    pub txn_forgets_applied: u64,
+    pub txn_drivers_stopped: u64,
+    pub txns_outcome_unknown: u64,
     /// Own commands that found their key locked and waited for the release.
     pub commands_blocked: u64,
     /// Decoupled execution (`tentative`): entries executed before they committed; of those,
@@ -170,6 +177,28 @@ struct Waiter {
     sent_at: Option<Time>,
     /// The Raft id it was last sent (or proposed) to.
     sent_to: u64,
+}
+
+/// The `Forget` steps one applied `Finish` asks of this replica.
+#[derive(Debug)]
+struct ForgetDue {
+    txn: TxnId,
+    begun: Begun,
+    below: u64,
+    logs: Vec<usize>,
+}
+
+impl ForgetDue {
+    fn requests(&self) -> impl Iterator<Item = crate::txn::StepRequest> + '_ {
+        let coordinator = u32::try_from(self.begun.coordinator).expect("logs fit u32");
+        self.logs.iter().map(move |log| {
+            let client = crate::txn::step_client(self.txn, StepKind::Forget, *log, 0, self.begun);
+            let step = Step::Forget { txn: self.txn, coordinator, below: self.below };
+            let proposal =
+                Proposal { client, seq: 1, commands: Vec::new(), step: Some(step), sent_at_index: 0 };
+            crate::txn::StepRequest { log: *log, proposal, attempt: 0 }
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -292,8 +321,15 @@ pub struct RaftLog {
     // ---- transactions (crate::txn)
     drivers: BTreeMap<TxnId, Driver>,
     /// Transactions whose `Begin` this replica applied (or found in a snapshot) since the
-    /// drivers last ran.
-    txns_begun: Vec<(TxnId, Vec<Command>)>,
+    /// drivers last ran, with the index the `Begin` ran at.
+    txns_begun: Vec<(TxnId, u64, Vec<Command>)>,
+    /// `Forget` steps to propose: a `Finish` applied here (`crate::state`, "Forgetting
+    /// finished transactions").
+    forgets_due: Vec<ForgetDue>,
+    /// The clients of transactions this replica originated whose driver stopped before
+    /// answering (a step refused as forgotten): answered from the `Finish` when it applies.
+    /// Keyed by transaction: its coordinator log and the clients.
+    txn_clients_owed: FxHashMap<TxnId, (usize, Vec<ClientRequestId>)>,
     step_results: Vec<StepResult>,
     /// The clients (and commands) of transactions this replica originated, until their
     /// driver exists.
@@ -346,16 +382,18 @@ impl RaftLog {
         assert!(!config.joining || config.incarnation != 0, "a replacement has a new incarnation");
         assert_eq!(groups.len(), config.logs);
         #[cfg(feature = "broken-variants")]
-        let (dedupe, local_reads, ignore_locks) = (
+        let (dedupe, local_reads, ignore_locks, runs_forgotten_steps) = (
             config.bug != Some(crate::config::Bug::NoSessions),
             config.bug == Some(crate::config::Bug::LocalReads),
             config.bug == Some(crate::config::Bug::NoTxnLocks),
+            config.bug == Some(crate::config::Bug::RunsForgottenSteps),
         );
         #[cfg(not(feature = "broken-variants"))]
-        let (dedupe, local_reads, ignore_locks) = (true, false, false);
+        let (dedupe, local_reads, ignore_locks, runs_forgotten_steps) = (true, false, false, false);
         let mut groups = groups;
         for group in &mut groups {
             group.state.ignore_locks = ignore_locks;
+            group.state.runs_forgotten_steps = runs_forgotten_steps;
             group.state.session_expiry_entries = config.session_expiry_entries;
         }
         RaftLog {
@@ -376,6 +414,8 @@ impl RaftLog {
             txns_begun: Vec::new(),
             step_results: Vec::new(),
             txn_clients: FxHashMap::default(),
+            forgets_due: Vec::new(),
+            txn_clients_owed: FxHashMap::default(),
             next_txn: 0,
             gangs_out: BTreeMap::new(),
             gangs_resolved: false,
@@ -632,6 +672,27 @@ impl RaftLog {
         self.groups.iter().map(|group| group.state.session_count()).sum()
     }
 
+    /// Transaction steps' session records held over all logs (bounded by forgetting).
+    pub fn step_records(&self) -> usize {
+        self.groups.iter().map(|group| group.state.step_records()).sum()
+    }
+
+    /// Keys locked by a transaction, over all logs.
+    pub fn locked_keys(&self) -> usize {
+        self.groups.iter().map(|group| group.state.locked_keys()).sum()
+    }
+
+    /// Every lock over all logs, with the transaction holding it (for tests' invariants).
+    pub fn locks(&self) -> Vec<(Key, TxnId)> {
+        let locks = self.groups.iter().flat_map(|group| group.state.debug_locks());
+        locks.map(|(key, txn)| (key.clone(), *txn)).collect()
+    }
+
+    /// Whether this replica's copy of `txn`'s coordinator log has it begun and not finished.
+    pub fn txn_in_progress(&self, txn: &TxnId) -> bool {
+        self.coordinator_in_progress(txn).is_some()
+    }
+
     pub fn session(&self, log: usize, client: SessionId) -> Option<&SessionRecord> {
         self.groups[log].state.session(client)
     }
@@ -734,11 +795,13 @@ impl RaftLog {
         let (clients, commands): (Vec<ClientRequestId>, Vec<Command>) = requests.into_iter().unzip();
         let coordinator = self.log_of(commands[0].key());
         self.txn_clients.insert(txn, (clients, commands.clone()));
-        let client = crate::txn::step_client(txn, StepKind::Begin, coordinator, 0);
+        let client = crate::txn::step_client(txn, StepKind::Begin, coordinator, 0, Begun::default());
         let step = Some(Step::Begin { txn, commands });
-        let proposal = Proposal { client, seq: 1, commands: Vec::new(), step, sent_at_index: 0 };
-        let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
         let group = &mut self.groups[coordinator];
+        // A `Begin`'s record expires as a session's does: its retries keep this index.
+        let sent_at_index = group.applied_index;
+        let proposal = Proposal { client, seq: 1, commands: Vec::new(), step, sent_at_index };
+        let waiter = Waiter::new(proposal, Vec::new(), false, Some((StepKind::Begin, 0)));
         register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
         self.flush_all = true;
         self.after_call(now, out);
@@ -778,8 +841,8 @@ impl RaftLog {
     /// restart or a snapshot install: whoever was driving it may be gone).
     fn resume_txns_in_progress(&mut self) {
         for group in &self.groups {
-            for (txn, commands) in group.state.txns_in_progress() {
-                self.txns_begun.push((*txn, commands.clone()));
+            for (txn, begun_at, commands) in group.state.txns_in_progress() {
+                self.txns_begun.push((*txn, begun_at, commands.clone()));
             }
         }
     }
@@ -787,37 +850,33 @@ impl RaftLog {
     /// Start drivers for begun transactions, feed them step results, send what they want.
     /// Returns whether anything happened.
     fn drive_txns(&mut self, now: Time, out: &mut Outbox<Message>) -> bool {
-        if self.txns_begun.is_empty() && self.step_results.is_empty() && self.drivers.is_empty() {
+        if self.txns_begun.is_empty()
+            && self.step_results.is_empty()
+            && self.drivers.is_empty()
+            && self.forgets_due.is_empty()
+        {
             return false;
         }
         let mut progressed = !self.txns_begun.is_empty() || !self.step_results.is_empty();
-        for (txn, commands) in std::mem::take(&mut self.txns_begun) {
-            let (logs, shards) = (self.groups.len(), self.config.shards);
-            let driver = self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, logs, shards));
-            if let Some((clients, _)) = self.txn_clients.remove(&txn) {
-                driver.replies = clients;
-            }
+        for (txn, begun_at, commands) in std::mem::take(&mut self.txns_begun) {
+            self.start_driver(txn, begun_at, commands);
         }
         for result in std::mem::take(&mut self.step_results) {
             if result.kind == StepKind::Begin {
-                // Normally applying the Begin started the driver; a snapshot that covers the
-                // Begin (perhaps the whole transaction) did not. The origin still owes its
-                // client the outcomes: drive it here too (its steps come back as duplicates).
-                if let Some((clients, commands)) = self.txn_clients.remove(&result.txn) {
-                    let (logs, shards) = (self.groups.len(), self.config.shards);
-                    let driver = self
-                        .drivers
-                        .entry(result.txn)
-                        .or_insert_with(|| Driver::new(result.txn, commands, logs, shards));
-                    driver.replies = clients;
-                    progressed = true;
-                }
+                self.on_own_begin(result.txn, out);
+                progressed = true;
                 continue;
             }
             if result.kind == StepKind::Lock && result.outcomes.first() == Some(&Outcome::Flag(false)) {
                 self.stats.txn_lock_retries += 1;
             }
             let Some(driver) = self.drivers.get_mut(&result.txn) else { continue };
+            if result.outcomes == [FORGOTTEN] {
+                let clients = driver.stop_forgotten();
+                self.stats.txn_drivers_stopped += 1;
+                self.owe_or_give_up(result.txn, clients, out);
+                continue;
+            }
             for (request, outcome) in driver.on_result(&result, now, self.config.retry_timeout) {
                 self.stats.txns_answered += 1;
                 out.reply(request, outcome);
@@ -827,6 +886,9 @@ impl RaftLog {
         let mut requests = Vec::new();
         for driver in self.drivers.values_mut() {
             requests.extend(driver.due(now));
+        }
+        for forget in std::mem::take(&mut self.forgets_due) {
+            requests.extend(forget.requests());
         }
         for request in requests {
             progressed = true;
@@ -839,6 +901,114 @@ impl RaftLog {
             register_waiter(group, waiter, self.dedupe, out, &mut self.step_results, &mut self.stats);
         }
         progressed
+    }
+
+    /// A driver for a transaction whose `Begin` this replica applied (at `begun_at` in its
+    /// coordinator log), with the origin's clients if this replica is the origin.
+    fn start_driver(&mut self, txn: TxnId, begun_at: u64, commands: Vec<Command>) {
+        let (logs, shards) = (self.groups.len(), self.config.shards);
+        let driver =
+            self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, begun_at, logs, shards));
+        if let Some((clients, _)) = self.txn_clients.remove(&txn) {
+            driver.replies = clients;
+        }
+    }
+
+    /// The origin's own `Begin` is settled. Normally applying it started the driver, which
+    /// took the clients. A snapshot that covers the `Begin` did not: if the transaction is
+    /// still in progress there, drive it here; if it is over (the copy jumped past its
+    /// `Finish`), or the `Begin` was refused as expired, its outcomes are not known here.
+    fn on_own_begin(&mut self, txn: TxnId, out: &mut Outbox<Message>) {
+        let Some((clients, commands)) = self.txn_clients.remove(&txn) else { return };
+        if let Some(driver) = self.drivers.get_mut(&txn) {
+            driver.replies = clients;
+            return;
+        }
+        let coordinator = self.log_of(commands[0].key());
+        match self.groups[coordinator].state.begun_at(&txn) {
+            Some(begun_at) => {
+                self.txn_clients.insert(txn, (clients, commands.clone()));
+                self.start_driver(txn, begun_at, commands);
+            }
+            None => self.answer_outcome_unknown(clients, out),
+        }
+    }
+
+    /// A driver stopped (its transaction finished elsewhere) still owing `clients` their
+    /// outcomes: the `Finish` carries them, so wait for it here, unless this replica's
+    /// coordinator log is already past it.
+    fn owe_or_give_up(&mut self, txn: TxnId, clients: Vec<ClientRequestId>, out: &mut Outbox<Message>) {
+        if clients.is_empty() {
+            return;
+        }
+        let Some(coordinator) = self.coordinator_in_progress(&txn) else {
+            self.answer_outcome_unknown(clients, out);
+            return;
+        };
+        self.txn_clients_owed.insert(txn, (coordinator, clients));
+    }
+
+    /// The coordinator log that has `txn` in progress at this replica, if one has.
+    fn coordinator_in_progress(&self, txn: &TxnId) -> Option<usize> {
+        self.groups.iter().position(|group| group.state.txn_in_progress(txn))
+    }
+
+    fn answer_outcome_unknown(&mut self, clients: Vec<ClientRequestId>, out: &mut Outbox<Message>) {
+        for client in clients {
+            self.stats.txns_outcome_unknown += 1;
+            out.reply(client, Outcome::Error(CommandError::OutcomeUnknown));
+        }
+    }
+
+    /// `Finish(txn)` ran in coordinator log `log`: the transaction is over. Its driver here
+    /// stops; clients this replica still owes are answered from the outcomes the `Finish`
+    /// carries; and this replica proposes the `Forget` steps (`crate::state`).
+    fn on_finish_applied(
+        &mut self,
+        log: usize,
+        client: SessionId,
+        txn: TxnId,
+        outcomes: &[Outcome],
+        logs: &[u32],
+        out: &mut Outbox<Message>,
+    ) {
+        let mut clients =
+            self.drivers.remove(&txn).map(|mut driver| driver.stop_forgotten()).unwrap_or_default();
+        if let Some((_, owed)) = self.txn_clients_owed.remove(&txn) {
+            clients.extend(owed);
+        }
+        // Its `Begin` applied in the same pass (this copy was behind): no driver is needed.
+        self.txns_begun.retain(|(begun, ..)| *begun != txn);
+        if let Some((owed, _)) = self.txn_clients.remove(&txn) {
+            clients.extend(owed);
+        }
+        if !clients.is_empty() {
+            if outcomes.len() == clients.len() {
+                for (request, outcome) in clients.into_iter().zip(outcomes.iter().cloned()) {
+                    self.stats.txns_answered += 1;
+                    out.reply(request, outcome);
+                }
+            } else {
+                // The outcomes were too large to carry.
+                self.answer_outcome_unknown(clients, out);
+            }
+        }
+        let record = self.groups[log].state.session(client).expect("a Finish just ran");
+        let Some(Outcome::Integer(below)) = record.outcomes.first() else {
+            unreachable!("a Finish's outcome is its watermark")
+        };
+        let (_, begun_at) = client.forgettable_step().expect("a Finish is a forgettable step");
+        let mut forget_logs: Vec<usize> = logs.iter().map(|log| *log as usize).collect();
+        forget_logs.push(log);
+        forget_logs.sort_unstable();
+        forget_logs.dedup();
+        forget_logs.retain(|log| *log < self.groups.len());
+        self.forgets_due.push(ForgetDue {
+            txn,
+            begun: Begun { coordinator: log, index: begun_at },
+            below: u64::try_from(*below).expect("a watermark is an index"),
+            logs: forget_logs,
+        });
     }
 
     // ------------------------------------------------------------------ the turn
@@ -1317,8 +1487,10 @@ impl RaftLog {
         let group = &mut self.groups[log];
         group.raft.mut_store().apply_snapshot(snapshot);
         let (ignore_locks, expiry) = (group.state.ignore_locks, group.state.session_expiry_entries);
+        let runs_forgotten_steps = group.state.runs_forgotten_steps;
         group.state = state;
         group.state.ignore_locks = ignore_locks;
+        group.state.runs_forgotten_steps = runs_forgotten_steps;
         group.state.session_expiry_entries = expiry;
         group.state.begin_entry(index);
         group.applied_index = index;
@@ -1329,23 +1501,37 @@ impl RaftLog {
         let covered: Vec<(SessionId, u64)> = group
             .waiters
             .keys()
-            .filter(|(client, seq)| group.state.last_seq(*client) >= *seq)
+            .filter(|(client, seq)| group.state.last_seq(*client) >= *seq || group.state.forgotten(*client))
             .copied()
             .collect();
         for key in covered {
             let waiter = group.waiters.remove(&key).expect("listed");
             let last_seq = group.state.last_seq(key.0);
-            let result = if key.1 == last_seq {
+            let result = if group.state.forgotten(key.0) && last_seq < key.1 {
+                ProposalResult::Expired
+            } else if key.1 == last_seq {
                 ProposalResult::Duplicate
             } else {
                 ProposalResult::Stale { last_seq }
             };
             complete_waiter(group, waiter, result, None, out, &mut self.step_results, &mut self.stats);
         }
-        for (txn, commands) in group.state.txns_in_progress() {
-            self.txns_begun.push((*txn, commands.clone()));
+        for (txn, begun_at, commands) in group.state.txns_in_progress() {
+            self.txns_begun.push((*txn, begun_at, commands.clone()));
         }
+        // Owed clients of a transaction this copy jumped past (its `Finish` will not apply
+        // here): the outcomes are not in this log any more.
+        let jumped: Vec<TxnId> = self
+            .txn_clients_owed
+            .iter()
+            .filter(|(txn, (coordinator, _))| *coordinator == log && !group.state.txn_in_progress(txn))
+            .map(|(txn, _)| *txn)
+            .collect();
         release_unlocked(group, out);
+        for txn in jumped {
+            let (_, clients) = self.txn_clients_owed.remove(&txn).expect("listed");
+            self.answer_outcome_unknown(clients, out);
+        }
     }
 
     /// Compact every log to its applied index once enough entries were applied (bounding
@@ -1509,8 +1695,16 @@ impl RaftLog {
             group.proposed.remove(&proposal.client);
         }
         self.count_result(result);
-        if let (ProposalResult::Executed, Some(Step::Begin { txn, commands })) = (result, &proposal.step) {
-            self.txns_begun.push((*txn, commands.clone()));
+        match (result, &proposal.step) {
+            (ProposalResult::Executed, Some(Step::Begin { txn, commands })) => {
+                let begun_at = self.groups[log].state.begun_at(txn).expect("a Begin just ran");
+                self.txns_begun.push((*txn, begun_at, commands.clone()));
+            }
+            (ProposalResult::Executed, Some(Step::Finish { txn, outcomes, logs })) => {
+                self.on_finish_applied(log, proposal.client, *txn, outcomes, logs, out);
+            }
+            (ProposalResult::Executed, Some(Step::Forget { .. })) => self.stats.txn_forgets_applied += 1,
+            _ => {}
         }
         let group = &mut self.groups[log];
         let Some(waiter) = group.waiters.remove(&(proposal.client, proposal.seq)) else { return };
@@ -1656,6 +1850,11 @@ fn register_waiter(
     stats: &mut RaftLogStats,
 ) {
     let last_seq = group.state.last_seq(waiter.proposal.client);
+    if dedupe && waiter.proposal.seq > last_seq && group.state.forgotten(waiter.proposal.client) {
+        // A step of a transaction this copy knows finished: it would be refused.
+        complete_waiter(group, waiter, ProposalResult::Expired, None, out, step_results, stats);
+        return;
+    }
     if dedupe && waiter.proposal.seq <= last_seq {
         let result = if waiter.proposal.seq == last_seq {
             ProposalResult::Duplicate
@@ -1680,11 +1879,19 @@ fn complete_waiter(
     stats: &mut RaftLogStats,
 ) {
     if let (Some((kind, attempt)), Some(step)) = (waiter.step, &waiter.proposal.step) {
-        // Steps use sequence number 1 only, so their result is never stale.
-        let outcomes = group.state.session(waiter.proposal.client).map(|record| record.outcomes.clone());
+        // Steps use sequence number 1 only, so their result is never stale; a refused one
+        // (`Expired`) is forgotten: its transaction finished.
+        let outcomes = match result {
+            ProposalResult::Expired => vec![crate::txn::FORGOTTEN],
+            _ => group
+                .state
+                .session(waiter.proposal.client)
+                .map(|record| record.outcomes.clone())
+                .unwrap_or_default(),
+        };
         let txn = step.txn();
         let log = group.log;
-        step_results.push(StepResult { txn, kind, log, attempt, outcomes: outcomes.unwrap_or_default() });
+        step_results.push(StepResult { txn, kind, log, attempt, outcomes });
         return;
     }
     let mut blocked = 0;

@@ -6,8 +6,9 @@
 //! sequence numbers", remembering the last sequence number and its result per client).
 //!
 //! **Session expiry** bounds that table, by a rule every copy applies identically because it
-//! counts log entries, not time: a session record (replica or external session; transaction
-//! steps are kept, see `crate::txn`) that no proposal used for `session_expiry_entries`
+//! counts log entries, not time: a session record (replica or external session, or a
+//! transaction's `Begin`; the other steps go as below, gang records are kept) that no
+//! proposal used for `session_expiry_entries`
 //! entries of its log is dropped, at the first sweep after that (sweeps run at every index
 //! divisible by an eighth of the expiry). At-most-once still holds: a proposal whose session
 //! has no record runs only if its origin made it fewer than `session_expiry_entries` entries
@@ -16,6 +17,20 @@
 //! keep their first `sent_at_index`, so they never run twice; an external client's retry
 //! is a new proposal wherever it lands, so it is deduplicated only if it arrives within the
 //! expiry of the session's last request.
+//!
+//! **Forgetting finished transactions** bounds the records of transaction steps, which a
+//! late copy must never find missing while the transaction may still need them. Every step
+//! session names its transaction's coordinator log and the index its `Begin` ran at there.
+//! When the coordinator applies `Finish(T)` it computes `below`: the lowest `Begin` index of
+//! its transactions still in progress, or the `Finish`'s own index if none is. Every
+//! transaction that began there below `below` has finished, and stays finished. Every
+//! replica that applies the `Finish` proposes `Forget { coordinator, below }` into each log
+//! of `T`; a log that applies it raises its watermark for that coordinator to `below`,
+//! drops the step records of the transactions under it, and from then on refuses (without
+//! running) any step of theirs that has no record (`ProposalResult::Expired`). A late copy
+//! therefore never runs twice, a driver that finds its step refused knows its transaction
+//! is over, and what remains is one watermark per coordinator log plus the records of
+//! transactions begun since the last `Forget` a log applied.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chorus_core::codec::{DecodeError, Reader, WireMessage, WriteExt};
@@ -80,15 +95,21 @@ pub struct LogState {
     /// Keys locked by a multi-key transaction (Cyclone §4.2's bucket locks, per key here).
     /// Single-key commands on a locked key do not run (`CommandError::Locked`).
     locks: FxHashMap<Key, TxnId>,
-    /// Transactions begun in this log (as their coordinator log) and not finished: what
-    /// a restarted or lagging replica resumes driving.
-    txns: BTreeMap<TxnId, Vec<Command>>,
+    /// Transactions begun in this log (as their coordinator log) and not finished, with the
+    /// index their `Begin` ran at: what a restarted or lagging replica resumes driving.
+    txns: BTreeMap<TxnId, (u64, Vec<Command>)>,
+    /// Per coordinator log: every transaction it began below this index has finished; their
+    /// steps' records are gone from this log and their late copies are refused.
+    forgotten_below: BTreeMap<u32, u64>,
     /// Ganged operations this log resolved (kept, like transaction steps' sessions).
     gangs: BTreeMap<TxnId, GangRecord>,
     /// The highest-ordered gang this log admitted: a later gang ordered below it is refused.
     gang_admitted_max: Option<GangOrder>,
     /// Lock steps grant without recording or checking locks (the `NoTxnLocks` bug).
     pub(crate) ignore_locks: bool,
+    /// `Forget` drops step records but later copies of forgotten steps still run (the
+    /// `RunsForgottenSteps` bug).
+    pub(crate) runs_forgotten_steps: bool,
     /// Settings, not state (a snapshot does not carry them): the expiry in entries (0:
     /// never), and the index of the entry being applied.
     pub(crate) session_expiry_entries: u64,
@@ -215,9 +236,9 @@ impl LogState {
         if expiry == 0 || !index.is_multiple_of((expiry / 8).max(1)) {
             return;
         }
-        let expired = self.sessions.extract_if(|client, record| {
-            !matches!(client, SessionId::Step { .. }) && record.last_index + expiry <= index
-        });
+        let expired = self
+            .sessions
+            .extract_if(|client, record| expires_by_entries(client) && record.last_index + expiry <= index);
         if let Some(entry) = self.journal.recording() {
             for (client, record) in expired {
                 entry.remember_session(client, || Some(record));
@@ -230,6 +251,11 @@ impl LogState {
     /// Apply a committed proposal, at most once per `(client, seq)`. `dedupe: false` is the
     /// broken variant that executes every copy.
     pub fn apply(&mut self, proposal: &Proposal, dedupe: bool) -> ProposalResult {
+        if let Some(Step::Forget { coordinator, below, .. }) = &proposal.step {
+            // Idempotent (a watermark only rises), so every copy runs and none is recorded.
+            self.forget(*coordinator, *below);
+            return ProposalResult::Executed;
+        }
         let index = self.index;
         let record = self.sessions.get_mut(&proposal.client);
         let last_seq = record.as_ref().map_or(0, |record| record.last_seq);
@@ -245,7 +271,7 @@ impl LogState {
                         false => ProposalResult::Stale { last_seq },
                     };
                 }
-            } else if self.expired(proposal) {
+            } else if self.expired(proposal) || self.forgotten(proposal.client) {
                 return ProposalResult::Expired;
             }
         }
@@ -358,12 +384,35 @@ impl LogState {
     }
 
     /// A proposal without a session record is refused if a copy of it could have run and
-    /// expired since (see the module comment). Transaction steps never expire.
+    /// expired since (see the module comment).
     fn expired(&self, proposal: &Proposal) -> bool {
         let expiry = self.session_expiry_entries;
         expiry > 0
-            && !matches!(proposal.client, SessionId::Step { .. })
+            && expires_by_entries(&proposal.client)
             && proposal.sent_at_index.saturating_add(expiry) <= self.index
+    }
+
+    /// Whether `client` is a step of a transaction this log knows finished (its records
+    /// forgotten, every later copy refused; the module comment).
+    pub fn forgotten(&self, client: SessionId) -> bool {
+        let Some((coordinator, begun_at)) = client.forgettable_step() else { return false };
+        !self.runs_forgotten_steps
+            && self.forgotten_below.get(&coordinator).is_some_and(|below| begun_at < *below)
+    }
+
+    /// Transaction steps' session records this log holds (what forgetting bounds).
+    pub fn step_records(&self) -> usize {
+        self.sessions.keys().filter(|client| client.forgettable_step().is_some()).count()
+    }
+
+    /// The `Forget` step: raise the watermark for `coordinator` and drop the records it covers.
+    fn forget(&mut self, coordinator: u32, below: u64) {
+        let watermark = self.forgotten_below.entry(coordinator).or_default();
+        *watermark = (*watermark).max(below);
+        let below = *watermark;
+        self.sessions.retain(|client, _| {
+            client.forgettable_step().is_none_or(|(of, begun_at)| of != coordinator || begun_at >= below)
+        });
     }
 
     pub fn is_locked(&self, key: &[u8]) -> bool {
@@ -378,9 +427,20 @@ impl LogState {
         self.locks.len()
     }
 
-    /// Transactions this log coordinates that have begun and not finished.
-    pub fn txns_in_progress(&self) -> impl Iterator<Item = (&TxnId, &Vec<Command>)> {
-        self.txns.iter()
+    /// The index `txn`'s `Begin` ran at, while this log coordinates it in progress.
+    pub fn begun_at(&self, txn: &TxnId) -> Option<u64> {
+        self.txns.get(txn).map(|(begun_at, _)| *begun_at)
+    }
+
+    /// Whether this log coordinates `txn` and has applied its `Begin` and not its `Finish`.
+    pub fn txn_in_progress(&self, txn: &TxnId) -> bool {
+        self.txns.contains_key(txn)
+    }
+
+    /// Transactions this log coordinates that have begun and not finished: each with the
+    /// index its `Begin` ran at and its commands.
+    pub fn txns_in_progress(&self) -> impl Iterator<Item = (&TxnId, u64, &Vec<Command>)> {
+        self.txns.iter().map(|(txn, (begun_at, commands))| (txn, *begun_at, commands))
     }
 
     pub fn gang(&self, gang: &TxnId) -> Option<&GangRecord> {
@@ -416,11 +476,12 @@ impl LogState {
 
     /// One transaction step (see `crate::txn` for how they combine). Outcomes:
     /// `Lock`: `[Flag(true), Value(v) per key]` when granted, `[Flag(false)]` when another
-    /// transaction holds a key; the others `[Written]`.
+    /// transaction holds a key; `Finish`: `[Integer(below)]`, the watermark its `Forget`
+    /// steps carry (module comment); the others `[Written]`.
     fn execute_step(&mut self, step: &Step) -> Vec<Outcome> {
         match step {
             Step::Begin { txn, commands } => {
-                self.txns.insert(*txn, commands.clone());
+                self.txns.insert(*txn, (self.index, commands.clone()));
                 vec![Outcome::Written]
             }
             Step::Lock { txn, keys } => {
@@ -447,10 +508,14 @@ impl LogState {
                 }
                 vec![Outcome::Written]
             }
-            Step::Finish { txn } => {
+            Step::Finish { txn, .. } => {
                 self.txns.remove(txn);
-                vec![Outcome::Written]
+                // A `Begin` later in this entry has this index too, so it is not below it.
+                let oldest_in_progress = self.txns.values().map(|(begun_at, _)| *begun_at).min();
+                let below = oldest_in_progress.unwrap_or(self.index).min(self.index);
+                vec![Outcome::Integer(i64::try_from(below).expect("log indexes fit i64"))]
             }
+            Step::Forget { .. } => unreachable!("`apply` runs a Forget without a session record"),
             // Gangs never reach `apply`: the replica resolves them at the rendezvous.
             Step::Gang { .. } => {
                 vec![Outcome::Error(CommandError::Unavailable("a gang outside its rendezvous"))]
@@ -516,13 +581,19 @@ impl LogState {
             buf.put_u64_le(txn.number);
         }
         buf.put_u64_le(self.txns.len() as u64);
-        for (txn, commands) in &self.txns {
+        for (txn, (begun_at, commands)) in &self.txns {
             buf.put_u64_le(txn.origin);
             buf.put_u64_le(txn.number);
+            buf.put_u64_le(*begun_at);
             buf.put_u32_le(u32::try_from(commands.len()).expect("commands fit u32"));
             for command in commands {
                 command.encode(&mut buf);
             }
+        }
+        buf.put_u64_le(self.forgotten_below.len() as u64);
+        for (coordinator, below) in &self.forgotten_below {
+            buf.put_u32_le(*coordinator);
+            buf.put_u64_le(*below);
         }
         match self.gang_admitted_max {
             None => buf.put_u8(0),
@@ -597,12 +668,20 @@ impl LogState {
         }
         for _ in 0..txns {
             let txn = TxnId { origin: reader.u64()?, number: reader.u64()? };
+            let begun_at = reader.u64()?;
             let count = reader.u32()? as usize;
             if count > reader.remaining() {
                 return Err(DecodeError::Invalid("command count exceeds snapshot"));
             }
             let commands = (0..count).map(|_| Command::decode(&mut reader)).collect::<Result<_, _>>()?;
-            state.txns.insert(txn, commands);
+            state.txns.insert(txn, (begun_at, commands));
+        }
+        let watermarks = reader.u64()?;
+        if watermarks > reader.remaining() as u64 {
+            return Err(DecodeError::Invalid("watermark count exceeds snapshot"));
+        }
+        for _ in 0..watermarks {
+            state.forgotten_below.insert(reader.u32()?, reader.u64()?);
         }
         state.decode_gangs(&mut reader)?;
         reader.finish()?;
@@ -649,6 +728,17 @@ impl LogState {
             // The entry's first write of the key keeps what it replaced, for a rollback.
             entry.keys.entry(key.clone()).or_insert(previous);
         }
+    }
+}
+
+/// Sessions whose records expire after `session_expiry_entries` idle entries: replicas',
+/// external clients' and transactions' `Begin` (made by the origin alone, with its
+/// `sent_at_index`). The other steps are forgotten once their transaction finished, and
+/// gang records are kept (docs/protocols/raftlog.md, "Not yet implemented").
+fn expires_by_entries(client: &SessionId) -> bool {
+    match client {
+        SessionId::Replica(_) | SessionId::External(_) => true,
+        SessionId::Step { kind, .. } => *kind == crate::message::StepKind::Begin,
     }
 }
 
@@ -780,6 +870,109 @@ mod tests {
     }
 
     #[test]
+    fn finished_transactions_are_forgotten_below_the_coordinators_watermark_and_late_steps_refused() {
+        use crate::message::StepKind;
+        let (t1, t2, t3) =
+            (TxnId { origin: 1, number: 1 }, TxnId { origin: 1, number: 2 }, TxnId { origin: 1, number: 3 });
+        let step_of = |txn, kind, log, begun_at, step| Proposal {
+            client: SessionId::Step { txn, kind, log, attempt: 0, coordinator: 0, begun_at },
+            seq: 1,
+            commands: vec![],
+            step: Some(step),
+            sent_at_index: 0,
+        };
+        let begin = |txn| Proposal {
+            client: SessionId::Step {
+                txn,
+                kind: StepKind::Begin,
+                log: 0,
+                attempt: 0,
+                coordinator: 0,
+                begun_at: 0,
+            },
+            seq: 1,
+            commands: vec![],
+            step: Some(Step::Begin { txn, commands: vec![Command::Read { key: Bytes::from_static(b"k") }] }),
+            sent_at_index: 0,
+        };
+        let finish = |txn, begun_at| {
+            step_of(txn, StepKind::Finish, 0, begun_at, Step::Finish { txn, outcomes: vec![], logs: vec![1] })
+        };
+        // The coordinator: T1 begins at 5, T2 at 6; T2 finishes first, while T1 is in progress.
+        let mut coordinator = LogState::default();
+        coordinator.begin_entry(5);
+        coordinator.apply(&begin(t1), true);
+        coordinator.begin_entry(6);
+        coordinator.apply(&begin(t2), true);
+        assert_eq!(coordinator.begun_at(&t1), Some(5));
+        coordinator.begin_entry(9);
+        coordinator.apply(&finish(t2, 6), true);
+        let below = |state: &LogState, txn, begun_at| {
+            state.session(finish(txn, begun_at).client).unwrap().outcomes.clone()
+        };
+        assert_eq!(
+            below(&coordinator, t2, 6),
+            vec![Outcome::Integer(5)],
+            "T1 (begun at 5) is still in progress"
+        );
+        coordinator.begin_entry(12);
+        coordinator.apply(&finish(t1, 5), true);
+        assert_eq!(below(&coordinator, t1, 5), vec![Outcome::Integer(12)], "nothing is in progress");
+
+        // A participant: both locked and updated the key, in turn.
+        let key = Bytes::from_static(b"k");
+        let lock = |txn, begun_at| {
+            step_of(txn, StepKind::Lock, 1, begun_at, Step::Lock { txn, keys: vec![key.clone()] })
+        };
+        let update = |txn, begun_at, value: &'static [u8]| {
+            let writes = vec![(key.clone(), Some(Bytes::from_static(value)))];
+            step_of(
+                txn,
+                StepKind::Update,
+                1,
+                begun_at,
+                Step::Update { txn, writes, unlock: vec![key.clone()] },
+            )
+        };
+        let forget =
+            |below| step_of(t1, StepKind::Forget, 1, 5, Step::Forget { txn: t1, coordinator: 0, below });
+        let mut participant = LogState::default();
+        participant.begin_entry(1);
+        assert_eq!(participant.apply(&lock(t1, 5), true), ProposalResult::Executed);
+        assert_eq!(participant.apply(&update(t1, 5, b"1"), true), ProposalResult::Executed);
+        assert_eq!(participant.apply(&lock(t2, 6), true), ProposalResult::Executed);
+        assert_eq!(participant.apply(&update(t2, 6, b"2"), true), ProposalResult::Executed);
+        assert_eq!(participant.step_records(), 4);
+        // T2's Forget says only "below 5": T1's and T2's records stay.
+        participant.begin_entry(2);
+        assert_eq!(participant.apply(&forget(5), true), ProposalResult::Executed);
+        assert_eq!(participant.step_records(), 4);
+        assert_eq!(participant.apply(&update(t1, 5, b"1"), true), ProposalResult::Duplicate);
+        // T1's Forget says "below 12": both go, and their late copies are refused, not run.
+        participant.begin_entry(3);
+        participant.apply(&forget(12), true);
+        participant.apply(&forget(12), true);
+        assert_eq!(participant.step_records(), 0);
+        assert_eq!(participant.session_count(), 0, "a Forget keeps no record of its own");
+        let mut participant = LogState::decode(participant.encode()).unwrap();
+        participant.begin_entry(4);
+        assert_eq!(participant.apply(&update(t1, 5, b"1"), true), ProposalResult::Expired);
+        assert_eq!(participant.apply(&lock(t2, 6), true), ProposalResult::Expired);
+        assert_eq!(participant.get(b"k"), Some(&Bytes::from_static(b"2")), "T1's late update did not run");
+        assert!(!participant.is_locked(b"k"), "T2's late lock did not run");
+        assert!(participant.forgotten(lock(t1, 5).client));
+        // A lower watermark never lowers it; a transaction begun at 12 is not covered.
+        participant.apply(&forget(7), true);
+        assert_eq!(participant.apply(&lock(t3, 12), true), ProposalResult::Executed);
+        assert!(participant.is_locked(b"k"));
+        // The broken variant forgets the records and then runs the late copy.
+        let mut broken = participant.clone();
+        broken.runs_forgotten_steps = true;
+        assert_eq!(broken.apply(&update(t1, 5, b"1"), true), ProposalResult::Executed);
+        assert_eq!(broken.get(b"k"), Some(&Bytes::from_static(b"1")));
+    }
+
+    #[test]
     fn locks_block_single_key_commands_and_other_transactions_until_the_update() {
         let mut state = LogState::default();
         let (t1, t2) = (TxnId { origin: 1, number: 1 }, TxnId { origin: 2, number: 1 });
@@ -823,6 +1016,8 @@ mod tests {
             kind: crate::StepKind::Lock,
             log: 0,
             attempt: 0,
+            coordinator: 0,
+            begun_at: 1,
         };
         state.begin_entry(1);
         state.apply(&incr(7, 1), true);
@@ -837,7 +1032,7 @@ mod tests {
         state.begin_entry(18);
         assert!(state.session(SessionId::External(7)).is_none(), "7 expired at the sweep at 18");
         assert!(state.session(SessionId::External(8)).is_some(), "8 was used at 10");
-        assert!(state.session(step_session).is_some(), "steps never expire");
+        assert!(state.session(step_session).is_some(), "steps are forgotten, not expired");
         // A copy of 7's request made at index 0 may have run at 1: refused, nothing runs.
         assert_eq!(state.apply(&incr(7, 1), true), ProposalResult::Expired);
         assert_eq!(state.get(b"k"), Some(&Bytes::from_static(b"3")));

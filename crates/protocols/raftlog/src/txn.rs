@@ -17,7 +17,12 @@
 //!    values, identically in every driver (they saw the same saved results). `Update` writes
 //!    each log's results and releases its locks in one entry. The origin answers its client
 //!    once every update applied.
-//! 5. **Release** of the coordinator's record: `Finish`.
+//! 5. **Release** of the coordinator's record: `Finish`, which carries the outcomes (an
+//!    origin whose driver fell behind answers from it) and the participant logs.
+//! 6. **Forget**: every replica that applies the `Finish` proposes `Forget` into the
+//!    transaction's logs, so their step records go and any late copy is refused
+//!    (`crate::state`, "Forgetting finished transactions"). A driver whose step is refused
+//!    that way knows the transaction is over and stops.
 //!
 //! Single-key commands on a locked key do not run (`CommandError::Locked`); the origin
 //! holds them, and reads of locked keys, until its copy sees the lock released. So no
@@ -32,11 +37,33 @@ use crate::message::{Proposal, SessionId, Step, StepKind, TxnId};
 use crate::replica::log_in_shard;
 use crate::state::LogState;
 
+/// Where and at which index a transaction's `Begin` ran (`(0, 0)` for a `Begin` itself and
+/// a gang's copies, which are not forgotten by watermark).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Begun {
+    pub coordinator: usize,
+    pub index: u64,
+}
+
 /// The at-most-once client of one step: the step's whole identity, so two steps never share
 /// one and no other kind of session can be one.
-pub(crate) fn step_client(txn: TxnId, kind: StepKind, log: usize, attempt: u32) -> SessionId {
-    SessionId::Step { txn, kind, log: u32::try_from(log).expect("logs fit u32"), attempt }
+pub(crate) fn step_client(txn: TxnId, kind: StepKind, log: usize, attempt: u32, begun: Begun) -> SessionId {
+    SessionId::Step {
+        txn,
+        kind,
+        log: u32::try_from(log).expect("logs fit u32"),
+        attempt,
+        coordinator: u32::try_from(begun.coordinator).expect("logs fit u32"),
+        begun_at: begun.index,
+    }
 }
+
+/// What a refused step (forgotten: its transaction finished) gives its driver.
+pub(crate) const FORGOTTEN: Outcome = Outcome::Error(chorus_core::CommandError::OutcomeUnknown);
+
+/// Outcomes a `Finish` carries up to this size; above it, none (an origin that needs them
+/// then answers that the outcome is unknown): a `Finish` must fit one peer message.
+const FINISH_OUTCOMES_BYTES_MAX: usize = 64 * 1024;
 
 /// A step's result, as this replica learned it (from its own applied copy of the log).
 #[derive(Clone, Debug)]
@@ -68,7 +95,7 @@ enum Phase {
 pub(crate) struct Driver {
     txn: TxnId,
     commands: Vec<Command>,
-    coordinator: usize,
+    begun: Begun,
     /// Keys to lock per participant log, in ascending log order.
     keys_by_log: BTreeMap<usize, Vec<Key>>,
     values: FxHashMap<Key, Option<Value>>,
@@ -80,10 +107,17 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(txn: TxnId, commands: Vec<Command>, logs: usize, shards: usize) -> Driver {
+    /// `begun_at`: the index the transaction's `Begin` ran at in its coordinator log.
+    pub(crate) fn new(
+        txn: TxnId,
+        commands: Vec<Command>,
+        begun_at: u64,
+        logs: usize,
+        shards: usize,
+    ) -> Driver {
         assert!(!commands.is_empty(), "a transaction has commands");
         let log_of = |key: &[u8]| log_in_shard(key, logs, shards);
-        let coordinator = log_of(commands[0].key());
+        let begun = Begun { coordinator: log_of(commands[0].key()), index: begun_at };
         let mut keys_by_log: BTreeMap<usize, Vec<Key>> = BTreeMap::new();
         for command in &commands {
             keys_by_log.entry(log_of(command.key())).or_default().push(command.key().clone());
@@ -95,7 +129,7 @@ impl Driver {
         Driver {
             txn,
             commands,
-            coordinator,
+            begun,
             keys_by_log,
             values: FxHashMap::default(),
             writes_by_log: BTreeMap::new(),
@@ -115,11 +149,11 @@ impl Driver {
     }
 
     fn request(&self, log: usize, kind: StepKind, attempt: u32, step: Step) -> StepRequest {
-        let client = step_client(self.txn, kind, log, attempt);
+        let client = step_client(self.txn, kind, log, attempt, self.begun);
         StepRequest {
             log,
             attempt,
-            // Steps never expire (`LogState`), so their index does not matter.
+            // Steps are forgotten by watermark, not expired, so their index does not matter.
             proposal: Proposal { client, seq: 1, commands: Vec::new(), step: Some(step), sent_at_index: 0 },
         }
     }
@@ -150,12 +184,33 @@ impl Driver {
                 requests
             }
             Phase::Finish { sent: false } => {
-                let request = self.request(self.coordinator, StepKind::Finish, 0, Step::Finish { txn });
+                let outcome_bytes: usize = self.outcomes.iter().map(crate::message::outcome_bytes).sum();
+                let outcomes = match outcome_bytes <= FINISH_OUTCOMES_BYTES_MAX {
+                    true => self.outcomes.clone(),
+                    false => Vec::new(),
+                };
+                let logs = self.logs().map(|log| u32::try_from(log).expect("logs fit u32")).collect();
+                let step = Step::Finish { txn, outcomes, logs };
+                let request = self.request(self.begun.coordinator, StepKind::Finish, 0, step);
                 self.phase = Phase::Finish { sent: true };
                 vec![request]
             }
             _ => Vec::new(),
         }
+    }
+
+    /// Every log the transaction involves: its participants and its coordinator.
+    pub(crate) fn logs(&self) -> impl Iterator<Item = usize> + '_ {
+        let coordinator = std::iter::once(self.begun.coordinator);
+        let participants = self.keys_by_log.keys().copied().filter(|log| *log != self.begun.coordinator);
+        coordinator.chain(participants)
+    }
+
+    /// A step of this driver was refused as forgotten: the transaction finished (other
+    /// drivers completed it). Stops; returns the clients still owed their outcomes.
+    pub(crate) fn stop_forgotten(&mut self) -> Vec<ClientRequestId> {
+        self.phase = Phase::Done;
+        std::mem::take(&mut self.replies)
     }
 
     /// Take a step's result. Returns the replies to send, once every update has applied.
@@ -256,12 +311,16 @@ mod tests {
     #[test]
     fn step_clients_differ_by_every_part_and_never_look_like_a_replica_session() {
         let txn = TxnId { origin: 1 << 40 | 1, number: 7 };
-        let base = step_client(txn, StepKind::Lock, 3, 0);
+        let begun = Begun { coordinator: 2, index: 40 };
+        let base = step_client(txn, StepKind::Lock, 3, 0, begun);
         assert!(matches!(base, SessionId::Step { .. }));
-        assert_ne!(base, step_client(TxnId { number: 8, ..txn }, StepKind::Lock, 3, 0));
-        assert_ne!(base, step_client(txn, StepKind::Update, 3, 0));
-        assert_ne!(base, step_client(txn, StepKind::Lock, 4, 0));
-        assert_ne!(base, step_client(txn, StepKind::Lock, 3, 1));
+        assert_eq!(base.forgettable_step(), Some((2, 40)));
+        assert_ne!(base, step_client(TxnId { number: 8, ..txn }, StepKind::Lock, 3, 0, begun));
+        assert_ne!(base, step_client(txn, StepKind::Update, 3, 0, begun));
+        assert_ne!(base, step_client(txn, StepKind::Lock, 4, 0, begun));
+        assert_ne!(base, step_client(txn, StepKind::Lock, 3, 1, begun));
+        let begin = step_client(txn, StepKind::Begin, 2, 0, Begun::default());
+        assert_eq!(begin.forgettable_step(), None, "a Begin expires as sessions do");
     }
 
     #[test]
@@ -273,7 +332,7 @@ mod tests {
             Command::Read { key: b("a") },
         ];
         let txn = TxnId { origin: 1, number: 1 };
-        let mut driver = Driver::new(txn, commands, logs, 1);
+        let mut driver = Driver::new(txn, commands, 5, logs, 1);
         driver.replies = vec![ClientRequestId(1), ClientRequestId(2), ClientRequestId(3)];
         let timeout = Time::from_millis(60);
         let mut now = Time::ZERO;
@@ -331,6 +390,20 @@ mod tests {
         );
         let finish = driver.due(now);
         assert_eq!(finish.len(), 1);
+        // The Finish carries the outcomes (for an origin whose driver fell behind) and every
+        // log the transaction involves (where the Forget steps go).
+        let Some(Step::Finish { outcomes, logs: finish_logs, .. }) = &finish[0].proposal.step else {
+            panic!()
+        };
+        assert_eq!(
+            outcomes,
+            &vec![Outcome::Integer(95), Outcome::Integer(105), Outcome::Value(Some(b("95")))]
+        );
+        let mut involved: Vec<u32> = locked.iter().map(|log| *log as u32).collect();
+        involved.dedup();
+        let mut carried = finish_logs.clone();
+        carried.sort_unstable();
+        assert_eq!(carried, involved);
         let result =
             StepResult { txn, kind: StepKind::Finish, log: finish[0].log, attempt: 0, outcomes: vec![] };
         driver.on_result(&result, now, timeout);

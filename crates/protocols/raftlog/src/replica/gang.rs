@@ -79,7 +79,7 @@ enum Fate {
 }
 
 fn gang_client(gang: TxnId, log: usize) -> SessionId {
-    crate::txn::step_client(gang, StepKind::Gang, log, 0)
+    crate::txn::step_client(gang, StepKind::Gang, log, 0, crate::txn::Begun::default())
 }
 
 /// The gang at the head of `group`, if its next proposal is one.

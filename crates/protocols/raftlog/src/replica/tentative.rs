@@ -236,7 +236,7 @@ mod tests {
         entry.data = EntryBatch { proposals: vec![proposal(1)] }.to_bytes();
         assert_eq!(runs_early(&entry, Some(vec![proposal(1)])), Some(vec![proposal(1)]));
         assert_eq!(runs_early(&entry, None), Some(vec![proposal(1)]), "decoded when not kept");
-        let step = Step::Finish { txn: TxnId { origin: 0, number: 1 } };
+        let step = Step::Finish { txn: TxnId { origin: 0, number: 1 }, outcomes: vec![], logs: vec![] };
         let with_step = Proposal { step: Some(step), ..proposal(1) };
         assert_eq!(runs_early(&entry, Some(vec![with_step])), None);
         entry.set_entry_type(EntryType::EntryConfChangeV2);
