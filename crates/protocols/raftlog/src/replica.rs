@@ -328,8 +328,9 @@ pub struct RaftLog {
     forgets_due: Vec<ForgetDue>,
     /// The clients of transactions this replica originated whose driver stopped before
     /// answering (a step refused as forgotten): answered from the `Finish` when it applies.
-    /// Keyed by transaction: its coordinator log and the clients.
-    txn_clients_owed: FxHashMap<TxnId, (usize, Vec<ClientRequestId>)>,
+    /// Keyed by transaction: its coordinator log, the clients, and the outcomes if the
+    /// driver had computed them.
+    txn_clients_owed: FxHashMap<TxnId, (usize, Vec<ClientRequestId>, Vec<Outcome>)>,
     step_results: Vec<StepResult>,
     /// The clients (and commands) of transactions this replica originated, until their
     /// driver exists.
@@ -872,9 +873,9 @@ impl RaftLog {
             }
             let Some(driver) = self.drivers.get_mut(&result.txn) else { continue };
             if result.outcomes == [FORGOTTEN] {
-                let clients = driver.stop_forgotten();
+                let (clients, outcomes) = driver.stop();
                 self.stats.txn_drivers_stopped += 1;
-                self.owe_or_give_up(result.txn, clients, out);
+                self.owe_or_give_up(result.txn, clients, outcomes, out);
                 continue;
             }
             for (request, outcome) in driver.on_result(&result, now, self.config.retry_timeout) {
@@ -936,16 +937,42 @@ impl RaftLog {
 
     /// A driver stopped (its transaction finished elsewhere) still owing `clients` their
     /// outcomes: the `Finish` carries them, so wait for it here, unless this replica's
-    /// coordinator log is already past it.
-    fn owe_or_give_up(&mut self, txn: TxnId, clients: Vec<ClientRequestId>, out: &mut Outbox<Message>) {
+    /// coordinator log is already past it (then only what the driver computed can answer).
+    fn owe_or_give_up(
+        &mut self,
+        txn: TxnId,
+        clients: Vec<ClientRequestId>,
+        computed: Vec<Outcome>,
+        out: &mut Outbox<Message>,
+    ) {
         if clients.is_empty() {
             return;
         }
         let Some(coordinator) = self.coordinator_in_progress(&txn) else {
+            self.answer_txn(clients, &[], &computed, out);
+            return;
+        };
+        self.txn_clients_owed.insert(txn, (coordinator, clients, computed));
+    }
+
+    /// Answer a finished transaction's clients: from the outcomes its `Finish` carried, or
+    /// else those a driver here computed, or else "outcome unknown" (it did run).
+    fn answer_txn(
+        &mut self,
+        clients: Vec<ClientRequestId>,
+        carried: &[Outcome],
+        computed: &[Outcome],
+        out: &mut Outbox<Message>,
+    ) {
+        let outcomes = [carried, computed].into_iter().find(|outcomes| outcomes.len() == clients.len());
+        let Some(outcomes) = outcomes else {
             self.answer_outcome_unknown(clients, out);
             return;
         };
-        self.txn_clients_owed.insert(txn, (coordinator, clients));
+        for (request, outcome) in clients.into_iter().zip(outcomes.iter().cloned()) {
+            self.stats.txns_answered += 1;
+            out.reply(request, outcome);
+        }
     }
 
     /// The coordinator log that has `txn` in progress at this replica, if one has.
@@ -972,10 +999,12 @@ impl RaftLog {
         logs: &[u32],
         out: &mut Outbox<Message>,
     ) {
-        let mut clients =
-            self.drivers.remove(&txn).map(|mut driver| driver.stop_forgotten()).unwrap_or_default();
-        if let Some((_, owed)) = self.txn_clients_owed.remove(&txn) {
+        // Whoever here still owes the clients: the origin's driver, or what it left owed.
+        let (mut clients, mut computed) =
+            self.drivers.remove(&txn).map(|mut driver| driver.stop()).unwrap_or_default();
+        if let Some((_, owed, owed_computed)) = self.txn_clients_owed.remove(&txn) {
             clients.extend(owed);
+            computed = owed_computed;
         }
         // Its `Begin` applied in the same pass (this copy was behind): no driver is needed.
         self.txns_begun.retain(|(begun, ..)| *begun != txn);
@@ -983,15 +1012,8 @@ impl RaftLog {
             clients.extend(owed);
         }
         if !clients.is_empty() {
-            if outcomes.len() == clients.len() {
-                for (request, outcome) in clients.into_iter().zip(outcomes.iter().cloned()) {
-                    self.stats.txns_answered += 1;
-                    out.reply(request, outcome);
-                }
-            } else {
-                // The outcomes were too large to carry.
-                self.answer_outcome_unknown(clients, out);
-            }
+            // A `Finish` carries no outcomes over 64 KiB: then the driver's, if it has them.
+            self.answer_txn(clients, outcomes, &computed, out);
         }
         let record = self.groups[log].state.session(client).expect("a Finish just ran");
         let Some(Outcome::Integer(below)) = record.outcomes.first() else {
@@ -1520,17 +1542,17 @@ impl RaftLog {
             self.txns_begun.push((*txn, begun_at, commands.clone()));
         }
         // Owed clients of a transaction this copy jumped past (its `Finish` will not apply
-        // here): the outcomes are not in this log any more.
+        // here): only what the driver computed can answer them now.
         let jumped: Vec<TxnId> = self
             .txn_clients_owed
             .iter()
-            .filter(|(txn, (coordinator, _))| *coordinator == log && !group.state.txn_in_progress(txn))
+            .filter(|(txn, (coordinator, ..))| *coordinator == log && !group.state.txn_in_progress(txn))
             .map(|(txn, _)| *txn)
             .collect();
         release_unlocked(group, out);
         for txn in jumped {
-            let (_, clients) = self.txn_clients_owed.remove(&txn).expect("listed");
-            self.answer_outcome_unknown(clients, out);
+            let (_, clients, computed) = self.txn_clients_owed.remove(&txn).expect("listed");
+            self.answer_txn(clients, &[], &computed, out);
         }
     }
 

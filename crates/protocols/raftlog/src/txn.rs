@@ -206,11 +206,12 @@ impl Driver {
         coordinator.chain(participants)
     }
 
-    /// A step of this driver was refused as forgotten: the transaction finished (other
-    /// drivers completed it). Stops; returns the clients still owed their outcomes.
-    pub(crate) fn stop_forgotten(&mut self) -> Vec<ClientRequestId> {
+    /// The transaction finished (other drivers completed it): stop. Returns the clients
+    /// still owed their outcomes, and the outcomes if this driver computed them already
+    /// (every lock held; empty before).
+    pub(crate) fn stop(&mut self) -> (Vec<ClientRequestId>, Vec<Outcome>) {
         self.phase = Phase::Done;
-        std::mem::take(&mut self.replies)
+        (std::mem::take(&mut self.replies), self.outcomes.clone())
     }
 
     /// Take a step's result. Returns the replies to send, once every update has applied.
