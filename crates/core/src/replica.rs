@@ -103,6 +103,11 @@ pub trait Replica {
     /// The membership service installed a new view (epoch + live set).
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>);
 
+    /// The runtime's event-loop turn ended: every message and request of the turn was handed
+    /// in. A protocol that does its work once per turn (raftlog with `flush_at_turn_end`, as
+    /// the server runs it) does it here; the default does nothing.
+    fn end_turn(&mut self, _now: Time, _out: &mut Outbox<Self::Message>) {}
+
     /// The membership service renewed (or still withholds) this replica's lease: it may serve
     /// local reads only while `now < valid_until`. `None` means no lease has been granted
     /// yet. Runtimes without a membership service never call this; a protocol then behaves

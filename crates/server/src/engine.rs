@@ -100,9 +100,6 @@ where
     fn poll_synced(&mut self) -> Result<Option<(u64, Duration)>, String> {
         Ok(None)
     }
-    /// Every message and request of the turn is in, and the turn's outbox is about to be
-    /// performed: a core that flushes once per turn (raftlog) does it here.
-    fn end_turn(&mut self, _now: Time, _out: &mut Outbox<Self::Message>) {}
     /// Reads may run on the connection's task between the loop's turns ([`InlineLoop`]):
     /// the core answers a read at once or queues it, and sends nothing for it (Hermes). A core
     /// whose reads send messages (ZAB's sync, CRAQ's tail query) would send them a frame per
@@ -389,9 +386,6 @@ impl ServedReplica for DurableRaftLog {
     ) {
         self.core_mut().on_session_command(now, request, client, seq, command, out);
     }
-    fn end_turn(&mut self, now: Time, out: &mut Outbox<chorus_raftlog::Message>) {
-        self.core_mut().end_turn(now, out);
-    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.core().stats();
         let d = self.disk_stats();
@@ -518,9 +512,6 @@ impl ServedReplica for ShardCore {
         self.with_outbox(out, |core, scratch| {
             core.core_mut().on_session_command(now, request, client, seq, command, scratch)
         });
-    }
-    fn end_turn(&mut self, now: Time, out: &mut Outbox<ShardMessage>) {
-        self.with_outbox(out, |core, scratch| core.core_mut().end_turn(now, scratch));
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut counters = self.inner().counters();
@@ -1784,6 +1775,8 @@ where
     /// otherwise act on records not yet stable, such as committing on them).
     pub(crate) fn perform_outbox_until_sync(&mut self) -> bool {
         let now = self.now();
+        // Every message and request of the turn is in: a core that flushes once per turn
+        // (raftlog) does it here (`Replica::end_turn`).
         self.replica.end_turn(now, &mut self.outbox);
         self.complete_replies();
         self.persist_durable_records();

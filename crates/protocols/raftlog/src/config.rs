@@ -131,7 +131,7 @@ pub struct RaftLogConfig {
     /// Where each log's preferred leader is (`crate::replica::new_group`'s election stagger):
     /// spread over the nodes by log number, or every log led by the first member.
     pub leaders: LeaderPlacement,
-    /// The runtime calls [`crate::RaftLog::end_turn`] once per event-loop turn, after every
+    /// The runtime calls [`chorus_core::Replica::end_turn`] once per event-loop turn, after every
     /// message and request of the turn: the logs are flushed there, once per turn (every
     /// command of the turn joins one batch per log, every batch a leader took in one entry),
     /// instead of after every call. Off (the simulator, tests): each call flushes.

@@ -1293,6 +1293,10 @@ impl Replica for DurableRaftLog {
         self.core.on_tick(now, out);
     }
 
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<Message>) {
+        self.core.end_turn(now, out);
+    }
+
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Message>) {
         self.core.on_view(now, view, out);
     }

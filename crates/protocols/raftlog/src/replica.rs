@@ -1062,14 +1062,6 @@ impl RaftLog {
         }
     }
 
-    /// The runtime's event-loop turn ends (every message and request of the turn handed in):
-    /// with `flush_at_turn_end`, the logs the turn touched are flushed now, once.
-    pub fn end_turn(&mut self, now: Time, out: &mut Outbox<Message>) {
-        if self.config.flush_at_turn_end {
-            self.flush(now, out);
-        }
-    }
-
     /// Work that spans logs (transactions, gangs, a waiting rendezvous, a replacement):
     /// every log is visited while there is any.
     fn spans_logs(&self) -> bool {
@@ -2040,6 +2032,13 @@ impl Replica for RaftLog {
 
     fn id(&self) -> NodeId {
         self.config.me
+    }
+
+    /// With `flush_at_turn_end`, the logs the turn touched are flushed now, once.
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<Message>) {
+        if self.config.flush_at_turn_end {
+            self.flush(now, out);
+        }
     }
 
     /// A leader's appends and heartbeats, its commit notices and a follower's forwarded

@@ -104,6 +104,10 @@ impl Replica for ShardCore {
         self.with_outbox(out, |core, scratch| core.on_tick(now, scratch));
     }
 
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<ShardMessage>) {
+        self.with_outbox(out, |core, scratch| core.end_turn(now, scratch));
+    }
+
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<ShardMessage>) {
         self.with_outbox(out, |core, scratch| core.on_view(now, view, scratch));
     }

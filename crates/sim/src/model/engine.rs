@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::BytesMut;
 use chorus_core::codec::{WireMessage, FRAME_HEADER_BYTES};
 use chorus_core::slots::{even_ranges, key_slot};
-use chorus_core::{ClientRequestId, Command, NodeId, Outbox, Outcome, Replica, Time};
+use chorus_core::{ClientRequestId, Command, Destination, NodeId, Outbox, Outcome, Replica, Time};
 
 use super::costs::{CostTable, Network};
 
@@ -304,6 +304,8 @@ pub(super) struct Setup<M> {
     /// A send stage's writes leave one by one, each when the thread has made it
     /// ([`crate::model::ModelConfig::writes_one_by_one`]).
     pub writes_one_by_one: bool,
+    /// [`crate::model::ModelConfig::split_frames_at_sync`].
+    pub split_frames_at_sync: bool,
 }
 
 pub(super) struct Engine<'a, P: Replica, C: Clients> {
@@ -326,6 +328,7 @@ pub(super) struct Engine<'a, P: Replica, C: Clients> {
     turns: u64,
     time_handlers: bool,
     writes_one_by_one: bool,
+    split_frames_at_sync: bool,
     handler_totals: super::timing::Totals,
     costs: CostTable,
     network: Network,
@@ -359,8 +362,16 @@ where
         setup: Setup<P::Message>,
         clients: &'a mut C,
     ) -> Self {
-        let Setup { costs, network, nic_handled, tick_ns, record_bytes, time_handlers, writes_one_by_one } =
-            setup;
+        let Setup {
+            costs,
+            network,
+            nic_handled,
+            tick_ns,
+            record_bytes,
+            time_handlers,
+            writes_one_by_one,
+            split_frames_at_sync,
+        } = setup;
         assert_eq!(replicas.len(), layout.instances(), "one replica per instance");
         assert_eq!(layout.machine_of_node.len(), layout.groups * layout.nodes, "a machine per node");
         assert!(layout.threads >= 1, "an instance needs a thread");
@@ -420,6 +431,7 @@ where
             turns: 0,
             time_handlers,
             writes_one_by_one,
+            split_frames_at_sync,
             handler_totals: Default::default(),
             costs,
             network,
@@ -889,17 +901,38 @@ where
                 }
             }
         }
+        // The turn's end, as the server's event loop calls it (raftlog flushes its logs here).
+        // Timed with the messages: its work is what they caused, so calibration folds it
+        // into the per-message figure the turn is charged by.
+        let started = timing.then(std::time::Instant::now);
+        replica.end_turn(now, &mut self.outbox);
+        if let Some(started) = started {
+            self.handler_totals.turn_end(started);
+        }
         // The server makes a turn durable once, before its messages and replies leave; a turn
         // that wrote only what may wait (raftlog's commit indexes) leaves it unsynced.
         // A sync lets the core count on what it made stable (raftlog's own entries toward a
         // commit): that call's records are made durable the same way, in the same turn.
+        let (mut early, mut first_sync) = (Vec::new(), true);
         while replica.write_durable() && replica.sync_due() {
+            if std::mem::take(&mut first_sync) && self.split_frames_at_sync {
+                // The server writes what may leave before the turn's sync to the peers first
+                // (`send_before_sync`): its own frames, apart from the turn's later ones.
+                early.extend(
+                    self.outbox.messages.extract_if(.., |(_, message)| replica.leaves_before_sync(message)),
+                );
+            }
             cost += self.costs.sync_ns;
             replica.sync_durable();
             replica.on_synced(now, &mut self.outbox);
         }
         replica.sync_durable();
-        let outputs = self.take_outputs();
+        let mut outputs = self.take_outputs();
+        if !early.is_empty() {
+            let later = std::mem::take(&mut outputs.frames);
+            outputs.frames = self.frames_of(early);
+            outputs.frames.extend(later);
+        }
         self.instances[instance].protocol_busy = true;
         let cost = self.occupy(instance, cost);
         self.instances[instance].protocol_busy_ns += cost;
@@ -922,8 +955,23 @@ where
     /// Drain the outbox into one frame per destination node and kind (the model sends no
     /// multicast), with each frame's size on the wire.
     fn take_outputs(&mut self) -> Outputs<P::Message> {
+        let messages = std::mem::take(&mut self.outbox.messages);
+        let frames = self.frames_of(messages);
+        let record_bytes = self.record_bytes;
+        let replies = self.outbox.replies.drain(..).map(|(request, outcome)| {
+            let bytes = match outcome {
+                Outcome::Value(None) if record_bytes > 0 => bulk_reply_bytes(record_bytes as usize),
+                _ => resp_reply_bytes(&outcome),
+            };
+            (request, outcome, bytes)
+        });
+        Outputs { frames, replies: replies.collect() }
+    }
+
+    /// One frame per destination (and per NIC-handled or not) for `messages`, in order.
+    fn frames_of(&mut self, messages: Vec<(Destination, P::Message)>) -> Vec<Frame<P::Message>> {
         let mut frames: Vec<Frame<P::Message>> = Vec::new();
-        for (destination, message) in self.outbox.messages.drain(..) {
+        for (destination, message) in messages {
             self.buffer.clear();
             message.encode(&mut self.buffer);
             let bytes = self.buffer.len() as u64;
@@ -943,15 +991,7 @@ where
                 }
             }
         }
-        let record_bytes = self.record_bytes;
-        let replies = self.outbox.replies.drain(..).map(|(request, outcome)| {
-            let bytes = match outcome {
-                Outcome::Value(None) if record_bytes > 0 => bulk_reply_bytes(record_bytes as usize),
-                _ => resp_reply_bytes(&outcome),
-            };
-            (request, outcome, bytes)
-        });
-        Outputs { frames, replies: replies.collect() }
+        frames
     }
 
     /// Hand a stage's outputs to the NICs.

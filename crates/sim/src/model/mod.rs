@@ -97,6 +97,13 @@ pub struct ModelConfig {
     /// `flush_links`), instead of all at the stage's end. Off by default: docs/model.md,
     /// "Writes one by one" (session 20) says what it moves.
     pub writes_one_by_one: bool,
+    /// Raftlog flushes its logs once per event-loop turn, at its end (the server's
+    /// `raftlog_flush_per_turn`, default on), rather than after every call.
+    pub raftlog_flush_per_turn: bool,
+    /// A turn that syncs sends what may leave before its sync (`Replica::leaves_before_sync`:
+    /// a raftlog leader's appends, a follower's forwards) in frames of their own, ahead of the
+    /// turn's other frames, as the server's `send_before_sync` does. On by default.
+    pub split_frames_at_sync: bool,
 }
 
 impl ModelConfig {
@@ -126,6 +133,8 @@ impl ModelConfig {
             raftlog_batch_commands_max: 1_024,
             time_handlers: false,
             writes_one_by_one: false,
+            raftlog_flush_per_turn: true,
+            split_frames_at_sync: true,
         }
     }
 }
@@ -286,6 +295,7 @@ fn raftlog_syncing(config: &ModelConfig, me: NodeId, all: NodeSet, shard: usize)
     raftlog.shards = config.loops;
     raftlog.shard = shard;
     raftlog.batch_commands_max = config.raftlog_batch_commands_max.max(1);
+    raftlog.flush_at_turn_end = config.raftlog_flush_per_turn;
     DurableRaftLog::in_memory(raftlog)
 }
 
@@ -328,6 +338,7 @@ where
         nic_handled,
         time_handlers: config.time_handlers,
         writes_one_by_one: config.writes_one_by_one,
+        split_frames_at_sync: config.split_frames_at_sync,
         tick_ns: config.tick_period.as_nanos(),
         record_bytes: config.workload.record_bytes as u64,
     };

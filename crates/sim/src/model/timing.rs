@@ -103,6 +103,11 @@ impl Totals {
         self.message_calls += 1;
         self.message_ns += started.elapsed().as_nanos() as u64;
     }
+
+    /// The end of a turn: its work counts with the turn's messages (no call of its own).
+    pub(super) fn turn_end(&mut self, started: Instant) {
+        self.message_ns += started.elapsed().as_nanos() as u64;
+    }
 }
 
 /// Deliver `from`'s outbox and everything it causes, in order, timing each handler.
