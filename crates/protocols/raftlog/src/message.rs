@@ -779,6 +779,10 @@ mod tests {
             any::<i64>().prop_map(Outcome::Integer),
             any::<bool>().prop_map(Outcome::Flag),
             proptest::option::of(arb_bytes()).prop_map(Outcome::Value),
+            (any::<bool>(), proptest::option::of(arb_bytes()))
+                .prop_map(|(swapped, previous)| Outcome::Cas { swapped, previous }),
+            Just(Outcome::Error(chorus_core::CommandError::OutcomeUnknown)),
+            Just(Outcome::Error(chorus_core::CommandError::NotInteger)),
         ]
     }
 

@@ -890,6 +890,8 @@ impl RaftLog {
         }
         for forget in std::mem::take(&mut self.forgets_due) {
             requests.extend(forget.requests());
+            // No driver may be left to make this flush visit every log: send them now.
+            self.flush_all = true;
         }
         for request in requests {
             progressed = true;
