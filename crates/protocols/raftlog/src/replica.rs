@@ -909,9 +909,12 @@ impl RaftLog {
     /// A driver for a transaction whose `Begin` this replica applied (at `begun_at` in its
     /// coordinator log), with the origin's clients if this replica is the origin.
     fn start_driver(&mut self, txn: TxnId, begun_at: u64, commands: Vec<Command>) {
-        let (logs, shards) = (self.groups.len(), self.config.shards);
-        let driver =
-            self.drivers.entry(txn).or_insert_with(|| Driver::new(txn, commands, begun_at, logs, shards));
+        let layout = (self.groups.len(), self.config.shards);
+        let batch_bytes_max = self.config.batch_bytes_max();
+        let driver = self
+            .drivers
+            .entry(txn)
+            .or_insert_with(|| Driver::new(txn, commands, begun_at, layout, batch_bytes_max));
         if let Some((clients, _)) = self.txn_clients.remove(&txn) {
             driver.replies = clients;
         }

@@ -61,9 +61,10 @@ pub(crate) fn step_client(txn: TxnId, kind: StepKind, log: usize, attempt: u32, 
 /// What a refused step (forgotten: its transaction finished) gives its driver.
 pub(crate) const FORGOTTEN: Outcome = Outcome::Error(chorus_core::CommandError::OutcomeUnknown);
 
-/// Outcomes a `Finish` carries up to this size; above it, none (an origin that needs them
-/// then answers that the outcome is unknown): a `Finish` must fit one peer message.
-const FINISH_OUTCOMES_BYTES_MAX: usize = 64 * 1024;
+/// Outcomes a `Finish` carries up to this size (or the configured batch size, if smaller);
+/// above it, none (an origin that needs them answers from its own driver, or that the
+/// outcome is unknown): a `Finish` must fit one peer message.
+pub(crate) const FINISH_OUTCOMES_BYTES_MAX: usize = 64 * 1024;
 
 /// A step's result, as this replica learned it (from its own applied copy of the log).
 #[derive(Clone, Debug)]
@@ -96,6 +97,8 @@ pub(crate) struct Driver {
     txn: TxnId,
     commands: Vec<Command>,
     begun: Begun,
+    /// The most outcome bytes its `Finish` carries.
+    finish_outcomes_bytes_max: usize,
     /// Keys to lock per participant log, in ascending log order.
     keys_by_log: BTreeMap<usize, Vec<Key>>,
     values: FxHashMap<Key, Option<Value>>,
@@ -107,13 +110,14 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    /// `begun_at`: the index the transaction's `Begin` ran at in its coordinator log.
+    /// `begun_at`: the index the transaction's `Begin` ran at in its coordinator log;
+    /// `batch_bytes_max`: the configuration's (a `Finish` is one proposal of one entry).
     pub(crate) fn new(
         txn: TxnId,
         commands: Vec<Command>,
         begun_at: u64,
-        logs: usize,
-        shards: usize,
+        (logs, shards): (usize, usize),
+        batch_bytes_max: usize,
     ) -> Driver {
         assert!(!commands.is_empty(), "a transaction has commands");
         let log_of = |key: &[u8]| log_in_shard(key, logs, shards);
@@ -130,6 +134,7 @@ impl Driver {
             txn,
             commands,
             begun,
+            finish_outcomes_bytes_max: FINISH_OUTCOMES_BYTES_MAX.min(batch_bytes_max),
             keys_by_log,
             values: FxHashMap::default(),
             writes_by_log: BTreeMap::new(),
@@ -185,7 +190,7 @@ impl Driver {
             }
             Phase::Finish { sent: false } => {
                 let outcome_bytes: usize = self.outcomes.iter().map(crate::message::outcome_bytes).sum();
-                let outcomes = match outcome_bytes <= FINISH_OUTCOMES_BYTES_MAX {
+                let outcomes = match outcome_bytes <= self.finish_outcomes_bytes_max {
                     true => self.outcomes.clone(),
                     false => Vec::new(),
                 };
@@ -324,6 +329,43 @@ mod tests {
         assert_eq!(begin.forgettable_step(), None, "a Begin expires as sessions do");
     }
 
+    /// Outcomes too large for the `Finish` stay with the driver: an origin whose driver is
+    /// stopped (its transaction finished elsewhere) still has them to answer with.
+    #[test]
+    fn outcomes_too_large_for_the_finish_stay_with_the_driver() {
+        let txn = TxnId { origin: 1, number: 1 };
+        let commands = vec![Command::Read { key: b("a") }];
+        let mut driver = Driver::new(txn, commands, 5, (1, 1), 8);
+        driver.replies = vec![ClientRequestId(1)];
+        let (now, timeout) = (Time::ZERO, Time::from_millis(60));
+        let lock = driver.due(now);
+        let value = Outcome::Value(Some(b("a value longer than eight bytes")));
+        let granted = vec![Outcome::Flag(true), value.clone()];
+        let result =
+            StepResult { txn, kind: StepKind::Lock, log: lock[0].log, attempt: 0, outcomes: granted };
+        driver.on_result(&result, now, timeout);
+        assert_eq!(driver.due(now).len(), 1, "the update");
+        let (clients, computed) = driver.stop();
+        assert_eq!((clients, computed), (vec![ClientRequestId(1)], vec![value.clone()]));
+        assert!(driver.is_done());
+        let mut driver = Driver::new(txn, vec![Command::Read { key: b("a") }], 5, (1, 1), 8);
+        driver.due(now);
+        let granted = vec![Outcome::Flag(true), value];
+        driver.on_result(
+            &StepResult { txn, kind: StepKind::Lock, log: 0, attempt: 0, outcomes: granted },
+            now,
+            timeout,
+        );
+        driver.due(now);
+        let result =
+            StepResult { txn, kind: StepKind::Update, log: 0, attempt: 0, outcomes: vec![Outcome::Written] };
+        driver.on_result(&result, now, timeout);
+        let finish = driver.due(now);
+        let Some(Step::Finish { outcomes, logs, .. }) = &finish[0].proposal.step else { panic!() };
+        assert!(outcomes.is_empty(), "over the cap, the Finish carries none");
+        assert_eq!(logs, &vec![0]);
+    }
+
     #[test]
     fn a_driver_locks_in_log_order_retries_a_refused_lock_then_updates_and_finishes() {
         let logs = 8;
@@ -333,7 +375,7 @@ mod tests {
             Command::Read { key: b("a") },
         ];
         let txn = TxnId { origin: 1, number: 1 };
-        let mut driver = Driver::new(txn, commands, 5, logs, 1);
+        let mut driver = Driver::new(txn, commands, 5, (logs, 1), FINISH_OUTCOMES_BYTES_MAX);
         driver.replies = vec![ClientRequestId(1), ClientRequestId(2), ClientRequestId(3)];
         let timeout = Time::from_millis(60);
         let mut now = Time::ZERO;
