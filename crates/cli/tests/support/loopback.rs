@@ -71,9 +71,32 @@ impl Cluster {
         Cluster::launch(replicas, args_of, |_| {})
     }
 
+    /// Start the nodes on free ports and wait until all are ready. A node that could not
+    /// bind a port chosen free a moment before (another process took it in between: the
+    /// race [`free_addrs`] narrows but cannot close) makes it start again on other ports,
+    /// up to three times; any other exit fails the test.
     fn launch(
         replicas: usize,
         args_of: impl Fn(usize, &std::path::Path) -> Vec<String>,
+        prepare: fn(&mut Command),
+    ) -> Cluster {
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let mut cluster = Cluster::spawn_nodes(replicas, &args_of, prepare);
+            match (0..replicas).try_for_each(|i| cluster.wait_ready_or_exit(i, replicas - 1)) {
+                Ok(()) => return cluster,
+                Err(exit) if exit.contains("Address already in use") && attempt < ATTEMPTS => {
+                    eprintln!("starting the cluster again on other ports: {exit}");
+                }
+                Err(exit) => panic!("{exit}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    fn spawn_nodes(
+        replicas: usize,
+        args_of: &impl Fn(usize, &std::path::Path) -> Vec<String>,
         prepare: fn(&mut Command),
     ) -> Cluster {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -110,14 +133,18 @@ impl Cluster {
             let child = spawn(&args, std::fs::File::create(&log).unwrap(), prepare);
             cluster.nodes.push(Node { client, peer, log, child: Some(child), args });
         }
-        for i in 0..replicas {
-            cluster.wait_ready(i, replicas - 1);
-        }
         cluster
     }
 
     /// Wait until node `i` answers and has all its peer links up.
     pub fn wait_ready(&mut self, i: usize, peers: usize) {
+        if let Err(exit) = self.wait_ready_or_exit(i, peers) {
+            panic!("{exit}");
+        }
+    }
+
+    /// [`Self::wait_ready`], or which node exited meanwhile, with its log.
+    fn wait_ready_or_exit(&mut self, i: usize, peers: usize) -> Result<(), String> {
         let started = Instant::now();
         let wanted = format!("chorus_peers_connected:{peers}");
         // Serving needs a membership lease as well as peer links.
@@ -127,13 +154,16 @@ impl Cluster {
             for j in 0..self.nodes.len() {
                 let Some(child) = self.nodes[j].child.as_mut() else { continue };
                 if let Some(status) = child.try_wait().unwrap() {
-                    panic!("node {j} exited ({status}) while node {i} waited for it:\n{}", self.log(j));
+                    return Err(format!(
+                        "node {j} exited ({status}) while node {i} waited for it:\n{}",
+                        self.log(j)
+                    ));
                 }
             }
             if let Ok(mut con) = self.try_client(i) {
                 let info: redis::RedisResult<String> = redis::cmd("INFO").arg("replication").query(&mut con);
                 if info.is_ok_and(|info| info.contains(&wanted) && info.contains(operational)) {
-                    return;
+                    return Ok(());
                 }
             }
             assert!(started.elapsed() < DEADLINE, "node {i} not ready:\n{}", self.log(i));
