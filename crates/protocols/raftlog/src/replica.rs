@@ -691,7 +691,7 @@ impl RaftLog {
 
     /// Whether this replica's copy of `txn`'s coordinator log has it begun and not finished.
     pub fn txn_in_progress(&self, txn: &TxnId) -> bool {
-        self.coordinator_in_progress(txn).is_some()
+        self.groups.iter().any(|group| group.state.txn_in_progress(txn))
     }
 
     pub fn session(&self, log: usize, client: SessionId) -> Option<&SessionRecord> {
@@ -873,9 +873,10 @@ impl RaftLog {
             }
             let Some(driver) = self.drivers.get_mut(&result.txn) else { continue };
             if result.outcomes == [FORGOTTEN] {
+                let coordinator = driver.coordinator();
                 let (clients, outcomes) = driver.stop();
                 self.stats.txn_drivers_stopped += 1;
-                self.owe_or_give_up(result.txn, clients, outcomes, out);
+                self.owe_or_give_up(result.txn, coordinator, clients, outcomes, out);
                 continue;
             }
             for (request, outcome) in driver.on_result(&result, now, self.config.retry_timeout) {
@@ -908,7 +909,7 @@ impl RaftLog {
 
     /// A driver for a transaction whose `Begin` this replica applied (at `begun_at` in its
     /// coordinator log), with the origin's clients if this replica is the origin.
-    fn start_driver(&mut self, txn: TxnId, begun_at: u64, commands: Vec<Command>) {
+    fn start_driver(&mut self, txn: TxnId, begun_at: u64, commands: Vec<Command>) -> &mut Driver {
         let layout = (self.groups.len(), self.config.shards);
         let batch_bytes_max = self.config.batch_bytes_max();
         let driver = self
@@ -918,6 +919,7 @@ impl RaftLog {
         if let Some((clients, _)) = self.txn_clients.remove(&txn) {
             driver.replies = clients;
         }
+        driver
     }
 
     /// The origin's own `Begin` is settled. Normally applying it started the driver, which
@@ -932,10 +934,7 @@ impl RaftLog {
         }
         let coordinator = self.log_of(commands[0].key());
         match self.groups[coordinator].state.begun_at(&txn) {
-            Some(begun_at) => {
-                self.txn_clients.insert(txn, (clients, commands.clone()));
-                self.start_driver(txn, begun_at, commands);
-            }
+            Some(begun_at) => self.start_driver(txn, begun_at, commands).replies = clients,
             None => self.answer_outcome_unknown(clients, out),
         }
     }
@@ -946,6 +945,7 @@ impl RaftLog {
     fn owe_or_give_up(
         &mut self,
         txn: TxnId,
+        coordinator: usize,
         clients: Vec<ClientRequestId>,
         computed: Vec<Outcome>,
         out: &mut Outbox<Message>,
@@ -953,10 +953,10 @@ impl RaftLog {
         if clients.is_empty() {
             return;
         }
-        let Some(coordinator) = self.coordinator_in_progress(&txn) else {
+        if !self.groups[coordinator].state.txn_in_progress(&txn) {
             self.answer_txn(clients, &[], &computed, out);
             return;
-        };
+        }
         self.txn_clients_owed.insert(txn, (coordinator, clients, computed));
     }
 
@@ -978,11 +978,6 @@ impl RaftLog {
             self.stats.txns_answered += 1;
             out.reply(request, outcome);
         }
-    }
-
-    /// The coordinator log that has `txn` in progress at this replica, if one has.
-    fn coordinator_in_progress(&self, txn: &TxnId) -> Option<usize> {
-        self.groups.iter().position(|group| group.state.txn_in_progress(txn))
     }
 
     fn answer_outcome_unknown(&mut self, clients: Vec<ClientRequestId>, out: &mut Outbox<Message>) {

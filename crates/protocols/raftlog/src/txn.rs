@@ -204,6 +204,11 @@ impl Driver {
         }
     }
 
+    /// The transaction's coordinator log.
+    pub(crate) fn coordinator(&self) -> usize {
+        self.begun.coordinator
+    }
+
     /// Every log the transaction involves: its participants and its coordinator.
     pub(crate) fn logs(&self) -> impl Iterator<Item = usize> + '_ {
         let coordinator = std::iter::once(self.begun.coordinator);
