@@ -177,6 +177,11 @@ impl<P: Replica> Replica for WithMembership<P> {
     /// Views come from the membership node, not from outside.
     fn on_view(&mut self, _now: Time, _view: View, _out: &mut Outbox<Self::Message>) {}
 
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.protocol.end_turn(now, &mut self.protocol_out);
+        self.flush(now, out);
+    }
+
     /// Joined (or never left) and holding all the data.
     fn is_caught_up(&self) -> bool {
         !self.membership.is_joining() && !self.protocol_waits() && self.protocol.is_caught_up()

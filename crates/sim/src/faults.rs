@@ -266,6 +266,8 @@ pub struct FaultCounts {
     pub crashes_with_sync_running: u64,
     /// Power losses that struck right after a node answered an update while its sync ran.
     pub power_losses_after_replies_before_a_sync: u64,
+    /// Event-loop turns (`SimConfig::turn_max`) that took more than one call.
+    pub turns_of_several_calls: u64,
     /// Every node crashed at once.
     pub power_losses: u64,
     /// Crashed nodes brought back (`SimConfig::restart_after`).
@@ -336,6 +338,7 @@ impl FaultCounts {
             "calls_waiting_for_a_sync" => self.calls_waiting_for_a_sync,
             "crashes_with_sync_running" => self.crashes_with_sync_running,
             "power_losses_after_replies_before_a_sync" => self.power_losses_after_replies_before_a_sync,
+            "turns_of_several_calls" => self.turns_of_several_calls,
             "power_losses" => self.power_losses,
             "restarts" => self.restarts,
             "clocks_drifting" => self.clocks_drifting,
@@ -371,6 +374,7 @@ impl FaultCounts {
         self.calls_waiting_for_a_sync += other.calls_waiting_for_a_sync;
         self.crashes_with_sync_running += other.crashes_with_sync_running;
         self.power_losses_after_replies_before_a_sync += other.power_losses_after_replies_before_a_sync;
+        self.turns_of_several_calls += other.turns_of_several_calls;
         self.power_losses += other.power_losses;
         self.restarts += other.restarts;
         self.clocks_drifting += other.clocks_drifting;

@@ -215,6 +215,9 @@ impl<P: Replica> Replica for OnDisk<P> {
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
         self.node.on_view(now, view, out);
     }
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        self.node.end_turn(now, out);
+    }
     fn is_caught_up(&self) -> bool {
         self.node.is_caught_up()
     }
@@ -494,6 +497,11 @@ impl<P: Replica, R: TurnRecord<P>> Replica for AppendOnlyNode<P, R> {
     fn on_view(&mut self, now: Time, view: View, out: &mut Outbox<Self::Message>) {
         let (sent, answered) = (out.messages.len(), out.replies.len());
         self.file.inner.on_view(now, view, out);
+        self.record.after_event(out, sent, answered);
+    }
+    fn end_turn(&mut self, now: Time, out: &mut Outbox<Self::Message>) {
+        let (sent, answered) = (out.messages.len(), out.replies.len());
+        self.file.inner.end_turn(now, out);
         self.record.after_event(out, sent, answered);
     }
     fn is_caught_up(&self) -> bool {

@@ -78,6 +78,11 @@ pub struct SimConfig {
     /// may), and a crash in the meantime loses what it had not synced yet. `None`: a call's
     /// sync returns before its node handles anything else (the server's event loop syncing).
     pub sync_latency: Option<(Time, Time)>,
+    /// Turns as the server's event loop runs them: a node's calls that arrive while its turn
+    /// is open share one outbox, and the turn ends (`Replica::end_turn`, then its outbox is
+    /// performed: written, synced, sent, answered) at most this long after its first call
+    /// (a paused node's turn ends when it wakes). `None`: every call is a turn of its own.
+    pub turn_max: Option<Time>,
 }
 
 impl SimConfig {
@@ -101,6 +106,7 @@ impl SimConfig {
             crash_turn_destinations_min: 2,
             crash_group_size: None,
             sync_latency: None,
+            turn_max: None,
         }
     }
 
@@ -220,6 +226,12 @@ enum Event<M> {
         node: NodeId,
         generation: u64,
     },
+    /// The node's turn ends (`SimConfig::turn_max`), unless it ended already (its `number`
+    /// then is stale).
+    EndTurn {
+        node: NodeId,
+        number: u64,
+    },
 }
 
 impl<M> Event<M> {
@@ -229,7 +241,7 @@ impl<M> Event<M> {
             Event::Deliver { to, .. } => Some(*to),
             Event::Tick(node) | Event::InstallView(node, _) => Some(*node),
             Event::ClientArrives { node, .. } => Some(*node),
-            Event::SyncDone { node, .. } => Some(*node),
+            Event::SyncDone { node, .. } | Event::EndTurn { node, .. } => Some(*node),
             _ => None,
         }
     }
@@ -321,13 +333,24 @@ struct Engine<'a, P: Replica> {
     /// The newest view any replica installed, for counting view changes.
     newest_view: View,
     quiescent: bool,
-    outbox: Outbox<P::Message>,
+    /// Per node, what its current turn's calls asked for.
+    outboxes: Vec<Outbox<P::Message>>,
+    /// Per node, its current turn (`SimConfig::turn_max`).
+    turns: Vec<Turn>,
     trace: Vec<String>,
     /// Per node, with `SimConfig::sync_latency`: whether a sync runs, its generation (bumped
     /// by a crash), and what waits for it.
     syncs: Vec<SyncThread<P::Message>>,
     /// The next sync to return cuts the power instead (`SimConfig::sync_latency`).
     power_loss_armed: bool,
+}
+
+/// A node's event-loop turn (`SimConfig::turn_max`): its number, and how many calls it has
+/// taken so far whose outputs wait for its end (0: no turn is open).
+#[derive(Clone, Copy, Default)]
+struct Turn {
+    number: u64,
+    calls: u32,
 }
 
 /// A node's sync thread in the simulator (`SimConfig::sync_latency`). A sync makes stable
@@ -428,7 +451,8 @@ where
         view: first_view,
         newest_view: first_view,
         quiescent: false,
-        outbox: Outbox::default(),
+        outboxes: (0..config.replicas).map(|_| Outbox::default()).collect(),
+        turns: vec![Turn::default(); config.replicas],
         trace: Vec::new(),
         syncs: (0..config.replicas).map(|_| SyncThread::default()).collect(),
         power_loss_armed: false,
@@ -547,6 +571,12 @@ where
             Event::ArmPowerLoss => self.power_loss_armed = !self.quiescent,
             Event::FaultPhaseEnd => self.end_fault_phase(),
             Event::SyncDone { node, generation } => self.sync_done(node, generation),
+            Event::EndTurn { node, number } => {
+                let turn = self.turns[node.index()];
+                if turn.number == number && turn.calls > 0 && !self.crashed[node.index()] {
+                    self.end_turn(node);
+                }
+            }
         }
     }
 
@@ -596,8 +626,8 @@ where
         }
         self.trace(|| format!("{from} -> {to} {message:?}"));
         let now = self.local_now(to);
-        self.nodes[to.index()].on_message(now, from, message, &mut self.outbox);
-        self.perform_outbox(to);
+        self.nodes[to.index()].on_message(now, from, message, &mut self.outboxes[to.index()]);
+        self.end_call(to);
     }
 
     fn send(&mut self, from: NodeId, to: NodeId, message: P::Message) {
@@ -624,12 +654,39 @@ where
         self.schedule(self.now + delay, Event::Deliver { from, to, message });
     }
 
+    /// A call of `node` returned. With turns (`SimConfig::turn_max`) its outputs wait in the
+    /// node's outbox for the end of its turn, which the turn's first call schedules; without,
+    /// the call is a turn of its own and ends now.
+    fn end_call(&mut self, node: NodeId) {
+        let Some(turn_max) = self.config.turn_max else { return self.end_turn(node) };
+        let turn = &mut self.turns[node.index()];
+        turn.calls += 1;
+        if turn.calls > 1 {
+            return;
+        }
+        let number = turn.number;
+        let after = Time::from_micros(self.rng.below(turn_max.as_micros() + 1));
+        self.schedule(self.now + after, Event::EndTurn { node, number });
+    }
+
+    /// Every call of the node's turn is in: the core does its once-a-turn work
+    /// (`Replica::end_turn`, as the server's event loop calls it before each outbox it
+    /// performs), then the turn's outbox is performed.
+    fn end_turn(&mut self, node: NodeId) {
+        let turn = &mut self.turns[node.index()];
+        self.counts.turns_of_several_calls += (turn.calls > 1) as u64;
+        *turn = Turn { number: turn.number + 1, calls: 0 };
+        let now = self.local_now(node);
+        self.nodes[node.index()].end_turn(now, &mut self.outboxes[node.index()]);
+        self.perform_outbox(node);
+    }
+
     /// Do what a replica asked for: send its messages, hand replies to clients.
     fn perform_outbox(&mut self, node: NodeId) {
         if self.config.sync_latency.is_some() {
             return self.perform_outbox_syncing_elsewhere(node);
         }
-        let mut outbox = std::mem::take(&mut self.outbox);
+        let mut outbox = std::mem::take(&mut self.outboxes[node.index()]);
         // What the call must make durable is written first (written, not yet synced).
         let wrote = self.nodes[node.index()].write_durable();
         // What the core lets go before the call's sync (a Raft leader's appends) leaves
@@ -661,7 +718,7 @@ where
         if dies_now && wrote && self.rng.chance(0.5) {
             // Before the sync returned: its writes may be torn, and nothing else of the turn left.
             outbox.clear();
-            self.outbox = outbox;
+            self.outboxes[node.index()] = outbox;
             self.counts.crashes_before_sync += 1;
             self.counts.crashes_before_sync_after_sends += sent_early as u64;
             self.crash(node);
@@ -672,7 +729,7 @@ where
         self.send_all(node, &mut outbox.messages, dies_now);
         if dies_now {
             outbox.replies.clear(); // A dead node answers no one.
-            self.outbox = outbox;
+            self.outboxes[node.index()] = outbox;
             self.counts.crashes_mid_broadcast += 1;
             self.crash(node);
             return;
@@ -680,15 +737,15 @@ where
         for (request, outcome) in outbox.replies.drain(..) {
             self.complete(request, outcome);
         }
-        self.outbox = outbox;
+        self.outboxes[node.index()] = outbox;
         if synced {
             // What the sync made stable the core may now count on: a call of its own, as in
             // the server, performed as any other when it has anything to send or answer (a
             // core that writes on every call would otherwise recurse here for ever).
             let now = self.local_now(node);
-            self.nodes[node.index()].on_synced(now, &mut self.outbox);
-            if !self.outbox.is_empty() {
-                self.perform_outbox(node);
+            self.nodes[node.index()].on_synced(now, &mut self.outboxes[node.index()]);
+            if !self.outboxes[node.index()].is_empty() {
+                self.end_turn(node);
             }
         }
     }
@@ -699,7 +756,7 @@ where
     /// it, and the rest waits for a sync, the one this call starts or the one running (a
     /// later call's messages may rest on an earlier call's records).
     fn perform_outbox_syncing_elsewhere(&mut self, node: NodeId) {
-        let mut outbox = std::mem::take(&mut self.outbox);
+        let mut outbox = std::mem::take(&mut self.outboxes[node.index()]);
         let at = node.index();
         let wrote = self.nodes[at].write_durable();
         let due = wrote && self.nodes[at].sync_due();
@@ -716,7 +773,7 @@ where
         if dies_now {
             // Mid-broadcast: what the call wrote is not synced, nothing else of it left.
             outbox.clear();
-            self.outbox = outbox;
+            self.outboxes[node.index()] = outbox;
             self.counts.crashes_mid_broadcast += 1;
             self.crash(node);
             return;
@@ -737,7 +794,7 @@ where
                 // counted them would have answered on records the power loss now takes.
                 // Nothing else of the call leaves.
                 outbox.clear();
-                self.outbox = outbox;
+                self.outboxes[node.index()] = outbox;
                 self.counts.power_losses_after_replies_before_a_sync += 1;
                 self.power_loss();
                 return;
@@ -758,7 +815,7 @@ where
         for (request, outcome) in outbox.replies.drain(..) {
             self.complete(request, outcome);
         }
-        self.outbox = outbox;
+        self.outboxes[node.index()] = outbox;
         if due && !self.syncs[at].running {
             self.start_sync(node);
         }
@@ -805,8 +862,8 @@ where
         // The core hears of this sync before the next starts: that one's records are not
         // stable until it returns.
         let now = self.local_now(node);
-        self.nodes[at].on_synced(now, &mut self.outbox);
-        self.perform_outbox(node);
+        self.nodes[at].on_synced(now, &mut self.outboxes[at]);
+        self.end_call(node);
         if self.syncs[at].wanted && !self.syncs[at].running && !self.crashed[at] {
             self.start_sync(node);
         }
@@ -887,8 +944,8 @@ where
             return;
         }
         let now = self.local_now(node);
-        self.nodes[node.index()].on_tick(now, &mut self.outbox);
-        self.perform_outbox(node);
+        self.nodes[node.index()].on_tick(now, &mut self.outboxes[node.index()]);
+        self.end_call(node);
         self.schedule(self.now + self.config.tick_period, Event::Tick(node));
     }
 
@@ -937,6 +994,10 @@ where
         // What waited for the sync never leaves; the sync never returns.
         (sync.running, sync.wanted, sync.generation) = (false, false, sync.generation + 1);
         sync.held.clear();
+        // The outputs of its open turn die with it.
+        self.outboxes[node.index()].clear();
+        let turn = &mut self.turns[node.index()];
+        *turn = Turn { number: turn.number + 1, calls: 0 };
         self.crashed[node.index()] = true;
         self.without_data[node.index()] = true;
         self.crash_armed[node.index()] = false;
@@ -1031,8 +1092,8 @@ where
         }
         self.trace(|| format!("{node} installs view {:?} live {:?}", view.epoch, view.live));
         let now = self.local_now(node);
-        self.nodes[node.index()].on_view(now, view, &mut self.outbox);
-        self.perform_outbox(node);
+        self.nodes[node.index()].on_view(now, view, &mut self.outboxes[node.index()]);
+        self.end_call(node);
     }
 
     // ------------------------------------------------------------------ clients
@@ -1097,8 +1158,8 @@ where
         let now = self.local_now(node);
         let command = self.stamp_clock(op_index, command, now);
         let command = if read_locally { Command::Read { key: command.key().clone() } } else { command };
-        self.nodes[node.index()].on_client(now, request, command, &mut self.outbox);
-        self.perform_outbox(node);
+        self.nodes[node.index()].on_client(now, request, command, &mut self.outboxes[node.index()]);
+        self.end_call(node);
     }
 
     /// A typed command carries the clock reading of the replica that submits it (the server's
@@ -1259,4 +1320,111 @@ fn count_overlapping(history: &History, end: Time) -> u64 {
         overlapping += flags.iter().filter(|flag| **flag).count() as u64;
     }
     overlapping
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    /// What [`TurnProbe`] saw: per turn, how many calls it took, and how long after its first
+    /// call it ended.
+    #[derive(Default)]
+    struct Turns {
+        calls: Vec<u32>,
+        lengths: Vec<Time>,
+    }
+
+    /// A lone replica that answers only at the end of a turn: every request of the turn is
+    /// refused there (nothing executes, so any history is linearizable).
+    struct TurnProbe {
+        me: NodeId,
+        waiting: Vec<ClientRequestId>,
+        calls: u32,
+        first_call: Time,
+        seen: Rc<RefCell<Turns>>,
+    }
+
+    impl TurnProbe {
+        fn call(&mut self, now: Time) {
+            if self.calls == 0 {
+                self.first_call = now;
+            }
+            self.calls += 1;
+        }
+    }
+
+    impl Replica for TurnProbe {
+        type Message = ();
+
+        fn id(&self) -> NodeId {
+            self.me
+        }
+        fn on_client(&mut self, now: Time, request: ClientRequestId, _: Command, _: &mut Outbox<()>) {
+            self.call(now);
+            self.waiting.push(request);
+        }
+        fn on_message(&mut self, now: Time, _: NodeId, _: (), _: &mut Outbox<()>) {
+            self.call(now);
+        }
+        fn on_tick(&mut self, now: Time, _: &mut Outbox<()>) {
+            self.call(now);
+        }
+        fn on_view(&mut self, now: Time, _: View, _: &mut Outbox<()>) {
+            self.call(now);
+        }
+        fn end_turn(&mut self, now: Time, out: &mut Outbox<()>) {
+            assert!(self.calls > 0, "a turn ends only after a call");
+            let mut seen = self.seen.borrow_mut();
+            seen.calls.push(std::mem::take(&mut self.calls));
+            seen.lengths.push(Time::from_nanos(now.as_nanos() - self.first_call.as_nanos()));
+            for request in self.waiting.drain(..) {
+                out.reply(request, Outcome::Error(CommandError::Unavailable("probe")));
+            }
+        }
+    }
+
+    fn run_probe(turn_max: Option<Time>) -> (SeedRun, Turns) {
+        let mut config = SimConfig::new(7, 1);
+        config.faults = false;
+        config.turn_max = turn_max;
+        let seen = Rc::new(RefCell::new(Turns::default()));
+        let mut build = |me, _, _| TurnProbe {
+            me,
+            waiting: Vec::new(),
+            calls: 0,
+            first_call: Time::ZERO,
+            seen: seen.clone(),
+        };
+        let run = simulate(&config, &mut build);
+        let turns = Rc::try_unwrap(seen).ok().expect("the probe is gone").into_inner();
+        (run, turns)
+    }
+
+    /// With `turn_max`, calls that arrive while a node's turn is open join it; the turn
+    /// ends once (`Replica::end_turn`, before its outbox is performed) within `turn_max` of
+    /// its first call, and every reply it gave there reaches its client.
+    #[test]
+    fn a_turn_takes_the_calls_that_arrive_while_it_is_open_and_ends_once() {
+        let turn_max = Time::from_millis(2);
+        let (run, turns) = run_probe(Some(turn_max));
+        assert!(run.liveness_failures.is_empty(), "{:?}", run.liveness_failures);
+        assert!(run.history.operations.iter().all(|op| op.completion.is_some()));
+        assert!(turns.calls.iter().any(|calls| *calls > 1), "some turn took several calls");
+        assert!(turns.lengths.iter().all(|length| *length <= turn_max));
+        let several = turns.calls.iter().filter(|calls| **calls > 1).count() as u64;
+        assert_eq!(run.faults.turns_of_several_calls, several);
+    }
+
+    /// Without `turn_max`, every call is a turn of its own, and `end_turn` still follows it.
+    #[test]
+    fn without_turns_every_call_ends_its_own_turn() {
+        let (run, turns) = run_probe(None);
+        assert!(run.liveness_failures.is_empty(), "{:?}", run.liveness_failures);
+        assert!(run.history.operations.iter().all(|op| op.completion.is_some()));
+        assert!(!turns.calls.is_empty() && turns.calls.iter().all(|calls| *calls == 1));
+        assert!(turns.lengths.iter().all(|length| *length == Time::ZERO));
+    }
 }
