@@ -62,7 +62,8 @@ pub fn tolerated_drift_ppm(config: &MembershipConfig) -> u32 {
 /// The main swarm's run shape: the replicas' membership decides views (scripted membership
 /// off), faults last long enough for removals and rejoins to happen while clients run, crashed
 /// nodes restart (each seed draws how soon: before or after their removal), clocks drift
-/// within the bound the membership's drift margin covers, and processes pause.
+/// within the bound the membership's drift margin covers, processes pause, and most seeds run
+/// turns of several calls, as the server's event loop does.
 pub fn managed_sim_config(base: &SimConfig) -> SimConfig {
     managed_sim_config_for(base, &swarm_membership_config(NodeId(0), NodeSet::single(NodeId(0))))
 }
@@ -76,6 +77,7 @@ pub fn managed_sim_config_for(base: &SimConfig, membership: &MembershipConfig) -
     config.restart_after = Some(Time::from_millis(*draw.pick(&[40, 100, 300])));
     config.clock_drift_max_ppm = tolerated_drift_ppm(membership);
     config.pauses = true;
+    config.turn_max = crate::simulator::swarm_turn_max(base.seed);
     config
 }
 

@@ -14,7 +14,9 @@
 //! log, run at the rendezvous, the default) and with two-phase locking.
 //!
 //! The harness is deliberately small (crates/sim's workload has no transactions): seeded,
-//! deterministic, one event per millisecond step.
+//! deterministic, one event per millisecond step. On half the seeds a node's calls of a step
+//! share one turn and its logs are flushed once, at the turn's end, as the server runs
+//! raftlog (`raftlog_flush_per_turn`); on the others every call is flushed on its own.
 
 use bytes::Bytes;
 use chorus_core::{ClientRequestId, Command, NodeId, NodeSet, Outbox, Outcome, Replica, RmwOp, Time};
@@ -83,6 +85,9 @@ struct Bank {
     singles_done: usize,
     /// Transactions answered "outcome unknown" (the origin's copy jumped past them).
     outcomes_unknown: usize,
+    /// As the server runs raftlog (`raftlog_flush_per_turn`): a node's calls of one step
+    /// share a turn, and its logs are flushed once, at the turn's end. Half the seeds.
+    turns: bool,
 }
 
 impl Bank {
@@ -96,6 +101,7 @@ impl Bank {
                 config.snapshot_entries = [30, 20_000][(seed % 2) as usize];
                 config.bug = bug;
                 config.ganged = ganged;
+                config.flush_at_turn_end = seed / 2 % 2 == 1;
                 config
             })
             .collect();
@@ -115,7 +121,15 @@ impl Bank {
             transfers_done: 0,
             singles_done: 0,
             outcomes_unknown: 0,
+            turns: seed / 2 % 2 == 1,
         }
+    }
+
+    /// The end of a turn of `node`'s: the core does its once-a-turn work (the flush), and
+    /// what the turn asked for is performed.
+    fn end_turn(&mut self, node: u8, mut out: Outbox<Message>, faults: bool) {
+        self.nodes[node as usize].end_turn(self.now, &mut out);
+        self.collect(node, out, faults);
     }
 
     fn collect(&mut self, node: u8, out: Outbox<Message>, faults: bool) {
@@ -156,20 +170,36 @@ impl Bank {
         let (due, rest): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.net).into_iter().partition(|(at, ..)| *at <= now);
         self.net = rest;
+        // With turns, each node's calls of the step share one outbox and one turn end.
+        let mut turns: Vec<Outbox<Message>> = (0..3).map(|_| Outbox::default()).collect();
         for (_, from, to, message) in due {
             if self.cut(from, to) {
                 continue;
             }
-            let mut out = Outbox::default();
+            let mut out = std::mem::take(&mut turns[to as usize]);
             self.nodes[to as usize].on_message(now, NodeId(from), message, &mut out);
-            self.collect(to, out, faults);
+            self.end_call(to, out, &mut turns, faults);
         }
         for node in 0..3u8 {
             if self.up[node as usize] {
-                let mut out = Outbox::default();
+                let mut out = std::mem::take(&mut turns[node as usize]);
                 self.nodes[node as usize].on_tick(now, &mut out);
-                self.collect(node, out, faults);
+                self.end_call(node, out, &mut turns, faults);
+                if self.turns {
+                    let out = std::mem::take(&mut turns[node as usize]);
+                    self.end_turn(node, out, faults);
+                }
             }
+        }
+    }
+
+    /// A call of `node`'s returned: with turns its outputs wait in the node's turn;
+    /// without, the call is a turn of its own.
+    fn end_call(&mut self, node: u8, out: Outbox<Message>, turns: &mut [Outbox<Message>], faults: bool) {
+        if self.turns {
+            turns[node as usize] = out;
+        } else {
+            self.end_turn(node, out, faults);
         }
     }
 
@@ -233,7 +263,7 @@ impl Bank {
         }
         client.pending = Some((op, ids, self.now));
         client.incarnation = self.incarnations[node as usize];
-        self.collect(node, out, true);
+        self.end_turn(node, out, true);
     }
 
     /// Take a client's replies if all arrived; check what they say.
@@ -312,7 +342,7 @@ fn run(seed: u64, bug: Option<Bug>, ganged: bool) -> Result<Run, String> {
         })
         .collect();
     bank.nodes[0].on_transaction(bank.now, opening, &mut out);
-    bank.collect(0, out, false);
+    bank.end_turn(0, out, false);
     for _ in 0..300 {
         bank.step(false);
     }
