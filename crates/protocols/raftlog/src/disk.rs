@@ -61,6 +61,13 @@ const LOG: &str = LOGS[0];
 const SNAPSHOT: &str = "snapshot";
 const BOOT: &str = "boot";
 const IDENTITY: &str = "identity";
+/// The on-disk format this build writes and reads (`FORMAT_VERSION`): `"raftlog-format N CRC\n"`.
+const FORMAT: &str = "format";
+/// Raise this whenever the encoding of a record, a checkpoint or a state image changes
+/// (`durable.rs`, `state.rs`): a directory written under another number is refused at
+/// start with a message saying so, instead of failing to decode somewhere in the middle.
+/// 1: the formats as of session 24 (transaction steps that name their coordinator).
+pub const FORMAT_VERSION: u32 = 1;
 const CIRCULAR: &str = "circular.region";
 /// The checkpoint writer's nice value (docs/benchmarks.md, "Durable raftlog against etcd").
 const CHECKPOINT_NICE: i32 = 10;
@@ -80,6 +87,8 @@ pub enum DiskError {
     Circular(#[from] CircularError),
     #[error("{0}: refusing to start on it")]
     Corrupt(String),
+    #[error("{path} says its raftlog data is in format {found}, and this build reads format {FORMAT_VERSION} only: refusing to start on it (start the build that wrote it, or replace this node with an empty data directory and --join)")]
+    Format { path: String, found: u32 },
 }
 
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> DiskError {
@@ -858,6 +867,36 @@ fn next_boot(storage: &mut (dyn Storage + Send)) -> Result<u64, DiskError> {
     Ok(boot)
 }
 
+/// Whether the directory says which format it is in (`FORMAT`), refusing one in another
+/// format than this build's. A directory without the file is new, or from before format
+/// numbers (the formats of session 24, which this build reads): it gets the file at this
+/// start.
+fn check_format(storage: &(dyn Storage + Send)) -> Result<bool, DiskError> {
+    let path = storage.describe(FORMAT);
+    let Some(bytes) = storage.read(FORMAT).map_err(io(format!("reading {path}")))? else {
+        return Ok(false);
+    };
+    let corrupt = || DiskError::Corrupt(format!("{path}: not a raftlog format number"));
+    let text = std::str::from_utf8(&bytes).map_err(|_| corrupt())?;
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let ["raftlog-format", number, crc] = words[..] else { return Err(corrupt()) };
+    if crc.parse::<u32>().ok() != Some(chorus_storage::checksum(&[number.as_bytes()])) {
+        return Err(DiskError::Corrupt(format!("{path}: checksum mismatch")));
+    }
+    let found = number.parse::<u32>().map_err(|_| corrupt())?;
+    if found != FORMAT_VERSION {
+        return Err(DiskError::Format { path, found });
+    }
+    Ok(true)
+}
+
+fn write_format(storage: &mut (dyn Storage + Send)) -> Result<(), DiskError> {
+    let path = storage.describe(FORMAT);
+    let number = FORMAT_VERSION.to_string();
+    let text = format!("raftlog-format {number} {}\n", chorus_storage::checksum(&[number.as_bytes()]));
+    storage.replace(FORMAT, text.as_bytes()).map_err(io(format!("writing {path}")))
+}
+
 /// This data directory's Raft incarnation and identity (`replica::members`):
 /// `"INCARNATION IDENTITY CRC\n"`, written when the directory is first opened: the
 /// configured incarnation (0 for a founding member, a new one for a replacement) and the
@@ -1107,6 +1146,7 @@ impl DurableRaftLog {
         region: BoxedRegion,
         mut options: DiskOptions,
     ) -> Result<DurableRaftLog, DiskError> {
+        let versioned = check_format(storage.as_ref())?;
         let boot = next_boot(storage.as_mut())?;
         let (incarnation, identity) = incarnation_and_identity(storage.as_mut(), &config)?;
         config.incarnation = incarnation;
@@ -1121,9 +1161,20 @@ impl DurableRaftLog {
         if config.has_bug(crate::Bug::AckBeforeSync) {
             options.sync_every_turns = 64;
         }
-        let (disk, recovered) = TwoLevelLog::open_on(storage, region, options)?;
-        let core =
-            RaftLog::restore(config, recovered).map_err(|error| DiskError::Corrupt(error.to_string()))?;
+        let unversioned = |error: DiskError| match error {
+            DiskError::Corrupt(what) if !versioned && boot > 1 => DiskError::Corrupt(format!(
+                "{what} (this directory has no `{FORMAT}` file: a build older than format \
+                 numbers may have written it in a format this one cannot read)"
+            )),
+            error => error,
+        };
+        let (mut disk, recovered) = TwoLevelLog::open_on(storage, region, options).map_err(unversioned)?;
+        let core = RaftLog::restore(config, recovered)
+            .map_err(|error| unversioned(DiskError::Corrupt(error.to_string())))?;
+        if !versioned {
+            // Only once it read: a directory this build cannot read keeps saying so.
+            write_format(disk.storage.as_mut())?;
+        }
         Ok(DurableRaftLog::with(core, Some(disk), boot))
     }
 
@@ -1641,6 +1692,37 @@ mod tests {
         let file_bytes = disk.read(LOG).unwrap().unwrap().len();
         flip(&disk, LOG, file_bytes - 10);
         assert!(matches!(on_sim(&disk), Err(DiskError::Corrupt(_))));
+    }
+
+    /// A data directory says which format it is in: another number is refused with a
+    /// message naming both, a directory without the file (new, or from before format
+    /// numbers) gets it once it opened.
+    #[test]
+    fn a_directory_in_another_format_is_refused_with_a_message_that_says_so() {
+        let disk = chorus_storage::SimDisk::new();
+        let open = || {
+            let region = StorageRegion::open(disk.clone(), CIRCULAR, 128 + 4096).unwrap();
+            let config = RaftLogConfig::new(NodeId(0), chorus_core::NodeSet::single(NodeId(0)));
+            DurableRaftLog::open_on(config, Box::new(disk.clone()), Box::new(region), DiskOptions::default())
+        };
+        let format_file = || String::from_utf8(disk.read(FORMAT).unwrap().expect("a format file")).unwrap();
+        drop(open().expect("an empty directory opens"));
+        assert!(format_file().starts_with(&format!("raftlog-format {FORMAT_VERSION} ")));
+        let mut writer = disk.clone();
+        writer.remove(FORMAT).unwrap();
+        drop(open().expect("a directory from before format numbers opens"));
+        assert!(format_file().starts_with(&format!("raftlog-format {FORMAT_VERSION} ")));
+
+        let next = (FORMAT_VERSION + 1).to_string();
+        let text = format!("raftlog-format {next} {}\n", chorus_storage::checksum(&[next.as_bytes()]));
+        writer.replace(FORMAT, text.as_bytes()).unwrap();
+        let Err(error) = open() else { panic!("a directory in another format opened") };
+        assert!(matches!(error, DiskError::Format { found, .. } if found == FORMAT_VERSION + 1));
+        let message = error.to_string();
+        assert!(message.contains(&format!("format {next}")) && message.contains("refusing"), "{message}");
+
+        writer.replace(FORMAT, b"raftlog-format 1 12345\n").unwrap();
+        assert!(matches!(open(), Err(DiskError::Corrupt(_))));
     }
 
     #[test]
