@@ -12,8 +12,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(clap::Args)]
 pub struct SimArgs {
-    /// Protocol core to simulate: hermes, craq, zab (linearizable sync reads) or zab-local
-    /// (ZooKeeper's local reads: sequentially consistent, expected to fail the check).
+    /// Protocol core to simulate: hermes, craq, zab (linearizable sync reads), zab-local
+    /// (ZooKeeper's local reads: sequentially consistent, expected to fail the check),
+    /// raftlog (on simulated disks), chain (HyperLoop's), or PROTOCOL-shards (replica groups
+    /// behind one slot map, slots moving while clients run).
     #[arg(long, default_value = "hermes")]
     protocol: String,
     /// How many seeds to run (starting at --seed).
