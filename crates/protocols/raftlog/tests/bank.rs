@@ -93,6 +93,7 @@ struct Bank {
 impl Bank {
     fn new(seed: u64, bug: Option<Bug>, ganged: bool) -> Bank {
         let everyone: NodeSet = (0..3).map(NodeId).collect();
+        let turns = seed / 2 % 2 == 1;
         let configs: Vec<RaftLogConfig> = (0..3)
             .map(|id| {
                 let mut config = RaftLogConfig::new(NodeId(id), everyone);
@@ -101,7 +102,7 @@ impl Bank {
                 config.snapshot_entries = [30, 20_000][(seed % 2) as usize];
                 config.bug = bug;
                 config.ganged = ganged;
-                config.flush_at_turn_end = seed / 2 % 2 == 1;
+                config.flush_at_turn_end = turns;
                 config
             })
             .collect();
@@ -121,7 +122,7 @@ impl Bank {
             transfers_done: 0,
             singles_done: 0,
             outcomes_unknown: 0,
-            turns: seed / 2 % 2 == 1,
+            turns,
         }
     }
 
