@@ -1174,7 +1174,7 @@ impl RaftLog {
             self.stats.messages_refused += 1;
             return;
         };
-        if !acceptable(&message, from, me, self.config.members, group) {
+        if !acceptable(&message, from, me, self.config.members) {
             self.stats.messages_refused += 1;
             return;
         }
@@ -1987,23 +1987,21 @@ fn read_context(me: NodeId, log: usize, round: u64) -> Vec<u8> {
 
 /// Whether a Raft message from a peer may reach raft-rs. raft-rs trusts its input (some
 /// malformed messages make it panic), so the obvious lies are refused here: a wrong
-/// sender or recipient, a sender that is not a member of the log (a node that was
-/// replaced; a node not yet a member itself hears from anyone of the cluster), messages
-/// only a local caller may produce, snapshots whose state machine bytes do not decode or
-/// whose members are not of this cluster, proposals (only leaders propose here), and
-/// ReadIndex messages without exactly one context entry.
-fn acceptable(
-    message: &raft::prelude::Message,
-    from: NodeId,
-    me: u64,
-    members: NodeSet,
-    group: &Group,
-) -> bool {
+/// sender or recipient, messages only a local caller may produce, snapshots whose state
+/// machine bytes do not decode or whose members are not of this cluster, proposals (only
+/// leaders propose here), and ReadIndex messages without exactly one context entry.
+///
+/// A sender outside this log's configuration is *not* refused: this replica's
+/// configuration may be the stale one. A member that was down while another node was
+/// replaced knows only the old Raft id of the replacement; when the replacement leads, its
+/// appends and snapshots are the only way that member learns the change, and refusing them
+/// stalled it for good (seed 400 at 5 replicas). Raft processes messages without consulting
+/// the configuration (thesis §4.1): which messages arrive never decides safety, votes count
+/// only from the configuration's voters, and a replaced member's late messages are handled
+/// like any delayed ones (terms checked; campaigns held off by pre-vote and check-quorum's
+/// lease, as raft-rs intends for removed members).
+fn acceptable(message: &raft::prelude::Message, from: NodeId, me: u64, members: NodeSet) -> bool {
     if node_of(message.from) != Some(from) || message.to != me {
-        return false;
-    }
-    let prs = group.raft.raft.prs();
-    if prs.get(me).is_some() && prs.get(message.from).is_none() {
         return false;
     }
     match message.get_msg_type() {
@@ -2146,7 +2144,7 @@ impl Replica for RaftLog {
                 let result = transfer::on_chunk(&mut group.snapshot_in, from, chunk);
                 out.send(from, Message::SnapshotAck { log, index, received: result.received });
                 if let Some(message) = result.complete {
-                    if acceptable(&message, from, me, self.config.members, group) {
+                    if acceptable(&message, from, me, self.config.members) {
                         let _ = group.raft.step(*message);
                     } else {
                         self.stats.messages_refused += 1;

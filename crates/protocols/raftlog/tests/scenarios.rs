@@ -1392,6 +1392,55 @@ fn a_replacement_takes_the_place_of_the_lost_node_in_every_log_and_catches_up_fr
     assert!(cluster.nodes[1].is_voter_everywhere());
 }
 
+/// Seed 400 of the 5-replica disk swarm: a member that was down while another node was
+/// replaced never saw the configuration change (and the log was compacted past it, so only a
+/// snapshot from the leader can teach it). When the replacement then led the log, that member
+/// refused every message from it as coming from outside its configuration, so it never
+/// learned the change and stalled for good. Raft takes a leader's messages whatever the
+/// receiver's configuration says (thesis §4.1).
+#[test]
+fn a_member_that_missed_a_replacement_follows_the_replacement_when_it_leads() {
+    let mut cluster = Cluster::with(5, |config| {
+        config.logs = 1;
+        config.identity = 100 + config.me.0 as u64;
+        config.snapshot_entries = 6;
+        config.trailing_entries = 0;
+        config.durable = true;
+    });
+    cluster.run_for(100);
+    cluster.crash(1); // down through the whole replacement
+    for i in 0..12 {
+        let id = cluster.client(2 + (i % 3) as u8, write(&format!("k{i}"), &format!("v{i}")));
+        cluster.run_for(5);
+        assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+    }
+    wipe(&mut cluster, 0, 7, 777);
+    cluster.run_for(1_000);
+    assert!(cluster.nodes[0].is_voter_everywhere());
+    // The replacement takes over the log: the leader that replaced it fails, and the two
+    // other survivors cannot reach each other, so only node 0 can gather a majority.
+    let leader = cluster.leader_of(2, 0).expect("a leader").0;
+    assert_ne!(leader, 0);
+    let others: Vec<u8> = (2..5).filter(|node| *node != leader).collect();
+    cluster.cut.extend([(others[0], others[1]), (others[1], others[0])]);
+    cluster.crash(leader);
+    cluster.run_for(600);
+    assert_eq!(cluster.leader_of(0, 0), Some(NodeId(0)), "the replacement leads");
+    cluster.heal();
+    cluster.restart(leader);
+    cluster.restart(1); // with the founding configuration: it never heard of the replacement
+    cluster.run_for(1_000);
+    assert_eq!(cluster.leader_of(1, 0), Some(NodeId(0)), "n1 follows the replacement");
+    assert!(cluster.nodes[1].stats().snapshots_installed >= 1, "{:?}", cluster.nodes[1].stats());
+    for i in 0..12 {
+        let key = format!("k{i}");
+        assert_eq!(cluster.nodes[1].applied_value(key.as_bytes()), Some(&b(&format!("v{i}"))), "{key}");
+    }
+    let id = cluster.client(1, write("after", "x"));
+    cluster.run_for(100);
+    assert_eq!(cluster.reply_of(id), Some(Outcome::Written));
+}
+
 // ================================================================ one flush per turn
 
 #[test]
