@@ -174,8 +174,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
 
 fn replay_command(args: &SimArgs, seed: u64) -> String {
     let broken = args.broken.as_ref().map_or(String::new(), |name| format!(" --broken {name}"));
+    let appendonly = if args.appendonly { " --appendonly" } else { "" };
     format!(
-        "chorus sim --protocol {}{broken} --replicas {} --seed {seed} --seeds 1 --trace",
+        "chorus sim --protocol {}{broken}{appendonly} --replicas {} --seed {seed} --seeds 1 --trace",
         args.protocol, args.replicas
     )
 }

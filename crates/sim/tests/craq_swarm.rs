@@ -93,3 +93,19 @@ fn craq_restarts_from_its_append_only_file_under_storage_faults() {
     let summary = assert_swarm_passes(&setup, 3, 300, &minimums);
     eprintln!("{:?}", summary.faults);
 }
+
+/// Seeds of the append-only swarm past the 300 CI runs, each a violation until a restarted
+/// head remembered the updates its restored dirty versions carry (`Craq::restore`): the head
+/// crashed holding versions its successor had not received, came back from its file before
+/// anyone noticed, and executed the origins' retransmitted forwards a second time (310: a
+/// GETSET ran again and erased an INCRBY ordered after its first run; 429, 588: an INCRBY
+/// applied twice; 866, 1711: writes and RMWs ordered twice).
+#[test]
+fn craq_append_only_seeds_where_a_restarted_head_executed_a_forward_twice_pass() {
+    let setup =
+        chorus_sim::runner::appendonly(ProtocolSetup::craq(), chorus_sim::managed::AppendOnly::Always);
+    for seed in [310, 429, 588, 866, 1711] {
+        let verdict = check_seed(&setup, &SimConfig::new(seed, 3));
+        assert!(verdict.passed(), "seed {seed}: {}", describe_failure(&verdict));
+    }
+}

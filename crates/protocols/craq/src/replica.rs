@@ -294,6 +294,21 @@ impl Craq {
                 self.dirty_keys.insert(restored.key);
             }
         }
+        // Every restored dirty version is an update this replica has seen in the chain: as
+        // head it must take its origin's retransmitted forward for a duplicate, or it would
+        // execute the update a second time on top of the first (an INCRBY applied twice, a
+        // GETSET that erases the writes ordered after it). Rebuilt from scratch on each call
+        // (the loader calls this once per record), so it ends up naming exactly the updates
+        // of the final state: never one the replica does not hold.
+        // Updates squashed into a clean version need no entry: a version is clean here only
+        // after it passed every replica, its origin too, which then never forwards it again.
+        self.sessions.clear();
+        for key in &self.dirty_keys {
+            let hash = key_hash(key);
+            for version in &self.keys[key].dirty {
+                self.sessions.entry(version.origin).or_default().record(version.seq, None, hash);
+            }
+        }
         self.next_seq = self.next_seq.max(seq_floor);
     }
 

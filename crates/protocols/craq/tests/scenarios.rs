@@ -500,3 +500,27 @@ fn a_node_restarted_from_disk_numbers_its_updates_above_the_ones_its_peers_remem
         assert_eq!(cluster.nodes[node].key_state(b"n"), Some((2, Some(&b("2")), 0)), "node {node}");
     }
 }
+
+/// The head restarts from its disk holding a version its successor never received (the
+/// Write was lost with the crash), before anyone noticed. The origin still has the update
+/// outstanding and forwards it again: the restarted head must take it for the duplicate it
+/// is, not order it a second time (seed 310 of the craq `--appendonly` swarm: a GETSET
+/// executed twice erased an INCRBY ordered after its first copy; seed 429: an INCRBY
+/// applied twice).
+#[test]
+fn a_head_restarted_from_disk_does_not_execute_a_retransmitted_forward_again() {
+    let mut cluster = Cluster::new(3);
+    let increment = cluster.client(2, Command::Rmw { key: b("n"), op: RmwOp::IncrementBy(1) });
+    cluster.deliver(|e| matches!(e.msg, Message::Forward { .. }) && e.to == 0);
+    assert_eq!(cluster.nodes[0].key_state(b"n"), Some((0, None, 1)), "ordered, dirty at the head");
+    cluster.restart_from_disk(0, 1 << 20); // The head's Write to n1 is lost with it.
+    cluster.tick(TIMEOUT);
+    // The origin's retransmitted forward reaches the restarted head first.
+    cluster.deliver(|e| matches!(e.msg, Message::Forward { .. }) && e.to == 0);
+    assert_eq!(cluster.nodes[0].key_state(b"n"), Some((0, None, 1)), "not ordered a second time");
+    cluster.settle_with_ticks();
+    assert_eq!(cluster.reply(increment), Some(&Outcome::Integer(1)));
+    for node in 0..3 {
+        assert_eq!(cluster.nodes[node].key_state(b"n"), Some((1, Some(&b("1")), 0)), "node {node}");
+    }
+}
