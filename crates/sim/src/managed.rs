@@ -376,8 +376,12 @@ fn restart_from_disk<P: Persisted>(
     let from_disk = restored.trusted && (!joining || P::REJOINS_WITH_DATA);
     if from_disk {
         // Above every update number the crashed incarnation used (it ran for less than the
-        // node's clock shows, at fewer than 2^16 updates a microsecond).
-        let seq_floor = (context.now.as_micros() + 1) << 16;
+        // node's clock shows, at fewer than 2^16 updates a microsecond), and, as the server's
+        // wall-clock floor is, above every joiner's numbering (CRAQ's `epoch << 40`): a
+        // restart replays its own old join into the epoch it had, and a floor below that
+        // numbering gave the new run the numbers of the old one, which its peers dropped as
+        // done (CRAQ append-only seeds 563, 1185, 1637, 1639 stalled).
+        let seq_floor = (1 << 56) + ((context.now.as_micros() + 1) << 16);
         protocol
             .restore_records(restored.records, seq_floor)
             .map_err(|error| format!("a checksummed append-only record does not load: {error:#}"))?;

@@ -109,3 +109,18 @@ fn craq_append_only_seeds_where_a_restarted_head_executed_a_forward_twice_pass()
         assert!(verdict.passed(), "seed {seed}: {}", describe_failure(&verdict));
     }
 }
+
+/// Seeds of the append-only swarm past the 300 CI runs that stalled while the simulator's
+/// restart floor for update numbers (`virtual us << 16`) lay below CRAQ's joiner numbering
+/// (`epoch << 40`): a node restarted from its file replayed its own old join into the epoch
+/// it had, numbered its new updates as its previous run had, and its peers dropped them as
+/// done. The floor now sits above that numbering, as the server's wall-clock floor does.
+#[test]
+fn craq_append_only_seeds_where_a_restart_reused_update_numbers_pass() {
+    let setup =
+        chorus_sim::runner::appendonly(ProtocolSetup::craq(), chorus_sim::managed::AppendOnly::Always);
+    for seed in [563, 1185, 1637, 1639] {
+        let verdict = check_seed(&setup, &SimConfig::new(seed, 3));
+        assert!(verdict.passed(), "seed {seed}: {}", describe_failure(&verdict));
+    }
+}
